@@ -1,0 +1,42 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch is pinned to the CPU build that lies on disk: an unpinned torch pulls a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+FLASHINFER ?= flashinfer-python==0.7.2.post1
+
+.PHONY: install test test-gpu lint demo bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[dev]'
+	# FlashInfer is the test oracle only. Its pure-PyTorch layout functions need none of
+	# its CUDA dependencies, so install it light (see README, "FlashInfer").
+	$(PIP) install -q --no-deps $(FLASHINFER)
+	$(PIP) install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests nvidia-ml-py tqdm einops
+	touch $@
+
+test: install
+	$(VENV)/bin/pytest -q
+
+test-gpu: install
+	$(VENV)/bin/pytest -q -m gpu
+
+lint: install
+	$(VENV)/bin/ruff check fi_convert tests scripts
+	$(VENV)/bin/ruff format --check fi_convert tests scripts
+	$(VENV)/bin/mypy fi_convert
+
+demo: install
+	rm -rf demo
+	$(PY) scripts/make_checkpoint.py deepseek-v3 demo/DeepSeek-V3-tiny
+	$(VENV)/bin/fi-convert inspect demo/DeepSeek-V3-tiny
+	$(VENV)/bin/fi-convert demo/DeepSeek-V3-tiny demo/DeepSeek-V3-tiny-fi --scheme auto --tp-size 2
+	$(PY) -c "from fi_convert import load_moe_layer; t = load_moe_layer('demo/DeepSeek-V3-tiny-fi', 'model.layers.1.mlp.experts', tp_rank=1); print({k: (tuple(v.shape), str(v.dtype)) for k, v in t.items()})"
+
+clean:
+	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,315 @@
+"""The conversion entry point: plan, claim the out-dir, stream shards, write the manifest last."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import dtypes
+from . import manifest as mf
+from .errors import OutputError
+from .plan import MANIFEST_NAME, STATE_DIR, Item, Options, Plan, ShardPlan, check_out_dir, make_plan
+from .schemes.base import Ctx
+from .source import INDEX_NAME
+from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, pread_into, sha256_file
+
+COPY_CHUNK = 64 * 2**20
+
+
+@dataclass
+class Progress:
+    """Reported to the caller's callback after each unit of work."""
+
+    bytes_done: int
+    bytes_total: int
+    tensors_done: int
+    tensors_total: int
+    current: str
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass
+class Result:
+    out_dir: Path
+    plan: Plan
+    manifest: dict
+    reused_files: list[str]
+    device: str
+
+    def summary(self) -> dict:
+        return {
+            **self.plan.summary(),
+            "out_dir": str(self.out_dir),
+            "device": self.device,
+            "files": len(self.manifest["files"]),
+            "reused_files": self.reused_files,
+            "manifest": MANIFEST_NAME,
+        }
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise OutputError("--device cuda: no CUDA device is available here; use --device cpu")
+    return torch.device(device)
+
+
+def convert(
+    source: str | Path,
+    out_dir: str | Path,
+    options: Options | None = None,
+    *,
+    device: str = "auto",
+    overwrite: bool = False,
+    progress: ProgressFn | None = None,
+) -> Result:
+    """Convert `source` into `out_dir`. Raises `FiConvertError` subclasses on bad input."""
+    plan = make_plan(source, options or Options())
+    return run_plan(plan, Path(out_dir), device=device, overwrite=overwrite, progress=progress)
+
+
+def run_plan(
+    plan: Plan,
+    out_dir: Path,
+    *,
+    device: str = "auto",
+    overwrite: bool = False,
+    progress: ProgressFn | None = None,
+) -> Result:
+    dev = resolve_device(device)
+    check_out_dir(plan, out_dir)
+    with OutDir(out_dir, plan.key(), overwrite) as od:
+        files: dict[str, dict] = {}
+        tracker = _Tracker(plan, progress)
+        for rel in plan.side_files:
+            files[rel] = od.copy_side_file(plan.ckpt.root / rel, rel)
+        src = SourceFiles()
+        try:
+            ctx = Ctx(src, dev)
+            for shard in plan.shards:
+                files[shard.name] = od.shard(shard, lambda s: _write_shard(s, ctx, plan, od, tracker))
+        finally:
+            src.close()
+        files[INDEX_NAME] = od.write_small(INDEX_NAME, _index(plan))
+        manifest = mf.build(plan, files)
+        mf.write(out_dir, manifest)
+        reused = od.reused
+    return Result(out_dir, plan, manifest, reused, str(dev))
+
+
+def _index(plan: Plan) -> bytes:
+    weight_map = {it.entry.name: s.name for s in plan.shards for it in s.items}
+    d = {"metadata": {"total_size": plan.bytes_to_write}, "weight_map": dict(sorted(weight_map.items()))}
+    return (json.dumps(d, indent=2) + "\n").encode()
+
+
+class _Tracker:
+    def __init__(self, plan: Plan, fn: ProgressFn | None) -> None:
+        self.fn = fn
+        self.state = Progress(
+            0, plan.bytes_to_write, 0, sum(len(s.items) for s in plan.shards), ""
+        )
+
+    def advance(self, nbytes: int, tensors: int = 0, current: str = "") -> None:
+        self.state.bytes_done += nbytes
+        self.state.tensors_done += tensors
+        self.state.current = current or self.state.current
+        if self.fn:
+            self.fn(self.state)
+
+
+def _write_shard(shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker) -> ShardWriter:
+    w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items])
+    try:
+        for it in shard.items:
+            if it.source is not None:
+                _copy_tensor(it, ctx, w, tr)
+            else:
+                _produce_tensor(it, ctx, plan, w, tr)
+            tr.advance(0, 1, it.entry.name)
+    except BaseException:
+        w.abort()
+        raise
+    return w
+
+
+def _copy_tensor(it: Item, ctx: Ctx, w: ShardWriter, tr: _Tracker) -> None:
+    info = it.source
+    assert info is not None
+    fd = ctx.files.fd(info.file)
+    buf = torch.empty(min(COPY_CHUNK, info.nbytes), dtype=torch.uint8)
+    done = 0
+    while done < info.nbytes:
+        n = min(len(buf), info.nbytes - done)
+        pread_into(fd, info.start + done, buf[:n], info.file)
+        w.write(buf[:n])
+        done += n
+        tr.advance(n, current=info.name)
+
+
+def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, w: ShardWriter, tr: _Tracker) -> None:
+    out_t, layer = it.output, it.layer
+    assert out_t is not None and layer is not None
+    e = out_t.rank_shape[0]
+    per = max(out_t.expert_nbytes, 1)
+    n = max(1, min(e, plan.options.max_memory // (4 * per)))
+    buf = torch.empty((n, *out_t.rank_shape[1:]), dtype=dtypes.to_torch(out_t.dtype), device=ctx.device)
+    for rank in range(plan.options.tp_size):
+        for e0 in range(0, e, n):
+            experts = range(e0, min(e, e0 + n))
+            out = buf[: len(experts)]
+            out_t.produce(ctx, rank, experts, out)
+            w.write(out.cpu() if out.device.type != "cpu" else out)
+            tr.advance(out.numel() * out.element_size(), current=it.entry.name)
+
+
+class OutDir:
+    """Claims an output folder: ownership check, a lock, a journal of finished files.
+
+    The journal (`.fi-convert/state.json`) records each finished file's SHA-256 under the
+    plan's key; a rerun with the same key reuses files whose bytes still match.
+    """
+
+    def __init__(self, root: Path, key: str, overwrite: bool) -> None:
+        self.root, self.key, self.overwrite = root, key, overwrite
+        self.state_dir = root / STATE_DIR
+        self.done: dict[str, dict] = {}
+        self.reused: list[str] = []
+
+    def __enter__(self) -> OutDir:
+        self._claim()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        (self.root / MANIFEST_NAME).unlink(missing_ok=True)  # no longer complete
+        self._load_journal()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        else:
+            self._unlock()
+
+    def _claim(self) -> None:
+        r = self.root
+        if r.exists() and not r.is_dir():
+            raise OutputError(f"{r}: exists and is not a folder; choose another out-dir")
+        if not r.exists() or not any(r.iterdir()):
+            r.mkdir(parents=True, exist_ok=True)
+            return
+        ours = (r / STATE_DIR).is_dir() or (r / MANIFEST_NAME).is_file()
+        if ours:
+            return
+        if not self.overwrite:
+            raise OutputError(
+                f"{r}: exists and is not an fi-convert output; pass --overwrite to replace "
+                "its contents, or choose another out-dir"
+            )
+        for p in r.iterdir():
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+    def _lock(self) -> None:
+        lock = self.state_dir / "lock"
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                return
+            except FileExistsError:
+                pid = _read_pid(lock)
+                if pid is not None and _alive(pid):
+                    raise OutputError(
+                        f"{self.root}: another fi-convert (pid {pid}) is writing here; wait for "
+                        f"it to finish, or remove {lock} if that process is gone"
+                    ) from None
+                lock.unlink(missing_ok=True)  # a dead run's lock
+        raise OutputError(f"{lock}: cannot take the lock; remove it and run again")
+
+    def _unlock(self) -> None:
+        (self.state_dir / "lock").unlink(missing_ok=True)
+
+    def _journal_path(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def _load_journal(self) -> None:
+        try:
+            d = json.loads(self._journal_path().read_text())
+        except (OSError, ValueError):
+            d = {}
+        if d.get("key") == self.key and isinstance(d.get("files"), dict):
+            self.done = d["files"]
+
+    def _record(self, rel: str, meta: dict) -> dict:
+        self.done[rel] = meta
+        tmp = self._journal_path().with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": self.key, "files": self.done}, sort_keys=True))
+        os.replace(tmp, self._journal_path())
+        return meta
+
+    def _reusable(self, rel: str) -> dict | None:
+        meta = self.done.get(rel)
+        p = self.root / rel
+        if meta and p.is_file() and p.stat().st_size == meta["size"]:
+            if sha256_file(p) == meta["sha256"]:
+                self.reused.append(rel)
+                return meta
+        return None
+
+    def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict:
+        if meta := self._reusable(shard.name):
+            return meta
+        sha, size = write(shard).finish()
+        return self._record(shard.name, {"sha256": sha, "size": size})
+
+    def write_small(self, rel: str, data: bytes) -> dict:
+        p = self.root / rel
+        tmp = p.with_name(p.name + TMP_SUFFIX)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, p)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise OutputError(f"{p}: cannot write ({e.strerror}); check the disk") from None
+        return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+    def copy_side_file(self, src: Path, rel: str) -> dict:
+        if meta := self._reusable(rel):
+            return meta
+        dst = self.root / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + TMP_SUFFIX)
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise OutputError(f"{dst}: cannot copy from {src} ({e.strerror}); check the disk") from None
+        return self._record(rel, {"sha256": sha256_file(dst), "size": dst.stat().st_size})
+
+
+def _read_pid(p: Path) -> int | None:
+    try:
+        return int(p.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

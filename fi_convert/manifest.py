@@ -1,0 +1,92 @@
+"""The manifest: what an output folder holds, and the proof that it is complete.
+
+It is written last. It holds no timestamps and no absolute paths, so two runs of the same
+conversion give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from . import __version__
+from .errors import ManifestError
+from .plan import MANIFEST_NAME, Plan
+from .st_io import sha256_file
+
+FORMAT = "fi-convert"
+FORMAT_VERSION = 1
+TARGET = {
+    "vllm": "0.33.0",
+    "flashinfer": "0.7.2.post1",
+    "flashinfer_layouts": "0.6.18-0.7.4",
+    "gpu_family": "sm100",
+}
+
+
+def build(plan: Plan, files: dict[str, dict]) -> dict:
+    layers = plan.summary()["layers"]
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "fi_convert_version": __version__,
+        "scheme": plan.scheme.value,
+        "backend": plan.options.backend.value,
+        "tp_size": plan.options.tp_size,
+        "target": TARGET,
+        "source": {
+            "model_type": plan.ckpt.model_type,
+            "family": plan.family.name,
+            "fingerprint": plan.ckpt.fingerprint,
+            "shards": len(plan.ckpt.shards),
+        },
+        "layers": layers,
+        "files": {k: files[k] for k in sorted(files)},
+    }
+
+
+def write(out_dir: Path, manifest: dict) -> None:
+    path = out_dir / MANIFEST_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read(out_dir: str | Path) -> dict:
+    """Read and sanity-check the manifest of a finished conversion."""
+    path = Path(out_dir) / MANIFEST_NAME
+    if not path.exists():
+        raise ManifestError(
+            f"{path}: no manifest, so {out_dir} is not a finished fi-convert output; "
+            "run (or resume) the conversion first"
+        )
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{path}: unreadable ({e}); run the conversion again") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ManifestError(f"{path}: not an fi-convert manifest")
+    if m.get("format_version") != FORMAT_VERSION:
+        raise ManifestError(
+            f"{path}: format version {m.get('format_version')}, this fi-convert reads "
+            f"{FORMAT_VERSION}; convert again with this version or use a matching fi-convert"
+        )
+    return m
+
+
+def check_files(out_dir: str | Path, manifest: dict) -> list[str]:
+    """Problems with the files the manifest lists (empty when all sizes and SHA-256s match)."""
+    root = Path(out_dir)
+    problems = []
+    for name, meta in manifest["files"].items():
+        p = root / name
+        if not p.is_file():
+            problems.append(f"{p}: missing")
+        elif p.stat().st_size != meta["size"]:
+            problems.append(f"{p}: {p.stat().st_size} bytes, manifest says {meta['size']}")
+        elif sha256_file(p) != meta["sha256"]:
+            problems.append(f"{p}: SHA-256 differs from the manifest")
+    return problems

@@ -1,0 +1,205 @@
+"""Plan a conversion before any long work: layers, output tensors, shards, sizes.
+
+Everything that can be wrong with the input or the options is found here, so a run either
+fails in seconds or has every shape and byte count settled before it starts writing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__, schemes
+from .errors import OutputError, SchemeMismatchError, SourceError
+from .families import Family
+from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
+from .source import INDEX_NAME, PICKLE_SUFFIXES, Checkpoint, find_family, open_checkpoint
+from .st_io import OutEntry, TensorInfo
+
+MANIFEST_NAME = "fi-convert-manifest.json"
+STATE_DIR = ".fi-convert"
+DEFAULT_SHARD_BYTES = 5 * 10**9
+DEFAULT_MAX_MEMORY = 4 * 2**30
+
+
+@dataclass(frozen=True)
+class Options:
+    scheme: SchemeName = SchemeName.AUTO
+    backend: Backend = Backend.TRTLLM
+    tp_size: int = 1
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES
+    max_memory: int = DEFAULT_MAX_MEMORY
+
+
+@dataclass
+class Item:
+    """One tensor of an output shard: copied from the source, or produced by a scheme."""
+
+    entry: OutEntry
+    source: TensorInfo | None = None
+    layer: LayerPlan | None = None
+    output: OutputTensor | None = None
+
+
+@dataclass
+class ShardPlan:
+    name: str
+    items: list[Item]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(i.entry.nbytes for i in self.items)
+
+
+@dataclass
+class Plan:
+    ckpt: Checkpoint
+    family: Family
+    scheme: SchemeName
+    detected: bool
+    options: Options
+    layers: list[LayerPlan]
+    shards: list[ShardPlan]
+    side_files: list[str]
+    passthrough_count: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+    @property
+    def bytes_to_read(self) -> int:
+        return sum(p.stat().st_size for p in self.ckpt.shards)
+
+    def key(self) -> str:
+        """Identifies what this plan produces: same key, same output bytes."""
+        d = {
+            "fi_convert": __version__,
+            "source": self.ckpt.fingerprint,
+            "scheme": self.scheme.value,
+            "backend": self.options.backend.value,
+            "tp": self.options.tp_size,
+            "shards": [[s.name, [i.entry.name for i in s.items]] for s in self.shards],
+        }
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+    def summary(self) -> dict:
+        return {
+            "source": str(self.ckpt.root),
+            "model_type": self.ckpt.model_type,
+            "family": self.family.name,
+            "scheme": self.scheme.value,
+            "scheme_detected": self.detected,
+            "backend": self.options.backend.value,
+            "tp_size": self.options.tp_size,
+            "moe_layers": len(self.layers),
+            "num_experts": self.layers[0].info["num_experts"],
+            "layers": {lp.prefix: _layer_summary(lp) for lp in self.layers},
+            "passthrough_tensors": self.passthrough_count,
+            "side_files": self.side_files,
+            "output_shards": len(self.shards),
+            "bytes_to_read": self.bytes_to_read,
+            "bytes_to_write": self.bytes_to_write,
+        }
+
+
+def _layer_summary(lp: LayerPlan) -> dict:
+    return {
+        **lp.info,
+        "tensors": {
+            o.name: {"dtype": o.dtype, "shape_per_rank": list(o.rank_shape), **o.layout}
+            for o in lp.outputs
+        },
+    }
+
+
+def make_plan(source: str | Path, options: Options) -> Plan:
+    if options.tp_size < 1:
+        raise SourceError(f"--tp-size must be at least 1, got {options.tp_size}")
+    ckpt = open_checkpoint(source)
+    family, layers = find_family(ckpt)
+    if family is None:
+        raise SourceError(
+            f"{ckpt.root}: no MoE expert tensors found (model_type "
+            f"{ckpt.model_type!r}); supported families are in configs/ - add one for this model"
+        )
+    detected = options.scheme is SchemeName.AUTO
+    name = schemes.detect(ckpt, layers) if detected else options.scheme
+    scheme = schemes.get(name)
+    if options.backend not in scheme.backends:
+        raise SchemeMismatchError(
+            f"--scheme {name.value} has no {options.backend.value} backend in vLLM; "
+            f"use --backend {scheme.backends[0].value}"
+        )
+    lps = []
+    for layer in layers:
+        scheme.check(ckpt, layer)
+        lps.append(scheme.plan_layer(layer, options.backend, options.tp_size))
+    expert_names = {n for lp in lps for n in lp.source_names}
+    items = _items(ckpt, lps, expert_names, options.tp_size)
+    shards = _pack(items, options.max_shard_bytes)
+    plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
+    plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
+    return plan
+
+
+def _items(ckpt: Checkpoint, lps: list[LayerPlan], expert_names: set[str], tp: int) -> list[Item]:
+    """Output tensors in source order; a layer's outputs stand where its first expert stood."""
+    shard_no = {p: k for k, p in enumerate(ckpt.shards)}
+
+    def order(name: str) -> tuple[int, int]:
+        info = ckpt.tensors[name]
+        return (shard_no[info.file], info.start)
+
+    first = {min(lp.source_names, key=order): lp for lp in lps}
+    items: list[Item] = []
+    for name in sorted(ckpt.tensors, key=order):
+        info = ckpt.tensors[name]
+        if name not in expert_names:
+            items.append(Item(OutEntry(name, info.dtype, info.shape), source=info))
+        elif name in first:
+            lp = first[name]
+            for o in lp.outputs:
+                entry = OutEntry(f"{lp.prefix}.{o.name}", o.dtype, (tp, *o.rank_shape))
+                if entry.name in ckpt.tensors:
+                    raise SourceError(f"{ckpt.root}: already holds {entry.name}; is it converted?")
+                items.append(Item(entry, layer=lp, output=o))
+    return items
+
+
+def _pack(items: list[Item], limit: int) -> list[ShardPlan]:
+    groups: list[list[Item]] = [[]]
+    size = 0
+    for it in items:
+        if groups[-1] and size + it.entry.nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(it)
+        size += it.entry.nbytes
+    n = len(groups)
+    return [ShardPlan(f"model-{k + 1:05d}-of-{n:05d}.safetensors", g) for k, g in enumerate(groups)]
+
+
+def _side_files(root: Path) -> list[str]:
+    """Files carried over unchanged: everything but weights, the index and hidden entries."""
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts) or not p.is_file():
+            continue
+        if p.suffix in (".safetensors", *PICKLE_SUFFIXES) or rel.name in (INDEX_NAME, MANIFEST_NAME):
+            continue
+        out.append(rel.as_posix())
+    return out
+
+
+def check_out_dir(plan: Plan, out_dir: Path) -> None:
+    src, out = plan.ckpt.root.resolve(), out_dir.resolve()
+    if out == src or src in out.parents or out in src.parents:
+        raise OutputError(
+            f"{out_dir}: the output folder must not be the source folder, inside it, or hold it; "
+            "choose another out-dir"
+        )

@@ -1,0 +1,196 @@
+"""The scheme protocol and the pieces schemes share.
+
+A scheme names the source tensors it needs, checks a layer against them, and plans a layer:
+the output tensors (vLLM's fused-MoE parameter names), their per-rank shapes, and for each a
+`produce` function that fills one chunk of experts of one tensor-parallel rank. The executor
+(`fi_convert.convert`) owns reading order, chunking, devices and writing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .. import dtypes
+from ..errors import LayoutError, SchemeMismatchError, SourceError
+from ..source import ROLES, Checkpoint, ExpertLayer
+from ..st_io import SourceFiles
+
+
+class SchemeName(str, enum.Enum):
+    AUTO = "auto"
+    BF16 = "bf16"
+    FP8_TENSOR = "fp8-tensor"
+    FP8_BLOCK = "fp8-block"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
+
+
+class Backend(str, enum.Enum):
+    TRTLLM = "trtllm"
+    CUTLASS = "cutlass"
+
+
+@dataclass
+class Ctx:
+    """What a `produce` function reads with and where it computes."""
+
+    files: SourceFiles
+    device: torch.device
+
+    def stage(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype)
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+
+
+# produce(ctx, rank, experts, out): fill `out` ([len(experts), *rank_shape[1:]], on ctx.device)
+Producer = Callable[[Ctx, int, range, torch.Tensor], None]
+
+
+@dataclass
+class OutputTensor:
+    name: str  # vLLM fused-MoE parameter name, e.g. "w13_weight"
+    dtype: str  # safetensors dtype name
+    rank_shape: tuple[int, ...]  # shape one rank holds, experts first
+    produce: Producer
+    layout: dict = field(default_factory=dict)  # manifest description
+
+    @property
+    def rank_nbytes(self) -> int:
+        return dtypes.nbytes(self.dtype, self.rank_shape)
+
+    @property
+    def expert_nbytes(self) -> int:
+        return self.rank_nbytes // self.rank_shape[0] if self.rank_shape else self.rank_nbytes
+
+
+@dataclass
+class LayerPlan:
+    prefix: str
+    info: dict  # sizes and padding, for the manifest and `inspect`
+    outputs: list[OutputTensor]
+    source_names: list[str]
+    source_bytes: int
+
+
+class Scheme(Protocol):
+    name: SchemeName
+    backends: tuple[Backend, ...]
+
+    def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
+        """Whether this scheme's source format is what the checkpoint holds (for `auto`)."""
+        ...
+
+    def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        """Raise a one-line error when the layer does not fit this scheme."""
+        ...
+
+    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan: ...
+
+
+# ---------------------------------------------------------------- shared checks and helpers
+
+
+def weight_dtype(layer: ExpertLayer) -> str:
+    return layer.tensor("w1", "weight", 0).dtype
+
+
+def require_dtype(layer: ExpertLayer, param: str, allowed: tuple[str, ...], fix: str) -> None:
+    for (_, p, _), info in layer.params.items():
+        if p == param and info.dtype not in allowed:
+            raise SchemeMismatchError(
+                f"{info.name}: dtype {info.dtype}, this scheme needs {' or '.join(allowed)}; {fix}"
+            )
+
+
+def require_param(layer: ExpertLayer, param: str, what: str) -> None:
+    if layer.form.kind == "fused":
+        for role in ("w13", "w2"):
+            if (role, param, -1) not in layer.params:
+                w = layer.params[(role, "weight", -1)].name
+                raise SourceError(f"{w}: no {param} beside it; {what}")
+        return
+    for e in range(layer.num_experts):
+        for r in ROLES:
+            if (r, param, e) not in layer.params:
+                w = layer.params[(r, "weight", e)].name
+                raise SourceError(f"{w}: no {w.rsplit('.', 1)[0]}.{param} beside it; {what}")
+
+
+def require_shapes(layer: ExpertLayer, param: str, w13: tuple, w2: tuple) -> None:
+    """Every expert's w1/w3 `param` has shape `w13` and w2 has `w2` (fused: per half)."""
+    if layer.form.kind == "fused":
+        checks = [
+            ("w13", (layer.num_experts, 2 * w13[0], *w13[1:])),
+            ("w2", (layer.num_experts, *w2)),
+        ]
+        for role, want in checks:
+            info = layer.params[(role, param, -1)]
+            if info.shape != want:
+                raise SourceError(f"{info.name}: shape {list(info.shape)}, expected {list(want)}")
+        return
+    for e in range(layer.num_experts):
+        for r in ROLES:
+            info = layer.params[(r, param, e)]
+            want = w2 if r == "w2" else w13
+            if info.shape != tuple(want):
+                raise SourceError(
+                    f"{info.name}: shape {list(info.shape)}, expected {list(want)} "
+                    "(from expert 0 and config.json); the checkpoint is inconsistent"
+                )
+
+
+def per_rank(size: int, tp: int, what: str) -> int:
+    if size % tp:
+        raise LayoutError(
+            f"{what} {size} is not divisible by --tp-size {tp}; vLLM cannot split it either - "
+            "choose a tp size that divides it"
+        )
+    return size // tp
+
+
+def stage_w13(
+    ctx: Ctx,
+    layer: ExpertLayer,
+    param: str,
+    rank: int,
+    experts: range,
+    rows: int,
+    torch_dtype: torch.dtype,
+) -> torch.Tensor:
+    """[n, 2*rows + 1, K] on ctx.device: this rank's gate rows, its up rows, then one zero row."""
+    k = layer.proj_shape("w1", param)[1]
+    buf = ctx.stage((len(experts), 2 * rows + 1, k), torch_dtype)
+    span = (rank * rows, (rank + 1) * rows)
+    layer.read(ctx.files, "w1", param, experts, span, None, buf[:, :rows])
+    layer.read(ctx.files, "w3", param, experts, span, None, buf[:, rows : 2 * rows])
+    buf[:, 2 * rows].zero_()
+    return ctx.to_device(buf)
+
+
+def stage_w2(
+    ctx: Ctx,
+    layer: ExpertLayer,
+    param: str,
+    rank: int,
+    experts: range,
+    cols: int,
+    padded_cols: int,
+    torch_dtype: torch.dtype,
+) -> torch.Tensor:
+    """[n, H, padded_cols] on ctx.device: this rank's columns of w2, zero-padded on the right."""
+    h = layer.proj_shape("w2", param)[0]
+    buf = ctx.stage((len(experts), h, padded_cols), torch_dtype)
+    full = layer.proj_shape("w2", param)[1] == cols
+    span = None if full else (rank * cols, (rank + 1) * cols)
+    layer.read(ctx.files, "w2", param, experts, (0, h), span, buf[:, :, :cols])
+    if padded_cols > cols:
+        buf[:, :, cols:].zero_()
+    return ctx.to_device(buf)

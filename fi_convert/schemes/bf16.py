@@ -1,0 +1,131 @@
+"""`bf16`: unquantized BF16 experts (Mixtral, Qwen3-MoE, fused gate_up_proj checkpoints).
+
+TRT-LLM (vLLM `convert_moe_weights_to_flashinfer_trtllm_block_layout`): I per rank padded to
+128 per half; w13 = [up; gate] gated-interleaved, row-shuffled (tile 128) and in BlockMajorK
+with 128-byte blocks (64 bf16 values); w2 row-shuffled (tile 128), BlockMajorK. Held as
+[E, K/64, M, 64]. CUTLASS: w13 = [up; gate], w2 as is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import layout as L
+from ..errors import LayoutError, SchemeMismatchError
+from ..source import Checkpoint, ExpertLayer
+from .base import (
+    Backend,
+    Ctx,
+    LayerPlan,
+    OutputTensor,
+    SchemeName,
+    per_rank,
+    require_dtype,
+    require_shapes,
+    stage_w2,
+    stage_w13,
+    weight_dtype,
+)
+
+TILE = 128
+PAD_I = 128
+BLOCK_K = 64  # elements: 128 bytes of bf16
+
+
+class Bf16Scheme:
+    name = SchemeName.BF16
+    backends = (Backend.TRTLLM, Backend.CUTLASS)
+
+    def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
+        return weight_dtype(layers[0]) == "BF16"
+
+    def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        if weight_dtype(layer) == "F8_E4M3":
+            raise SchemeMismatchError(
+                f"{layer.tensor('w1', 'weight', 0).name}: the experts are FP8, not BF16; "
+                "use --scheme fp8-block (or --scheme auto)"
+            )
+        require_dtype(layer, "weight", ("BF16",), "convert the checkpoint to BF16 first")
+        i, h = layer.intermediate_size, layer.hidden_size
+        require_shapes(layer, "weight", (i, h), (h, i))
+
+    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        e, h = layer.num_experts, layer.hidden_size
+        i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
+        if backend is Backend.CUTLASS:
+            outs = _cutlass_outputs(layer, e, h, i_r)
+            i_p = i_r
+        else:
+            if h % BLOCK_K:
+                raise LayoutError(
+                    f"{layer.prefix}: hidden size {h} is not a multiple of {BLOCK_K}; FlashInfer's "
+                    "TRT-LLM BF16 BlockMajorK layout needs it and vLLM does not pad H - "
+                    "use --backend cutlass"
+                )
+            i_p = L.round_up(i_r, PAD_I)
+            outs = _trtllm_outputs(layer, e, h, i_r, i_p)
+        info = {
+            "num_experts": e,
+            "hidden_size": h,
+            "padded_hidden_size": h,
+            "intermediate_size": layer.intermediate_size,
+            "intermediate_size_per_rank": i_r,
+            "padded_intermediate_size_per_rank": i_p,
+        }
+        names = layer.source_names()
+        nbytes = sum(t.nbytes for t in layer.params.values())
+        return LayerPlan(layer.prefix, info, outs, names, nbytes)
+
+
+def _trtllm_outputs(layer: ExpertLayer, e: int, h: int, i_r: int, i_p: int) -> list[OutputTensor]:
+    w13_idx = L.compose(
+        L.pad_halves_index(i_r, i_p, zero_row=2 * i_r),
+        L.swap_halves_index(2 * i_p),
+        L.gated_interleave_index(2 * i_p),
+        L.shuffle_row_index(2 * i_p, TILE),
+    )
+    w2_idx = L.shuffle_row_index(h, TILE)
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.bfloat16)
+        L.gather_rows_block_major(src, w13_idx, BLOCK_K, out)
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_p, torch.bfloat16)
+        L.gather_rows_block_major(src, w2_idx, BLOCK_K, out)
+
+    lay = {
+        "layout": "BlockMajorK",
+        "block_k_bytes": 128,
+        "epilogue_tile_m": TILE,
+        "row_order": "up_gate",
+        "gated_interleave": True,
+        "padding": "per_half",
+    }
+    return [
+        OutputTensor("w13_weight", "BF16", (e, h // BLOCK_K, 2 * i_p, BLOCK_K), w13, lay),
+        OutputTensor(
+            "w2_weight",
+            "BF16",
+            (e, i_p // BLOCK_K, h, BLOCK_K),
+            w2,
+            {**lay, "row_order": "rows", "gated_interleave": False},
+        ),
+    ]
+
+
+def _cutlass_outputs(layer: ExpertLayer, e: int, h: int, i_r: int) -> list[OutputTensor]:
+    swap = L.swap_halves_index(2 * i_r)
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.bfloat16)
+        L.gather_rows(src, swap, out)
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r, i_r, torch.bfloat16))
+
+    lay = {"layout": "MajorK", "row_order": "up_gate", "epilogue_tile_m": None}
+    return [
+        OutputTensor("w13_weight", "BF16", (e, 2 * i_r, h), w13, lay),
+        OutputTensor("w2_weight", "BF16", (e, h, i_r), w2, {**lay, "row_order": "rows"}),
+    ]

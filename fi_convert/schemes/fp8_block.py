@@ -1,0 +1,151 @@
+"""`fp8-block`: DeepSeek-style FP8 E4M3 experts with 128x128 block scales (`weight_scale_inv`).
+
+TRT-LLM (vLLM `_shuffle_deepseek_fp8_moe_weights`): w13 = [up; gate] on weights and scales, no
+padding; weights row-shuffled with epilogue tile 64 and in BlockMajorK (128-byte blocks), held
+as [E, K/128, M, 128]; scales not shuffled. Both backends clamp scales to >= 1e-10. CUTLASS:
+[up; gate] on weights and scales, weights MajorK.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import layout as L
+from ..errors import LayoutError, SchemeMismatchError
+from ..source import Checkpoint, ExpertLayer
+from .base import (
+    Backend,
+    Ctx,
+    LayerPlan,
+    OutputTensor,
+    SchemeName,
+    per_rank,
+    require_dtype,
+    require_param,
+    require_shapes,
+    stage_w2,
+    stage_w13,
+    weight_dtype,
+)
+
+BLOCK = 128  # quantization block (rows and columns)
+TILE = 64  # epilogue tile of the row shuffle
+BLOCK_K = 128  # BlockMajorK block, in fp8 elements (= bytes)
+MIN_SCALE = 1e-10
+SCALE = "weight_scale_inv"
+
+
+class Fp8BlockScheme:
+    name = SchemeName.FP8_BLOCK
+    backends = (Backend.TRTLLM, Backend.CUTLASS)
+
+    def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
+        return weight_dtype(layers[0]) == "F8_E4M3" and layers[0].has(SCALE)
+
+    def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        if weight_dtype(layer) in ("BF16", "F16", "F32"):
+            raise SchemeMismatchError(
+                f"{layer.tensor('w1', 'weight', 0).name}: the experts are "
+                f"{weight_dtype(layer)}, not FP8 block-quantized; use --scheme bf16 "
+                "(or --scheme auto)"
+            )
+        require_dtype(layer, "weight", ("F8_E4M3",), "fp8-block reads E4M3 weights")
+        require_param(
+            layer, SCALE, "fp8-block needs a 128x128 block scale per weight (weight_scale_inv)"
+        )
+        require_dtype(layer, SCALE, ("F32", "BF16"), "block scales must be float32")
+        i, h = layer.intermediate_size, layer.hidden_size
+        require_shapes(layer, "weight", (i, h), (h, i))
+        ib, hb = -(-i // BLOCK), -(-h // BLOCK)
+        require_shapes(layer, SCALE, (ib, hb), (hb, ib))
+
+    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        e, h = layer.num_experts, layer.hidden_size
+        i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
+        for what, size in (("hidden size", h), ("intermediate size per rank", i_r)):
+            if size % BLOCK:
+                raise LayoutError(
+                    f"{layer.prefix}: {what} {size} is not a multiple of the {BLOCK}-wide "
+                    "scale block; vLLM 0.33 pads such shards only for some kernels and "
+                    "FlashInfer's block-FP8 kernels cannot take them - use a --tp-size "
+                    f"that keeps I/tp a multiple of {BLOCK}"
+                )
+        outs = _outputs(layer, e, h, i_r, backend)
+        info = {
+            "num_experts": e,
+            "hidden_size": h,
+            "padded_hidden_size": h,
+            "intermediate_size": layer.intermediate_size,
+            "intermediate_size_per_rank": i_r,
+            "padded_intermediate_size_per_rank": i_r,
+            "weight_block_size": [BLOCK, BLOCK],
+        }
+        nbytes = sum(t.nbytes for t in layer.params.values())
+        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
+
+
+def _scale_producers(layer: ExpertLayer, i_r: int):
+    sb = i_r // BLOCK
+    swap = L.swap_halves_index(2 * sb)
+
+    def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w13(ctx, layer, SCALE, rank, experts, sb, _scale_dtype(layer))
+        L.gather_rows(src.float(), swap, out)
+        out.clamp_(min=MIN_SCALE)
+
+    def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w2(ctx, layer, SCALE, rank, experts, sb, sb, _scale_dtype(layer))
+        out.copy_(src)
+        out.clamp_(min=MIN_SCALE)
+
+    return w13_s, w2_s
+
+
+def _scale_dtype(layer: ExpertLayer) -> torch.dtype:
+    return torch.bfloat16 if layer.tensor("w1", SCALE, 0).dtype == "BF16" else torch.float32
+
+
+def _outputs(
+    layer: ExpertLayer, e: int, h: int, i_r: int, backend: Backend
+) -> list[OutputTensor]:
+    trt = backend is Backend.TRTLLM
+    w13_idx = L.swap_halves_index(2 * i_r)
+    w2_idx: torch.Tensor | None = None
+    if trt:
+        w13_idx = L.compose(w13_idx, L.shuffle_row_index(2 * i_r, TILE))
+        w2_idx = L.shuffle_row_index(h, TILE)
+
+    def place(src: torch.Tensor, idx: torch.Tensor | None, out: torch.Tensor) -> None:
+        if idx is None:
+            out.copy_(src)
+        elif trt:
+            L.gather_rows_block_major(src, idx, BLOCK_K, out)
+        else:
+            L.gather_rows(src, idx, out)
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.uint8)
+        place(src, w13_idx, out.view(torch.uint8))
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_r, torch.uint8)
+        place(src, w2_idx, out.view(torch.uint8))
+
+    w13_s, w2_s = _scale_producers(layer, i_r)
+    if trt:
+        lay = {"layout": "BlockMajorK", "block_k_bytes": BLOCK_K, "epilogue_tile_m": TILE}
+        w13_shape = (e, h // BLOCK_K, 2 * i_r, BLOCK_K)
+        w2_shape = (e, i_r // BLOCK_K, h, BLOCK_K)
+    else:
+        lay = {"layout": "MajorK", "epilogue_tile_m": None}
+        w13_shape, w2_shape = (e, 2 * i_r, h), (e, h, i_r)
+    s_lay = {"layout": "row_major_blocks", "block": [BLOCK, BLOCK], "min": MIN_SCALE}
+    sb, hb = i_r // BLOCK, h // BLOCK
+    return [
+        OutputTensor("w13_weight", "F8_E4M3", w13_shape, w13, {**lay, "row_order": "up_gate"}),
+        OutputTensor("w2_weight", "F8_E4M3", w2_shape, w2, {**lay, "row_order": "rows"}),
+        OutputTensor(
+            "w13_weight_scale_inv", "F32", (e, 2 * sb, hb), w13_s, {**s_lay, "row_order": "up_gate"}
+        ),
+        OutputTensor("w2_weight_scale_inv", "F32", (e, hb, sb), w2_s, {**s_lay, "row_order": "rows"}),
+    ]

@@ -1,0 +1,259 @@
+"""Open a source checkpoint folder: validate its files, read shard headers, find MoE layers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import SourceError
+from .families import Family, Form, candidates, model_type
+from .st_io import SourceFiles, TensorInfo, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+ROLES = ("w1", "w3", "w2")
+
+
+@dataclass
+class Checkpoint:
+    root: Path
+    config: dict
+    quant_config: dict | None
+    tensors: dict[str, TensorInfo]
+    shards: list[Path]
+    fingerprint: str
+
+    @property
+    def model_type(self) -> str | None:
+        return model_type(self.config)
+
+
+@dataclass
+class ExpertLayer:
+    """One MoE layer's routed experts as found in the checkpoint."""
+
+    prefix: str
+    form: Form
+    num_experts: int
+    hidden_size: int
+    intermediate_size: int
+    # per-expert form: (role, param, expert) -> tensor; fused form: (role, param, -1) -> tensor
+    params: dict[tuple[str, str, int], TensorInfo] = field(default_factory=dict)
+
+    def param_names(self) -> set[str]:
+        return {p for (_, p, _) in self.params}
+
+    def tensor(self, role: str, param: str, expert: int) -> TensorInfo:
+        if self.form.kind == "fused":
+            key = ("w13" if role in ("w1", "w3") else role, param, -1)
+        else:
+            key = (role, param, expert)
+        return self.params[key]
+
+    def has(self, param: str) -> bool:
+        if self.form.kind == "fused":
+            return ("w13", param, -1) in self.params and ("w2", param, -1) in self.params
+        return all((r, param, e) in self.params for r in ROLES for e in range(self.num_experts))
+
+    def source_names(self) -> list[str]:
+        return sorted(t.name for t in self.params.values())
+
+    def proj_shape(self, role: str, param: str) -> tuple[int, ...]:
+        """Shape of one expert's matrix of `role` (the fused tensor split into its halves)."""
+        info = self.tensor(role, param, 0)
+        if self.form.kind != "fused":
+            return info.shape
+        shape = info.shape[1:]
+        return (shape[0] // 2, *shape[1:]) if role != "w2" else shape
+
+    def read(
+        self,
+        files: SourceFiles,
+        role: str,
+        param: str,
+        experts: range,
+        rows: tuple[int, int],
+        cols: tuple[int, int] | None,
+        dst: torch.Tensor,
+    ) -> None:
+        """Copy rows [a, b) (and columns [c, d)) of each expert's `role` matrix into dst[i]."""
+        a, b = rows
+        for i, e in enumerate(experts):
+            info = self.tensor(role, param, e)
+            start = a
+            if self.form.kind == "fused":
+                per = info.shape[1]
+                start = e * per + a + (per // 2 if role == "w3" else 0)
+                info = _flat_rows(info)
+            d = dst[i]
+            if cols is None and d.is_contiguous():
+                files.read_rows(info, start, start + b - a, d)
+            else:
+                tmp = torch.empty((b - a, *info.shape[1:]), dtype=d.dtype)
+                files.read_rows(info, start, start + b - a, tmp)
+                d.copy_(tmp if cols is None else tmp[:, cols[0] : cols[1]])
+
+
+def _flat_rows(info: TensorInfo) -> TensorInfo:
+    shape = (info.shape[0] * info.shape[1], *info.shape[2:])
+    return TensorInfo(info.name, info.dtype, shape, info.start, info.nbytes, info.file)
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SourceError(f"{path}: not readable JSON ({e}); fix or restore the file") from None
+    if not isinstance(d, dict):
+        raise SourceError(f"{path}: expected a JSON object; fix or restore the file")
+    return d
+
+
+def _inside(root: Path, name: str, what: Path) -> Path:
+    """Resolve shard `name` from `what` (the index) and refuse paths that leave the folder."""
+    p = Path(name)
+    if p.is_absolute() or ".." in p.parts or len(p.parts) != 1:
+        raise SourceError(
+            f"{what}: shard name {name!r} points outside the model folder; "
+            "an index may only name files beside it"
+        )
+    return root / p
+
+
+def _shard_paths(root: Path) -> tuple[list[Path], dict[str, str] | None]:
+    index = root / INDEX_NAME
+    if index.exists():
+        d = _load_json(index)
+        wm = d.get("weight_map")
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise SourceError(f"{index}: no valid 'weight_map'; fix or restore the index")
+        names = sorted(set(wm.values()))
+        paths = [_inside(root, n, index) for n in names]
+        for p in paths:
+            if not p.exists():
+                raise SourceError(
+                    f"{p}: shard named by {INDEX_NAME} is missing; download it again "
+                    "(e.g. `hf download <repo> --local-dir <model-dir>`)"
+                )
+        return paths, wm
+    paths = sorted(root.glob("*.safetensors"))
+    if not paths:
+        pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise SourceError(
+                f"{root}: holds only pickle weights ({pickles[0]}, ...); fi-convert reads "
+                "safetensors only and never unpickles - convert them to safetensors first"
+            )
+        raise SourceError(f"{root}: no *.safetensors files; point at a model folder")
+    return paths, None
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    root = Path(path)
+    if not root.exists():
+        raise SourceError(f"{root}: no such folder; pass a local model folder")
+    if not root.is_dir():
+        raise SourceError(f"{root}: not a folder; pass the folder that holds config.json")
+    cfg_path = root / "config.json"
+    config = _load_json(cfg_path) if cfg_path.exists() else {}
+    quant = config.get("quantization_config")
+    hq = root / "hf_quant_config.json"
+    if hq.exists():
+        quant = _load_json(hq)
+    shards, wm = _shard_paths(root)
+    tensors: dict[str, TensorInfo] = {}
+    fp = hashlib.sha256()
+    for p in shards:
+        infos, raw = read_header(p)
+        fp.update(p.name.encode() + b"\0" + str(p.stat().st_size).encode() + b"\0" + raw)
+        for name, info in infos.items():
+            if name in tensors:
+                raise SourceError(f"{p}: tensor {name!r} also in {tensors[name].file.name}")
+            tensors[name] = info
+    if wm is not None:
+        for name, shard in wm.items():
+            if name not in tensors or tensors[name].file.name != shard:
+                raise SourceError(
+                    f"{root / shard}: {INDEX_NAME} lists tensor {name!r} in this shard, "
+                    "but the shard does not hold it; download the checkpoint again"
+                )
+    return Checkpoint(root, config, quant, tensors, shards, fp.hexdigest())
+
+
+def _natural(s: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def find_family(ckpt: Checkpoint) -> tuple[Family | None, list[ExpertLayer]]:
+    """The first family whose patterns match expert tensors, and its MoE layers."""
+    for fam in candidates(ckpt.config):
+        layers = _layers(ckpt, fam)
+        if layers:
+            return fam, layers
+    return None, []
+
+
+def _layers(ckpt: Checkpoint, fam: Family) -> list[ExpertLayer]:
+    for form in fam.forms:
+        groups: dict[str, dict[tuple[str, str, int], TensorInfo]] = defaultdict(dict)
+        for name, info in ckpt.tensors.items():
+            m = form.pattern.match(name)
+            if not m or m["proj"] not in form.projections:
+                continue
+            role = form.projections[m["proj"]]
+            expert = int(m["expert"]) if form.kind == "per_expert" else -1
+            groups[m["prefix"]][(role, m["param"] or "weight", expert)] = info
+        if groups:
+            return [_make_layer(ckpt, fam, form, p, groups[p]) for p in sorted(groups, key=_natural)]
+    return []
+
+
+def _make_layer(
+    ckpt: Checkpoint, fam: Family, form: Form, prefix: str, params: dict
+) -> ExpertLayer:
+    where = f"{ckpt.root}: {prefix}"
+    cfg_e = fam.config_value(ckpt.config, "num_experts")
+    if form.kind == "fused":
+        w13 = params.get(("w13", "weight", -1))
+        w2 = params.get(("w2", "weight", -1))
+        if w13 is None or w2 is None:
+            raise SourceError(f"{where}: fused experts need gate_up_proj and down_proj tensors")
+        if len(w13.shape) != 3 or len(w2.shape) != 3 or w13.shape[1] % 2:
+            raise SourceError(f"{w13.name}: expected [E, 2I, H] and [E, H, I] fused tensors")
+        num, hidden, inter = w13.shape[0], w13.shape[2], w13.shape[1] // 2
+    else:
+        experts = sorted({e for (_, _, e) in params})
+        num = len(experts)
+        if experts != list(range(num)):
+            missing = sorted(set(range(experts[-1] + 1)) - set(experts))
+            raise SourceError(
+                f"{where}: experts {missing[:5]} are missing (found {num} of "
+                f"{experts[-1] + 1}); the checkpoint is incomplete - download it again"
+            )
+        for e in experts:
+            for r in ROLES:
+                if (r, "weight", e) not in params:
+                    raise SourceError(
+                        f"{where}.{e}: no {r} ({_proj(form, r)}) weight; the checkpoint is "
+                        "incomplete - download it again"
+                    )
+        gate = params[("w1", "weight", 0)]
+        if len(gate.shape) != 2:
+            raise SourceError(f"{gate.name}: expected a 2-D weight, got shape {list(gate.shape)}")
+        inter, hidden = gate.shape
+    if cfg_e is not None and cfg_e != num:
+        raise SourceError(
+            f"{where}: {num} experts in the shards but config.json says {cfg_e}; "
+            "the checkpoint and its config disagree - download both again"
+        )
+    return ExpertLayer(prefix, form, num, hidden, inter, dict(params))
+
+
+def _proj(form: Form, role: str) -> str:
+    return next((k for k, v in form.projections.items() if v == role), role)

@@ -1,0 +1,180 @@
+"""Synthetic checkpoints that are real in form: tensor names, dtypes and config files of
+DeepSeek-V3, Qwen3-MoE (per-expert and fused), and Mixtral, at small sizes.
+
+Used by `make demo`, `make bench` and the tests. Weights are random; FP8 weights come with
+128x128 `weight_scale_inv` blocks (a few near-zero, as dead experts have in real checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+FAMILIES = ("deepseek-v3", "qwen3-moe", "qwen3-moe-fused", "mixtral")
+
+
+@dataclass
+class Spec:
+    family: str = "deepseek-v3"
+    layers: int = 3
+    dense_layers: int = 1  # leading layers with a dense MLP (DeepSeek's first_k_dense_replace)
+    experts: int = 6
+    hidden: int = 256
+    intermediate: int = 256
+    shards: int = 3
+    vocab: int = 64
+    seed: int = 0
+    fp8: bool | None = None  # default: DeepSeek FP8 block, the others BF16
+
+
+def _fp8_block(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+    w = torch.randn(shape, generator=g) * 0.5
+    w = w.clamp(-448, 448).to(torch.float8_e4m3fn)
+    sb = (-(-shape[0] // 128), -(-shape[1] // 128))
+    s = torch.rand(sb, generator=g) * 1e-3 + 1e-5
+    s.view(-1)[0] = 1e-23  # a dead block: clamped to 1e-10 on conversion
+    return {"weight": w, "weight_scale_inv": s}
+
+
+def _bf16(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+    return {"weight": (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)}
+
+
+def _config(spec: Spec, fp8: bool) -> dict:
+    h, i, e = spec.hidden, spec.intermediate, spec.experts
+    base = {
+        "hidden_size": h,
+        "num_hidden_layers": spec.layers,
+        "vocab_size": spec.vocab,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    }
+    if spec.family == "deepseek-v3":
+        cfg = {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "intermediate_size": 2 * i,
+            "moe_intermediate_size": i,
+            "n_routed_experts": e,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": min(2, e),
+            "first_k_dense_replace": spec.dense_layers,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+            **base,
+        }
+    elif spec.family == "mixtral":
+        cfg = {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "intermediate_size": i,
+            "num_local_experts": e,
+            "num_experts_per_tok": min(2, e),
+            **base,
+        }
+    else:
+        cfg = {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "intermediate_size": 2 * i,
+            "moe_intermediate_size": i,
+            "num_experts": e,
+            "num_experts_per_tok": min(2, e),
+            "decoder_sparse_step": 1,
+            "norm_topk_prob": True,
+            **base,
+        }
+    if fp8:
+        cfg["quantization_config"] = {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+        }
+    return cfg
+
+
+def _tensors(spec: Spec, fp8: bool) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(spec.seed)
+    h, i, e = spec.hidden, spec.intermediate, spec.experts
+    mk = _fp8_block if fp8 else _bf16
+    bf = lambda *s: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731
+    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": bf(spec.vocab, h)}
+
+    def add(prefix: str, parts: dict[str, torch.Tensor]) -> None:
+        for k, v in parts.items():
+            t[f"{prefix}.{k}"] = v
+
+    for layer in range(spec.layers):
+        p = f"model.layers.{layer}"
+        t[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        t[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            add(f"{p}.self_attn.{proj}", mk((h, h), g))
+        moe = layer >= spec.dense_layers or spec.family != "deepseek-v3"
+        if not moe:
+            add(f"{p}.mlp.gate_proj", mk((2 * i, h), g))
+            add(f"{p}.mlp.up_proj", mk((2 * i, h), g))
+            add(f"{p}.mlp.down_proj", mk((h, 2 * i), g))
+            continue
+        if spec.family == "mixtral":
+            t[f"{p}.block_sparse_moe.gate.weight"] = bf(e, h)
+            for x in range(e):
+                for w, shape in (("w1", (i, h)), ("w2", (h, i)), ("w3", (i, h))):
+                    add(f"{p}.block_sparse_moe.experts.{x}.{w}", mk(shape, g))
+            continue
+        t[f"{p}.mlp.gate.weight"] = bf(e, h)
+        if spec.family == "deepseek-v3":
+            t[f"{p}.mlp.gate.e_score_correction_bias"] = torch.randn(e, generator=g)
+            add(f"{p}.mlp.shared_experts.gate_proj", mk((i, h), g))
+            add(f"{p}.mlp.shared_experts.up_proj", mk((i, h), g))
+            add(f"{p}.mlp.shared_experts.down_proj", mk((h, i), g))
+        if spec.family == "qwen3-moe-fused":
+            t[f"{p}.mlp.experts.gate_up_proj"] = bf(e, 2 * i, h)
+            t[f"{p}.mlp.experts.down_proj"] = bf(e, h, i)
+            continue
+        for x in range(e):
+            for w, shape in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i))):
+                add(f"{p}.mlp.experts.{x}.{w}", mk(shape, g))
+    t["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    t["lm_head.weight"] = bf(spec.vocab, h)
+    return t
+
+
+def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
+    """Write a checkpoint folder: sharded safetensors, index, config and tokenizer files."""
+    spec = spec or Spec()
+    if spec.family not in FAMILIES:
+        raise ValueError(f"unknown family {spec.family!r}; one of {', '.join(FAMILIES)}")
+    fp8 = spec.fp8 if spec.fp8 is not None else spec.family == "deepseek-v3"
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    tensors = _tensors(spec, fp8)
+    names = list(tensors)
+    n = max(1, min(spec.shards, len(names)))
+    per = -(-len(names) // n)
+    weight_map, total = {}, 0
+    for k in range(n):
+        part = {nm: tensors[nm].contiguous() for nm in names[k * per : (k + 1) * per]}
+        fname = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        save_file(part, root / fname, metadata={"format": "pt"})
+        for nm, v in part.items():
+            weight_map[nm] = fname
+            total += v.numel() * v.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (root / "config.json").write_text(json.dumps(_config(spec, fp8), indent=2))
+    (root / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"})
+    )
+    (root / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE"}}))
+    return root
