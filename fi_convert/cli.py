@@ -1,0 +1,258 @@
+"""The `fi-convert` command: a thin layer that parses, calls the library and renders results.
+
+Results (and `--json`) go to stdout; progress, warnings and errors go to stderr. Progress bars
+show only when stderr is a terminal. Library errors become one red line and exit code 1
+(`--debug` or FI_CONVERT_DEBUG=1 shows the traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from . import __version__
+from . import manifest as mf
+from .convert import Progress as LibProgress
+from .convert import run_plan
+from .errors import FiConvertError
+from .plan import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Options, Plan, make_plan
+from .schemes import Backend, SchemeName
+
+app = typer.Typer(
+    help="Convert MoE checkpoints offline into FlashInfer's kernel layouts.\n\n"
+    "Usage: fi-convert MODEL_DIR OUT_DIR --scheme SCHEME (the `convert` command is the default).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+SchemeOpt = Annotated[
+    SchemeName, typer.Option("--scheme", "-s", help="Preparation pipeline; auto detects it.")
+]
+BackendOpt = Annotated[Backend, typer.Option("--backend", "-b", help="FlashInfer MoE backend.")]
+TpOpt = Annotated[int, typer.Option("--tp-size", "-tp", min=1, help="Tensor-parallel size.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks.", envvar="FI_CONVERT_DEBUG")]
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n}"
+
+
+def _fail(e: Exception, debug: bool) -> typer.Exit:
+    if debug:
+        err.print_exception()
+    err.print(f"[red]error:[/red] {e}")
+    return typer.Exit(1)
+
+
+def _render_plan(plan: Plan) -> None:
+    s = plan.summary()
+    how = "detected" if plan.detected else "requested"
+    out.print(
+        f"[bold]{plan.ckpt.root}[/bold]: family {s['family']} (model_type {s['model_type']}), "
+        f"scheme [bold]{s['scheme']}[/bold] ({how}), backend {s['backend']}, tp {s['tp_size']}"
+    )
+    groups: dict[str, list[str]] = {}
+    for prefix, lay in s["layers"].items():
+        groups.setdefault(json.dumps(lay, sort_keys=True), []).append(prefix)
+    for key, prefixes in groups.items():
+        lay = json.loads(key)
+        names = prefixes[0] if len(prefixes) == 1 else f"{prefixes[0]} ... {prefixes[-1]}"
+        out.print(
+            f"{len(prefixes)} MoE layer(s) {names}: {lay['num_experts']} experts, "
+            f"H {lay['hidden_size']} (padded {lay['padded_hidden_size']}), "
+            f"I {lay['intermediate_size']} = {lay['intermediate_size_per_rank']} per rank "
+            f"(padded {lay['padded_intermediate_size_per_rank']})"
+        )
+        t = Table(box=None, pad_edge=False)
+        for col in ("tensor", "dtype", "shape per rank", "layout"):
+            t.add_column(col)
+        for name, ten in lay["tensors"].items():
+            extra = f", tile {ten['epilogue_tile_m']}" if ten.get("epilogue_tile_m") else ""
+            t.add_row(name, ten["dtype"], str(ten["shape_per_rank"]), ten["layout"] + extra)
+        out.print(t)
+    out.print(
+        f"{s['passthrough_tensors']} other tensors copied unchanged; {len(s['side_files'])} "
+        f"other files carried over; {s['output_shards']} output shard(s); read "
+        f"{_size(s['bytes_to_read'])}, write {_size(s['bytes_to_write'])}"
+    )
+
+
+@app.command("convert")
+def convert_cmd(
+    model_dir: Annotated[str, typer.Argument(help="Source model folder.")],
+    out_dir: Annotated[Path, typer.Argument(help="Output folder (created).")],
+    scheme: SchemeOpt = SchemeName.AUTO,
+    backend: BackendOpt = Backend.TRTLLM,
+    tp_size: TpOpt = 1,
+    device: Annotated[
+        str, typer.Option(help="Where to transform: auto (CUDA when present), cpu, cuda[:N].")
+    ] = "auto",
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the contents of an out-dir that is not ours.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and stop.")] = False,
+    max_shard_size: Annotated[
+        int, typer.Option(help="Largest output shard, bytes.")
+    ] = DEFAULT_SHARD_BYTES,
+    max_memory: Annotated[
+        int, typer.Option(help="Working-memory budget for expert chunks, bytes.")
+    ] = DEFAULT_MAX_MEMORY,
+    as_json: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Convert MODEL_DIR into OUT_DIR (the default command)."""
+    opts = Options(scheme, backend, tp_size, max_shard_size, max_memory)
+    try:
+        plan = make_plan(model_dir, opts)
+        if plan.detected and not as_json:
+            err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
+        if dry_run:
+            _ = out.print_json(json.dumps(plan.summary())) if as_json else _render_plan(plan)
+            return
+        show = err.is_terminal and not quiet and not as_json
+        with _progress(show) as cb:
+            res = run_plan(plan, out_dir, device=device, overwrite=overwrite, progress=cb)
+    except FiConvertError as e:
+        raise _fail(e, debug) from None
+    if as_json:
+        out.print_json(json.dumps(res.summary()))
+        return
+    s = res.summary()
+    reused = f" ({len(res.reused_files)} reused from an earlier run)" if res.reused_files else ""
+    out.print(
+        f"[green]done[/green]: {s['moe_layers']} MoE layers x {s['num_experts']} experts -> "
+        f"{res.out_dir} ({s['scheme']}, {s['backend']}, tp {s['tp_size']}, on {s['device']}); "
+        f"{s['files']} files{reused}, manifest {s['manifest']}"
+    )
+
+
+class _progress:
+    """A rich progress bar on stderr fed by the library's callback, or nothing."""
+
+    def __init__(self, show: bool) -> None:
+        self.bar = (
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[tensors]}"),
+                console=err,
+                transient=False,
+            )
+            if show
+            else None
+        )
+        self.task = None
+
+    def __enter__(self):
+        if self.bar is None:
+            return None
+        self.bar.start()
+
+        def cb(p: LibProgress) -> None:
+            assert self.bar is not None
+            if self.task is None:
+                self.task = self.bar.add_task("converting", total=p.bytes_total, tensors="")
+            self.bar.update(
+                self.task,
+                completed=p.bytes_done,
+                tensors=f"{p.tensors_done}/{p.tensors_total} tensors",
+            )
+
+        return cb
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@app.command("inspect")
+def inspect_cmd(
+    model_dir: Annotated[str, typer.Argument(help="Source model folder.")],
+    scheme: SchemeOpt = SchemeName.AUTO,
+    backend: BackendOpt = Backend.TRTLLM,
+    tp_size: TpOpt = 1,
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Print the conversion plan for MODEL_DIR without writing anything."""
+    try:
+        plan = make_plan(model_dir, Options(scheme, backend, tp_size))
+    except FiConvertError as e:
+        raise _fail(e, debug) from None
+    if as_json:
+        out.print_json(json.dumps(plan.summary()))
+    else:
+        _render_plan(plan)
+
+
+@app.command("verify")
+def verify_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="A finished fi-convert output folder.")],
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Check every file of OUT_DIR against the manifest's sizes and SHA-256s."""
+    try:
+        m = mf.read(out_dir)
+    except FiConvertError as e:
+        raise _fail(e, debug) from None
+    problems = mf.check_files(out_dir, m)
+    if as_json:
+        out.print_json(json.dumps({"ok": not problems, "files": len(m["files"]), "problems": problems}))
+    elif problems:
+        for p in problems:
+            err.print(f"[red]mismatch:[/red] {p}")
+    else:
+        out.print(f"[green]ok[/green]: {len(m['files'])} files match {mf.MANIFEST_NAME}")
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command("version")
+def version_cmd() -> None:
+    """Print the fi-convert version."""
+    out.print(__version__)
+
+
+COMMANDS = {"convert", "inspect", "verify", "version"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: `fi-convert MODEL OUT ...` is `fi-convert convert MODEL OUT ...`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+        args.insert(0, "convert")
+    app(args=args, prog_name="fi-convert")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

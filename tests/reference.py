@@ -1,0 +1,158 @@
+"""The reference: vLLM 0.33's load-time MoE pipeline, step by step, with FlashInfer's functions.
+
+It mirrors what vLLM runs in `process_weights_after_loading` (per expert, in a Python loop,
+calling FlashInfer), starting from the checkpoint as read by the `safetensors` library. The
+converter shares no code with it: tests compare the two byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from flashinfer import reorder_rows_for_gated_act_gemm, shuffle_matrix_a
+from flashinfer.fused_moe import convert_to_block_layout
+from flashinfer.fused_moe.core import (
+    _maybe_get_cached_w3_w1_permute_indices,
+    get_w2_permute_indices_with_cache,
+)
+from safetensors import safe_open
+
+NAMES = {
+    "per_expert": ("gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("w1", "w3", "w2"),
+}
+
+
+def _get(root: Path, name: str) -> torch.Tensor:
+    index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(root / index[name], "pt") as f:
+        return f.get_tensor(name)
+
+
+def stacked(root: Path, prefix: str, num_experts: int, param: str = "weight"):
+    """vLLM's stacking: w13 = [gate; up] per expert, w2 = down. Returns (w13, w2)."""
+    root = Path(root)
+    index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
+        return _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
+    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+    w13 = torch.stack(
+        [
+            torch.cat([_get(root, f"{prefix}.{e}.{g}.{param}"), _get(root, f"{prefix}.{e}.{u}.{param}")])
+            for e in range(num_experts)
+        ]
+    )
+    w2 = torch.stack([_get(root, f"{prefix}.{e}.{d}.{param}") for e in range(num_experts)])
+    return w13, w2
+
+
+def tp_slice(w13: torch.Tensor, w2: torch.Tensor, tp: int, rank: int):
+    """vLLM's TP narrowing: w13 output rows of each half, w2 input columns."""
+    i = w13.shape[1] // 2
+    n = i // tp
+    gate = w13[:, rank * n : (rank + 1) * n]
+    up = w13[:, i + rank * n : i + (rank + 1) * n]
+    return torch.cat([gate, up], dim=1), w2[:, :, rank * n : (rank + 1) * n].contiguous()
+
+
+def pad_per_half(w13: torch.Tensor, w2: torch.Tensor, align: int):
+    """vLLM 0.33: pad I to `align`, each half of w13 separately; w2 on its columns."""
+    e, two_i, h = w13.shape
+    i = two_i // 2
+    p = -(-i // align) * align
+    out13 = w13.new_zeros((e, 2 * p, h))
+    out13[:, :i] = w13[:, :i]
+    out13[:, p : p + i] = w13[:, i:]
+    out2 = w2.new_zeros((e, w2.shape[1], p))
+    out2[:, :, :i] = w2
+    return out13, out2
+
+
+def pad_contiguous_seed(w13: torch.Tensor, w2: torch.Tensor, align: int):
+    """The older seed code's `align_moe_weights_for_fi`: w13 padded as one block."""
+    e, two_i, h = w13.shape
+    i = two_i // 2
+    p = -(-i // align) * align
+    out13 = w13.new_zeros((e, 2 * p, h))
+    out13[:, :two_i] = w13
+    out2 = w2.new_zeros((e, w2.shape[1], p))
+    out2[:, :, :i] = w2
+    return out13, out2
+
+
+def swap_w13_to_w31(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0], 2, x.shape[1] // 2, *x.shape[2:]).flip(dims=[1]).reshape(x.shape)
+
+
+def bf16_trtllm(w13: torch.Tensor, w2: torch.Tensor):
+    """`convert_moe_weights_to_flashinfer_trtllm_block_layout` (after per-half padding)."""
+    cache: dict = {}
+    o13, o2 = [], []
+    for i in range(w13.shape[0]):
+        x = w13[i].view(torch.uint8)
+        idx = _maybe_get_cached_w3_w1_permute_indices(cache, x, 128, is_gated_act_gemm=True)
+        idx = (idx + x.shape[0] // 2) % x.shape[0]
+        o13.append(convert_to_block_layout(x[idx.to(x.device)].contiguous(), 128))
+        y = w2[i].view(torch.uint8)
+        idx2 = get_w2_permute_indices_with_cache(cache, y, 128)
+        o2.append(convert_to_block_layout(y[idx2.to(y.device)].contiguous(), 128))
+    return torch.stack(o13).view(torch.bfloat16), torch.stack(o2).view(torch.bfloat16)
+
+
+def bf16_trtllm_public(w13: torch.Tensor, w2: torch.Tensor):
+    """The same with FlashInfer's public functions: swap, reorder, shuffle_matrix_a, block."""
+    w31 = swap_w13_to_w31(w13)
+    o13 = [
+        convert_to_block_layout(
+            shuffle_matrix_a(reorder_rows_for_gated_act_gemm(w31[i]).view(torch.uint8), 128), 128
+        )
+        for i in range(w31.shape[0])
+    ]
+    o2 = [
+        convert_to_block_layout(shuffle_matrix_a(w2[i].view(torch.uint8), 128), 128)
+        for i in range(w2.shape[0])
+    ]
+    return torch.stack(o13).view(torch.bfloat16), torch.stack(o2).view(torch.bfloat16)
+
+
+def fp8_block_trtllm(w13: torch.Tensor, w2: torch.Tensor):
+    """`_shuffle_deepseek_fp8_moe_weights` on already-swapped weights: tile 64, BlockMajorK 128."""
+    o13, o2 = [], []
+    for i in range(w13.shape[0]):
+        o13.append(convert_to_block_layout(shuffle_matrix_a(w13[i].view(torch.uint8), 64), 128))
+        o2.append(convert_to_block_layout(shuffle_matrix_a(w2[i].view(torch.uint8), 64), 128))
+    return torch.stack(o13).view(torch.float8_e4m3fn), torch.stack(o2).view(torch.float8_e4m3fn)
+
+
+def expected(root, prefix, num_experts, scheme, backend, tp, rank):
+    """What vLLM 0.33 holds for this layer and rank after load-time preprocessing."""
+    if scheme == "bf16":
+        w13, w2 = tp_slice(*stacked(root, prefix, num_experts), tp, rank)
+        if backend == "cutlass":
+            return {"w13_weight": swap_w13_to_w31(w13), "w2_weight": w2}
+        w13, w2 = pad_per_half(w13, w2, 128)
+        o13, o2 = bf16_trtllm(w13, w2)
+        return {"w13_weight": o13, "w2_weight": o2}
+    w13, w2 = stacked(root, prefix, num_experts)
+    s13, s2 = stacked(root, prefix, num_experts, "weight_scale_inv")
+    w13, w2 = tp_slice(w13, w2, tp, rank)
+    s13, s2 = tp_slice(s13, s2, tp, rank)  # the same narrowing on the 128x128 block grid
+    w13, s13 = swap_w13_to_w31(w13), swap_w13_to_w31(s13)
+    if backend == "trtllm":
+        w13, w2 = fp8_block_trtllm(w13, w2)
+    return {
+        "w13_weight": w13,
+        "w2_weight": w2,
+        "w13_weight_scale_inv": s13.float().clamp(min=1e-10),
+        "w2_weight_scale_inv": s2.float().clamp(min=1e-10),
+    }
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
