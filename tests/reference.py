@@ -126,17 +126,24 @@ def fp8_block_trtllm(w13: torch.Tensor, w2: torch.Tensor):
     return torch.stack(o13).view(torch.float8_e4m3fn), torch.stack(o2).view(torch.float8_e4m3fn)
 
 
-def expected(root, prefix, num_experts, scheme, backend, tp, rank):
-    """What vLLM 0.33 holds for this layer and rank after load-time preprocessing."""
+def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu"):
+    """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
+
+    `device` is where the checkpoint tensors go before the FlashInfer steps run on them.
+    """
+
+    def load(param="weight"):
+        return tuple(t.to(device) for t in stacked(root, prefix, num_experts, param))
+
     if scheme == "bf16":
-        w13, w2 = tp_slice(*stacked(root, prefix, num_experts), tp, rank)
+        w13, w2 = tp_slice(*load(), tp, rank)
         if backend == "cutlass":
             return {"w13_weight": swap_w13_to_w31(w13), "w2_weight": w2}
         w13, w2 = pad_per_half(w13, w2, 128)
         o13, o2 = bf16_trtllm(w13, w2)
         return {"w13_weight": o13, "w2_weight": o2}
-    w13, w2 = stacked(root, prefix, num_experts)
-    s13, s2 = stacked(root, prefix, num_experts, "weight_scale_inv")
+    w13, w2 = load()
+    s13, s2 = load("weight_scale_inv")
     w13, w2 = tp_slice(w13, w2, tp, rank)
     s13, s2 = tp_slice(s13, s2, tp, rank)  # the same narrowing on the 128x128 block grid
     w13, s13 = swap_w13_to_w31(w13), swap_w13_to_w31(s13)

@@ -1,0 +1,68 @@
+"""The same conformance on CUDA (skipped without a GPU): conversion on the GPU, FlashInfer's
+reference on the GPU, and FlashInfer's CUDA-only scale swizzle against our index math.
+
+Run on an H200: `pytest -m gpu tests/test_gpu.py` (see README, "GPU tests").
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
+from fi_convert import layout as L
+from fi_convert.synthetic import Spec, write_checkpoint
+
+from . import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+CASES = [
+    (Spec("deepseek-v3", experts=6, hidden=256, intermediate=512, shards=4), "fp8-block"),
+    (Spec("qwen3-moe", layers=2, experts=5, hidden=128, intermediate=192), "bf16"),
+    (Spec("mixtral", layers=2, experts=6, hidden=256, intermediate=320, shards=5), "bf16"),
+]
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_cuda_conversion_matches_reference_and_cpu(tmp_path, case, tp, backend):
+    spec, scheme = CASES[case]
+    src = write_checkpoint(tmp_path / "src", spec)
+    opts = Options(SchemeName(scheme), Backend(backend), tp)
+    gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
+    res = convert(src, gpu, opts, device="cuda")
+    assert res.device.startswith("cuda")
+    convert(src, cpu, opts, device="cpu")
+    for f in sorted(p.name for p in cpu.iterdir()):
+        assert (gpu / f).read_bytes() == (cpu / f).read_bytes(), f"{f}: CPU and CUDA differ"
+    for prefix in res.manifest["layers"]:
+        for rank in range(tp):
+            got = load_moe_layer(gpu, prefix, tp_rank=rank, device="cuda")
+            want = ref.expected(src, prefix, spec.experts, scheme, backend, tp, rank, "cuda")
+            for name, t in want.items():
+                assert ref.same_bytes(got[name], t), (prefix, rank, name)
+
+
+@pytest.mark.parametrize("m,ks", [(128, 4), (256, 8), (200, 7), (1024, 56), (96, 3)])
+def test_swizzle_matches_block_scale_interleave(m, ks):
+    from flashinfer import block_scale_interleave
+
+    sf = torch.randint(1, 255, (m, ks), dtype=torch.uint8, device="cuda")
+    want = block_scale_interleave(sf)
+    flat = torch.cat([sf.reshape(-1), sf.new_zeros(1)])
+    got = flat[L.swizzle_128x4_index(m, ks).cuda()]
+    assert torch.equal(got.reshape(-1), want.reshape(-1))
+
+
+@pytest.mark.parametrize("m,ks", [(256, 8), (512, 4), (384, 12)])
+def test_row_shuffle_then_swizzle_matches_shuffle_matrix_sf_a(m, ks):
+    from flashinfer import shuffle_matrix_sf_a
+
+    sf = torch.randint(1, 255, (m, ks), dtype=torch.uint8, device="cuda")
+    want = shuffle_matrix_sf_a(sf, 128, 32)
+    rows = L.shuffle_row_index(m, 128).cuda()
+    flat = torch.cat([sf[rows].reshape(-1), sf.new_zeros(1)])
+    got = flat[L.swizzle_128x4_index(m, ks).cuda()]
+    assert torch.equal(got.reshape(-1), want.reshape(-1))
