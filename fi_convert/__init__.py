@@ -12,7 +12,8 @@ from .errors import (  # noqa: E402
     SourceError,
 )
 from .loader import load_moe_layer  # noqa: E402
-from .manifest import check_files, read as read_manifest  # noqa: E402
+from .manifest import check_files  # noqa: E402
+from .manifest import read as read_manifest
 from .plan import Options, Plan, make_plan  # noqa: E402
 from .schemes import Backend, SchemeName  # noqa: E402
 

@@ -8,7 +8,6 @@ show only when stderr is a terminal. Library errors become one red line and exit
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +18,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeRemainingColumn,
@@ -50,7 +50,9 @@ SchemeOpt = Annotated[
 BackendOpt = Annotated[Backend, typer.Option("--backend", "-b", help="FlashInfer MoE backend.")]
 TpOpt = Annotated[int, typer.Option("--tp-size", "-tp", min=1, help="Tensor-parallel size.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks.", envvar="FI_CONVERT_DEBUG")]
+DebugOpt = Annotated[
+    bool, typer.Option("--debug", help="Show tracebacks.", envvar="FI_CONVERT_DEBUG")
+]
 
 
 def _size(n: float) -> str:
@@ -132,7 +134,10 @@ def convert_cmd(
         if plan.detected and not as_json:
             err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
         if dry_run:
-            _ = out.print_json(json.dumps(plan.summary())) if as_json else _render_plan(plan)
+            if as_json:
+                out.print_json(json.dumps(plan.summary()))
+            else:
+                _render_plan(plan)
             return
         show = err.is_terminal and not quiet and not as_json
         with _progress(show) as cb:
@@ -170,7 +175,7 @@ class _progress:
             if show
             else None
         )
-        self.task = None
+        self.task: TaskID | None = None
 
     def __enter__(self):
         if self.bar is None:
@@ -181,8 +186,9 @@ class _progress:
             assert self.bar is not None
             if self.task is None:
                 self.task = self.bar.add_task("converting", total=p.bytes_total, tensors="")
+            task: TaskID = self.task
             self.bar.update(
-                self.task,
+                task,
                 completed=p.bytes_done,
                 tensors=f"{p.tensors_done}/{p.tensors_total} tensors",
             )
@@ -227,7 +233,9 @@ def verify_cmd(
         raise _fail(e, debug) from None
     problems = mf.check_files(out_dir, m)
     if as_json:
-        out.print_json(json.dumps({"ok": not problems, "files": len(m["files"]), "problems": problems}))
+        out.print_json(
+            json.dumps({"ok": not problems, "files": len(m["files"]), "problems": problems})
+        )
     elif problems:
         for p in problems:
             err.print(f"[red]mismatch:[/red] {p}")

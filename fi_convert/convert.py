@@ -97,7 +97,9 @@ def run_plan(
         try:
             ctx = Ctx(src, dev)
             for shard in plan.shards:
-                files[shard.name] = od.shard(shard, lambda s: _write_shard(s, ctx, plan, od, tracker))
+                files[shard.name] = od.shard(
+                    shard, lambda s: _write_shard(s, ctx, plan, od, tracker)
+                )
         finally:
             src.close()
         files[INDEX_NAME] = od.write_small(INDEX_NAME, _index(plan))
@@ -109,16 +111,17 @@ def run_plan(
 
 def _index(plan: Plan) -> bytes:
     weight_map = {it.entry.name: s.name for s in plan.shards for it in s.items}
-    d = {"metadata": {"total_size": plan.bytes_to_write}, "weight_map": dict(sorted(weight_map.items()))}
+    d = {
+        "metadata": {"total_size": plan.bytes_to_write},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
     return (json.dumps(d, indent=2) + "\n").encode()
 
 
 class _Tracker:
     def __init__(self, plan: Plan, fn: ProgressFn | None) -> None:
         self.fn = fn
-        self.state = Progress(
-            0, plan.bytes_to_write, 0, sum(len(s.items) for s in plan.shards), ""
-        )
+        self.state = Progress(0, plan.bytes_to_write, 0, sum(len(s.items) for s in plan.shards), "")
 
     def advance(self, nbytes: int, tensors: int = 0, current: str = "") -> None:
         self.state.bytes_done += nbytes
@@ -163,7 +166,9 @@ def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, w: ShardWriter, tr: _Tracker
     e = out_t.rank_shape[0]
     per = max(out_t.expert_nbytes, 1)
     n = max(1, min(e, plan.options.max_memory // (4 * per)))
-    buf = torch.empty((n, *out_t.rank_shape[1:]), dtype=dtypes.to_torch(out_t.dtype), device=ctx.device)
+    buf = torch.empty(
+        (n, *out_t.rank_shape[1:]), dtype=dtypes.to_torch(out_t.dtype), device=ctx.device
+    )
     for rank in range(plan.options.tp_size):
         for e0 in range(0, e, n):
             experts = range(e0, min(e, e0 + n))
@@ -260,11 +265,12 @@ class OutDir:
     def _reusable(self, rel: str) -> dict | None:
         meta = self.done.get(rel)
         p = self.root / rel
-        if meta and p.is_file() and p.stat().st_size == meta["size"]:
-            if sha256_file(p) == meta["sha256"]:
-                self.reused.append(rel)
-                return meta
-        return None
+        if not (meta and p.is_file() and p.stat().st_size == meta["size"]):
+            return None
+        if sha256_file(p) != meta["sha256"]:
+            return None
+        self.reused.append(rel)
+        return meta
 
     def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict:
         if meta := self._reusable(shard.name):
@@ -294,7 +300,9 @@ class OutDir:
             os.replace(tmp, dst)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise OutputError(f"{dst}: cannot copy from {src} ({e.strerror}); check the disk") from None
+            raise OutputError(
+                f"{dst}: cannot copy from {src} ({e.strerror}); check the disk"
+            ) from None
         return self._record(rel, {"sha256": sha256_file(dst), "size": dst.stat().st_size})
 
 

@@ -92,7 +92,7 @@ def gather_rows_block_major(
 
 
 def swizzle_128x4_index(m: int, ks: int) -> torch.Tensor:
-    """Flat source index of the 128x4 scale swizzle (`block_scale_interleave`) of one [m, ks] matrix.
+    """Flat source index of the 128x4 scale swizzle (`block_scale_interleave`) of [m, ks].
 
     The output has Mp*Kp entries (Mp = round_up(m, 128), Kp = round_up(ks, 4)); the entry for
     source (r, c) sits at (r//128)*128*Kp + (c//4)*512 + (r%32)*16 + ((r%128)//32)*4 + c%4.

@@ -190,7 +190,10 @@ def _side_files(root: Path) -> list[str]:
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts) or not p.is_file():
             continue
-        if p.suffix in (".safetensors", *PICKLE_SUFFIXES) or rel.name in (INDEX_NAME, MANIFEST_NAME):
+        if p.suffix in (".safetensors", *PICKLE_SUFFIXES) or rel.name in (
+            INDEX_NAME,
+            MANIFEST_NAME,
+        ):
             continue
         out.append(rel.as_posix())
     return out

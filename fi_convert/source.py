@@ -210,7 +210,9 @@ def _layers(ckpt: Checkpoint, fam: Family) -> list[ExpertLayer]:
             expert = int(m["expert"]) if form.kind == "per_expert" else -1
             groups[m["prefix"]][(role, m["param"] or "weight", expert)] = info
         if groups:
-            return [_make_layer(ckpt, fam, form, p, groups[p]) for p in sorted(groups, key=_natural)]
+            return [
+                _make_layer(ckpt, fam, form, p, groups[p]) for p in sorted(groups, key=_natural)
+            ]
     return []
 
 

@@ -8,6 +8,7 @@ renames it into place when complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,7 +59,9 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], bytes]:
                 raise _bad(path, f"header length {n} does not fit in a file of {size} bytes")
             raw = f.read(n)
     except OSError as e:
-        raise SourceError(f"{path}: cannot read ({e.strerror}); check the path and permissions")
+        raise SourceError(
+            f"{path}: cannot read ({e.strerror}); check the path and permissions"
+        ) from None
     try:
         meta = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -98,7 +102,8 @@ def _tensor_infos(path: Path, meta: dict, base: int, size: int) -> dict[str, Ten
 def _as_bytes(t: torch.Tensor) -> memoryview:
     if not t.is_contiguous():
         raise ValueError("buffer must be contiguous")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    arr: Any = t.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(arr).cast("B")
 
 
 def pread_into(fd: int, offset: int, dst: torch.Tensor, path: Path) -> None:
@@ -160,7 +165,11 @@ def build_header(entries: Iterable[OutEntry]) -> bytes:
     meta: dict[str, object] = {"__metadata__": {"format": "pt"}}
     off = 0
     for e in entries:
-        meta[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [off, off + e.nbytes]}
+        meta[e.name] = {
+            "dtype": e.dtype,
+            "shape": list(e.shape),
+            "data_offsets": [off, off + e.nbytes],
+        }
         off += e.nbytes
     raw = json.dumps(meta, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -182,7 +191,7 @@ class ShardWriter:
         self.sha = hashlib.sha256()
         self.written = 0
         try:
-            self._f = open(self.tmp, "wb")
+            self._f = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish() or abort()
         except OSError as e:
             raise OutputError(f"{self.tmp}: cannot create ({e.strerror})") from None
         self.write_bytes(self.header)
@@ -213,14 +222,14 @@ class ShardWriter:
             os.replace(self.tmp, self.path)
         except OSError as e:
             self.abort()
-            raise OutputError(f"{self.path}: cannot finish ({e.strerror}); check the disk") from None
+            raise OutputError(
+                f"{self.path}: cannot finish ({e.strerror}); check the disk"
+            ) from None
         return self.sha.hexdigest(), self.total
 
     def abort(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._f.close()
-        except OSError:
-            pass
         self.tmp.unlink(missing_ok=True)
 
 

@@ -28,7 +28,9 @@ class Spec:
     shards: int = 3
     vocab: int = 64
     seed: int = 0
-    fp8: bool | None = None  # default: DeepSeek FP8 block, the others BF16
+    # weight format: "bf16", "fp8-block" (DeepSeek), "mxfp8" / "fp8-tensor" (ModelOpt),
+    # "fp8-tensor-ct" (compressed-tensors); default: fp8-block for DeepSeek, bf16 otherwise
+    quant: str | None = None
 
 
 def _fp8_block(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -44,7 +46,30 @@ def _bf16(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]
     return {"weight": (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)}
 
 
-def _config(spec: Spec, fp8: bool) -> dict:
+def _mxfp8(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+    w = (torch.randn(shape, generator=g) * 2).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.randint(110, 130, (shape[0], shape[1] // 32), generator=g, dtype=torch.uint8)
+    return {"weight": w, "weight_scale": s}
+
+
+def _fp8_tensor(shape: tuple[int, int], g: torch.Generator, ct: bool = False) -> dict:
+    w = (torch.randn(shape, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+    dim = (1,) if ct else ()
+    s = (torch.rand(dim, generator=g) * 1e-3 + 1e-4).float()
+    a = (torch.rand(dim, generator=g) * 0.05 + 0.01).float()
+    return {"weight": w, "weight_scale": s, "input_scale": a}
+
+
+MAKERS = {
+    "bf16": _bf16,
+    "fp8-block": _fp8_block,
+    "mxfp8": _mxfp8,
+    "fp8-tensor": _fp8_tensor,
+    "fp8-tensor-ct": lambda shape, g: _fp8_tensor(shape, g, ct=True),
+}
+
+
+def _config(spec: Spec, quant: str) -> dict:
     h, i, e = spec.hidden, spec.intermediate, spec.experts
     base = {
         "hidden_size": h,
@@ -92,7 +117,26 @@ def _config(spec: Spec, fp8: bool) -> dict:
             "norm_topk_prob": True,
             **base,
         }
-    if fp8:
+    if quant == "fp8-tensor-ct":
+        scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True}
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {**scheme, "dynamic": False},
+                    "input_activations": {**scheme, "dynamic": False},
+                }
+            },
+            "ignore": ["lm_head"],
+        }
+    elif quant in ("mxfp8", "fp8-tensor"):
+        cfg["quantization_config"] = {
+            "quant_method": "modelopt",
+            "quant_algo": "MXFP8" if quant == "mxfp8" else "FP8",
+        }
+    elif quant == "fp8-block":
         cfg["quantization_config"] = {
             "quant_method": "fp8",
             "fmt": "e4m3",
@@ -102,10 +146,11 @@ def _config(spec: Spec, fp8: bool) -> dict:
     return cfg
 
 
-def _tensors(spec: Spec, fp8: bool) -> dict[str, torch.Tensor]:
+def _tensors(spec: Spec, quant: str) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(spec.seed)
     h, i, e = spec.hidden, spec.intermediate, spec.experts
-    mk = _fp8_block if fp8 else _bf16
+    expert = MAKERS[quant]
+    mk = _fp8_block if quant == "fp8-block" else _bf16  # non-expert linears
     bf = lambda *s: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731
     t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": bf(spec.vocab, h)}
 
@@ -129,7 +174,7 @@ def _tensors(spec: Spec, fp8: bool) -> dict[str, torch.Tensor]:
             t[f"{p}.block_sparse_moe.gate.weight"] = bf(e, h)
             for x in range(e):
                 for w, shape in (("w1", (i, h)), ("w2", (h, i)), ("w3", (i, h))):
-                    add(f"{p}.block_sparse_moe.experts.{x}.{w}", mk(shape, g))
+                    add(f"{p}.block_sparse_moe.experts.{x}.{w}", expert(shape, g))
             continue
         t[f"{p}.mlp.gate.weight"] = bf(e, h)
         if spec.family == "deepseek-v3":
@@ -143,7 +188,7 @@ def _tensors(spec: Spec, fp8: bool) -> dict[str, torch.Tensor]:
             continue
         for x in range(e):
             for w, shape in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i))):
-                add(f"{p}.mlp.experts.{x}.{w}", mk(shape, g))
+                add(f"{p}.mlp.experts.{x}.{w}", expert(shape, g))
     t["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     t["lm_head.weight"] = bf(spec.vocab, h)
     return t
@@ -154,10 +199,12 @@ def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
     spec = spec or Spec()
     if spec.family not in FAMILIES:
         raise ValueError(f"unknown family {spec.family!r}; one of {', '.join(FAMILIES)}")
-    fp8 = spec.fp8 if spec.fp8 is not None else spec.family == "deepseek-v3"
+    quant = spec.quant or ("fp8-block" if spec.family == "deepseek-v3" else "bf16")
+    if quant not in MAKERS:
+        raise ValueError(f"unknown quant {quant!r}; one of {', '.join(MAKERS)}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    tensors = _tensors(spec, fp8)
+    tensors = _tensors(spec, quant)
     names = list(tensors)
     n = max(1, min(spec.shards, len(names)))
     per = -(-len(names) // n)
@@ -171,7 +218,14 @@ def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
             total += v.numel() * v.element_size()
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (root / "config.json").write_text(json.dumps(_config(spec, fp8), indent=2))
+    cfg = _config(spec, quant)
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    if cfg.get("quantization_config", {}).get("quant_method") == "modelopt":
+        algo = cfg["quantization_config"]["quant_algo"]
+        hq = {"producer": {"name": "modelopt", "version": "0.37.0"},
+              "quantization": {"quant_algo": algo, "kv_cache_quant_algo": None,
+                               "exclude_modules": ["lm_head"]}}
+        (root / "hf_quant_config.json").write_text(json.dumps(hq, indent=2))
     (root / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
     (root / "tokenizer_config.json").write_text(
         json.dumps({"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"})

@@ -17,6 +17,7 @@ from flashinfer.fused_moe.core import (
     _maybe_get_cached_w3_w1_permute_indices,
     get_w2_permute_indices_with_cache,
 )
+from flashinfer.utils import get_shuffle_matrix_sf_a_row_indices
 from safetensors import safe_open
 
 NAMES = {
@@ -40,7 +41,9 @@ def stacked(root: Path, prefix: str, num_experts: int, param: str = "weight"):
     g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
     w13 = torch.stack(
         [
-            torch.cat([_get(root, f"{prefix}.{e}.{g}.{param}"), _get(root, f"{prefix}.{e}.{u}.{param}")])
+            torch.cat(
+                [_get(root, f"{prefix}.{e}.{g}.{param}"), _get(root, f"{prefix}.{e}.{u}.{param}")]
+            )
             for e in range(num_experts)
         ]
     )
@@ -51,10 +54,10 @@ def stacked(root: Path, prefix: str, num_experts: int, param: str = "weight"):
 def tp_slice(w13: torch.Tensor, w2: torch.Tensor, tp: int, rank: int):
     """vLLM's TP narrowing: w13 output rows of each half, w2 input columns."""
     i = w13.shape[1] // 2
-    n = i // tp
+    n, n2 = i // tp, w2.shape[2] // tp
     gate = w13[:, rank * n : (rank + 1) * n]
     up = w13[:, i + rank * n : i + (rank + 1) * n]
-    return torch.cat([gate, up], dim=1), w2[:, :, rank * n : (rank + 1) * n].contiguous()
+    return torch.cat([gate, up], dim=1), w2[:, :, rank * n2 : (rank + 1) * n2].contiguous()
 
 
 def pad_per_half(w13: torch.Tensor, w2: torch.Tensor, align: int):
@@ -126,6 +129,88 @@ def fp8_block_trtllm(w13: torch.Tensor, w2: torch.Tensor):
     return torch.stack(o13).view(torch.float8_e4m3fn), torch.stack(o2).view(torch.float8_e4m3fn)
 
 
+def swizzle_128x4_ref(sf: torch.Tensor) -> torch.Tensor:
+    """FlashInfer's `block_scale_interleave` of one [M, K] matrix: on CUDA FlashInfer's own;
+    on CPU (where FlashInfer cannot run it) the C++ `computeSFIndex` formula, scattered."""
+    if sf.is_cuda:
+        from flashinfer import block_scale_interleave
+
+        return block_scale_interleave(sf).reshape(-1)
+    m, ks = sf.shape
+    mp, kp = -(-m // 128) * 128, -(-ks // 4) * 4
+    r = torch.arange(mp).view(-1, 1)
+    c = torch.arange(kp).view(1, -1)
+    off = (r // 128) * 128 * kp + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+    padded = sf.new_zeros((mp, kp))
+    padded[:m, :ks] = sf
+    out = sf.new_zeros(mp * kp)
+    out[off.reshape(-1)] = padded.reshape(-1)
+    return out
+
+
+def shuffle_sf_ref(sf: torch.Tensor, tile: int) -> torch.Tensor:
+    """`shuffle_matrix_sf_a`: FlashInfer's on CUDA; its row indices + the swizzle on CPU."""
+    if sf.is_cuda:
+        from flashinfer import shuffle_matrix_sf_a
+
+        return shuffle_matrix_sf_a(sf, tile, 32).reshape(-1)
+    rows = get_shuffle_matrix_sf_a_row_indices(sf, tile, 32)
+    return swizzle_128x4_ref(sf[rows])
+
+
+def mx_quantize_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The OCP MX rule (vLLM's online MXFP8), by frexp instead of log2: an independent check."""
+    *lead, k = x.shape
+    b = x.float().reshape(*lead, k // 32, 32)
+    amax = b.abs().amax(-1).clamp(min=torch.finfo(torch.float32).tiny)
+    mant, exp = torch.frexp(amax / 448.0)  # amax/448 = mant * 2**exp, mant in [0.5, 1)
+    ceil_log2 = torch.where(mant == 0.5, exp - 1, exp)
+    scale = (ceil_log2 + 127).clamp(0, 254).to(torch.uint8)
+    q = (b / torch.exp2(scale.float() - 127).unsqueeze(-1)).to(torch.float8_e4m3fn)
+    return q.reshape(*lead, k), scale
+
+
+def pad_mx(w13, s13, w2, s2, i_align=128, h_align=256):
+    """vLLM 0.33 `align_mxfp8_moe_weights_for_fi_trtllm`: I per half to 128, H to 256;
+    weights padded with 0, scales with 127."""
+    e, two_i, h = w13.shape
+    i = two_i // 2
+    ip, hp = -(-i // i_align) * i_align, -(-h // h_align) * h_align
+
+    def pad13(t, cols, value):
+        out = t.new_full((e, 2 * ip, cols), value)
+        out[:, :i, : t.shape[2]] = t[:, :i]
+        out[:, ip : ip + i, : t.shape[2]] = t[:, i:]
+        return out
+
+    def pad2(t, cols, value):
+        out = t.new_full((e, hp, cols), value)
+        out[:, :h, : t.shape[2]] = t
+        return out
+
+    u8 = torch.uint8
+    return (
+        pad13(w13.view(u8), hp, 0), pad13(s13, hp // 32, 127),
+        pad2(w2.view(u8), ip, 0), pad2(s2, ip // 32, 127),
+    )
+
+
+def mxfp8_trtllm(w13, s13, w2, s2):
+    """`_shuffle_mxfp8_moe_weights` on swapped, padded tensors (per expert, as vLLM)."""
+    o13, os13, o2, os2 = [], [], [], []
+    for i in range(w13.shape[0]):
+        o13.append(shuffle_matrix_a(reorder_rows_for_gated_act_gemm(w13[i]), 128))
+        os13.append(shuffle_sf_ref(reorder_rows_for_gated_act_gemm(s13[i]), 128))
+        o2.append(shuffle_matrix_a(w2[i], 128))
+        os2.append(shuffle_sf_ref(s2[i], 128))
+    return (
+        torch.stack(o13).view(torch.float8_e4m3fn),
+        torch.stack(os13).reshape(s13.shape),
+        torch.stack(o2).view(torch.float8_e4m3fn),
+        torch.stack(os2).reshape(s2.shape),
+    )
+
+
 def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu"):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
@@ -142,6 +227,18 @@ def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu")
         w13, w2 = pad_per_half(w13, w2, 128)
         o13, o2 = bf16_trtllm(w13, w2)
         return {"w13_weight": o13, "w2_weight": o2}
+    if scheme == "mxfp8":
+        w13, w2 = load()
+        if w13.dtype == torch.bfloat16:
+            (w13, s13), (w2, s2) = mx_quantize_ref(w13), mx_quantize_ref(w2)
+        else:
+            s13, s2 = load("weight_scale")
+        w13, w2 = tp_slice(w13, w2, tp, rank)
+        s13, s2 = tp_slice(s13, s2, tp, rank)
+        w13, s13, w2, s2 = pad_mx(w13, s13, w2, s2)
+        w13, s13 = swap_w13_to_w31(w13), swap_w13_to_w31(s13)
+        o = mxfp8_trtllm(w13, s13, w2, s2)
+        return dict(zip(("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"), o))
     w13, w2 = load()
     s13, s2 = load("weight_scale_inv")
     w13, w2 = tp_slice(w13, w2, tp, rank)

@@ -17,7 +17,9 @@ from .reference import pad_contiguous_seed, pad_per_half, same_bytes
 
 
 def _rand(m: int, k: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, 256, (m, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 @pytest.mark.parametrize("tile", [64, 128])
@@ -45,9 +47,13 @@ def test_composed_index_matches_permute_helpers(m):
     cache: dict = {}
     ref = _maybe_get_cached_w3_w1_permute_indices(cache, x, 128, is_gated_act_gemm=True)
     ref = (ref + m // 2) % m
-    ours = L.compose(L.swap_halves_index(m), L.gated_interleave_index(m), L.shuffle_row_index(m, 128))
+    ours = L.compose(
+        L.swap_halves_index(m), L.gated_interleave_index(m), L.shuffle_row_index(m, 128)
+    )
     assert torch.equal(ours, ref)
-    assert torch.equal(L.shuffle_row_index(m, 128), get_w2_permute_indices_with_cache(cache, x, 128))
+    assert torch.equal(
+        L.shuffle_row_index(m, 128), get_w2_permute_indices_with_cache(cache, x, 128)
+    )
 
 
 @pytest.mark.parametrize("block", [64, 128])
@@ -84,7 +90,13 @@ def _swizzle_loop(sf: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(mp * kp, dtype=sf.dtype)
     for r in range(mp):
         for c in range(kp):
-            off = (r // 128) * 128 * kp + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+            off = (
+                (r // 128) * 128 * kp
+                + (c // 4) * 512
+                + (r % 32) * 16
+                + ((r % 128) // 32) * 4
+                + c % 4
+            )
             out[off] = sf[r, c] if r < m and c < ks else 0
     return out
 

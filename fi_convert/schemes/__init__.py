@@ -7,10 +7,12 @@ from ..source import Checkpoint, ExpertLayer
 from .base import Backend, LayerPlan, OutputTensor, Scheme, SchemeName
 from .bf16 import Bf16Scheme
 from .fp8_block import Fp8BlockScheme
+from .mxfp8 import Mxfp8Scheme
 
 REGISTRY: dict[SchemeName, Scheme] = {
     SchemeName.BF16: Bf16Scheme(),
     SchemeName.FP8_BLOCK: Fp8BlockScheme(),
+    SchemeName.MXFP8: Mxfp8Scheme(),
 }
 
 __all__ = [

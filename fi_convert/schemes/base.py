@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from .. import dtypes
+from .. import layout as L
 from ..errors import LayoutError, SchemeMismatchError, SourceError
 from ..source import ROLES, Checkpoint, ExpertLayer
 from ..st_io import SourceFiles
@@ -164,14 +165,23 @@ def stage_w13(
     experts: range,
     rows: int,
     torch_dtype: torch.dtype,
+    *,
+    cols: int | None = None,
+    pad: float = 0,
 ) -> torch.Tensor:
-    """[n, 2*rows + 1, K] on ctx.device: this rank's gate rows, its up rows, then one zero row."""
+    """[n, 2*rows + 1, cols] on ctx.device: this rank's gate rows, its up rows, one pad row.
+
+    Columns past the checkpoint's K (when `cols` is larger) and the last row hold `pad`.
+    """
     k = layer.proj_shape("w1", param)[1]
-    buf = ctx.stage((len(experts), 2 * rows + 1, k), torch_dtype)
+    cols = cols or k
+    buf = ctx.stage((len(experts), 2 * rows + 1, cols), torch_dtype)
     span = (rank * rows, (rank + 1) * rows)
-    layer.read(ctx.files, "w1", param, experts, span, None, buf[:, :rows])
-    layer.read(ctx.files, "w3", param, experts, span, None, buf[:, rows : 2 * rows])
-    buf[:, 2 * rows].zero_()
+    layer.read(ctx.files, "w1", param, experts, span, None, buf[:, :rows, :k])
+    layer.read(ctx.files, "w3", param, experts, span, None, buf[:, rows : 2 * rows, :k])
+    buf[:, 2 * rows].fill_(pad)
+    if cols > k:
+        buf[:, :, k:].fill_(pad)
     return ctx.to_device(buf)
 
 
@@ -184,13 +194,39 @@ def stage_w2(
     cols: int,
     padded_cols: int,
     torch_dtype: torch.dtype,
+    *,
+    padded_rows: int | None = None,
+    pad: float = 0,
 ) -> torch.Tensor:
-    """[n, H, padded_cols] on ctx.device: this rank's columns of w2, zero-padded on the right."""
-    h = layer.proj_shape("w2", param)[0]
-    buf = ctx.stage((len(experts), h, padded_cols), torch_dtype)
-    full = layer.proj_shape("w2", param)[1] == cols
-    span = None if full else (rank * cols, (rank + 1) * cols)
-    layer.read(ctx.files, "w2", param, experts, (0, h), span, buf[:, :, :cols])
+    """[n, padded_rows, padded_cols] on ctx.device: this rank's columns of w2, padded with `pad`."""
+    h, k = layer.proj_shape("w2", param)
+    rows = padded_rows or h
+    buf = ctx.stage((len(experts), rows, padded_cols), torch_dtype)
+    span = None if k == cols else (rank * cols, (rank + 1) * cols)
+    layer.read(ctx.files, "w2", param, experts, (0, h), span, buf[:, :h, :cols])
     if padded_cols > cols:
-        buf[:, :, cols:].zero_()
+        buf[:, :, cols:].fill_(pad)
+    if rows > h:
+        buf[:, h:].fill_(pad)
     return ctx.to_device(buf)
+
+
+def quant_algo(ckpt: Checkpoint) -> str | None:
+    """The checkpoint's quantization format, upper-cased: ModelOpt `quant_algo` (from
+    hf_quant_config.json or config.json) or else `quant_method` (fp8, mxfp4, ...)."""
+    q = ckpt.quant_config or {}
+    inner = q.get("quantization") if isinstance(q.get("quantization"), dict) else {}
+    algo = inner.get("quant_algo") or q.get("quant_algo") or q.get("quant_method")
+    return str(algo).upper() if algo else None
+
+
+def flat_swizzled_index(rows: torch.Tensor, ks: int) -> torch.Tensor:
+    """One flat index: gather rows `rows` of a [R, ks] scale matrix, then 128x4-swizzle.
+
+    The gathered matrix must have a multiple of 128 rows and ks % 4 == 0 (no swizzle padding).
+    """
+    m = rows.numel()
+    if m % 128 or ks % 4:
+        raise ValueError(f"scale swizzle without padding needs M % 128 == 0 and K % 4 == 0: {m}, {ks}")
+    swz = L.swizzle_128x4_index(m, ks)
+    return rows[swz // ks] * ks + swz % ks

@@ -34,7 +34,7 @@ BLOCK_K = 64  # elements: 128 bytes of bf16
 
 class Bf16Scheme:
     name = SchemeName.BF16
-    backends = (Backend.TRTLLM, Backend.CUTLASS)
+    backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return weight_dtype(layers[0]) == "BF16"

@@ -37,7 +37,7 @@ SCALE = "weight_scale_inv"
 
 class Fp8BlockScheme:
     name = SchemeName.FP8_BLOCK
-    backends = (Backend.TRTLLM, Backend.CUTLASS)
+    backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return weight_dtype(layers[0]) == "F8_E4M3" and layers[0].has(SCALE)
@@ -105,10 +105,10 @@ def _scale_dtype(layer: ExpertLayer) -> torch.dtype:
     return torch.bfloat16 if layer.tensor("w1", SCALE, 0).dtype == "BF16" else torch.float32
 
 
-def _outputs(
-    layer: ExpertLayer, e: int, h: int, i_r: int, backend: Backend
-) -> list[OutputTensor]:
+def _outputs(layer: ExpertLayer, e: int, h: int, i_r: int, backend: Backend) -> list[OutputTensor]:
     trt = backend is Backend.TRTLLM
+    w13_shape: tuple[int, ...]
+    w2_shape: tuple[int, ...]
     w13_idx = L.swap_halves_index(2 * i_r)
     w2_idx: torch.Tensor | None = None
     if trt:
@@ -147,5 +147,7 @@ def _outputs(
         OutputTensor(
             "w13_weight_scale_inv", "F32", (e, 2 * sb, hb), w13_s, {**s_lay, "row_order": "up_gate"}
         ),
-        OutputTensor("w2_weight_scale_inv", "F32", (e, hb, sb), w2_s, {**s_lay, "row_order": "rows"}),
+        OutputTensor(
+            "w2_weight_scale_inv", "F32", (e, hb, sb), w2_s, {**s_lay, "row_order": "rows"}
+        ),
     ]

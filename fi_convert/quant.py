@@ -1,0 +1,56 @@
+"""Quantization arithmetic that must match vLLM's bit for bit, with every precision explicit.
+
+The same code gives the same bytes on CPU and CUDA: each step states the dtype it computes
+in, and no step relies on a device's type-promotion rules.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3_MAX = 448.0
+MX_BLOCK = 32
+UE8M0_ONE = 127  # the UE8M0 scale byte of 2**0
+F32_TINY = torch.finfo(torch.float32).tiny  # smallest normal float32, 2**-126
+
+
+def mx_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OCP MX quantization to E4M3 with a UE8M0 scale per 32 values along the last dim.
+
+    For each block: amax = max|x| in float32, clamped below to the smallest normal float32;
+    e = clamp(ceil(log2(amax / 448)) + 127, 0, 254) (the scale byte); values are divided by
+    2**(e - 127) in float32 and cast to E4M3 (round to nearest even; |value| <= 448 by
+    construction). Returns (E4M3 values of x's shape, uint8 scales [..., K/32]).
+    """
+    *lead, k = x.shape
+    if k % MX_BLOCK:
+        raise ValueError(f"MX quantization needs K % {MX_BLOCK} == 0, got {k}")
+    blocks = x.to(torch.float32).reshape(*lead, k // MX_BLOCK, MX_BLOCK)
+    amax = blocks.abs().amax(dim=-1).clamp(min=F32_TINY)
+    exp = torch.ceil(torch.log2(amax / E4M3_MAX)) + UE8M0_ONE
+    scale = exp.clamp(0, 254).to(torch.uint8)
+    div = torch.exp2(scale.to(torch.float32) - UE8M0_ONE)
+    q = (blocks / div.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    return q.reshape(*lead, k), scale
+
+
+def fp8_dequantize_f16(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """vLLM's `per_tensor_dequantize` as its GPU computes it: float16(float(w16) * float(s16)).
+
+    vLLM multiplies `w.to(float16)` by a 0-dim float32 scale; on CUDA the scale is rounded to
+    float16 first and the product is rounded once to float16. We do that explicitly.
+    """
+    s16 = scale.to(torch.float16).to(torch.float32)
+    return (w.to(torch.float16).to(torch.float32) * s16).to(torch.float16)
+
+
+def fp8_quantize_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """vLLM's static `scaled_fp8_quant`: float(x) * (1/scale) in float32, clamp to +-448, RNE."""
+    inv = torch.reciprocal(scale.to(torch.float32))
+    y = (x.to(torch.float32) * inv).clamp(-E4M3_MAX, E4M3_MAX)
+    return y.to(torch.float8_e4m3fn)
+
+
+def fp8_dynamic_scale(x: torch.Tensor) -> torch.Tensor:
+    """Per-tensor dynamic scale of vLLM's `scaled_fp8_quant`: amax / 448 in float32 (0-dim)."""
+    return x.to(torch.float32).abs().amax() / E4M3_MAX

@@ -1,0 +1,175 @@
+"""`mxfp8`: E4M3 weights with a UE8M0 scale per 32 values (ModelOpt / compressed-tensors MXFP8),
+or BF16 experts quantized offline with the OCP MX rule (as vLLM's online MXFP8).
+
+TRT-LLM only (vLLM has no FlashInfer CUTLASS MXFP8 path), as vLLM 0.33's
+`align_mxfp8_moe_weights_for_fi_trtllm` + `_shuffle_mxfp8_moe_weights`: pad I per rank to 128
+(each half) and H to 256, weights with 0 and scales with 127 (2**0); [up; gate]; gated
+interleave + row shuffle (tile 128) on weights; the same rows on scales, then the 128x4 swizzle.
+Scales are held swizzled, reshaped to [E, M, K/32].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import layout as L
+from ..errors import LayoutError, SchemeMismatchError
+from ..quant import MX_BLOCK, UE8M0_ONE, mx_quantize
+from ..source import Checkpoint, ExpertLayer
+from .base import (
+    Backend,
+    Ctx,
+    LayerPlan,
+    OutputTensor,
+    SchemeName,
+    flat_swizzled_index,
+    per_rank,
+    quant_algo,
+    require_dtype,
+    require_param,
+    require_shapes,
+    stage_w2,
+    stage_w13,
+    weight_dtype,
+)
+
+TILE = 128
+PAD_I = 128
+PAD_H = 256
+SCALE = "weight_scale"
+
+
+def _is_mx_source(layer: ExpertLayer) -> bool:
+    return (
+        weight_dtype(layer) == "F8_E4M3"
+        and layer.has(SCALE)
+        and layer.tensor("w1", SCALE, 0).dtype in ("U8", "F8_E8M0")
+    )
+
+
+class Mxfp8Scheme:
+    name = SchemeName.MXFP8
+    backends: tuple[Backend, ...] = (Backend.TRTLLM,)
+
+    def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
+        return _is_mx_source(layers[0]) or quant_algo(ckpt) in ("MXFP8",)
+
+    def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        w = layer.tensor("w1", "weight", 0)
+        i, h = layer.intermediate_size, layer.hidden_size
+        if weight_dtype(layer) == "BF16":
+            require_shapes(layer, "weight", (i, h), (h, i))
+            return
+        if weight_dtype(layer) == "F8_E4M3" and layer.has("weight_scale_inv"):
+            raise SchemeMismatchError(
+                f"{w.name}: the experts are FP8 with 128x128 block scales; turning them into "
+                "MXFP8 would requantize (lossy) - use --scheme fp8-block"
+            )
+        require_dtype(layer, "weight", ("F8_E4M3",), "mxfp8 reads E4M3 or BF16 weights")
+        require_param(layer, SCALE, "MXFP8 needs a UE8M0 scale per 32 values (weight_scale)")
+        require_dtype(layer, SCALE, ("U8", "F8_E8M0"), "MXFP8 scales are UE8M0 bytes")
+        require_shapes(layer, "weight", (i, h), (h, i))
+        require_shapes(layer, SCALE, (i, h // MX_BLOCK), (h, i // MX_BLOCK))
+
+    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        e, h = layer.num_experts, layer.hidden_size
+        i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
+        for what, size in (("hidden size", h), ("intermediate size per rank", i_r)):
+            if size % MX_BLOCK:
+                raise LayoutError(
+                    f"{layer.prefix}: {what} {size} is not a multiple of the {MX_BLOCK}-value "
+                    "MX block; choose a --tp-size that keeps I/tp a multiple of 32"
+                )
+        i_p, h_p = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H)
+        quantize = weight_dtype(layer) == "BF16"
+        outs = _outputs(layer, e, h, h_p, i_r, i_p, quantize)
+        info = {
+            "num_experts": e,
+            "hidden_size": h,
+            "padded_hidden_size": h_p,
+            "intermediate_size": layer.intermediate_size,
+            "intermediate_size_per_rank": i_r,
+            "padded_intermediate_size_per_rank": i_p,
+            "source_format": "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)"
+            if quantize
+            else "mxfp8",
+        }
+        nbytes = sum(t.nbytes for t in layer.params.values())
+        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
+
+
+def _staged(ctx, layer, which, rank, experts, i_r, i_p, h_p, quantize):
+    """(weights uint8, scales uint8), both padded, for w13 ([gate; up; pad row]) or w2."""
+    if not quantize:
+        if which == "w13":
+            w = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.uint8, cols=h_p)
+            s = stage_w13(
+                ctx, layer, SCALE, rank, experts, i_r, torch.uint8,
+                cols=h_p // MX_BLOCK, pad=UE8M0_ONE,
+            )
+            return w, s
+        w = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_p, torch.uint8, padded_rows=h_p)
+        s = stage_w2(
+            ctx, layer, SCALE, rank, experts, i_r // MX_BLOCK, i_p // MX_BLOCK, torch.uint8,
+            padded_rows=h_p, pad=UE8M0_ONE,
+        )
+        return w, s
+    if which == "w13":
+        x = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.bfloat16)
+        q, s = mx_quantize(x)
+        return _pad(q.view(torch.uint8), 0, h_p), _pad(s, UE8M0_ONE, h_p // MX_BLOCK, last_row=UE8M0_ONE)
+    x = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_r, torch.bfloat16)
+    q, s = mx_quantize(x)
+    return (
+        _pad(q.view(torch.uint8), 0, i_p, rows=h_p),
+        _pad(s, UE8M0_ONE, i_p // MX_BLOCK, rows=h_p),
+    )
+
+
+def _pad(t: torch.Tensor, value: int, cols: int, rows: int | None = None, last_row=None):
+    n, r, c = t.shape
+    out = t.new_full((n, rows or r, cols), value)
+    out[:, :r, :c] = t
+    if last_row is not None:
+        out[:, r - 1] = last_row
+    return out
+
+
+def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
+    w13_rows = L.compose(
+        L.pad_halves_index(i_r, i_p, zero_row=2 * i_r),
+        L.swap_halves_index(2 * i_p),
+        L.gated_interleave_index(2 * i_p),
+        L.shuffle_row_index(2 * i_p, TILE),
+    )
+    w2_rows = L.shuffle_row_index(h_p, TILE)
+    ks13, ks2 = h_p // MX_BLOCK, i_p // MX_BLOCK
+    w13_sf = flat_swizzled_index(w13_rows, ks13)
+    w2_sf = flat_swizzled_index(w2_rows, ks2)
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        w, _ = _staged(ctx, layer, "w13", rank, experts, i_r, i_p, h_p, quantize)
+        L.gather_rows(w, w13_rows, out.view(torch.uint8))
+
+    def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        _, s = _staged(ctx, layer, "w13", rank, experts, i_r, i_p, h_p, quantize)
+        L.gather_rows(s.reshape(len(experts), -1, 1), w13_sf, out.view(len(experts), -1, 1))
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        w, _ = _staged(ctx, layer, "w2", rank, experts, i_r, i_p, h_p, quantize)
+        L.gather_rows(w, w2_rows, out.view(torch.uint8))
+
+    def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        _, s = _staged(ctx, layer, "w2", rank, experts, i_r, i_p, h_p, quantize)
+        L.gather_rows(s.reshape(len(experts), -1, 1), w2_sf, out.view(len(experts), -1, 1))
+
+    lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "padding": "per_half"}
+    s_lay = {"layout": "swizzled_128x4", "epilogue_tile_m": TILE, "block": MX_BLOCK, "pad": UE8M0_ONE}
+    return [
+        OutputTensor("w13_weight", "F8_E4M3", (e, 2 * i_p, h_p), w13,
+                     {**lay, "row_order": "up_gate", "gated_interleave": True}),
+        OutputTensor("w2_weight", "F8_E4M3", (e, h_p, i_p), w2, {**lay, "row_order": "rows"}),
+        OutputTensor("w13_weight_scale", "U8", (e, 2 * i_p, ks13), w13_s,
+                     {**s_lay, "row_order": "up_gate", "gated_interleave": True}),
+        OutputTensor("w2_weight_scale", "U8", (e, h_p, ks2), w2_s, {**s_lay, "row_order": "rows"}),
+    ]
