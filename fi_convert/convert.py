@@ -163,12 +163,18 @@ def _copy_tensor(it: Item, ctx: Ctx, w: ShardWriter, tr: _Tracker) -> None:
 def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, w: ShardWriter, tr: _Tracker) -> None:
     out_t, layer = it.output, it.layer
     assert out_t is not None and layer is not None
+    dt = dtypes.to_torch(out_t.dtype)
+    if not out_t.chunked:  # small per-layer tensors (scales): one piece per rank
+        for rank in range(plan.options.tp_size):
+            out = torch.empty(out_t.rank_shape, dtype=dt, device=ctx.device)
+            out_t.produce(ctx, rank, range(layer.info["num_experts"]), out)
+            w.write(out.cpu())
+            tr.advance(out.numel() * out.element_size(), current=it.entry.name)
+        return
     e = out_t.rank_shape[0]
     per = max(out_t.expert_nbytes, 1)
     n = max(1, min(e, plan.options.max_memory // (4 * per)))
-    buf = torch.empty(
-        (n, *out_t.rank_shape[1:]), dtype=dtypes.to_torch(out_t.dtype), device=ctx.device
-    )
+    buf = torch.empty((n, *out_t.rank_shape[1:]), dtype=dt, device=ctx.device)
     for rank in range(plan.options.tp_size):
         for e0 in range(0, e, n):
             experts = range(e0, min(e, e0 + n))

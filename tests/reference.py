@@ -190,8 +190,10 @@ def pad_mx(w13, s13, w2, s2, i_align=128, h_align=256):
 
     u8 = torch.uint8
     return (
-        pad13(w13.view(u8), hp, 0), pad13(s13, hp // 32, 127),
-        pad2(w2.view(u8), ip, 0), pad2(s2, ip // 32, 127),
+        pad13(w13.view(u8), hp, 0),
+        pad13(s13, hp // 32, 127),
+        pad2(w2.view(u8), ip, 0),
+        pad2(s2, ip // 32, 127),
     )
 
 
@@ -211,6 +213,76 @@ def mxfp8_trtllm(w13, s13, w2, s2):
     )
 
 
+def fp8_requant_w13(w13, s1, s3):
+    """vLLM's per-expert w13 requantization to max(s1, s3), as written there: dequantize with
+    `w.to(float16) * scale` (float16 scale: what the GPU does), `scaled_fp8_quant` with the max."""
+    i = w13.shape[1] // 2
+    smax = torch.maximum(s1, s3)
+    out = torch.empty_like(w13)
+    for e in range(w13.shape[0]):
+        for half, s in ((slice(0, i), s1[e]), (slice(i, 2 * i), s3[e])):
+            dq = w13[e, half].to(torch.float16) * s.to(torch.float16)
+            out[e, half] = fp8_quant(dq, smax[e])
+    return out, smax
+
+
+def fp8_quant(x, scale):
+    """vLLM's static `scaled_fp8_quant` kernel: x * (1/scale), clamp to +-448, round to E4M3."""
+    inv = 1.0 / scale.float()
+    return (x.float() * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def scalars(root, prefix, num_experts, role_names, param):
+    return torch.stack(
+        [
+            _get(root, f"{prefix}.{e}.{n}.{param}").reshape(())
+            for e in range(num_experts)
+            for n in role_names
+        ]
+    ).view(num_experts, len(role_names))
+
+
+def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
+    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+    w13, w2 = (t.to(device) for t in stacked(root, prefix, num_experts))
+    w13, w2 = tp_slice(w13, w2, tp, rank)
+    out = {}
+    if w13.dtype == torch.bfloat16:  # vLLM online FP8: a dynamic per-tensor scale per expert
+        s13 = torch.stack([(w13[e].float().abs().max() / 448.0) for e in range(w13.shape[0])])
+        s2 = torch.stack([(w2[e].float().abs().max() / 448.0) for e in range(w2.shape[0])])
+        w13 = torch.stack([fp8_quant(w13[e], s13[e]) for e in range(w13.shape[0])])
+        w2 = torch.stack([fp8_quant(w2[e], s2[e]) for e in range(w2.shape[0])])
+        a13 = a2 = None
+    else:
+        s = scalars(root, prefix, num_experts, (g, u, d), "weight_scale").to(device)
+        a = scalars(root, prefix, num_experts, (g, u, d), "input_scale").to(device)
+        w13, s13 = fp8_requant_w13(w13, s[:, 0], s[:, 1])
+        s2 = s[:, 2]
+        a13, a2 = a[:, :2].max(), a[:, 2].max()
+    w13, w2 = pad_per_half(w13.view(torch.uint8), w2.view(torch.uint8), 16)
+    w13 = swap_w13_to_w31(w13)
+    if backend == "trtllm":
+        w13 = torch.stack([shuffle_matrix_a(reorder_rows_for_gated_act_gemm(x), 128) for x in w13])
+        w2 = torch.stack([shuffle_matrix_a(x, 128) for x in w2])
+    out["w13_weight"] = w13.view(torch.float8_e4m3fn)
+    out["w2_weight"] = w2.view(torch.float8_e4m3fn)
+    out["w13_weight_scale"], out["w2_weight_scale"] = s13, s2
+    if a13 is None:
+        return out
+    out["w13_input_scale"], out["w2_input_scale"] = a13, a2
+    g1, g2 = (s13 * a13).squeeze(), (s2 * a2).squeeze()
+    a2_inv = 1.0 / a2
+    if backend == "trtllm":
+        out |= {
+            "output1_scales_gate_scalar": g1,
+            "output1_scales_scalar": g1 * a2_inv,
+            "output2_scales_scalar": g2,
+        }
+    else:
+        out |= {"g1_alphas": g1, "g2_alphas": g2, "a2_gscale": a2_inv}
+    return out
+
+
 def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu"):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
@@ -227,6 +299,8 @@ def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu")
         w13, w2 = pad_per_half(w13, w2, 128)
         o13, o2 = bf16_trtllm(w13, w2)
         return {"w13_weight": o13, "w2_weight": o2}
+    if scheme == "fp8-tensor":
+        return fp8_tensor(root, prefix, num_experts, backend, tp, rank, device)
     if scheme == "mxfp8":
         w13, w2 = load()
         if w13.dtype == torch.bfloat16:
@@ -258,5 +332,7 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (
         a.dtype == b.dtype
         and a.shape == b.shape
-        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        and torch.equal(
+            a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8)
+        )
     )

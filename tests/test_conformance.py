@@ -39,6 +39,18 @@ CASES = {
         Spec("qwen3-moe", layers=2, experts=3, hidden=160, intermediate=384),
         "mxfp8",
     ),
+    "modelopt-fp8-tensor": (
+        Spec("mixtral", layers=2, experts=5, hidden=256, intermediate=200, quant="fp8-tensor"),
+        "fp8-tensor",
+    ),
+    "ct-fp8-tensor": (
+        Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor-ct"),
+        "fp8-tensor",
+    ),
+    "bf16-to-fp8-tensor": (
+        Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=192),
+        "fp8-tensor",
+    ),
 }
 TRTLLM_ONLY = {"mxfp8"}
 

@@ -7,11 +7,13 @@ from ..source import Checkpoint, ExpertLayer
 from .base import Backend, LayerPlan, OutputTensor, Scheme, SchemeName
 from .bf16 import Bf16Scheme
 from .fp8_block import Fp8BlockScheme
+from .fp8_tensor import Fp8TensorScheme
 from .mxfp8 import Mxfp8Scheme
 
 REGISTRY: dict[SchemeName, Scheme] = {
     SchemeName.BF16: Bf16Scheme(),
     SchemeName.FP8_BLOCK: Fp8BlockScheme(),
+    SchemeName.FP8_TENSOR: Fp8TensorScheme(),
     SchemeName.MXFP8: Mxfp8Scheme(),
 }
 

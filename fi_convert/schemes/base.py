@@ -62,6 +62,7 @@ class OutputTensor:
     rank_shape: tuple[int, ...]  # shape one rank holds, experts first
     produce: Producer
     layout: dict = field(default_factory=dict)  # manifest description
+    chunked: bool = True  # produced a chunk of experts at a time (False: whole, per rank)
 
     @property
     def rank_nbytes(self) -> int:

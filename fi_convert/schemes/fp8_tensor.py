@@ -1,0 +1,268 @@
+"""`fp8-tensor`: FP8 E4M3 experts with one scale per tensor (ModelOpt FP8, compressed-tensors
+FP8 with the tensor strategy), or BF16 experts quantized offline per tensor.
+
+As vLLM 0.33 (`fp8_utils.py` requantization, `prepare_fp8_moe_layer_for_fi`):
+1. activation scales reduced to one max per layer (w13: over w1 and w3 of all experts);
+2. w13 requantized so gate and up share one scale per expert: each half dequantized with its
+   own scale (`fp8_dequantize_f16`, the GPU's float16 arithmetic), requantized with the max;
+3. I per rank padded to 16 per half (zeros); [up; gate];
+4. TRT-LLM: gated interleave + row shuffle (tile 128) on w13, row shuffle on w2;
+5. the scale products each kernel takes (see docs/FORMAT.md).
+BF16 sources: each expert's rank slice of w13 ([gate; up]) and of w2 is quantized with a
+dynamic per-tensor scale (amax / 448), as vLLM's online FP8; activation scales are dynamic
+then, so no activation-scale products are written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import layout as L
+from ..errors import LayoutError, SchemeMismatchError, SourceError
+from ..quant import F32_TINY, fp8_dequantize_f16, fp8_dynamic_scale, fp8_quantize_static
+from ..source import Checkpoint, ExpertLayer
+from .base import (
+    Backend,
+    Ctx,
+    LayerPlan,
+    OutputTensor,
+    SchemeName,
+    per_rank,
+    require_dtype,
+    require_param,
+    require_shapes,
+    stage_w2,
+    stage_w13,
+    weight_dtype,
+)
+
+TILE = 128
+PAD_I = 16
+SCALE, ACT = "weight_scale", "input_scale"
+
+
+def _is_per_tensor(layer: ExpertLayer) -> bool:
+    if weight_dtype(layer) != "F8_E4M3" or not layer.has(SCALE):
+        return False
+    s = layer.tensor("w1", SCALE, 0)
+    return s.dtype == "F32" and s.nbytes == 4
+
+
+class Fp8TensorScheme:
+    name = SchemeName.FP8_TENSOR
+    backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
+
+    def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
+        return _is_per_tensor(layers[0])
+
+    def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        w = layer.tensor("w1", "weight", 0)
+        i, h = layer.intermediate_size, layer.hidden_size
+        if layer.form.kind == "fused":
+            raise SchemeMismatchError(f"{w.name}: fp8-tensor reads per-expert tensors only")
+        require_shapes(layer, "weight", (i, h), (h, i))
+        if weight_dtype(layer) == "BF16":
+            return
+        if weight_dtype(layer) == "F8_E4M3" and not _is_per_tensor(layer):
+            other = "fp8-block" if layer.has("weight_scale_inv") else "mxfp8"
+            raise SchemeMismatchError(
+                f"{w.name}: the experts are not FP8 with per-tensor scales; use --scheme "
+                f"{other} (or --scheme auto)"
+            )
+        require_dtype(layer, "weight", ("F8_E4M3",), "fp8-tensor reads E4M3 or BF16 weights")
+        require_param(layer, SCALE, "FP8 per-tensor experts need a weight_scale each")
+        for (_, p, _), info in layer.params.items():
+            if p in (SCALE, ACT) and (info.dtype != "F32" or info.nbytes != 4):
+                raise SourceError(
+                    f"{info.name}: a per-tensor scale must be one float32, got {info.dtype} "
+                    f"{list(info.shape)}; this is not a per-tensor FP8 checkpoint"
+                )
+
+    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        e, h = layer.num_experts, layer.hidden_size
+        i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
+        i_p = L.round_up(i_r, PAD_I)
+        if backend is Backend.TRTLLM and h % 32:
+            raise LayoutError(
+                f"{layer.prefix}: hidden size {h} is not a multiple of 32, which the TRT-LLM "
+                "row shuffle of w2 needs and vLLM does not pad - use --backend cutlass"
+            )
+        dynamic = weight_dtype(layer) == "BF16" or not layer.has(ACT)
+        s = _Scales(layer, i_r)
+        outs = _weights(layer, e, h, i_r, i_p, backend, s) + _scale_outputs(e, backend, dynamic, s)
+        info = {
+            "num_experts": e,
+            "hidden_size": h,
+            "padded_hidden_size": h,
+            "intermediate_size": layer.intermediate_size,
+            "intermediate_size_per_rank": i_r,
+            "padded_intermediate_size_per_rank": i_p,
+            "activation_scheme": "dynamic" if dynamic else "static",
+            "source_format": "bf16, quantized per tensor"
+            if weight_dtype(layer) == "BF16"
+            else "fp8 per-tensor",
+        }
+        nbytes = sum(t.nbytes for t in layer.params.values())
+        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
+
+
+class _Scales:
+    """Per-expert weight scales after requantization and the reduced activation scales."""
+
+    def __init__(self, layer: ExpertLayer, i_r: int) -> None:
+        self.layer, self.i_r = layer, i_r
+        self.bf16 = weight_dtype(layer) == "BF16"
+        self._cache: dict[tuple[int, str], torch.Tensor] = {}
+
+    def _read(self, ctx: Ctx, role: str, param: str) -> torch.Tensor:
+        infos = [self.layer.tensor(role, param, e) for e in range(self.layer.num_experts)]
+        return torch.stack([ctx.files.read(i).reshape(()) for i in infos])
+
+    def checkpoint(self, ctx: Ctx, role: str, param: str) -> torch.Tensor:
+        key = (-1, role + param)
+        if key not in self._cache:
+            self._cache[key] = self._read(ctx, role, param)
+        return self._cache[key]
+
+    def weight(self, ctx: Ctx, which: str, rank: int) -> torch.Tensor:
+        """[E] float32: w13 (max of w1, w3) or w2 scales, as vLLM holds them for `rank`."""
+        key = (rank, which)
+        if key not in self._cache:
+            if self.bf16:
+                self._cache[key] = self._dynamic(ctx, which, rank)
+            elif which == "w13":
+                w1, w3 = self.checkpoint(ctx, "w1", SCALE), self.checkpoint(ctx, "w3", SCALE)
+                self._cache[key] = torch.maximum(w1, w3)
+            else:
+                self._cache[key] = self.checkpoint(ctx, "w2", SCALE)
+        return self._cache[key]
+
+    def _dynamic(self, ctx: Ctx, which: str, rank: int) -> torch.Tensor:
+        out = []
+        for e in range(self.layer.num_experts):
+            x = self._bf16(ctx, which, rank, range(e, e + 1))
+            out.append(fp8_dynamic_scale(x).clamp(min=F32_TINY).cpu())
+        return torch.stack(out)
+
+    def _bf16(self, ctx: Ctx, which: str, rank: int, experts: range) -> torch.Tensor:
+        if which == "w13":
+            x = stage_w13(ctx, self.layer, "weight", rank, experts, self.i_r, torch.bfloat16)
+            return x[:, : 2 * self.i_r]
+        return stage_w2(ctx, self.layer, "weight", rank, experts, self.i_r, self.i_r, torch.bfloat16)
+
+    def activation(self, ctx: Ctx, which: str) -> torch.Tensor:
+        """0-dim float32: the max over experts (and over w1 and w3 for w13)."""
+        if which == "w13":
+            a = torch.cat([self.checkpoint(ctx, "w1", ACT), self.checkpoint(ctx, "w3", ACT)])
+        else:
+            a = self.checkpoint(ctx, "w2", ACT)
+        return a.max()
+
+    def quantized(self, ctx: Ctx, which: str, rank: int, experts: range) -> torch.Tensor:
+        """FP8 bytes (uint8) of w13 ([gate; up; zero row]) or w2 for `experts` of `rank`."""
+        i_r, sel = self.i_r, slice(experts.start, experts.stop)
+        target = self.weight(ctx, which, rank)[sel].to(ctx.device).view(-1, 1, 1)
+        if self.bf16:
+            x = self._bf16(ctx, which, rank, experts)
+            q = fp8_quantize_static(x, target)
+        elif which == "w2":
+            return stage_w2(ctx, self.layer, "weight", rank, experts, i_r, i_r, torch.uint8)
+        else:
+            raw = stage_w13(ctx, self.layer, "weight", rank, experts, i_r, torch.uint8)
+            w8 = raw.view(torch.float8_e4m3fn)
+            s1 = self.checkpoint(ctx, "w1", SCALE)[sel].to(ctx.device).view(-1, 1, 1)
+            s3 = self.checkpoint(ctx, "w3", SCALE)[sel].to(ctx.device).view(-1, 1, 1)
+            gate = fp8_quantize_static(fp8_dequantize_f16(w8[:, :i_r], s1), target)
+            up = fp8_quantize_static(fp8_dequantize_f16(w8[:, i_r : 2 * i_r], s3), target)
+            q = torch.cat([gate, up], dim=1)
+        q = q.view(torch.uint8)
+        if which == "w13":  # the zero row the padding index points at
+            q = torch.cat([q, q.new_zeros((q.shape[0], 1, q.shape[2]))], dim=1)
+        return q
+
+
+def _weights(layer, e, h, i_r, i_p, backend, s: _Scales) -> list[OutputTensor]:
+    trt = backend is Backend.TRTLLM
+    steps = [L.pad_halves_index(i_r, i_p, zero_row=2 * i_r), L.swap_halves_index(2 * i_p)]
+    if trt:
+        steps += [L.gated_interleave_index(2 * i_p), L.shuffle_row_index(2 * i_p, TILE)]
+    w13_idx = L.compose(*steps)
+    w2_idx = L.shuffle_row_index(h, TILE) if trt else None
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        L.gather_rows(s.quantized(ctx, "w13", rank, experts), w13_idx, out.view(torch.uint8))
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        q = s.quantized(ctx, "w2", rank, experts)
+        src = q if i_p == i_r else torch.nn.functional.pad(q, (0, i_p - i_r))
+        if w2_idx is None:
+            out.view(torch.uint8).copy_(src)
+        else:
+            L.gather_rows(src, w2_idx, out.view(torch.uint8))
+
+    lay = {"layout": "MajorK", "epilogue_tile_m": TILE if trt else None, "padding": "per_half"}
+    return [
+        OutputTensor(
+            "w13_weight",
+            "F8_E4M3",
+            (e, 2 * i_p, h),
+            w13,
+            {**lay, "row_order": "up_gate", "gated_interleave": trt},
+        ),
+        OutputTensor("w2_weight", "F8_E4M3", (e, h, i_p), w2, {**lay, "row_order": "rows"}),
+    ]
+
+
+def _scale_outputs(e: int, backend: Backend, dynamic: bool, s: _Scales) -> list[OutputTensor]:
+    def per_expert(fn):
+        def produce(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+            out.copy_(fn(ctx, rank))
+
+        return produce
+
+    def a13(ctx, rank):
+        return s.activation(ctx, "w13")
+
+    def a2(ctx, rank):
+        return s.activation(ctx, "w2")
+
+    def w13s(ctx, rank):
+        return s.weight(ctx, "w13", rank)
+
+    def w2s(ctx, rank):
+        return s.weight(ctx, "w2", rank)
+
+    def g1(ctx, rank):
+        return w13s(ctx, rank) * a13(ctx, rank)
+
+    def g2(ctx, rank):
+        return w2s(ctx, rank) * a2(ctx, rank)
+
+    def a2_inv(ctx, rank):
+        return 1.0 / a2(ctx, rank)
+
+    def out1(ctx, rank):
+        return g1(ctx, rank) * a2_inv(ctx, rank)
+
+    fns = {"w13_weight_scale": (w13s, (e,)), "w2_weight_scale": (w2s, (e,))}
+    if not dynamic:
+        fns |= {"w13_input_scale": (a13, ()), "w2_input_scale": (a2, ())}
+        if backend is Backend.TRTLLM:
+            fns |= {
+                "output1_scales_scalar": (out1, (e,)),
+                "output1_scales_gate_scalar": (g1, (e,)),
+                "output2_scales_scalar": (g2, (e,)),
+            }
+        else:
+            fns |= {"g1_alphas": (g1, (e,)), "g2_alphas": (g2, (e,)), "a2_gscale": (a2_inv, ())}
+    return [
+        OutputTensor(
+            name,
+            "F32",
+            shape,
+            per_expert(fn),
+            {"layout": "per_expert" if shape else "scalar"},
+            chunked=False,
+        )
+        for name, (fn, shape) in fns.items()
+    ]
