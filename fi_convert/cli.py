@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -29,7 +30,7 @@ from rich.table import Table
 from . import __version__
 from . import manifest as mf
 from .convert import Progress as LibProgress
-from .convert import run_plan
+from .convert import preflight, run_plan
 from .errors import FiConvertError
 from .plan import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Options, Plan, make_plan
 from .schemes import Backend, SchemeName
@@ -66,7 +67,7 @@ def _size(n: float) -> str:
 def _fail(e: Exception, debug: bool) -> typer.Exit:
     if debug:
         err.print_exception()
-    err.print(f"[red]error:[/red] {e}")
+    err.print(f"[red]error:[/red] {escape(str(e))}")
     return typer.Exit(1)
 
 
@@ -74,7 +75,7 @@ def _render_plan(plan: Plan) -> None:
     s = plan.summary()
     how = "detected" if plan.detected else "requested"
     out.print(
-        f"[bold]{plan.ckpt.root}[/bold]: family {s['family']} (model_type {s['model_type']}), "
+        f"[bold]{escape(str(plan.ckpt.root))}[/bold]: family {s['family']} (model_type {s['model_type']}), "
         f"scheme [bold]{s['scheme']}[/bold] ({how}), backend {s['backend']}, tp {s['tp_size']}"
     )
     groups: dict[str, list[str]] = {}
@@ -131,6 +132,8 @@ def convert_cmd(
     opts = Options(scheme, backend, tp_size, max_shard_size, max_memory)
     try:
         plan = make_plan(model_dir, opts)
+        if not dry_run:
+            preflight(plan, out_dir, device=device, overwrite=overwrite)
         if plan.detected and not as_json:
             err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
         if dry_run:
@@ -151,7 +154,7 @@ def convert_cmd(
     reused = f" ({len(res.reused_files)} reused from an earlier run)" if res.reused_files else ""
     out.print(
         f"[green]done[/green]: {s['moe_layers']} MoE layers x {s['num_experts']} experts -> "
-        f"{res.out_dir} ({s['scheme']}, {s['backend']}, tp {s['tp_size']}, on {s['device']}); "
+        f"{escape(str(res.out_dir))} ({s['scheme']}, {s['backend']}, tp {s['tp_size']}, on {s['device']}); "
         f"{s['files']} files{reused}, manifest {s['manifest']}"
     )
 
@@ -238,7 +241,7 @@ def verify_cmd(
         )
     elif problems:
         for p in problems:
-            err.print(f"[red]mismatch:[/red] {p}")
+            err.print(f"[red]mismatch:[/red] {escape(p)}")
     else:
         out.print(f"[green]ok[/green]: {len(m['files'])} files match {mf.MANIFEST_NAME}")
     if problems:
@@ -257,7 +260,8 @@ COMMANDS = {"convert", "inspect", "verify", "version"}
 def main(argv: list[str] | None = None) -> None:
     """Entry point: `fi-convert MODEL OUT ...` is `fi-convert convert MODEL OUT ...`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first is not None and first not in COMMANDS:
         args.insert(0, "convert")
     app(args=args, prog_name="fi-convert")
 

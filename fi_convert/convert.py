@@ -86,8 +86,8 @@ def run_plan(
     overwrite: bool = False,
     progress: ProgressFn | None = None,
 ) -> Result:
+    preflight(plan, out_dir, device=device, overwrite=overwrite)
     dev = resolve_device(device)
-    check_out_dir(plan, out_dir)
     with OutDir(out_dir, plan.key(), overwrite) as od:
         files: dict[str, dict] = {}
         tracker = _Tracker(plan, progress)
@@ -103,6 +103,7 @@ def run_plan(
         finally:
             src.close()
         files[INDEX_NAME] = od.write_small(INDEX_NAME, _index(plan))
+        od.remove_stale(set(files))
         manifest = mf.build(plan, files)
         mf.write(out_dir, manifest)
         reused = od.reused
@@ -213,19 +214,9 @@ class OutDir:
 
     def _claim(self) -> None:
         r = self.root
-        if r.exists() and not r.is_dir():
-            raise OutputError(f"{r}: exists and is not a folder; choose another out-dir")
-        if not r.exists() or not any(r.iterdir()):
+        if not check_claimable(r, self.overwrite):
             r.mkdir(parents=True, exist_ok=True)
             return
-        ours = (r / STATE_DIR).is_dir() or (r / MANIFEST_NAME).is_file()
-        if ours:
-            return
-        if not self.overwrite:
-            raise OutputError(
-                f"{r}: exists and is not an fi-convert output; pass --overwrite to replace "
-                "its contents, or choose another out-dir"
-            )
         for p in r.iterdir():
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
@@ -284,6 +275,13 @@ class OutDir:
         sha, size = write(shard).finish()
         return self._record(shard.name, {"sha256": sha, "size": size})
 
+    def remove_stale(self, keep: set[str]) -> None:
+        """Delete weight files an earlier run left here that this output does not list."""
+        for p in self.root.iterdir():
+            stale = p.name.endswith((".safetensors", TMP_SUFFIX)) and p.name not in keep
+            if stale and p.is_file():
+                p.unlink()
+
     def write_small(self, rel: str, data: bytes) -> dict:
         p = self.root / rel
         tmp = p.with_name(p.name + TMP_SUFFIX)
@@ -310,6 +308,29 @@ class OutDir:
                 f"{dst}: cannot copy from {src} ({e.strerror}); check the disk"
             ) from None
         return self._record(rel, {"sha256": sha256_file(dst), "size": dst.stat().st_size})
+
+
+def check_claimable(out_dir: Path, overwrite: bool) -> bool:
+    """Raise unless `out_dir` may be written. True when it holds files that must be replaced."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"{out_dir}: exists and is not a folder; choose another out-dir")
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return False
+    if (out_dir / STATE_DIR).is_dir() or (out_dir / MANIFEST_NAME).is_file():
+        return False  # ours: resumed or redone in place
+    if not overwrite:
+        raise OutputError(
+            f"{out_dir}: exists and is not an fi-convert output; pass --overwrite to replace "
+            "its contents, or choose another out-dir"
+        )
+    return True
+
+
+def preflight(plan: Plan, out_dir: Path, *, device: str = "auto", overwrite: bool = False) -> None:
+    """Every check `run_plan` makes before it writes: device, out-dir placement and ownership."""
+    resolve_device(device)
+    check_out_dir(plan, out_dir)
+    check_claimable(out_dir, overwrite)
 
 
 def _read_pid(p: Path) -> int | None:

@@ -242,7 +242,7 @@ def _make_layer(
             for r in ROLES:
                 if (r, "weight", e) not in params:
                     raise SourceError(
-                        f"{where}.{e}: no {r} ({_proj(form, r)}) weight; the checkpoint is "
+                        f"{where}.{e}: no {_proj(form, r)} weight; the checkpoint is "
                         "incomplete - download it again"
                     )
         gate = params[("w1", "weight", 0)]
@@ -258,4 +258,5 @@ def _make_layer(
 
 
 def _proj(form: Form, role: str) -> str:
-    return next((k for k, v in form.projections.items() if v == role), role)
+    name = next((k for k, v in form.projections.items() if v == role), role)
+    return role if name == role else f"{role}, {name}"

@@ -222,9 +222,14 @@ def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
     (root / "config.json").write_text(json.dumps(cfg, indent=2))
     if cfg.get("quantization_config", {}).get("quant_method") == "modelopt":
         algo = cfg["quantization_config"]["quant_algo"]
-        hq = {"producer": {"name": "modelopt", "version": "0.37.0"},
-              "quantization": {"quant_algo": algo, "kv_cache_quant_algo": None,
-                               "exclude_modules": ["lm_head"]}}
+        hq = {
+            "producer": {"name": "modelopt", "version": "0.37.0"},
+            "quantization": {
+                "quant_algo": algo,
+                "kv_cache_quant_algo": None,
+                "exclude_modules": ["lm_head"],
+            },
+        }
         (root / "hf_quant_config.json").write_text(json.dumps(hq, indent=2))
     (root / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
     (root / "tokenizer_config.json").write_text(

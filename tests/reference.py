@@ -333,6 +333,7 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.dtype == b.dtype
         and a.shape == b.shape
         and torch.equal(
-            a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8)
+            a.reshape(-1).contiguous().view(torch.uint8),
+            b.reshape(-1).contiguous().view(torch.uint8),
         )
     )

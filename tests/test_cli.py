@@ -471,11 +471,6 @@ def test_different_families_detect_and_convert(ckpts, converted):
         assert m["source"]["family"] == ("qwen3-moe" if fam.startswith("qwen3") else fam)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a rerun into a finished out-dir that produces other shard names leaves the "
-    "old shards behind (convert.py OutDir._claim keeps 'our' folders as they are)",
-)
 def test_rerun_with_other_sharding_leaves_no_stale_shards(ckpts, tmp_path):
     src, out = ckpts["deepseek-v3"], tmp_path / "out"
     res = cli("convert", src, out, "--scheme", "fp8-block", "--max-shard-size", "1000000")

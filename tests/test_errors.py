@@ -214,12 +214,6 @@ def test_fp8_expert_missing_scale(ckpt, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with --scheme auto, a scale missing in the FIRST MoE layer makes detection "
-    "fail with 'cannot tell the scheme from dtype F8_E4M3 ... pass --scheme', naming expert "
-    "0's gate weight instead of the missing weight_scale_inv (schemes/__init__.py detect)",
-)
 def test_fp8_expert_missing_scale_first_layer_auto(ckpt, tmp_path):
     model, out = ckpt("ds"), tmp_path / "out"
     gone = f"{DS_L}.4.up_proj.weight_scale_inv"
@@ -341,11 +335,6 @@ def test_out_dir_not_ours_needs_overwrite(ckpt, tmp_path):
     assert not (out / "notes.txt").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with --scheme auto (the default) the CLI prints 'scheme: detected ...' on stderr "
-    "before an out-dir error, so stderr holds two lines (cli.py convert_cmd)",
-)
 def test_out_dir_error_with_auto_scheme_is_one_line(ckpt, tmp_path):
     model, out = ckpt("mx"), tmp_path / "out"
     out.mkdir()
@@ -451,11 +440,6 @@ def test_error_from_real_process(ckpt, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: cli._fail prints the message as rich markup, so '[...]' in a path is eaten "
-    "(or, for '[/x]', raises rich.errors.MarkupError with a traceback)",
-)
 def test_error_names_path_with_brackets(tmp_path):
     model, out = tmp_path / "ckpt[old]", tmp_path / "out"
     error_line(convert(model, out, "--scheme", "bf16"), "ckpt[old]", out=out)

@@ -228,6 +228,8 @@ def flat_swizzled_index(rows: torch.Tensor, ks: int) -> torch.Tensor:
     """
     m = rows.numel()
     if m % 128 or ks % 4:
-        raise ValueError(f"scale swizzle without padding needs M % 128 == 0 and K % 4 == 0: {m}, {ks}")
+        raise ValueError(
+            f"scale swizzle without padding needs M % 128 == 0 and K % 4 == 0: {m}, {ks}"
+        )
     swz = L.swizzle_128x4_index(m, ks)
     return rows[swz // ks] * ks + swz % ks

@@ -40,7 +40,7 @@ class Fp8BlockScheme:
     backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
-        return weight_dtype(layers[0]) == "F8_E4M3" and layers[0].has(SCALE)
+        return weight_dtype(layers[0]) == "F8_E4M3" and SCALE in layers[0].param_names()
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         if weight_dtype(layer) in ("BF16", "F16", "F32"):

@@ -42,10 +42,10 @@ SCALE, ACT = "weight_scale", "input_scale"
 
 
 def _is_per_tensor(layer: ExpertLayer) -> bool:
-    if weight_dtype(layer) != "F8_E4M3" or not layer.has(SCALE):
-        return False
-    s = layer.tensor("w1", SCALE, 0)
-    return s.dtype == "F32" and s.nbytes == 4
+    scales = [t for (_, p, _), t in layer.params.items() if p == SCALE]
+    return weight_dtype(layer) == "F8_E4M3" and any(
+        t.dtype == "F32" and t.nbytes == 4 for t in scales
+    )
 
 
 class Fp8TensorScheme:
@@ -148,7 +148,9 @@ class _Scales:
         if which == "w13":
             x = stage_w13(ctx, self.layer, "weight", rank, experts, self.i_r, torch.bfloat16)
             return x[:, : 2 * self.i_r]
-        return stage_w2(ctx, self.layer, "weight", rank, experts, self.i_r, self.i_r, torch.bfloat16)
+        return stage_w2(
+            ctx, self.layer, "weight", rank, experts, self.i_r, self.i_r, torch.bfloat16
+        )
 
     def activation(self, ctx: Ctx, which: str) -> torch.Tensor:
         """0-dim float32: the max over experts (and over w1 and w3 for w13)."""

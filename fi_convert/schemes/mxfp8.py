@@ -40,11 +40,8 @@ SCALE = "weight_scale"
 
 
 def _is_mx_source(layer: ExpertLayer) -> bool:
-    return (
-        weight_dtype(layer) == "F8_E4M3"
-        and layer.has(SCALE)
-        and layer.tensor("w1", SCALE, 0).dtype in ("U8", "F8_E8M0")
-    )
+    scales = [t for (_, p, _), t in layer.params.items() if p == SCALE]
+    return weight_dtype(layer) == "F8_E4M3" and any(t.dtype in ("U8", "F8_E8M0") for t in scales)
 
 
 class Mxfp8Scheme:
@@ -104,20 +101,37 @@ def _staged(ctx, layer, which, rank, experts, i_r, i_p, h_p, quantize):
         if which == "w13":
             w = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.uint8, cols=h_p)
             s = stage_w13(
-                ctx, layer, SCALE, rank, experts, i_r, torch.uint8,
-                cols=h_p // MX_BLOCK, pad=UE8M0_ONE,
+                ctx,
+                layer,
+                SCALE,
+                rank,
+                experts,
+                i_r,
+                torch.uint8,
+                cols=h_p // MX_BLOCK,
+                pad=UE8M0_ONE,
             )
             return w, s
         w = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_p, torch.uint8, padded_rows=h_p)
         s = stage_w2(
-            ctx, layer, SCALE, rank, experts, i_r // MX_BLOCK, i_p // MX_BLOCK, torch.uint8,
-            padded_rows=h_p, pad=UE8M0_ONE,
+            ctx,
+            layer,
+            SCALE,
+            rank,
+            experts,
+            i_r // MX_BLOCK,
+            i_p // MX_BLOCK,
+            torch.uint8,
+            padded_rows=h_p,
+            pad=UE8M0_ONE,
         )
         return w, s
     if which == "w13":
         x = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.bfloat16)
         q, s = mx_quantize(x)
-        return _pad(q.view(torch.uint8), 0, h_p), _pad(s, UE8M0_ONE, h_p // MX_BLOCK, last_row=UE8M0_ONE)
+        return _pad(q.view(torch.uint8), 0, h_p), _pad(
+            s, UE8M0_ONE, h_p // MX_BLOCK, last_row=UE8M0_ONE
+        )
     x = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_r, torch.bfloat16)
     q, s = mx_quantize(x)
     return (
@@ -164,12 +178,27 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
         L.gather_rows(s.reshape(len(experts), -1, 1), w2_sf, out.view(len(experts), -1, 1))
 
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "padding": "per_half"}
-    s_lay = {"layout": "swizzled_128x4", "epilogue_tile_m": TILE, "block": MX_BLOCK, "pad": UE8M0_ONE}
+    s_lay = {
+        "layout": "swizzled_128x4",
+        "epilogue_tile_m": TILE,
+        "block": MX_BLOCK,
+        "pad": UE8M0_ONE,
+    }
     return [
-        OutputTensor("w13_weight", "F8_E4M3", (e, 2 * i_p, h_p), w13,
-                     {**lay, "row_order": "up_gate", "gated_interleave": True}),
+        OutputTensor(
+            "w13_weight",
+            "F8_E4M3",
+            (e, 2 * i_p, h_p),
+            w13,
+            {**lay, "row_order": "up_gate", "gated_interleave": True},
+        ),
         OutputTensor("w2_weight", "F8_E4M3", (e, h_p, i_p), w2, {**lay, "row_order": "rows"}),
-        OutputTensor("w13_weight_scale", "U8", (e, 2 * i_p, ks13), w13_s,
-                     {**s_lay, "row_order": "up_gate", "gated_interleave": True}),
+        OutputTensor(
+            "w13_weight_scale",
+            "U8",
+            (e, 2 * i_p, ks13),
+            w13_s,
+            {**s_lay, "row_order": "up_gate", "gated_interleave": True},
+        ),
         OutputTensor("w2_weight_scale", "U8", (e, h_p, ks2), w2_s, {**s_lay, "row_order": "rows"}),
     ]
