@@ -75,7 +75,8 @@ def _render_plan(plan: Plan) -> None:
     s = plan.summary()
     how = "detected" if plan.detected else "requested"
     out.print(
-        f"[bold]{escape(str(plan.ckpt.root))}[/bold]: family {s['family']} (model_type {s['model_type']}), "
+        f"[bold]{escape(str(plan.ckpt.root))}[/bold]: family {s['family']} "
+        f"(model_type {s['model_type']}), "
         f"scheme [bold]{s['scheme']}[/bold] ({how}), backend {s['backend']}, tp {s['tp_size']}"
     )
     groups: dict[str, list[str]] = {}
@@ -136,6 +137,8 @@ def convert_cmd(
             preflight(plan, out_dir, device=device, overwrite=overwrite)
         if plan.detected and not as_json:
             err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
+        for note in plan.notes:
+            err.print(f"[yellow]warning:[/yellow] {escape(note)}")
         if dry_run:
             if as_json:
                 out.print_json(json.dumps(plan.summary()))
@@ -154,7 +157,8 @@ def convert_cmd(
     reused = f" ({len(res.reused_files)} reused from an earlier run)" if res.reused_files else ""
     out.print(
         f"[green]done[/green]: {s['moe_layers']} MoE layers x {s['num_experts']} experts -> "
-        f"{escape(str(res.out_dir))} ({s['scheme']}, {s['backend']}, tp {s['tp_size']}, on {s['device']}); "
+        f"{escape(str(res.out_dir))} ({s['scheme']}, {s['backend']}, tp {s['tp_size']}, "
+        f"on {s['device']}); "
         f"{s['files']} files{reused}, manifest {s['manifest']}"
     )
 
@@ -217,6 +221,8 @@ def inspect_cmd(
         plan = make_plan(model_dir, Options(scheme, backend, tp_size))
     except FiConvertError as e:
         raise _fail(e, debug) from None
+    for note in plan.notes:
+        err.print(f"[yellow]warning:[/yellow] {escape(note)}")
     if as_json:
         out.print_json(json.dumps(plan.summary()))
     else:

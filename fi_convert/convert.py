@@ -254,7 +254,7 @@ class OutDir:
 
     def _record(self, rel: str, meta: dict) -> dict:
         self.done[rel] = meta
-        tmp = self._journal_path().with_suffix(".tmp")
+        tmp = self._journal_path().with_name("state.json" + TMP_SUFFIX)
         tmp.write_text(json.dumps({"key": self.key, "files": self.done}, sort_keys=True))
         os.replace(tmp, self._journal_path())
         return meta

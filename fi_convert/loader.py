@@ -15,15 +15,28 @@ from .st_io import SourceFiles, TensorInfo, read_header
 
 
 def load_moe_layer(
-    out_dir: str | Path, layer_prefix: str, *, tp_rank: int = 0, device: str | torch.device = "cpu"
+    out_dir: str | Path,
+    layer_prefix: str,
+    *,
+    tp_rank: int = 0,
+    device: str | torch.device = "cpu",
+    scheme: str | None = None,
+    backend: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Tensors of `layer_prefix` (e.g. "model.layers.3.mlp.experts") for rank `tp_rank`.
 
     Keyed by vLLM's fused-MoE parameter names and shaped as vLLM holds them after its
-    load-time processing. Checks the manifest first and reads only this rank's bytes.
+    load-time processing. Checks the manifest first (and, when given, that it was converted
+    with `scheme` and `backend`) and reads only this rank's bytes.
     """
     root = Path(out_dir)
     m = mf.read(root)
+    for key, want in (("scheme", scheme), ("backend", backend)):
+        if want is not None and m[key] != str(getattr(want, "value", want)):
+            raise ManifestError(
+                f"{root}: converted with {key} {m[key]!r}, not {want!r}; convert again with "
+                f"--{key} {getattr(want, 'value', want)}"
+            )
     layers = m["layers"]
     if layer_prefix not in layers:
         some = ", ".join(list(layers)[:3])

@@ -13,7 +13,7 @@ from pathlib import Path
 from . import __version__
 from .errors import ManifestError
 from .plan import MANIFEST_NAME, Plan
-from .st_io import sha256_file
+from .st_io import TMP_SUFFIX, sha256_file
 
 FORMAT = "fi-convert"
 FORMAT_VERSION = 1
@@ -21,7 +21,12 @@ TARGET = {
     "vllm": "0.33.0",
     "flashinfer": "0.7.2.post1",
     "flashinfer_layouts": "0.6.18-0.7.4",
-    "gpu_family": "sm100",
+}
+# Where vLLM 0.33 runs each FlashInfer backend (its flashinfer_cutlass_moe.py, oracle/*.py).
+GPU_FAMILY = {
+    ("trtllm", None): "sm100",
+    ("cutlass", "fp8-block"): "sm90",
+    ("cutlass", None): "sm90+",
 }
 
 
@@ -34,7 +39,8 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "scheme": plan.scheme.value,
         "backend": plan.options.backend.value,
         "tp_size": plan.options.tp_size,
-        "target": TARGET,
+        "target": {**TARGET, "gpu_family": gpu_family(plan)},
+        "expert_parallel": _ep_note(layers),
         "source": {
             "model_type": plan.ckpt.model_type,
             "family": plan.family.name,
@@ -46,9 +52,23 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
     }
 
 
+def _ep_note(layers: dict) -> str:
+    if any(lay.get("activation_scheme") == "static" for lay in layers.values()):
+        return (
+            "EP size 1: activation scales are the max over all experts; under EP vLLM takes "
+            "the max over a rank's local experts"
+        )
+    return "any EP size: ranks take whole experts, whose bytes do not change"
+
+
+def gpu_family(plan: Plan) -> str:
+    b, s = plan.options.backend.value, plan.scheme.value
+    return GPU_FAMILY.get((b, s)) or GPU_FAMILY[(b, None)]
+
+
 def write(out_dir: Path, manifest: dict) -> None:
     path = out_dir / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())

@@ -103,6 +103,7 @@ class Plan:
             "output_shards": len(self.shards),
             "bytes_to_read": self.bytes_to_read,
             "bytes_to_write": self.bytes_to_write,
+            "warnings": self.notes,
         }
 
 
@@ -143,6 +144,7 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     shards = _pack(items, options.max_shard_bytes)
     plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
+    plan.notes = list(dict.fromkeys(n for lp in lps for n in lp.notes))
     return plan
 
 

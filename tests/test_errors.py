@@ -505,3 +505,35 @@ def test_library_raises_typed_errors(ckpt, tmp_path, setup, exc_type):
 def test_library_manifest_error(tmp_path):
     with pytest.raises(ManifestError):
         fi_convert.read_manifest(tmp_path)
+
+
+def test_load_moe_layer_checks_scheme_backend_and_rank(tmp_path):
+    from fi_convert import ManifestError, Options, SchemeName, convert, load_moe_layer
+    from fi_convert.synthetic import Spec, write_checkpoint
+
+    src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=2, hidden=128))
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, tp_size=2), device="cpu")
+    prefix = "model.layers.0.mlp.experts"
+    assert load_moe_layer(out, prefix, tp_rank=1, scheme="bf16", backend="trtllm")
+    with pytest.raises(ManifestError, match="scheme 'bf16', not 'mxfp8'"):
+        load_moe_layer(out, prefix, scheme="mxfp8")
+    with pytest.raises(ManifestError, match="backend 'trtllm'"):
+        load_moe_layer(out, prefix, backend="cutlass")
+    with pytest.raises(ManifestError, match="tp_rank 2 out of range"):
+        load_moe_layer(out, prefix, tp_rank=2)
+    with pytest.raises(ManifestError, match="no MoE layer"):
+        load_moe_layer(out, "model.layers.9.mlp.experts")
+    (out / "fi-convert-manifest.json").unlink()
+    with pytest.raises(ManifestError, match="not a finished"):
+        load_moe_layer(out, prefix)
+
+
+def test_fp8_block_expert_count_warning(tmp_path):
+    from fi_convert.cli import app
+    from fi_convert.synthetic import Spec, write_checkpoint
+
+    src = write_checkpoint(tmp_path / "src", Spec("deepseek-v3", layers=2, experts=6))
+    r = CliRunner().invoke(app, ["inspect", str(src)])
+    assert r.exit_code == 0
+    assert "multiple of 4" in r.output

@@ -51,6 +51,15 @@ class Ctx:
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
 
+# Every tensor's manifest entry has these keys (docs/FORMAT.md explains each).
+LAYOUT_DEFAULTS: dict = {
+    "layout": "MajorK",
+    "epilogue_tile_m": None,
+    "block_k_bytes": None,
+    "row_order": "rows",
+    "gated_interleave": False,
+}
+
 # produce(ctx, rank, experts, out): fill `out` ([len(experts), *rank_shape[1:]], on ctx.device)
 Producer = Callable[[Ctx, int, range, torch.Tensor], None]
 
@@ -63,6 +72,9 @@ class OutputTensor:
     produce: Producer
     layout: dict = field(default_factory=dict)  # manifest description
     chunked: bool = True  # produced a chunk of experts at a time (False: whole, per rank)
+
+    def __post_init__(self) -> None:
+        self.layout = {**LAYOUT_DEFAULTS, **self.layout}
 
     @property
     def rank_nbytes(self) -> int:
@@ -80,6 +92,7 @@ class LayerPlan:
     outputs: list[OutputTensor]
     source_names: list[str]
     source_bytes: int
+    notes: list[str] = field(default_factory=list)  # warnings for the user; not errors
 
 
 class Scheme(Protocol):
@@ -216,7 +229,7 @@ def quant_algo(ckpt: Checkpoint) -> str | None:
     """The checkpoint's quantization format, upper-cased: ModelOpt `quant_algo` (from
     hf_quant_config.json or config.json) or else `quant_method` (fp8, mxfp4, ...)."""
     q = ckpt.quant_config or {}
-    inner = q.get("quantization") if isinstance(q.get("quantization"), dict) else {}
+    inner = q["quantization"] if isinstance(q.get("quantization"), dict) else {}
     algo = inner.get("quant_algo") or q.get("quant_algo") or q.get("quant_method")
     return str(algo).upper() if algo else None
 

@@ -100,7 +100,6 @@ def _trtllm_outputs(layer: ExpertLayer, e: int, h: int, i_r: int, i_p: int) -> l
         "epilogue_tile_m": TILE,
         "row_order": "up_gate",
         "gated_interleave": True,
-        "padding": "per_half",
     }
     return [
         OutputTensor("w13_weight", "BF16", (e, h // BLOCK_K, 2 * i_p, BLOCK_K), w13, lay),
@@ -124,7 +123,7 @@ def _cutlass_outputs(layer: ExpertLayer, e: int, h: int, i_r: int) -> list[Outpu
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r, i_r, torch.bfloat16))
 
-    lay = {"layout": "MajorK", "row_order": "up_gate", "epilogue_tile_m": None}
+    lay = {"layout": "MajorK", "row_order": "up_gate"}
     return [
         OutputTensor("w13_weight", "BF16", (e, 2 * i_r, h), w13, lay),
         OutputTensor("w2_weight", "BF16", (e, h, i_r), w2, {**lay, "row_order": "rows"}),

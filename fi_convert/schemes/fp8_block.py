@@ -53,7 +53,7 @@ class Fp8BlockScheme:
         require_param(
             layer, SCALE, "fp8-block needs a 128x128 block scale per weight (weight_scale_inv)"
         )
-        require_dtype(layer, SCALE, ("F32", "BF16"), "block scales must be float32")
+        require_dtype(layer, SCALE, ("F32", "BF16"), "block scales must be float32 (or bfloat16)")
         i, h = layer.intermediate_size, layer.hidden_size
         require_shapes(layer, "weight", (i, h), (h, i))
         ib, hb = -(-i // BLOCK), -(-h // BLOCK)
@@ -81,7 +81,14 @@ class Fp8BlockScheme:
             "weight_block_size": [BLOCK, BLOCK],
         }
         nbytes = sum(t.nbytes for t in layer.params.values())
-        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
+        notes = []
+        if backend is Backend.TRTLLM and (e % 4 or e > 512):
+            notes.append(
+                f"{e} experts: FlashInfer's TRT-LLM block-FP8 kernel needs a multiple of 4 "
+                "(at most 512) experts per rank; serve this with expert parallelism that gives "
+                "each rank such a count, or convert with --backend cutlass"
+            )
+        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes, notes)
 
 
 def _scale_producers(layer: ExpertLayer, i_r: int):
@@ -137,7 +144,7 @@ def _outputs(layer: ExpertLayer, e: int, h: int, i_r: int, backend: Backend) -> 
         w13_shape = (e, h // BLOCK_K, 2 * i_r, BLOCK_K)
         w2_shape = (e, i_r // BLOCK_K, h, BLOCK_K)
     else:
-        lay = {"layout": "MajorK", "epilogue_tile_m": None}
+        lay = {"layout": "MajorK"}
         w13_shape, w2_shape = (e, 2 * i_r, h), (e, h, i_r)
     s_lay = {"layout": "row_major_blocks", "block": [BLOCK, BLOCK], "min": MIN_SCALE}
     sb, hb = i_r // BLOCK, h // BLOCK

@@ -15,6 +15,8 @@ then, so no activation-scale products are written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .. import layout as L
@@ -202,7 +204,7 @@ def _weights(layer, e, h, i_r, i_p, backend, s: _Scales) -> list[OutputTensor]:
         else:
             L.gather_rows(src, w2_idx, out.view(torch.uint8))
 
-    lay = {"layout": "MajorK", "epilogue_tile_m": TILE if trt else None, "padding": "per_half"}
+    lay = {"layout": "MajorK", "epilogue_tile_m": TILE if trt else None}
     return [
         OutputTensor(
             "w13_weight",
@@ -246,7 +248,10 @@ def _scale_outputs(e: int, backend: Backend, dynamic: bool, s: _Scales) -> list[
     def out1(ctx, rank):
         return g1(ctx, rank) * a2_inv(ctx, rank)
 
-    fns = {"w13_weight_scale": (w13s, (e,)), "w2_weight_scale": (w2s, (e,))}
+    fns: dict[str, tuple[Callable, tuple[int, ...]]] = {
+        "w13_weight_scale": (w13s, (e,)),
+        "w2_weight_scale": (w2s, (e,)),
+    }
     if not dynamic:
         fns |= {"w13_input_scale": (a13, ()), "w2_input_scale": (a2, ())}
         if backend is Backend.TRTLLM:

@@ -177,7 +177,7 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
         _, s = _staged(ctx, layer, "w2", rank, experts, i_r, i_p, h_p, quantize)
         L.gather_rows(s.reshape(len(experts), -1, 1), w2_sf, out.view(len(experts), -1, 1))
 
-    lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "padding": "per_half"}
+    lay = {"layout": "MajorK", "epilogue_tile_m": TILE}
     s_lay = {
         "layout": "swizzled_128x4",
         "epilogue_tile_m": TILE,
