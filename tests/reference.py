@@ -221,7 +221,9 @@ def fp8_requant_w13(w13, s1, s3):
     out = torch.empty_like(w13)
     for e in range(w13.shape[0]):
         for half, s in ((slice(0, i), s1[e]), (slice(i, 2 * i), s3[e])):
-            dq = w13[e, half].to(torch.float16) * s.to(torch.float16)
+            # on CUDA: vLLM's expression as written (0-dim float32 scale); on CPU, where
+            # PyTorch would keep the scale in float32, the float16 scale the GPU uses
+            dq = w13[e, half].to(torch.float16) * (s if w13.is_cuda else s.to(torch.float16))
             out[e, half] = fp8_quant(dq, smax[e])
     return out, smax
 

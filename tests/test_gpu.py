@@ -21,12 +21,24 @@ CASES = [
     (Spec("deepseek-v3", experts=6, hidden=256, intermediate=512, shards=4), "fp8-block"),
     (Spec("qwen3-moe", layers=2, experts=5, hidden=128, intermediate=192), "bf16"),
     (Spec("mixtral", layers=2, experts=6, hidden=256, intermediate=320, shards=5), "bf16"),
+    (Spec("qwen3-moe", layers=2, experts=5, hidden=320, intermediate=384, quant="mxfp8"), "mxfp8"),
+    (Spec("qwen3-moe", layers=1, experts=3, hidden=160, intermediate=384), "mxfp8"),
+    (
+        Spec("mixtral", layers=2, experts=5, hidden=256, intermediate=200, quant="fp8-tensor"),
+        "fp8-tensor",
+    ),
+    (Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=192), "fp8-tensor"),
+]
+COMBOS = [
+    (case, tp, backend)
+    for case, (_, scheme) in enumerate(CASES)
+    for tp in (1, 2, 4)
+    for backend in ("trtllm", "cutlass")
+    if backend == "trtllm" or scheme != "mxfp8"
 ]
 
 
-@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
-@pytest.mark.parametrize("tp", [1, 2, 4])
-@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("case,tp,backend", COMBOS)
 def test_cuda_conversion_matches_reference_and_cpu(tmp_path, case, tp, backend):
     spec, scheme = CASES[case]
     src = write_checkpoint(tmp_path / "src", spec)
@@ -66,3 +78,30 @@ def test_row_shuffle_then_swizzle_matches_shuffle_matrix_sf_a(m, ks):
     flat = torch.cat([sf[rows].reshape(-1), sf.new_zeros(1)])
     got = flat[L.swizzle_128x4_index(m, ks).cuda()]
     assert torch.equal(got.reshape(-1), want.reshape(-1))
+
+
+def test_cpu_dequantize_gives_the_gpu_bytes():
+    """vLLM's `w.to(float16) * scale` (0-dim float32 scale) on CUDA == our CPU arithmetic;
+    PyTorch's CPU evaluation of the same expression differs on many values."""
+    from fi_convert.quant import fp8_dequantize_f16
+
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(512, 512, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    for s in torch.rand(8, generator=g) * 1e-2 + 1e-6:
+        gpu = w.cuda().to(torch.float16) * s.cuda()
+        assert torch.equal(fp8_dequantize_f16(w, s).view(torch.int16), gpu.cpu().view(torch.int16))
+    cpu_literal = w.to(torch.float16) * s
+    differ = (cpu_literal.view(torch.int16) != gpu.cpu().view(torch.int16)).float().mean().item()
+    print(f"CPU literal vs GPU: {differ:.1%} of values differ")
+
+
+def test_mx_quantize_same_on_cpu_and_cuda():
+    from fi_convert.quant import mx_quantize
+
+    x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    x[0, :32] = 0
+    x[1, :32] = 1e-30
+    qc, sc = mx_quantize(x)
+    qg, sg = mx_quantize(x.cuda())
+    assert torch.equal(qc.view(torch.uint8), qg.cpu().view(torch.uint8))
+    assert torch.equal(sc, sg.cpu())
