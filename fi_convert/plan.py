@@ -32,6 +32,10 @@ class Options:
     max_shard_bytes: int = DEFAULT_SHARD_BYTES
     max_memory: int = DEFAULT_MAX_MEMORY
 
+    def __post_init__(self) -> None:  # accept plain strings from library callers
+        object.__setattr__(self, "scheme", SchemeName(self.scheme))
+        object.__setattr__(self, "backend", Backend(self.backend))
+
 
 @dataclass
 class Item:

@@ -163,7 +163,9 @@ def mx_quantize_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     *lead, k = x.shape
     b = x.float().reshape(*lead, k // 32, 32)
     amax = b.abs().amax(-1).clamp(min=torch.finfo(torch.float32).tiny)
-    mant, exp = torch.frexp(amax / 448.0)  # amax/448 = mant * 2**exp, mant in [0.5, 1)
+    # vLLM's `amax / 448.0`: on CUDA PyTorch multiplies by float32(1/448), so do that on CPU
+    ratio = amax / 448.0 if amax.is_cuda else amax * (torch.tensor(1.0) / 448.0)
+    mant, exp = torch.frexp(ratio)  # ratio = mant * 2**exp, mant in [0.5, 1)
     ceil_log2 = torch.where(mant == 0.5, exp - 1, exp)
     scale = (ceil_log2 + 127).clamp(0, 254).to(torch.uint8)
     q = (b / torch.exp2(scale.float() - 127).unsqueeze(-1)).to(torch.float8_e4m3fn)
@@ -250,8 +252,12 @@ def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
     w13, w2 = tp_slice(w13, w2, tp, rank)
     out = {}
     if w13.dtype == torch.bfloat16:  # vLLM online FP8: a dynamic per-tensor scale per expert
-        s13 = torch.stack([(w13[e].float().abs().max() / 448.0) for e in range(w13.shape[0])])
-        s2 = torch.stack([(w2[e].float().abs().max() / 448.0) for e in range(w2.shape[0])])
+        # the kernel's absmax / FP8_MAX is an IEEE division (CUDA C), so divide on the CPU
+        def dyn(t):
+            return t.float().abs().max().cpu() / torch.tensor(448.0)
+
+        s13 = torch.stack([dyn(w13[e]) for e in range(w13.shape[0])]).to(device)
+        s2 = torch.stack([dyn(w2[e]) for e in range(w2.shape[0])]).to(device)
         w13 = torch.stack([fp8_quant(w13[e], s13[e]) for e in range(w13.shape[0])])
         w2 = torch.stack([fp8_quant(w2[e], s2[e]) for e in range(w2.shape[0])])
         a13 = a2 = None

@@ -25,7 +25,10 @@ from typer.testing import CliRunner
 from fi_convert.cli import app, main
 from fi_convert.synthetic import Spec, write_checkpoint
 
-FI_CONVERT = Path(sys.executable).parent / "fi-convert"
+# the installed console script (what `make install` puts in the venv); where the package is
+# only on PYTHONPATH (the GPU machine), the same entry point through `python -m fi_convert`
+_SCRIPT = Path(sys.executable).parent / "fi-convert"
+FI_CONVERT = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "fi_convert"]
 MANIFEST = "fi-convert-manifest.json"
 INDEX = "model.safetensors.index.json"
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -80,7 +83,7 @@ def cli(*args: str):
 def run_script(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "FI_CONVERT_DEBUG"}
     return subprocess.run(
-        [str(FI_CONVERT), *map(str, args)],
+        [*FI_CONVERT, *map(str, args)],
         capture_output=True,
         text=True,
         env=env,

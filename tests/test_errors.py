@@ -9,7 +9,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +30,8 @@ from fi_convert import (
 from fi_convert.cli import app
 from fi_convert.schemes import REGISTRY
 from fi_convert.synthetic import Spec, write_checkpoint
+
+from .test_cli import FI_CONVERT
 
 MANIFEST = "fi-convert-manifest.json"
 INDEX = "model.safetensors.index.json"
@@ -426,7 +427,7 @@ def test_error_from_real_process(ckpt, tmp_path):
     model, out = ckpt("ds"), tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "FI_CONVERT_DEBUG"}
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "fi-convert"), str(model), str(out), "--scheme", "bf16"],
+        [*FI_CONVERT, str(model), str(out), "--scheme", "bf16"],
         capture_output=True,
         text=True,
         env=env,

@@ -1,0 +1,97 @@
+"""Quantization arithmetic: edge cases against independent implementations, detection and
+refusals for the quantized schemes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fi_convert import Options, SchemeMismatchError, SchemeName, make_plan
+from fi_convert.quant import E4M3_MAX, fp8_dequantize_f16, fp8_quantize_static, mx_quantize
+from fi_convert.synthetic import Spec, write_checkpoint
+
+from . import reference as ref
+
+
+def _blocks(*rows: list[float]) -> torch.Tensor:
+    return torch.tensor([list(r) + [0.0] * (32 - len(r)) for r in rows], dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    "name,x",
+    [
+        ("all zero", _blocks([0.0])),
+        ("at E4M3 max", _blocks([448.0, -448.0, 1.0])),
+        ("powers of two times max", _blocks([448.0 * 2**-10], [448.0 * 2**5], [-448.0 * 2**-60])),
+        ("just above max", _blocks([448.0001, 3.0])),
+        ("bf16 subnormals", _blocks([1e-39, -5e-40, 9.2e-41])),
+        ("huge", _blocks([3e38, -1e38])),
+        ("mixed magnitudes", _blocks([1e-6, 2.0, 1e3, -7.5])),
+    ],
+)
+def test_mx_quantize_edge_cases_match_reference(name, x):
+    x = x.to(torch.bfloat16)
+    q, s = mx_quantize(x)
+    rq, rs = ref.mx_quantize_ref(x)
+    assert torch.equal(s, rs), name
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), name
+    assert not torch.isnan(q.float()).any()
+
+
+def test_mx_quantize_known_values():
+    q, s = mx_quantize(_blocks([448.0, 1.0], [0.0]).to(torch.bfloat16))
+    assert s.tolist() == [[127], [0]]  # 448 fits exactly at 2**0; an all-zero block gets 0
+    assert q.float()[0, :2].tolist() == [448.0, 1.0]
+    assert q.float()[1].abs().sum() == 0
+
+
+def test_mx_quantize_random_matches_reference():
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(64, 1024, generator=g) * torch.logspace(-8, 8, 1024)).to(torch.bfloat16)
+    q, s = mx_quantize(x)
+    rq, rs = ref.mx_quantize_ref(x)
+    assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+
+
+def test_fp8_static_quantize_clamps_and_rounds_to_nearest_even():
+    scale = torch.tensor(1.0)
+    x = torch.tensor([500.0, -1e9, 448.0, 17.0, 19.0, 0.0])
+    q = fp8_quantize_static(x, scale).float()
+    # 17 lies between E4M3 16 and 18 (ties go to the even mantissa: 16); 19 -> 20 (even)
+    assert q.tolist() == [448.0, -448.0, 448.0, 16.0, 20.0, 0.0]
+    assert torch.equal(fp8_quantize_static(x, scale), ref.fp8_quant(x, scale))
+
+
+def test_fp8_dequantize_uses_float16_scale():
+    w = torch.tensor([1.0, 448.0, -3.0]).to(torch.float8_e4m3fn)
+    s = torch.tensor(1.0 / 3.0)  # not exact in float16
+    got = fp8_dequantize_f16(w, s)
+    want = w.to(torch.float16) * s.to(torch.float16)
+    assert got.dtype == torch.float16 and torch.equal(got, want)
+    assert got[0].item() == float(torch.tensor(1 / 3).to(torch.float16))
+    assert E4M3_MAX == torch.finfo(torch.float8_e4m3fn).max
+
+
+@pytest.mark.parametrize(
+    "quant,scheme",
+    [("mxfp8", "mxfp8"), ("fp8-tensor", "fp8-tensor"), ("fp8-tensor-ct", "fp8-tensor")],
+)
+def test_auto_detects_quantized_schemes(tmp_path, quant, scheme):
+    src = write_checkpoint(tmp_path / "m", Spec("qwen3-moe", layers=1, experts=2, quant=quant))
+    plan = make_plan(src, Options())
+    assert plan.detected and plan.scheme.value == scheme
+
+
+def test_mxfp8_refuses_block_fp8_source_and_cutlass(tmp_path):
+    ds = write_checkpoint(tmp_path / "ds", Spec("deepseek-v3", layers=2, experts=4))
+    with pytest.raises(SchemeMismatchError, match="lossy.*fp8-block"):
+        make_plan(ds, Options(SchemeName.MXFP8))
+    bf = write_checkpoint(tmp_path / "bf", Spec("qwen3-moe", layers=1, experts=2))
+    with pytest.raises(SchemeMismatchError, match="no cutlass backend"):
+        make_plan(bf, Options(SchemeName.MXFP8, backend="cutlass"))
+
+
+def test_fp8_tensor_refuses_block_fp8_source(tmp_path):
+    ds = write_checkpoint(tmp_path / "ds", Spec("deepseek-v3", layers=2, experts=4))
+    with pytest.raises(SchemeMismatchError, match="use --scheme fp8-block"):
+        make_plan(ds, Options(SchemeName.FP8_TENSOR))
