@@ -6,7 +6,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +106,7 @@ def run_plan(
             src.close()
         files[INDEX_NAME] = od.write_small(INDEX_NAME, _index(plan))
         od.remove_stale(set(files))
+        _fsync_all(out_dir, files)  # everything durable before the manifest claims it
         manifest = mf.build(plan, files)
         mf.write(out_dir, manifest)
         reused = od.reused
@@ -132,36 +135,77 @@ class _Tracker:
             self.fn(self.state)
 
 
+class _Pipeline:
+    """Writes chunks to a shard on one background thread, in order, while the caller reads
+    and transforms the next ones. Host buffers come from a ring that is only reused once the
+    write that last used a buffer is done, so memory stays at DEPTH + 1 chunks."""
+
+    DEPTH = 2
+
+    def __init__(self, w: ShardWriter) -> None:
+        self.w = w
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-write")
+        self.pending: deque[Future] = deque()
+        self.ring: list[torch.Tensor] = []
+        self.turn = 0
+
+    def buffer(self, nbytes: int, pin: bool = False) -> torch.Tensor:
+        """The next free host buffer of at least `nbytes` bytes (uint8)."""
+        if len(self.ring) <= self.DEPTH:
+            self.ring.append(torch.empty(0, dtype=torch.uint8))
+        k = self.turn % len(self.ring)
+        self.turn += 1
+        if self.ring[k].numel() < nbytes:
+            self.ring[k] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        return self.ring[k][:nbytes]
+
+    def submit(self, t: torch.Tensor) -> None:
+        self.pending.append(self.pool.submit(self.w.write, t))
+        while len(self.pending) > self.DEPTH:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        try:
+            while self.pending:
+                self.pending.popleft().result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _write_shard(shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker) -> ShardWriter:
     w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items])
+    pipe = _Pipeline(w)
     try:
-        for it in shard.items:
-            if it.source is not None:
-                _copy_tensor(it, ctx, w, tr)
-            else:
-                _produce_tensor(it, ctx, plan, w, tr)
-            tr.advance(0, 1, it.entry.name)
+        try:
+            for it in shard.items:
+                if it.source is not None:
+                    _copy_tensor(it, ctx, pipe, tr)
+                else:
+                    _produce_tensor(it, ctx, plan, pipe, tr)
+                tr.advance(0, 1, it.entry.name)
+        finally:
+            pipe.close()
     except BaseException:
         w.abort()
         raise
     return w
 
 
-def _copy_tensor(it: Item, ctx: Ctx, w: ShardWriter, tr: _Tracker) -> None:
+def _copy_tensor(it: Item, ctx: Ctx, pipe: _Pipeline, tr: _Tracker) -> None:
     info = it.source
     assert info is not None
     fd = ctx.files.fd(info.file)
-    buf = torch.empty(min(COPY_CHUNK, info.nbytes), dtype=torch.uint8)
     done = 0
     while done < info.nbytes:
-        n = min(len(buf), info.nbytes - done)
-        pread_into(fd, info.start + done, buf[:n], info.file)
-        w.write(buf[:n])
+        n = min(COPY_CHUNK, info.nbytes - done)
+        buf = pipe.buffer(n)
+        pread_into(fd, info.start + done, buf, info.file)
+        pipe.submit(buf)
         done += n
         tr.advance(n, current=info.name)
 
 
-def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, w: ShardWriter, tr: _Tracker) -> None:
+def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, pipe: _Pipeline, tr: _Tracker) -> None:
     out_t, layer = it.output, it.layer
     assert out_t is not None and layer is not None
     dt = dtypes.to_torch(out_t.dtype)
@@ -169,20 +213,27 @@ def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, w: ShardWriter, tr: _Tracker
         for rank in range(plan.options.tp_size):
             out = torch.empty(out_t.rank_shape, dtype=dt, device=ctx.device)
             out_t.produce(ctx, rank, range(layer.info["num_experts"]), out)
-            w.write(out.cpu())
+            pipe.submit(out.cpu())
             tr.advance(out.numel() * out.element_size(), current=it.entry.name)
         return
     e = out_t.rank_shape[0]
     per = max(out_t.expert_nbytes, 1)
-    n = max(1, min(e, plan.options.max_memory // (4 * per)))
-    buf = torch.empty((n, *out_t.rank_shape[1:]), dtype=dt, device=ctx.device)
+    # memory: staging (~1 chunk) + the device output + DEPTH + 1 host buffers
+    n = max(1, min(e, plan.options.max_memory // ((_Pipeline.DEPTH + 4) * per)))
+    gpu = ctx.device.type != "cpu"
+    dev_buf = torch.empty((n, *out_t.rank_shape[1:]), dtype=dt, device=ctx.device) if gpu else None
     for rank in range(plan.options.tp_size):
         for e0 in range(0, e, n):
             experts = range(e0, min(e, e0 + n))
-            out = buf[: len(experts)]
-            out_t.produce(ctx, rank, experts, out)
-            w.write(out.cpu() if out.device.type != "cpu" else out)
-            tr.advance(out.numel() * out.element_size(), current=it.entry.name)
+            host = pipe.buffer(len(experts) * per, pin=gpu).view(dt)
+            host = host.view(len(experts), *out_t.rank_shape[1:])
+            if dev_buf is None:
+                out_t.produce(ctx, rank, experts, host)
+            else:
+                out_t.produce(ctx, rank, experts, dev_buf[: len(experts)])
+                host.copy_(dev_buf[: len(experts)])
+            pipe.submit(host)
+            tr.advance(host.numel() * host.element_size(), current=it.entry.name)
 
 
 class OutDir:
@@ -308,6 +359,23 @@ class OutDir:
                 f"{dst}: cannot copy from {src} ({e.strerror}); check the disk"
             ) from None
         return self._record(rel, {"sha256": sha256_file(dst), "size": dst.stat().st_size})
+
+
+def _fsync_all(root: Path, files: dict[str, dict]) -> None:
+    try:
+        for rel in files:
+            fd = os.open(root / rel, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise OutputError(f"{root}: cannot flush the output to disk ({e.strerror})") from None
 
 
 def check_claimable(out_dir: Path, overwrite: bool) -> bool:

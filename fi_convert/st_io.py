@@ -179,7 +179,7 @@ def build_header(entries: Iterable[OutEntry]) -> bytes:
 class ShardWriter:
     """Writes one safetensors file sequentially under a temporary name, hashing as it goes.
 
-    `finish()` checks every byte was written, fsyncs and renames into place; `abort()`
+    `finish()` checks every byte was written and renames into place; `abort()`
     removes the temporary file. The final name never holds a partial file.
     """
 
@@ -215,9 +215,8 @@ class ShardWriter:
         if self.written != self.total:
             self.abort()
             raise RuntimeError(f"{self.path}: wrote {self.written} of {self.total} bytes")
-        try:
+        try:  # durable later: the converter fsyncs every file before the manifest
             self._f.flush()
-            os.fsync(self._f.fileno())
             self._f.close()
             os.replace(self.tmp, self.path)
         except OSError as e:
