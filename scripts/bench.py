@@ -28,7 +28,7 @@ from fi_convert import Options, SchemeName, convert
 from fi_convert import layout as L
 from fi_convert.synthetic import Spec, write_checkpoint
 
-H, I = 7168, 2048
+H, INTER = 7168, 2048
 
 
 def median_time(fn, repeat: int, setup=None) -> float:
@@ -64,51 +64,57 @@ def peak_rss(src: Path, out: Path, device: str, max_memory: int) -> float:
     return int(r.stdout.strip().splitlines()[-1]) / 2**20
 
 
-def bench_end_to_end(root: Path, args) -> dict:
-    res: dict = {}
-    for label, experts in (("small", args.experts // 2), ("large", args.experts)):
-        spec = Spec(
-            "deepseek-v3",
-            layers=args.layers + 1,
-            dense_layers=1,
-            experts=experts,
-            hidden=H,
-            intermediate=I,
-            shards=4,
-            vocab=1024,
-        )
-        src = write_checkpoint(root / f"src-{label}", spec)
-        size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
-        out, cp_out = root / f"out-{label}", root / f"cp-{label}"
+def bench_size(root: Path, label: str, experts: int, args) -> dict:
+    spec = Spec(
+        "deepseek-v3",
+        layers=args.layers + 1,
+        dense_layers=1,
+        experts=experts,
+        hidden=H,
+        intermediate=INTER,
+        shards=4,
+        vocab=1024,
+    )
+    src = write_checkpoint(root / f"src-{label}", spec)
+    out, cp_out = root / f"out-{label}", root / f"cp-{label}"
 
-        def clean():
-            shutil.rmtree(out, ignore_errors=True)
-            shutil.rmtree(cp_out, ignore_errors=True)
+    def clean():
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(cp_out, ignore_errors=True)
 
-        def conv():
-            convert(src, out, Options(SchemeName.FP8_BLOCK), device=args.device)
-
-        def copy():
-            subprocess.run(["cp", "-r", str(src), str(cp_out)], check=True)
-
-        def copy_sync():  # fi-convert fsyncs its output before the manifest; cp does not
-            copy()
-            subprocess.run(["sync", "-f", str(cp_out)], check=True)
-
-        conv()  # warm the page cache and the code
-        row = {"source_bytes": size}
-        row["convert_warm_s"] = median_time(conv, args.repeat, clean)
-        row["cp_warm_s"] = median_time(copy, args.repeat, clean)
-        row["cp_sync_warm_s"] = median_time(copy_sync, args.repeat, clean)
-        row["convert_cold_s"] = median_time(conv, args.repeat, lambda: (clean(), drop_cache(src)))
-        row["cp_cold_s"] = median_time(copy, args.repeat, lambda: (clean(), drop_cache(src)))
-        row["ratio_warm"] = row["convert_warm_s"] / row["cp_warm_s"]
-        row["ratio_warm_vs_cp_sync"] = row["convert_warm_s"] / row["cp_sync_warm_s"]
-        row["ratio_cold"] = row["convert_cold_s"] / row["cp_cold_s"]
-        row["peak_rss_gib"] = peak_rss(src, out, args.device, args.max_memory)
-        res[label] = row
+    def cold():
         clean()
-    return res
+        drop_cache(src)
+
+    def conv():
+        convert(src, out, Options(SchemeName.FP8_BLOCK), device=args.device)
+
+    def copy():
+        subprocess.run(["cp", "-r", str(src), str(cp_out)], check=True)
+
+    def copy_sync():  # fi-convert fsyncs its output before the manifest; cp does not
+        copy()
+        subprocess.run(["sync", "-f", str(cp_out)], check=True)
+
+    conv()  # warm the page cache and the code
+    row = {"source_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors"))}
+    row["convert_warm_s"] = median_time(conv, args.repeat, clean)
+    row["cp_warm_s"] = median_time(copy, args.repeat, clean)
+    row["cp_sync_warm_s"] = median_time(copy_sync, args.repeat, clean)
+    row["convert_cold_s"] = median_time(conv, args.repeat, cold)
+    row["cp_cold_s"] = median_time(copy, args.repeat, cold)
+    row["ratio_warm"] = row["convert_warm_s"] / row["cp_warm_s"]
+    row["ratio_warm_vs_cp_sync"] = row["convert_warm_s"] / row["cp_sync_warm_s"]
+    row["ratio_cold"] = row["convert_cold_s"] / row["cp_cold_s"]
+    row["peak_rss_gib"] = peak_rss(src, out, args.device, args.max_memory)
+    clean()
+    shutil.rmtree(src)
+    return row
+
+
+def bench_end_to_end(root: Path, args) -> dict:
+    sizes = (("small", args.experts // 2), ("large", args.experts))
+    return {label: bench_size(root, label, experts, args) for label, experts in sizes}
 
 
 def bench_transform(device: torch.device, experts: int, repeat: int) -> dict:
@@ -118,8 +124,8 @@ def bench_transform(device: torch.device, experts: int, repeat: int) -> dict:
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     res = {}
-    w = torch.randint(0, 255, (experts, 2 * I, H), dtype=torch.uint8, device=device)
-    out4 = torch.empty(experts, H // 128, 2 * I, 128, dtype=torch.uint8, device=device)
+    w = torch.randint(0, 255, (experts, 2 * INTER, H), dtype=torch.uint8, device=device)
+    out4 = torch.empty(experts, H // 128, 2 * INTER, 128, dtype=torch.uint8, device=device)
     flat = torch.empty_like(w)
 
     def timed(fn):
@@ -128,11 +134,11 @@ def bench_transform(device: torch.device, experts: int, repeat: int) -> dict:
         return median_time(lambda: (fn(), sync()), repeat)
 
     # fp8-block TRT-LLM: swap + shuffle(64) + BlockMajorK 128
-    idx = L.compose(L.swap_halves_index(2 * I), L.shuffle_row_index(2 * I, 64)).to(device)
+    idx = L.compose(L.swap_halves_index(2 * INTER), L.shuffle_row_index(2 * INTER, 64)).to(device)
     ours = timed(lambda: L.gather_rows_block_major(w, idx, 128, out4))
 
     def vllm_fp8():
-        w31 = torch.cat([w[:, I:], w[:, :I]], dim=1)
+        w31 = torch.cat([w[:, INTER:], w[:, :INTER]], dim=1)
         for e in range(experts):
             out4[e] = convert_to_block_layout(shuffle_matrix_a(w31[e], 64), 128)
 
@@ -140,13 +146,15 @@ def bench_transform(device: torch.device, experts: int, repeat: int) -> dict:
     # bf16 TRT-LLM (same bytes viewed as bf16): interleave + shuffle(128) + BlockMajorK 64
     wb = w.view(torch.bfloat16)
     idx = L.compose(
-        L.swap_halves_index(2 * I), L.gated_interleave_index(2 * I), L.shuffle_row_index(2 * I, 128)
+        L.swap_halves_index(2 * INTER),
+        L.gated_interleave_index(2 * INTER),
+        L.shuffle_row_index(2 * INTER, 128),
     ).to(device)
-    ob = torch.empty(experts, H // 2 // 64, 2 * I, 64, dtype=torch.bfloat16, device=device)
+    ob = torch.empty(experts, H // 2 // 64, 2 * INTER, 64, dtype=torch.bfloat16, device=device)
     ours = timed(lambda: L.gather_rows_block_major(wb, idx, 64, ob))
 
     def vllm_bf16():
-        w31 = torch.cat([wb[:, I:], wb[:, :I]], dim=1)
+        w31 = torch.cat([wb[:, INTER:], wb[:, :INTER]], dim=1)
         for e in range(experts):
             x = reorder_rows_for_gated_act_gemm(w31[e]).view(torch.uint8)
             ob[e] = convert_to_block_layout(shuffle_matrix_a(x, 128), 128).view(torch.bfloat16)
@@ -154,12 +162,14 @@ def bench_transform(device: torch.device, experts: int, repeat: int) -> dict:
     res["bf16"] = {"ours_s": ours, "flashinfer_loop_s": timed(vllm_bf16)}
     # mxfp8 weights: interleave + shuffle(128), MajorK
     idx = L.compose(
-        L.swap_halves_index(2 * I), L.gated_interleave_index(2 * I), L.shuffle_row_index(2 * I, 128)
+        L.swap_halves_index(2 * INTER),
+        L.gated_interleave_index(2 * INTER),
+        L.shuffle_row_index(2 * INTER, 128),
     ).to(device)
     ours = timed(lambda: L.gather_rows(w, idx, flat))
 
     def vllm_mx():
-        w31 = torch.cat([w[:, I:], w[:, :I]], dim=1)
+        w31 = torch.cat([w[:, INTER:], w[:, :INTER]], dim=1)
         for e in range(experts):
             flat[e] = shuffle_matrix_a(reorder_rows_for_gated_act_gemm(w31[e]), 128)
 
@@ -204,16 +214,22 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench.json").write_text(json.dumps(result, indent=2))
     print(f"device {dev}, {os.cpu_count()} CPUs; medians of {args.repeat} runs")
-    print(
-        f"{'model':8} {'GB':>6} {'conv warm':>10} {'cp warm':>8} {'ratio':>6} "
-        f"{'conv cold':>10} {'cp cold':>8} {'ratio':>6} {'peak RSS GiB':>13}"
-    )
+    cols = ("model", "GB", "conv", "cp", "ratio", "cp+sync", "ratio", "conv cold", "cp cold")
+    print(" ".join(f"{c:>9}" for c in (*cols, "ratio", "peak GiB")))
     for k, r in e2e.items():
-        print(
-            f"{k:8} {r['source_bytes'] / 1e9:6.2f} {r['convert_warm_s']:10.2f} "
-            f"{r['cp_warm_s']:8.2f} {r['ratio_warm']:6.2f} {r['convert_cold_s']:10.2f} "
-            f"{r['cp_cold_s']:8.2f} {r['ratio_cold']:6.2f} {r['peak_rss_gib']:13.2f}"
+        vals = (
+            r["source_bytes"] / 1e9,
+            r["convert_warm_s"],
+            r["cp_warm_s"],
+            r["ratio_warm"],
+            r["cp_sync_warm_s"],
+            r["ratio_warm_vs_cp_sync"],
+            r["convert_cold_s"],
+            r["cp_cold_s"],
+            r["ratio_cold"],
+            r["peak_rss_gib"],
         )
+        print(f"{k:>9} " + " ".join(f"{v:9.2f}" for v in vals))
     print(
         f"\nlayout transform of one w13 ({tr['bytes'] / 1e9:.2f} GB, {args.experts} experts) "
         f"on {dev}"
