@@ -38,5 +38,8 @@ demo: install
 	$(VENV)/bin/fi-convert demo/DeepSeek-V3-tiny demo/DeepSeek-V3-tiny-fi --scheme auto --tp-size 2
 	$(PY) -c "from fi_convert import load_moe_layer; t = load_moe_layer('demo/DeepSeek-V3-tiny-fi', 'model.layers.1.mlp.experts', tp_rank=1); print({k: (tuple(v.shape), str(v.dtype)) for k, v in t.items()})"
 
+bench: install
+	$(PY) scripts/bench.py --out bench-out
+
 clean:
 	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache
