@@ -33,10 +33,13 @@ lint: install
 
 demo: install
 	rm -rf demo
-	$(PY) scripts/make_checkpoint.py deepseek-v3 demo/DeepSeek-V3-tiny
-	$(VENV)/bin/fi-convert inspect demo/DeepSeek-V3-tiny
-	$(VENV)/bin/fi-convert demo/DeepSeek-V3-tiny demo/DeepSeek-V3-tiny-fi --scheme auto --tp-size 2
-	$(PY) -c "from fi_convert import load_moe_layer; t = load_moe_layer('demo/DeepSeek-V3-tiny-fi', 'model.layers.1.mlp.experts', tp_rank=1); print({k: (tuple(v.shape), str(v.dtype)) for k, v in t.items()})"
+	$(PY) scripts/make_checkpoint.py deepseek-v3 demo/DeepSeek-V3-tiny experts=8
+	$(VENV)/bin/fi-convert inspect demo/DeepSeek-V3-tiny --tp-size 2
+	$(VENV)/bin/fi-convert demo/DeepSeek-V3-tiny demo/DeepSeek-V3-tiny-fi --tp-size 2
+	$(VENV)/bin/fi-convert verify demo/DeepSeek-V3-tiny-fi
+	$(PY) scripts/make_checkpoint.py qwen3-moe demo/Qwen3-MoE-tiny hidden=320 intermediate=192
+	$(VENV)/bin/fi-convert demo/Qwen3-MoE-tiny demo/Qwen3-MoE-tiny-mxfp8 --scheme mxfp8
+	$(PY) -c "from fi_convert import load_moe_layer; t = load_moe_layer('demo/Qwen3-MoE-tiny-mxfp8', 'model.layers.0.mlp.experts'); print({k: (tuple(v.shape), str(v.dtype)) for k, v in t.items()})"
 
 bench: install
 	$(PY) scripts/bench.py --out bench-out
