@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,6 +24,9 @@ from .source import INDEX_NAME
 from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, pread_into, sha256_file
 
 COPY_CHUNK = 64 * 2**20
+# Tests only: SIGKILL this process after that many chunk writes, to prove runs resume.
+_KILL_AFTER = int(os.environ.get("_FI_CONVERT_KILL_AFTER_WRITES", "0") or 0)
+_writes = 0
 
 
 @dataclass
@@ -160,32 +164,41 @@ class _Pipeline:
         return self.ring[k][:nbytes]
 
     def submit(self, t: torch.Tensor) -> None:
+        global _writes
+        _writes += 1
+        if _KILL_AFTER and _writes > _KILL_AFTER:
+            os.kill(os.getpid(), signal.SIGKILL)
         self.pending.append(self.pool.submit(self.w.write, t))
         while len(self.pending) > self.DEPTH:
             self.pending.popleft().result()
 
     def close(self) -> None:
+        """Wait for every write; raises the first write error."""
         try:
             while self.pending:
                 self.pending.popleft().result()
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
+    def abandon(self) -> None:
+        """Stop after an error elsewhere: drop queued writes, wait for the one in flight."""
+        self.pending.clear()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
 
 def _write_shard(shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker) -> ShardWriter:
     w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items])
     pipe = _Pipeline(w)
     try:
-        try:
-            for it in shard.items:
-                if it.source is not None:
-                    _copy_tensor(it, ctx, pipe, tr)
-                else:
-                    _produce_tensor(it, ctx, plan, pipe, tr)
-                tr.advance(0, 1, it.entry.name)
-        finally:
-            pipe.close()
+        for it in shard.items:
+            if it.source is not None:
+                _copy_tensor(it, ctx, pipe, tr)
+            else:
+                _produce_tensor(it, ctx, plan, pipe, tr)
+            tr.advance(0, 1, it.entry.name)
+        pipe.close()
     except BaseException:
+        pipe.abandon()
         w.abort()
         raise
     return w

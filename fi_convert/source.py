@@ -126,6 +126,25 @@ def _inside(root: Path, name: str, what: Path) -> Path:
     return root / p
 
 
+def _allowed_roots(root: Path) -> list[Path]:
+    """Where a shard may really live: the folder itself, or for a Hugging Face cache snapshot
+    (`models--org--name/snapshots/<rev>`) the repo's `blobs/`, which its symlinks point into."""
+    real = root.resolve()
+    roots = [real]
+    if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
+        roots.append(real.parent.parent / "blobs")
+    return roots
+
+
+def _check_real_path(root: Path, p: Path) -> None:
+    real = p.resolve()
+    if not any(real == r or r in real.parents for r in _allowed_roots(root)):
+        raise SourceError(
+            f"{p}: links to {real}, outside the model folder; copy the file into the folder "
+            "instead of linking it"
+        )
+
+
 def _shard_paths(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     index = root / INDEX_NAME
     if index.exists():
@@ -167,6 +186,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if hq.exists():
         quant = _load_json(hq)
     shards, wm = _shard_paths(root)
+    for p in shards:
+        _check_real_path(root, p)
     tensors: dict[str, TensorInfo] = {}
     fp = hashlib.sha256()
     for p in shards:

@@ -190,6 +190,7 @@ class ShardWriter:
         self.total = len(self.header) + sum(e.nbytes for e in entries)
         self.sha = hashlib.sha256()
         self.written = 0
+        self.error: OutputError | None = None
         try:
             self._f = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish() or abort()
         except OSError as e:
@@ -197,14 +198,16 @@ class ShardWriter:
         self.write_bytes(self.header)
 
     def write_bytes(self, data: bytes | memoryview) -> None:
+        if self.error is not None:  # a failed writer stays failed
+            raise self.error
         try:
             self._f.write(data)
         except OSError as e:
-            self.abort()
-            raise OutputError(
+            self.error = OutputError(
                 f"{self.path}: write failed ({e.strerror}); free disk space or choose another "
                 "out-dir, then run the same command again to resume"
-            ) from None
+            )
+            raise self.error from None
         self.sha.update(data)
         self.written += len(data)
 

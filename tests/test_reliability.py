@@ -1,0 +1,174 @@
+"""Interrupted runs resume to the same bytes; locks; write failures; hostile headers; links."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fi_convert import FiConvertError, Options, SchemeName, SourceError, convert, make_plan
+from fi_convert.st_io import read_header
+from fi_convert.synthetic import Spec, write_checkpoint
+
+MANIFEST = "fi-convert-manifest.json"
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    spec = Spec("deepseek-v3", layers=3, experts=8, hidden=256, intermediate=512, shards=3)
+    return write_checkpoint(tmp_path_factory.mktemp("src") / "ds", spec)
+
+
+@pytest.fixture(scope="module")
+def reference_out(src, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "out"
+    convert(src, out, _opts(), device="cpu")
+    return out
+
+
+def _opts():  # small shards and chunks: many files and many writes to be killed between
+    return Options(SchemeName.FP8_BLOCK, tp_size=2, max_shard_bytes=600_000, max_memory=300_000)
+
+
+def _run(
+    src: Path, out: Path, env_extra: dict | None = None, **popen
+) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
+    cmd += ["--tp-size", "2", "--max-shard-size", "600000", "--max-memory", "300000", "--quiet"]
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, **popen)
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("kill_after", [1, 3, 7, 12, 20])
+def test_killed_run_resumes_to_identical_bytes(src, reference_out, tmp_path, kill_after):
+    out = tmp_path / "out"
+    r = _run(src, out, {"_FI_CONVERT_KILL_AFTER_WRITES": str(kill_after)})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert not (out / MANIFEST).exists(), "a killed run must not look complete"
+    assert (out / ".fi-convert" / "lock").exists()  # the dead run's lock stays behind...
+    r = _run(src, out)  # ...and does not block the rerun
+    assert r.returncode == 0, r.stderr
+    assert _files(out) == _files(reference_out)
+    assert not (out / ".fi-convert").exists()
+
+
+def test_resume_reuses_finished_shards(src, tmp_path):
+    out = tmp_path / "out"
+    r = _run(src, out, {"_FI_CONVERT_KILL_AFTER_WRITES": "20"})
+    assert r.returncode == -signal.SIGKILL
+    done = [p.name for p in out.glob("model-*.safetensors")]
+    assert done, "expected finished shards before the kill"
+    r = _run(src, out, None)
+    assert r.returncode == 0
+    r = subprocess.run(
+        [sys.executable, "-m", "fi_convert", "verify", str(out), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(r.stdout)["ok"] is True
+
+
+def test_resume_recomputes_a_shard_changed_on_disk(src, reference_out, tmp_path):
+    out = tmp_path / "out"
+    assert _run(src, out, {"_FI_CONVERT_KILL_AFTER_WRITES": "20"}).returncode == -signal.SIGKILL
+    shard = sorted(out.glob("model-*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert _run(src, out).returncode == 0
+    assert _files(out) == _files(reference_out)
+
+
+def test_second_run_into_same_out_dir_is_refused(src, tmp_path):
+    out = tmp_path / "out"
+    (out / ".fi-convert").mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / ".fi-convert" / "lock").write_text(str(sleeper.pid))
+        r = _run(src, out)
+        assert r.returncode == 1
+        assert f"another fi-convert (pid {sleeper.pid}) is writing here" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert _run(src, out).returncode == 0  # the lock of a dead process does not block
+
+
+def _limit_file_size():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, 400_000))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def test_write_failure_ends_clearly_without_manifest(src, tmp_path):
+    """A full disk, simulated by a file-size limit on the process."""
+    out = tmp_path / "out"
+    r = _run(src, out, preexec_fn=_limit_file_size)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "write failed" in lines[0]
+    assert "run the same command again to resume" in lines[0]
+    assert not (out / MANIFEST).exists()
+    assert not list(out.glob("*.fi-convert-tmp")), "temporary files must be removed"
+    assert _run(src, out).returncode == 0  # and, with room again, it finishes
+
+
+def test_symlinked_shard_outside_the_folder_is_refused(tmp_path):
+    src = write_checkpoint(tmp_path / "m", Spec("qwen3-moe", layers=1, experts=2, shards=2))
+    shard = sorted(src.glob("*.safetensors"))[0]
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    shard.rename(elsewhere)
+    shard.symlink_to(elsewhere)
+    with pytest.raises(SourceError, match="outside the model folder"):
+        make_plan(src, Options())
+
+
+def test_hf_cache_snapshot_symlinks_are_accepted(tmp_path):
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snap = write_checkpoint(repo / "snapshots" / "abc123", Spec("qwen3-moe", layers=1, experts=2))
+    (repo / "blobs").mkdir()
+    for p in snap.glob("*.safetensors"):
+        blob = repo / "blobs" / p.name
+        p.rename(blob)
+        p.symlink_to(os.path.relpath(blob, p.parent))
+    assert make_plan(snap, Options()).scheme is SchemeName.BF16
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_corrupt_headers_never_give_a_traceback(tmp_path, data):
+    """Random corruption of a shard's header bytes: a SourceError naming the file, or a
+    header that still parses - never another exception."""
+    src = tmp_path / "one.safetensors"
+    if not src.exists():
+        import torch
+        from safetensors.torch import save_file
+
+        save_file({"a": torch.zeros(4, 4), "b.weight": torch.ones(3, dtype=torch.bfloat16)}, src)
+    raw = bytearray(src.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    for _ in range(data.draw(st.integers(1, 8))):
+        pos = data.draw(st.integers(0, 8 + n - 1))
+        raw[pos] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.one_of(st.none(), st.integers(0, len(raw))))
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(bytes(raw[:cut]))
+    try:
+        read_header(bad)
+    except FiConvertError as e:
+        assert str(bad) in str(e)
