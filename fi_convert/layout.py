@@ -69,10 +69,24 @@ def compose(*steps: torch.Tensor) -> torch.Tensor:
     return idx
 
 
+def _wide(t: torch.Tensor, unit_bytes: int) -> torch.Tensor:
+    """The same bytes viewed with the widest integer type that divides `unit_bytes` (the bytes
+    each gathered row or block moves): CUDA's index_select moves one element per thread."""
+    for dt in (torch.int64, torch.int32, torch.int16):
+        size = torch.empty((), dtype=dt).element_size()
+        if unit_bytes % size == 0 and t.element_size() <= size:
+            return t.view(dt)
+    return t
+
+
 def gather_rows(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out[e, i, :] = src[e, idx[i], :] for a batch of experts, in one `index_select`."""
+    res = out
+    if src.is_contiguous() and out.is_contiguous():
+        row = src.shape[-1] * src.element_size()
+        src, out = _wide(src, row), _wide(out, row)
     torch.index_select(src, 1, idx.to(src.device), out=out)
-    return out
+    return res
 
 
 def gather_rows_block_major(
@@ -86,9 +100,14 @@ def gather_rows_block_major(
     e, r, k = src.shape
     if k % block:
         raise ValueError(f"block layout needs K % {block} == 0, got K={k}")
-    blocks = src.view(e, r, k // block, block).permute(0, 2, 1, 3)
+    res = out
+    if src.is_contiguous() and out.is_contiguous():
+        unit = block * src.element_size()
+        src, out = _wide(src, unit), _wide(out, unit)
+    per = out.shape[-1]  # the block in (possibly wider) elements
+    blocks = src.view(e, r, src.shape[-1] // per, per).permute(0, 2, 1, 3)
     torch.index_select(blocks, 2, idx.to(src.device), out=out)
-    return out
+    return res
 
 
 def swizzle_128x4_index(m: int, ks: int) -> torch.Tensor:

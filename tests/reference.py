@@ -253,8 +253,8 @@ def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
     out = {}
     if w13.dtype == torch.bfloat16:  # vLLM online FP8: a dynamic per-tensor scale per expert
         # the kernel's absmax / FP8_MAX is an IEEE division (CUDA C), so divide on the CPU
-        def dyn(t):
-            return t.float().abs().max().cpu() / torch.tensor(448.0)
+        def dyn(t):  # floored at the smallest normal float32 (an all-zero expert: 0 in vLLM)
+            return (t.float().abs().max().cpu() / torch.tensor(448.0)).clamp(min=2.0**-126)
 
         s13 = torch.stack([dyn(w13[e]) for e in range(w13.shape[0])]).to(device)
         s2 = torch.stack([dyn(w2[e]) for e in range(w2.shape[0])]).to(device)
@@ -283,7 +283,7 @@ def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
     if backend == "trtllm":
         out |= {
             "output1_scales_gate_scalar": g1,
-            "output1_scales_scalar": g1 * a2_inv,
+            "output1_scales_scalar": g1 / a2,  # 0.33 trtllm_fp8_moe.py: g1_alphas / a2
             "output2_scales_scalar": g2,
         }
     else:

@@ -95,3 +95,26 @@ def test_fp8_tensor_refuses_block_fp8_source(tmp_path):
     ds = write_checkpoint(tmp_path / "ds", Spec("deepseek-v3", layers=2, experts=4))
     with pytest.raises(SchemeMismatchError, match="use --scheme fp8-block"):
         make_plan(ds, Options(SchemeName.FP8_TENSOR))
+
+
+def test_bf16_to_fp8_tensor_all_zero_expert(tmp_path):
+    """An all-zero expert gets the smallest normal float32 as its scale (vLLM would divide by
+    0 and write NaN weights) and zero weights."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from fi_convert import convert, load_moe_layer
+
+    src = write_checkpoint(tmp_path / "m", Spec("qwen3-moe", layers=1, experts=2, shards=1))
+    shard = next(src.glob("*.safetensors"))
+    t = load_file(shard)
+    for p in ("gate_proj", "up_proj", "down_proj"):
+        t[f"model.layers.0.mlp.experts.1.{p}.weight"].zero_()
+    save_file(t, shard, metadata={"format": "pt"})
+    convert(src, tmp_path / "o", Options(SchemeName.FP8_TENSOR), device="cpu")
+    got = load_moe_layer(tmp_path / "o", "model.layers.0.mlp.experts")
+    assert got["w13_weight_scale"][1].item() == 2.0**-126
+    assert got["w13_weight"][1].float().abs().sum() == 0
+    m = json.loads((tmp_path / "o" / "fi-convert-manifest.json").read_text())
+    assert m["layers"]["model.layers.0.mlp.experts"]["activation_scheme"] == "dynamic"

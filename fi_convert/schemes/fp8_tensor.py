@@ -73,6 +73,8 @@ class Fp8TensorScheme:
             )
         require_dtype(layer, "weight", ("F8_E4M3",), "fp8-tensor reads E4M3 or BF16 weights")
         require_param(layer, SCALE, "FP8 per-tensor experts need a weight_scale each")
+        if ACT in layer.param_names():
+            require_param(layer, ACT, "static activation scales must be given for all or none")
         for (_, p, _), info in layer.params.items():
             if p in (SCALE, ACT) and (info.dtype != "F32" or info.nbytes != 4):
                 raise SourceError(
@@ -105,7 +107,14 @@ class Fp8TensorScheme:
             else "fp8 per-tensor",
         }
         nbytes = sum(t.nbytes for t in layer.params.values())
-        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
+        notes = []
+        if dynamic:
+            notes.append(
+                f"{layer.prefix}: no static activation scales (input_scale), so none are "
+                "written; vLLM's FlashInfer FP8 per-tensor kernels take static scales - the "
+                "server must supply calibrated ones"
+            )
+        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes, notes)
 
 
 class _Scales:
@@ -245,8 +254,8 @@ def _scale_outputs(e: int, backend: Backend, dynamic: bool, s: _Scales) -> list[
     def a2_inv(ctx, rank):
         return 1.0 / a2(ctx, rank)
 
-    def out1(ctx, rank):
-        return g1(ctx, rank) * a2_inv(ctx, rank)
+    def out1(ctx, rank):  # vLLM 0.33's TRT-LLM experts divide: g1_alphas / a2
+        return g1(ctx, rank) / a2(ctx, rank)
 
     fns: dict[str, tuple[Callable, tuple[int, ...]]] = {
         "w13_weight_scale": (w13s, (e,)),
@@ -268,7 +277,7 @@ def _scale_outputs(e: int, backend: Backend, dynamic: bool, s: _Scales) -> list[
             "F32",
             shape,
             per_expert(fn),
-            {"layout": "per_expert" if shape else "scalar"},
+            {"layout": "per_expert" if shape else "scalar", "row_order": None},
             chunked=False,
         )
         for name, (fn, shape) in fns.items()

@@ -181,7 +181,7 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
     s_lay = {
         "layout": "swizzled_128x4",
         "epilogue_tile_m": TILE,
-        "block": MX_BLOCK,
+        "block": [1, MX_BLOCK],
         "pad": UE8M0_ONE,
     }
     return [
