@@ -18,6 +18,8 @@ from .st_io import SourceFiles, TensorInfo, read_header
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 ROLES = ("w1", "w3", "w2")
+# compressed-tensors calls packed FP4 weights `weight_packed`; schemes see them as `weight`
+PARAM_ALIASES = {"weight_packed": "weight"}
 
 
 @dataclass
@@ -229,7 +231,8 @@ def _layers(ckpt: Checkpoint, fam: Family) -> list[ExpertLayer]:
                 continue
             role = form.projections[m["proj"]]
             expert = int(m["expert"]) if form.kind == "per_expert" else -1
-            groups[m["prefix"]][(role, m["param"] or "weight", expert)] = info
+            param = PARAM_ALIASES.get(m["param"] or "weight", m["param"] or "weight")
+            groups[m["prefix"]][(role, param, expert)] = info
         if groups:
             return [
                 _make_layer(ckpt, fam, form, p, groups[p]) for p in sorted(groups, key=_natural)
@@ -242,7 +245,15 @@ def _make_layer(
 ) -> ExpertLayer:
     where = f"{ckpt.root}: {prefix}"
     cfg_e = fam.config_value(ckpt.config, "num_experts")
-    if form.kind == "fused":
+    if form.kind == "fused" and ("w13", "blocks", -1) in params:  # gpt-oss MXFP4
+        w13, w2 = params[("w13", "blocks", -1)], params.get(("w2", "blocks", -1))
+        if w2 is None or len(w13.shape) != 4 or len(w2.shape) != 4 or w13.shape[1] % 2:
+            raise SourceError(
+                f"{w13.name}: expected [E, 2I, H/32, 16] gate_up_proj_blocks and "
+                "[E, H, I/32, 16] down_proj_blocks"
+            )
+        num, hidden, inter = w13.shape[0], w13.shape[2] * 32, w13.shape[1] // 2
+    elif form.kind == "fused":
         w13 = params.get(("w13", "weight", -1))
         w2 = params.get(("w2", "weight", -1))
         if w13 is None or w2 is None:
@@ -270,6 +281,8 @@ def _make_layer(
         if len(gate.shape) != 2:
             raise SourceError(f"{gate.name}: expected a 2-D weight, got shape {list(gate.shape)}")
         inter, hidden = gate.shape
+        if gate.dtype == "U8":  # packed FP4: two values a byte along K
+            hidden *= 2
     if cfg_e is not None and cfg_e != num:
         raise SourceError(
             f"{where}: {num} experts in the shards but config.json says {cfg_e}; "

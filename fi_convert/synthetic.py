@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-FAMILIES = ("deepseek-v3", "qwen3-moe", "qwen3-moe-fused", "mixtral")
+FAMILIES = ("deepseek-v3", "qwen3-moe", "qwen3-moe-fused", "mixtral", "gpt-oss")
 
 
 @dataclass
@@ -62,12 +62,36 @@ def _fp8_tensor(shape: tuple[int, int], g: torch.Generator, ct: bool = False) ->
     return {"weight": w, "weight_scale": s, "input_scale": a}
 
 
+def _nvfp4(shape: tuple[int, int], g: torch.Generator, ct: bool = False) -> dict:
+    """ModelOpt NVFP4 (or compressed-tensors, `ct`): packed E2M1 pairs, E4M3 scales per 16."""
+    n, k = shape
+    w = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+    s = torch.randint(0x20, 0x58, (n, k // 16), generator=g, dtype=torch.uint8)
+    s2 = (torch.rand((), generator=g) * 1e-3 + 1e-4).float()
+    a = (torch.rand((), generator=g) * 0.05 + 0.01).float()
+    if ct:  # compressed-tensors keeps the reciprocals of the global scales, shaped [1]
+        return {
+            "weight_packed": w,
+            "weight_scale": s.view(torch.float8_e4m3fn),
+            "weight_global_scale": (1.0 / s2).reshape(1),
+            "input_global_scale": (1.0 / a).reshape(1),
+        }
+    return {
+        "weight": w,
+        "weight_scale": s.view(torch.float8_e4m3fn),
+        "weight_scale_2": s2,
+        "input_scale": a,
+    }
+
+
 MAKERS = {
     "bf16": _bf16,
     "fp8-block": _fp8_block,
     "mxfp8": _mxfp8,
     "fp8-tensor": _fp8_tensor,
     "fp8-tensor-ct": lambda shape, g: _fp8_tensor(shape, g, ct=True),
+    "nvfp4": _nvfp4,
+    "nvfp4-ct": lambda shape, g: _nvfp4(shape, g, ct=True),
 }
 
 
@@ -98,6 +122,18 @@ def _config(spec: Spec, quant: str) -> dict:
             "routed_scaling_factor": 2.5,
             **base,
         }
+    elif spec.family == "gpt-oss":
+        cfg = {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "intermediate_size": i,
+            "num_local_experts": e,
+            "num_experts_per_tok": min(4, e),
+            "swiglu_limit": 7.0,
+            "head_dim": 64,
+            "sliding_window": 128,
+            **base,
+        }
     elif spec.family == "mixtral":
         cfg = {
             "architectures": ["MixtralForCausalLM"],
@@ -119,7 +155,30 @@ def _config(spec: Spec, quant: str) -> dict:
             "norm_topk_prob": True,
             **base,
         }
-    if quant == "fp8-tensor-ct":
+    if quant == "mxfp4":
+        cfg["quantization_config"] = {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+        }
+    elif quant in ("nvfp4-ct",):
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "nvfp4-pack-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 4, "type": "float", "group_size": 16},
+                    "input_activations": {"num_bits": 4, "type": "float", "group_size": 16},
+                }
+            },
+            "ignore": ["lm_head"],
+        }
+    elif quant == "fp8-tensor-ct":
         scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True}
         cfg["quantization_config"] = {
             "quant_method": "compressed-tensors",
@@ -133,11 +192,9 @@ def _config(spec: Spec, quant: str) -> dict:
             },
             "ignore": ["lm_head"],
         }
-    elif quant in ("mxfp8", "fp8-tensor"):
-        cfg["quantization_config"] = {
-            "quant_method": "modelopt",
-            "quant_algo": "MXFP8" if quant == "mxfp8" else "FP8",
-        }
+    elif quant in ("mxfp8", "fp8-tensor", "nvfp4"):
+        algo = {"mxfp8": "MXFP8", "fp8-tensor": "FP8", "nvfp4": "NVFP4"}[quant]
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": algo}
     elif quant == "fp8-block":
         cfg["quantization_config"] = {
             "quant_method": "fp8",
@@ -151,7 +208,7 @@ def _config(spec: Spec, quant: str) -> dict:
 def _tensors(spec: Spec, quant: str) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(spec.seed)
     h, i, e = spec.hidden, spec.intermediate, spec.experts
-    expert = MAKERS[quant]
+    expert = MAKERS.get(quant, _bf16)
     mk = _fp8_block if quant == "fp8-block" else _bf16  # non-expert linears
     bf = lambda *s: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731
     t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": bf(spec.vocab, h)}
@@ -171,6 +228,9 @@ def _tensors(spec: Spec, quant: str) -> dict[str, torch.Tensor]:
             add(f"{p}.mlp.gate_proj", mk((2 * i, h), g))
             add(f"{p}.mlp.up_proj", mk((2 * i, h), g))
             add(f"{p}.mlp.down_proj", mk((h, 2 * i), g))
+            continue
+        if spec.family == "gpt-oss":
+            t.update(_gpt_oss_experts(p, e, h, i, g))
             continue
         if spec.family == "mixtral":
             t[f"{p}.block_sparse_moe.gate.weight"] = bf(e, h)
@@ -196,13 +256,36 @@ def _tensors(spec: Spec, quant: str) -> dict[str, torch.Tensor]:
     return t
 
 
+def _gpt_oss_experts(p: str, e: int, h: int, i: int, g: torch.Generator) -> dict:
+    """gpt-oss MXFP4 experts: rows of gate_up_proj interleave gate (even) and up (odd)."""
+
+    def u8(*shape: int, lo: int = 0, hi: int = 256) -> torch.Tensor:
+        return torch.randint(lo, hi, shape, generator=g, dtype=torch.uint8)
+
+    def bias(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape, generator=g) * 0.1).to(torch.bfloat16)
+
+    x = f"{p}.mlp.experts"
+    return {
+        f"{p}.mlp.router.weight": (torch.randn(e, h, generator=g) * 0.02).to(torch.bfloat16),
+        f"{p}.mlp.router.bias": bias(e),
+        f"{x}.gate_up_proj_blocks": u8(e, 2 * i, h // 32, 16),
+        f"{x}.gate_up_proj_scales": u8(e, 2 * i, h // 32, lo=118, hi=130),
+        f"{x}.gate_up_proj_bias": bias(e, 2 * i),
+        f"{x}.down_proj_blocks": u8(e, h, i // 32, 16),
+        f"{x}.down_proj_scales": u8(e, h, i // 32, lo=118, hi=130),
+        f"{x}.down_proj_bias": bias(e, h),
+    }
+
+
 def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
     """Write a checkpoint folder: sharded safetensors, index, config and tokenizer files."""
     spec = spec or Spec()
     if spec.family not in FAMILIES:
         raise ValueError(f"unknown family {spec.family!r}; one of {', '.join(FAMILIES)}")
-    quant = spec.quant or ("fp8-block" if spec.family == "deepseek-v3" else "bf16")
-    if quant not in MAKERS:
+    default = {"deepseek-v3": "fp8-block", "gpt-oss": "mxfp4"}
+    quant = spec.quant or default.get(spec.family, "bf16")
+    if quant not in MAKERS and quant != "mxfp4":
         raise ValueError(f"unknown quant {quant!r}; one of {', '.join(MAKERS)}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ def detect(ckpt: Checkpoint, layers: list[ExpertLayer]) -> SchemeName:
     for name, scheme in REGISTRY.items():
         if scheme.matches(ckpt, layers):
             return name
-    w = layers[0].tensor("w1", "weight", 0)
+    w = layers[0].params[sorted(layers[0].params)[0]]
     raise SchemeMismatchError(
         f"{w.name}: cannot tell the scheme from dtype {w.dtype} and config.json; "
         f"pass --scheme ({', '.join(s.value for s in REGISTRY)})"

@@ -113,8 +113,42 @@ class Scheme(Protocol):
 # ---------------------------------------------------------------- shared checks and helpers
 
 
-def weight_dtype(layer: ExpertLayer) -> str:
-    return layer.tensor("w1", "weight", 0).dtype
+def weight_dtype(layer: ExpertLayer) -> str | None:
+    """The dtype of the experts' `weight` tensors (None for gpt-oss `*_blocks` experts)."""
+    try:
+        return layer.tensor("w1", "weight", 0).dtype
+    except KeyError:
+        return None
+
+
+def first_name(layer: ExpertLayer) -> str:
+    """The tensor to name in a message about the whole layer: expert 0's gate weight."""
+    try:
+        return layer.tensor("w1", "weight", 0).name
+    except KeyError:
+        return layer.source_names()[0]
+
+
+def refuse_other_format(layer: ExpertLayer, this: str) -> None:
+    """A clear error when the experts are in a format another scheme reads."""
+    dt = weight_dtype(layer)
+    other = None
+    if dt is None:
+        other = "mxfp4"
+    elif dt == "U8":
+        other = "nvfp4"
+    elif dt == "F8_E4M3":
+        names = layer.param_names()
+        if "weight_scale_inv" in names:
+            other = "fp8-block"
+        elif "weight_scale" in names:
+            s = next(t for (_, p, _), t in layer.params.items() if p == "weight_scale")
+            other = "mxfp8" if s.dtype in ("U8", "F8_E8M0") else "fp8-tensor"
+    if other and other != this:
+        raise SchemeMismatchError(
+            f"{first_name(layer)}: the experts are in the {other} source format, which "
+            f"--scheme {this} does not read; use --scheme {other} (or --scheme auto)"
+        )
 
 
 def require_dtype(layer: ExpertLayer, param: str, allowed: tuple[str, ...], fix: str) -> None:

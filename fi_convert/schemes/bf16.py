@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import layout as L
-from ..errors import LayoutError, SchemeMismatchError
+from ..errors import LayoutError
 from ..source import Checkpoint, ExpertLayer
 from .base import (
     Backend,
@@ -20,6 +20,7 @@ from .base import (
     OutputTensor,
     SchemeName,
     per_rank,
+    refuse_other_format,
     require_dtype,
     require_shapes,
     stage_w2,
@@ -40,11 +41,7 @@ class Bf16Scheme:
         return weight_dtype(layers[0]) == "BF16"
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
-        if weight_dtype(layer) == "F8_E4M3":
-            raise SchemeMismatchError(
-                f"{layer.tensor('w1', 'weight', 0).name}: the experts are FP8, not BF16; "
-                "use --scheme fp8-block (or --scheme auto)"
-            )
+        refuse_other_format(layer, "bf16")
         require_dtype(layer, "weight", ("BF16",), "convert the checkpoint to BF16 first")
         i, h = layer.intermediate_size, layer.hidden_size
         require_shapes(layer, "weight", (i, h), (h, i))

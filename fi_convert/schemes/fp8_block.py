@@ -20,6 +20,7 @@ from .base import (
     OutputTensor,
     SchemeName,
     per_rank,
+    refuse_other_format,
     require_dtype,
     require_param,
     require_shapes,
@@ -49,6 +50,7 @@ class Fp8BlockScheme:
                 f"{weight_dtype(layer)}, not FP8 block-quantized; use --scheme bf16 "
                 "(or --scheme auto)"
             )
+        refuse_other_format(layer, "fp8-block")
         require_dtype(layer, "weight", ("F8_E4M3",), "fp8-block reads E4M3 weights")
         require_param(
             layer, SCALE, "fp8-block needs a 128x128 block scale per weight (weight_scale_inv)"

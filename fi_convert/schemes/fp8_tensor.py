@@ -30,6 +30,7 @@ from .base import (
     OutputTensor,
     SchemeName,
     per_rank,
+    refuse_other_format,
     require_dtype,
     require_param,
     require_shapes,
@@ -58,6 +59,8 @@ class Fp8TensorScheme:
         return _is_per_tensor(layers[0])
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        if weight_dtype(layer) != "F8_E4M3" or "weight_scale_inv" not in layer.param_names():
+            refuse_other_format(layer, "fp8-tensor")
         w = layer.tensor("w1", "weight", 0)
         i, h = layer.intermediate_size, layer.hidden_size
         if layer.form.kind == "fused":

@@ -25,6 +25,7 @@ from .base import (
     flat_swizzled_index,
     per_rank,
     quant_algo,
+    refuse_other_format,
     require_dtype,
     require_param,
     require_shapes,
@@ -52,6 +53,8 @@ class Mxfp8Scheme:
         return _is_mx_source(layers[0]) or quant_algo(ckpt) in ("MXFP8",)
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        if weight_dtype(layer) != "F8_E4M3" or "weight_scale_inv" not in layer.param_names():
+            refuse_other_format(layer, "mxfp8")
         w = layer.tensor("w1", "weight", 0)
         i, h = layer.intermediate_size, layer.hidden_size
         if weight_dtype(layer) == "BF16":
