@@ -251,9 +251,18 @@ def _tensors(spec: Spec, quant: str) -> dict[str, torch.Tensor]:
         for x in range(e):
             for w, shape in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i))):
                 add(f"{p}.mlp.experts.{x}.{w}", expert(shape, g))
+            _share_global_scale(t, f"{p}.mlp.experts.{x}", differ=x == e - 1)
     t["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     t["lm_head.weight"] = bf(spec.vocab, h)
     return t
+
+
+def _share_global_scale(t: dict, prefix: str, differ: bool) -> None:
+    """NVFP4 exporters give gate and up one global scale; keep the last expert different."""
+    for name in ("weight_scale_2", "weight_global_scale"):
+        gate, up = f"{prefix}.gate_proj.{name}", f"{prefix}.up_proj.{name}"
+        if gate in t and not differ:
+            t[up] = t[gate].clone()
 
 
 def _gpt_oss_experts(p: str, e: int, h: int, i: int, g: torch.Generator) -> dict:

@@ -291,6 +291,92 @@ def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
     return out
 
 
+def _param_name(root, prefix, *names):
+    index = json.loads((Path(root) / "model.safetensors.index.json").read_text())["weight_map"]
+    g = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"][0]
+    return next(n for n in names if f"{prefix}.0.{g}.{n}" in index)
+
+
+def pad_to(t, rows=None, cols=None):
+    """Zero-pad the last two dims of [E, R, C] at the end."""
+    e, r, c = t.shape
+    out = t.new_zeros((e, rows or r, cols or c))
+    out[:, :r, :c] = t
+    return out
+
+
+def pad_halves_to(t, rows_per_half):
+    e, two_r, c = t.shape
+    r = two_r // 2
+    out = t.new_zeros((e, 2 * rows_per_half, c))
+    out[:, :r] = t[:, :r]
+    out[:, rows_per_half : rows_per_half + r] = t[:, r:]
+    return out
+
+
+def nvfp4(root, prefix, num_experts, backend, tp, rank, device):
+    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+    wname = _param_name(root, prefix, "weight", "weight_packed")
+    w13, w2 = (t.to(device) for t in stacked(root, prefix, num_experts, wname))
+    s13, s2 = (
+        t.to(device).view(torch.uint8) for t in stacked(root, prefix, num_experts, "weight_scale")
+    )
+    w13, w2 = tp_slice(w13, w2, tp, rank)
+    s13, s2 = tp_slice(s13, s2, tp, rank)
+    gname = _param_name(root, prefix, "weight_scale_2", "weight_global_scale")
+    aname = _param_name(root, prefix, "input_scale", "input_global_scale")
+    gs = scalars(root, prefix, num_experts, (g, u, d), gname)
+    a = scalars(root, prefix, num_experts, (g, u, d), aname)
+    if gname == "weight_global_scale":  # compressed-tensors: vLLM inverts the reciprocals
+        gs = 1 / gs
+    if aname == "input_global_scale":
+        a = 1 / a
+    a13, a2 = a[:, :2].max(), a[:, 2].max()  # global max (use_global_sf)
+    e = num_experts
+    w31, s31 = swap_w13_to_w31(w13), swap_w13_to_w31(s13)  # reorder_w1w3_to_w3w1
+    out = {"w13_input_scale": a13.expand(e), "w2_input_scale": a2.expand(e)}
+    if backend == "cutlass":
+        out["w13_weight"], out["w2_weight"] = w31, w2
+        for name, s in (("w13_weight_scale", s31), ("w2_weight_scale", s2)):
+            mp, kp = -(-s.shape[1] // 128) * 128, -(-s.shape[2] // 4) * 4
+            sw = torch.stack([swizzle_128x4_ref(s[i]) for i in range(e)])
+            out[name] = sw.reshape(e, mp, kp).view(torch.float8_e4m3fn)
+        g1, g2 = gs[:, 0] * a13, gs[:, 2] * a2
+        out |= {
+            "w13_weight_scale_2": gs[:, 0],
+            "w2_weight_scale_2": gs[:, 2],
+            "g1_alphas": g1,
+            "g2_alphas": g2,
+            "a1_gscale": (1 / a13).expand(e),
+            "a2_gscale": (1 / a2).expand(e),
+        }
+        return out
+    h = w2.shape[1]
+    hp = -(-h // 256) * 256  # align_fp4_moe_hidden_dim_for_fi
+    ip = -(-(w2.shape[2] * 2) // 64) * 64  # align_fp4_moe_weights_for_fi, per half
+    w31 = pad_halves_to(pad_to(w31, cols=hp // 2), ip)
+    s31 = pad_halves_to(pad_to(s31, cols=hp // 16), ip)
+    w2 = pad_to(w2, rows=hp, cols=ip // 2)
+    s2 = pad_to(s2, rows=hp, cols=ip // 16)
+    cache: dict = {}
+    o13, os13, o2, os2 = [], [], [], []
+    for i in range(e):
+        idx = _maybe_get_cached_w3_w1_permute_indices(cache, w31[i], 128)
+        o13.append(w31[i][idx.to(w31.device)])
+        sidx = _maybe_get_cached_w3_w1_permute_indices(cache, s31[i], 128, num_elts_per_sf=16)
+        os13.append(swizzle_128x4_ref(s31[i][sidx.to(s31.device)].contiguous()))
+        idx2 = get_w2_permute_indices_with_cache(cache, w2[i], 128)
+        o2.append(w2[i][idx2.to(w2.device)])
+        sidx2 = get_w2_permute_indices_with_cache(cache, s2[i], 128, num_elts_per_sf=16)
+        os2.append(swizzle_128x4_ref(s2[i][sidx2.to(s2.device)].contiguous()))
+    out["w13_weight"], out["w2_weight"] = torch.stack(o13), torch.stack(o2)
+    out["w13_weight_scale"] = torch.stack(os13).reshape(s31.shape).view(torch.float8_e4m3fn)
+    out["w2_weight_scale"] = torch.stack(os2).reshape(s2.shape).view(torch.float8_e4m3fn)
+    g1 = gs[:, 0] * a13  # TrtLlmNvFp4Experts: w13_scale_2 *= a13 (w1's global scale)
+    out |= {"w13_weight_scale_2": g1, "w2_weight_scale_2": gs[:, 2] * a2, "g1_scale_c": g1 / a2}
+    return out
+
+
 def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu"):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
@@ -307,6 +393,8 @@ def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu")
         w13, w2 = pad_per_half(w13, w2, 128)
         o13, o2 = bf16_trtllm(w13, w2)
         return {"w13_weight": o13, "w2_weight": o2}
+    if scheme == "nvfp4":
+        return nvfp4(root, prefix, num_experts, backend, tp, rank, device)
     if scheme == "fp8-tensor":
         return fp8_tensor(root, prefix, num_experts, backend, tp, rank, device)
     if scheme == "mxfp8":

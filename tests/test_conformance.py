@@ -51,6 +51,14 @@ CASES = {
         Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=192),
         "fp8-tensor",
     ),
+    "r1-fp4-nvfp4": (
+        Spec("deepseek-v3", experts=5, hidden=320, intermediate=384, quant="nvfp4"),
+        "nvfp4",
+    ),
+    "ct-nvfp4": (
+        Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, quant="nvfp4-ct"),
+        "nvfp4",
+    ),
 }
 TRTLLM_ONLY = {"mxfp8"}
 

@@ -9,12 +9,14 @@ from .bf16 import Bf16Scheme
 from .fp8_block import Fp8BlockScheme
 from .fp8_tensor import Fp8TensorScheme
 from .mxfp8 import Mxfp8Scheme
+from .nvfp4 import Nvfp4Scheme
 
 REGISTRY: dict[SchemeName, Scheme] = {
     SchemeName.BF16: Bf16Scheme(),
     SchemeName.FP8_BLOCK: Fp8BlockScheme(),
     SchemeName.FP8_TENSOR: Fp8TensorScheme(),
     SchemeName.MXFP8: Mxfp8Scheme(),
+    SchemeName.NVFP4: Nvfp4Scheme(),
 }
 
 __all__ = [

@@ -1,0 +1,282 @@
+"""`nvfp4`: packed E2M1 weights with an E4M3 scale per 16 values and a float32 global scale
+(ModelOpt NVFP4, e.g. nvidia/DeepSeek-R1-FP4; compressed-tensors NVFP4, whose global scales
+are stored as reciprocals).
+
+TRT-LLM (vLLM 0.33 `prepare_nvfp4_moe_layer_for_fi_or_cutlass`, `TrtLlmNvFp4Experts`): pad H
+to 256 and I per rank to 64 (each half; weights and scales with 0), [up; gate], gated
+interleave + row shuffle (tile 128) on packed weights, the same rows on scales, then the 128x4
+swizzle. Global scales: w1's `weight_scale_2` per expert (w3's if it differs is ignored, as
+vLLM does, with a warning); activation scales reduced to one max per layer and folded:
+w13_weight_scale_2 = s2(w1) * a13, w2_weight_scale_2 = s2(w2) * a2, g1_scale_c = that / a2.
+CUTLASS: [up; gate], per-expert 128x4 swizzle of the scales (`swizzle_blockscale`), no row
+shuffle and no padding; the kernel's scale products are written beside the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .. import layout as L
+from ..errors import LayoutError, SourceError
+from ..source import Checkpoint, ExpertLayer
+from ..st_io import SourceFiles
+from .base import (
+    Backend,
+    Ctx,
+    LayerPlan,
+    OutputTensor,
+    SchemeName,
+    flat_swizzled_index,
+    per_rank,
+    refuse_other_format,
+    require_dtype,
+    require_param,
+    require_shapes,
+    stage_w2,
+    stage_w13,
+    weight_dtype,
+)
+
+TILE = 128
+PAD_I = 64
+PAD_H = 256
+SF = 16  # values per scale
+SCALE = "weight_scale"
+# (ModelOpt name, compressed-tensors name of its reciprocal)
+GLOBAL = ("weight_scale_2", "weight_global_scale")
+ACT = ("input_scale", "input_global_scale")
+
+
+def _pick(layer: ExpertLayer, names: tuple[str, str]) -> tuple[str, bool]:
+    """The global-scale param this checkpoint has, and whether it is stored inverted."""
+    have = layer.param_names()
+    if names[0] in have:
+        return names[0], False
+    if names[1] in have:
+        return names[1], True
+    return names[0], False
+
+
+class Nvfp4Scheme:
+    name = SchemeName.NVFP4
+    backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
+
+    def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
+        scales = [t for (_, p, _), t in layers[0].params.items() if p == SCALE]
+        return weight_dtype(layers[0]) == "U8" and any(t.dtype == "F8_E4M3" for t in scales)
+
+    def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        refuse_other_format(layer, "nvfp4")
+        if layer.form.kind == "fused":
+            raise SourceError(f"{layer.source_names()[0]}: nvfp4 reads per-expert tensors only")
+        require_dtype(layer, "weight", ("U8",), "NVFP4 weights are packed E2M1 bytes")
+        require_param(layer, SCALE, "NVFP4 needs an E4M3 scale per 16 values (weight_scale)")
+        require_dtype(layer, SCALE, ("F8_E4M3",), "NVFP4 block scales are E4M3")
+        for names, what in ((GLOBAL, "a global weight scale"), (ACT, "an activation scale")):
+            name, _ = _pick(layer, names)
+            require_param(layer, name, f"NVFP4 experts need {what} ({' or '.join(names)})")
+            require_dtype(layer, name, ("F32",), f"{what} is one float32")
+        i, h = layer.intermediate_size, layer.hidden_size
+        if h % SF or i % SF:
+            raise LayoutError(f"{layer.prefix}: H {h} and I {i} must be multiples of {SF}")
+        require_shapes(layer, "weight", (i, h // 2), (h, i // 2))
+        require_shapes(layer, SCALE, (i, h // SF), (h, i // SF))
+
+    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        e, h = layer.num_experts, layer.hidden_size
+        i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
+        if i_r % SF:
+            raise LayoutError(
+                f"{layer.prefix}: intermediate size per rank {i_r} is not a multiple of {SF} "
+                "(one NVFP4 scale block); choose a --tp-size that keeps I/tp a multiple of 16"
+            )
+        trt = backend is Backend.TRTLLM
+        i_p = L.round_up(i_r, PAD_I) if trt else i_r
+        h_p = L.round_up(h, PAD_H) if trt else h
+        sc = _Scales(layer)
+        differ = sc.w1_w3_differ()
+        outs = (_trtllm if trt else _cutlass)(layer, e, h, h_p, i_r, i_p) + sc.outputs(e, backend)
+        info = {
+            "num_experts": e,
+            "hidden_size": h,
+            "padded_hidden_size": h_p,
+            "intermediate_size": layer.intermediate_size,
+            "intermediate_size_per_rank": i_r,
+            "padded_intermediate_size_per_rank": i_p,
+            "group_size": SF,
+            "activation_scheme": "static",
+            "w13_scale_2_differs_for_experts": differ,
+        }
+        notes = []
+        if differ:
+            notes.append(
+                f"{layer.prefix}: w1 and w3 global scales (weight_scale_2) differ for "
+                f"{len(differ)} experts (first: {differ[:4]}); using w1's, as vLLM does"
+            )
+        nbytes = sum(t.nbytes for t in layer.params.values())
+        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes, notes)
+
+
+def _trtllm(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
+    rows13 = L.compose(
+        L.pad_halves_index(i_r, i_p, zero_row=2 * i_r),
+        L.swap_halves_index(2 * i_p),
+        L.gated_interleave_index(2 * i_p),
+        L.shuffle_row_index(2 * i_p, TILE),
+    )
+    rows2 = L.shuffle_row_index(h_p, TILE)
+    sf13 = flat_swizzled_index(rows13, h_p // SF)
+    sf2 = flat_swizzled_index(rows2, i_p // SF)
+    u8 = torch.uint8
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w13(ctx, layer, "weight", rank, experts, i_r, u8, cols=h_p // 2)
+        L.gather_rows(src, rows13, out)
+
+    def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w13(ctx, layer, SCALE, rank, experts, i_r, u8, cols=h_p // SF)
+        _gather_flat(src, sf13, out)
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_p // 2, u8, padded_rows=h_p)
+        L.gather_rows(src, rows2, out)
+
+    def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w2(ctx, layer, SCALE, rank, experts, i_r // SF, i_p // SF, u8, padded_rows=h_p)
+        _gather_flat(src, sf2, out)
+
+    lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "packing": "e2m1x2"}
+    s_lay = {"layout": "swizzled_128x4", "epilogue_tile_m": TILE, "block": [1, SF], "pad": 0}
+    inter = {"row_order": "up_gate", "gated_interleave": True}
+    return [
+        OutputTensor("w13_weight", "U8", (e, 2 * i_p, h_p // 2), w13, {**lay, **inter}),
+        OutputTensor("w2_weight", "U8", (e, h_p, i_p // 2), w2, lay),
+        OutputTensor(
+            "w13_weight_scale", "F8_E4M3", (e, 2 * i_p, h_p // SF), w13_s, {**s_lay, **inter}
+        ),
+        OutputTensor("w2_weight_scale", "F8_E4M3", (e, h_p, i_p // SF), w2_s, s_lay),
+    ]
+
+
+def _cutlass(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
+    swap = L.swap_halves_index(2 * i_r)
+    m13, k13 = L.round_up(2 * i_r, 128), L.round_up(h // SF, 4)
+    m2, k2 = L.round_up(h, 128), L.round_up(i_r // SF, 4)
+    # swizzle with padding: pad entries point at index m*ks, the zero row after the matrix
+    sf13 = L.swizzle_128x4_index(2 * i_r, h // SF)
+    rows13 = torch.cat([swap, torch.tensor([2 * i_r])])  # [up; gate] then the zero row
+    sf13 = rows13[sf13 // (h // SF)] * (h // SF) + sf13 % (h // SF)
+    sf2 = L.swizzle_128x4_index(h, i_r // SF)
+    u8 = torch.uint8
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w13(ctx, layer, "weight", rank, experts, i_r, u8)
+        L.gather_rows(src, swap, out)
+
+    def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w13(ctx, layer, SCALE, rank, experts, i_r, u8)
+        _gather_flat(src, sf13, out)
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_r // 2, u8))
+
+    def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage_w2(
+            ctx, layer, SCALE, rank, experts, i_r // SF, i_r // SF, u8, padded_rows=h + 1
+        )
+        _gather_flat(src, sf2, out)
+
+    lay = {"layout": "MajorK", "packing": "e2m1x2"}
+    s_lay = {"layout": "swizzled_128x4", "block": [1, SF], "pad": 0}
+    return [
+        OutputTensor(
+            "w13_weight", "U8", (e, 2 * i_r, h // 2), w13, {**lay, "row_order": "up_gate"}
+        ),
+        OutputTensor("w2_weight", "U8", (e, h, i_r // 2), w2, lay),
+        OutputTensor(
+            "w13_weight_scale", "F8_E4M3", (e, m13, k13), w13_s, {**s_lay, "row_order": "up_gate"}
+        ),
+        OutputTensor("w2_weight_scale", "F8_E4M3", (e, m2, k2), w2_s, s_lay),
+    ]
+
+
+def _gather_flat(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> None:
+    """out[e].flatten() = src[e].flatten()[idx] for every expert of the chunk."""
+    n = src.shape[0]
+    L.gather_rows(src.reshape(n, -1, 1), idx, out.view(torch.uint8).view(n, -1, 1))
+
+
+class _Scales:
+    """Global and activation scales as vLLM holds them, and the warnings they call for."""
+
+    def __init__(self, layer: ExpertLayer) -> None:
+        self.layer = layer
+        self.g_name, self.g_inv = _pick(layer, GLOBAL)
+        self.a_name, self.a_inv = _pick(layer, ACT)
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def _read(self, ctx: Ctx, role: str, name: str, inverted: bool) -> torch.Tensor:
+        key = role + name
+        if key not in self._cache:
+            infos = [self.layer.tensor(role, name, e) for e in range(self.layer.num_experts)]
+            t = torch.stack([ctx.files.read(i).reshape(()) for i in infos])
+            # compressed-tensors stores reciprocals; vLLM inverts them (an IEEE division)
+            self._cache[key] = torch.ones((), dtype=torch.float32) / t if inverted else t
+        return self._cache[key]
+
+    def scale_2(self, ctx: Ctx, role: str) -> torch.Tensor:
+        return self._read(ctx, role, self.g_name, self.g_inv)
+
+    def act(self, ctx: Ctx, which: str) -> torch.Tensor:
+        """0-dim: the max over all experts (for w13, over w1 and w3)."""
+        if which == "w13":
+            a = torch.cat([self._read(ctx, r, self.a_name, self.a_inv) for r in ("w1", "w3")])
+        else:
+            a = self._read(ctx, "w2", self.a_name, self.a_inv)
+        return a.max()
+
+    def outputs(self, e: int, backend: Backend) -> list[OutputTensor]:
+        s = self
+        fns: dict[str, Callable[[Ctx], torch.Tensor]] = {
+            "w13_input_scale": lambda c: s.act(c, "w13").expand(e),
+            "w2_input_scale": lambda c: s.act(c, "w2").expand(e),
+        }
+        g1 = lambda c: s.scale_2(c, "w1") * s.act(c, "w13")  # noqa: E731
+        g2 = lambda c: s.scale_2(c, "w2") * s.act(c, "w2")  # noqa: E731
+        if backend is Backend.TRTLLM:  # folded, as vLLM holds them after TrtLlmNvFp4Experts
+            fns |= {
+                "w13_weight_scale_2": g1,
+                "w2_weight_scale_2": g2,
+                "g1_scale_c": lambda c: g1(c) / s.act(c, "w2"),
+            }
+        else:
+            one = torch.ones((), dtype=torch.float32)
+            fns |= {
+                "w13_weight_scale_2": lambda c: s.scale_2(c, "w1"),
+                "w2_weight_scale_2": lambda c: s.scale_2(c, "w2"),
+                "g1_alphas": g1,
+                "g2_alphas": g2,
+                "a1_gscale": lambda c: (one / s.act(c, "w13")).expand(e),
+                "a2_gscale": lambda c: (one / s.act(c, "w2")).expand(e),
+            }
+
+        def make(fn: Callable[[Ctx], torch.Tensor]):
+            def produce(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+                out.copy_(fn(ctx))
+
+            return produce
+
+        lay = {"layout": "per_expert", "row_order": None}
+        return [OutputTensor(n, "F32", (e,), make(f), lay, chunked=False) for n, f in fns.items()]
+
+    def w1_w3_differ(self) -> list[int]:
+        """Experts whose w1 and w3 global scales differ (read now, at planning)."""
+        files = SourceFiles()
+        try:
+            ctx = Ctx(files, torch.device("cpu"))
+            w1, w3 = self.scale_2(ctx, "w1"), self.scale_2(ctx, "w3")
+        finally:
+            files.close()
+        return torch.nonzero(w1 != w3).flatten().tolist()
