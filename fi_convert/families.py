@@ -32,6 +32,7 @@ class Family:
     model_types: tuple[str, ...]
     config_keys: dict[str, tuple[str, ...]]
     forms: tuple[Form, ...]
+    manifest_keys: tuple[str, ...] = ()  # config.json values recorded per layer (swiglu_limit)
 
     def config_value(self, config: dict, key: str) -> int | None:
         for section in (config, config.get("text_config") or {}):
@@ -47,7 +48,14 @@ def _load(path: Path) -> Family:
         Form(f["kind"], re.compile(f["pattern"]), dict(f["projections"])) for f in d["forms"]
     )
     keys = {k: tuple(v) for k, v in d["config_keys"].items()}
-    return Family(d["name"], d.get("description", ""), tuple(d["model_types"]), keys, forms)
+    return Family(
+        d["name"],
+        d.get("description", ""),
+        tuple(d["model_types"]),
+        keys,
+        forms,
+        tuple(d.get("manifest_keys", ())),
+    )
 
 
 @lru_cache(maxsize=1)

@@ -110,6 +110,13 @@ def gather_rows_block_major(
     return res
 
 
+def gather_flat(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[e].flatten() = src[e].flatten()[idx] for each expert e (byte-sized elements)."""
+    n = src.shape[0]
+    gather_rows(src.reshape(n, -1, 1), idx, out.view(torch.uint8).view(n, -1, 1))
+    return out
+
+
 def swizzle_128x4_index(m: int, ks: int) -> torch.Tensor:
     """Flat source index of the 128x4 scale swizzle (`block_scale_interleave`) of [m, ks].
 

@@ -142,7 +142,10 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     lps = []
     for layer in layers:
         scheme.check(ckpt, layer)
-        lps.append(scheme.plan_layer(layer, options.backend, options.tp_size))
+        lp = scheme.plan_layer(layer, options.backend, options.tp_size)
+        for key in family.manifest_keys:
+            lp.info[key] = ckpt.config.get(key, (ckpt.config.get("text_config") or {}).get(key))
+        lps.append(lp)
     expert_names = {n for lp in lps for n in lp.source_names}
     items = _items(ckpt, lps, expert_names, options.tp_size)
     shards = _pack(items, options.max_shard_bytes)

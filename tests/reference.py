@@ -377,6 +377,68 @@ def nvfp4(root, prefix, num_experts, backend, tp, rank, device):
     return out
 
 
+def mxfp4(root, prefix, tp, rank, device):
+    """vLLM's gpt-oss loader (TP narrowing into padded params) + TRT-LLM MXFP4 processing."""
+    get = lambda n: _get(Path(root), f"{prefix}.{n}").to(device)  # noqa: E731
+    b13, s13, bias13 = (
+        get("gate_up_proj_blocks"),
+        get("gate_up_proj_scales"),
+        get("gate_up_proj_bias"),
+    )
+    b2, s2, bias2 = get("down_proj_blocks"), get("down_proj_scales"), get("down_proj_bias")
+    e, two_i, hb, _ = b13.shape
+    i, h = two_i // 2, hb * 32
+    i_r = ((i // 32 + tp - 1) // tp) * 32  # ceil(I / 32 / tp) * 32
+    start, end = rank * i_r, min(i, (rank + 1) * i_r)
+    n = max(0, end - start)
+    i_a, h_a = -(-i_r // 128) * 128, -(-h // 256) * 256
+    # allocation (zeros) and the loader's copy of this rank's slice into its corner
+    w13 = b13.new_zeros((e, 2 * i_a, h_a // 32, 16))
+    w13[:, : 2 * n, :hb] = b13[:, 2 * start : 2 * start + 2 * n]
+    sc13 = s13.new_zeros((e, 2 * i_a, h_a // 32))
+    sc13[:, : 2 * n, :hb] = s13[:, 2 * start : 2 * start + 2 * n]
+    bb13 = bias13.new_zeros((e, 2 * i_a))
+    bb13[:, : 2 * n] = bias13[:, 2 * start : 2 * start + 2 * n]
+    w2 = b2.new_zeros((e, h_a, i_a // 32, 16))
+    w2[:, :h, : n // 32] = b2[:, :, start // 32 : start // 32 + n // 32]
+    sc2 = s2.new_zeros((e, h_a, i_a // 32))
+    sc2[:, :h, : n // 32] = s2[:, :, start // 32 : start // 32 + n // 32]
+    bb2 = bias2.new_zeros((e, h_a))
+    if rank == 0:
+        bb2[:, :h] = bias2
+
+    def swap_pairs(t):  # [gate0, up0, gate1, up1, ...] -> [up0, gate0, ...] along dim 1
+        s = t.shape
+        return t.reshape(s[0], s[1] // 2, 2, *s[2:]).flip(2).reshape(s)
+
+    w13, sc13, bb13 = swap_pairs(w13), swap_pairs(sc13), swap_pairs(bb13)
+    cache: dict = {}
+    out: dict[str, list] = {k: [] for k in ("w13", "s13", "b13", "w2", "s2", "b2")}
+    for x in range(e):
+        m13 = w13[x].reshape(2 * i_a, -1)
+        idx = get_w2_permute_indices_with_cache(cache, m13, 128).to(device)
+        out["w13"].append(m13[idx])
+        sidx = get_w2_permute_indices_with_cache(cache, sc13[x], 128, num_elts_per_sf=16)
+        out["s13"].append(swizzle_128x4_ref(sc13[x][sidx.to(device)].contiguous()))
+        bidx = get_w2_permute_indices_with_cache(cache, bb13[x].reshape(-1, 1), 128)
+        out["b13"].append(bb13[x].float()[bidx.to(device)])
+        m2 = w2[x].reshape(h_a, -1)
+        idx2 = get_w2_permute_indices_with_cache(cache, m2, 128).to(device)
+        out["w2"].append(m2[idx2])
+        sidx2 = get_w2_permute_indices_with_cache(cache, sc2[x], 128, num_elts_per_sf=16)
+        out["s2"].append(swizzle_128x4_ref(sc2[x][sidx2.to(device)].contiguous()))
+        out["b2"].append(bb2[x].float()[idx2])
+    st = {k: torch.stack(v) for k, v in out.items()}
+    return {
+        "w13_weight": st["w13"],
+        "w13_weight_scale": st["s13"].reshape(sc13.shape),
+        "w13_bias": st["b13"],
+        "w2_weight": st["w2"],
+        "w2_weight_scale": st["s2"].reshape(sc2.shape),
+        "w2_bias": st["b2"],
+    }
+
+
 def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu"):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
@@ -393,6 +455,8 @@ def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu")
         w13, w2 = pad_per_half(w13, w2, 128)
         o13, o2 = bf16_trtllm(w13, w2)
         return {"w13_weight": o13, "w2_weight": o2}
+    if scheme == "mxfp4":
+        return mxfp4(root, prefix, tp, rank, device)
     if scheme == "nvfp4":
         return nvfp4(root, prefix, num_experts, backend, tp, rank, device)
     if scheme == "fp8-tensor":

@@ -59,8 +59,12 @@ CASES = {
         Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, quant="nvfp4-ct"),
         "nvfp4",
     ),
+    "gpt-oss-pad": (
+        Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
+        "mxfp4",
+    ),
 }
-TRTLLM_ONLY = {"mxfp8"}
+TRTLLM_ONLY = {"mxfp8", "mxfp4"}
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +147,25 @@ def test_small_memory_budget_gives_same_bytes(sources, tmp_path):
     convert(src, b, Options(SchemeName.BF16, tp_size=2, max_memory=1), device="cpu")
     for f in sorted(p.name for p in a.iterdir()):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_20b(tmp_path_factory):
+    """gpt-oss-20b's expert shapes (H 2880, I 2880, 32 experts), one layer."""
+    spec = Spec("gpt-oss", layers=1, experts=32, hidden=2880, intermediate=2880, shards=2)
+    return write_checkpoint(tmp_path_factory.mktemp("gptoss") / "m", spec)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_gpt_oss_20b_shapes(gpt_oss_20b, tmp_path, tp):
+    out = tmp_path / "out"
+    res = convert(gpt_oss_20b, out, Options(SchemeName.MXFP4, tp_size=tp), device="cpu")
+    info = res.manifest["layers"]["model.layers.0.mlp.experts"]
+    assert info["padded_hidden_size"] == 3072
+    assert info["padded_intermediate_size_per_rank"] == {1: 2944, 2: 1536, 4: 768, 8: 384}[tp]
+    assert info["swiglu_limit"] == 7.0
+    for rank in sorted({0, tp - 1}):
+        got = load_moe_layer(out, "model.layers.0.mlp.experts", tp_rank=rank)
+        want = ref.mxfp4(gpt_oss_20b, "model.layers.0.mlp.experts", tp, rank, "cpu")
+        for name in want:
+            assert ref.same_bytes(got[name], want[name]), (rank, name)

@@ -28,13 +28,16 @@ CASES = [
         "fp8-tensor",
     ),
     (Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=192), "fp8-tensor"),
+    (Spec("deepseek-v3", experts=5, hidden=320, intermediate=384, quant="nvfp4"), "nvfp4"),
+    (Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192), "mxfp4"),
+    (Spec("gpt-oss", layers=1, experts=32, hidden=2880, intermediate=2880, shards=2), "mxfp4"),
 ]
 COMBOS = [
     (case, tp, backend)
     for case, (_, scheme) in enumerate(CASES)
     for tp in (1, 2, 4)
     for backend in ("trtllm", "cutlass")
-    if backend == "trtllm" or scheme != "mxfp8"
+    if backend == "trtllm" or scheme not in ("mxfp8", "mxfp4")
 ]
 
 

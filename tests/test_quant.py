@@ -118,3 +118,78 @@ def test_bf16_to_fp8_tensor_all_zero_expert(tmp_path):
     assert got["w13_weight"][1].float().abs().sum() == 0
     m = json.loads((tmp_path / "o" / "fi-convert-manifest.json").read_text())
     assert m["layers"]["model.layers.0.mlp.experts"]["activation_scheme"] == "dynamic"
+
+
+@pytest.mark.parametrize(
+    "family,quant,scheme",
+    [
+        ("deepseek-v3", "nvfp4", "nvfp4"),
+        ("qwen3-moe", "nvfp4-ct", "nvfp4"),
+        ("gpt-oss", None, "mxfp4"),
+    ],
+)
+def test_auto_detects_fp4_schemes(tmp_path, family, quant, scheme):
+    src = write_checkpoint(tmp_path / "m", Spec(family, layers=2, experts=4, quant=quant))
+    assert make_plan(src, Options()).scheme.value == scheme
+
+
+def _rewrite(src, drop=(), change=None):
+    """Rewrite a checkpoint's shards without some tensors / with some replaced; fix the index."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    index = src / "model.safetensors.index.json"
+    wm = json.loads(index.read_text())
+    for shard in src.glob("*.safetensors"):
+        t = load_file(shard)
+        for name in drop:
+            t.pop(name, None)
+            wm["weight_map"].pop(name, None)
+        for name, value in (change or {}).items():
+            if name in t:
+                t[name] = value
+        save_file(t, shard, metadata={"format": "pt"})
+    index.write_text(json.dumps(wm))
+
+
+def test_nvfp4_missing_global_scale_is_named(tmp_path):
+    from fi_convert import SourceError
+
+    src = write_checkpoint(tmp_path / "m", Spec("deepseek-v3", layers=2, experts=4, quant="nvfp4"))
+    gone = "model.layers.1.mlp.experts.2.up_proj.weight_scale_2"
+    _rewrite(src, drop=[gone])
+    with pytest.raises(SourceError, match=r"experts\.2\.up_proj\.weight: no .*weight_scale_2"):
+        make_plan(src, Options())
+
+
+def test_nvfp4_scales_of_wrong_shape(tmp_path):
+    from fi_convert import SourceError
+
+    src = write_checkpoint(tmp_path / "m", Spec("deepseek-v3", layers=2, experts=4, quant="nvfp4"))
+    name = "model.layers.1.mlp.experts.1.down_proj.weight_scale"
+    bad = torch.zeros(256, 3, dtype=torch.float8_e4m3fn)
+    _rewrite(src, change={name: bad})
+    with pytest.raises(SourceError, match=rf"{name}: shape \[256, 3\], expected \[256, 16\]"):
+        make_plan(src, Options())
+
+
+def test_mxfp4_scales_of_wrong_shape(tmp_path):
+    from fi_convert import SourceError
+
+    src = write_checkpoint(tmp_path / "m", Spec("gpt-oss", layers=1, experts=2, hidden=128))
+    name = "model.layers.0.mlp.experts.gate_up_proj_scales"
+    _rewrite(src, change={name: torch.zeros(2, 512, 3, dtype=torch.uint8)})
+    with pytest.raises(SourceError, match=rf"{name}: U8 \[2, 512, 3\], expected U8 \[2, 512, 4\]"):
+        make_plan(src, Options())
+
+
+def test_fp4_schemes_refuse_other_formats(tmp_path):
+    bf = write_checkpoint(tmp_path / "bf", Spec("qwen3-moe", layers=1, experts=2))
+    with pytest.raises(SchemeMismatchError, match="mxfp4 reads gpt-oss experts"):
+        make_plan(bf, Options(SchemeName.MXFP4))
+    go = write_checkpoint(tmp_path / "go", Spec("gpt-oss", layers=1, experts=2, hidden=128))
+    with pytest.raises(SchemeMismatchError, match="use --scheme mxfp4"):
+        make_plan(go, Options(SchemeName.NVFP4))
+    with pytest.raises(SchemeMismatchError, match="use --scheme mxfp4"):
+        make_plan(go, Options(SchemeName.BF16))

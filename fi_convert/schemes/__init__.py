@@ -8,6 +8,7 @@ from .base import Backend, LayerPlan, OutputTensor, Scheme, SchemeName
 from .bf16 import Bf16Scheme
 from .fp8_block import Fp8BlockScheme
 from .fp8_tensor import Fp8TensorScheme
+from .mxfp4 import Mxfp4Scheme
 from .mxfp8 import Mxfp8Scheme
 from .nvfp4 import Nvfp4Scheme
 
@@ -17,6 +18,7 @@ REGISTRY: dict[SchemeName, Scheme] = {
     SchemeName.FP8_TENSOR: Fp8TensorScheme(),
     SchemeName.MXFP8: Mxfp8Scheme(),
     SchemeName.NVFP4: Nvfp4Scheme(),
+    SchemeName.MXFP4: Mxfp4Scheme(),
 }
 
 __all__ = [

@@ -170,7 +170,7 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         _, s = _staged(ctx, layer, "w13", rank, experts, i_r, i_p, h_p, quantize)
-        L.gather_rows(s.reshape(len(experts), -1, 1), w13_sf, out.view(len(experts), -1, 1))
+        L.gather_flat(s, w13_sf, out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         w, _ = _staged(ctx, layer, "w2", rank, experts, i_r, i_p, h_p, quantize)
@@ -178,7 +178,7 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
 
     def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         _, s = _staged(ctx, layer, "w2", rank, experts, i_r, i_p, h_p, quantize)
-        L.gather_rows(s.reshape(len(experts), -1, 1), w2_sf, out.view(len(experts), -1, 1))
+        L.gather_flat(s, w2_sf, out)
 
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE}
     s_lay = {

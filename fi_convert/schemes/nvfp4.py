@@ -137,7 +137,7 @@ def _trtllm(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w13(ctx, layer, SCALE, rank, experts, i_r, u8, cols=h_p // SF)
-        _gather_flat(src, sf13, out)
+        L.gather_flat(src, sf13, out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_p // 2, u8, padded_rows=h_p)
@@ -145,7 +145,7 @@ def _trtllm(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
 
     def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w2(ctx, layer, SCALE, rank, experts, i_r // SF, i_p // SF, u8, padded_rows=h_p)
-        _gather_flat(src, sf2, out)
+        L.gather_flat(src, sf2, out)
 
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "packing": "e2m1x2"}
     s_lay = {"layout": "swizzled_128x4", "epilogue_tile_m": TILE, "block": [1, SF], "pad": 0}
@@ -177,7 +177,7 @@ def _cutlass(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w13(ctx, layer, SCALE, rank, experts, i_r, u8)
-        _gather_flat(src, sf13, out)
+        L.gather_flat(src, sf13, out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_r // 2, u8))
@@ -186,7 +186,7 @@ def _cutlass(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
         src = stage_w2(
             ctx, layer, SCALE, rank, experts, i_r // SF, i_r // SF, u8, padded_rows=h + 1
         )
-        _gather_flat(src, sf2, out)
+        L.gather_flat(src, sf2, out)
 
     lay = {"layout": "MajorK", "packing": "e2m1x2"}
     s_lay = {"layout": "swizzled_128x4", "block": [1, SF], "pad": 0}
@@ -200,12 +200,6 @@ def _cutlass(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
         ),
         OutputTensor("w2_weight_scale", "F8_E4M3", (e, m2, k2), w2_s, s_lay),
     ]
-
-
-def _gather_flat(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> None:
-    """out[e].flatten() = src[e].flatten()[idx] for every expert of the chunk."""
-    n = src.shape[0]
-    L.gather_rows(src.reshape(n, -1, 1), idx, out.view(torch.uint8).view(n, -1, 1))
 
 
 class _Scales:

@@ -1,0 +1,204 @@
+"""`mxfp4`: gpt-oss MXFP4 experts (`*_blocks` packed E2M1, `*_scales` UE8M0 per 32, `*_bias`),
+fused per layer with gate/up rows interleaved (even rows gate, odd rows up).
+
+TRT-LLM (vLLM 0.33 gpt-oss loader + `Mxfp4MoEMethod` with FlashInfer TRT-LLM):
+* TP: I per rank = ceil(I / 32 / tp) * 32; rank r takes w13 rows [2*start, 2*end) and w2
+  columns [start, end) with start = r * I_rank, end = min(start + I_rank, I) (the last ranks
+  may hold fewer rows, or none); w2's bias only on rank 0 (zeros elsewhere).
+* allocation padding: I per rank to 128 and H to 256, with zeros (weights, scales, biases);
+* every pair of w13 rows swapped ([up, gate] pairs), then the row shuffle (tile 128) on w13 and
+  w2 weights; the same rows on the scales, then the 128x4 swizzle; biases as float32, permuted
+  with the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import dtypes
+from .. import layout as L
+from ..errors import LayoutError, SchemeMismatchError, SourceError
+from ..source import Checkpoint, ExpertLayer
+from ..st_io import TensorInfo
+from .base import (
+    Backend,
+    Ctx,
+    LayerPlan,
+    OutputTensor,
+    SchemeName,
+    flat_swizzled_index,
+    quant_algo,
+    refuse_other_format,
+)
+
+TILE = 128
+PAD_I = 128
+PAD_H = 256
+MX = 32  # values per scale
+PARAMS = ("blocks", "scales", "bias")
+
+
+def _flat(info: TensorInfo) -> TensorInfo:
+    """[E, R, ...] viewed as [E*R, rest] for reading runs of rows."""
+    rest = math.prod(info.shape[2:]) if len(info.shape) > 2 else 1
+    return TensorInfo(
+        info.name,
+        info.dtype,
+        (info.shape[0] * info.shape[1], rest),
+        info.start,
+        info.nbytes,
+        info.file,
+    )
+
+
+def _read(
+    ctx: Ctx,
+    info: TensorInfo,
+    experts: range,
+    rows: tuple[int, int],
+    cols: tuple[int, int] | None,
+    dst: torch.Tensor,
+) -> None:
+    """dst[i, :b-a, :w] = info[e, a:b] (flattened past dim 1), columns [c, d) when given."""
+    a, b = rows
+    if b <= a:
+        return
+    flat, per = _flat(info), info.shape[1]
+    for i, e in enumerate(experts):
+        tmp = torch.empty((b - a, flat.shape[1]), dtype=dst.dtype)
+        ctx.files.read_rows(flat, e * per + a, e * per + b, tmp)
+        part = tmp if cols is None else tmp[:, cols[0] : cols[1]]
+        dst[i, : b - a, : part.shape[1]].copy_(part)
+
+
+class Mxfp4Scheme:
+    name = SchemeName.MXFP4
+    backends: tuple[Backend, ...] = (Backend.TRTLLM,)
+
+    def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
+        return ("w13", "blocks", -1) in layers[0].params or quant_algo(ckpt) == "MXFP4"
+
+    def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
+        if ("w13", "blocks", -1) not in layer.params:
+            refuse_other_format(layer, "mxfp4")
+            raise SchemeMismatchError(
+                f"{layer.source_names()[0]}: mxfp4 reads gpt-oss experts "
+                "(gate_up_proj_blocks/_scales/_bias); use --scheme auto to pick the scheme "
+                "for this checkpoint"
+            )
+        e, i, h = layer.num_experts, layer.intermediate_size, layer.hidden_size
+        want = {
+            ("w13", "blocks"): ((e, 2 * i, h // MX, 16), "U8"),
+            ("w13", "scales"): ((e, 2 * i, h // MX), "U8"),
+            ("w13", "bias"): ((e, 2 * i), None),
+            ("w2", "blocks"): ((e, h, i // MX, 16), "U8"),
+            ("w2", "scales"): ((e, h, i // MX), "U8"),
+            ("w2", "bias"): ((e, h), None),
+        }
+        for (role, param), (shape, dtype) in want.items():
+            info = layer.params.get((role, param, -1))
+            proj = "gate_up_proj" if role == "w13" else "down_proj"
+            if info is None:
+                raise SourceError(
+                    f"{layer.prefix}.{proj}_{param}: missing; gpt-oss MXFP4 experts need "
+                    "blocks, scales and bias for gate_up_proj and down_proj"
+                )
+            if info.shape != shape or (dtype and info.dtype != dtype):
+                raise SourceError(
+                    f"{info.name}: {info.dtype} {list(info.shape)}, expected "
+                    f"{dtype or 'float'} {list(shape)}; the checkpoint is inconsistent"
+                )
+            if param == "bias" and info.dtype not in ("BF16", "F16", "F32"):
+                raise SourceError(f"{info.name}: bias dtype {info.dtype}, expected a float type")
+        if i % MX or h % MX:
+            raise LayoutError(f"{layer.prefix}: H {h} and I {i} must be multiples of {MX}")
+
+    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        e, h, i = layer.num_experts, layer.hidden_size, layer.intermediate_size
+        i_r = math.ceil(i / MX / tp) * MX
+        i_a, h_a = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H)
+        outs = _outputs(layer, e, h, i, i_r, i_a, h_a)
+        info = {
+            "num_experts": e,
+            "hidden_size": h,
+            "padded_hidden_size": h_a,
+            "intermediate_size": i,
+            "intermediate_size_per_rank": i_r,
+            "padded_intermediate_size_per_rank": i_a,
+            "rows_per_rank": [max(0, min(i, (r + 1) * i_r) - r * i_r) for r in range(tp)],
+            "group_size": MX,
+        }
+        nbytes = sum(t.nbytes for t in layer.params.values())
+        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
+
+
+def _outputs(layer, e, h, i, i_r, i_a, h_a) -> list[OutputTensor]:
+    pairs = torch.arange(2 * i_a) ^ 1  # [gate, up] pairs -> [up, gate]
+    rows13 = L.compose(pairs, L.shuffle_row_index(2 * i_a, TILE))
+    rows2 = L.shuffle_row_index(h_a, TILE)
+    sf13 = flat_swizzled_index(rows13, h_a // MX)
+    sf2 = flat_swizzled_index(rows2, i_a // MX)
+    p = {(r, q): layer.params[(r, q, -1)] for r in ("w13", "w2") for q in PARAMS}
+
+    def span(rank: int) -> tuple[int, int]:
+        start = rank * i_r
+        return start, max(start, min(i, start + i_r))
+
+    def stage(n: int, rows: int, cols: int | None, dtype=torch.uint8) -> torch.Tensor:
+        shape = (n, rows) if cols is None else (n, rows, cols)
+        return torch.zeros(shape, dtype=dtype)
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        s, t = span(rank)
+        src = stage(len(experts), 2 * i_a, h_a // 2)
+        _read(ctx, p[("w13", "blocks")], experts, (2 * s, 2 * t), None, src)
+        L.gather_rows(ctx.to_device(src), rows13, out)
+
+    def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        s, t = span(rank)
+        src = stage(len(experts), 2 * i_a, h_a // MX)
+        _read(ctx, p[("w13", "scales")], experts, (2 * s, 2 * t), None, src)
+        L.gather_flat(ctx.to_device(src), sf13, out)
+
+    def w13_b(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        s, t = span(rank)
+        src = stage(len(experts), 2 * i_a, 1, _dtype(p[("w13", "bias")]))
+        _read(ctx, p[("w13", "bias")], experts, (2 * s, 2 * t), None, src)
+        L.gather_rows(ctx.to_device(src.float()), rows13, out.unsqueeze(-1))
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        s, t = span(rank)
+        src = stage(len(experts), h_a, i_a // 2)
+        _read(ctx, p[("w2", "blocks")], experts, (0, h), (s // 2, t // 2), src)
+        L.gather_rows(ctx.to_device(src), rows2, out)
+
+    def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        s, t = span(rank)
+        src = stage(len(experts), h_a, i_a // MX)
+        _read(ctx, p[("w2", "scales")], experts, (0, h), (s // MX, t // MX), src)
+        L.gather_flat(ctx.to_device(src), sf2, out)
+
+    def w2_b(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage(len(experts), h_a, 1, _dtype(p[("w2", "bias")]))
+        if rank == 0:  # vLLM adds the down bias once: on rank 0
+            _read(ctx, p[("w2", "bias")], experts, (0, h), None, src)
+        L.gather_rows(ctx.to_device(src.float()), rows2, out.unsqueeze(-1))
+
+    lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "packing": "e2m1x2"}
+    s_lay = {"layout": "swizzled_128x4", "epilogue_tile_m": TILE, "block": [1, MX], "pad": 0}
+    b_lay = {"layout": "rows", "epilogue_tile_m": TILE}
+    inter = {"row_order": "up_gate_pairs", "gated_interleave": True}
+    return [
+        OutputTensor("w13_weight", "U8", (e, 2 * i_a, h_a // 2), w13, {**lay, **inter}),
+        OutputTensor("w13_weight_scale", "U8", (e, 2 * i_a, h_a // MX), w13_s, {**s_lay, **inter}),
+        OutputTensor("w13_bias", "F32", (e, 2 * i_a), w13_b, {**b_lay, **inter}),
+        OutputTensor("w2_weight", "U8", (e, h_a, i_a // 2), w2, lay),
+        OutputTensor("w2_weight_scale", "U8", (e, h_a, i_a // MX), w2_s, s_lay),
+        OutputTensor("w2_bias", "F32", (e, h_a), w2_b, {**b_lay, "rank0_only": True}),
+    ]
+
+
+def _dtype(info: TensorInfo) -> torch.dtype:
+    return dtypes.to_torch(info.dtype)
