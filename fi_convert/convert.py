@@ -140,16 +140,18 @@ class _Tracker:
 
 
 class _Pipeline:
-    """Writes chunks to a shard on one background thread, in order, while the caller reads
-    and transforms the next ones. Host buffers come from a ring that is only reused once the
-    write that last used a buffer is done, so memory stays at DEPTH + 1 chunks."""
+    """Writes chunks to a shard on one background thread and hashes them on another, each in
+    order, while the caller reads and transforms the next ones. Host buffers come from a ring
+    that is only reused once the write and the hash that last used a buffer are done, so
+    memory stays at DEPTH + 1 chunks."""
 
     DEPTH = 2
 
     def __init__(self, w: ShardWriter) -> None:
         self.w = w
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-write")
-        self.pending: deque[Future] = deque()
+        self.hasher = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-hash")
+        self.pending: deque[tuple[Future, Future]] = deque()
         self.ring: list[torch.Tensor] = []
         self.turn = 0
 
@@ -168,22 +170,29 @@ class _Pipeline:
         _writes += 1
         if _KILL_AFTER and _writes > _KILL_AFTER:
             os.kill(os.getpid(), signal.SIGKILL)
-        self.pending.append(self.pool.submit(self.w.write, t))
+        write = self.pool.submit(self.w.write, t, False)
+        self.pending.append((write, self.hasher.submit(self.w.hash, t)))
         while len(self.pending) > self.DEPTH:
-            self.pending.popleft().result()
+            self._wait(self.pending.popleft())
+
+    @staticmethod
+    def _wait(futures: tuple[Future, Future]) -> None:
+        for f in futures:
+            f.result()
 
     def close(self) -> None:
         """Wait for every write; raises the first write error."""
         try:
             while self.pending:
-                self.pending.popleft().result()
+                self._wait(self.pending.popleft())
         finally:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.abandon()
 
     def abandon(self) -> None:
-        """Stop after an error elsewhere: drop queued writes, wait for the one in flight."""
+        """Stop after an error elsewhere: drop queued work, wait for what is in flight."""
         self.pending.clear()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.hasher.shutdown(wait=True, cancel_futures=True)
 
 
 def _write_shard(shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker) -> ShardWriter:

@@ -197,7 +197,8 @@ class ShardWriter:
             raise OutputError(f"{self.tmp}: cannot create ({e.strerror})") from None
         self.write_bytes(self.header)
 
-    def write_bytes(self, data: bytes | memoryview) -> None:
+    def write_bytes(self, data: bytes | memoryview, hash_it: bool = True) -> None:
+        """Append `data`; `hash_it=False` leaves hashing to `hash_bytes`, called in order."""
         if self.error is not None:  # a failed writer stays failed
             raise self.error
         try:
@@ -208,11 +209,18 @@ class ShardWriter:
                 "out-dir, then run the same command again to resume"
             )
             raise self.error from None
-        self.sha.update(data)
+        if hash_it:
+            self.sha.update(data)
         self.written += len(data)
 
-    def write(self, t: torch.Tensor) -> None:
-        self.write_bytes(_as_bytes(t.contiguous()))
+    def hash_bytes(self, data: bytes | memoryview) -> None:
+        self.sha.update(data)
+
+    def write(self, t: torch.Tensor, hash_it: bool = True) -> None:
+        self.write_bytes(_as_bytes(t.contiguous()), hash_it)
+
+    def hash(self, t: torch.Tensor) -> None:
+        self.hash_bytes(_as_bytes(t.contiguous()))
 
     def finish(self) -> tuple[str, int]:
         if self.written != self.total:

@@ -490,6 +490,7 @@ def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu")
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.cpu(), b.cpu()
     return (
         a.dtype == b.dtype
         and a.shape == b.shape
