@@ -28,12 +28,12 @@ from rich.progress import (
 from rich.table import Table
 
 from . import __version__
-from . import manifest as mf
 from .convert import Progress as LibProgress
 from .convert import preflight, run_plan
 from .errors import FiConvertError
 from .plan import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Options, Plan, make_plan
 from .schemes import Backend, SchemeName
+from .verify import verify
 
 app = typer.Typer(
     help="Convert MoE checkpoints offline into FlashInfer's kernel layouts.\n\n"
@@ -232,25 +232,38 @@ def inspect_cmd(
 @app.command("verify")
 def verify_cmd(
     out_dir: Annotated[Path, typer.Argument(help="A finished fi-convert output folder.")],
+    source: Annotated[
+        str | None,
+        typer.Option(help="The source model folder: re-derive a sample of experts and compare."),
+    ] = None,
+    full: Annotated[bool, typer.Option("--full", help="With --source: every expert.")] = False,
+    against_flashinfer: Annotated[
+        bool,
+        typer.Option(
+            "--against-flashinfer", help="With --source: re-derive with FlashInfer's functions."
+        ),
+    ] = False,
+    device: Annotated[str, typer.Option(help="Where to re-derive: auto, cpu, cuda[:N].")] = "auto",
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Check every file of OUT_DIR against the manifest's sizes and SHA-256s."""
+    """Check OUT_DIR: files against the manifest's SHA-256s, the index, the manifest's shapes;
+    with --source, bytes against the source."""
     try:
-        m = mf.read(out_dir)
+        rep = verify(
+            out_dir, source=source, full=full, against_flashinfer=against_flashinfer, device=device
+        )
     except FiConvertError as e:
         raise _fail(e, debug) from None
-    problems = mf.check_files(out_dir, m)
     if as_json:
-        out.print_json(
-            json.dumps({"ok": not problems, "files": len(m["files"]), "problems": problems})
-        )
-    elif problems:
-        for p in problems:
-            err.print(f"[red]mismatch:[/red] {escape(p)}")
+        out.print_json(json.dumps(rep.as_dict()))
     else:
-        out.print(f"[green]ok[/green]: {len(m['files'])} files match {mf.MANIFEST_NAME}")
-    if problems:
+        for p in rep.problems:
+            err.print(f"[red]mismatch:[/red] {escape(p)}")
+        if rep.ok:
+            what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in rep.checked.items())
+            out.print(f"[green]ok[/green]: {escape(what)}")
+    if not rep.ok:
         raise typer.Exit(1)
 
 

@@ -11,7 +11,7 @@ import pytest
 from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
 from fi_convert.synthetic import Spec, write_checkpoint
 
-from . import reference as ref
+from fi_convert import oracle as ref
 
 CASES = {
     # name: (spec, scheme)

@@ -13,7 +13,7 @@ from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
 from fi_convert import layout as L
 from fi_convert.synthetic import Spec, write_checkpoint
 
-from . import reference as ref
+from fi_convert import oracle as ref
 
 pytestmark = pytest.mark.gpu
 

@@ -1,8 +1,9 @@
-"""The reference: vLLM 0.33's load-time MoE pipeline, step by step, with FlashInfer's functions.
+"""The oracle: vLLM 0.33's load-time MoE pipeline, step by step, with FlashInfer's functions.
 
 It mirrors what vLLM runs in `process_weights_after_loading` (per expert, in a Python loop,
 calling FlashInfer), starting from the checkpoint as read by the `safetensors` library. The
-converter shares no code with it: tests compare the two byte for byte.
+converter shares no code with it: the tests and `fi-convert verify --against-flashinfer`
+compare the two byte for byte. Importing it needs FlashInfer (`pip install flashinfer-python`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,127 @@
+"""`fi-convert verify`: files, index, manifest; bytes re-derived from the source (ours and
+FlashInfer's); clear failures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from fi_convert import FiConvertError, Options, SchemeName, convert
+from fi_convert.cli import app
+from fi_convert.st_io import read_header
+from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.verify import verify
+
+MANIFEST = "fi-convert-manifest.json"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v")
+    src = write_checkpoint(
+        root / "src", Spec("qwen3-moe", layers=2, experts=5, hidden=128, intermediate=192)
+    )
+    out = root / "out"
+    convert(src, out, Options(SchemeName.MXFP8, tp_size=2), device="cpu")
+    return src, out
+
+
+def _copy(out, tmp_path):
+    import shutil
+
+    dst = tmp_path / "out"
+    shutil.copytree(out, dst)
+    return dst
+
+
+def _tamper(out, name: str, rank: int = 0):
+    """Flip the first byte of `name`'s rank slice and re-sign the file in the manifest, as a
+    converter bug would leave it: checksums agree, bytes are wrong."""
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = out / index[name]
+    info = read_header(shard)[0][name]
+    data = bytearray(shard.read_bytes())
+    data[info.start + rank * (info.nbytes // info.shape[0])] ^= 0x5A
+    shard.write_bytes(bytes(data))
+    m = json.loads((out / MANIFEST).read_text())
+    m["files"][shard.name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (out / MANIFEST).write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("args", [[], ["--full"], ["--against-flashinfer"], ["--full", "--json"]])
+def test_verify_with_source_ok(made, args):
+    src, out = made
+    r = CliRunner().invoke(
+        app, ["verify", str(out), "--source", str(src), "--device", "cpu", *args]
+    )
+    assert r.exit_code == 0, r.output
+    if "--json" in args:
+        d = json.loads(r.stdout)
+        assert d["ok"] and d["checked"]["experts_rederived"] == 5 * 2 * 2  # layers*ranks*experts
+    else:
+        assert r.stdout.startswith("ok:")
+
+
+@pytest.mark.parametrize("flashinfer", [False, True])
+@pytest.mark.parametrize("name,rank", [("w13_weight", 0), ("w2_weight_scale", 1)])
+def test_source_check_finds_wrong_bytes_that_checksums_miss(made, tmp_path, name, rank, flashinfer):
+    src, out = made
+    out = _copy(out, tmp_path)
+    _tamper(out, f"model.layers.1.mlp.experts.{name}", rank)
+    assert verify(out).ok  # the checksums alone cannot see it
+    rep = verify(out, source=src, against_flashinfer=flashinfer, device="cpu")
+    assert not rep.ok
+    assert f"model.layers.1.mlp.experts.{name} rank {rank} differs" in rep.problems[0]
+
+
+def test_manifest_shape_disagreeing_with_shards(made, tmp_path):
+    out = _copy(made[1], tmp_path)
+    m = json.loads((out / MANIFEST).read_text())
+    m["layers"]["model.layers.0.mlp.experts"]["tensors"]["w2_weight"]["shape_per_rank"][0] = 4
+    (out / MANIFEST).write_text(json.dumps(m))
+    rep = verify(out)
+    assert any("model.layers.0.mlp.experts.w2_weight is F8_E4M3" in p for p in rep.problems)
+
+
+def test_index_naming_a_missing_tensor(made, tmp_path):
+    out = _copy(made[1], tmp_path)
+    index = out / "model.safetensors.index.json"
+    d = json.loads(index.read_text())
+    d["weight_map"]["model.ghost.weight"] = next(iter(d["weight_map"].values()))
+    index.write_text(json.dumps(d))
+    m = json.loads((out / MANIFEST).read_text())
+    data = index.read_bytes()
+    m["files"][index.name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (out / MANIFEST).write_text(json.dumps(m))
+    rep = verify(out)
+    assert any("lists model.ghost.weight, which no shard holds" in p for p in rep.problems)
+
+
+def test_other_source_is_reported(made, tmp_path):
+    """Another checkpoint: by structure (the fingerprint covers shard names, sizes and
+    headers), or, with the same structure and other data, by the bytes themselves."""
+    shaped = Spec("qwen3-moe", layers=2, experts=5, hidden=128, intermediate=256)
+    other = write_checkpoint(tmp_path / "other", shaped)
+    assert verify(made[1], source=other).problems == [
+        f"{other}: not the checkpoint this output was converted from (source fingerprint "
+        "differs); pass the original model folder"
+    ]
+    same_shape = Spec("qwen3-moe", layers=2, experts=5, hidden=128, intermediate=192, seed=1)
+    twin = write_checkpoint(tmp_path / "twin", same_shape)
+    rep = verify(made[1], source=twin)
+    assert rep.problems and all("differs from the source re-derived" in p for p in rep.problems)
+
+
+def test_against_flashinfer_without_flashinfer(made, monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    monkeypatch.delitem(sys.modules, "fi_convert.oracle", raising=False)
+    with pytest.raises(FiConvertError, match=r"pip install 'fi-convert\[flashinfer\]'"):
+        verify(made[1], source=made[0], against_flashinfer=True)
+    r = CliRunner().invoke(
+        app, ["verify", str(made[1]), "--source", str(made[0]), "--against-flashinfer"]
+    )
+    assert r.exit_code == 1 and "error: --against-flashinfer needs FlashInfer" in r.output
