@@ -11,9 +11,8 @@ import torch
 
 from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
 from fi_convert import layout as L
-from fi_convert.synthetic import Spec, write_checkpoint
-
 from fi_convert import oracle as ref
+from fi_convert.synthetic import Spec, write_checkpoint
 
 pytestmark = pytest.mark.gpu
 

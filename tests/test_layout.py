@@ -12,7 +12,6 @@ from flashinfer.fused_moe.core import (
 )
 
 from fi_convert import layout as L
-
 from fi_convert.oracle import pad_contiguous_seed, pad_per_half, same_bytes
 
 
