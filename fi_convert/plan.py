@@ -51,6 +51,7 @@ class Item:
 class ShardPlan:
     name: str
     items: list[Item]
+    copy_of: Path | None = None  # a source shard without experts: carried over byte for byte
 
     @property
     def nbytes(self) -> int:
@@ -148,7 +149,8 @@ def make_plan(source: str | Path, options: Options) -> Plan:
         lps.append(lp)
     expert_names = {n for lp in lps for n in lp.source_names}
     items = _items(ckpt, lps, expert_names, options.tp_size)
-    shards = _pack(items, options.max_shard_bytes)
+    with_experts = {ckpt.tensors[n].file for n in expert_names}
+    shards = _pack(items, options.max_shard_bytes, set(ckpt.shards) - with_experts)
     plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
     plan.notes = list(dict.fromkeys(n for lp in lps for n in lp.notes))
@@ -179,17 +181,27 @@ def _items(ckpt: Checkpoint, lps: list[LayerPlan], expert_names: set[str], tp: i
     return items
 
 
-def _pack(items: list[Item], limit: int) -> list[ShardPlan]:
-    groups: list[list[Item]] = [[]]
+def _pack(items: list[Item], limit: int, expert_free: set[Path]) -> list[ShardPlan]:
+    """Whole tensors into shards of at most `limit` bytes, in source order; a source shard
+    that holds no expert tensor becomes an output shard of its own, copied as it is."""
+    groups: list[tuple[list[Item], Path | None]] = []
     size = 0
     for it in items:
-        if groups[-1] and size + it.entry.nbytes > limit:
-            groups.append([])
+        src = it.source.file if it.source is not None else None
+        if src in expert_free:
+            if not groups or groups[-1][1] != src:
+                groups.append(([], src))
+        elif not groups or groups[-1][1] is not None or size + it.entry.nbytes > limit:
+            if not groups or groups[-1][0] or groups[-1][1] is not None:
+                groups.append(([], None))
             size = 0
-        groups[-1].append(it)
+        groups[-1][0].append(it)
         size += it.entry.nbytes
     n = len(groups)
-    return [ShardPlan(f"model-{k + 1:05d}-of-{n:05d}.safetensors", g) for k, g in enumerate(groups)]
+    return [
+        ShardPlan(f"model-{k + 1:05d}-of-{n:05d}.safetensors", g, copy_of)
+        for k, (g, copy_of) in enumerate(groups)
+    ]
 
 
 def _side_files(root: Path) -> list[str]:

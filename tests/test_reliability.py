@@ -172,3 +172,21 @@ def test_corrupt_headers_never_give_a_traceback(tmp_path, data):
         read_header(bad)
     except FiConvertError as e:
         assert str(bad) in str(e)
+
+
+def test_shards_without_experts_are_carried_over_as_they_are(tmp_path):
+    spec = Spec("deepseek-v3", layers=3, dense_layers=1, experts=4, shards=8)
+    src = write_checkpoint(tmp_path / "src", spec)
+    plan = make_plan(src, Options())
+    copied = [s for s in plan.shards if s.copy_of is not None]
+    assert len(copied) == 2  # the embedding and the dense layer's shards
+    out = tmp_path / "out"
+    convert(src, out, Options(), device="cpu")
+    for s in copied:
+        assert (out / s.name).read_bytes() == s.copy_of.read_bytes()
+    r = subprocess.run(
+        [sys.executable, "-m", "fi_convert", "verify", str(out), "--source", str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
