@@ -87,7 +87,8 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
         drop_cache(src)
 
     def conv():
-        convert(src, out, Options(SchemeName.FP8_BLOCK), device=args.device)
+        opts = Options(SchemeName.FP8_BLOCK, max_memory=args.max_memory)
+        convert(src, out, opts, device=args.device)
 
     def copy():
         subprocess.run(["cp", "-r", str(src), str(cp_out)], check=True)
@@ -190,7 +191,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--max-memory", type=int, default=4 * 2**30)
+    ap.add_argument("--max-memory", type=int, default=2**30, help="conversion budget, bytes")
     ap.add_argument("--tmp", default=None, help="folder for checkpoints (default: a temp dir)")
     args = ap.parse_args()
     dev = torch.device(
