@@ -28,3 +28,7 @@ class OutputError(FiConvertError):
 
 class ManifestError(FiConvertError):
     """A manifest is missing, from another format version, or disagrees with the request."""
+
+
+class HubError(FiConvertError):
+    """The Hugging Face Hub refused or failed a download or an upload (names the repo and the fix)."""

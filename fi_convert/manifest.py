@@ -26,6 +26,7 @@ TARGET = {
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
     ("cutlass", "fp8-block"): "sm90",
+    ("cutlass", "nvfp4"): "sm100",
     ("cutlass", None): "sm90+",
 }
 
@@ -40,7 +41,7 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "backend": plan.options.backend.value,
         "tp_size": plan.options.tp_size,
         "target": {**TARGET, "gpu_family": gpu_family(plan)},
-        "expert_parallel": _ep_note(layers),
+        "expert_parallel": _ep_note(plan.scheme.value, layers),
         "source": {
             "model_type": plan.ckpt.model_type,
             "family": plan.family.name,
@@ -52,8 +53,11 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
     }
 
 
-def _ep_note(layers: dict) -> str:
-    if any(lay.get("activation_scheme") == "static" for lay in layers.values()):
+def _ep_note(scheme: str, layers: dict) -> str:
+    # FP8 per-tensor activation scales are a max over experts, which vLLM takes over a rank's
+    # local experts under EP; NVFP4 on FlashInfer uses the global max (use_global_sf)
+    static = any(lay.get("activation_scheme") == "static" for lay in layers.values())
+    if scheme == "fp8-tensor" and static:
         return (
             "EP size 1: activation scales are the max over all experts; under EP vLLM takes "
             "the max over a rank's local experts"

@@ -24,6 +24,15 @@ DEFAULT_SHARD_BYTES = 5 * 10**9
 DEFAULT_MAX_MEMORY = 4 * 2**30
 
 
+MISSING_BACKENDS = {
+    (SchemeName.MXFP8, Backend.CUTLASS): "vLLM 0.33 has no FlashInfer CUTLASS MXFP8 path",
+    (SchemeName.MXFP4, Backend.CUTLASS): (
+        "vLLM's CUTLASS MXFP4 paths (MXFP8 or BF16 activations) are not implemented in "
+        "fi-convert yet"
+    ),
+}
+
+
 @dataclass(frozen=True)
 class Options:
     scheme: SchemeName = SchemeName.AUTO
@@ -136,8 +145,9 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     name = schemes.detect(ckpt, layers) if detected else options.scheme
     scheme = schemes.get(name)
     if options.backend not in scheme.backends:
+        why = MISSING_BACKENDS.get((name, options.backend), "vLLM has no such path")
         raise SchemeMismatchError(
-            f"--scheme {name.value} has no {options.backend.value} backend in vLLM; "
+            f"--scheme {name.value} --backend {options.backend.value}: {why}; "
             f"use --backend {scheme.backends[0].value}"
         )
     lps = []

@@ -20,6 +20,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 ROLES = ("w1", "w3", "w2")
 # compressed-tensors calls packed FP4 weights `weight_packed`; schemes see them as `weight`
 PARAM_ALIASES = {"weight_packed": "weight"}
+# huggingface_hub's marker of its cache-wide blob store (`<cache>/blobs/`, see _allowed_roots)
+SHARED_BLOBS_MARKER = ".huggingface-shared-blobs"
 
 
 @dataclass
@@ -130,11 +132,17 @@ def _inside(root: Path, name: str, what: Path) -> Path:
 
 def _allowed_roots(root: Path) -> list[Path]:
     """Where a shard may really live: the folder itself, or for a Hugging Face cache snapshot
-    (`models--org--name/snapshots/<rev>`) the repo's `blobs/`, which its symlinks point into."""
+    (`models--org--name/snapshots/<rev>`) the repo's `blobs/`, which its symlinks point into,
+    and the cache-wide store of Xet files (`<cache>/blobs/`, marked by huggingface_hub), which
+    newer huggingface_hub versions link those blobs to."""
     real = root.resolve()
     roots = [real]
     if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
-        roots.append(real.parent.parent / "blobs")
+        repo = real.parent.parent
+        roots.append(repo / "blobs")
+        store = repo.parent / "blobs"
+        if (store / SHARED_BLOBS_MARKER).is_file():
+            roots.append(store)
     return roots
 
 
