@@ -86,10 +86,8 @@ def test_mxfp8_refuses_block_fp8_source_and_cutlass(tmp_path):
     with pytest.raises(SchemeMismatchError, match="lossy.*fp8-block"):
         make_plan(ds, Options(SchemeName.MXFP8))
     bf = write_checkpoint(tmp_path / "bf", Spec("qwen3-moe", layers=1, experts=2))
-    with pytest.raises(
-        SchemeMismatchError,
-        match="--backend cutlass: vLLM 0.33 has no FlashInfer CUTLASS MXFP8 path; use --backend trtllm",
-    ):
+    why = "--backend cutlass: vLLM 0.33 has no FlashInfer CUTLASS MXFP8 path; use --backend "
+    with pytest.raises(SchemeMismatchError, match=why + "trtllm"):
         make_plan(bf, Options(SchemeName.MXFP8, backend="cutlass"))
 
 
