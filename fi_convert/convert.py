@@ -114,7 +114,7 @@ def run_plan(
             src.close()
         files[INDEX_NAME] = od.write_small(INDEX_NAME, _index(plan))
         od.remove_stale(set(files))
-        _fsync_all(out_dir, files)  # everything durable before the manifest claims it
+        od.flush(files)  # everything durable before the manifest claims it
         manifest = mf.build(plan, files)
         mf.write(out_dir, manifest)
         reused = od.reused
@@ -274,6 +274,9 @@ class OutDir:
         self.state_dir = root / STATE_DIR
         self.done: dict[str, dict] = {}
         self.reused: list[str] = []
+        # finished files are flushed to disk in the background while the next ones are made
+        self.syncer = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-fsync")
+        self.syncing: dict[str, Future] = {}
 
     def __enter__(self) -> OutDir:
         self._claim()
@@ -284,6 +287,7 @@ class OutDir:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self.syncer.shutdown(wait=True, cancel_futures=True)
         if exc_type is None:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         else:
@@ -329,7 +333,25 @@ class OutDir:
         if d.get("key") == self.key and isinstance(d.get("files"), dict):
             self.done = d["files"]
 
+    def _sync_later(self, rel: str) -> None:
+        self.syncing[rel] = self.syncer.submit(_fsync, self.root / rel)
+
+    def flush(self, files: dict[str, dict]) -> None:
+        """Every file of `files` and the folder itself on disk (before the manifest)."""
+        try:
+            for rel in files:
+                if rel in self.syncing:
+                    self.syncing[rel].result()
+                else:
+                    _fsync(self.root / rel)
+            _fsync(self.root)
+        except OSError as e:
+            raise OutputError(
+                f"{self.root}: cannot flush the output to disk ({e.strerror})"
+            ) from None
+
     def _record(self, rel: str, meta: dict) -> dict:
+        self._sync_later(rel)
         self.done[rel] = meta
         tmp = self._journal_path().with_name("state.json" + TMP_SUFFIX)
         tmp.write_text(json.dumps({"key": self.key, "files": self.done}, sort_keys=True))
@@ -344,6 +366,7 @@ class OutDir:
         if sha256_file(p) != meta["sha256"]:
             return None
         self.reused.append(rel)
+        self._sync_later(rel)
         return meta
 
     def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict:
@@ -387,21 +410,12 @@ class OutDir:
         return self._record(rel, {"sha256": sha256_file(dst), "size": dst.stat().st_size})
 
 
-def _fsync_all(root: Path, files: dict[str, dict]) -> None:
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        for rel in files:
-            fd = os.open(root / rel, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise OutputError(f"{root}: cannot flush the output to disk ({e.strerror})") from None
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def check_claimable(out_dir: Path, overwrite: bool) -> bool:
