@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -94,19 +95,35 @@ class ExpertLayer:
             if self.form.kind == "fused":
                 per = info.shape[1]
                 start = e * per + a + (per // 2 if role == "w3" else 0)
-                info = _flat_rows(info)
-            d = dst[i]
-            if cols is None and d.is_contiguous():
-                files.read_rows(info, start, start + b - a, d)
-            else:
-                tmp = torch.empty((b - a, *info.shape[1:]), dtype=d.dtype)
-                files.read_rows(info, start, start + b - a, tmp)
-                d.copy_(tmp if cols is None else tmp[:, cols[0] : cols[1]])
+                info = expert_rows(info)
+            read_rows_into(files, info, start, b - a, cols, dst[i])
 
 
-def _flat_rows(info: TensorInfo) -> TensorInfo:
-    shape = (info.shape[0] * info.shape[1], *info.shape[2:])
+def expert_rows(info: TensorInfo) -> TensorInfo:
+    """A fused [E, R, ...] tensor seen as [E*R, rest]: expert e's row r is row e*R + r."""
+    shape = (info.shape[0] * info.shape[1], math.prod(info.shape[2:]))
     return TensorInfo(info.name, info.dtype, shape, info.start, info.nbytes, info.file)
+
+
+def read_rows_into(
+    files: SourceFiles,
+    info: TensorInfo,
+    start: int,
+    count: int,
+    cols: tuple[int, int] | None,
+    dst: torch.Tensor,
+) -> None:
+    """dst[:count, :width] = rows [start, start + count) of the 2-D `info`, columns [c, d)
+    when given; straight into `dst` when it is exactly that contiguous block."""
+    if count <= 0:
+        return
+    if cols is None and dst.is_contiguous() and dst.numel() == count * math.prod(info.shape[1:]):
+        files.read_rows(info, start, start + count, dst)
+        return
+    tmp = torch.empty((count, *info.shape[1:]), dtype=dst.dtype)
+    files.read_rows(info, start, start + count, tmp)
+    part = tmp if cols is None else tmp[:, cols[0] : cols[1]]
+    dst[:count, : part.shape[1]].copy_(part)
 
 
 def _load_json(path: Path) -> dict:

@@ -205,6 +205,13 @@ def per_rank(size: int, tp: int, what: str) -> int:
     return size // tp
 
 
+def require_multiples(layer: ExpertLayer, sizes: dict[str, int], block: int, why: str) -> None:
+    """A LayoutError for the first size that is not a multiple of `block`."""
+    for what, size in sizes.items():
+        if size % block:
+            raise LayoutError(f"{layer.prefix}: {what} {size} is not a multiple of {block}; {why}")
+
+
 def stage_w13(
     ctx: Ctx,
     layer: ExpertLayer,

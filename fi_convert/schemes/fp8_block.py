@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import layout as L
-from ..errors import LayoutError, SchemeMismatchError
+from ..errors import SchemeMismatchError
 from ..source import Checkpoint, ExpertLayer
 from .base import (
     Backend,
@@ -22,6 +22,7 @@ from .base import (
     per_rank,
     refuse_other_format,
     require_dtype,
+    require_multiples,
     require_param,
     require_shapes,
     stage_w2,
@@ -64,14 +65,13 @@ class Fp8BlockScheme:
     def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
-        for what, size in (("hidden size", h), ("intermediate size per rank", i_r)):
-            if size % BLOCK:
-                raise LayoutError(
-                    f"{layer.prefix}: {what} {size} is not a multiple of the {BLOCK}-wide "
-                    "scale block; vLLM 0.33 pads such shards only for some kernels and "
-                    "FlashInfer's block-FP8 kernels cannot take them - use a --tp-size "
-                    f"that keeps I/tp a multiple of {BLOCK}"
-                )
+        require_multiples(
+            layer,
+            {"hidden size": h, "intermediate size per rank": i_r},
+            BLOCK,
+            "the 128x128 scale blocks cannot be split (vLLM 0.33 pads such shards only for "
+            "some kernels, not FlashInfer's) - use a --tp-size that keeps I/tp a multiple of 128",
+        )
         outs = _outputs(layer, e, h, i_r, backend)
         info = {
             "num_experts": e,

@@ -20,7 +20,7 @@ import torch
 from .. import dtypes
 from .. import layout as L
 from ..errors import LayoutError, SchemeMismatchError, SourceError
-from ..source import Checkpoint, ExpertLayer
+from ..source import Checkpoint, ExpertLayer, expert_rows, read_rows_into
 from ..st_io import TensorInfo
 from .base import (
     Backend,
@@ -40,19 +40,6 @@ MX = 32  # values per scale
 PARAMS = ("blocks", "scales", "bias")
 
 
-def _flat(info: TensorInfo) -> TensorInfo:
-    """[E, R, ...] viewed as [E*R, rest] for reading runs of rows."""
-    rest = math.prod(info.shape[2:]) if len(info.shape) > 2 else 1
-    return TensorInfo(
-        info.name,
-        info.dtype,
-        (info.shape[0] * info.shape[1], rest),
-        info.start,
-        info.nbytes,
-        info.file,
-    )
-
-
 def _read(
     ctx: Ctx,
     info: TensorInfo,
@@ -62,15 +49,9 @@ def _read(
     dst: torch.Tensor,
 ) -> None:
     """dst[i, :b-a, :w] = info[e, a:b] (flattened past dim 1), columns [c, d) when given."""
-    a, b = rows
-    if b <= a:
-        return
-    flat, per = _flat(info), info.shape[1]
+    flat, per = expert_rows(info), info.shape[1]
     for i, e in enumerate(experts):
-        tmp = torch.empty((b - a, flat.shape[1]), dtype=dst.dtype)
-        ctx.files.read_rows(flat, e * per + a, e * per + b, tmp)
-        part = tmp if cols is None else tmp[:, cols[0] : cols[1]]
-        dst[i, : b - a, : part.shape[1]].copy_(part)
+        read_rows_into(ctx.files, flat, e * per + rows[0], rows[1] - rows[0], cols, dst[i])
 
 
 class Mxfp4Scheme:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import layout as L
-from ..errors import LayoutError, SchemeMismatchError
+from ..errors import SchemeMismatchError
 from ..quant import MX_BLOCK, UE8M0_ONE, mx_quantize
 from ..source import Checkpoint, ExpertLayer
 from .base import (
@@ -27,6 +27,7 @@ from .base import (
     quant_algo,
     refuse_other_format,
     require_dtype,
+    require_multiples,
     require_param,
     require_shapes,
     stage_w2,
@@ -74,12 +75,12 @@ class Mxfp8Scheme:
     def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
-        for what, size in (("hidden size", h), ("intermediate size per rank", i_r)):
-            if size % MX_BLOCK:
-                raise LayoutError(
-                    f"{layer.prefix}: {what} {size} is not a multiple of the {MX_BLOCK}-value "
-                    "MX block; choose a --tp-size that keeps I/tp a multiple of 32"
-                )
+        require_multiples(
+            layer,
+            {"hidden size": h, "intermediate size per rank": i_r},
+            MX_BLOCK,
+            "an MX scale covers 32 values - use a --tp-size that keeps I/tp a multiple of 32",
+        )
         i_p, h_p = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H)
         quantize = weight_dtype(layer) == "BF16"
         outs = _outputs(layer, e, h, h_p, i_r, i_p, quantize)
