@@ -27,7 +27,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from . import __version__
+from . import __version__, hub
 from .convert import Progress as LibProgress
 from .convert import preflight, run_plan
 from .errors import FiConvertError
@@ -107,11 +107,31 @@ def _render_plan(plan: Plan) -> None:
 
 @app.command("convert")
 def convert_cmd(
-    model_dir: Annotated[str, typer.Argument(help="Source model folder.")],
+    model_dir: Annotated[
+        str, typer.Argument(help="Source model folder, or a Hub repo id (org/name).")
+    ],
     out_dir: Annotated[Path, typer.Argument(help="Output folder (created).")],
     scheme: SchemeOpt = SchemeName.AUTO,
     backend: BackendOpt = Backend.TRTLLM,
     tp_size: TpOpt = 1,
+    revision: Annotated[
+        str | None,
+        typer.Option(help="Branch, tag or commit of a Hub repo-id source (default: main)."),
+    ] = None,
+    push_to: Annotated[
+        str | None,
+        typer.Option("--push-to", help="Then publish OUT_DIR to this Hub repo (org/name)."),
+    ] = None,
+    private: Annotated[
+        bool, typer.Option("--private", help="Create the --push-to repo private.")
+    ] = False,
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            "--base-model",
+            help="Hub repo id the model card names as base model (default: a repo-id source).",
+        ),
+    ] = None,
     device: Annotated[
         str, typer.Option(help="Where to transform: auto (CUDA when present), cpu, cuda[:N].")
     ] = "auto",
@@ -129,10 +149,17 @@ def convert_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Convert MODEL_DIR into OUT_DIR (the default command)."""
+    """Convert MODEL_DIR (a folder, or a Hub repo id) into OUT_DIR (the default command)."""
     opts = Options(scheme, backend, tp_size, max_shard_size, max_memory)
+    if (private or base_model) and not push_to:
+        raise typer.BadParameter("--private and --base-model go with --push-to")
+    show = err.is_terminal and not quiet and not as_json
+    pushed = None
     try:
-        plan = make_plan(model_dir, opts)
+        src = hub.resolve_source(model_dir, revision=revision, progress=show)
+        if src.repo_id and not as_json:
+            err.print(f"source: {src.repo_id} at {src.commit} ({escape(str(src.path))})")
+        plan = make_plan(src.path, opts)
         if not dry_run:
             preflight(plan, out_dir, device=device, overwrite=overwrite)
         if plan.detected and not as_json:
@@ -145,21 +172,66 @@ def convert_cmd(
             else:
                 _render_plan(plan)
             return
-        show = err.is_terminal and not quiet and not as_json
         with _progress(show) as cb:
             res = run_plan(plan, out_dir, device=device, overwrite=overwrite, progress=cb)
+        if push_to:
+            base = base_model or src.repo_id
+            pushed = _push_after_convert(out_dir, push_to, private, base, src.commit, show)
     except FiConvertError as e:
         raise _fail(e, debug) from None
-    if as_json:
-        out.print_json(json.dumps(res.summary()))
-        return
     s = res.summary()
+    if src.repo_id:
+        s["source_repo"] = src.summary()
+    if pushed:
+        s["push"] = pushed.summary()
+    if as_json:
+        out.print_json(json.dumps(s))
+        return
     reused = f" ({len(res.reused_files)} reused from an earlier run)" if res.reused_files else ""
     out.print(
         f"[green]done[/green]: {s['moe_layers']} MoE layers x {s['num_experts']} experts -> "
         f"{escape(str(res.out_dir))} ({s['scheme']}, {s['backend']}, tp {s['tp_size']}, "
         f"on {s['device']}); "
         f"{s['files']} files{reused}, manifest {s['manifest']}"
+    )
+    if pushed:
+        _render_push(out_dir, pushed)
+
+
+def _push_after_convert(
+    out_dir: Path,
+    repo_id: str,
+    private: bool,
+    base_model: str | None,
+    base_revision: str | None,
+    show: bool,
+) -> hub.PushResult:
+    if base_model is None:
+        err.print(
+            "[yellow]warning:[/yellow] the model card names no base model; "
+            "pass --base-model org/name to link it"
+        )
+    try:
+        return hub.push(
+            out_dir,
+            repo_id,
+            private=private,
+            base_model=base_model,
+            base_revision=base_revision,
+            progress=show,
+        )
+    except FiConvertError as e:
+        raise type(e)(
+            f"{e} (the conversion in {out_dir} is complete: `fi-convert push {out_dir} "
+            f"{repo_id}` publishes it)"
+        ) from None
+
+
+def _render_push(out_dir: Path, res: hub.PushResult) -> None:
+    commit = f", commit {res.commit[:12]}" if res.commit else ""
+    out.print(
+        f"[green]pushed[/green]: {escape(str(out_dir))} -> {escape(res.url)} "
+        f"(revision {escape(res.revision)}{commit}, {res.files} files)"
     )
 
 
@@ -267,13 +339,56 @@ def verify_cmd(
         raise typer.Exit(1)
 
 
+@app.command("push")
+def push_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="A finished fi-convert output folder.")],
+    repo_id: Annotated[str, typer.Argument(help="Hub repo to publish to, org/name (created).")],
+    private: Annotated[
+        bool, typer.Option("--private", help="Create the repo private (when it is new).")
+    ] = False,
+    revision: Annotated[
+        str, typer.Option(help="Branch to push to (created when missing).")
+    ] = "main",
+    base_model: Annotated[
+        str | None,
+        typer.Option("--base-model", help="Hub repo id of the source model, for the model card."),
+    ] = None,
+    as_json: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Publish a finished OUT_DIR to the Hub with a model card; refused unless its files match
+    the manifest. Run it again after an interruption: it resumes."""
+    show = err.is_terminal and not quiet and not as_json
+    if base_model is None:
+        err.print(
+            "[yellow]warning:[/yellow] the model card names no base model; "
+            "pass --base-model org/name to link it"
+        )
+    try:
+        res = hub.push(
+            out_dir,
+            repo_id,
+            private=private,
+            revision=revision,
+            base_model=base_model,
+            progress=show,
+        )
+    except FiConvertError as e:
+        raise _fail(e, debug) from None
+    if as_json:
+        out.print_json(json.dumps(res.summary()))
+    else:
+        _render_push(out_dir, res)
+
+
 @app.command("version")
 def version_cmd() -> None:
     """Print the fi-convert version."""
     out.print(__version__)
 
 
-COMMANDS = {"convert", "inspect", "verify", "version"}
+COMMANDS = {"convert", "inspect", "verify", "version", "push"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,4 +31,4 @@ class ManifestError(FiConvertError):
 
 
 class HubError(FiConvertError):
-    """The Hugging Face Hub refused or failed a download or an upload (names the repo and the fix)."""
+    """A Hugging Face Hub download or upload failed or was refused; names the repo and the fix."""
