@@ -240,6 +240,13 @@ def _offline_fix(repo_id: str, revision: str | None) -> str:
     return f"run without HF_HUB_OFFLINE, or `hf download {repo_id}{rev}` first"
 
 
+def _not_cached(repo_id: str, revision: str | None) -> str:
+    return (
+        f"{repo_id}: no such local folder, and not in the Hugging Face cache ({_cache_dir()}), "
+        f"which HF_HUB_OFFLINE=1 keeps to; {_offline_fix(repo_id, revision)}"
+    )
+
+
 @contextmanager
 def _download_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[None]:
     from huggingface_hub import errors as he
@@ -248,10 +255,7 @@ def _download_errors(repo_id: str, revision: str | None, offline: bool) -> Itera
     try:
         yield
     except he.OfflineModeIsEnabled:
-        raise HubError(
-            f"{repo_id}: not in the Hugging Face cache ({_cache_dir()}) and HF_HUB_OFFLINE=1 "
-            f"forbids downloading; {_offline_fix(repo_id, revision)}"
-        ) from None
+        raise HubError(_not_cached(repo_id, revision)) from None
     except he.GatedRepoError:
         raise HubError(
             f"{repo_id}: a gated repo; accept its conditions at {_hub_url(repo_id)} and log in "
@@ -275,13 +279,11 @@ def _download_errors(repo_id: str, revision: str | None, offline: bool) -> Itera
                 f"forbids downloading the rest; {_offline_fix(repo_id, revision)}"
             ) from None
         if offline:
-            raise HubError(
-                f"{repo_id}: not in the Hugging Face cache ({_cache_dir()}) and HF_HUB_OFFLINE=1 "
-                f"forbids downloading; {_offline_fix(repo_id, revision)}"
-            ) from None
+            raise HubError(_not_cached(repo_id, revision)) from None
         raise HubError(
-            f"{repo_id}: cannot reach the Hub at {_hub_url(repo_id)} and the files are not "
-            f"cached ({_brief(e)}); check the network and proxy, then run again"
+            f"{repo_id}: no such local folder, and cannot reach the Hub at {_hub_url(repo_id)} "
+            f"({_brief(e)}) to download it; check the network and proxy (or the path), then "
+            "run again"
         ) from None
     except he.HfHubHTTPError as e:
         raise HubError(_http_message(repo_id, e, "download")) from None
@@ -290,8 +292,8 @@ def _download_errors(repo_id: str, revision: str | None, offline: bool) -> Itera
     except _transport_errors() as e:
         raise HubError(
             f"{repo_id}: cannot reach the Hub at {_hub_url(repo_id)} ({type(e).__name__}: "
-            f"{_brief(e)}); check the network and proxy, then run again - finished files stay "
-            "in the cache"
+            f"{_brief(e)}); check the network and proxy, then run again - the files already "
+            "downloaded stay in the cache"
         ) from None
     except OSError as e:
         raise HubError(

@@ -263,6 +263,10 @@ class _Handler(BaseHTTPRequestHandler):
             if rule is not None:
                 self._read_body()
                 raise _Error(rule.status, f"injected failure {rule.status}")
+            auth = self.headers.get("authorization")
+            if auth is not None and not self._authed() and not url.path.startswith("/cdn/"):
+                # the Hub refuses a token it does not know, whatever the repo
+                raise _Error(401, "Invalid credentials in Authorization header")
             self._route(method, url.path, parse_qs(url.query))
         except _Error as e:
             body = json.dumps({"error": e.message, **e.extra}).encode()

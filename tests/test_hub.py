@@ -56,6 +56,8 @@ def src(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("src") / "tiny-moe"
     write_checkpoint(d, Spec("qwen3-moe", layers=1, experts=4, hidden=128, intermediate=128))
     (d / "README.md").write_text(SOURCE_CARD)
+    (d / "inference").mkdir()  # a nested small file, as DeepSeek-V3 has
+    (d / "inference" / "config_tiny.json").write_text("{}\n")
     return d
 
 
@@ -69,7 +71,7 @@ def ref_out(src, tmp_path_factory) -> Path:
 
 def repo_files(src: Path) -> dict[str, bytes]:
     """The source as a Hub repo, plus files a conversion must never download."""
-    files = {p.name: p.read_bytes() for p in src.iterdir()}
+    files = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
     files["pytorch_model.bin"] = b"\x80\x04not-a-pickle-we-read"
     files["original/consolidated.00.pth"] = b"\x80\x04also-not"
     files["original/params.json"] = b"{}"
@@ -193,8 +195,9 @@ def test_repo_id_source_converts_like_the_local_folder(hub, src, ref_out, tmp_pa
     assert (out / MANIFEST).read_bytes() == (ref_out / MANIFEST).read_bytes()
     assert mf.check_files(out, mf.read(out)) == []
     # only what the conversion reads came down: no pickles, no original/, no unindexed shard
-    cached = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")}
-    assert cached == {p.name for p in src.iterdir()}
+    cached = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
+    assert cached == {p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file()}
+    assert (out / "inference" / "config_tiny.json").is_file()
     fetched = hub.requests(pattern=r"/resolve/")
     assert fetched and not [p for p in fetched if "bin" in p or "original" in p or "consol" in p]
     cdn = {p.rsplit("/", 1)[1] for p in hub.requests("GET", r"^/cdn/")}
@@ -242,7 +245,7 @@ def test_offline_mode_without_the_cache_is_one_clear_line(hub, src, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("case", ["missing", "private", "gated", "unreachable"])
+@pytest.mark.parametrize("case", ["missing", "private", "gated", "bad-token", "unreachable"])
 def test_hub_failures_are_one_line_naming_the_repo_and_the_fix(
     case, hub, src, tmp_path, monkeypatch
 ):
@@ -251,6 +254,8 @@ def test_hub_failures_are_one_line_naming_the_repo_and_the_fix(
         hub.add_repo(REPO, repo_files(src), private=case == "private", gated=case == "gated")
     if case in ("private", "gated"):
         monkeypatch.delenv("HF_TOKEN")  # anonymous
+    if case == "bad-token":
+        monkeypatch.setenv("HF_TOKEN", "hf_notAValidToken")
     if case == "unreachable":
         with socket.socket() as s:  # a loopback port nobody listens on
             s.bind(("127.0.0.1", 0))
@@ -264,6 +269,7 @@ def test_hub_failures_are_one_line_naming_the_repo_and_the_fix(
         "missing": ("no such model repo on the Hub", "`hf auth login` or HF_TOKEN"),
         "private": ("or it is private", "`hf auth login` or HF_TOKEN"),
         "gated": ("a gated repo", "accept its conditions"),
+        "bad-token": ("refused the token (401", "`hf auth login` or set a valid HF_TOKEN"),
         "unreachable": ("cannot reach the Hub", "check the network"),
     }[case]
     for w in want:
@@ -289,6 +295,8 @@ def test_cache_wide_xet_blob_store_links_are_accepted(src, tmp_path):
         d.mkdir(parents=True)
     (store / ".huggingface-shared-blobs").write_text("1\n")
     for p in src.iterdir():
+        if p.is_dir():
+            continue
         if p.suffix != ".safetensors":
             shutil.copy(p, snap / p.name)
             continue
@@ -385,8 +393,19 @@ def test_push_without_a_token_says_how_to_log_in(hub, ref_out, monkeypatch):
     monkeypatch.delenv("HF_TOKEN")
     r = cli("push", ref_out, TARGET, "--base-model", REPO)
     assert r.exit_code == 1
-    assert "`hf auth login` or set HF_TOKEN" in r.stderr
+    assert "`hf auth login` or set HF_TOKEN" in one_error_line(r.stderr)
     assert hub.log == []
+    monkeypatch.setenv("HF_TOKEN", "hf_notAValidToken")
+    r = cli("push", ref_out, TARGET, "--base-model", REPO)
+    assert "refused the token (401" in one_error_line(r.stderr)
+    assert TARGET not in hub.repos
+
+
+def test_push_to_a_branch(hub, ref_out):
+    r = cli("push", ref_out, TARGET, "--base-model", REPO, "--revision", "fi-trtllm")
+    assert r.exit_code == 0, r.stderr
+    assert MANIFEST in hub.files(TARGET, "fi-trtllm")
+    assert MANIFEST not in hub.files(TARGET, "main")
 
 
 def test_a_failed_push_resumes_without_uploading_again(hub, ref_out, tmp_path):
