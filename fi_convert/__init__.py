@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from .convert import Progress, Result, convert, run_plan  # noqa: E402
 from .errors import (  # noqa: E402
     FiConvertError,
+    HubError,
     LayoutError,
     ManifestError,
     OutputError,
@@ -20,6 +21,7 @@ from .schemes import Backend, SchemeName  # noqa: E402
 __all__ = [
     "Backend",
     "FiConvertError",
+    "HubError",
     "LayoutError",
     "ManifestError",
     "Options",

@@ -347,9 +347,11 @@ class PushResult:
 
 
 def check_out_dir(out_dir: str | Path) -> dict:
-    """The manifest of a finished output whose files all match it (what `verify` accepts)."""
+    """The manifest of a finished output that `verify` accepts (files, index, shapes)."""
+    from .verify import verify  # verify imports the converter; keep hub light to import
+
     m = mf.read(out_dir)
-    problems = mf.check_files(out_dir, m)
+    problems = verify(out_dir).problems
     if problems:
         raise OutputError(
             f"{out_dir}: {len(problems)} file(s) do not match {MANIFEST_NAME} (first: "
