@@ -372,8 +372,8 @@ def push(
 ) -> PushResult:
     """Publish a finished output folder to the Hub repo `repo_id` (created when missing).
 
-    Refuses a folder without a manifest or whose files do not match it (the SHA-256 check of
-    `verify`: matching files are the bytes convert wrote). Uploads the files the manifest lists
+    Refuses a folder without a manifest or one that `verify` fails (files against their
+    SHA-256s, the index, the manifest's shapes). Uploads the files the manifest lists
     (resumably: run it again after an interruption and what is already there is skipped),
     then, in a last commit, the model card and the manifest. The uploaded manifest lists the card as
     README.md (in place of a README.md carried over from the source), so `fi-convert verify`
