@@ -88,6 +88,7 @@ MAKERS = {
     "bf16": _bf16,
     "fp8-block": _fp8_block,
     "mxfp8": _mxfp8,
+    "mxfp8-ct": _mxfp8,
     "fp8-tensor": _fp8_tensor,
     "fp8-tensor-ct": lambda shape, g: _fp8_tensor(shape, g, ct=True),
     "nvfp4": _nvfp4,
@@ -164,6 +165,24 @@ def _config(spec: Spec, quant: str) -> dict:
                 "model.embed_tokens",
                 "lm_head",
             ],
+        }
+    elif quant == "mxfp8-ct":
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "mxfp8-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "group",
+                        "group_size": 32,
+                    },
+                    "input_activations": {"num_bits": 8, "type": "float", "dynamic": True},
+                }
+            },
+            "ignore": ["lm_head"],
         }
     elif quant in ("nvfp4-ct",):
         cfg["quantization_config"] = {

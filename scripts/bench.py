@@ -53,12 +53,13 @@ def drop_cache(folder: Path) -> None:
 
 
 def peak_rss(src: Path, out: Path, device: str, max_memory: int) -> float:
-    """Peak resident memory (GiB) of a conversion in a fresh process."""
+    """Peak resident memory (GiB) of a conversion in a fresh process: its VmHWM, which a new
+    program starts afresh (ru_maxrss would carry over the forking parent's high-water mark)."""
     code = (
-        "import resource, sys; from fi_convert import convert, Options;"
+        "from fi_convert import convert, Options;"
         f"convert({str(src)!r}, {str(out)!r}, Options(max_memory={max_memory}), device={device!r},"
         " overwrite=True);"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(r.stdout.strip().splitlines()[-1]) / 2**20

@@ -34,6 +34,10 @@ CASES = {
         Spec("qwen3-moe", layers=2, experts=5, hidden=320, intermediate=384, quant="mxfp8"),
         "mxfp8",
     ),
+    "ct-mxfp8": (
+        Spec("mixtral", layers=1, experts=3, hidden=256, intermediate=256, quant="mxfp8-ct"),
+        "mxfp8",
+    ),
     "bf16-to-mxfp8": (
         Spec("qwen3-moe", layers=2, experts=3, hidden=160, intermediate=384),
         "mxfp8",

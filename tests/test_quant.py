@@ -73,7 +73,12 @@ def test_fp8_dequantize_uses_float16_scale():
 
 @pytest.mark.parametrize(
     "quant,scheme",
-    [("mxfp8", "mxfp8"), ("fp8-tensor", "fp8-tensor"), ("fp8-tensor-ct", "fp8-tensor")],
+    [
+        ("mxfp8", "mxfp8"),
+        ("mxfp8-ct", "mxfp8"),
+        ("fp8-tensor", "fp8-tensor"),
+        ("fp8-tensor-ct", "fp8-tensor"),
+    ],
 )
 def test_auto_detects_quantized_schemes(tmp_path, quant, scheme):
     src = write_checkpoint(tmp_path / "m", Spec("qwen3-moe", layers=1, experts=2, quant=quant))
@@ -193,3 +198,37 @@ def test_fp4_schemes_refuse_other_formats(tmp_path):
         make_plan(go, Options(SchemeName.NVFP4))
     with pytest.raises(SchemeMismatchError, match="use --scheme mxfp4"):
         make_plan(go, Options(SchemeName.BF16))
+
+
+@pytest.mark.parametrize(
+    "quant,name,bad,match",
+    [
+        (
+            "fp8-block",
+            "down_proj.weight_scale_inv",
+            torch.float16,
+            "dtype F16, this scheme needs F32",
+        ),
+        ("mxfp8", "up_proj.weight_scale", torch.float32, "UE8M0"),
+        ("fp8-tensor", "gate_proj.weight_scale", torch.float16, "one float32"),
+        ("nvfp4", "up_proj.weight_scale", torch.uint8, "NVFP4 block scales are E4M3"),
+    ],
+)
+def test_scales_of_the_wrong_dtype_are_named(tmp_path, quant, name, bad, match):
+    import json
+
+    from safetensors import safe_open
+
+    from fi_convert import FiConvertError
+
+    fam = "deepseek-v3" if quant in ("fp8-block", "nvfp4") else "qwen3-moe"
+    src = write_checkpoint(tmp_path / "m", Spec(fam, layers=2, experts=4, quant=quant))
+    full = f"model.layers.1.mlp.experts.2.{name}"
+    index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = src / index[full]
+    with safe_open(shard, "pt") as f:
+        t = f.get_tensor(full)
+    _rewrite(src, change={full: t.to(bad) if bad.is_floating_point else t.view(bad)})
+    with pytest.raises(FiConvertError, match=match) as e:
+        make_plan(src, Options())
+    assert full in str(e.value)
