@@ -19,7 +19,7 @@ from . import dtypes
 from . import manifest as mf
 from .errors import OutputError
 from .plan import MANIFEST_NAME, STATE_DIR, Item, Options, Plan, ShardPlan, check_out_dir, make_plan
-from .schemes.base import Ctx
+from .schemes.base import Ctx, OutputTensor
 from .source import INDEX_NAME
 from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, pread_into, sha256_file
 
@@ -102,13 +102,14 @@ def run_plan(
         src = SourceFiles()
         try:
             ctx = Ctx(src, dev)
+            ring = _Ring(plan, pin=dev.type == "cuda")
             for shard in plan.shards:
                 if shard.copy_of is not None:  # no experts: the source shard, byte for byte
                     files[shard.name] = od.copy_side_file(shard.copy_of, shard.name)
                     tracker.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name)
                     continue
                 files[shard.name] = od.shard(
-                    shard, lambda s: _write_shard(s, ctx, plan, od, tracker)
+                    shard, lambda s: _write_shard(s, ctx, plan, od, tracker, ring)
                 )
         finally:
             src.close()
@@ -143,31 +144,57 @@ class _Tracker:
             self.fn(self.state)
 
 
+DEPTH = 2  # chunks in flight to the writer and hasher threads
+
+
+def _chunk_experts(out_t: OutputTensor, budget: int) -> int:
+    """Experts per chunk: staging (~1 chunk), a device output and DEPTH + 1 host buffers fit
+    in `budget` bytes (at least one expert)."""
+    per = max(out_t.expert_nbytes, 1)
+    return max(1, min(out_t.rank_shape[0], budget // ((DEPTH + 4) * per)))
+
+
+class _Ring:
+    """DEPTH + 1 host buffers of one size for the whole run (pinned when the transform runs on
+    CUDA), so memory does not grow with the number of tensors or shards."""
+
+    def __init__(self, plan: Plan, pin: bool) -> None:
+        sizes = [
+            min(COPY_CHUNK, max((i.entry.nbytes for s in plan.shards for i in s.items), default=1))
+        ]
+        for lp in plan.layers:
+            for o in lp.outputs:
+                if o.chunked:
+                    sizes.append(_chunk_experts(o, plan.options.max_memory) * o.expert_nbytes)
+        self.capacity, self.pin = max(sizes), pin
+        self.slots: list[torch.Tensor] = []
+        self.turn = 0
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """The next host buffer, `nbytes` long (uint8); free once DEPTH later ones were taken
+        and their writes waited for (the pipeline keeps at most DEPTH in flight)."""
+        if len(self.slots) <= DEPTH:
+            self.slots.append(torch.empty(self.capacity, dtype=torch.uint8, pin_memory=self.pin))
+        k = self.turn % len(self.slots)
+        self.turn += 1
+        return self.slots[k][:nbytes]
+
+
 class _Pipeline:
     """Writes chunks to a shard on one background thread and hashes them on another, each in
-    order, while the caller reads and transforms the next ones. Host buffers come from a ring
-    that is only reused once the write and the hash that last used a buffer are done, so
-    memory stays at DEPTH + 1 chunks."""
+    order, while the caller reads and transforms the next ones. Host buffers come from the
+    ring; at most DEPTH chunks are in flight, so a buffer is reused only once the write and
+    the hash that last used it are done."""
 
-    DEPTH = 2
-
-    def __init__(self, w: ShardWriter) -> None:
+    def __init__(self, w: ShardWriter, ring: _Ring) -> None:
         self.w = w
+        self.ring = ring
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-write")
         self.hasher = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-hash")
         self.pending: deque[tuple[Future, Future]] = deque()
-        self.ring: list[torch.Tensor] = []
-        self.turn = 0
 
-    def buffer(self, nbytes: int, pin: bool = False) -> torch.Tensor:
-        """The next free host buffer of at least `nbytes` bytes (uint8)."""
-        if len(self.ring) <= self.DEPTH:
-            self.ring.append(torch.empty(0, dtype=torch.uint8))
-        k = self.turn % len(self.ring)
-        self.turn += 1
-        if self.ring[k].numel() < nbytes:
-            self.ring[k] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        return self.ring[k][:nbytes]
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        return self.ring.buffer(nbytes)
 
     def submit(self, t: torch.Tensor) -> None:
         global _writes
@@ -176,7 +203,7 @@ class _Pipeline:
             os.kill(os.getpid(), signal.SIGKILL)
         write = self.pool.submit(self.w.write, t, False)
         self.pending.append((write, self.hasher.submit(self.w.hash, t)))
-        while len(self.pending) > self.DEPTH:
+        while len(self.pending) > DEPTH:
             self._wait(self.pending.popleft())
 
     @staticmethod
@@ -199,9 +226,11 @@ class _Pipeline:
         self.hasher.shutdown(wait=True, cancel_futures=True)
 
 
-def _write_shard(shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker) -> ShardWriter:
+def _write_shard(
+    shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker, ring: _Ring
+) -> ShardWriter:
     w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items])
-    pipe = _Pipeline(w)
+    pipe = _Pipeline(w, ring)
     try:
         for it in shard.items:
             if it.source is not None:
@@ -242,16 +271,14 @@ def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, pipe: _Pipeline, tr: _Tracke
             pipe.submit(out.cpu())
             tr.advance(out.numel() * out.element_size(), current=it.entry.name)
         return
-    e = out_t.rank_shape[0]
-    per = max(out_t.expert_nbytes, 1)
-    # memory: staging (~1 chunk) + the device output + DEPTH + 1 host buffers
-    n = max(1, min(e, plan.options.max_memory // ((_Pipeline.DEPTH + 4) * per)))
+    e, per = out_t.rank_shape[0], out_t.expert_nbytes
+    n = _chunk_experts(out_t, plan.options.max_memory)
     gpu = ctx.device.type != "cpu"
     dev_buf = torch.empty((n, *out_t.rank_shape[1:]), dtype=dt, device=ctx.device) if gpu else None
     for rank in range(plan.options.tp_size):
         for e0 in range(0, e, n):
             experts = range(e0, min(e, e0 + n))
-            host = pipe.buffer(len(experts) * per, pin=gpu).view(dt)
+            host = pipe.buffer(len(experts) * per).view(dt)
             host = host.view(len(experts), *out_t.rank_shape[1:])
             if dev_buf is None:
                 out_t.produce(ctx, rank, experts, host)
