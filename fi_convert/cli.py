@@ -31,6 +31,7 @@ from . import __version__, hub
 from .convert import Progress as LibProgress
 from .convert import preflight, run_plan
 from .errors import FiConvertError
+from .manifest import layer_groups
 from .plan import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Options, Plan, make_plan
 from .schemes import Backend, SchemeName
 from .verify import verify
@@ -79,14 +80,9 @@ def _render_plan(plan: Plan) -> None:
         f"(model_type {s['model_type']}), "
         f"scheme [bold]{s['scheme']}[/bold] ({how}), backend {s['backend']}, tp {s['tp_size']}"
     )
-    groups: dict[str, list[str]] = {}
-    for prefix, lay in s["layers"].items():
-        groups.setdefault(json.dumps(lay, sort_keys=True), []).append(prefix)
-    for key, prefixes in groups.items():
-        lay = json.loads(key)
-        names = prefixes[0] if len(prefixes) == 1 else f"{prefixes[0]} ... {prefixes[-1]}"
+    for names, count, lay in layer_groups(s["layers"]):
         out.print(
-            f"{len(prefixes)} MoE layer(s) {names}: {lay['num_experts']} experts, "
+            f"{count} MoE layer(s) {names}: {lay['num_experts']} experts, "
             f"H {lay['hidden_size']} (padded {lay['padded_hidden_size']}), "
             f"I {lay['intermediate_size']} = {lay['intermediate_size_per_rank']} per rank "
             f"(padded {lay['padded_intermediate_size_per_rank']})"

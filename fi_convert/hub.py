@@ -592,14 +592,9 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "## What it holds",
         "",
     ]
-    groups: dict[str, list[str]] = {}
-    for prefix, lay in layers.items():
-        groups.setdefault(json.dumps(lay, sort_keys=True), []).append(prefix)
-    for key, prefixes in groups.items():
-        lay = json.loads(key)
-        names = prefixes[0] if len(prefixes) == 1 else f"{prefixes[0]} ... {prefixes[-1]}"
+    for names, count, lay in mf.layer_groups(layers):
         lines.append(
-            f"- {len(prefixes)} MoE layer(s), `{names}`: {lay.get('num_experts')} experts, hidden "
+            f"- {count} MoE layer(s), `{names}`: {lay.get('num_experts')} experts, hidden "
             f"{lay.get('hidden_size')} (padded {lay.get('padded_hidden_size')}), intermediate "
             f"{lay.get('intermediate_size')} = {lay.get('intermediate_size_per_rank')} per rank "
             f"(padded {lay.get('padded_intermediate_size_per_rank')})"

@@ -65,6 +65,18 @@ def _ep_note(scheme: str, layers: dict) -> str:
     return "any EP size: ranks take whole experts, whose bytes do not change"
 
 
+def layer_groups(layers: dict) -> list[tuple[str, int, dict]]:
+    """Layers with identical descriptions, in order: (label, how many, description), the label
+    naming the first and last prefix of the group."""
+    groups: dict[str, list[str]] = {}
+    for prefix, lay in layers.items():
+        groups.setdefault(json.dumps(lay, sort_keys=True), []).append(prefix)
+    return [
+        (p[0] if len(p) == 1 else f"{p[0]} ... {p[-1]}", len(p), json.loads(key))
+        for key, p in groups.items()
+    ]
+
+
 def gpu_family(plan: Plan) -> str:
     b, s = plan.options.backend.value, plan.scheme.value
     return GPU_FAMILY.get((b, s)) or GPU_FAMILY[(b, None)]
