@@ -315,8 +315,12 @@ def verify_cmd(
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Check OUT_DIR: files against the manifest's SHA-256s, the index, the manifest's shapes;
-    with --source, bytes against the source."""
+    """Check OUT_DIR against its manifest; with --source, its bytes against the source.
+
+    Files against their SHA-256s, the index against the shards, the manifest's shapes and
+    dtypes; --source re-derives a sample of experts (--full: all), with fi-convert's code or
+    (--against-flashinfer) FlashInfer's.
+    """
     try:
         rep = verify(
             out_dir, source=source, full=full, against_flashinfer=against_flashinfer, device=device
@@ -353,8 +357,10 @@ def push_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Publish a finished OUT_DIR to the Hub with a model card; refused unless its files match
-    the manifest. Run it again after an interruption: it resumes."""
+    """Publish a finished OUT_DIR to the Hub with a model card (refused unless verify passes).
+
+    Run it again after an interruption: it resumes.
+    """
     show = err.is_terminal and not quiet and not as_json
     if base_model is None:
         err.print(
