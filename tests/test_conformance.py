@@ -172,3 +172,24 @@ def test_gpt_oss_20b_shapes(gpt_oss_20b, tmp_path, tp):
         want = ref.mxfp4(gpt_oss_20b, "model.layers.0.mlp.experts", tp, rank, "cpu")
         for name in want:
             assert ref.same_bytes(got[name], want[name]), (rank, name)
+
+
+@pytest.fixture(scope="module")
+def r1_fp4(tmp_path_factory):
+    """nvidia/DeepSeek-R1-FP4's expert shapes (H 7168, I 2048), 5 experts, one MoE layer."""
+    spec = Spec("deepseek-v3", layers=2, experts=5, hidden=7168, intermediate=2048, quant="nvfp4")
+    return write_checkpoint(tmp_path_factory.mktemp("r1fp4") / "m", spec)
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_deepseek_r1_fp4_shapes(r1_fp4, tmp_path, tp, backend):
+    out = tmp_path / "out"
+    convert(r1_fp4, out, Options(SchemeName.NVFP4, Backend(backend), tp), device="cpu")
+    prefix = "model.layers.1.mlp.experts"
+    for rank in sorted({0, tp - 1}):
+        got = load_moe_layer(out, prefix, tp_rank=rank)
+        want = ref.expected(r1_fp4, prefix, 5, "nvfp4", backend, tp, rank)
+        assert set(got) == set(want)
+        for name in want:
+            assert ref.same_bytes(got[name], want[name]), (rank, name)
