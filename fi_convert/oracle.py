@@ -378,8 +378,9 @@ def nvfp4(root, prefix, num_experts, backend, tp, rank, device):
     return out
 
 
-def mxfp4(root, prefix, tp, rank, device):
-    """vLLM's gpt-oss loader (TP narrowing into padded params) + TRT-LLM MXFP4 processing."""
+def mxfp4(root, prefix, tp, rank, device, backend="trtllm"):
+    """vLLM's gpt-oss loader (TP narrowing into padded params) + its TRT-LLM MXFP4 processing,
+    or its FLASHINFER_CUTLASS_MXFP4_MXFP8 one (de-interleave to [up; gate], swizzled scales)."""
     get = lambda n: _get(Path(root), f"{prefix}.{n}").to(device)  # noqa: E731
     b13, s13, bias13 = (
         get("gate_up_proj_blocks"),
@@ -392,7 +393,8 @@ def mxfp4(root, prefix, tp, rank, device):
     i_r = ((i // 32 + tp - 1) // tp) * 32  # ceil(I / 32 / tp) * 32
     start, end = rank * i_r, min(i, (rank + 1) * i_r)
     n = max(0, end - start)
-    i_a, h_a = -(-i_r // 128) * 128, -(-h // 256) * 256
+    h_align = 256 if backend == "trtllm" else 128
+    i_a, h_a = -(-i_r // 128) * 128, -(-h // h_align) * h_align
     # allocation (zeros) and the loader's copy of this rank's slice into its corner
     w13 = b13.new_zeros((e, 2 * i_a, h_a // 32, 16))
     w13[:, : 2 * n, :hb] = b13[:, 2 * start : 2 * start + 2 * n]
@@ -407,6 +409,9 @@ def mxfp4(root, prefix, tp, rank, device):
     bb2 = bias2.new_zeros((e, h_a))
     if rank == 0:
         bb2[:, :h] = bias2
+
+    if backend == "cutlass":
+        return _mxfp4_cutlass(w13, sc13, bb13, w2, sc2, bb2)
 
     def swap_pairs(t):  # [gate0, up0, gate1, up1, ...] -> [up0, gate0, ...] along dim 1
         s = t.shape
@@ -440,6 +445,27 @@ def mxfp4(root, prefix, tp, rank, device):
     }
 
 
+def _mxfp4_cutlass(w13, sc13, bb13, w2, sc2, bb2):
+    e = w13.shape[0]
+
+    def up_gate(t):  # de-interleave [gate, up] rows, then [w3; w1]
+        gate, up = t[:, ::2], t[:, 1::2]
+        w1, w3 = torch.chunk(torch.cat([gate, up], dim=1), 2, dim=1)
+        return torch.cat([w3, w1], dim=1)
+
+    s13 = up_gate(sc13)
+    sw13 = torch.stack([swizzle_128x4_ref(s13[x].contiguous()) for x in range(e)])
+    sw2 = torch.stack([swizzle_128x4_ref(sc2[x].contiguous()) for x in range(e)])
+    return {
+        "w13_weight": up_gate(w13).reshape(e, w13.shape[1], -1),
+        "w13_weight_scale": sw13.reshape(s13.shape),
+        "w13_bias": up_gate(bb13.float()).to(torch.bfloat16),
+        "w2_weight": w2.reshape(e, w2.shape[1], -1),
+        "w2_weight_scale": sw2.reshape(sc2.shape),
+        "w2_bias": bb2,
+    }
+
+
 def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu"):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
@@ -457,7 +483,7 @@ def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu")
         o13, o2 = bf16_trtllm(w13, w2)
         return {"w13_weight": o13, "w2_weight": o2}
     if scheme == "mxfp4":
-        return mxfp4(root, prefix, tp, rank, device)
+        return mxfp4(root, prefix, tp, rank, device, backend)
     if scheme == "nvfp4":
         return nvfp4(root, prefix, num_experts, backend, tp, rank, device)
     if scheme == "fp8-tensor":

@@ -26,10 +26,6 @@ DEFAULT_MAX_MEMORY = 4 * 2**30
 
 MISSING_BACKENDS = {
     (SchemeName.MXFP8, Backend.CUTLASS): "vLLM 0.33 has no FlashInfer CUTLASS MXFP8 path",
-    (SchemeName.MXFP4, Backend.CUTLASS): (
-        "vLLM's CUTLASS MXFP4 paths (MXFP8 or BF16 activations) are not implemented in "
-        "fi-convert yet"
-    ),
 }
 
 

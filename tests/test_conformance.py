@@ -67,7 +67,7 @@ CASES = {
         "mxfp4",
     ),
 }
-TRTLLM_ONLY = {"mxfp8", "mxfp4"}
+TRTLLM_ONLY = {"mxfp8"}
 
 
 @pytest.fixture(scope="module")
@@ -159,17 +159,21 @@ def gpt_oss_20b(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("gptoss") / "m", spec)
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4, 8])
-def test_gpt_oss_20b_shapes(gpt_oss_20b, tmp_path, tp):
+@pytest.mark.parametrize(
+    "tp,backend",
+    [(1, "trtllm"), (2, "trtllm"), (4, "trtllm"), (8, "trtllm"), (1, "cutlass"), (8, "cutlass")],
+)
+def test_gpt_oss_20b_shapes(gpt_oss_20b, tmp_path, tp, backend):
     out = tmp_path / "out"
-    res = convert(gpt_oss_20b, out, Options(SchemeName.MXFP4, tp_size=tp), device="cpu")
+    opts = Options(SchemeName.MXFP4, Backend(backend), tp_size=tp)
+    res = convert(gpt_oss_20b, out, opts, device="cpu")
     info = res.manifest["layers"]["model.layers.0.mlp.experts"]
-    assert info["padded_hidden_size"] == 3072
+    assert info["padded_hidden_size"] == (3072 if backend == "trtllm" else 2944)
     assert info["padded_intermediate_size_per_rank"] == {1: 2944, 2: 1536, 4: 768, 8: 384}[tp]
     assert info["swiglu_limit"] == 7.0
     for rank in sorted({0, tp - 1}):
         got = load_moe_layer(out, "model.layers.0.mlp.experts", tp_rank=rank)
-        want = ref.mxfp4(gpt_oss_20b, "model.layers.0.mlp.experts", tp, rank, "cpu")
+        want = ref.mxfp4(gpt_oss_20b, "model.layers.0.mlp.experts", tp, rank, "cpu", backend)
         for name in want:
             assert ref.same_bytes(got[name], want[name]), (rank, name)
 

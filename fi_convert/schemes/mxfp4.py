@@ -9,6 +9,11 @@ TRT-LLM (vLLM 0.33 gpt-oss loader + `Mxfp4MoEMethod` with FlashInfer TRT-LLM):
 * every pair of w13 rows swapped ([up, gate] pairs), then the row shuffle (tile 128) on w13 and
   w2 weights; the same rows on the scales, then the 128x4 swizzle; biases as float32, permuted
   with the same rows.
+
+CUTLASS (vLLM's FLASHINFER_CUTLASS_MXFP4_MXFP8, SM100): the same TP split, padding I and H to
+128; w13 de-interleaved into [up; gate] halves (weights, scales, bias), scales 128x4-swizzled,
+w2 as loaded, biases in their checkpoint dtype. (vLLM's SM90 BF16-activation variant
+interleaves weights with a CUDA op and is not produced.)
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ def _read(
 
 class Mxfp4Scheme:
     name = SchemeName.MXFP4
-    backends: tuple[Backend, ...] = (Backend.TRTLLM,)
+    backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return ("w13", "blocks", -1) in layers[0].params or quant_algo(ckpt) == "MXFP4"
@@ -99,8 +104,9 @@ class Mxfp4Scheme:
     def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
         e, h, i = layer.num_experts, layer.hidden_size, layer.intermediate_size
         i_r = math.ceil(i / MX / tp) * MX
-        i_a, h_a = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H)
-        outs = _outputs(layer, e, h, i, i_r, i_a, h_a)
+        pad_h = PAD_H if backend is Backend.TRTLLM else PAD_I  # CUTLASS rounds both to 128
+        i_a, h_a = L.round_up(i_r, PAD_I), L.round_up(h, pad_h)
+        outs = _outputs(layer, e, h, i, i_r, i_a, h_a, backend)
         info = {
             "num_experts": e,
             "hidden_size": h,
@@ -115,10 +121,18 @@ class Mxfp4Scheme:
         return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
 
 
-def _outputs(layer, e, h, i, i_r, i_a, h_a) -> list[OutputTensor]:
-    pairs = torch.arange(2 * i_a) ^ 1  # [gate, up] pairs -> [up, gate]
-    rows13 = L.compose(pairs, L.shuffle_row_index(2 * i_a, TILE))
-    rows2 = L.shuffle_row_index(h_a, TILE)
+def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend) -> list[OutputTensor]:
+    """TRT-LLM: pair swap + row shuffle on w13 (rows13), row shuffle on w2 (rows2), float32
+    biases. CUTLASS (vLLM's FLASHINFER_CUTLASS_MXFP4_MXFP8): w13 de-interleaved into
+    [up; gate] halves, w2 as loaded, scales 128x4-swizzled, biases kept in their dtype."""
+    trt = backend is Backend.TRTLLM
+    if trt:
+        pairs = torch.arange(2 * i_a) ^ 1  # [gate, up] pairs -> [up, gate]
+        rows13 = L.compose(pairs, L.shuffle_row_index(2 * i_a, TILE))
+        rows2 = L.shuffle_row_index(h_a, TILE)
+    else:  # odd rows (up) first, then even rows (gate)
+        rows13 = torch.cat([torch.arange(i_a) * 2 + 1, torch.arange(i_a) * 2])
+        rows2 = torch.arange(h_a)
     sf13 = flat_swizzled_index(rows13, h_a // MX)
     sf2 = flat_swizzled_index(rows2, i_a // MX)
     p = {(r, q): layer.params[(r, q, -1)] for r in ("w13", "w2") for q in PARAMS}
@@ -147,7 +161,7 @@ def _outputs(layer, e, h, i, i_r, i_a, h_a) -> list[OutputTensor]:
         s, t = span(rank)
         src = stage(len(experts), 2 * i_a, 1, _dtype(p[("w13", "bias")]))
         _read(ctx, p[("w13", "bias")], experts, (2 * s, 2 * t), None, src)
-        L.gather_rows(ctx.to_device(src.float()), rows13, out.unsqueeze(-1))
+        _gather_bias(ctx.to_device(src), rows13, out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         s, t = span(rank)
@@ -165,20 +179,39 @@ def _outputs(layer, e, h, i, i_r, i_a, h_a) -> list[OutputTensor]:
         src = stage(len(experts), h_a, 1, _dtype(p[("w2", "bias")]))
         if rank == 0:  # vLLM adds the down bias once: on rank 0
             _read(ctx, p[("w2", "bias")], experts, (0, h), None, src)
-        L.gather_rows(ctx.to_device(src.float()), rows2, out.unsqueeze(-1))
+        _gather_bias(ctx.to_device(src), rows2, out)
 
-    lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "packing": "e2m1x2"}
-    s_lay = {"layout": "swizzled_128x4", "epilogue_tile_m": TILE, "block": [1, MX], "pad": 0}
-    b_lay = {"layout": "rows", "epilogue_tile_m": TILE}
-    inter = {"row_order": "up_gate_pairs", "gated_interleave": True}
+    tile = {"epilogue_tile_m": TILE} if trt else {}
+    lay = {"layout": "MajorK", "packing": "e2m1x2", **tile}
+    s_lay = {"layout": "swizzled_128x4", "block": [1, MX], "pad": 0, **tile}
+    b_lay = {"layout": "rows", **tile}
+    inter = (
+        {"row_order": "up_gate_pairs", "gated_interleave": True}
+        if trt
+        else {"row_order": "up_gate"}
+    )
+    bias_dt = "F32" if trt else p[("w13", "bias")].dtype
     return [
         OutputTensor("w13_weight", "U8", (e, 2 * i_a, h_a // 2), w13, {**lay, **inter}),
         OutputTensor("w13_weight_scale", "U8", (e, 2 * i_a, h_a // MX), w13_s, {**s_lay, **inter}),
-        OutputTensor("w13_bias", "F32", (e, 2 * i_a), w13_b, {**b_lay, **inter}),
+        OutputTensor("w13_bias", bias_dt, (e, 2 * i_a), w13_b, {**b_lay, **inter}),
         OutputTensor("w2_weight", "U8", (e, h_a, i_a // 2), w2, lay),
         OutputTensor("w2_weight_scale", "U8", (e, h_a, i_a // MX), w2_s, s_lay),
-        OutputTensor("w2_bias", "F32", (e, h_a), w2_b, {**b_lay, "rank0_only": True}),
+        OutputTensor(
+            "w2_bias",
+            "F32" if trt else p[("w2", "bias")].dtype,
+            (e, h_a),
+            w2_b,
+            {**b_lay, "rank0_only": True},
+        ),
     ]
+
+
+def _gather_bias(src: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> None:
+    """out[e] = src[e, rows] (as float32, then in out's dtype: exact for 16-bit biases)."""
+    tmp = torch.empty((*out.shape, 1), dtype=torch.float32, device=out.device)
+    L.gather_rows(src.float(), rows, tmp)
+    out.copy_(tmp.squeeze(-1))
 
 
 def _dtype(info: TensorInfo) -> torch.dtype:
