@@ -117,7 +117,7 @@ def _check_source(root, m, tensors, source, full, against_flashinfer, device, re
         files.close()
 
 
-def _stored(files: SourceFiles, info: TensorInfo, rank: int, tp: int) -> torch.Tensor:
+def _stored(files: SourceFiles, info: TensorInfo, rank: int) -> torch.Tensor:
     """One rank's slice of a stored tensor."""
     t = torch.empty(info.shape[1:], dtype=dtypes.to_torch(info.dtype))
     files.read_rows(info, rank, rank + 1, t)
@@ -139,7 +139,7 @@ def _against_ours(plan, tensors, files, full, dev, rep) -> None:
         for out in lp.outputs:
             info = tensors[f"{lp.prefix}.{out.name}"]
             for rank in range(tp):
-                stored = _stored(files, info, rank, tp)
+                stored = _stored(files, info, rank)
                 got = torch.empty(out.rank_shape, dtype=stored.dtype, device=dev)
                 if not out.chunked:
                     out.produce(ctx, rank, range(lp.info["num_experts"]), got)
@@ -185,7 +185,7 @@ def _against_oracle(plan, tensors, files, full, dev, rep) -> None:
             )
             for name, t in want.items():
                 info = tensors.get(f"{lp.prefix}.{name}")
-                if info is None or not _same(_stored(files, info, rank, tp), t):
+                if info is None or not _same(_stored(files, info, rank), t):
                     rep.problems.append(
                         f"{plan.ckpt.root}: {lp.prefix}.{name} rank {rank} differs from "
                         "FlashInfer's own pipeline"
