@@ -150,7 +150,7 @@ DEPTH = 2  # chunks in flight to the writer and hasher threads
 def _chunk_experts(out_t: OutputTensor, budget: int) -> int:
     """Experts per chunk: staging (~1 chunk), a device output and DEPTH + 1 host buffers fit
     in `budget` bytes (at least one expert)."""
-    per = max(out_t.expert_nbytes, 1)
+    per = max(out_t.expert_nbytes, out_t.stage_nbytes, 1)
     return max(1, min(out_t.rank_shape[0], budget // ((DEPTH + 4) * per)))
 
 

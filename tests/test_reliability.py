@@ -190,3 +190,18 @@ def test_shards_without_experts_are_carried_over_as_they_are(tmp_path):
         text=True,
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_scale_chunks_count_the_weights_they_read(tmp_path):
+    """A BF16 -> mxfp8 scale tensor is made by quantizing the BF16 weights: its chunks are
+    sized by that staging, not by its own small output (which would stage a whole layer)."""
+    import importlib
+
+    chunk = importlib.import_module("fi_convert.convert")._chunk_experts
+    src = write_checkpoint(tmp_path / "m", Spec("qwen3-moe", layers=1, experts=16, hidden=256))
+    budget = 6 * 2**20
+    plan = make_plan(src, Options(SchemeName.MXFP8, max_memory=budget))
+    outs = {o.name: o for o in plan.layers[0].outputs}
+    scale, weight = outs["w13_weight_scale"], outs["w13_weight"]
+    assert scale.expert_nbytes * 16 < weight.expert_nbytes  # a small output...
+    assert chunk(scale, budget) <= chunk(weight, budget) < 16  # ...chunked like the weights

@@ -72,6 +72,7 @@ class OutputTensor:
     produce: Producer
     layout: dict = field(default_factory=dict)  # manifest description
     chunked: bool = True  # produced a chunk of experts at a time (False: whole, per rank)
+    stage_nbytes: int = 0  # per expert, when producing reads more than it writes
 
     def __post_init__(self) -> None:
         self.layout = {**LAYOUT_DEFAULTS, **self.layout}

@@ -99,37 +99,24 @@ class Mxfp8Scheme:
         return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
 
 
-def _staged(ctx, layer, which, rank, experts, i_r, i_p, h_p, quantize):
-    """(weights uint8, scales uint8), both padded, for w13 ([gate; up; pad row]) or w2."""
-    if not quantize:
-        if which == "w13":
-            w = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.uint8, cols=h_p)
-            s = stage_w13(
-                ctx,
-                layer,
-                SCALE,
-                rank,
-                experts,
-                i_r,
-                torch.uint8,
-                cols=h_p // MX_BLOCK,
-                pad=UE8M0_ONE,
-            )
-            return w, s
-        w = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_p, torch.uint8, padded_rows=h_p)
-        s = stage_w2(
-            ctx,
-            layer,
-            SCALE,
-            rank,
-            experts,
-            i_r // MX_BLOCK,
-            i_p // MX_BLOCK,
-            torch.uint8,
-            padded_rows=h_p,
-            pad=UE8M0_ONE,
-        )
-        return w, s
+def _staged(ctx, layer, which, part, rank, experts, i_r, i_p, h_p, quantize):
+    """The padded uint8 weights (`part` "w") or scales ("s") of w13 ([gate; up; pad row]) or
+    w2. An MXFP8 source reads only that part; a BF16 source is read and quantized (the scales
+    come with the weights)."""
+    if quantize:
+        return _quantized(ctx, layer, which, rank, experts, i_r, i_p, h_p)["ws".index(part)]
+    scale = part == "s"
+    param, pad = (SCALE, UE8M0_ONE) if scale else ("weight", 0)
+    k = MX_BLOCK if scale else 1
+    if which == "w13":
+        return stage_w13(ctx, layer, param, rank, experts, i_r, torch.uint8, cols=h_p // k, pad=pad)
+    return stage_w2(
+        ctx, layer, param, rank, experts, i_r // k, i_p // k, torch.uint8, padded_rows=h_p, pad=pad
+    )
+
+
+def _quantized(ctx, layer, which, rank, experts, i_r, i_p, h_p):
+    """(weights, scales) of a BF16 source quantized with the OCP MX rule, padded."""
     if which == "w13":
         x = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.bfloat16)
         q, s = mx_quantize(x)
@@ -166,21 +153,24 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
     w2_sf = flat_swizzled_index(w2_rows, ks2)
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        w, _ = _staged(ctx, layer, "w13", rank, experts, i_r, i_p, h_p, quantize)
+        w = _staged(ctx, layer, "w13", "w", rank, experts, i_r, i_p, h_p, quantize)
         L.gather_rows(w, w13_rows, out.view(torch.uint8))
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        _, s = _staged(ctx, layer, "w13", rank, experts, i_r, i_p, h_p, quantize)
+        s = _staged(ctx, layer, "w13", "s", rank, experts, i_r, i_p, h_p, quantize)
         L.gather_flat(s, w13_sf, out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        w, _ = _staged(ctx, layer, "w2", rank, experts, i_r, i_p, h_p, quantize)
+        w = _staged(ctx, layer, "w2", "w", rank, experts, i_r, i_p, h_p, quantize)
         L.gather_rows(w, w2_rows, out.view(torch.uint8))
 
     def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        _, s = _staged(ctx, layer, "w2", rank, experts, i_r, i_p, h_p, quantize)
+        s = _staged(ctx, layer, "w2", "s", rank, experts, i_r, i_p, h_p, quantize)
         L.gather_flat(s, w2_sf, out)
 
+    # scales of a BF16 source are made from its weights: chunk by the BF16 staging
+    w13_stage = (2 * i_r + 1) * h * 2 if quantize else 0
+    w2_stage = h * i_r * 2 if quantize else 0
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE}
     s_lay = {
         "layout": "swizzled_128x4",
@@ -203,6 +193,14 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
             (e, 2 * i_p, ks13),
             w13_s,
             {**s_lay, "row_order": "up_gate", "gated_interleave": True},
+            stage_nbytes=w13_stage,
         ),
-        OutputTensor("w2_weight_scale", "U8", (e, h_p, ks2), w2_s, {**s_lay, "row_order": "rows"}),
+        OutputTensor(
+            "w2_weight_scale",
+            "U8",
+            (e, h_p, ks2),
+            w2_s,
+            {**s_lay, "row_order": "rows"},
+            stage_nbytes=w2_stage,
+        ),
     ]
