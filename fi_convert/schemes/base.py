@@ -206,6 +206,12 @@ def per_rank(size: int, tp: int, what: str) -> int:
     return size // tp
 
 
+def expert_scalars(ctx: Ctx, layer: ExpertLayer, role: str, param: str) -> torch.Tensor:
+    """[E]: every expert's one-value `param` of `role` (per-tensor and global scales)."""
+    infos = [layer.tensor(role, param, e) for e in range(layer.num_experts)]
+    return torch.stack([ctx.files.read(i).reshape(()) for i in infos])
+
+
 def require_multiples(layer: ExpertLayer, sizes: dict[str, int], block: int, why: str) -> None:
     """A LayoutError for the first size that is not a multiple of `block`."""
     for what, size in sizes.items():

@@ -29,6 +29,7 @@ from .base import (
     LayerPlan,
     OutputTensor,
     SchemeName,
+    expert_scalars,
     per_rank,
     refuse_other_format,
     require_dtype,
@@ -128,14 +129,10 @@ class _Scales:
         self.bf16 = weight_dtype(layer) == "BF16"
         self._cache: dict[tuple[int, str], torch.Tensor] = {}
 
-    def _read(self, ctx: Ctx, role: str, param: str) -> torch.Tensor:
-        infos = [self.layer.tensor(role, param, e) for e in range(self.layer.num_experts)]
-        return torch.stack([ctx.files.read(i).reshape(()) for i in infos])
-
     def checkpoint(self, ctx: Ctx, role: str, param: str) -> torch.Tensor:
         key = (-1, role + param)
         if key not in self._cache:
-            self._cache[key] = self._read(ctx, role, param)
+            self._cache[key] = expert_scalars(ctx, self.layer, role, param)
         return self._cache[key]
 
     def weight(self, ctx: Ctx, which: str, rank: int) -> torch.Tensor:

@@ -28,6 +28,7 @@ from .base import (
     LayerPlan,
     OutputTensor,
     SchemeName,
+    expert_scalars,
     flat_swizzled_index,
     per_rank,
     refuse_other_format,
@@ -214,8 +215,7 @@ class _Scales:
     def _read(self, ctx: Ctx, role: str, name: str, inverted: bool) -> torch.Tensor:
         key = role + name
         if key not in self._cache:
-            infos = [self.layer.tensor(role, name, e) for e in range(self.layer.num_experts)]
-            t = torch.stack([ctx.files.read(i).reshape(()) for i in infos])
+            t = expert_scalars(ctx, self.layer, role, name)
             # compressed-tensors stores reciprocals; vLLM inverts them (an IEEE division)
             self._cache[key] = torch.ones((), dtype=torch.float32) / t if inverted else t
         return self._cache[key]
