@@ -46,6 +46,16 @@ def to_name(dtype: torch.dtype) -> str:
     return _BY_DTYPE[dtype]
 
 
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (on the CPU; NaN payloads compare as bytes)."""
+    a, b = a.cpu().contiguous(), b.cpu().contiguous()
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
+
+
 def nbytes(name: str, shape: tuple[int, ...] | list[int]) -> int:
     n = ITEMSIZE[name]
     for d in shape:

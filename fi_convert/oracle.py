@@ -21,6 +21,8 @@ from flashinfer.fused_moe.core import (
 from flashinfer.utils import get_shuffle_matrix_sf_a_row_indices
 from safetensors import safe_open
 
+from .dtypes import same_bytes  # noqa: F401  (the tests compare with it)
+
 NAMES = {
     "per_expert": ("gate_proj", "up_proj", "down_proj"),
     "mixtral": ("w1", "w3", "w2"),
@@ -514,15 +516,3 @@ def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu")
         "w13_weight_scale_inv": s13.float().clamp(min=1e-10),
         "w2_weight_scale_inv": s2.float().clamp(min=1e-10),
     }
-
-
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = a.cpu(), b.cpu()
-    return (
-        a.dtype == b.dtype
-        and a.shape == b.shape
-        and torch.equal(
-            a.reshape(-1).contiguous().view(torch.uint8),
-            b.reshape(-1).contiguous().view(torch.uint8),
-        )
-    )

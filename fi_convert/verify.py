@@ -124,13 +124,6 @@ def _stored(files: SourceFiles, info: TensorInfo, rank: int) -> torch.Tensor:
     return t
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = a.cpu().contiguous(), b.cpu().contiguous()
-    return a.shape == b.shape and torch.equal(
-        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
-    )
-
-
 def _against_ours(plan, tensors, files, full, dev, rep) -> None:
     ctx = Ctx(files, dev)
     tp = plan.options.tp_size
@@ -151,7 +144,7 @@ def _against_ours(plan, tensors, files, full, dev, rep) -> None:
                         out.produce(ctx, rank, range(e, e + 1), one)
                         pairs.append((one, stored[e : e + 1]))
                 for a, b in pairs:
-                    if not _same(a, b):
+                    if not dtypes.same_bytes(a, b):
                         rep.problems.append(
                             f"{info.file}: {info.name} rank {rank} differs from the source "
                             "re-derived; convert again"
@@ -185,7 +178,7 @@ def _against_oracle(plan, tensors, files, full, dev, rep) -> None:
             )
             for name, t in want.items():
                 info = tensors.get(f"{lp.prefix}.{name}")
-                if info is None or not _same(_stored(files, info, rank), t):
+                if info is None or not dtypes.same_bytes(_stored(files, info, rank), t):
                     rep.problems.append(
                         f"{plan.ckpt.root}: {lp.prefix}.{name} rank {rank} differs from "
                         "FlashInfer's own pipeline"
