@@ -136,11 +136,22 @@ def convert_cmd(
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and stop.")] = False,
     max_shard_size: Annotated[
-        int, typer.Option(help="Largest output shard, bytes.")
+        int,
+        typer.Option(help="Largest output shard, bytes (0: as large as the source's largest)."),
     ] = DEFAULT_SHARD_BYTES,
     max_memory: Annotated[
         int, typer.Option(help="Working-memory budget for expert chunks, bytes.")
     ] = DEFAULT_MAX_MEMORY,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=0,
+            help="Output shards converted at once (0: one per CPU, up to 8, as --max-memory "
+            "allows). The bytes written do not depend on it.",
+        ),
+    ] = 0,
     as_json: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
     debug: DebugOpt = False,
@@ -169,7 +180,9 @@ def convert_cmd(
                 _render_plan(plan)
             return
         with _progress(show) as cb:
-            res = run_plan(plan, out_dir, device=device, overwrite=overwrite, progress=cb)
+            res = run_plan(
+                plan, out_dir, device=device, overwrite=overwrite, progress=cb, jobs=jobs
+            )
         if push_to:
             base = base_model or src.repo_id
             pushed = _push_after_convert(out_dir, push_to, private, base, src.commit, show)

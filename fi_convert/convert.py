@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import queue
 import shutil
 import signal
+import threading
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +26,8 @@ from .schemes.base import Ctx, OutputTensor
 from .source import INDEX_NAME
 from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, pread_into, sha256_file
 
-COPY_CHUNK = 64 * 2**20
+COPY_CHUNK = 64 * 2**20  # largest piece of a carried-over tensor in flight
+MAX_JOBS = 8  # shards converted at once, at most (see `_jobs`)
 # Tests only: SIGKILL this process after that many chunk writes, to prove runs resume.
 _KILL_AFTER = int(os.environ.get("_FI_CONVERT_KILL_AFTER_WRITES", "0") or 0)
 _writes = 0
@@ -50,6 +54,8 @@ class Result:
     manifest: dict
     reused_files: list[str]
     device: str
+    jobs: int = 1  # shards that were converted at once
+
 
     def summary(self) -> dict:
         return {
@@ -58,6 +64,7 @@ class Result:
             "device": self.device,
             "files": len(self.manifest["files"]),
             "reused_files": self.reused_files,
+            "jobs": self.jobs,
             "manifest": MANIFEST_NAME,
         }
 
@@ -78,10 +85,16 @@ def convert(
     device: str = "auto",
     overwrite: bool = False,
     progress: ProgressFn | None = None,
+    jobs: int = 0,
 ) -> Result:
-    """Convert `source` into `out_dir`. Raises `FiConvertError` subclasses on bad input."""
+    """Convert `source` into `out_dir`. Raises `FiConvertError` subclasses on bad input.
+
+    `jobs` output shards are converted at once (0: as many as CPUs and the memory budget
+    allow, at most `MAX_JOBS`); the output bytes do not depend on it."""
     plan = make_plan(source, options or Options())
-    return run_plan(plan, Path(out_dir), device=device, overwrite=overwrite, progress=progress)
+    return run_plan(
+        plan, Path(out_dir), device=device, overwrite=overwrite, progress=progress, jobs=jobs
+    )
 
 
 def run_plan(
@@ -91,6 +104,7 @@ def run_plan(
     device: str = "auto",
     overwrite: bool = False,
     progress: ProgressFn | None = None,
+    jobs: int = 0,
 ) -> Result:
     preflight(plan, out_dir, device=device, overwrite=overwrite)
     dev = resolve_device(device)
@@ -100,17 +114,9 @@ def run_plan(
         for rel in plan.side_files:
             files[rel] = od.copy_side_file(plan.ckpt.root / rel, rel)
         src = SourceFiles()
+        shards = _Shards(plan, od, src, dev, tracker, jobs)
         try:
-            ctx = Ctx(src, dev)
-            ring = _Ring(plan, pin=dev.type == "cuda")
-            for shard in plan.shards:
-                if shard.copy_of is not None:  # no experts: the source shard, byte for byte
-                    files[shard.name] = od.copy_side_file(shard.copy_of, shard.name)
-                    tracker.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name)
-                    continue
-                files[shard.name] = od.shard(
-                    shard, lambda s: _write_shard(s, ctx, plan, od, tracker, ring)
-                )
+            files.update(shards.run())
         finally:
             src.close()
         files[INDEX_NAME] = od.write_small(INDEX_NAME, _index(plan))
@@ -118,8 +124,97 @@ def run_plan(
         od.flush(files)  # everything durable before the manifest claims it
         manifest = mf.build(plan, files)
         mf.write(out_dir, manifest)
-        reused = od.reused
-    return Result(out_dir, plan, manifest, reused, str(dev))
+        reused = sorted(od.reused)
+    return Result(out_dir, plan, manifest, reused, str(dev), shards.jobs)
+
+
+class _Cancelled(Exception):
+    """Raised in a shard's worker when another worker failed or the run was interrupted."""
+
+
+def _jobs(plan: Plan, jobs: int) -> int:
+    """Shards converted at once: `jobs`, or (0) one per CPU up to MAX_JOBS; never more than
+    there are shards, nor so many that a worker's share of the memory budget cannot hold a
+    chunk of one expert."""
+    n = len(plan.shards)
+    if jobs <= 0:
+        jobs = min(MAX_JOBS, len(os.sched_getaffinity(0)))
+    need = max((_chunk_need(o) for lp in plan.layers for o in lp.outputs if o.chunked), default=1)
+    return max(1, min(jobs, n, plan.options.max_memory // need))
+
+
+def _chunk_need(o: OutputTensor) -> int:
+    """The least budget a worker needs for `o`: DEPTH + 4 chunks of one expert."""
+    return (DEPTH + 4) * max(o.expert_nbytes, o.stage_nbytes, 1)
+
+
+class _Shards:
+    """Converts a plan's shards, `jobs` at a time. Each worker thread owns one host-buffer
+    ring sized to its share of the memory budget (and on CUDA a stream of its own); the first
+    failure cancels the other workers, which remove their temporary files."""
+
+    def __init__(
+        self, plan: Plan, od: OutDir, src: SourceFiles, dev: torch.device, tr: _Tracker, jobs: int
+    ) -> None:
+        self.plan, self.od, self.src, self.dev, self.tr = plan, od, src, dev, tr
+        self.jobs = _jobs(plan, jobs)
+        self.budget = plan.options.max_memory // self.jobs
+        self.cancel = threading.Event()
+        self.rings: queue.SimpleQueue[_Ring | None] = queue.SimpleQueue()
+        for _ in range(self.jobs):
+            self.rings.put(None)  # made on first use: carry-over-only runs need none
+
+    def run(self) -> dict[str, dict]:
+        shards = self.plan.shards
+        if self.jobs == 1:
+            return {s.name: self._one(s) for s in shards}
+        pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="fi-convert-shard")
+        futures = [pool.submit(self._one, s) for s in shards]
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in done):
+                self.cancel.set()
+                wait(futures)
+            errors = [e for f in futures if f.done() and (e := f.exception()) is not None]
+            real = [e for e in errors if not isinstance(e, _Cancelled)]
+            if errors:
+                raise (real or errors)[0]
+            return {s.name: f.result() for s, f in zip(shards, futures, strict=True)}
+        except BaseException:  # Ctrl-C included: stop the workers, let them clean up
+            self.cancel.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _one(self, shard: ShardPlan) -> dict:
+        if self.cancel.is_set():
+            raise _Cancelled
+        if shard.copy_of is not None:  # no experts: the source shard, byte for byte
+            meta = self.od.copy_side_file(shard.copy_of, shard.name)
+            self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name)
+            return meta
+        ring = self.rings.get()
+        try:
+            if ring is None:
+                ring = _Ring(self.plan, self.budget, pin=self.dev.type == "cuda")
+            ctx = Ctx(self.src, self.dev)
+            with _own_stream(self.dev):
+                return self.od.shard(
+                    shard,
+                    lambda s: _write_shard(s, ctx, self.plan, self.od, self.tr, ring, self),
+                )
+        finally:
+            self.rings.put(ring)
+
+
+@contextlib.contextmanager
+def _own_stream(dev: torch.device) -> Iterator[None]:
+    """On CUDA, a stream for this worker, so workers' copies and kernels overlap."""
+    if dev.type != "cuda":
+        yield
+        return
+    with torch.cuda.stream(torch.cuda.Stream(dev)):
+        yield
 
 
 def _index(plan: Plan) -> bytes:
@@ -135,13 +230,15 @@ class _Tracker:
     def __init__(self, plan: Plan, fn: ProgressFn | None) -> None:
         self.fn = fn
         self.state = Progress(0, plan.bytes_to_write, 0, sum(len(s.items) for s in plan.shards), "")
+        self.lock = threading.Lock()  # shards run on several threads
 
     def advance(self, nbytes: int, tensors: int = 0, current: str = "") -> None:
-        self.state.bytes_done += nbytes
-        self.state.tensors_done += tensors
-        self.state.current = current or self.state.current
-        if self.fn:
-            self.fn(self.state)
+        with self.lock:
+            self.state.bytes_done += nbytes
+            self.state.tensors_done += tensors
+            self.state.current = current or self.state.current
+            if self.fn:
+                self.fn(self.state)
 
 
 DEPTH = 2  # chunks in flight to the writer and hasher threads
@@ -154,19 +251,23 @@ def _chunk_experts(out_t: OutputTensor, budget: int) -> int:
     return max(1, min(out_t.rank_shape[0], budget // ((DEPTH + 4) * per)))
 
 
-class _Ring:
-    """DEPTH + 1 host buffers of one size for the whole run (pinned when the transform runs on
-    CUDA), so memory does not grow with the number of tensors or shards."""
+def _copy_chunk(budget: int) -> int:
+    return max(2**20, min(COPY_CHUNK, budget // (DEPTH + 4)))
 
-    def __init__(self, plan: Plan, pin: bool) -> None:
-        sizes = [
-            min(COPY_CHUNK, max((i.entry.nbytes for s in plan.shards for i in s.items), default=1))
-        ]
+
+class _Ring:
+    """DEPTH + 1 host buffers of one size for a worker's whole run (pinned when the transform
+    runs on CUDA), so memory does not grow with the number of tensors or shards."""
+
+    def __init__(self, plan: Plan, budget: int, pin: bool) -> None:
+        self.copy_chunk = _copy_chunk(budget)
+        biggest = max((i.entry.nbytes for s in plan.shards for i in s.items), default=1)
+        sizes = [min(self.copy_chunk, biggest)]
         for lp in plan.layers:
             for o in lp.outputs:
                 if o.chunked:
-                    sizes.append(_chunk_experts(o, plan.options.max_memory) * o.expert_nbytes)
-        self.capacity, self.pin = max(sizes), pin
+                    sizes.append(_chunk_experts(o, budget) * o.expert_nbytes)
+        self.capacity, self.pin, self.budget = max(sizes), pin, budget
         self.slots: list[torch.Tensor] = []
         self.turn = 0
 
@@ -186,9 +287,10 @@ class _Pipeline:
     ring; at most DEPTH chunks are in flight, so a buffer is reused only once the write and
     the hash that last used it are done."""
 
-    def __init__(self, w: ShardWriter, ring: _Ring) -> None:
+    def __init__(self, w: ShardWriter, ring: _Ring, cancel: threading.Event) -> None:
         self.w = w
         self.ring = ring
+        self.cancel = cancel
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-write")
         self.hasher = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-hash")
         self.pending: deque[tuple[Future, Future]] = deque()
@@ -201,6 +303,8 @@ class _Pipeline:
         _writes += 1
         if _KILL_AFTER and _writes > _KILL_AFTER:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.cancel.is_set():
+            raise _Cancelled
         write = self.pool.submit(self.w.write, t, False)
         self.pending.append((write, self.hasher.submit(self.w.hash, t)))
         while len(self.pending) > DEPTH:
@@ -227,10 +331,10 @@ class _Pipeline:
 
 
 def _write_shard(
-    shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker, ring: _Ring
+    shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker, ring: _Ring, run: _Shards
 ) -> ShardWriter:
     w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items])
-    pipe = _Pipeline(w, ring)
+    pipe = _Pipeline(w, ring, run.cancel)
     try:
         for it in shard.items:
             if it.source is not None:
@@ -252,7 +356,7 @@ def _copy_tensor(it: Item, ctx: Ctx, pipe: _Pipeline, tr: _Tracker) -> None:
     fd = ctx.files.fd(info.file)
     done = 0
     while done < info.nbytes:
-        n = min(COPY_CHUNK, info.nbytes - done)
+        n = min(pipe.ring.copy_chunk, info.nbytes - done)
         buf = pipe.buffer(n)
         pread_into(fd, info.start + done, buf, info.file)
         pipe.submit(buf)
@@ -268,11 +372,12 @@ def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, pipe: _Pipeline, tr: _Tracke
         for rank in range(plan.options.tp_size):
             out = torch.empty(out_t.rank_shape, dtype=dt, device=ctx.device)
             out_t.produce(ctx, rank, range(layer.info["num_experts"]), out)
+            ctx.release()
             pipe.submit(out.cpu())
             tr.advance(out.numel() * out.element_size(), current=it.entry.name)
         return
     e, per = out_t.rank_shape[0], out_t.expert_nbytes
-    n = _chunk_experts(out_t, plan.options.max_memory)
+    n = _chunk_experts(out_t, pipe.ring.budget)
     gpu = ctx.device.type != "cpu"
     dev_buf = torch.empty((n, *out_t.rank_shape[1:]), dtype=dt, device=ctx.device) if gpu else None
     for rank in range(plan.options.tp_size):
@@ -285,6 +390,7 @@ def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, pipe: _Pipeline, tr: _Tracke
             else:
                 out_t.produce(ctx, rank, experts, dev_buf[: len(experts)])
                 host.copy_(dev_buf[: len(experts)])
+            ctx.release()
             pipe.submit(host)
             tr.advance(host.numel() * host.element_size(), current=it.entry.name)
 
@@ -304,6 +410,7 @@ class OutDir:
         # finished files are flushed to disk in the background while the next ones are made
         self.syncer = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-fsync")
         self.syncing: dict[str, Future] = {}
+        self.lock = threading.Lock()  # the journal, written from the shard workers
 
     def __enter__(self) -> OutDir:
         self._claim()
@@ -379,10 +486,11 @@ class OutDir:
 
     def _record(self, rel: str, meta: dict) -> dict:
         self._sync_later(rel)
-        self.done[rel] = meta
-        tmp = self._journal_path().with_name("state.json" + TMP_SUFFIX)
-        tmp.write_text(json.dumps({"key": self.key, "files": self.done}, sort_keys=True))
-        os.replace(tmp, self._journal_path())
+        with self.lock:
+            self.done[rel] = meta
+            tmp = self._journal_path().with_name("state.json" + TMP_SUFFIX)
+            tmp.write_text(json.dumps({"key": self.key, "files": self.done}, sort_keys=True))
+            os.replace(tmp, self._journal_path())
         return meta
 
     def _reusable(self, rel: str) -> dict | None:

@@ -20,7 +20,7 @@ from .st_io import OutEntry, TensorInfo
 
 MANIFEST_NAME = "fi-convert-manifest.json"
 STATE_DIR = ".fi-convert"
-DEFAULT_SHARD_BYTES = 5 * 10**9
+DEFAULT_SHARD_BYTES = 0  # output shards as large as the source's largest shard
 DEFAULT_MAX_MEMORY = 4 * 2**30
 
 
@@ -34,7 +34,7 @@ class Options:
     scheme: SchemeName = SchemeName.AUTO
     backend: Backend = Backend.TRTLLM
     tp_size: int = 1
-    max_shard_bytes: int = DEFAULT_SHARD_BYTES
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES  # 0: the source's largest shard
     max_memory: int = DEFAULT_MAX_MEMORY
 
     def __post_init__(self) -> None:  # accept plain strings from library callers
@@ -156,7 +156,10 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     expert_names = {n for lp in lps for n in lp.source_names}
     items = _items(ckpt, lps, expert_names, options.tp_size)
     with_experts = {ckpt.tensors[n].file for n in expert_names}
-    shards = _pack(items, options.max_shard_bytes, set(ckpt.shards) - with_experts)
+    # sharded like the source (a few GB a file in released checkpoints), so that shards can be
+    # written and hashed in parallel, and loaded so
+    limit = options.max_shard_bytes or max(p.stat().st_size for p in ckpt.shards)
+    shards = _pack(items, limit, set(ckpt.shards) - with_experts)
     plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
     plan.notes = list(dict.fromkeys(n for lp in lps for n in lp.notes))

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,14 +123,18 @@ class SourceFiles:
 
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
+        self._lock = threading.Lock()  # shared by the shard workers
 
     def fd(self, path: Path) -> int:
-        if path not in self._fds:
-            try:
-                self._fds[path] = os.open(path, os.O_RDONLY)
-            except OSError as e:
-                raise SourceError(f"{path}: cannot open ({e.strerror}); check the path") from None
-        return self._fds[path]
+        with self._lock:
+            if path not in self._fds:
+                try:
+                    self._fds[path] = os.open(path, os.O_RDONLY)
+                except OSError as e:
+                    raise SourceError(
+                        f"{path}: cannot open ({e.strerror}); check the path"
+                    ) from None
+            return self._fds[path]
 
     def read_rows(self, info: TensorInfo, start: int, stop: int, dst: torch.Tensor) -> None:
         """Read rows [start, stop) of dim 0 of `info` into `dst` (contiguous, same byte size)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -35,15 +36,19 @@ def reference_out(src, tmp_path_factory):
     return out
 
 
+BUDGET = 2_400_000  # three workers' shares, each holding chunks of one expert
+
+
 def _opts():  # small shards and chunks: many files and many writes to be killed between
-    return Options(SchemeName.FP8_BLOCK, tp_size=2, max_shard_bytes=600_000, max_memory=300_000)
+    return Options(SchemeName.FP8_BLOCK, tp_size=2, max_shard_bytes=600_000, max_memory=BUDGET)
 
 
 def _run(
-    src: Path, out: Path, env_extra: dict | None = None, **popen
+    src: Path, out: Path, env_extra: dict | None = None, jobs: int = 0, **popen
 ) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
-    cmd += ["--tp-size", "2", "--max-shard-size", "600000", "--max-memory", "300000", "--quiet"]
+    cmd += ["--tp-size", "2", "--max-shard-size", "600000", "--max-memory", str(BUDGET), "--quiet"]
+    cmd += ["--jobs", str(jobs)]
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, **popen)
 
@@ -52,14 +57,14 @@ def _files(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
 
 
-@pytest.mark.parametrize("kill_after", [1, 3, 7, 12, 20])
-def test_killed_run_resumes_to_identical_bytes(src, reference_out, tmp_path, kill_after):
+@pytest.mark.parametrize(("kill_after", "jobs"), [(1, 1), (3, 1), (7, 3), (12, 1), (20, 3)])
+def test_killed_run_resumes_to_identical_bytes(src, reference_out, tmp_path, kill_after, jobs):
     out = tmp_path / "out"
-    r = _run(src, out, {"_FI_CONVERT_KILL_AFTER_WRITES": str(kill_after)})
+    r = _run(src, out, {"_FI_CONVERT_KILL_AFTER_WRITES": str(kill_after)}, jobs=jobs)
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert not (out / MANIFEST).exists(), "a killed run must not look complete"
     assert (out / ".fi-convert" / "lock").exists()  # the dead run's lock stays behind...
-    r = _run(src, out)  # ...and does not block the rerun
+    r = _run(src, out, jobs=4 - jobs)  # ...and does not block the rerun, with other jobs
     assert r.returncode == 0, r.stderr
     assert _files(out) == _files(reference_out)
     assert not (out / ".fi-convert").exists()
@@ -113,10 +118,12 @@ def _limit_file_size():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
-def test_write_failure_ends_clearly_without_manifest(src, tmp_path):
-    """A full disk, simulated by a file-size limit on the process."""
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_write_failure_ends_clearly_without_manifest(src, tmp_path, jobs):
+    """A full disk, simulated by a file-size limit on the process. With several shards in
+    flight, the failing one stops the others and each removes its temporary file."""
     out = tmp_path / "out"
-    r = _run(src, out, preexec_fn=_limit_file_size)
+    r = _run(src, out, jobs=jobs, preexec_fn=_limit_file_size)
     assert r.returncode == 1, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "write failed" in lines[0]
@@ -205,3 +212,50 @@ def test_scale_chunks_count_the_weights_they_read(tmp_path):
     scale, weight = outs["w13_weight_scale"], outs["w13_weight"]
     assert scale.expert_nbytes * 16 < weight.expert_nbytes  # a small output...
     assert chunk(scale, budget) <= chunk(weight, budget) < 16  # ...chunked like the weights
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 5])
+def test_jobs_do_not_change_the_bytes(src, reference_out, tmp_path, jobs):
+    out = tmp_path / "out"
+    res = convert(src, out, _opts(), device="cpu", jobs=jobs)
+    assert res.jobs == min(jobs, 3)  # the budget allows three
+    assert _files(out) == _files(reference_out)
+
+
+def test_jobs_fit_the_memory_budget(src):
+    from fi_convert.convert import MAX_JOBS, _chunk_need, _jobs
+
+    plan = make_plan(src, _opts())
+    need = max(_chunk_need(o) for lp in plan.layers for o in lp.outputs)
+    assert 1 <= _jobs(plan, 0) <= MAX_JOBS
+    assert _jobs(plan, 100) == min(len(plan.shards), plan.options.max_memory // need)
+    tight = make_plan(src, Options(SchemeName.FP8_BLOCK, tp_size=2, max_memory=need + 1))
+    assert _jobs(tight, 8) == 1  # a second worker's share could not hold one expert
+
+
+def test_failing_shard_cancels_the_others(src, tmp_path, monkeypatch):
+    """One worker's error ends the run with that error (not a cancellation), and no shard
+    that was in flight is left under its final name or as a temporary file."""
+    import importlib
+
+    conv = importlib.import_module("fi_convert.convert")
+    real = conv._produce_tensor
+    calls = {"n": 0}
+
+    def flaky(it, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise SourceError(f"{it.entry.name}: injected failure")
+        return real(it, *a, **kw)
+
+    monkeypatch.setattr(conv, "_produce_tensor", flaky)
+    out = tmp_path / "out"
+    with pytest.raises(SourceError, match="injected failure"):
+        convert(src, out, _opts(), device="cpu", jobs=3)
+    assert not (out / MANIFEST).exists()
+    assert not list(out.glob("*.fi-convert-tmp"))
+    journal = json.loads((out / ".fi-convert" / "state.json").read_text())["files"]
+    finished = {p.name for p in out.glob("model-*.safetensors")}
+    assert finished == {n for n in journal if n.startswith("model-")}  # complete, recorded
+    for name in finished:
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == journal[name]["sha256"]
