@@ -89,7 +89,8 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
 
     def conv():
         opts = Options(SchemeName.FP8_BLOCK, max_memory=args.max_memory)
-        convert(src, out, opts, device=args.device)
+        res = convert(src, out, opts, device=args.device)
+        row["jobs"], row["output_shards"] = res.jobs, len(res.plan.shards)
 
     def copy():
         subprocess.run(["cp", "-r", str(src), str(cp_out)], check=True)
@@ -98,8 +99,8 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
         copy()
         subprocess.run(["sync", "-f", str(cp_out)], check=True)
 
+    row: dict = {"source_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors"))}
     conv()  # warm the page cache and the code
-    row = {"source_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors"))}
     row["convert_warm_s"] = median_time(conv, args.repeat, clean)
     row["cp_warm_s"] = median_time(copy, args.repeat, clean)
     row["cp_sync_warm_s"] = median_time(copy_sync, args.repeat, clean)

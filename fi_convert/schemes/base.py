@@ -59,7 +59,9 @@ class Ctx:
         else:
             if self._free:  # too small for this chunk: give it back rather than keep it
                 self._free.remove(max(self._free, key=torch.Tensor.numel))
-            buf = torch.empty(n, dtype=torch.uint8)
+            # pinned for CUDA: the copy to the device then runs at full speed; the buffer is
+            # reused only after the chunk's copy back to the host, which waits for it
+            buf = torch.empty(n, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
         self._used.append(buf)
         return buf[:n].view(dtype).view(shape)
 
