@@ -152,6 +152,14 @@ def convert_cmd(
             "allows). The bytes written do not depend on it.",
         ),
     ] = 0,
+    fsync: Annotated[
+        bool,
+        typer.Option(
+            help="Flush every file to disk before writing the manifest, so that the manifest's "
+            "claim survives a power loss. --no-fsync is for runs whose output is uploaded "
+            "and thrown away (CI), where waiting for the disk buys nothing."
+        ),
+    ] = True,
     as_json: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
     debug: DebugOpt = False,
@@ -181,7 +189,13 @@ def convert_cmd(
             return
         with _progress(show) as cb:
             res = run_plan(
-                plan, out_dir, device=device, overwrite=overwrite, progress=cb, jobs=jobs
+                plan,
+                out_dir,
+                device=device,
+                overwrite=overwrite,
+                progress=cb,
+                jobs=jobs,
+                fsync=fsync,
             )
         if push_to:
             base = base_model or src.repo_id

@@ -56,7 +56,6 @@ class Result:
     device: str
     jobs: int = 1  # shards that were converted at once
 
-
     def summary(self) -> dict:
         return {
             **self.plan.summary(),
@@ -86,14 +85,23 @@ def convert(
     overwrite: bool = False,
     progress: ProgressFn | None = None,
     jobs: int = 0,
+    fsync: bool = True,
 ) -> Result:
     """Convert `source` into `out_dir`. Raises `FiConvertError` subclasses on bad input.
 
     `jobs` output shards are converted at once (0: as many as CPUs and the memory budget
-    allow, at most `MAX_JOBS`); the output bytes do not depend on it."""
+    allow, at most `MAX_JOBS`); the output bytes do not depend on it. With `fsync` (the
+    default) every file is on disk before the manifest is written, so the manifest's claim
+    survives a power loss; without it, only a crash or kill of this process."""
     plan = make_plan(source, options or Options())
     return run_plan(
-        plan, Path(out_dir), device=device, overwrite=overwrite, progress=progress, jobs=jobs
+        plan,
+        Path(out_dir),
+        device=device,
+        overwrite=overwrite,
+        progress=progress,
+        jobs=jobs,
+        fsync=fsync,
     )
 
 
@@ -105,10 +113,11 @@ def run_plan(
     overwrite: bool = False,
     progress: ProgressFn | None = None,
     jobs: int = 0,
+    fsync: bool = True,
 ) -> Result:
     preflight(plan, out_dir, device=device, overwrite=overwrite)
     dev = resolve_device(device)
-    with OutDir(out_dir, plan.key(), overwrite) as od:
+    with OutDir(out_dir, plan.key(), overwrite, fsync=fsync) as od:
         files: dict[str, dict] = {}
         tracker = _Tracker(plan, progress)
         for rel in plan.side_files:
@@ -402,13 +411,14 @@ class OutDir:
     plan's key; a rerun with the same key reuses files whose bytes still match.
     """
 
-    def __init__(self, root: Path, key: str, overwrite: bool) -> None:
-        self.root, self.key, self.overwrite = root, key, overwrite
+    def __init__(self, root: Path, key: str, overwrite: bool, fsync: bool = True) -> None:
+        self.root, self.key, self.overwrite, self.fsync = root, key, overwrite, fsync
         self.state_dir = root / STATE_DIR
         self.done: dict[str, dict] = {}
         self.reused: list[str] = []
         # finished files are flushed to disk in the background while the next ones are made
-        self.syncer = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-fsync")
+        # (several at once: files finished together are written to disk in parallel)
+        self.syncer = ThreadPoolExecutor(4, thread_name_prefix="fi-convert-fsync")
         self.syncing: dict[str, Future] = {}
         self.lock = threading.Lock()  # the journal, written from the shard workers
 
@@ -468,10 +478,13 @@ class OutDir:
             self.done = d["files"]
 
     def _sync_later(self, rel: str) -> None:
-        self.syncing[rel] = self.syncer.submit(_fsync, self.root / rel)
+        if self.fsync:
+            self.syncing[rel] = self.syncer.submit(_fsync, self.root / rel)
 
     def flush(self, files: dict[str, dict]) -> None:
         """Every file of `files` and the folder itself on disk (before the manifest)."""
+        if not self.fsync:
+            return
         try:
             for rel in files:
                 if rel in self.syncing:

@@ -52,17 +52,39 @@ def drop_cache(folder: Path) -> None:
             os.close(fd)
 
 
-def peak_rss(src: Path, out: Path, device: str, max_memory: int) -> float:
-    """Peak resident memory (GiB) of a conversion in a fresh process: its VmHWM, which a new
-    program starts afresh (ru_maxrss would carry over the forking parent's high-water mark)."""
+def interleaved(measures: dict, repeat: int) -> dict[str, float]:
+    """Median seconds of each (fn, setup) in `measures`, run in turns (a, b, c, a, b, c, ...)
+    so that a slow spell of a noisy machine falls on all of them alike."""
+    times: dict[str, list[float]] = {k: [] for k in measures}
+    for _ in range(repeat):
+        for k, (fn, setup) in measures.items():
+            setup()
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def peak_rss(src: Path, out: Path, device: str, max_memory: int) -> tuple[float, float]:
+    """(peak, baseline) resident memory in GiB of a conversion in a fresh process: VmHWM
+    after it, and VmRSS before it, once torch is imported and (on CUDA) its context made.
+    A new program starts its VmHWM afresh (ru_maxrss would carry over the forking parent's)."""
     code = (
-        "from fi_convert import convert, Options;"
-        f"convert({str(src)!r}, {str(out)!r}, Options(max_memory={max_memory}), device={device!r},"
-        " overwrite=True);"
-        "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])"
+        "import torch\n"
+        "from fi_convert import convert, Options\n"
+        "from fi_convert.convert import resolve_device\n"
+        f"dev = resolve_device({device!r})\n"
+        "torch.zeros(1, device=dev)\n"
+        "def kib(key): return next(l for l in open('/proc/self/status') if l.startswith(key))"
+        ".split()[1]\n"
+        "base = kib('VmRSS')\n"
+        f"convert({str(src)!r}, {str(out)!r}, Options(max_memory={max_memory}), device=dev.type,"
+        " overwrite=True)\n"
+        "print(kib('VmHWM'), base)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return int(r.stdout.strip().splitlines()[-1]) / 2**20
+    peak, base = (int(x) / 2**20 for x in r.stdout.strip().splitlines()[-1].split())
+    return peak, base
 
 
 def bench_size(root: Path, label: str, experts: int, args) -> dict:
@@ -78,6 +100,7 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
     )
     src = write_checkpoint(root / f"src-{label}", spec)
     out, cp_out = root / f"out-{label}", root / f"cp-{label}"
+    row: dict = {"source_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors"))}
 
     def clean():
         shutil.rmtree(out, ignore_errors=True)
@@ -87,9 +110,9 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
         clean()
         drop_cache(src)
 
-    def conv():
+    def conv(fsync: bool = True):
         opts = Options(SchemeName.FP8_BLOCK, max_memory=args.max_memory)
-        res = convert(src, out, opts, device=args.device)
+        res = convert(src, out, opts, device=args.device, fsync=fsync)
         row["jobs"], row["output_shards"] = res.jobs, len(res.plan.shards)
 
     def copy():
@@ -99,17 +122,25 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
         copy()
         subprocess.run(["sync", "-f", str(cp_out)], check=True)
 
-    row: dict = {"source_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors"))}
     conv()  # warm the page cache and the code
-    row["convert_warm_s"] = median_time(conv, args.repeat, clean)
-    row["cp_warm_s"] = median_time(copy, args.repeat, clean)
-    row["cp_sync_warm_s"] = median_time(copy_sync, args.repeat, clean)
-    row["convert_cold_s"] = median_time(conv, args.repeat, cold)
-    row["cp_cold_s"] = median_time(copy, args.repeat, cold)
+    warm = interleaved(
+        {
+            "convert_warm_s": (conv, clean),
+            "convert_nofsync_warm_s": (lambda: conv(fsync=False), clean),
+            "cp_warm_s": (copy, clean),
+            "cp_sync_warm_s": (copy_sync, clean),
+        },
+        args.repeat,
+    )
+    cold_ = interleaved({"convert_cold_s": (conv, cold), "cp_cold_s": (copy, cold)}, args.repeat)
+    row.update(warm)
+    row.update(cold_)
     row["ratio_warm"] = row["convert_warm_s"] / row["cp_warm_s"]
+    row["ratio_warm_nofsync"] = row["convert_nofsync_warm_s"] / row["cp_warm_s"]
     row["ratio_warm_vs_cp_sync"] = row["convert_warm_s"] / row["cp_sync_warm_s"]
     row["ratio_cold"] = row["convert_cold_s"] / row["cp_cold_s"]
-    row["peak_rss_gib"] = peak_rss(src, out, args.device, args.max_memory)
+    row["peak_rss_gib"], row["base_rss_gib"] = peak_rss(src, out, args.device, args.max_memory)
+    row["budget_gib"] = args.max_memory / 2**30
     clean()
     shutil.rmtree(src)
     return row
@@ -233,22 +264,31 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench.json").write_text(json.dumps(result, indent=2))
     print(f"device {dev}, {os.cpu_count()} CPUs; medians of {args.repeat} runs")
-    cols = ("model", "GB", "conv", "cp", "ratio", "cp+sync", "ratio", "conv cold", "cp cold")
-    print(" ".join(f"{c:>9}" for c in (*cols, "ratio", "peak GiB")))
+    cols = ("GB", "conv", "cp", "ratio", "no-fsync", "ratio", "cp+sync", "ratio")
+    cols += ("conv cold", "cp cold", "ratio", "peak GiB", "base GiB")
+    print(f"{'model':>9} " + " ".join(f"{c:>9}" for c in cols))
     for k, r in e2e.items():
         vals = (
             r["source_bytes"] / 1e9,
             r["convert_warm_s"],
             r["cp_warm_s"],
             r["ratio_warm"],
+            r["convert_nofsync_warm_s"],
+            r["ratio_warm_nofsync"],
             r["cp_sync_warm_s"],
             r["ratio_warm_vs_cp_sync"],
             r["convert_cold_s"],
             r["cp_cold_s"],
             r["ratio_cold"],
             r["peak_rss_gib"],
+            r["base_rss_gib"],
         )
         print(f"{k:>9} " + " ".join(f"{v:9.2f}" for v in vals))
+    print(
+        "conv: fi-convert (fsync before the manifest); no-fsync: with --no-fsync; ratios are "
+        "to cp -r (and cp -r && sync); peak: resident memory, base: before converting "
+        f"(torch and CUDA loaded); budget {args.max_memory / 2**30:.2f} GiB"
+    )
     print(
         f"\nlayout transform of one w13 ({tr['bytes'] / 1e9:.2f} GB, {args.experts} experts) "
         f"on {dev}"

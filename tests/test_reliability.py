@@ -44,11 +44,11 @@ def _opts():  # small shards and chunks: many files and many writes to be killed
 
 
 def _run(
-    src: Path, out: Path, env_extra: dict | None = None, jobs: int = 0, **popen
+    src: Path, out: Path, env_extra: dict | None = None, jobs: int = 0, extra=(), **popen
 ) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
     cmd += ["--tp-size", "2", "--max-shard-size", "600000", "--max-memory", str(BUDGET), "--quiet"]
-    cmd += ["--jobs", str(jobs)]
+    cmd += ["--jobs", str(jobs), *extra]
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, **popen)
 
@@ -259,3 +259,33 @@ def test_failing_shard_cancels_the_others(src, tmp_path, monkeypatch):
     assert finished == {n for n in journal if n.startswith("model-")}  # complete, recorded
     for name in finished:
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == journal[name]["sha256"]
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_fsync_flushes_every_file_before_the_manifest(
+    src, reference_out, tmp_path, monkeypatch, fsync
+):
+    import importlib
+
+    conv = importlib.import_module("fi_convert.convert")
+    synced: list[str] = []
+    real = conv._fsync
+
+    def spy(path):
+        assert not (tmp_path / "out" / MANIFEST).exists(), "flushed after the manifest"
+        synced.append(Path(path).name)
+        real(path)
+
+    monkeypatch.setattr(conv, "_fsync", spy)
+    res = convert(src, tmp_path / "out", _opts(), device="cpu", fsync=fsync)
+    files = set(res.manifest["files"])
+    assert (set(synced) == files | {"out"}) if fsync else not synced
+    assert _files(tmp_path / "out") == _files(reference_out)
+
+
+def test_cli_jobs_and_no_fsync(src, reference_out, tmp_path):
+    out = tmp_path / "out"
+    r = _run(src, out, jobs=2, extra=["--no-fsync", "--json"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["jobs"] == 2
+    assert _files(out) == _files(reference_out)
