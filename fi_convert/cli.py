@@ -202,6 +202,12 @@ def convert_cmd(
             pushed = _push_after_convert(out_dir, push_to, private, base, src.commit, show)
     except FiConvertError as e:
         raise _fail(e, debug) from None
+    except KeyboardInterrupt:
+        err.print(
+            f"[red]interrupted[/red]: {escape(str(out_dir))} is incomplete (no manifest); run "
+            "the same command again to resume"
+        )
+        raise typer.Exit(130) from None
     s = res.summary()
     if src.repo_id:
         s["source_repo"] = src.summary()

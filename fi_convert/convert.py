@@ -343,7 +343,11 @@ def _write_shard(
     shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker, ring: _Ring, run: _Shards
 ) -> ShardWriter:
     w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items])
-    pipe = _Pipeline(w, ring, run.cancel)
+    try:
+        pipe = _Pipeline(w, ring, run.cancel)
+    except BaseException:
+        w.abort()
+        raise
     try:
         for it in shard.items:
             if it.source is not None:
@@ -434,7 +438,9 @@ class OutDir:
         self.syncer.shutdown(wait=True, cancel_futures=True)
         if exc_type is None:
             shutil.rmtree(self.state_dir, ignore_errors=True)
-        else:
+        else:  # whatever was cut short (Ctrl-C can land anywhere) leaves no partial file
+            for p in self.root.glob("*" + TMP_SUFFIX):
+                p.unlink(missing_ok=True)
             self._unlock()
 
     def _claim(self) -> None:

@@ -200,7 +200,11 @@ class ShardWriter:
             self._f = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish() or abort()
         except OSError as e:
             raise OutputError(f"{self.tmp}: cannot create ({e.strerror})") from None
-        self.write_bytes(self.header)
+        try:
+            self.write_bytes(self.header)
+        except BaseException:
+            self.abort()
+            raise
 
     def write_bytes(self, data: bytes | memoryview, hash_it: bool = True) -> None:
         """Append `data`; `hash_it=False` leaves hashing to `hash_bytes`, called in order."""

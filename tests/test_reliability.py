@@ -10,6 +10,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,35 @@ def test_cli_jobs_and_no_fsync(src, reference_out, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["jobs"] == 2
     assert _files(out) == _files(reference_out)
+
+
+@pytest.mark.parametrize("jobs", ["1", "3"])
+def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, jobs):
+    """SIGINT in the middle of writing: exit 130, one line saying how to resume, no manifest,
+    no temporary files, no lock; the same command then finishes the job."""
+    spec = Spec("deepseek-v3", layers=4, experts=16, hidden=512, intermediate=1024, shards=4)
+    src = write_checkpoint(tmp_path / "ds", spec)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
+    cmd += ["--max-memory", "30000000", "--jobs", jobs, "--json"]
+    # slow each write down so that the signal lands while shards are being written
+    slow = "import time, fi_convert.st_io as s; w = s.ShardWriter.write_bytes\n"
+    slow += "s.ShardWriter.write_bytes = lambda *a, **k: (time.sleep(0.02), w(*a, **k))[1]\n"
+    slow += "from fi_convert.cli import main; main()\n"
+    p = subprocess.Popen([sys.executable, "-c", slow, *cmd[3:]], stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        if list(out.glob("*.fi-convert-tmp")):
+            break
+        time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    _, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "run the same command again to resume" in lines[0], stderr
+    assert not (out / MANIFEST).exists()
+    assert not list(out.glob("*.fi-convert-tmp"))
+    assert not (out / ".fi-convert" / "lock").exists()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["jobs"] == int(jobs)
+    assert (out / MANIFEST).exists()
