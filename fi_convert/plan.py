@@ -159,7 +159,7 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     # sharded like the source (a few GB a file in released checkpoints), so that shards can be
     # written and hashed in parallel, and loaded so
     limit = options.max_shard_bytes or max(p.stat().st_size for p in ckpt.shards)
-    shards = _pack(items, limit, set(ckpt.shards) - with_experts)
+    shards = _pack_evenly(items, limit, set(ckpt.shards) - with_experts)
     plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
     plan.notes = list(dict.fromkeys(n for lp in lps for n in lp.notes))
@@ -188,6 +188,21 @@ def _items(ckpt: Checkpoint, lps: list[LayerPlan], expert_names: set[str], tp: i
                     raise SourceError(f"{ckpt.root}: already holds {entry.name}; is it converted?")
                 items.append(Item(entry, layer=lp, output=o))
     return items
+
+
+def _pack_evenly(items: list[Item], limit: int, expert_free: set[Path]) -> list[ShardPlan]:
+    """`_pack` with the smallest limit (at most `limit`) that gives no more shards than
+    `limit` does: as many shards, of more even sizes, so that parallel shard jobs (each
+    hashing its file from start to end) finish at about the same time."""
+    n = len(_pack(items, limit, expert_free))
+    lo, hi = 1, limit  # the shard count only grows as the limit shrinks
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(_pack(items, mid, expert_free)) <= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    return _pack(items, lo, expert_free)
 
 
 def _pack(items: list[Item], limit: int, expert_free: set[Path]) -> list[ShardPlan]:

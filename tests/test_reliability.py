@@ -322,3 +322,16 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, jobs):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["jobs"] == int(jobs)
     assert (out / MANIFEST).exists()
+
+
+def test_shards_are_packed_evenly(src):
+    from fi_convert.plan import _pack
+
+    limit = 600_000
+    plan = make_plan(src, Options(SchemeName.FP8_BLOCK, tp_size=2, max_shard_bytes=limit))
+    items = [it for s in plan.shards for it in s.items]
+    greedy = _pack(items, limit, {s.copy_of for s in plan.shards if s.copy_of})
+    sizes = [s.nbytes for s in plan.shards]
+    assert len(plan.shards) == len(greedy)
+    assert max(sizes) < max(s.nbytes for s in greedy)  # more even than packing up to the limit
+    assert all(n <= limit or len(s.items) == 1 for n, s in zip(sizes, plan.shards, strict=True))
