@@ -11,7 +11,7 @@ import shutil
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,9 +169,14 @@ class _Shards:
         self.jobs = _jobs(plan, jobs)
         self.budget = plan.options.max_memory // self.jobs
         self.cancel = threading.Event()
-        self.rings: queue.SimpleQueue[_Ring | None] = queue.SimpleQueue()
+        # per worker, made on first use (carry-over-only runs need none) and kept for the run:
+        # a host-buffer ring, staging buffers (in the Ctx) and a CUDA stream (the caching
+        # allocator reuses device memory within a stream; a stream per shard would strand
+        # each shard's blocks)
+        self.slots: queue.SimpleQueue[tuple[_Ring, Ctx, torch.cuda.Stream | None] | None]
+        self.slots = queue.SimpleQueue()
         for _ in range(self.jobs):
-            self.rings.put(None)  # made on first use: carry-over-only runs need none
+            self.slots.put(None)
 
     def run(self) -> dict[str, dict]:
         shards = self.plan.shards
@@ -202,28 +207,25 @@ class _Shards:
             meta = self.od.copy_side_file(shard.copy_of, shard.name)
             self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name)
             return meta
-        ring = self.rings.get()
+        slot = self.slots.get()
         try:
-            if ring is None:
-                ring = _Ring(self.plan, self.budget, pin=self.dev.type == "cuda")
-            ctx = Ctx(self.src, self.dev)
-            with _own_stream(self.dev):
+            if slot is None:
+                cuda = self.dev.type == "cuda"
+                ring = _Ring(self.plan, self.budget, pin=cuda)
+                slot = ring, Ctx(self.src, self.dev), _new_stream(self.dev)
+            ring, ctx, stream = slot
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 return self.od.shard(
                     shard,
                     lambda s: _write_shard(s, ctx, self.plan, self.od, self.tr, ring, self),
                 )
         finally:
-            self.rings.put(ring)
+            self.slots.put(slot)
 
 
-@contextlib.contextmanager
-def _own_stream(dev: torch.device) -> Iterator[None]:
-    """On CUDA, a stream for this worker, so workers' copies and kernels overlap."""
-    if dev.type != "cuda":
-        yield
-        return
-    with torch.cuda.stream(torch.cuda.Stream(dev)):
-        yield
+def _new_stream(dev: torch.device) -> torch.cuda.Stream | None:
+    """On CUDA, a stream for a worker, so that workers' copies and kernels overlap."""
+    return torch.cuda.Stream(dev) if dev.type == "cuda" else None
 
 
 def _index(plan: Plan) -> bytes:

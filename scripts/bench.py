@@ -105,9 +105,10 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
     out, cp_out = root / f"out-{label}", root / f"cp-{label}"
     row: dict = {"source_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors"))}
 
-    def clean():
+    def clean():  # and no dirty pages left by the previous run to slow the next one down
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(cp_out, ignore_errors=True)
+        os.sync()
 
     def cold():
         clean()
@@ -161,6 +162,7 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
     row["floor_s"] = max((sha + wr) / cpus, largest / (row["source_bytes"] / sha))
     cold_ = interleaved({"convert_cold_s": (conv, cold), "cp_cold_s": (copy, cold)}, args.repeat)
     row.update({k: statistics.median(v) for k, v in (warm | cold_).items()})
+    row["runs"] = {k: [round(t, 4) for t in v] for k, v in (warm | cold_).items()}
     row["floor_ratio"] = row["floor_s"] / row["cp_warm_s"]
     row["ratio_warm"] = row["convert_warm_s"] / row["cp_warm_s"]
     row["ratio_warm_nofsync"] = row["convert_nofsync_warm_s"] / row["cp_warm_s"]
@@ -265,7 +267,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--max-memory", type=int, default=2**30, help="conversion budget, bytes")
     ap.add_argument("--tmp", default=None, help="folder for checkpoints (default: a temp dir)")
