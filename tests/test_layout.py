@@ -82,6 +82,19 @@ def test_block_major_formulations_agree_with_padding_rows(dtype):
     assert torch.equal(outs[0][:, 1, 3], src[:, idx[3], block : 2 * block])
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16])
+def test_block_major_gather_with_padding_rows(dtype):
+    """More output rows than source rows (per-half padding from a zero row), odd experts."""
+    e, r, k, block = 5, 97, 384, 128 // torch.empty((), dtype=dtype).element_size()
+    src = torch.randint(0, 200, (e, r, k)).to(dtype)
+    src[:, -1] = 0
+    idx = L.pad_halves_index(48, 64, zero_row=r - 1)
+    out = torch.empty(e, k // block, idx.numel(), block, dtype=dtype)
+    L.gather_rows_block_major(src, idx, block, out)
+    expect = src[:, idx].view(e, idx.numel(), k // block, block).permute(0, 2, 1, 3)
+    assert torch.equal(out, expect)
+
+
 def test_pad_halves_is_per_half_not_contiguous():
     """vLLM 0.33 pads each half; the seed code padded the fused tensor as one block."""
     i, p, h = 96, 128, 8
