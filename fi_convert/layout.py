@@ -101,21 +101,12 @@ def gather_rows(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torc
 
 
 def gather_rows_block_major(
-    src: torch.Tensor,
-    idx: torch.Tensor,
-    block: int,
-    out: torch.Tensor,
-    by_block: bool | None = None,
+    src: torch.Tensor, idx: torch.Tensor, block: int, out: torch.Tensor
 ) -> torch.Tensor:
     """Row gather fused with BlockMajorK: out[e, b, i, k] = src[e, idx[i], b*block + k].
 
     `src` is [E, R, K] and `out` is [E, K/block, M, block], with block counted in elements
     of src's dtype (FlashInfer counts 128 bytes: 128 fp8 or 64 bf16 values).
-
-    Two equal formulations: gather rows of a block-major view of src (best on CPU), or treat
-    each block as a row and gather blocks with one index of M*K/block entries (`by_block`,
-    the default on CUDA, where both sides of the index_select are then contiguous rows and it
-    runs at about copy speed).
     """
     e, r, k = src.shape
     if k % block:
@@ -125,17 +116,8 @@ def gather_rows_block_major(
         unit = block * src.element_size()
         src, out = _wide(src, unit), _wide(out, unit)
     per = out.shape[-1]  # the block in (possibly wider) elements
-    nb, m = k // block, out.shape[2]
-    idx = idx.to(src.device)
-    if by_block is None:
-        by_block = src.device.type == "cuda"
-    if by_block and src.is_contiguous() and out.is_contiguous():
-        # block (row i, column block b) of the output is block idx[i]*nb + b of the source
-        blocks = (idx[None, :] * nb + torch.arange(nb, device=src.device)[:, None]).reshape(-1)
-        torch.index_select(src.view(e, r * nb, per), 1, blocks, out=out.view(e, nb * m, per))
-        return res
-    view = src.view(e, r, nb, per).permute(0, 2, 1, 3)
-    torch.index_select(view, 2, idx, out=out)
+    blocks = src.view(e, r, src.shape[-1] // per, per).permute(0, 2, 1, 3)
+    torch.index_select(blocks, 2, idx.to(src.device), out=out)
     return res
 
 

@@ -55,31 +55,15 @@ def test_composed_index_matches_permute_helpers(m):
     )
 
 
-@pytest.mark.parametrize("by_block", [False, True])  # the CPU and the CUDA formulation
 @pytest.mark.parametrize("block", [64, 128])
-def test_block_major_gather_matches_convert_to_block_layout(block, by_block):
+def test_block_major_gather_matches_convert_to_block_layout(block):
     e, m, k = 3, 64, 256
     src = torch.randint(0, 256, (e, m, k), dtype=torch.uint8)
     idx = L.shuffle_row_index(m, 64)
     out = torch.empty(e, k // block, m, block, dtype=torch.uint8)
-    L.gather_rows_block_major(src, idx, block, out, by_block=by_block)
+    L.gather_rows_block_major(src, idx, block, out)
     for i in range(e):
         assert torch.equal(out[i], convert_to_block_layout(shuffle_matrix_a(src[i], 64), block))
-
-
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16])
-def test_block_major_formulations_agree_with_padding_rows(dtype):
-    """More output rows than source rows (per-half padding from a zero row), odd experts."""
-    e, r, k, block = 5, 97, 384, 128 // torch.empty((), dtype=dtype).element_size()
-    src = torch.randint(0, 200, (e, r, k)).to(dtype)
-    src[:, -1] = 0
-    idx = L.pad_halves_index(48, 64, zero_row=r - 1)
-    outs = []
-    for by_block in (False, True):
-        outs.append(torch.empty(e, k // block, idx.numel(), block, dtype=dtype))
-        L.gather_rows_block_major(src, idx, block, outs[-1], by_block=by_block)
-    assert torch.equal(outs[0], outs[1])
-    assert torch.equal(outs[0][:, 1, 3], src[:, idx[3], block : 2 * block])
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16])
