@@ -387,9 +387,10 @@ def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, pipe: _Pipeline, tr: _Tracke
         for rank in range(plan.options.tp_size):
             out = torch.empty(out_t.rank_shape, dtype=dt, device=ctx.device)
             out_t.produce(ctx, rank, range(layer.info["num_experts"]), out)
+            host = out.cpu()  # on CUDA this waits for the copies from the staging buffers
             ctx.release()
-            pipe.submit(out.cpu())
-            tr.advance(out.numel() * out.element_size(), current=it.entry.name)
+            pipe.submit(host)
+            tr.advance(host.numel() * host.element_size(), current=it.entry.name)
         return
     e, per = out_t.rank_shape[0], out_t.expert_nbytes
     n = _chunk_experts(out_t, pipe.ring.budget)
@@ -404,7 +405,7 @@ def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, pipe: _Pipeline, tr: _Tracke
                 out_t.produce(ctx, rank, experts, host)
             else:
                 out_t.produce(ctx, rank, experts, dev_buf[: len(experts)])
-                host.copy_(dev_buf[: len(experts)])
+                host.copy_(dev_buf[: len(experts)])  # waits, as above
             ctx.release()
             pipe.submit(host)
             tr.advance(host.numel() * host.element_size(), current=it.entry.name)
@@ -441,7 +442,7 @@ class OutDir:
         if exc_type is None:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         else:  # whatever was cut short (Ctrl-C can land anywhere) leaves no partial file
-            for p in self.root.glob("*" + TMP_SUFFIX):
+            for p in self.root.rglob("*" + TMP_SUFFIX):
                 p.unlink(missing_ok=True)
             self._unlock()
 

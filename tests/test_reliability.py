@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -338,3 +339,20 @@ def test_shards_are_packed_evenly(src):
 
     assert largest(plan.shards) < largest(greedy)  # more even than filling up to the limit
     assert largest(plan.shards) <= limit
+
+
+def test_staging_buffers_are_reused_and_kept_apart():
+    from fi_convert.schemes.base import Ctx
+    from fi_convert.st_io import SourceFiles
+
+    ctx = Ctx(SourceFiles(), torch.device("cpu"))
+    a, b = ctx.stage((4, 8), torch.float32), ctx.stage((100,), torch.uint8)
+    assert a.data_ptr() != b.data_ptr()  # both in use at once
+    ptrs = {a.data_ptr(), b.data_ptr()}
+    ctx.release()
+    c, d = ctx.stage((50,), torch.uint8), ctx.stage((2, 16), torch.float32)
+    assert {c.data_ptr(), d.data_ptr()} == ptrs  # the same memory again, best fit first
+    assert c.data_ptr() == b.data_ptr() and d.data_ptr() == a.data_ptr()
+    ctx.release()
+    big = ctx.stage((1000,), torch.uint8)  # fits neither: one old buffer is given back
+    assert big.data_ptr() not in ptrs and len(ctx._free) == 1

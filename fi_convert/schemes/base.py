@@ -52,13 +52,14 @@ class Ctx:
         reused from chunk to chunk: fresh memory costs a page fault per 4 KiB on first touch,
         which on CPU took longer than reading and transforming the bytes."""
         n = math.prod(shape) * dtype.itemsize
-        fits = [b for b in self._free if b.numel() >= n]
+        # by position: `list.remove` would compare tensors with `==`
+        sizes = [b.numel() for b in self._free]
+        fits = [k for k, size in enumerate(sizes) if size >= n]
         if fits:
-            buf = min(fits, key=torch.Tensor.numel)
-            self._free.remove(buf)
+            buf = self._free.pop(min(fits, key=sizes.__getitem__))
         else:
             if self._free:  # too small for this chunk: give it back rather than keep it
-                self._free.remove(max(self._free, key=torch.Tensor.numel))
+                self._free.pop(max(range(len(sizes)), key=sizes.__getitem__))
             # pinned for CUDA: the copy to the device then runs at full speed; the buffer is
             # reused only after the chunk's copy back to the host, which waits for it
             buf = torch.empty(n, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
