@@ -24,7 +24,7 @@ from .errors import OutputError
 from .plan import MANIFEST_NAME, STATE_DIR, Item, Options, Plan, ShardPlan, check_out_dir, make_plan
 from .schemes.base import Ctx, OutputTensor
 from .source import INDEX_NAME
-from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, pread_into, sha256_file
+from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, sha256_file
 
 COPY_CHUNK = 64 * 2**20  # largest piece of a carried-over tensor in flight
 MAX_JOBS = 8  # shards converted at once, at most (see `_jobs`)
@@ -302,6 +302,7 @@ class _Pipeline:
         self.w = w
         self.ring = ring
         self.cancel = cancel
+        self.offset = len(w.header)  # where the next submitted bytes go in the file
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-write")
         self.hasher = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-hash")
         self.pending: deque[tuple[Future, Future]] = deque()
@@ -310,14 +311,31 @@ class _Pipeline:
         return self.ring.buffer(nbytes)
 
     def submit(self, t: torch.Tensor) -> None:
+        """Write and hash a host buffer (from the ring, or one of its own)."""
+        self._tick()
+        write = self.pool.submit(self.w.write, t, False)
+        self._queue(write, self.hasher.submit(self.w.hash, t))
+        self.offset += t.numel() * t.element_size()
+
+    def submit_copy(self, fd: int, offset: int, nbytes: int, path: Path) -> None:
+        """Copy bytes of a source file in the kernel, then hash them where they were written."""
+        self._tick()
+        write = self.pool.submit(self.w.copy_from, fd, offset, nbytes, path)
+        self._queue(
+            write, self.hasher.submit(_after, write, self.w.hash_written, self.offset, nbytes)
+        )
+        self.offset += nbytes
+
+    def _tick(self) -> None:
         global _writes
         _writes += 1
         if _KILL_AFTER and _writes > _KILL_AFTER:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.cancel.is_set():
             raise _Cancelled
-        write = self.pool.submit(self.w.write, t, False)
-        self.pending.append((write, self.hasher.submit(self.w.hash, t)))
+
+    def _queue(self, write: Future, hashed: Future) -> None:
+        self.pending.append((write, hashed))
         while len(self.pending) > DEPTH:
             self._wait(self.pending.popleft())
 
@@ -365,16 +383,22 @@ def _write_shard(
     return w
 
 
+def _after(first: Future, fn: Callable[..., None], *args: object) -> None:
+    first.result()  # its error, if any, is the one to report
+    fn(*args)
+
+
 def _copy_tensor(it: Item, ctx: Ctx, pipe: _Pipeline, tr: _Tracker) -> None:
+    """A tensor carried over unchanged: copied file to file in the kernel, never through this
+    process's memory (on a 2-core VM, 2.2 GB took 0.7 s so against 1.6-2.0 s for pread and
+    write)."""
     info = it.source
     assert info is not None
     fd = ctx.files.fd(info.file)
     done = 0
     while done < info.nbytes:
         n = min(pipe.ring.copy_chunk, info.nbytes - done)
-        buf = pipe.buffer(n)
-        pread_into(fd, info.start + done, buf, info.file)
-        pipe.submit(buf)
+        pipe.submit_copy(fd, info.start + done, n, info.file)
         done += n
         tr.advance(n, current=info.name)
 

@@ -9,8 +9,10 @@ renames it into place when complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import mmap
 import os
 import struct
 import threading
@@ -181,11 +183,25 @@ def build_header(entries: Iterable[OutEntry]) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+# copy_file_range / sendfile cannot copy between these two files: copy another way
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+_BOUNCE = 4 * 2**20
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    mv = memoryview(data)
+    while mv:
+        mv = mv[os.write(fd, mv) :]
+
+
 class ShardWriter:
     """Writes one safetensors file sequentially under a temporary name, hashing as it goes.
 
-    `finish()` checks every byte was written and renames into place; `abort()`
-    removes the temporary file. The final name never holds a partial file.
+    Bytes come from memory (`write`) or straight from a source file (`copy_from`, copied in the
+    kernel: carried-over tensors never pass through this process's memory; `hash_written`
+    then hashes them from the page cache). `finish()` checks every byte was written and
+    renames into place; `abort()` removes the temporary file. The final name never holds a
+    partial file.
     """
 
     def __init__(self, path: Path, entries: list[OutEntry]) -> None:
@@ -196,8 +212,10 @@ class ShardWriter:
         self.sha = hashlib.sha256()
         self.written = 0
         self.error: OutputError | None = None
-        try:
-            self._f = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish() or abort()
+        self._copy = "copy_file_range"  # then "sendfile", then "bounce" if those cannot
+        self._fd = -1
+        try:  # read too: hash_written maps what was written
+            self._fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as e:
             raise OutputError(f"{self.tmp}: cannot create ({e.strerror})") from None
         try:
@@ -206,21 +224,74 @@ class ShardWriter:
             self.abort()
             raise
 
+    def _failed(self, e: OSError) -> OutputError:
+        self.error = OutputError(
+            f"{self.path}: write failed ({e.strerror}); free disk space or choose another "
+            "out-dir, then run the same command again to resume"
+        )
+        return self.error
+
     def write_bytes(self, data: bytes | memoryview, hash_it: bool = True) -> None:
         """Append `data`; `hash_it=False` leaves hashing to `hash_bytes`, called in order."""
         if self.error is not None:  # a failed writer stays failed
             raise self.error
         try:
-            self._f.write(data)
+            _write_all(self._fd, data)
         except OSError as e:
-            self.error = OutputError(
-                f"{self.path}: write failed ({e.strerror}); free disk space or choose another "
-                "out-dir, then run the same command again to resume"
-            )
-            raise self.error from None
+            raise self._failed(e) from None
         if hash_it:
             self.sha.update(data)
         self.written += len(data)
+
+    def copy_from(self, src_fd: int, offset: int, nbytes: int, src_path: Path) -> None:
+        """Append `nbytes` of `src_fd` from `offset`, copied in the kernel where it can be
+        (not hashed: call `hash_written` for the same range, in order)."""
+        if self.error is not None:
+            raise self.error
+        done = 0
+        try:
+            while done < nbytes:
+                n = self._copy_some(src_fd, offset + done, nbytes - done)
+                if n <= 0:
+                    raise _bad(src_path, f"ends before byte {offset + nbytes}")
+                done += n
+        except OSError as e:
+            raise self._failed(e) from None
+        self.written += nbytes
+
+    def _copy_some(self, src_fd: int, offset: int, n: int) -> int:
+        if self._copy == "copy_file_range":
+            try:
+                return os.copy_file_range(src_fd, self._fd, n, offset)
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                self._copy = "sendfile"
+        if self._copy == "sendfile":
+            try:
+                return os.sendfile(self._fd, src_fd, offset, n)
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                self._copy = "bounce"
+        buf = memoryview(bytearray(min(n, _BOUNCE)))
+        k = os.preadv(src_fd, [buf], offset)
+        _write_all(self._fd, buf[:k])
+        return k
+
+    def hash_written(self, offset: int, nbytes: int) -> None:
+        """Hash bytes [offset, offset + nbytes) of the file, already written, from the page
+        cache (mapped, not copied)."""
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        with mmap.mmap(
+            self._fd, offset + nbytes - start, flags=flags, prot=mmap.PROT_READ, offset=start
+        ) as m:
+            view = memoryview(m)
+            try:
+                self.sha.update(view[offset - start :])
+            finally:
+                view.release()
 
     def hash_bytes(self, data: bytes | memoryview) -> None:
         self.sha.update(data)
@@ -236,8 +307,8 @@ class ShardWriter:
             self.abort()
             raise RuntimeError(f"{self.path}: wrote {self.written} of {self.total} bytes")
         try:  # durable later: the converter fsyncs every file before the manifest
-            self._f.flush()
-            self._f.close()
+            os.close(self._fd)
+            self._fd = -1
             os.replace(self.tmp, self.path)
         except OSError as e:
             self.abort()
@@ -247,8 +318,10 @@ class ShardWriter:
         return self.sha.hexdigest(), self.total
 
     def abort(self) -> None:
-        with contextlib.suppress(OSError):
-            self._f.close()
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
         self.tmp.unlink(missing_ok=True)
 
 

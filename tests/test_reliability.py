@@ -356,3 +356,39 @@ def test_staging_buffers_are_reused_and_kept_apart():
     ctx.release()
     big = ctx.stage((1000,), torch.uint8)  # fits neither: one old buffer is given back
     assert big.data_ptr() not in ptrs and len(ctx._free) == 1
+
+
+@pytest.mark.parametrize("works", ["copy_file_range", "sendfile", "neither"])
+def test_carried_over_bytes_are_the_same_however_the_kernel_copies(
+    src, reference_out, tmp_path, monkeypatch, works
+):
+    """Across filesystems copy_file_range fails with EXDEV, and elsewhere sendfile may not
+    take files: the writer falls back, and the bytes and hashes stay the same."""
+    import errno
+
+    def refuse(*a, **kw):
+        raise OSError(errno.EXDEV if works != "neither" else errno.EINVAL, "not here")
+
+    if works != "copy_file_range":
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    if works == "neither":
+        monkeypatch.setattr(os, "sendfile", refuse)
+    res = convert(src, tmp_path / "out", _opts(), device="cpu")
+    assert _files(tmp_path / "out") == _files(reference_out)
+    for name, meta in res.manifest["files"].items():
+        data = (tmp_path / "out" / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == meta["sha256"]
+
+
+def test_full_disk_during_a_kernel_copy_is_a_write_failure(src, tmp_path, monkeypatch):
+    import errno
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "copy_file_range", full)
+    out = tmp_path / "out"
+    with pytest.raises(FiConvertError, match="write failed .*No space left.*resume"):
+        convert(src, out, _opts(), device="cpu")
+    assert not (out / MANIFEST).exists()
+    assert not list(out.glob("*.fi-convert-tmp"))
