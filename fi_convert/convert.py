@@ -141,20 +141,29 @@ class _Cancelled(Exception):
     """Raised in a shard's worker when another worker failed or the run was interrupted."""
 
 
-def _jobs(plan: Plan, jobs: int) -> int:
+def _jobs(plan: Plan, jobs: int, pinned: bool = False) -> int:
     """Shards converted at once: `jobs`, or (0) one per CPU up to MAX_JOBS; never more than
     there are shards, nor so many that a worker's share of the memory budget cannot hold a
     chunk of one expert."""
     n = len(plan.shards)
     if jobs <= 0:
         jobs = min(MAX_JOBS, len(os.sched_getaffinity(0)))
-    need = max((_chunk_need(o) for lp in plan.layers for o in lp.outputs if o.chunked), default=1)
+    outs = [o for lp in plan.layers for o in lp.outputs if o.chunked]
+    need = max((_chunk_need(o, pinned) for o in outs), default=1)
     return max(1, min(jobs, n, plan.options.max_memory // need))
 
 
-def _chunk_need(o: OutputTensor) -> int:
-    """The least budget a worker needs for `o`: DEPTH + 4 chunks of one expert."""
-    return (DEPTH + 4) * max(o.expert_nbytes, o.stage_nbytes, 1)
+def _chunk_need(o: OutputTensor, pinned: bool = False) -> int:
+    """The least budget a worker needs for `o`: `_units` chunks of one expert."""
+    return _units(pinned) * max(o.expert_nbytes, o.stage_nbytes, 1)
+
+
+def _units(pinned: bool) -> int:
+    """Chunks of host memory a worker may hold: DEPTH + 1 ring buffers, the staging and
+    spare room for temporaries. Pinned memory comes from PyTorch's caching host allocator,
+    which rounds each block up to a power of two, so on CUDA the ring and the staging may
+    take twice their size."""
+    return DEPTH + 4 if not pinned else 2 * (DEPTH + 2) + 2
 
 
 class _Shards:
@@ -166,7 +175,7 @@ class _Shards:
         self, plan: Plan, od: OutDir, src: SourceFiles, dev: torch.device, tr: _Tracker, jobs: int
     ) -> None:
         self.plan, self.od, self.src, self.dev, self.tr = plan, od, src, dev, tr
-        self.jobs = _jobs(plan, jobs)
+        self.jobs = _jobs(plan, jobs, pinned=dev.type == "cuda")
         self.budget = plan.options.max_memory // self.jobs
         self.cancel = threading.Event()
         # per worker, made on first use (carry-over-only runs need none) and kept for the run:
@@ -255,11 +264,11 @@ class _Tracker:
 DEPTH = 2  # chunks in flight to the writer and hasher threads
 
 
-def _chunk_experts(out_t: OutputTensor, budget: int) -> int:
-    """Experts per chunk: staging (~1 chunk), a device output and DEPTH + 1 host buffers fit
-    in `budget` bytes (at least one expert)."""
+def _chunk_experts(out_t: OutputTensor, budget: int, pinned: bool = False) -> int:
+    """Experts per chunk: staging (~1 chunk) and DEPTH + 1 host buffers fit in `budget`
+    bytes, with room to spare (`_units`); at least one expert."""
     per = max(out_t.expert_nbytes, out_t.stage_nbytes, 1)
-    return max(1, min(out_t.rank_shape[0], budget // ((DEPTH + 4) * per)))
+    return max(1, min(out_t.rank_shape[0], budget // (_units(pinned) * per)))
 
 
 def _copy_chunk(budget: int) -> int:
@@ -271,13 +280,12 @@ class _Ring:
     runs on CUDA), so memory does not grow with the number of tensors or shards."""
 
     def __init__(self, plan: Plan, budget: int, pin: bool) -> None:
-        self.copy_chunk = _copy_chunk(budget)
-        biggest = max((i.entry.nbytes for s in plan.shards for i in s.items), default=1)
-        sizes = [min(self.copy_chunk, biggest)]
+        self.copy_chunk = _copy_chunk(budget)  # carried-over bytes take no buffer (kernel copy)
+        sizes = [1]
         for lp in plan.layers:
             for o in lp.outputs:
                 if o.chunked:
-                    sizes.append(_chunk_experts(o, budget) * o.expert_nbytes)
+                    sizes.append(_chunk_experts(o, budget, pin) * o.expert_nbytes)
         self.capacity, self.pin, self.budget = max(sizes), pin, budget
         self.slots: list[torch.Tensor] = []
         self.turn = 0
@@ -417,7 +425,7 @@ def _produce_tensor(it: Item, ctx: Ctx, plan: Plan, pipe: _Pipeline, tr: _Tracke
             tr.advance(host.numel() * host.element_size(), current=it.entry.name)
         return
     e, per = out_t.rank_shape[0], out_t.expert_nbytes
-    n = _chunk_experts(out_t, pipe.ring.budget)
+    n = _chunk_experts(out_t, pipe.ring.budget, pipe.ring.pin)
     gpu = ctx.device.type != "cpu"
     dev_buf = torch.empty((n, *out_t.rank_shape[1:]), dtype=dt, device=ctx.device) if gpu else None
     for rank in range(plan.options.tp_size):

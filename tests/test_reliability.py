@@ -392,3 +392,23 @@ def test_full_disk_during_a_kernel_copy_is_a_write_failure(src, tmp_path, monkey
         convert(src, out, _opts(), device="cpu")
     assert not (out / MANIFEST).exists()
     assert not list(out.glob("*.fi-convert-tmp"))
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_host_buffers_fit_the_budget(src, pinned):
+    """A worker's ring (DEPTH + 1 buffers) and staging fit its share of the budget, also when
+    pinned memory is rounded up to a power of two (PyTorch's caching host allocator)."""
+    from fi_convert.convert import DEPTH, _chunk_experts, _chunk_need
+
+    def pow2(n: int) -> int:
+        return 1 << (n - 1).bit_length()
+
+    plan = make_plan(src, Options(SchemeName.FP8_BLOCK, tp_size=2))
+    for o in (o for lp in plan.layers for o in lp.outputs if o.chunked):
+        per = max(o.expert_nbytes, o.stage_nbytes)
+        for budget in (_chunk_need(o, pinned), 3 * _chunk_need(o, pinned) + 12345, 10**9):
+            n = _chunk_experts(o, budget, pinned)
+            ring, stage = n * o.expert_nbytes, n * per
+            if pinned:
+                ring, stage = pow2(ring), pow2(stage)
+            assert (DEPTH + 1) * ring + stage <= budget, (o.name, budget)
