@@ -302,8 +302,9 @@ class _Ring:
 
 class _Pipeline:
     """Writes chunks to a shard on one background thread and hashes them on another, each in
-    order, while the caller reads and transforms the next ones. Host buffers come from the
-    ring; at most DEPTH chunks are in flight, so a buffer is reused only once the write and
+    order, while the caller reads and transforms the next ones. A chunk is a host buffer from
+    the ring, or a range of a source file copied in the kernel and then hashed where it was
+    written. At most DEPTH chunks are in flight, so a buffer is reused only once the write and
     the hash that last used it are done."""
 
     def __init__(self, w: ShardWriter, ring: _Ring, cancel: threading.Event) -> None:

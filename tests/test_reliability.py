@@ -303,8 +303,13 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, jobs):
     cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
     cmd += ["--max-memory", "30000000", "--jobs", jobs, "--json"]
     # slow each write down so that the signal lands while shards are being written
-    slow = "import time, fi_convert.st_io as s; w = s.ShardWriter.write_bytes\n"
-    slow += "s.ShardWriter.write_bytes = lambda *a, **k: (time.sleep(0.02), w(*a, **k))[1]\n"
+    # a shell that starts a job in the background (as CI may) ignores SIGINT for it, and the
+    # child inherits that: give it Python's usual Ctrl-C handler, as a terminal would
+    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    slow += "import time, fi_convert.st_io as s\n"
+    slow += "def slowly(f): return lambda *a, **k: (time.sleep(0.05), f(*a, **k))[1]\n"
+    slow += "s.ShardWriter.write_bytes = slowly(s.ShardWriter.write_bytes)\n"
+    slow += "s.ShardWriter.copy_from = slowly(s.ShardWriter.copy_from)\n"
     slow += "from fi_convert.cli import main; main()\n"
     p = subprocess.Popen([sys.executable, "-c", slow, *cmd[3:]], stderr=subprocess.PIPE, text=True)
     for _ in range(600):
