@@ -222,6 +222,32 @@ def require_shapes(layer: ExpertLayer, param: str, w13: tuple, w2: tuple) -> Non
                 )
 
 
+def layer_plan(
+    layer: ExpertLayer,
+    outs: list[OutputTensor],
+    i_r: int,
+    i_p: int,
+    *,
+    h_p: int | None = None,
+    notes: list[str] | None = None,
+    **info: object,
+) -> LayerPlan:
+    """A layer's plan: its outputs, and its manifest entry, which starts with the sizes every
+    scheme records (docs/FORMAT.md) and goes on with the scheme's own `info`."""
+    sizes: dict = {
+        "num_experts": layer.num_experts,
+        "hidden_size": layer.hidden_size,
+        "padded_hidden_size": h_p if h_p is not None else layer.hidden_size,
+        "intermediate_size": layer.intermediate_size,
+        "intermediate_size_per_rank": i_r,
+        "padded_intermediate_size_per_rank": i_p,
+    }
+    nbytes = sum(t.nbytes for t in layer.params.values())
+    return LayerPlan(
+        layer.prefix, {**sizes, **info}, outs, layer.source_names(), nbytes, notes or []
+    )
+
+
 def per_rank(size: int, tp: int, what: str) -> int:
     if size % tp:
         raise LayoutError(

@@ -19,6 +19,7 @@ from .base import (
     LayerPlan,
     OutputTensor,
     SchemeName,
+    layer_plan,
     per_rank,
     refuse_other_format,
     require_dtype,
@@ -61,17 +62,7 @@ class Bf16Scheme:
                 )
             i_p = L.round_up(i_r, PAD_I)
             outs = _trtllm_outputs(layer, e, h, i_r, i_p)
-        info = {
-            "num_experts": e,
-            "hidden_size": h,
-            "padded_hidden_size": h,
-            "intermediate_size": layer.intermediate_size,
-            "intermediate_size_per_rank": i_r,
-            "padded_intermediate_size_per_rank": i_p,
-        }
-        names = layer.source_names()
-        nbytes = sum(t.nbytes for t in layer.params.values())
-        return LayerPlan(layer.prefix, info, outs, names, nbytes)
+        return layer_plan(layer, outs, i_r, i_p)
 
 
 def _trtllm_outputs(layer: ExpertLayer, e: int, h: int, i_r: int, i_p: int) -> list[OutputTensor]:

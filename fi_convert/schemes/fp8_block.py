@@ -19,6 +19,7 @@ from .base import (
     LayerPlan,
     OutputTensor,
     SchemeName,
+    layer_plan,
     per_rank,
     refuse_other_format,
     require_dtype,
@@ -73,16 +74,6 @@ class Fp8BlockScheme:
             "some kernels, not FlashInfer's) - use a --tp-size that keeps I/tp a multiple of 128",
         )
         outs = _outputs(layer, e, h, i_r, backend)
-        info = {
-            "num_experts": e,
-            "hidden_size": h,
-            "padded_hidden_size": h,
-            "intermediate_size": layer.intermediate_size,
-            "intermediate_size_per_rank": i_r,
-            "padded_intermediate_size_per_rank": i_r,
-            "weight_block_size": [BLOCK, BLOCK],
-        }
-        nbytes = sum(t.nbytes for t in layer.params.values())
         notes = []
         if backend is Backend.TRTLLM and (e % 4 or e > 512):
             notes.append(
@@ -90,7 +81,7 @@ class Fp8BlockScheme:
                 "(at most 512) experts per rank; serve this with expert parallelism that gives "
                 "each rank such a count, or convert with --backend cutlass"
             )
-        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes, notes)
+        return layer_plan(layer, outs, i_r, i_r, notes=notes, weight_block_size=[BLOCK, BLOCK])
 
 
 def _scale_producers(layer: ExpertLayer, i_r: int):

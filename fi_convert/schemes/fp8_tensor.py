@@ -30,6 +30,7 @@ from .base import (
     OutputTensor,
     SchemeName,
     expert_scalars,
+    layer_plan,
     per_rank,
     refuse_other_format,
     require_dtype,
@@ -98,19 +99,6 @@ class Fp8TensorScheme:
         dynamic = weight_dtype(layer) == "BF16" or not layer.has(ACT)
         s = _Scales(layer, i_r)
         outs = _weights(layer, e, h, i_r, i_p, backend, s) + _scale_outputs(e, backend, dynamic, s)
-        info = {
-            "num_experts": e,
-            "hidden_size": h,
-            "padded_hidden_size": h,
-            "intermediate_size": layer.intermediate_size,
-            "intermediate_size_per_rank": i_r,
-            "padded_intermediate_size_per_rank": i_p,
-            "activation_scheme": "dynamic" if dynamic else "static",
-            "source_format": "bf16, quantized per tensor"
-            if weight_dtype(layer) == "BF16"
-            else "fp8 per-tensor",
-        }
-        nbytes = sum(t.nbytes for t in layer.params.values())
         notes = []
         if dynamic:
             notes.append(
@@ -118,7 +106,16 @@ class Fp8TensorScheme:
                 "written; vLLM's FlashInfer FP8 per-tensor kernels take static scales - the "
                 "server must supply calibrated ones"
             )
-        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes, notes)
+        fmt = "bf16, quantized per tensor" if weight_dtype(layer) == "BF16" else "fp8 per-tensor"
+        return layer_plan(
+            layer,
+            outs,
+            i_r,
+            i_p,
+            notes=notes,
+            activation_scheme="dynamic" if dynamic else "static",
+            source_format=fmt,
+        )
 
 
 class _Scales:

@@ -34,6 +34,7 @@ from .base import (
     OutputTensor,
     SchemeName,
     flat_swizzled_index,
+    layer_plan,
     quant_algo,
     refuse_other_format,
 )
@@ -107,18 +108,8 @@ class Mxfp4Scheme:
         pad_h = PAD_H if backend is Backend.TRTLLM else PAD_I  # CUTLASS rounds both to 128
         i_a, h_a = L.round_up(i_r, PAD_I), L.round_up(h, pad_h)
         outs = _outputs(layer, e, h, i, i_r, i_a, h_a, backend)
-        info = {
-            "num_experts": e,
-            "hidden_size": h,
-            "padded_hidden_size": h_a,
-            "intermediate_size": i,
-            "intermediate_size_per_rank": i_r,
-            "padded_intermediate_size_per_rank": i_a,
-            "rows_per_rank": [max(0, min(i, (r + 1) * i_r) - r * i_r) for r in range(tp)],
-            "group_size": MX,
-        }
-        nbytes = sum(t.nbytes for t in layer.params.values())
-        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
+        rows = [max(0, min(i, (r + 1) * i_r) - r * i_r) for r in range(tp)]
+        return layer_plan(layer, outs, i_r, i_a, h_p=h_a, rows_per_rank=rows, group_size=MX)
 
 
 def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend) -> list[OutputTensor]:

@@ -23,6 +23,7 @@ from .base import (
     OutputTensor,
     SchemeName,
     flat_swizzled_index,
+    layer_plan,
     per_rank,
     quant_algo,
     refuse_other_format,
@@ -84,19 +85,8 @@ class Mxfp8Scheme:
         i_p, h_p = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H)
         quantize = weight_dtype(layer) == "BF16"
         outs = _outputs(layer, e, h, h_p, i_r, i_p, quantize)
-        info = {
-            "num_experts": e,
-            "hidden_size": h,
-            "padded_hidden_size": h_p,
-            "intermediate_size": layer.intermediate_size,
-            "intermediate_size_per_rank": i_r,
-            "padded_intermediate_size_per_rank": i_p,
-            "source_format": "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)"
-            if quantize
-            else "mxfp8",
-        }
-        nbytes = sum(t.nbytes for t in layer.params.values())
-        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes)
+        fmt = "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)" if quantize else "mxfp8"
+        return layer_plan(layer, outs, i_r, i_p, h_p=h_p, source_format=fmt)
 
 
 def _staged(ctx, layer, which, part, rank, experts, i_r, i_p, h_p, quantize):

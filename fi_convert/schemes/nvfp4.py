@@ -30,6 +30,7 @@ from .base import (
     SchemeName,
     expert_scalars,
     flat_swizzled_index,
+    layer_plan,
     per_rank,
     refuse_other_format,
     require_dtype,
@@ -99,25 +100,23 @@ class Nvfp4Scheme:
         sc = _Scales(layer)
         differ = sc.w1_w3_differ()
         outs = (_trtllm if trt else _cutlass)(layer, e, h, h_p, i_r, i_p) + sc.outputs(e, backend)
-        info = {
-            "num_experts": e,
-            "hidden_size": h,
-            "padded_hidden_size": h_p,
-            "intermediate_size": layer.intermediate_size,
-            "intermediate_size_per_rank": i_r,
-            "padded_intermediate_size_per_rank": i_p,
-            "group_size": SF,
-            "activation_scheme": "static",
-            "w13_scale_2_differs_for_experts": differ,
-        }
         notes = []
         if differ:
             notes.append(
                 f"{layer.prefix}: w1 and w3 global scales (weight_scale_2) differ for "
                 f"{len(differ)} experts (first: {differ[:4]}); using w1's, as vLLM does"
             )
-        nbytes = sum(t.nbytes for t in layer.params.values())
-        return LayerPlan(layer.prefix, info, outs, layer.source_names(), nbytes, notes)
+        return layer_plan(
+            layer,
+            outs,
+            i_r,
+            i_p,
+            h_p=h_p,
+            notes=notes,
+            group_size=SF,
+            activation_scheme="static",
+            w13_scale_2_differs_for_experts=differ,
+        )
 
 
 def _trtllm(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
