@@ -154,16 +154,16 @@ def _jobs(plan: Plan, jobs: int, pinned: bool = False) -> int:
 
 
 def _chunk_need(o: OutputTensor, pinned: bool = False) -> int:
-    """The least budget a worker needs for `o`: `_units` chunks of one expert."""
-    return _units(pinned) * max(o.expert_nbytes, o.stage_nbytes, 1)
+    """The least budget a worker needs for `o`: its host memory for chunks of one expert."""
+    return _host_bytes(max(o.expert_nbytes, o.stage_nbytes, 1), pinned)
 
 
-def _units(pinned: bool) -> int:
-    """Chunks of host memory a worker may hold: DEPTH + 1 ring buffers, the staging and
-    spare room for temporaries. Pinned memory comes from PyTorch's caching host allocator,
-    which rounds each block up to a power of two, so on CUDA the ring and the staging may
-    take twice their size."""
-    return DEPTH + 4 if not pinned else 2 * (DEPTH + 2) + 2
+def _host_bytes(chunk: int, pinned: bool) -> int:
+    """Host memory a worker may hold for chunks of `chunk` bytes: DEPTH + 1 ring buffers and
+    the staging, plus room for two chunks of temporaries. Pinned memory comes from PyTorch's
+    caching host allocator, which rounds each block up to a power of two."""
+    block = 1 << (chunk - 1).bit_length() if pinned else chunk
+    return (DEPTH + 2) * block + 2 * chunk
 
 
 class _Shards:
@@ -265,10 +265,13 @@ DEPTH = 2  # chunks in flight to the writer and hasher threads
 
 
 def _chunk_experts(out_t: OutputTensor, budget: int, pinned: bool = False) -> int:
-    """Experts per chunk: staging (~1 chunk) and DEPTH + 1 host buffers fit in `budget`
-    bytes, with room to spare (`_units`); at least one expert."""
+    """Experts per chunk: the most whose host buffers (`_host_bytes`) fit in `budget` bytes;
+    at least one expert."""
     per = max(out_t.expert_nbytes, out_t.stage_nbytes, 1)
-    return max(1, min(out_t.rank_shape[0], budget // (_units(pinned) * per)))
+    n = max(1, min(out_t.rank_shape[0], budget // _host_bytes(per, False)))
+    while n > 1 and _host_bytes(n * per, pinned) > budget:
+        n -= 1
+    return n
 
 
 def _copy_chunk(budget: int) -> int:

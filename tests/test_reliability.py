@@ -403,7 +403,7 @@ def test_full_disk_during_a_kernel_copy_is_a_write_failure(src, tmp_path, monkey
 def test_host_buffers_fit_the_budget(src, pinned):
     """A worker's ring (DEPTH + 1 buffers) and staging fit its share of the budget, also when
     pinned memory is rounded up to a power of two (PyTorch's caching host allocator)."""
-    from fi_convert.convert import DEPTH, _chunk_experts, _chunk_need
+    from fi_convert.convert import DEPTH, _chunk_experts, _chunk_need, _host_bytes
 
     def pow2(n: int) -> int:
         return 1 << (n - 1).bit_length()
@@ -417,3 +417,5 @@ def test_host_buffers_fit_the_budget(src, pinned):
             if pinned:
                 ring, stage = pow2(ring), pow2(stage)
             assert (DEPTH + 1) * ring + stage <= budget, (o.name, budget)
+            if n < o.rank_shape[0]:  # and no more experts would fit: the most the budget allows
+                assert _host_bytes((n + 1) * per, pinned) > budget, (o.name, budget)
