@@ -65,6 +65,32 @@ def _size(n: float) -> str:
     return f"{n}"
 
 
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_UNITS |= {f"{u}B": 1000**k for k, u in enumerate("KMGT", 1)}
+_UNITS |= {f"{u}IB": 1024**k for k, u in enumerate("KMGT", 1)}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from `text`: a count of bytes, or a number with a unit (KB, MB, GB, TB are
+    powers of 1000, as in Hugging Face's `max_shard_size`; KiB, MiB, GiB, TiB and K, M, G, T
+    are powers of 1024)."""
+    if isinstance(text, int):  # a default
+        return text
+    t = text.strip().replace(" ", "").replace("_", "")
+    num = t.rstrip("bBkKmMgGtTiI")
+    unit = t[len(num) :].upper()
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or not 0 <= value < 2**63:
+        raise typer.BadParameter(
+            f"{text!r} is not a size: give bytes, or a number with a unit "
+            "(e.g. 4GiB, 500MB, 5GB, 1.5T)"
+        )
+    return int(value * _UNITS[unit])
+
+
 def _fail(e: Exception, debug: bool) -> typer.Exit:
     if debug:
         err.print_exception()
@@ -137,10 +163,21 @@ def convert_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and stop.")] = False,
     max_shard_size: Annotated[
         int,
-        typer.Option(help="Largest output shard, bytes (0: as large as the source's largest)."),
+        typer.Option(
+            parser=parse_size,
+            metavar="SIZE",
+            help="Largest output shard, e.g. 5GB or 4GiB (0: as large as the source's largest).",
+        ),
     ] = DEFAULT_SHARD_BYTES,
     max_memory: Annotated[
-        int, typer.Option(help="Working-memory budget for expert chunks, bytes.")
+        int,
+        typer.Option(
+            parser=parse_size,
+            metavar="SIZE",
+            show_default=False,
+            help="Working-memory budget for expert chunks, shared by the jobs, e.g. 8GiB "
+            f"(default: {DEFAULT_MAX_MEMORY >> 30}GiB).",
+        ),
     ] = DEFAULT_MAX_MEMORY,
     jobs: Annotated[
         int,

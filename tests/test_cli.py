@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from fi_convert.cli import app, main
+from fi_convert.cli import app, main, parse_size
 from fi_convert.synthetic import Spec, write_checkpoint
 
 # the installed console script (what `make install` puts in the venv); where the package is
@@ -477,9 +477,34 @@ def test_different_families_detect_and_convert(ckpts, converted):
         assert m["source"]["family"] == ("qwen3-moe" if fam.startswith("qwen3") else fam)
 
 
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [
+        ("1000000", 1_000_000),
+        ("5GB", 5 * 10**9),  # as Hugging Face's max_shard_size
+        ("4GiB", 4 * 2**30),
+        ("4 gib", 4 * 2**30),
+        ("1.5M", 3 * 2**19),
+        ("512KiB", 2**19),
+        ("2T", 2 * 2**40),
+        ("0", 0),
+    ],
+)
+def test_sizes_take_units(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "4Gx", "-1G", "4 GiBs", "nan", "inf", "1e3X"])
+def test_bad_sizes_say_what_a_size_is(ckpts, tmp_path, text):
+    res = cli("convert", ckpts["deepseek-v3"], tmp_path / "out", "--max-memory", text)
+    assert res.exit_code == 2
+    assert "is not a size" in res.output and "4GiB" in res.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_rerun_with_other_sharding_leaves_no_stale_shards(ckpts, tmp_path):
     src, out = ckpts["deepseek-v3"], tmp_path / "out"
-    res = cli("convert", src, out, "--scheme", "fp8-block", "--max-shard-size", "1000000")
+    res = cli("convert", src, out, "--scheme", "fp8-block", "--max-shard-size", "1MB")
     assert res.exit_code == 0, res.output
     assert len(list(out.glob("*.safetensors"))) > 1
     res = cli("convert", src, out, "--scheme", "fp8-block")
