@@ -68,6 +68,69 @@ def interleaved(measures: dict, repeat: int) -> dict[str, list[float]]:
     return times
 
 
+def cpu_seconds(src: Path, out: Path, args, repeat: int) -> dict:
+    """Where a conversion's CPU time goes: thread CPU time inside the functions that hash,
+    write(), copy in the kernel, read source bytes and produce converted chunks, summed over
+    all threads, for `--no-fsync` conversions (medians of `repeat`); and `cp -r`'s CPU time
+    for the same folder. On a machine with few CPUs these sums bound the wall time."""
+    import importlib
+
+    st_io = importlib.import_module("fi_convert.st_io")
+    conv_mod = importlib.import_module("fi_convert.convert")
+    spent: dict[str, float] = {}
+
+    def timed(owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            t = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.thread_time() - t
+
+        setattr(owner, name, wrapper)
+        patched.append((owner, name, fn))
+
+    patched: list = []
+    timed(st_io.ShardWriter, "hash_bytes", "sha256")
+    timed(st_io.ShardWriter, "hash_written", "sha256")
+    timed(st_io, "_write_all", "write")
+    timed(conv_mod, "sha256_file", "sha256")  # shards with no experts are copied whole
+    timed(st_io.ShardWriter, "_copy_some", "kernel_copy")
+    timed(shutil, "copyfile", "kernel_copy")
+    timed(st_io, "pread_into", "read")
+    timed(conv_mod, "_produce_tensor", "produce")
+    runs: list[dict[str, float]] = []
+    try:
+        for _ in range(repeat):
+            shutil.rmtree(out, ignore_errors=True)
+            os.sync()
+            spent.clear()
+            cpu = time.process_time()
+            opts = Options(SchemeName.FP8_BLOCK, max_memory=args.max_memory)
+            convert(src, out, opts, device=args.device, fsync=False)
+            r = dict(spent, total=time.process_time() - cpu)
+            r["transform"] = r.pop("produce") - r["read"]  # gathers, casts, device copies
+            r["other"] = r["total"] - sum(v for k, v in r.items() if k != "total")
+            runs.append(r)
+    finally:
+        for owner, name, fn in patched:
+            setattr(owner, name, fn)
+    cp = []
+    for _ in range(repeat):
+        shutil.rmtree(out, ignore_errors=True)
+        os.sync()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(["cp", "-r", str(src), str(out)], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cp.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    shutil.rmtree(out, ignore_errors=True)
+    res = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    res["cp"] = statistics.median(cp)
+    return res
+
+
 def peak_rss(src: Path, out: Path, device: str, max_memory: int) -> tuple[float, float]:
     """(peak, baseline) resident memory in GiB of a conversion in a fresh process: VmHWM
     after it, and VmRSS before it, once torch is imported and (on CUDA) its context made.
@@ -175,6 +238,7 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
     row["ratio_warm_vs_cp_sync"] = row["convert_warm_s"] / row["cp_sync_warm_s"]
     row["ratio_cold"] = row["convert_cold_s"] / row["cp_cold_s"]
     row["peak_rss_gib"], row["base_rss_gib"] = peak_rss(src, out, args.device, args.max_memory)
+    row["cpu_s"] = cpu_seconds(src, out, args, args.repeat)
     row["budget_gib"] = args.max_memory / 2**30
     clean()
     shutil.rmtree(src)
@@ -327,6 +391,16 @@ def main() -> None:
         "machine's speeds; peak: resident "
         f"memory, base: before converting (torch and CUDA loaded); budget "
         f"{args.max_memory / 2**30:.2f} GiB"
+    )
+    keys = ("sha256", "write", "kernel_copy", "read", "transform", "other", "total", "cp")
+    print(f"\nCPU seconds of a --no-fsync conversion, summed over threads ({os.cpu_count()} CPUs)")
+    print(f"{'model':>9} " + " ".join(f"{k:>11}" for k in keys))
+    for k, r in e2e.items():
+        print(f"{k:>9} " + " ".join(f"{r['cpu_s'][c]:11.2f}" for c in keys))
+    print(
+        "sha256: hashing every output byte; write: write() of converted bytes; kernel_copy: "
+        "copy_file_range or sendfile of carried-over bytes; read: pread of source bytes; "
+        "transform: the rest of making converted chunks; cp: cp -r of the same folder"
     )
     print(
         f"\nlayout transform of one w13 ({tr['bytes'] / 1e9:.2f} GB, {args.experts} experts) "
