@@ -1,8 +1,16 @@
-"""fi-convert: Mixture-of-Experts checkpoints into FlashInfer's kernel layouts, offline."""
+"""fi-convert: Mixture-of-Experts checkpoints into FlashInfer's kernel layouts, offline.
+
+The names below are imported on first use (PEP 562), so that importing the package, or the
+command line, does not import torch until a command needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-from .convert import Progress, Result, convert, run_plan  # noqa: E402
 from .errors import (  # noqa: E402
     FiConvertError,
     HubError,
@@ -12,11 +20,41 @@ from .errors import (  # noqa: E402
     SchemeMismatchError,
     SourceError,
 )
-from .loader import load_moe_layer  # noqa: E402
-from .manifest import check_files  # noqa: E402
-from .manifest import read as read_manifest
-from .plan import Options, Plan, make_plan  # noqa: E402
-from .schemes import Backend, SchemeName  # noqa: E402
+from .names import Backend, SchemeName  # noqa: E402
+
+if TYPE_CHECKING:
+    from .loader import load_moe_layer
+    from .manifest import check_files
+    from .manifest import read as read_manifest
+    from .pipeline import Progress, Result, convert, run_plan
+    from .plan import Options, Plan, make_plan
+
+_LAZY = {
+    "Progress": ("pipeline", "Progress"),
+    "Result": ("pipeline", "Result"),
+    "convert": ("pipeline", "convert"),
+    "run_plan": ("pipeline", "run_plan"),
+    "load_moe_layer": ("loader", "load_moe_layer"),
+    "check_files": ("manifest", "check_files"),
+    "read_manifest": ("manifest", "read"),
+    "Options": ("plan", "Options"),
+    "Plan": ("plan", "Plan"),
+    "make_plan": ("plan", "make_plan"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Backend",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -27,14 +27,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from . import __version__, hub
-from .convert import Progress as LibProgress
-from .convert import preflight, run_plan
+from . import __version__
 from .errors import FiConvertError
-from .manifest import layer_groups
-from .plan import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Options, Plan, make_plan
-from .schemes import Backend, SchemeName
-from .verify import verify
+from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Backend, SchemeName
+
+if TYPE_CHECKING:  # the library (and torch) is imported by the commands that use it
+    from . import hub
+    from .pipeline import Progress as LibProgress
+    from .plan import Plan
 
 app = typer.Typer(
     help="Convert MoE checkpoints offline into FlashInfer's kernel layouts.\n\n"
@@ -99,6 +99,8 @@ def _fail(e: Exception, debug: bool) -> typer.Exit:
 
 
 def _render_plan(plan: Plan) -> None:
+    from .manifest import layer_groups
+
     s = plan.summary()
     how = "detected" if plan.detected else "requested"
     out.print(
@@ -202,6 +204,10 @@ def convert_cmd(
     debug: DebugOpt = False,
 ) -> None:
     """Convert MODEL_DIR (a folder, or a Hub repo id) into OUT_DIR (the default command)."""
+    from . import hub
+    from .pipeline import preflight, run_plan
+    from .plan import Options, make_plan
+
     opts = Options(scheme, backend, tp_size, max_shard_size, max_memory)
     if (private or base_model) and not push_to:
         raise typer.BadParameter("--private and --base-model go with --push-to")
@@ -272,6 +278,8 @@ def _push_after_convert(
     base_revision: str | None,
     show: bool,
 ) -> hub.PushResult:
+    from . import hub
+
     if base_model is None:
         err.print(
             "[yellow]warning:[/yellow] the model card names no base model; "
@@ -355,6 +363,8 @@ def inspect_cmd(
     debug: DebugOpt = False,
 ) -> None:
     """Print the conversion plan for MODEL_DIR without writing anything."""
+    from .plan import Options, make_plan
+
     try:
         plan = make_plan(model_dir, Options(scheme, backend, tp_size))
     except FiConvertError as e:
@@ -391,6 +401,8 @@ def verify_cmd(
     dtypes; --source re-derives a sample of experts (--full: all), with fi-convert's code or
     (--against-flashinfer) FlashInfer's.
     """
+    from .verify import verify
+
     try:
         rep = verify(
             out_dir, source=source, full=full, against_flashinfer=against_flashinfer, device=device
@@ -431,6 +443,8 @@ def push_cmd(
 
     Run it again after an interruption: it resumes.
     """
+    from . import hub
+
     show = err.is_terminal and not quiet and not as_json
     if base_model is None:
         err.print(

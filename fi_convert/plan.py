@@ -14,14 +14,13 @@ from pathlib import Path
 from . import __version__, schemes
 from .errors import OutputError, SchemeMismatchError, SourceError
 from .families import Family
+from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
 from .source import INDEX_NAME, PICKLE_SUFFIXES, Checkpoint, find_family, open_checkpoint
 from .st_io import OutEntry, TensorInfo
 
 MANIFEST_NAME = "fi-convert-manifest.json"
 STATE_DIR = ".fi-convert"
-DEFAULT_SHARD_BYTES = 0  # output shards as large as the source's largest shard
-DEFAULT_MAX_MEMORY = 4 * 2**30
 
 
 MISSING_BACKENDS = {

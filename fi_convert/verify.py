@@ -12,8 +12,8 @@ import torch
 
 from . import dtypes
 from . import manifest as mf
-from .convert import resolve_device
 from .errors import FiConvertError
+from .pipeline import resolve_device
 from .plan import Options, make_plan
 from .schemes.base import Ctx
 from .source import INDEX_NAME, open_checkpoint

@@ -76,7 +76,7 @@ def cpu_seconds(src: Path, out: Path, args, repeat: int) -> dict:
     import importlib
 
     st_io = importlib.import_module("fi_convert.st_io")
-    conv_mod = importlib.import_module("fi_convert.convert")
+    conv_mod = importlib.import_module("fi_convert.pipeline")
     spent: dict[str, float] = {}
 
     def timed(owner, name: str, label: str) -> None:
@@ -138,7 +138,7 @@ def peak_rss(src: Path, out: Path, device: str, max_memory: int) -> tuple[float,
     code = (
         "import torch\n"
         "from fi_convert import convert, Options\n"
-        "from fi_convert.convert import resolve_device\n"
+        "from fi_convert.pipeline import resolve_device\n"
         f"dev = resolve_device({device!r})\n"
         "torch.zeros(1, device=dev)\n"
         "def kib(key): return next(l for l in open('/proc/self/status') if l.startswith(key))"

@@ -196,6 +196,28 @@ def test_console_script_json_stdout_is_only_json(ckpts, tmp_path):
     assert (tmp_path / "out" / MANIFEST).is_file()
 
 
+def test_help_and_usage_errors_do_not_import_torch(tmp_path):
+    """`--help`, `version` and a mistyped option answer without importing torch (seconds on a
+    small machine); the library's names still load on use."""
+    code = (
+        "import sys\n"
+        "from fi_convert.cli import main\n"
+        "for argv in (['--help'], ['convert', '--help'], ['version'], ['m', 'o', '-s', 'x']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, 2), (argv, e.code)\n"
+        "assert 'torch' not in sys.modules, 'the CLI imported torch before a command needed it'\n"
+        "import fi_convert, fi_convert.pipeline\n"
+        "assert callable(fi_convert.convert) and fi_convert.Options().max_memory > 0\n"
+        "from fi_convert import convert\n"
+        "assert convert is fi_convert.pipeline.convert\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Usage" in r.stdout and "fp8-block" in r.stdout
+
+
 def test_main_inserts_default_command(ckpts, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:

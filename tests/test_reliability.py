@@ -206,7 +206,7 @@ def test_scale_chunks_count_the_weights_they_read(tmp_path):
     sized by that staging, not by its own small output (which would stage a whole layer)."""
     import importlib
 
-    chunk = importlib.import_module("fi_convert.convert")._chunk_experts
+    chunk = importlib.import_module("fi_convert.pipeline")._chunk_experts
     src = write_checkpoint(tmp_path / "m", Spec("qwen3-moe", layers=1, experts=16, hidden=256))
     budget = 6 * 2**20
     plan = make_plan(src, Options(SchemeName.MXFP8, max_memory=budget))
@@ -225,7 +225,7 @@ def test_jobs_do_not_change_the_bytes(src, reference_out, tmp_path, jobs):
 
 
 def test_jobs_fit_the_memory_budget(src):
-    from fi_convert.convert import MAX_JOBS, _chunk_need, _jobs
+    from fi_convert.pipeline import MAX_JOBS, _chunk_need, _jobs
 
     plan = make_plan(src, _opts())
     need = max(_chunk_need(o) for lp in plan.layers for o in lp.outputs)
@@ -240,7 +240,7 @@ def test_failing_shard_cancels_the_others(src, tmp_path, monkeypatch):
     that was in flight is left under its final name or as a temporary file."""
     import importlib
 
-    conv = importlib.import_module("fi_convert.convert")
+    conv = importlib.import_module("fi_convert.pipeline")
     real = conv._produce_tensor
     calls = {"n": 0}
 
@@ -269,7 +269,7 @@ def test_fsync_flushes_every_file_before_the_manifest(
 ):
     import importlib
 
-    conv = importlib.import_module("fi_convert.convert")
+    conv = importlib.import_module("fi_convert.pipeline")
     synced: list[str] = []
     real = conv._fsync
 
@@ -403,7 +403,7 @@ def test_full_disk_during_a_kernel_copy_is_a_write_failure(src, tmp_path, monkey
 def test_host_buffers_fit_the_budget(src, pinned):
     """A worker's ring (DEPTH + 1 buffers) and staging fit its share of the budget, also when
     pinned memory is rounded up to a power of two (PyTorch's caching host allocator)."""
-    from fi_convert.convert import DEPTH, _chunk_experts, _chunk_need, _host_bytes
+    from fi_convert.pipeline import DEPTH, _chunk_experts, _chunk_need, _host_bytes
 
     def pow2(n: int) -> int:
         return 1 << (n - 1).bit_length()

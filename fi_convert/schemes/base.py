@@ -3,12 +3,11 @@
 A scheme names the source tensors it needs, checks a layer against them, and plans a layer:
 the output tensors (vLLM's fused-MoE parameter names), their per-rank shapes, and for each a
 `produce` function that fills one chunk of experts of one tensor-parallel rank. The executor
-(`fi_convert.convert`) owns reading order, chunking, devices and writing.
+(`fi_convert.pipeline`) owns reading order, chunking, devices and writing.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,23 +18,9 @@ import torch
 from .. import dtypes
 from .. import layout as L
 from ..errors import LayoutError, SchemeMismatchError, SourceError
+from ..names import Backend, SchemeName
 from ..source import ROLES, Checkpoint, ExpertLayer
 from ..st_io import SourceFiles
-
-
-class SchemeName(str, enum.Enum):
-    AUTO = "auto"
-    BF16 = "bf16"
-    FP8_TENSOR = "fp8-tensor"
-    FP8_BLOCK = "fp8-block"
-    MXFP8 = "mxfp8"
-    NVFP4 = "nvfp4"
-    MXFP4 = "mxfp4"
-
-
-class Backend(str, enum.Enum):
-    TRTLLM = "trtllm"
-    CUTLASS = "cutlass"
 
 
 @dataclass
