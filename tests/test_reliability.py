@@ -419,3 +419,42 @@ def test_host_buffers_fit_the_budget(src, pinned):
             assert (DEPTH + 1) * ring + stage <= budget, (o.name, budget)
             if n < o.rank_shape[0]:  # and no more experts would fit: the most the budget allows
                 assert _host_bytes((n + 1) * per, pinned) > budget, (o.name, budget)
+
+
+_RSS_CHILD = """
+import sys
+from pathlib import Path
+from fi_convert import Options, SchemeName, convert
+root, budget = Path(sys.argv[1]), int(sys.argv[2])
+def rss(key):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) << 10
+convert(root / "small", root / "o-small", Options(SchemeName.FP8_BLOCK), device="cpu")
+base = rss("VmRSS")  # torch loaded, its CPU kernels warm
+opts = Options(SchemeName.FP8_BLOCK, max_memory=budget)
+convert(root / "big", root / "o-big", opts, device="cpu", overwrite=True)
+print(rss("VmHWM") - base)
+"""
+
+
+def test_memory_is_bounded_by_the_budget_not_the_layer(tmp_path):
+    """A MoE layer six times the budget converts with a working set (peak resident memory
+    minus resident memory before, in a fresh process) inside the budget; a larger budget lets
+    it grow, so the budget is what bounds it."""
+    write_checkpoint(
+        tmp_path / "small", Spec("deepseek-v3", layers=2, experts=4, hidden=256, intermediate=256)
+    )
+    big = Spec("deepseek-v3", layers=2, experts=64, hidden=2048, intermediate=768, shards=2)
+    write_checkpoint(tmp_path / "big", big)
+    layer = 64 * 3 * 768 * 2048  # FP8 bytes of one MoE layer's experts: 288 MiB
+    budget = 48 * 2**20
+
+    def working_set(max_memory: int) -> int:
+        cmd = [sys.executable, "-c", _RSS_CHILD, str(tmp_path), str(max_memory)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return int(r.stdout.split()[-1])
+
+    assert layer >= 6 * budget
+    small = working_set(budget)
+    assert small <= budget, f"working set {small / 2**20:.1f} MiB, budget 48 MiB"
+    assert working_set(4 * budget) > budget  # the measure sees memory the budget allows
