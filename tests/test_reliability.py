@@ -425,21 +425,22 @@ _RSS_CHILD = """
 import sys
 from pathlib import Path
 from fi_convert import Options, SchemeName, convert
-root, budget = Path(sys.argv[1]), int(sys.argv[2])
+root, budget, dev = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 def rss(key):
     return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) << 10
-convert(root / "small", root / "o-small", Options(SchemeName.FP8_BLOCK), device="cpu")
-base = rss("VmRSS")  # torch loaded, its CPU kernels warm
+convert(root / "small", root / "o-small", Options(SchemeName.FP8_BLOCK), device=dev)
+base = rss("VmRSS")  # torch loaded, its kernels warm (and on CUDA, its context made)
 opts = Options(SchemeName.FP8_BLOCK, max_memory=budget)
-convert(root / "big", root / "o-big", opts, device="cpu", overwrite=True)
+convert(root / "big", root / "o-big", opts, device=dev, overwrite=True)
 print(rss("VmHWM") - base)
 """
 
 
-def test_memory_is_bounded_by_the_budget_not_the_layer(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_memory_is_bounded_by_the_budget_not_the_layer(tmp_path, device):
     """A MoE layer six times the budget converts with a working set (peak resident memory
     minus resident memory before, in a fresh process) inside the budget; a larger budget lets
-    it grow, so the budget is what bounds it."""
+    it grow, so the budget is what bounds it. On CUDA the host buffers are pinned."""
     write_checkpoint(
         tmp_path / "small", Spec("deepseek-v3", layers=2, experts=4, hidden=256, intermediate=256)
     )
@@ -449,7 +450,7 @@ def test_memory_is_bounded_by_the_budget_not_the_layer(tmp_path):
     budget = 48 * 2**20
 
     def working_set(max_memory: int) -> int:
-        cmd = [sys.executable, "-c", _RSS_CHILD, str(tmp_path), str(max_memory)]
+        cmd = [sys.executable, "-c", _RSS_CHILD, str(tmp_path), str(max_memory), device]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         return int(r.stdout.split()[-1])
