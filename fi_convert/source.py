@@ -88,15 +88,22 @@ class ExpertLayer:
         dst: torch.Tensor,
     ) -> None:
         """Copy rows [a, b) (and columns [c, d)) of each expert's `role` matrix into dst[i]."""
-        a, b = rows
         for i, e in enumerate(experts):
-            info = self.tensor(role, param, e)
-            start = a
-            if self.form.kind == "fused":
-                per = info.shape[1]
-                start = e * per + a + (per // 2 if role == "w3" else 0)
-                info = expert_rows(info)
-            read_rows_into(files, info, start, b - a, cols, dst[i])
+            info, start = self._rows(role, param, e, rows[0])
+            read_rows_into(files, info, start, rows[1] - rows[0], cols, dst[i])
+        # the next chunk of experts will want the same rows: have the kernel start reading
+        # them now, so that a cold source is read while this chunk is transformed and written
+        for e in range(experts.stop, min(experts.stop + len(experts), self.num_experts)):
+            info, start = self._rows(role, param, e, rows[0])
+            files.prefetch(info, start, rows[1] - rows[0])
+
+    def _rows(self, role: str, param: str, e: int, a: int) -> tuple[TensorInfo, int]:
+        """The 2-D tensor that holds expert e's `role` matrix, and the row of its row `a`."""
+        info = self.tensor(role, param, e)
+        if self.form.kind != "fused":
+            return info, a
+        per = info.shape[1]
+        return expert_rows(info), e * per + a + (per // 2 if role == "w3" else 0)
 
 
 def expert_rows(info: TensorInfo) -> TensorInfo:

@@ -145,6 +145,18 @@ class SourceFiles:
             raise ValueError(f"{info.name}: buffer of wrong size for rows {start}:{stop}")
         pread_into(self.fd(info.file), info.start + start * info.row_bytes, dst, info.file)
 
+    def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
+        """Ask the kernel to start reading rows [start, start + count) of `info` into the page
+        cache (returns at once; a no-op for pages already there)."""
+        fd = self.fd(info.file)
+        with contextlib.suppress(OSError):  # advice only
+            os.posix_fadvise(
+                fd,
+                info.start + start * info.row_bytes,
+                count * info.row_bytes,
+                os.POSIX_FADV_WILLNEED,
+            )
+
     def read(self, info: TensorInfo) -> torch.Tensor:
         t = torch.empty(info.shape, dtype=dtypes.to_torch(info.dtype))
         pread_into(self.fd(info.file), info.start, t, info.file)

@@ -459,3 +459,40 @@ def test_memory_is_bounded_by_the_budget_not_the_layer(tmp_path, device):
     small = working_set(budget)
     assert small <= budget, f"working set {small / 2**20:.1f} MiB, budget 48 MiB"
     assert working_set(4 * budget) > budget  # the measure sees memory the budget allows
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "qwen3-moe-fused"])
+def test_reading_a_chunk_prefetches_the_next(tmp_path, monkeypatch, family):
+    """After reading a chunk of experts, the kernel is asked to read ahead exactly the bytes
+    the next chunk of the same size will read, and nothing past the last expert."""
+    from fi_convert import st_io
+    from fi_convert.source import find_family, open_checkpoint
+
+    spec = Spec(family, layers=1, experts=5, hidden=128, intermediate=256)
+    ckpt = open_checkpoint(write_checkpoint(tmp_path / "m", spec))
+    layer = find_family(ckpt)[1][0]
+    advised: list[tuple[int, int]] = []
+    read: list[tuple[int, int]] = []
+    monkeypatch.setattr(st_io.os, "posix_fadvise", lambda fd, off, n, how: advised.append((off, n)))
+    real = st_io.pread_into
+
+    def pread_into(fd, offset, dst, path):
+        read.append((offset, dst.numel() * dst.element_size()))
+        real(fd, offset, dst, path)
+
+    monkeypatch.setattr(st_io, "pread_into", pread_into)
+    files = st_io.SourceFiles()
+    rows = (64, 128)  # the second of two tensor-parallel ranks
+    dst = torch.empty(2, 64, 128, dtype=torch.bfloat16)
+    chunks = [range(0, 2), range(2, 4), range(4, 5)]
+    seen = []
+    for experts in chunks:
+        advised.clear()
+        read.clear()
+        layer.read(files, "w1", "weight", experts, rows, None, dst[: len(experts)])
+        seen.append((list(read), list(advised)))
+    files.close()
+    assert len(seen[0][1]) == 2 and seen[0][1] == seen[1][0]  # advised == what chunk 2 read
+    assert len(seen[1][1]) == 1 and seen[1][1] == seen[2][0]  # the last chunk: one expert
+    assert seen[2][1] == []  # nothing past the last expert
+    assert all(n == 64 * 128 * 2 for _, n in seen[0][0] + seen[0][1])
