@@ -229,7 +229,14 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
     work = sha + made * wr + (1 - made) * cp
     row["floor_s"] = max(work / cpus, largest / (row["source_bytes"] / sha))
     row["converted_share"] = made
-    cold_ = interleaved({"convert_cold_s": (conv, cold), "cp_cold_s": (copy, cold)}, args.repeat)
+    cold_ = interleaved(
+        {
+            "convert_cold_s": (conv, cold),
+            "convert_nofsync_cold_s": (lambda: conv(fsync=False), cold),
+            "cp_cold_s": (copy, cold),
+        },
+        args.repeat,
+    )
     row.update({k: statistics.median(v) for k, v in (warm | cold_).items()})
     row["runs"] = {k: [round(t, 4) for t in v] for k, v in (warm | cold_).items()}
     row["floor_ratio"] = row["floor_s"] / row["cp_warm_s"]
@@ -237,6 +244,7 @@ def bench_size(root: Path, label: str, experts: int, args) -> dict:
     row["ratio_warm_nofsync"] = row["convert_nofsync_warm_s"] / row["cp_warm_s"]
     row["ratio_warm_vs_cp_sync"] = row["convert_warm_s"] / row["cp_sync_warm_s"]
     row["ratio_cold"] = row["convert_cold_s"] / row["cp_cold_s"]
+    row["ratio_cold_nofsync"] = row["convert_nofsync_cold_s"] / row["cp_cold_s"]
     row["peak_rss_gib"], row["base_rss_gib"] = peak_rss(src, out, args.device, args.max_memory)
     row["cpu_s"] = cpu_seconds(src, out, args, args.repeat)
     row["budget_gib"] = args.max_memory / 2**30
@@ -364,7 +372,8 @@ def main() -> None:
     (Path(args.out) / "bench.json").write_text(json.dumps(result, indent=2))
     print(f"device {dev}, {os.cpu_count()} CPUs; medians of {args.repeat} runs")
     cols = ("GB", "conv", "cp", "ratio", "no-fsync", "ratio", "cp+sync", "ratio")
-    cols += ("conv cold", "cp cold", "ratio", "floor", "peak GiB", "base GiB")
+    cols += ("conv cold", "no-fsync", "cp cold", "ratio", "ratio", "floor", "peak GiB")
+    cols += ("base GiB",)
     print(f"{'model':>9} " + " ".join(f"{c:>9}" for c in cols))
     for k, r in e2e.items():
         vals = (
@@ -377,8 +386,10 @@ def main() -> None:
             r["cp_sync_warm_s"],
             r["ratio_warm_vs_cp_sync"],
             r["convert_cold_s"],
+            r["convert_nofsync_cold_s"],
             r["cp_cold_s"],
             r["ratio_cold"],
+            r["ratio_cold_nofsync"],
             r["floor_ratio"],
             r["peak_rss_gib"],
             r["base_rss_gib"],
