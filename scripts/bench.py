@@ -31,6 +31,7 @@ from fi_convert import layout as L
 from fi_convert.synthetic import Spec, write_checkpoint
 
 H, INTER = 7168, 2048
+FULL_LAYER = 256  # DeepSeek-V3's routed experts per layer
 COPY_BLOCK = 64 * 2**20
 
 
@@ -336,40 +337,11 @@ def bench_transform(device: torch.device, experts: int, repeat: int) -> dict:
         r["speedup_vs_flashinfer"] = r["flashinfer_loop_s"] / r["ours_s"]
         r["ours_vs_copy"] = r["ours_s"] / copy
         r["loop_vs_copy"] = r["flashinfer_loop_s"] / copy  # what no transform can beat
-    res["bytes"] = w.numel()
+    res["bytes"], res["experts"] = w.numel(), experts
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench-out")
-    ap.add_argument("--experts", type=int, default=16)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--max-memory", type=int, default=2**30, help="conversion budget, bytes")
-    ap.add_argument("--tmp", default=None, help="folder for checkpoints (default: a temp dir)")
-    args = ap.parse_args()
-    dev = torch.device(
-        "cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
-    )
-    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        e2e = bench_end_to_end(Path(tmp), args)
-    tr = bench_transform(dev, args.experts, max(args.repeat, 5))
-    result = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
-            "torch": torch.__version__,
-        },
-        "device": str(dev),
-        "end_to_end": e2e,
-        "transform": tr,
-        "self_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-    }
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "bench.json").write_text(json.dumps(result, indent=2))
+def _print_end_to_end(e2e: dict, args, dev: torch.device) -> None:
     print(f"device {dev}, {os.cpu_count()} CPUs; medians of {args.repeat} runs")
     cols = ("GB", "conv", "cp", "ratio", "no-fsync", "ratio", "cp+sync", "ratio")
     cols += ("conv cold", "no-fsync", "cp cold", "ratio", "ratio", "floor", "peak GiB")
@@ -413,8 +385,11 @@ def main() -> None:
         "copy_file_range or sendfile of carried-over bytes; read: pread of source bytes; "
         "transform: the rest of making converted chunks; cp: cp -r of the same folder"
     )
+
+
+def _print_transform(tr: dict, dev: torch.device) -> None:
     print(
-        f"\nlayout transform of one w13 ({tr['bytes'] / 1e9:.2f} GB, {args.experts} experts) "
+        f"\nlayout transform of one w13 ({tr['bytes'] / 1e9:.2f} GB, {tr['experts']} experts) "
         f"on {dev}"
     )
     print(
@@ -424,10 +399,54 @@ def main() -> None:
     for k in ("fp8-block", "bf16", "mxfp8"):
         r = tr[k]
         print(
-            f"{k:10} {r['ours_s'] * 1e3:9.1f} {r['flashinfer_loop_s'] * 1e3:11.1f} "
-            f"{r['speedup_vs_flashinfer']:8.1f} {r['copy_s'] * 1e3:8.1f} "
+            f"{k:10} {r['ours_s'] * 1e3:9.2f} {r['flashinfer_loop_s'] * 1e3:11.2f} "
+            f"{r['speedup_vs_flashinfer']:8.1f} {r['copy_s'] * 1e3:8.2f} "
             f"{r['ours_vs_copy']:10.2f} {r['loop_vs_copy']:10.1f}"
         )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench-out")
+    ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--max-memory", type=int, default=2**30, help="conversion budget, bytes")
+    ap.add_argument("--tmp", default=None, help="folder for checkpoints (default: a temp dir)")
+    ap.add_argument("--transform-only", action="store_true", help="skip the conversions")
+    args = ap.parse_args()
+    dev = torch.device(
+        "cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+    )
+    e2e: dict = {}
+    if not args.transform_only:
+        with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+            e2e = bench_end_to_end(Path(tmp), args)
+    tr = bench_transform(dev, args.experts, max(args.repeat, 5))
+    # on a GPU also a whole DeepSeek-V3 layer: 256 experts, 7.5 GB per w13 (too large for the
+    # memory of a small CPU machine)
+    full = bench_transform(dev, FULL_LAYER, max(args.repeat, 5)) if dev.type == "cuda" else None
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
+            "torch": torch.__version__,
+        },
+        "device": str(dev),
+        "end_to_end": e2e,
+        "transform": tr,
+        "transform_full_layer": full,
+        "self_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "bench.json").write_text(json.dumps(result, indent=2))
+    if e2e:
+        _print_end_to_end(e2e, args, dev)
+    for t in (tr, full):
+        if t is not None:
+            _print_transform(t, dev)
     print(f"\nwrote {Path(args.out) / 'bench.json'}")
 
 
