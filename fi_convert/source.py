@@ -98,7 +98,7 @@ class ExpertLayer:
             files.prefetch(info, start, rows[1] - rows[0])
 
     def _rows(self, role: str, param: str, e: int, a: int) -> tuple[TensorInfo, int]:
-        """The 2-D tensor that holds expert e's `role` matrix, and the row of its row `a`."""
+        """The 2-D tensor that holds expert e's `role` matrix, and where its row `a` is in it."""
         info = self.tensor(role, param, e)
         if self.form.kind != "fused":
             return info, a

@@ -74,10 +74,9 @@ def cpu_seconds(src: Path, out: Path, args, repeat: int) -> dict:
     write(), copy in the kernel, read source bytes and produce converted chunks, summed over
     all threads, for `--no-fsync` conversions (medians of `repeat`); and `cp -r`'s CPU time
     for the same folder. On a machine with few CPUs these sums bound the wall time."""
-    import importlib
+    from fi_convert import pipeline as conv_mod
+    from fi_convert import st_io
 
-    st_io = importlib.import_module("fi_convert.st_io")
-    conv_mod = importlib.import_module("fi_convert.pipeline")
     spent: dict[str, float] = {}
 
     def timed(owner, name: str, label: str) -> None:

@@ -204,9 +204,8 @@ def test_shards_without_experts_are_carried_over_as_they_are(tmp_path):
 def test_scale_chunks_count_the_weights_they_read(tmp_path):
     """A BF16 -> mxfp8 scale tensor is made by quantizing the BF16 weights: its chunks are
     sized by that staging, not by its own small output (which would stage a whole layer)."""
-    import importlib
+    from fi_convert.pipeline import _chunk_experts as chunk
 
-    chunk = importlib.import_module("fi_convert.pipeline")._chunk_experts
     src = write_checkpoint(tmp_path / "m", Spec("qwen3-moe", layers=1, experts=16, hidden=256))
     budget = 6 * 2**20
     plan = make_plan(src, Options(SchemeName.MXFP8, max_memory=budget))
@@ -238,9 +237,8 @@ def test_jobs_fit_the_memory_budget(src):
 def test_failing_shard_cancels_the_others(src, tmp_path, monkeypatch):
     """One worker's error ends the run with that error (not a cancellation), and no shard
     that was in flight is left under its final name or as a temporary file."""
-    import importlib
+    from fi_convert import pipeline as conv
 
-    conv = importlib.import_module("fi_convert.pipeline")
     real = conv._produce_tensor
     calls = {"n": 0}
 
@@ -267,9 +265,8 @@ def test_failing_shard_cancels_the_others(src, tmp_path, monkeypatch):
 def test_fsync_flushes_every_file_before_the_manifest(
     src, reference_out, tmp_path, monkeypatch, fsync
 ):
-    import importlib
+    from fi_convert import pipeline as conv
 
-    conv = importlib.import_module("fi_convert.pipeline")
     synced: list[str] = []
     real = conv._fsync
 
