@@ -125,3 +125,37 @@ def test_against_flashinfer_without_flashinfer(made, monkeypatch):
         app, ["verify", str(made[1]), "--source", str(made[0]), "--against-flashinfer"]
     )
     assert r.exit_code == 1 and "error: --against-flashinfer needs FlashInfer" in r.output
+
+
+def test_every_bad_file_is_reported_in_manifest_order(made, tmp_path):
+    """Files are hashed in parallel; each problem is still found, in the manifest's order."""
+    from fi_convert import check_files, read_manifest
+
+    out = _copy(made[1], tmp_path)
+    m = read_manifest(out)
+    names = [n for n in m["files"] if n.endswith(".safetensors")]
+    assert len(names) >= 2
+    (out / names[0]).unlink()
+    with open(out / names[-1], "r+b") as f:  # one byte changed: same size, other SHA-256
+        b = f.read(1)
+        f.seek(0)
+        f.write(bytes([b[0] ^ 1]))
+    (out / "config.json").write_text("{}")
+    order = list(m["files"])
+    want = {names[0]: "missing", names[-1]: "SHA-256 differs", "config.json": "bytes, manifest"}
+    problems = check_files(out, m)
+    assert len(problems) == 3
+    got = sorted(want, key=order.index)
+    for p, name in zip(problems, got, strict=True):
+        assert name in p and want[name] in p
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 3 * 65536 + 7])
+def test_file_hash_across_windows(tmp_path, size):
+    from fi_convert.st_io import sha256_file
+
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    p = tmp_path / "f"
+    p.write_bytes(data)
+    for window in (65536, 1 << 28):
+        assert sha256_file(p, window=window) == hashlib.sha256(data).hexdigest()
