@@ -2,9 +2,12 @@
 per-expert FlashInfer loop, each measured side by side in one run. Prints a table, writes JSON.
 
     python scripts/bench.py [--out DIR] [--experts N] [--layers L] [--repeat R] [--device D]
+                             [--transform-only]
 
 The checkpoint has DeepSeek-V3's expert shapes (hidden 7168, expert intermediate 2048, FP8
-128x128 blocks) with fewer layers and experts. Times are medians of --repeat runs.
+128x128 blocks) with fewer layers and experts. Times are medians of --repeat runs. On a GPU
+the transform is also timed for a whole DeepSeek-V3 layer (256 experts); --transform-only
+skips the conversions.
 """
 
 from __future__ import annotations
