@@ -124,6 +124,15 @@ def _stored(files: SourceFiles, info: TensorInfo, rank: int) -> torch.Tensor:
     return t
 
 
+def _produce(ctx: Ctx, out, rank: int, experts: range, dst: torch.Tensor) -> None:
+    """`out.produce`, then its staging buffers free again (as the converter does per chunk:
+    kept, they would pile up with every expert checked)."""
+    out.produce(ctx, rank, experts, dst)
+    if dst.is_cuda:  # the copies from the staging buffers must be done before their reuse
+        torch.cuda.current_stream(dst.device).synchronize()
+    ctx.release()
+
+
 def _against_ours(plan, tensors, files, full, dev, rep) -> None:
     ctx = Ctx(files, dev)
     tp = plan.options.tp_size
@@ -135,13 +144,13 @@ def _against_ours(plan, tensors, files, full, dev, rep) -> None:
                 stored = _stored(files, info, rank)
                 got = torch.empty(out.rank_shape, dtype=stored.dtype, device=dev)
                 if not out.chunked:
-                    out.produce(ctx, rank, range(lp.info["num_experts"]), got)
+                    _produce(ctx, out, rank, range(lp.info["num_experts"]), got)
                     pairs = [(got, stored)]
                 else:
                     pairs = []
                     for e in experts:
                         one = got[e : e + 1]
-                        out.produce(ctx, rank, range(e, e + 1), one)
+                        _produce(ctx, out, rank, range(e, e + 1), one)
                         pairs.append((one, stored[e : e + 1]))
                 for a, b in pairs:
                     if not dtypes.same_bytes(a, b):

@@ -159,3 +159,22 @@ def test_file_hash_across_windows(tmp_path, size):
     p.write_bytes(data)
     for window in (65536, 1 << 28):
         assert sha256_file(p, window=window) == hashlib.sha256(data).hexdigest()
+
+
+def test_verify_full_reuses_its_staging_buffers(made, monkeypatch):
+    """Re-deriving every expert stages source bytes expert by expert; the buffers are handed
+    back after each, so the number held does not grow with the experts checked."""
+    from fi_convert.schemes.base import Ctx
+
+    held: list[int] = []
+    real = Ctx.stage
+
+    def stage(self, shape, dtype):
+        t = real(self, shape, dtype)
+        held.append(len(self._used) + len(self._free))
+        return t
+
+    monkeypatch.setattr(Ctx, "stage", stage)
+    rep = verify(made[1], source=str(made[0]), full=True, device="cpu")
+    assert rep.ok, rep.problems
+    assert held and max(held) <= 4, max(held)
