@@ -292,18 +292,8 @@ class ShardWriter:
         return k
 
     def hash_written(self, offset: int, nbytes: int) -> None:
-        """Hash bytes [offset, offset + nbytes) of the file, already written, from the page
-        cache (mapped, not copied)."""
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        with mmap.mmap(
-            self._fd, offset + nbytes - start, flags=flags, prot=mmap.PROT_READ, offset=start
-        ) as m:
-            view = memoryview(m)
-            try:
-                self.sha.update(view[offset - start :])
-            finally:
-                view.release()
+        """Hash bytes [offset, offset + nbytes) of the file, already written."""
+        _hash_mapped(self.sha, self._fd, offset, nbytes)
 
     def hash_bytes(self, data: bytes | memoryview) -> None:
         self.sha.update(data)
@@ -337,18 +327,26 @@ class ShardWriter:
         self.tmp.unlink(missing_ok=True)
 
 
+def _hash_mapped(h: Any, fd: int, offset: int, nbytes: int) -> None:
+    """Add bytes [offset, offset + nbytes) of `fd` to the hash `h`, from the page cache
+    through `mmap` (no copy into this process)."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    with mmap.mmap(
+        fd, offset + nbytes - start, flags=flags, prot=mmap.PROT_READ, offset=start
+    ) as m:
+        view = memoryview(m)
+        try:
+            h.update(view[offset - start :])
+        finally:
+            view.release()
+
+
 def sha256_file(path: Path, window: int = 1 << 28) -> str:
-    """SHA-256 of a file, hashed from the page cache through `mmap` (no copy), a window at a
-    time."""
+    """SHA-256 of a file, hashed from the page cache a window at a time."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         for offset in range(0, size, window):
-            n = min(window, size - offset)
-            with mmap.mmap(f.fileno(), n, prot=mmap.PROT_READ, offset=offset) as m:
-                view = memoryview(m)
-                try:
-                    h.update(view)
-                finally:
-                    view.release()
+            _hash_mapped(h, f.fileno(), offset, min(window, size - offset))
     return h.hexdigest()
