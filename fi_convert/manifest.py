@@ -17,18 +17,25 @@ from .plan import MANIFEST_NAME, Plan
 from .st_io import TMP_SUFFIX, sha256_file
 
 FORMAT = "fi-convert"
-FORMAT_VERSION = 1
+# 2: nvfp4 g1_scale_c is vLLM's g1_alphas * (1 / a2) and CUTLASS scale_2 are folded;
+# target.vllm_versions / flashinfer_versions say which releases the layouts match.
+FORMAT_VERSION = 2
 HASH_JOBS = 8  # files `check_files` hashes at once, at most
 TARGET = {
     "vllm": "0.33.0",
     "flashinfer": "0.7.2.post1",
     "flashinfer_layouts": "0.6.18-0.7.4",
+    # PEP 440 specifiers of the releases whose load-time processing gives these bytes: a
+    # loader refuses any other (a layout can change in any release, patch releases included)
+    "vllm_versions": "==0.33.0",
+    "flashinfer_versions": ">=0.6.18,<0.7.5",
 }
 # Where vLLM 0.33 runs each FlashInfer backend (its flashinfer_cutlass_moe.py, oracle/*.py).
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
     ("cutlass", "fp8-block"): "sm90",
     ("cutlass", "nvfp4"): "sm100",
+    ("cutlass", "mxfp4"): "sm100",  # FLASHINFER_CUTLASS_MXFP4_MXFP8
     ("cutlass", None): "sm90+",
 }
 

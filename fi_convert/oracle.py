@@ -346,8 +346,9 @@ def nvfp4(root, prefix, num_experts, backend, tp, rank, device):
             out[name] = sw.reshape(e, mp, kp).view(torch.float8_e4m3fn)
         g1, g2 = gs[:, 0] * a13, gs[:, 2] * a2
         out |= {
-            "w13_weight_scale_2": gs[:, 0],
-            "w2_weight_scale_2": gs[:, 2],
+            # FlashInferExperts.process_weights_after_loading folds these in place
+            "w13_weight_scale_2": g1,
+            "w2_weight_scale_2": g2,
             "g1_alphas": g1,
             "g2_alphas": g2,
             "a1_gscale": (1 / a13).expand(e),
@@ -376,7 +377,7 @@ def nvfp4(root, prefix, num_experts, backend, tp, rank, device):
     out["w13_weight_scale"] = torch.stack(os13).reshape(s31.shape).view(torch.float8_e4m3fn)
     out["w2_weight_scale"] = torch.stack(os2).reshape(s2.shape).view(torch.float8_e4m3fn)
     g1 = gs[:, 0] * a13  # TrtLlmNvFp4Experts: w13_scale_2 *= a13 (w1's global scale)
-    out |= {"w13_weight_scale_2": g1, "w2_weight_scale_2": gs[:, 2] * a2, "g1_scale_c": g1 / a2}
+    out |= {"w13_weight_scale_2": g1, "w2_weight_scale_2": gs[:, 2] * a2, "g1_scale_c": g1 * (1 / a2)}
     return out
 
 

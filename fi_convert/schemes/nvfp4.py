@@ -7,7 +7,7 @@ to 256 and I per rank to 64 (each half; weights and scales with 0), [up; gate], 
 interleave + row shuffle (tile 128) on packed weights, the same rows on scales, then the 128x4
 swizzle. Global scales: w1's `weight_scale_2` per expert (w3's if it differs is ignored, as
 vLLM does, with a warning); activation scales reduced to one max per layer and folded:
-w13_weight_scale_2 = s2(w1) * a13, w2_weight_scale_2 = s2(w2) * a2, g1_scale_c = that / a2.
+w13_weight_scale_2 = s2(w1) * a13, w2_weight_scale_2 = s2(w2) * a2, g1_scale_c = that * (1 / a2).
 CUTLASS: [up; gate], per-expert 128x4 swizzle of the scales (`swizzle_blockscale`), no row
 shuffle and no padding; the kernel's scale products are written beside the weights.
 """
@@ -236,23 +236,23 @@ class _Scales:
             "w13_input_scale": lambda c: s.act(c, "w13").expand(e),
             "w2_input_scale": lambda c: s.act(c, "w2").expand(e),
         }
+        # Both backends' experts fold the input scales into the global weight scales in place
+        # (vLLM 0.33 TrtLlmNvFp4Experts and FlashInferExperts.process_weights_after_loading), so
+        # the folded products are what the layer holds as w13/w2_weight_scale_2.
+        one = torch.ones((), dtype=torch.float32)
         g1 = lambda c: s.scale_2(c, "w1") * s.act(c, "w13")  # noqa: E731
         g2 = lambda c: s.scale_2(c, "w2") * s.act(c, "w2")  # noqa: E731
-        if backend is Backend.TRTLLM:  # folded, as vLLM holds them after TrtLlmNvFp4Experts
-            fns |= {
-                "w13_weight_scale_2": g1,
-                "w2_weight_scale_2": g2,
-                "g1_scale_c": lambda c: g1(c) / s.act(c, "w2"),
-            }
+        a2_gscale = lambda c: one / s.act(c, "w2")  # noqa: E731  (make_nvfp4_moe_quant_config)
+        fns |= {"w13_weight_scale_2": g1, "w2_weight_scale_2": g2}
+        if backend is Backend.TRTLLM:
+            # _compute_g1_scale_c: g1_alphas * a2_gscale, a multiplication by the reciprocal
+            fns["g1_scale_c"] = lambda c: g1(c) * a2_gscale(c)
         else:
-            one = torch.ones((), dtype=torch.float32)
             fns |= {
-                "w13_weight_scale_2": lambda c: s.scale_2(c, "w1"),
-                "w2_weight_scale_2": lambda c: s.scale_2(c, "w2"),
                 "g1_alphas": g1,
                 "g2_alphas": g2,
                 "a1_gscale": lambda c: (one / s.act(c, "w13")).expand(e),
-                "a2_gscale": lambda c: (one / s.act(c, "w2")).expand(e),
+                "a2_gscale": lambda c: a2_gscale(c).expand(e),
             }
 
         def make(fn: Callable[[Ctx], torch.Tensor]):

