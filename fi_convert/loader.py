@@ -1,4 +1,9 @@
-"""Load one MoE layer's kernel-ready tensors for one tensor-parallel rank from an output folder."""
+"""Read one tensor-parallel rank's kernel-ready MoE tensors from an output folder.
+
+`OutputReader` checks the manifest and the shards once, then reads any layer's tensor for a
+rank into a caller's buffer (a server's parameter) with no copy in between on CPU, and through
+one small reused host buffer on CUDA. `load_moe_layer` is the dict-returning convenience.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,98 @@ from . import dtypes
 from . import manifest as mf
 from .errors import ManifestError
 from .source import INDEX_NAME
-from .st_io import SourceFiles, TensorInfo, read_header
+from .st_io import SourceFiles, TensorInfo, pread_into, read_header
+
+BOUNCE_BYTES = 64 << 20  # host buffer for reads into device memory, at most
+
+
+class OutputReader:
+    """A finished output, opened for reading rank slices of its MoE tensors."""
+
+    def __init__(self, out_dir: str | Path, manifest: dict | None = None) -> None:
+        self.root = Path(out_dir)
+        self.manifest = mf.read(self.root) if manifest is None else manifest
+        self.tp_size: int = self.manifest["tp_size"]
+        self.layers: dict[str, dict] = self.manifest["layers"]
+        try:
+            index = json.loads((self.root / INDEX_NAME).read_text())
+            self._weight_map: dict[str, str] = index["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ManifestError(
+                f"{self.root / INDEX_NAME}: unreadable ({e}); convert again"
+            ) from None
+        self._headers: dict[str, dict[str, TensorInfo]] = {}
+        self._files = SourceFiles()
+        self._bounce: torch.Tensor | None = None
+
+    def close(self) -> None:
+        self._files.close()
+        self._bounce = None
+
+    def __enter__(self) -> OutputReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def layer(self, prefix: str) -> dict:
+        if prefix not in self.layers:
+            some = ", ".join(list(self.layers)[:3])
+            raise ManifestError(
+                f"{self.root}: no MoE layer {prefix!r} in the manifest (it has "
+                f"{len(self.layers)}, e.g. {some}); pass the module prefix of the source checkpoint"
+            )
+        return self.layers[prefix]
+
+    def is_expert_tensor(self, name: str) -> bool:
+        """Whether `name` (a full tensor name) is a converted MoE tensor of this output."""
+        prefix, _, param = name.rpartition(".")
+        return prefix in self.layers and param in self.layers[prefix]["tensors"]
+
+    def info(self, prefix: str, name: str) -> tuple[TensorInfo, tuple[int, ...], torch.dtype]:
+        """The stored tensor of `prefix.name`, checked against the manifest: its header entry,
+        the per-rank shape and the torch dtype."""
+        meta = self.layer(prefix)["tensors"].get(name)
+        full = f"{prefix}.{name}"
+        if meta is None:
+            raise ManifestError(f"{self.root}: the manifest has no tensor {full}")
+        shard = self._weight_map.get(full)
+        if shard is None:
+            raise ManifestError(f"{self.root / INDEX_NAME}: does not list {full}; convert again")
+        if shard not in self._headers:
+            self._headers[shard] = read_header(self.root / shard)[0]
+        info = self._headers[shard].get(full)
+        shape = tuple(meta["shape_per_rank"])
+        if info is None or info.dtype != meta["dtype"] or info.shape != (self.tp_size, *shape):
+            raise ManifestError(f"{self.root / shard}: {full} disagrees with the manifest")
+        return info, shape, dtypes.to_torch(info.dtype)
+
+    def read_into(self, prefix: str, name: str, tp_rank: int, dst: torch.Tensor) -> None:
+        """Fill `dst` (contiguous, any shape and dtype of the same byte size, on any device) with
+        rank `tp_rank`'s bytes of `prefix.name`. Reads only that rank's byte range."""
+        if not 0 <= tp_rank < self.tp_size:
+            raise ManifestError(
+                f"{self.root}: tp_rank {tp_rank} out of range; this output was converted for "
+                f"--tp-size {self.tp_size} (ranks 0..{self.tp_size - 1})"
+            )
+        info, _, _ = self.info(prefix, name)
+        row = TensorInfo(info.name, info.dtype, info.shape, info.start, info.nbytes, info.file)
+        if not dst.is_contiguous() or dst.numel() * dst.element_size() != row.row_bytes:
+            raise ValueError(f"{info.name}: destination of wrong size or not contiguous")
+        if dst.device.type == "cpu":
+            self._files.read_rows(row, tp_rank, tp_rank + 1, dst)
+            return
+        flat = dst.view(-1).view(torch.uint8) if dst.numel() else dst.view(torch.uint8)
+        step = min(BOUNCE_BYTES, row.row_bytes) or 1
+        if self._bounce is None or self._bounce.numel() < step:
+            self._bounce = torch.empty(step, dtype=torch.uint8, pin_memory=True)
+        fd = self._files.fd(info.file)
+        base = info.start + tp_rank * row.row_bytes
+        for off in range(0, row.row_bytes, step):
+            n = min(step, row.row_bytes - off)
+            buf = self._bounce[:n]
+            pread_into(fd, base + off, buf, info.file)
+            flat[off : off + n].copy_(buf)  # synchronous: the buffer is reused next
 
 
 def load_moe_layer(
@@ -27,7 +123,8 @@ def load_moe_layer(
 
     Keyed by vLLM's fused-MoE parameter names and shaped as vLLM holds them after its
     load-time processing. Checks the manifest first (and, when given, that it was converted
-    with `scheme` and `backend`) and reads only this rank's bytes.
+    with `scheme` and `backend`) and reads only this rank's bytes, straight into tensors on
+    `device`.
     """
     root = Path(out_dir)
     m = mf.read(root)
@@ -37,39 +134,21 @@ def load_moe_layer(
                 f"{root}: converted with {key} {m[key]!r}, not {want!r}; convert again with "
                 f"--{key} {getattr(want, 'value', want)}"
             )
-    layers = m["layers"]
-    if layer_prefix not in layers:
-        some = ", ".join(list(layers)[:3])
-        raise ManifestError(
-            f"{root}: no MoE layer {layer_prefix!r} in the manifest (it has {len(layers)}, "
-            f"e.g. {some}); pass the module prefix of the source checkpoint"
-        )
-    tp = m["tp_size"]
-    if not 0 <= tp_rank < tp:
-        raise ManifestError(
-            f"{root}: tp_rank {tp_rank} out of range; this output was converted for "
-            f"--tp-size {tp} (ranks 0..{tp - 1})"
-        )
-    weight_map = json.loads((root / INDEX_NAME).read_text())["weight_map"]
-    headers: dict[str, dict[str, TensorInfo]] = {}
-    files = SourceFiles()
-    out = {}
-    try:
-        for name, meta in layers[layer_prefix]["tensors"].items():
-            full = f"{layer_prefix}.{name}"
-            shard = weight_map.get(full)
-            if shard is None:
-                raise ManifestError(f"{root / INDEX_NAME}: does not list {full}; convert again")
-            if shard not in headers:
-                headers[shard] = read_header(root / shard)[0]
-            info = headers[shard][full]
-            shape = tuple(meta["shape_per_rank"])
-            if info.dtype != meta["dtype"] or info.shape != (tp, *shape):
-                raise ManifestError(f"{root / shard}: {full} disagrees with the manifest")
-            t = torch.empty(shape, dtype=dtypes.to_torch(info.dtype))
-            row = TensorInfo(full, info.dtype, info.shape, info.start, info.nbytes, info.file)
-            files.read_rows(row, tp_rank, tp_rank + 1, t)
-            out[name] = t.to(device)
-    finally:
-        files.close()
+    dev = _device(device)
+    with OutputReader(root, m) as reader:
+        out = {}
+        for name in reader.layer(layer_prefix)["tensors"]:
+            _, shape, dtype = reader.info(layer_prefix, name)
+            out[name] = torch.empty(shape, dtype=dtype, device=dev)
+            reader.read_into(layer_prefix, name, tp_rank, out[name])
     return out
+
+
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ManifestError(f"device {device!r}: not a device name; pass 'cpu' or 'cuda[:N]'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ManifestError(f"device {device!r}: this machine has no CUDA device; pass 'cpu'")
+    return dev
