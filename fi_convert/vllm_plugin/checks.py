@@ -1,0 +1,166 @@
+"""The checks the vLLM plugin runs before it loads anything: pure functions of the manifest and
+of facts about the running vLLM, so that they are tested without vLLM. Every refusal is one line
+that starts with "fi-convert: ", names the output and says what to do."""
+
+from __future__ import annotations
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+PREFIX = "fi-convert: "
+MOE_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
+# What the plugin loads today, by (scheme, backend): the methods whose vLLM 0.33 pre-processed
+# mode builds the kernel from the artifact's tensors as they are.
+SUPPORTED = {
+    ("bf16", "trtllm"),
+    ("bf16", "cutlass"),
+    ("fp8-block", "trtllm"),
+    ("fp8-block", "cutlass"),
+    ("nvfp4", "trtllm"),
+}
+# vLLM 0.33's MoE methods (class names) that load each scheme's source checkpoints.
+METHODS = {
+    "bf16": ("UnquantizedFusedMoEMethod",),
+    "fp8-block": ("Fp8MoEMethod",),
+    "fp8-tensor": (
+        "ModelOptFp8MoEMethod",
+        "CompressedTensorsW8A8Fp8MoEMethod",
+        "Fp8MoEMethod",
+        "Fp8PerTensorOnlineMoEMethod",
+    ),
+    "mxfp8": ("ModelOptMxFp8FusedMoE", "CompressedTensorsW8A8Mxfp8MoEMethod", "Mxfp8OnlineMoEMethod"),
+    "nvfp4": ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4Nvfp4MoEMethod"),
+    "mxfp4": ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"),
+}
+
+
+class PluginError(ValueError):
+    """An fi-convert output that this vLLM must not load; the message is one line."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(PREFIX + msg)
+
+
+def _contains(spec: str, version: str, what: str, root: str) -> bool:
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion, TypeError):
+        raise PluginError(
+            f"{root}: the manifest's {what} range {spec!r} is unreadable; convert again"
+        ) from None
+
+
+def check_output(
+    manifest: dict,
+    root: str,
+    *,
+    tp_size: int,
+    use_ep: bool,
+    vllm_version: str,
+    flashinfer_version: str | None,
+    capability: tuple[int, int] | None,
+    test_cpu: bool = False,
+) -> None:
+    """Refuse an output this vLLM cannot serve as converted (raises PluginError)."""
+    scheme, backend = manifest["scheme"], manifest["backend"]
+    target = manifest.get("target", {})
+    if (scheme, backend) not in SUPPORTED:
+        ok = ", ".join(f"{s}/{b}" for s, b in sorted(SUPPORTED))
+        raise PluginError(
+            f"{root}: the vLLM plugin does not load {scheme}/{backend} outputs yet (it loads "
+            f"{ok}); serve the source checkpoint with vLLM's own loader"
+        )
+    vspec = target.get("vllm_versions", "")
+    if not _contains(vspec, vllm_version, "vLLM", root):
+        raise PluginError(
+            f"{root}: converted for vLLM {vspec}, this is vLLM {vllm_version}, whose layouts may "
+            f"differ; install a vLLM in {vspec} or convert again with an fi-convert that targets it"
+        )
+    if manifest["tp_size"] != tp_size:
+        raise PluginError(
+            f"{root}: converted for tensor-parallel size {manifest['tp_size']}, vLLM runs "
+            f"{tp_size}; pass -tp {manifest['tp_size']} or convert again with --tp-size {tp_size}"
+        )
+    if use_ep:
+        raise PluginError(
+            f"{root}: the vLLM plugin does not load experts under expert parallelism yet; "
+            "start vLLM without --enable-expert-parallel"
+        )
+    if test_cpu:
+        return
+    fspec = target.get("flashinfer_versions", "")
+    if flashinfer_version is None:
+        raise PluginError(
+            f"{root}: FlashInfer is not installed, and its MoE kernels run these layouts; "
+            "install flashinfer-python in " + fspec
+        )
+    if not _contains(fspec, flashinfer_version, "FlashInfer", root):
+        raise PluginError(
+            f"{root}: converted for FlashInfer {fspec}, this is FlashInfer {flashinfer_version}; "
+            f"install flashinfer-python in {fspec}"
+        )
+    check_gpu(target.get("gpu_family", ""), backend, capability, root)
+
+
+def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, root: str) -> None:
+    if capability is None:
+        raise PluginError(
+            f"{root}: FlashInfer's MoE kernels need a CUDA GPU, and vLLM runs on a CPU here; "
+            "serve this output on a GPU of the family " + (family or "the manifest names")
+        )
+    sm = capability[0] * 10 + capability[1]
+    need = {
+        "sm100": (lambda: capability[0] == 10, "an SM100-family (Blackwell B200/GB200/B300) GPU"),
+        "sm90": (lambda: sm == 90, "an SM90 (Hopper) GPU"),
+        "sm90+": (lambda: sm >= 90, "an SM90 or later GPU"),
+    }.get(family)
+    if need is not None and not need[0]():
+        raise PluginError(
+            f"{root}: {backend} outputs of this scheme need {need[1]} (manifest gpu_family "
+            f"{family}), this GPU is SM{sm}; serve it there, or convert for another --backend"
+        )
+
+
+def backend_of(method: object) -> str | None:
+    """The FlashInfer backend ('trtllm', 'cutlass') a vLLM MoE method selected, or None."""
+    for attr in ("unquantized_backend", "fp8_backend", "nvfp4_backend", "mxfp8_backend"):
+        chosen = getattr(method, attr, None)
+        if chosen is not None:
+            name = str(getattr(chosen, "value", chosen)).upper()
+            if name.startswith("FLASHINFER_TRTLLM"):
+                return "trtllm"
+            if name.startswith("FLASHINFER_CUTLASS"):
+                return "cutlass"
+            return None
+    return None
+
+
+def selected_backend_name(method: object) -> str:
+    for attr in ("unquantized_backend", "fp8_backend", "nvfp4_backend", "mxfp8_backend"):
+        chosen = getattr(method, attr, None)
+        if chosen is not None:
+            return str(getattr(chosen, "value", chosen))
+    return type(method).__name__
+
+
+def check_layer(manifest: dict, root: str, prefix: str, method: object) -> None:
+    """Refuse a MoE layer whose vLLM method or backend does not match the output."""
+    scheme, backend = manifest["scheme"], manifest["backend"]
+    name = type(method).__name__
+    if name not in METHODS.get(scheme, ()):
+        raise PluginError(
+            f"{root}: layer {prefix}: vLLM built {name} for it, which does not load {scheme} "
+            "outputs; keep the source's config.json and quantization config as converted"
+        )
+    if scheme == "fp8-block" and not getattr(method, "block_quant", True):
+        raise PluginError(
+            f"{root}: layer {prefix}: vLLM built per-tensor FP8, the output is fp8-block; keep "
+            "the source's quantization config (weight_block_size) as converted"
+        )
+    got = backend_of(method)
+    if got != backend:
+        raise PluginError(
+            f"{root}: layer {prefix}: vLLM selected the {selected_backend_name(method)} MoE "
+            f"backend, the output is for FlashInfer {backend}; pass --moe-backend "
+            f"{MOE_BACKEND[backend]}"
+        )

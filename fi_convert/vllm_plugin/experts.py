@@ -1,0 +1,108 @@
+"""Put one rank's converted experts into a vLLM 0.33 MoE layer, then set up its kernel only.
+
+Each tensor is read from the shards (this rank's byte range) straight into the layer's own
+parameter storage where vLLM allocated it at the same byte size, else into a parameter of the
+final shape that replaces the allocated one (freed first). Then the layer's padded sizes are set
+from the manifest and vLLM's own `process_weights_after_loading` runs in its pre-processed mode,
+which builds the kernel and transforms nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+import torch
+
+from ..loader import OutputReader
+from .checks import PluginError
+
+# Where vLLM 0.33 keeps the checkpoint-shaped parameter and lets the kernel view the bytes
+# (trtllm_bf16_moe.py: BlockMajorK views at dispatch): the stored 4-D shape is not the param's.
+KEEP_ALLOCATED_SHAPE = {("bf16", "trtllm")}
+TEST_CPU_ENV = "FI_CONVERT_VLLM_TEST_CPU"  # test-only: "undo" or "raw", see test_cpu_mode()
+
+
+def test_cpu_mode() -> str | None:
+    """The engine tests' mode on vLLM's CPU MoE backend, which cannot run FlashInfer layouts:
+    "undo" puts the checkpoint layout back so vLLM's CPU path processes it as usual (to test
+    the plumbing: ranks, names, non-expert loading), "raw" hands it the FlashInfer bytes (the
+    negative control). Never set outside tests."""
+    mode = os.environ.get(TEST_CPU_ENV) or None
+    if mode not in (None, "undo", "raw"):
+        raise PluginError(f"{TEST_CPU_ENV}={mode!r}: test-only, 'undo' or 'raw'")
+    return mode
+
+
+def install(experts: torch.nn.Module, reader: OutputReader, prefix: str, tp_rank: int) -> list[str]:
+    """Read the layer's tensors for `tp_rank` into `experts`' parameters; returns their names.
+
+    Tensors that are not parameters of the allocated layer (g1_scale_c for nvfp4/trtllm) are not
+    read: vLLM's kernel setup computes them from the parameters, as it does on its own path."""
+    m = reader.manifest
+    keep = (m["scheme"], m["backend"]) in KEEP_ALLOCATED_SHAPE
+    loaded = []
+    for name in reader.layer(prefix)["tensors"]:
+        param = experts._parameters.get(name)
+        if param is None:
+            continue
+        _, shape, dtype = reader.info(prefix, name)
+        data = param.data
+        if data.dtype == dtype and data.numel() == math.prod(shape) and data.is_contiguous():
+            reader.read_into(prefix, name, tp_rank, data)
+            if not keep:
+                param.data = data.view(shape)
+        else:  # the padded shape differs from the allocated one: replace it, freeing it first
+            device = data.device
+            del data
+            param.data = torch.empty(0, dtype=dtype, device=device)
+            new = torch.empty(shape, dtype=dtype, device=device)
+            reader.read_into(prefix, name, tp_rank, new)
+            param.data = new
+        loaded.append(name)
+    return loaded
+
+
+def set_sizes(experts: torch.nn.Module, layer_meta: dict) -> None:
+    """The padded sizes vLLM's own path leaves in the layer's MoE config (its pre-processed
+    branch does not restore them)."""
+    mc = experts.moe_config
+    hp, ip = layer_meta["padded_hidden_size"], layer_meta["padded_intermediate_size_per_rank"]
+    if hp != mc.hidden_dim:
+        if mc.hidden_dim_unpadded is None:
+            mc.hidden_dim_unpadded = mc.hidden_dim
+        mc.hidden_dim = hp
+    mc.intermediate_size_per_partition = ip
+
+
+def finish(experts: torch.nn.Module, layer_meta: dict) -> None:
+    """Kernel setup only: vLLM's pre-processed mode of the layer's MoE method."""
+    from vllm.model_executor.utils import weights_already_processed
+
+    set_sizes(experts, layer_meta)
+    with weights_already_processed():
+        type(experts.quant_method).process_weights_after_loading(experts.quant_method, experts)
+
+
+def undo_for_cpu(experts: torch.nn.Module, manifest: dict, mode: str) -> None:
+    """Test-only (see test_cpu_mode): bf16/cutlass w13 is [up; gate]; vLLM's CPU path wants
+    [gate; up]. "raw" leaves the bytes as they are."""
+    if (manifest["scheme"], manifest["backend"]) != ("bf16", "cutlass"):
+        raise PluginError(f"{TEST_CPU_ENV}: test-only mode, for bf16/cutlass outputs only")
+    if mode == "undo":
+        w = experts.w13_weight.data
+        half = w.shape[1] // 2
+        w.copy_(torch.cat([w[:, half:], w[:, :half]], dim=1))
+
+
+def wrap_processing(experts: torch.nn.Module, run: Callable[[], None]) -> None:
+    """Make vLLM's post-load driver call `run` for this layer instead of the method's own
+    processing, once (the instance attribute removes itself, so a later reload is vLLM's)."""
+    method = experts.quant_method
+
+    def process_weights_after_loading(layer: torch.nn.Module) -> None:
+        del method.process_weights_after_loading
+        run()
+
+    method.process_weights_after_loading = process_weights_after_loading

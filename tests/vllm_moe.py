@@ -1,0 +1,191 @@
+"""vLLM 0.33's own fused-MoE layers, built and processed on this CPU machine (test support).
+
+A layer comes from vLLM's `FusedMoEFactory` with a FlashInfer backend forced. What is patched
+is only where vLLM asks what hardware it runs on: the experts' device checks, the platform's
+compute capability, the current device index, and the tensor-parallel rank and size (every
+module-level binding inside vllm.*), so that one process plays rank r of N. The weights go
+through vLLM's own `load_weights` and its own post-load driver `process_weights_after_loading`.
+(shared/reference/vllm-0.33-in-tests.md has the facts this rests on.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import torch
+import vllm.model_executor.layers.fused_moe  # noqa: F401  (before its submodules)
+from safetensors import safe_open
+from vllm.config import DeviceConfig, KernelConfig, VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.fused_moe.experts import (
+    flashinfer_cutlass_moe,
+    trtllm_bf16_moe,
+    trtllm_fp8_moe,
+    trtllm_nvfp4_moe,
+)
+from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+from vllm.model_executor.layers.fused_moe.oracle import unquantized
+from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+from vllm.model_executor.model_loader.utils import process_weights_after_loading
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+
+MOE_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
+MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # models/mixtral.py
+
+
+def _device_checks(stack: contextlib.ExitStack) -> None:
+    for mod in (trtllm_fp8_moe, trtllm_bf16_moe, trtllm_nvfp4_moe, flashinfer_cutlass_moe):
+        for value in vars(mod).values():
+            if isinstance(value, type) and "_supports_current_device" in vars(value):
+                stack.enter_context(
+                    mock.patch.object(value, "_supports_current_device", staticmethod(lambda: True))
+                )
+
+
+def _tp(stack: contextlib.ExitStack, tp_size: int, tp_rank: int) -> None:
+    fakes = {
+        "get_tensor_model_parallel_rank": lambda: tp_rank,
+        "get_tensor_model_parallel_world_size": lambda: tp_size,
+    }
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("vllm") or module is None:
+            continue
+        for attr, fake in fakes.items():
+            if callable(getattr(module, attr, None)):
+                stack.enter_context(mock.patch.object(module, attr, fake))
+
+
+@contextlib.contextmanager
+def vllm_context(backend: str, tp_size: int, tp_rank: int, sm: int = 100) -> Iterator[None]:
+    """vLLM believes it runs rank `tp_rank` of `tp_size` on an SM`sm` GPU, with --moe-backend
+    for fi-convert's `backend`."""
+    with contextlib.ExitStack() as stack:
+        _device_checks(stack)
+        cap = DeviceCapability(sm // 10, sm % 10)
+        stack.enter_context(
+            mock.patch.object(
+                type(current_platform), "get_device_capability", classmethod(lambda c, device_id=0: cap)
+            )
+        )
+        # on the CPU-less platform vLLM's own list raises UnboundLocalError: the CUDA one
+        flashinfer = [
+            unquantized.UnquantizedMoeBackend.FLASHINFER_TRTLLM,
+            unquantized.UnquantizedMoeBackend.FLASHINFER_CUTLASS,
+        ]
+        stack.enter_context(
+            mock.patch.object(unquantized, "_get_priority_backends", lambda cfg: list(flashinfer))
+        )
+        stack.enter_context(mock.patch.object(torch.accelerator, "current_device_index", lambda: 0))
+        _tp(stack, tp_size, tp_rank)
+        cfg = VllmConfig(
+            kernel_config=KernelConfig(moe_backend=MOE_BACKEND[backend]),
+            device_config=DeviceConfig(device="cpu"),
+        )
+        stack.enter_context(set_current_vllm_config(cfg))
+        yield
+
+
+def quant_config(scheme: str):
+    if scheme == "bf16":
+        return None
+    if scheme == "fp8-block":
+        return Fp8Config(
+            is_checkpoint_fp8_serialized=True,
+            activation_scheme="dynamic",
+            weight_block_size=[128, 128],
+        )
+    raise ValueError(scheme)
+
+
+def make_layer(scheme: str, prefix: str, ckpt: Path, tp_size: int) -> torch.nn.Module:
+    """vLLM's RoutedExperts for `prefix` of the checkpoint at `ckpt` (call inside vllm_context)."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
+    inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    runner = FusedMoEFactory(
+        num_experts=experts,
+        top_k=2,
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=inter,
+        params_dtype=torch.bfloat16,
+        quant_config=quant_config(scheme),
+        tp_size=tp_size,
+        dp_size=1,
+        pcp_size=1,
+        prefix=prefix,
+    )
+    return runner.routed_experts
+
+
+def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The layer's raw checkpoint tensors, named relative to `prefix` as vLLM's model classes
+    hand them to the experts (Mixtral's w1/w3/w2 renamed, as vLLM's Mixtral does)."""
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    for name, shard in sorted(index.items()):
+        if not name.startswith(prefix + "."):
+            continue
+        rel = name[len(prefix) + 1 :]
+        e, proj, param = rel.split(".", 2)
+        with safe_open(ckpt / shard, framework="pt") as f:
+            yield f"{e}.{MIXTRAL_NAMES.get(proj, proj)}.{param}", f.get_tensor(name)
+
+
+def vllm_load_and_process(layer: torch.nn.Module, ckpt: Path, prefix: str) -> None:
+    """vLLM's own path: its expert weight loader, then its post-load driver."""
+    list(layer.load_weights(source_tensors(ckpt, prefix)))
+    process(layer)
+
+
+def process(layer: torch.nn.Module) -> None:
+    model = torch.nn.Module()
+    model.add_module("experts", layer)
+    config = types.SimpleNamespace(
+        word_embeddings_untied_by_checkpoint=False,
+        quantization=None,
+        dtype=torch.bfloat16,
+    )
+    process_weights_after_loading(model, config, torch.device("cpu"))
+
+
+def params(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.data for n, p in layer.named_parameters(recurse=False)}
+
+
+def kernel_state(layer: torch.nn.Module) -> dict[str, object]:
+    """What the layer's kernel object holds: every tensor and plain value reachable from the
+    method's MoE quant config and the kernel's experts object (their scale descriptors and
+    MoE config included), tensors as dtype, shape and bytes."""
+    method = layer.quant_method
+    kernel = getattr(method, "moe_kernel", None)
+    state: dict[str, object] = {}
+    for where, obj in (
+        ("quant_config", getattr(method, "moe_quant_config", None)),
+        ("experts", getattr(kernel, "fused_experts", None)),
+    ):
+        _collect(obj, where, state, depth=3)
+    return state
+
+
+def _collect(v: object, path: str, out: dict[str, object], depth: int) -> None:
+    if isinstance(v, torch.Tensor):
+        flat = v.detach().contiguous().view(-1)
+        out[path] = (str(v.dtype), tuple(v.shape), bytes(flat.view(torch.uint8).numpy()))
+    elif v is None or isinstance(v, (int, float, str, bool, torch.dtype, torch.device)):
+        out[path] = repr(v)
+    elif hasattr(v, "value") and hasattr(v, "name"):  # enums
+        out[path] = repr(v)
+    elif isinstance(v, (tuple, list)):
+        for i, x in enumerate(v):
+            _collect(x, f"{path}[{i}]", out, depth)
+    elif depth > 0 and hasattr(v, "__dict__") and not isinstance(v, torch.nn.Module):
+        out[path] = type(v).__name__
+        for k, x in sorted(vars(v).items()):
+            _collect(x, f"{path}.{k}", out, depth - 1)
+    else:
+        out[path] = type(v).__name__
