@@ -148,7 +148,9 @@ def _device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ManifestError(f"device {device!r}: not a device name; pass 'cpu' or 'cuda[:N]'")
+        raise ManifestError(
+            f"device {device!r}: not a device name; pass 'cpu' or 'cuda[:N]'"
+        ) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ManifestError(f"device {device!r}: this machine has no CUDA device; pass 'cpu'")
     return dev

@@ -377,7 +377,11 @@ def nvfp4(root, prefix, num_experts, backend, tp, rank, device):
     out["w13_weight_scale"] = torch.stack(os13).reshape(s31.shape).view(torch.float8_e4m3fn)
     out["w2_weight_scale"] = torch.stack(os2).reshape(s2.shape).view(torch.float8_e4m3fn)
     g1 = gs[:, 0] * a13  # TrtLlmNvFp4Experts: w13_scale_2 *= a13 (w1's global scale)
-    out |= {"w13_weight_scale_2": g1, "w2_weight_scale_2": gs[:, 2] * a2, "g1_scale_c": g1 * (1 / a2)}
+    out |= {
+        "w13_weight_scale_2": g1,
+        "w2_weight_scale_2": gs[:, 2] * a2,
+        "g1_scale_c": g1 * (1 / a2),
+    }
     return out
 
 

@@ -127,7 +127,8 @@ def test_plugin_path_leaves_the_layer_as_vllm_does(case, backend, tp, rank, chec
         assert _bytes(a[name]) == _bytes(b[name]), name
     for field in ("intermediate_size_per_partition", "hidden_dim", "hidden_dim_unpadded"):
         assert getattr(theirs.moe_config, field) == getattr(ours.moe_config, field), field
-    assert type(ours.quant_method.moe_kernel.fused_experts).__name__ == type(
-        theirs.quant_method.moe_kernel.fused_experts
-    ).__name__
+    assert (
+        type(ours.quant_method.moe_kernel.fused_experts).__name__
+        == type(theirs.quant_method.moe_kernel.fused_experts).__name__
+    )
     assert vm.kernel_state(ours) == vm.kernel_state(theirs)

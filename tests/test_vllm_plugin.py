@@ -164,7 +164,9 @@ def test_loader_puts_experts_in_and_processes_only_the_kernel(src, out, rank):
     a, b = vm.params(theirs), vm.params(ours)
     assert sorted(a) == sorted(b)
     for n in a:
-        assert a[n].shape == b[n].shape and torch.equal(a[n].view(torch.uint8), b[n].view(torch.uint8))
+        assert a[n].shape == b[n].shape and torch.equal(
+            a[n].view(torch.uint8), b[n].view(torch.uint8)
+        )
     assert vm.kernel_state(ours) == vm.kernel_state(theirs)
     assert "process_weights_after_loading" not in vars(ours.quant_method)  # vLLM's again
     # the non-expert tensors went to the model, byte for byte; no expert tensor did
@@ -175,7 +177,9 @@ def test_loader_puts_experts_in_and_processes_only_the_kernel(src, out, rank):
 
     shard = index["model.embed_tokens.weight"]
     with safe_open(out / shard, framework="pt") as f:
-        assert torch.equal(model.seen["model.embed_tokens.weight"], f.get_tensor("model.embed_tokens.weight"))
+        assert torch.equal(
+            model.seen["model.embed_tokens.weight"], f.get_tensor("model.embed_tokens.weight")
+        )
 
 
 def test_loader_refuses_a_layer_on_another_backend(src, out):

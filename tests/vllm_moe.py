@@ -11,6 +11,7 @@ through vLLM's own `load_weights` and its own post-load driver `process_weights_
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import sys
 import types
@@ -70,7 +71,9 @@ def vllm_context(backend: str, tp_size: int, tp_rank: int, sm: int = 100) -> Ite
         cap = DeviceCapability(sm // 10, sm % 10)
         stack.enter_context(
             mock.patch.object(
-                type(current_platform), "get_device_capability", classmethod(lambda c, device_id=0: cap)
+                type(current_platform),
+                "get_device_capability",
+                classmethod(lambda c, device_id=0: cap),
             )
         )
         # on the CPU-less platform vLLM's own list raises UnboundLocalError: the CUDA one
@@ -176,9 +179,7 @@ def _collect(v: object, path: str, out: dict[str, object], depth: int) -> None:
     if isinstance(v, torch.Tensor):
         flat = v.detach().contiguous().view(-1)
         out[path] = (str(v.dtype), tuple(v.shape), bytes(flat.view(torch.uint8).numpy()))
-    elif v is None or isinstance(v, (int, float, str, bool, torch.dtype, torch.device)):
-        out[path] = repr(v)
-    elif hasattr(v, "value") and hasattr(v, "name"):  # enums
+    elif isinstance(v, (int, float, str, bool, torch.dtype, torch.device, enum.Enum, type(None))):
         out[path] = repr(v)
     elif isinstance(v, (tuple, list)):
         for i, x in enumerate(v):

@@ -28,7 +28,11 @@ METHODS = {
         "Fp8MoEMethod",
         "Fp8PerTensorOnlineMoEMethod",
     ),
-    "mxfp8": ("ModelOptMxFp8FusedMoE", "CompressedTensorsW8A8Mxfp8MoEMethod", "Mxfp8OnlineMoEMethod"),
+    "mxfp8": (
+        "ModelOptMxFp8FusedMoE",
+        "CompressedTensorsW8A8Mxfp8MoEMethod",
+        "Mxfp8OnlineMoEMethod",
+    ),
     "nvfp4": ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4Nvfp4MoEMethod"),
     "mxfp4": ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -35,7 +35,7 @@ def test_cpu_mode() -> str | None:
     return mode
 
 
-def install(experts: torch.nn.Module, reader: OutputReader, prefix: str, tp_rank: int) -> list[str]:
+def install(experts: Any, reader: OutputReader, prefix: str, tp_rank: int) -> list[str]:
     """Read the layer's tensors for `tp_rank` into `experts`' parameters; returns their names.
 
     Tensors that are not parameters of the allocated layer (g1_scale_c for nvfp4/trtllm) are not
@@ -64,7 +64,7 @@ def install(experts: torch.nn.Module, reader: OutputReader, prefix: str, tp_rank
     return loaded
 
 
-def set_sizes(experts: torch.nn.Module, layer_meta: dict) -> None:
+def set_sizes(experts: Any, layer_meta: dict) -> None:
     """The padded sizes vLLM's own path leaves in the layer's MoE config (its pre-processed
     branch does not restore them)."""
     mc = experts.moe_config
@@ -76,7 +76,7 @@ def set_sizes(experts: torch.nn.Module, layer_meta: dict) -> None:
     mc.intermediate_size_per_partition = ip
 
 
-def finish(experts: torch.nn.Module, layer_meta: dict) -> None:
+def finish(experts: Any, layer_meta: dict) -> None:
     """Kernel setup only: vLLM's pre-processed mode of the layer's MoE method."""
     from vllm.model_executor.utils import weights_already_processed
 
@@ -85,7 +85,7 @@ def finish(experts: torch.nn.Module, layer_meta: dict) -> None:
         type(experts.quant_method).process_weights_after_loading(experts.quant_method, experts)
 
 
-def undo_for_cpu(experts: torch.nn.Module, manifest: dict, mode: str) -> None:
+def undo_for_cpu(experts: Any, manifest: dict, mode: str) -> None:
     """Test-only (see test_cpu_mode): bf16/cutlass w13 is [up; gate]; vLLM's CPU path wants
     [gate; up]. "raw" leaves the bytes as they are."""
     if (manifest["scheme"], manifest["backend"]) != ("bf16", "cutlass"):
@@ -96,13 +96,13 @@ def undo_for_cpu(experts: torch.nn.Module, manifest: dict, mode: str) -> None:
         w.copy_(torch.cat([w[:, half:], w[:, :half]], dim=1))
 
 
-def wrap_processing(experts: torch.nn.Module, run: Callable[[], None]) -> None:
-    """Make vLLM's post-load driver call `run` for this layer instead of the method's own
+def set_up_kernel_only(experts: Any, layer_meta: dict) -> None:
+    """Make vLLM's post-load driver run `finish` for this layer instead of the method's own
     processing, once (the instance attribute removes itself, so a later reload is vLLM's)."""
     method = experts.quant_method
 
     def process_weights_after_loading(layer: torch.nn.Module) -> None:
         del method.process_weights_after_loading
-        run()
+        finish(experts, layer_meta)
 
     method.process_weights_after_loading = process_weights_after_loading

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -105,7 +106,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         )
         return super().load_model(vllm_config, model_config, prefix)
 
-    def load_weights(self, model: torch.nn.Module, model_config: ModelConfig) -> None:
+    def load_weights(self, model: Any, model_config: ModelConfig) -> None:
         root, m = self._output(model_config)
         mode = experts.test_cpu_mode()
         layers = moe_layers(model)
@@ -136,7 +137,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                     loaded.add(f"{name}.{p}")
                 meta = m["layers"][lp]
                 if mode is None:
-                    experts.wrap_processing(mod, lambda mod=mod, meta=meta: experts.finish(mod, meta))
+                    experts.set_up_kernel_only(mod, meta)
                 else:
                     experts.undo_for_cpu(mod, m, mode)
         if model_config.quantization is None:
