@@ -341,6 +341,8 @@ def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
                 "quant_algo": algo,
                 "kv_cache_quant_algo": None,
                 "exclude_modules": ["lm_head"],
+                # as ModelOpt writes it (nvidia/DeepSeek-R1-FP4): vLLM requires it for NVFP4
+                **({"group_size": 16} if algo == "NVFP4" else {}),
             },
         }
         (root / "hf_quant_config.json").write_text(json.dumps(hq, indent=2))

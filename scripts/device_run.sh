@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (see README, "GPU tests"): FlashInfer from carried wheels, then
-# the GPU test module (or with `all` the whole suite), and optionally the benchmark; logs
-# under $OUT.
+# One call on the GPU machine (see README, "GPU tests"): FlashInfer and vLLM's Python code from
+# carried files, then the GPU test modules (or with `all` the whole suite), and optionally the
+# benchmark; logs under $OUT.
 # Usage: scripts/device_run.sh [all] [bench]
+# Carried (see README): .carry/wheels/*.whl (FlashInfer 0.6.18.post1, apache-tvm-ffi and vLLM's
+# pure-Python dependencies missing from the image) and .carry/vllm-py.zip (vLLM 0.33.0's package
+# without its compiled parts); the older .whl/ folder is taken too.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+wheels=$(ls .carry/wheels/*.whl .whl/*.whl 2>/dev/null)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+    --target /tmp/site $wheels || exit 1
+[ -f .carry/vllm-py.zip ] && python3 -m zipfile -e .carry/vllm-py.zip /tmp/site
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)"
-if [[ " $* " == *" all "* ]]; then  # the whole suite, the GPU module included
-    python3 -m pytest -q -rs -s tests 2>&1 | tee "$OUT/all-tests.log" | grep -E "passed|failed|error|differ|SKIP|^E " | tail -15
+python3 -c "import vllm.model_executor.layers.fused_moe; print('vllm', __import__('vllm').__version__)" 2>&1 | tail -3
+if [[ " $* " == *" all "* ]]; then  # the whole suite, the GPU modules included
+    python3 -m pytest -q -rs -s tests --ignore=tests/engine 2>&1 | tee "$OUT/all-tests.log" | grep -E "passed|failed|error|differ|SKIP|^E " | tail -15
 else
-    python3 -m pytest -q -rA -s tests/test_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|error|differ|^E " | tail -15
+    python3 -m pytest -q -rA -s tests/test_gpu.py tests/test_vllm_gpu.py tests/test_vllm.py 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|error|differ|^E " | tail -25
 fi
 if [[ " $* " == *" bench "* ]]; then
     python3 scripts/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40

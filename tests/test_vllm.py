@@ -12,12 +12,9 @@ and the TP rank only).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from fi_convert import Backend, Options, SchemeName, convert
-from fi_convert.loader import OutputReader
 from fi_convert.synthetic import Spec, write_checkpoint
-from fi_convert.vllm_plugin import experts as plugin
 from tests import vllm_moe as vm
 
 # (scheme, spec, layer prefix): sizes that need padding (I per rank 96 or 48 -> 128 on TRT-LLM)
@@ -76,59 +73,25 @@ def _sm(scheme: str, backend: str) -> int:
     return 90 if (scheme, backend) == ("fp8-block", "cutlass") else 100  # vLLM: SM90 only
 
 
-def _bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.contiguous().view(-1).view(torch.uint8).numpy())
-
-
 def _vllm_layer(case, backend, tp, rank, checkpoints):
     scheme, _, prefix = CASES[case]
     with vm.vllm_context(backend, tp, rank, sm=_sm(scheme, backend)):
-        layer = vm.make_layer(scheme, prefix, checkpoints[case], tp)
+        layer = vm.make_layer(prefix, checkpoints[case], tp)
         vm.vllm_load_and_process(layer, checkpoints[case], prefix)
-    return layer
-
-
-def _plugin_layer(case, backend, tp, rank, checkpoints, out):
-    scheme, _, prefix = CASES[case]
-    with vm.vllm_context(backend, tp, rank, sm=_sm(scheme, backend)):
-        layer = vm.make_layer(scheme, prefix, checkpoints[case], tp)
-        with OutputReader(out) as reader:
-            plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
-            plugin.finish(layer, reader.layer(prefix))
+    assert layer.moe_config.moe_parallel_config.tp_rank == rank  # vLLM plays this rank
     return layer
 
 
 @pytest.mark.parametrize(("case", "backend", "tp", "rank"), PARAMS)
 def test_vllm_params_equal_fi_convert_bytes(case, backend, tp, rank, checkpoints, outputs):
-    _, _, prefix = CASES[case]
     layer = _vllm_layer(case, backend, tp, rank, checkpoints)
-    assert layer.moe_config.moe_parallel_config.tp_rank == rank  # vLLM plays this rank
-    held = vm.params(layer)
-    with OutputReader(outputs(case, backend, tp)) as reader:
-        names = list(reader.layer(prefix)["tensors"])
-        assert sorted(held) == sorted(names)
-        for name in names:
-            _, shape, dtype = reader.info(prefix, name)
-            ours = torch.empty(shape, dtype=dtype)
-            reader.read_into(prefix, name, rank, ours)
-            assert held[name].dtype == dtype, name
-            assert held[name].numel() == ours.numel(), name
-            assert _bytes(held[name]) == _bytes(ours), f"{name} differs from vLLM's"
+    vm.assert_holds_output_bytes(layer, outputs(case, backend, tp), CASES[case][2], rank)
 
 
 @pytest.mark.parametrize(("case", "backend", "tp", "rank"), PARAMS)
 def test_plugin_path_leaves_the_layer_as_vllm_does(case, backend, tp, rank, checkpoints, outputs):
+    scheme, _, prefix = CASES[case]
     theirs = _vllm_layer(case, backend, tp, rank, checkpoints)
-    ours = _plugin_layer(case, backend, tp, rank, checkpoints, outputs(case, backend, tp))
-    a, b = vm.params(theirs), vm.params(ours)
-    assert sorted(a) == sorted(b)
-    for name in a:
-        assert (a[name].dtype, a[name].shape) == (b[name].dtype, b[name].shape), name
-        assert _bytes(a[name]) == _bytes(b[name]), name
-    for field in ("intermediate_size_per_partition", "hidden_dim", "hidden_dim_unpadded"):
-        assert getattr(theirs.moe_config, field) == getattr(ours.moe_config, field), field
-    assert (
-        type(ours.quant_method.moe_kernel.fused_experts).__name__
-        == type(theirs.quant_method.moe_kernel.fused_experts).__name__
-    )
-    assert vm.kernel_state(ours) == vm.kernel_state(theirs)
+    with vm.vllm_context(backend, tp, rank, sm=_sm(scheme, backend)):
+        ours = vm.plugin_layer(prefix, checkpoints[case], outputs(case, backend, tp), tp)
+    vm.assert_same_layer(theirs, ours)

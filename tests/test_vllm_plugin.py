@@ -154,10 +154,10 @@ class TinyModel(torch.nn.Module):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_loader_puts_experts_in_and_processes_only_the_kernel(src, out, rank):
     with vm.vllm_context("trtllm", 2, rank):
-        theirs = vm.make_layer("fp8-block", PREFIX, src, 2)
+        theirs = vm.make_layer(PREFIX, src, 2)
         vm.vllm_load_and_process(theirs, src, PREFIX)
     with vm.vllm_context("trtllm", 2, rank):
-        model = TinyModel(vm.make_layer("fp8-block", PREFIX, src, 2))
+        model = TinyModel(vm.make_layer(PREFIX, src, 2))
         _loader().load_weights(model, _model_config(out))
         vm.process(model)  # vLLM's own driver: our layer's setup replaces its processing
     ours = model.moe
@@ -184,7 +184,7 @@ def test_loader_puts_experts_in_and_processes_only_the_kernel(src, out, rank):
 
 def test_loader_refuses_a_layer_on_another_backend(src, out):
     with vm.vllm_context("cutlass", 2, 0, sm=90):
-        model = TinyModel(vm.make_layer("fp8-block", PREFIX, src, 2))
+        model = TinyModel(vm.make_layer(PREFIX, src, 2))
         with pytest.raises(PluginError) as e:
             _loader().load_weights(model, _model_config(out))
     msg = str(e.value)
@@ -194,13 +194,13 @@ def test_loader_refuses_a_layer_on_another_backend(src, out):
 
 def test_loader_refuses_a_quant_method_of_another_scheme(src, out, tmp_path):
     with vm.vllm_context("trtllm", 2, 0):
-        model = TinyModel(vm.make_layer("bf16", PREFIX, src, 2))
+        model = TinyModel(vm.make_layer(PREFIX, src, 2, unquantized=True))
         with pytest.raises(PluginError, match="vLLM built UnquantizedFusedMoEMethod for it"):
             _loader().load_weights(model, _model_config(out))
 
 
 def test_loader_refuses_a_model_without_the_outputs_layers(src, out):
     with vm.vllm_context("trtllm", 2, 0):
-        model = TinyModel(vm.make_layer("fp8-block", "model.layers.7.mlp.experts", src, 2))
+        model = TinyModel(vm.make_layer("model.layers.7.mlp.experts", src, 2))
         with pytest.raises(PluginError, match="has no MoE layer model.layers.1.mlp.experts"):
             _loader().load_weights(model, _model_config(out))

@@ -31,6 +31,7 @@ from vllm.model_executor.layers.fused_moe.experts import (
 )
 from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 from vllm.model_executor.layers.fused_moe.oracle import unquantized
+from vllm.model_executor.layers.quantization import modelopt
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import current_platform
@@ -63,7 +64,9 @@ def _tp(stack: contextlib.ExitStack, tp_size: int, tp_rank: int) -> None:
 
 
 @contextlib.contextmanager
-def vllm_context(backend: str, tp_size: int, tp_rank: int, sm: int = 100) -> Iterator[None]:
+def vllm_context(
+    backend: str, tp_size: int, tp_rank: int, sm: int = 100, device: str = "cpu"
+) -> Iterator[None]:
     """vLLM believes it runs rank `tp_rank` of `tp_size` on an SM`sm` GPU, with --moe-backend
     for fi-convert's `backend`."""
     with contextlib.ExitStack() as stack:
@@ -88,25 +91,33 @@ def vllm_context(backend: str, tp_size: int, tp_rank: int, sm: int = 100) -> Ite
         _tp(stack, tp_size, tp_rank)
         cfg = VllmConfig(
             kernel_config=KernelConfig(moe_backend=MOE_BACKEND[backend]),
-            device_config=DeviceConfig(device="cpu"),
+            device_config=DeviceConfig(device=device),
         )
         stack.enter_context(set_current_vllm_config(cfg))
+        stack.enter_context(torch.device(device))  # where the layer allocates its params
         yield
 
 
-def quant_config(scheme: str):
-    if scheme == "bf16":
+def quant_config(ckpt: Path):
+    """vLLM's quantization config of the checkpoint, from its own files as vLLM reads them
+    (config.json's quantization_config; ModelOpt's hf_quant_config.json)."""
+    cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config")
+    if cfg is None:
         return None
-    if scheme == "fp8-block":
-        return Fp8Config(
-            is_checkpoint_fp8_serialized=True,
-            activation_scheme="dynamic",
-            weight_block_size=[128, 128],
-        )
-    raise ValueError(scheme)
+    if cfg["quant_method"] == "fp8":
+        return Fp8Config.from_config(cfg)
+    if cfg["quant_method"] == "modelopt":
+        hq = json.loads((ckpt / "hf_quant_config.json").read_text())
+        classes = {
+            "FP8": modelopt.ModelOptFp8Config,
+            "MXFP8": modelopt.ModelOptMxFp8Config,
+            "NVFP4": modelopt.ModelOptNvFp4Config,
+        }
+        return classes[hq["quantization"]["quant_algo"]].from_config(hq)
+    raise ValueError(f"{ckpt}: no vLLM config in these tests for {cfg['quant_method']}")
 
 
-def make_layer(scheme: str, prefix: str, ckpt: Path, tp_size: int) -> torch.nn.Module:
+def make_layer(prefix: str, ckpt: Path, tp_size: int, unquantized: bool = False) -> torch.nn.Module:
     """vLLM's RoutedExperts for `prefix` of the checkpoint at `ckpt` (call inside vllm_context)."""
     cfg = json.loads((ckpt / "config.json").read_text())
     experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
@@ -117,7 +128,7 @@ def make_layer(scheme: str, prefix: str, ckpt: Path, tp_size: int) -> torch.nn.M
         hidden_size=cfg["hidden_size"],
         intermediate_size=inter,
         params_dtype=torch.bfloat16,
-        quant_config=quant_config(scheme),
+        quant_config=None if unquantized else quant_config(ckpt),
         tp_size=tp_size,
         dp_size=1,
         pcp_size=1,
@@ -146,6 +157,7 @@ def vllm_load_and_process(layer: torch.nn.Module, ckpt: Path, prefix: str) -> No
 
 
 def process(layer: torch.nn.Module) -> None:
+    """vLLM's post-load driver over a model that holds `layer`."""
     model = torch.nn.Module()
     model.add_module("experts", layer)
     config = types.SimpleNamespace(
@@ -153,7 +165,8 @@ def process(layer: torch.nn.Module) -> None:
         quantization=None,
         dtype=torch.bfloat16,
     )
-    process_weights_after_loading(model, config, torch.device("cpu"))
+    device = next(layer.parameters()).device
+    process_weights_after_loading(model, config, device)
 
 
 def params(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -190,3 +203,53 @@ def _collect(v: object, path: str, out: dict[str, object], depth: int) -> None:
             _collect(x, f"{path}.{k}", out, depth - 1)
     else:
         out[path] = type(v).__name__
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy())
+
+
+def assert_holds_output_bytes(layer: torch.nn.Module, out: Path, prefix: str, rank: int) -> None:
+    """(a): every parameter vLLM holds after its processing is a tensor of the output, byte
+    for byte, for this rank (and the output has no tensor vLLM does not hold)."""
+    from fi_convert.loader import OutputReader
+
+    held = params(layer)
+    with OutputReader(out) as reader:
+        names = list(reader.layer(prefix)["tensors"])
+        assert sorted(held) == sorted(names)
+        for name in names:
+            _, shape, dtype = reader.info(prefix, name)
+            ours = torch.empty(shape, dtype=dtype)
+            reader.read_into(prefix, name, rank, ours)
+            assert held[name].dtype == dtype, name
+            assert held[name].numel() == ours.numel(), name
+            assert _bytes(held[name]) == _bytes(ours), f"{name} differs from vLLM's"
+
+
+def assert_same_layer(theirs: torch.nn.Module, ours: torch.nn.Module) -> None:
+    """(b): the two layers hold the same parameters (names, shapes, dtypes, bytes), MoE config
+    sizes, kernel class and kernel state."""
+    a, b = params(theirs), params(ours)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert (a[name].dtype, a[name].shape) == (b[name].dtype, b[name].shape), name
+        assert _bytes(a[name]) == _bytes(b[name]), name
+    for field in ("intermediate_size_per_partition", "hidden_dim", "hidden_dim_unpadded"):
+        assert getattr(theirs.moe_config, field) == getattr(ours.moe_config, field), field
+    kinds = [type(x.quant_method.moe_kernel.fused_experts).__name__ for x in (theirs, ours)]
+    assert kinds[0] == kinds[1]
+    assert kernel_state(ours) == kernel_state(theirs)
+
+
+def plugin_layer(prefix: str, ckpt: Path, out: Path, tp: int) -> torch.nn.Module:
+    """The plugin's path (call inside vllm_context): a fresh layer, the output's tensors read
+    into it, kernel setup only."""
+    from fi_convert.loader import OutputReader
+    from fi_convert.vllm_plugin import experts as plugin
+
+    layer = make_layer(prefix, ckpt, tp)
+    with OutputReader(out) as reader:
+        plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
+        plugin.finish(layer, reader.layer(prefix))
+    return layer

@@ -1,0 +1,95 @@
+"""vLLM 0.33's own MoE processing where it calls CUDA-only FlashInfer ops (the NVFP4 and MXFP8
+scale swizzles): the same tier as tests/test_vllm.py, with the layers on a CUDA GPU (marker
+`gpu`, skipped without one). vLLM's Python code is enough: no kernel runs, its compiled `_C`
+is not needed (scripts/device_run.sh carries it as a zip).
+
+(a) vLLM's parameters equal fi-convert's bytes, for nvfp4 (both backends) and mxfp8 (TRT-LLM),
+TP 1, 2 and 4, every rank, on sizes that pad H and I;
+(b) for nvfp4/trtllm, which the plugin loads, the plugin's path leaves the layer as vLLM's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.synthetic import Spec, write_checkpoint
+
+pytestmark = pytest.mark.gpu
+
+CASES = {
+    # ModelOpt NVFP4, H 320 (-> 512 on TRT-LLM), I 384 (per rank 192/96, -> 128 at TP 4),
+    # 5 experts, expert 4's gate and up global scales differ
+    "deepseek-nvfp4": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=5, hidden=320, intermediate=384, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+        ("trtllm", "cutlass"),
+    ),
+    # ModelOpt MXFP8, H 320 (-> 512), I 384 (per rank 192 -> 256 at TP 2), 3 experts
+    "qwen3-mxfp8": (
+        "mxfp8",
+        Spec("qwen3-moe", layers=1, experts=3, hidden=320, intermediate=384, quant="mxfp8"),
+        "model.layers.0.mlp.experts",
+        ("trtllm",),
+    ),
+}
+PARAMS = [
+    (case, backend, tp, rank)
+    for case, (_, _, _, backends) in CASES.items()
+    for backend in backends
+    for tp in (1, 2, 4)
+    for rank in range(tp)
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-gpu-src")
+    return {name: write_checkpoint(root / name, c[1]) for name, c in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory, checkpoints):
+    root = tmp_path_factory.mktemp("vllm-gpu-out")
+    done: dict = {}
+
+    def get(case: str, backend: str, tp: int):
+        if (case, backend, tp) not in done:
+            out = root / f"{case}-{backend}-{tp}"
+            opts = Options(SchemeName(CASES[case][0]), Backend(backend), tp)
+            convert(checkpoints[case], out, opts, device="cpu")
+            done[case, backend, tp] = out
+        return done[case, backend, tp]
+
+    return get
+
+
+def _vllm_layer(vm, case, backend, tp, rank, checkpoints):
+    prefix = CASES[case][2]
+    with vm.vllm_context(backend, tp, rank, device="cuda"):
+        layer = vm.make_layer(prefix, checkpoints[case], tp)
+        vm.vllm_load_and_process(layer, checkpoints[case], prefix)
+    return layer
+
+
+@pytest.mark.parametrize(("case", "backend", "tp", "rank"), PARAMS)
+def test_vllm_params_equal_fi_convert_bytes_on_cuda(case, backend, tp, rank, checkpoints, outputs):
+    from tests import vllm_moe as vm
+
+    layer = _vllm_layer(vm, case, backend, tp, rank, checkpoints)
+    vm.assert_holds_output_bytes(layer, outputs(case, backend, tp), CASES[case][2], rank)
+
+
+@pytest.mark.parametrize(
+    ("case", "backend", "tp", "rank"), [p for p in PARAMS if p[:2] == ("deepseek-nvfp4", "trtllm")]
+)
+def test_plugin_path_leaves_the_layer_as_vllm_does_on_cuda(
+    case, backend, tp, rank, checkpoints, outputs
+):
+    from tests import vllm_moe as vm
+
+    theirs = _vllm_layer(vm, case, backend, tp, rank, checkpoints)
+    with vm.vllm_context(backend, tp, rank, device="cuda"):
+        ours = vm.plugin_layer(CASES[case][2], checkpoints[case], outputs(case, backend, tp), tp)
+    vm.assert_same_layer(theirs, ours)
