@@ -100,7 +100,8 @@ class OutputReader:
         flat = dst.view(-1).view(torch.uint8) if dst.numel() else dst.view(torch.uint8)
         step = min(BOUNCE_BYTES, row.row_bytes) or 1
         if self._bounce is None or self._bounce.numel() < step:
-            self._bounce = torch.empty(step, dtype=torch.uint8, pin_memory=True)
+            # on the host, whatever the default device (vLLM loads under `with device:`)
+            self._bounce = torch.empty(step, dtype=torch.uint8, device="cpu", pin_memory=True)
         fd = self._files.fd(info.file)
         base = info.start + tp_rank * row.row_bytes
         for off in range(0, row.row_bytes, step):

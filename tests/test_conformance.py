@@ -88,6 +88,8 @@ COMBOS = [
     for tp in (1, 2, 4)
     for backend in ("trtllm", "cutlass")
     if backend == "trtllm" or scheme not in TRTLLM_ONLY  # vLLM has no other path for these
+    # vLLM 0.33 cannot pad I for CUTLASS NVFP4 (I/tp 96 here): both refuse it (test_vllm_gpu.py)
+    if (case, tp, backend) != ("r1-fp4-nvfp4", 4, "cutlass")
 ]
 
 

@@ -40,7 +40,21 @@ PARAMS = [
     for backend in backends
     for tp in (1, 2, 4)
     for rank in range(tp)
+    if (case, backend, tp) != ("deepseek-nvfp4", "cutlass", 4)  # refused by both, below
 ]
+
+
+def test_nvfp4_cutlass_that_vllm_cannot_pad_is_refused_by_both(checkpoints, tmp_path):
+    """At TP 4 (I/tp = 96) vLLM 0.33 refuses to pad w1/w3 for CUTLASS NVFP4; fi-convert refuses
+    to write such an output instead of writing one no vLLM can serve."""
+    from fi_convert import LayoutError
+    from tests import vllm_moe as vm
+
+    with pytest.raises(NotImplementedError, match="Intermediate size padding for w1 and w3"):
+        _vllm_layer(vm, "deepseek-nvfp4", "cutlass", 4, 0, checkpoints)
+    opts = Options(SchemeName.NVFP4, Backend.CUTLASS, 4)
+    with pytest.raises(LayoutError, match="use --backend trtllm"):
+        convert(checkpoints["deepseek-nvfp4"], tmp_path / "out", opts, device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -95,6 +95,15 @@ class Nvfp4Scheme:
                 "(one NVFP4 scale block); choose a --tp-size that keeps I/tp a multiple of 16"
             )
         trt = backend is Backend.TRTLLM
+        if not trt and (2 * i_r) % 128:
+            # vLLM 0.33 prepare_nvfp4_moe_layer_for_fi_or_cutlass: the swizzle pads the w13
+            # scale rows to 128, and the weights cannot follow ("Intermediate size padding for
+            # w1 and w3 ... not currently supported"), so vLLM cannot serve such an output
+            raise LayoutError(
+                f"{layer.prefix}: intermediate size per rank {i_r}: vLLM 0.33's FlashInfer "
+                "CUTLASS NVFP4 path needs 2*I/tp to be a multiple of 128 and refuses to pad it; "
+                "use --backend trtllm or a --tp-size that keeps I/tp a multiple of 64"
+            )
         i_p = L.round_up(i_r, PAD_I) if trt else i_r
         h_p = L.round_up(h, PAD_H) if trt else h
         sc = _Scales(layer)
