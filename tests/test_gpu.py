@@ -37,6 +37,7 @@ COMBOS = [
     for tp in (1, 2, 4)
     for backend in ("trtllm", "cutlass")
     if backend == "trtllm" or scheme != "mxfp8"
+    if (scheme, tp, backend) != ("nvfp4", 4, "cutlass")  # I/tp 96: vLLM cannot pad it
 ]
 
 

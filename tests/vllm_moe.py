@@ -190,8 +190,7 @@ def kernel_state(layer: torch.nn.Module) -> dict[str, object]:
 
 def _collect(v: object, path: str, out: dict[str, object], depth: int) -> None:
     if isinstance(v, torch.Tensor):
-        flat = v.detach().contiguous().view(-1)
-        out[path] = (str(v.dtype), tuple(v.shape), bytes(flat.view(torch.uint8).numpy()))
+        out[path] = (str(v.dtype), tuple(v.shape), _bytes(v))
     elif isinstance(v, (int, float, str, bool, torch.dtype, torch.device, enum.Enum, type(None))):
         out[path] = repr(v)
     elif isinstance(v, (tuple, list)):
