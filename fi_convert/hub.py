@@ -33,6 +33,7 @@ from .source import INDEX_NAME
 
 CARD_NAME = "README.md"
 LIBRARY = "fi-convert"
+MOE_BACKEND_FLAG = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}  # vLLM --moe-backend
 # Never downloaded: pickles and other weight formats fi-convert does not read, and the
 # `original/` folder some repos keep (consolidated checkpoints for other runtimes).
 IGNORE_PATTERNS = [
@@ -533,9 +534,9 @@ def model_card(
         # add-on that needs the base weights; "finetune" would claim training.
         base_model_relation="quantized" if base_model else None,
         # "fi-convert", not "vllm": the expert tensors are in FlashInfer's kernel layouts,
-        # which only a loader that reads the manifest (fi_convert.load_moe_layer, a vLLM
-        # loader plugin) can use. Stock `vllm serve` cannot load this repo, so the Hub's vLLM
-        # snippet would mislead.
+        # which only a loader that reads the manifest (fi_convert.load_moe_layer, fi-convert's
+        # vLLM plugin) can use. Stock `vllm serve` without --load-format fi-convert cannot,
+        # so the Hub's vLLM snippet would mislead.
         library_name=LIBRARY,
         tags=["fi-convert", "flashinfer", "moe", scheme, backend, f"tp{tp}"],
         license=src.get("license"),
@@ -627,12 +628,20 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "```",
         "",
         f"**vLLM.** The expert bytes are those vLLM {t.get('vllm')} with FlashInfer "
-        f"{t.get('flashinfer')} holds after `process_weights_after_loading`. Stock `vllm serve` "
-        "expects the original per-expert checkpoint and cannot load this repo: a loader must "
-        "read the manifest, copy each rank's expert tensors into the fused-MoE layer's "
-        "parameters, skip vLLM's own FlashInfer preparation, and use the padded sizes the "
-        "manifest gives (fi-convert's docs/FORMAT.md, section 6). For stock vLLM, use the "
-        "base model.",
+        f"{t.get('flashinfer')} holds after `process_weights_after_loading`. Serve it with "
+        "fi-convert's vLLM plugin, which loads them straight into the MoE layers and runs "
+        "kernel setup only:",
+        "",
+        "```",
+        'pip install "fi-convert[vllm]"',
+        f"vllm serve {repo_id} --load-format fi-convert -tp {tp} "
+        f"--moe-backend {MOE_BACKEND_FLAG.get(backend, backend)}",
+        "```",
+        "",
+        f"The plugin refuses, before loading anything, a vLLM outside {t.get('vllm_versions')}, "
+        f"another TP size, another MoE backend, or a GPU outside the {t.get('gpu_family')} "
+        "family. Stock `vllm serve` without `--load-format fi-convert` must not be used on this "
+        "repo.",
         "",
     ]
     return "\n".join(lines)
