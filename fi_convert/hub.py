@@ -33,7 +33,10 @@ from .source import INDEX_NAME
 
 CARD_NAME = "README.md"
 LIBRARY = "fi-convert"
-MOE_BACKEND_FLAG = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}  # vLLM --moe-backend
+MOE_BACKEND_FLAG = {
+    "trtllm": "flashinfer_trtllm",
+    "cutlass": "flashinfer_cutlass",
+}  # vLLM --moe-backend
 # Never downloaded: pickles and other weight formats fi-convert does not read, and the
 # `original/` folder some repos keep (consolidated checkpoints for other runtimes).
 IGNORE_PATTERNS = [

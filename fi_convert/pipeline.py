@@ -18,12 +18,14 @@ from pathlib import Path
 
 import torch
 
-from . import dtypes
+from . import dtypes, served_config
 from . import manifest as mf
 from .errors import OutputError
 from .plan import MANIFEST_NAME, STATE_DIR, Item, Options, Plan, ShardPlan, check_out_dir, make_plan
 from .schemes.base import Ctx, OutputTensor
 from .source import INDEX_NAME
+
+CONFIG_NAME = "config.json"
 from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, sha256_file
 
 COPY_CHUNK = 64 * 2**20  # largest piece of a carried-over tensor in flight
@@ -121,7 +123,11 @@ def run_plan(
         files: dict[str, dict] = {}
         tracker = _Tracker(plan, progress)
         for rel in plan.side_files:
-            files[rel] = od.copy_side_file(plan.ckpt.root / rel, rel)
+            if rel == CONFIG_NAME:  # marked so that no server loads it as the source
+                src_cfg = plan.ckpt.root / rel
+                files[rel] = od.write_small(rel, served_config.mark(_read(src_cfg), str(src_cfg)))
+            else:
+                files[rel] = od.copy_side_file(plan.ckpt.root / rel, rel)
         src = SourceFiles()
         shards = _Shards(plan, od, src, dev, tracker, jobs)
         try:
@@ -601,6 +607,13 @@ class OutDir:
                 f"{dst}: cannot copy from {src} ({e.strerror}); check the disk"
             ) from None
         return self._record(rel, {"sha256": sha256_file(dst), "size": dst.stat().st_size})
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise OutputError(f"{path}: cannot read ({e.strerror}); check the model folder") from None
 
 
 def _fsync(path: Path) -> None:

@@ -31,7 +31,7 @@ _SCRIPT = Path(sys.executable).parent / "fi-convert"
 FI_CONVERT = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "fi_convert"]
 MANIFEST = "fi-convert-manifest.json"
 INDEX = "model.safetensors.index.json"
-SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json")
 SHARD_RE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -126,6 +126,12 @@ def check_output_complete(src: Path, out: Path) -> dict:
     assert not [n for n in names if n.endswith((".tmp", ".fi-convert-tmp"))]
     for side in SIDE_FILES:
         assert (out / side).read_bytes() == (src / side).read_bytes(), side
+    # config.json: the source's, but for the quantization method no stock server loads
+    ours, theirs = (json.loads((d / "config.json").read_text()) for d in (out, src))
+    marker = ours.pop("quantization_config")
+    assert marker["quant_method"] == "fi-convert"
+    assert marker["source_quantization_config"] == theirs.pop("quantization_config", None)
+    assert ours == theirs
 
     shards = sorted(n for n in names if n.endswith(".safetensors"))
     assert shards, "no output shards"

@@ -204,3 +204,55 @@ def test_loader_refuses_a_model_without_the_outputs_layers(src, out):
         model = TinyModel(vm.make_layer("model.layers.7.mlp.experts", src, 2))
         with pytest.raises(PluginError, match="has no MoE layer model.layers.1.mlp.experts"):
             _loader().load_weights(model, _model_config(out))
+
+
+def _engine_model_config(path, **kw):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(path), **kw).create_model_config()
+
+
+def test_stock_vllm_refuses_an_output_loudly(out):
+    """Without --load-format fi-convert, vLLM must not build the source's model over FlashInfer
+    layouts (it would serve uninitialized experts): the output's config names a quantization
+    method that stock vLLM does not know."""
+    with pytest.raises(Exception, match="Unknown quantization method: fi-convert"):
+        _engine_model_config(out)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SPEC,  # fp8-block: config.json's quantization_config
+        Spec("qwen3-moe", layers=1, experts=4, hidden=128, intermediate=128, shards=1),  # none
+        Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, quant="nvfp4"),
+    ],
+    ids=["fp8-block", "bf16", "modelopt-nvfp4"],
+)
+def test_with_the_plugin_vllm_sees_the_sources_quantization(tmp_path, spec):
+    src = write_checkpoint(tmp_path / "src", spec)
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.AUTO, Backend.TRTLLM, 1), device="cpu")
+    register()
+    got = _engine_model_config(out, load_format="fi-convert")
+    want = _engine_model_config(src)
+    assert got.quantization == want.quantization
+    assert getattr(got.hf_config, "quantization_config", None) == getattr(
+        want.hf_config, "quantization_config", None
+    )
+    # the user's own overrides still apply
+    got = _engine_model_config(out, load_format="fi-convert", hf_overrides={"num_hidden_layers": 1})
+    assert got.hf_config.num_hidden_layers == 1 and got.quantization == want.quantization
+
+
+def test_the_marked_config_stays_valid_for_other_readers(out, src):
+    from transformers import AutoConfig
+
+    theirs = json.loads((src / "config.json").read_text())
+    ours = json.loads((out / "config.json").read_text())
+    qc = ours.pop("quantization_config")
+    assert qc["quant_method"] == "fi-convert" and "--load-format fi-convert" in qc["note"]
+    assert qc["source_quantization_config"] == theirs.pop("quantization_config")
+    assert ours == theirs  # nothing else changed
+    cfg = AutoConfig.from_pretrained(out)
+    assert cfg.model_type == theirs["model_type"]

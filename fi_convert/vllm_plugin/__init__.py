@@ -14,7 +14,9 @@ def register() -> None:
     """Register the `fi-convert` load format with vLLM's model-loader registry."""
     from vllm.model_executor.model_loader import register_model_loader
 
+    from .config import hook_engine_args
     from .loader import FiConvertModelLoader, logger
 
     register_model_loader(LOAD_FORMAT)(FiConvertModelLoader)
+    hook_engine_args()
     logger.info("fi-convert: registered load format %r", LOAD_FORMAT)

@@ -92,6 +92,7 @@ def check_output(
         )
     if test_cpu:
         return
+    check_gpu(target.get("gpu_family", ""), backend, capability, root)
     fspec = target.get("flashinfer_versions", "")
     if flashinfer_version is None:
         raise PluginError(
@@ -103,14 +104,14 @@ def check_output(
             f"{root}: converted for FlashInfer {fspec}, this is FlashInfer {flashinfer_version}; "
             f"install flashinfer-python in {fspec}"
         )
-    check_gpu(target.get("gpu_family", ""), backend, capability, root)
 
 
 def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, root: str) -> None:
     if capability is None:
         raise PluginError(
-            f"{root}: FlashInfer's MoE kernels need a CUDA GPU, and vLLM runs on a CPU here; "
-            "serve this output on a GPU of the family " + (family or "the manifest names")
+            f"{root}: FlashInfer's MoE kernels need a CUDA GPU, and vLLM runs on a CPU here "
+            "(its CPU MoE backend cannot run these layouts); serve this output on a GPU of the "
+            "family " + (family or "the manifest names")
         )
     sm = capability[0] * 10 + capability[1]
     need = {

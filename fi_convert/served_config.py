@@ -1,0 +1,51 @@
+"""The output's `config.json`: the source's, with one change that keeps a server from loading
+FlashInfer layouts as if they were the source's weights.
+
+Stock vLLM (and transformers) given an output would build the source's model, find no tensor
+named as the source's experts, and serve uninitialized experts without a word (measured with
+vLLM 0.32: token 0 at every step). So the output's `quantization_config` names a method no
+server has, `fi-convert`, which stock vLLM and transformers refuse at once ("Unknown
+quantization method: fi-convert"), and keeps the source's own under
+`source_quantization_config`. Every other field, and the file's validity for any config
+reader, is the source's. fi-convert's vLLM plugin puts the source's back, for
+`--load-format fi-convert` only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import SourceError
+
+METHOD = "fi-convert"
+SOURCE_KEY = "source_quantization_config"
+NOTE = (
+    "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert: serve with "
+    "`vllm serve DIR --load-format fi-convert` (pip install 'fi-convert[vllm]')"
+)
+
+
+def mark(config: bytes, where: str) -> bytes:
+    """The output's config.json for the source's `config` bytes."""
+    try:
+        cfg = json.loads(config)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SourceError(f"{where}: not valid JSON ({e}); fix or replace the file") from None
+    if not isinstance(cfg, dict):
+        raise SourceError(f"{where}: not a JSON object; fix or replace the file")
+    cfg["quantization_config"] = {
+        "quant_method": METHOD,
+        "note": NOTE,
+        SOURCE_KEY: cfg.get("quantization_config"),
+    }
+    return (json.dumps(cfg, indent=2, sort_keys=False) + "\n").encode()
+
+
+def is_marked(quant_config: Any) -> bool:
+    return isinstance(quant_config, dict) and quant_config.get("quant_method") == METHOD
+
+
+def source_quantization_config(quant_config: dict) -> dict | None:
+    """The source's quantization config a marked one keeps (None for an unquantized source)."""
+    return quant_config.get(SOURCE_KEY)

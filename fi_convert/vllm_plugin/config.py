@@ -1,0 +1,59 @@
+"""The output's config.json names the quantization method `fi-convert`, which stock vLLM
+refuses (fi_convert/served_config.py says why). With `--load-format fi-convert`, and only
+then, the plugin hands vLLM the source's own quantization config back, through vLLM's
+`hf_overrides` hook, so that vLLM builds exactly the model and MoE methods it builds for the
+source checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import served_config
+
+LOAD_FORMAT = "fi-convert"
+
+
+def restore_source_quantization(hf_config: Any) -> Any:
+    """`hf_config` with the source's quantization config in place of fi-convert's marker."""
+    qc = getattr(hf_config, "quantization_config", None)
+    if served_config.is_marked(qc):
+        source = served_config.source_quantization_config(qc)
+        if source is None:
+            del hf_config.quantization_config
+        else:
+            hf_config.quantization_config = source
+    return hf_config
+
+
+def _compose(user: Any):
+    """Our override after the user's own `--hf-overrides` (a dict or a function)."""
+
+    def overrides(hf_config: Any) -> Any:
+        if callable(user):
+            hf_config = user(hf_config)
+        elif user:
+            hf_config.update(user)
+        return restore_source_quantization(hf_config)
+
+    overrides.fi_convert = True  # type: ignore[attr-defined]
+    return overrides
+
+
+def hook_engine_args() -> None:
+    """Make `EngineArgs.create_model_config` restore the source's quantization config when the
+    load format is fi-convert (idempotent: the plugin is loaded in every process)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    create = EngineArgs.create_model_config
+    if getattr(create, "fi_convert", False):
+        return
+
+    def create_model_config(self: Any) -> Any:
+        if str(self.load_format).lower() == LOAD_FORMAT and not getattr(
+            self.hf_overrides, "fi_convert", False
+        ):
+            self.hf_overrides = _compose(self.hf_overrides)
+        return create(self)
+
+    create_model_config.fi_convert = True  # type: ignore[attr-defined]
+    EngineArgs.create_model_config = create_model_config  # type: ignore[method-assign]
