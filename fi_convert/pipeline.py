@@ -24,9 +24,9 @@ from .errors import OutputError
 from .plan import MANIFEST_NAME, STATE_DIR, Item, Options, Plan, ShardPlan, check_out_dir, make_plan
 from .schemes.base import Ctx, OutputTensor
 from .source import INDEX_NAME
+from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, sha256_file
 
 CONFIG_NAME = "config.json"
-from .st_io import TMP_SUFFIX, ShardWriter, SourceFiles, sha256_file
 
 COPY_CHUNK = 64 * 2**20  # largest piece of a carried-over tensor in flight
 MAX_JOBS = 8  # shards converted at once, at most (see `_jobs`)

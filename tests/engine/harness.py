@@ -8,6 +8,7 @@ one start (a start costs 40-60 s on the 2-core CI machine). Engines run one at a
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -165,16 +166,22 @@ def engine_env(tp: int, extra: dict[str, str]) -> dict[str, str]:
 def compare(base: dict, other: dict) -> dict:
     """Greedy tokens and top-k logprobs of two runs of the same prompts, step by step.
 
-    `max_abs_diff` is over the token ids both top-k lists hold at a step; `topk_sets_equal`
-    whether those lists hold the same ids at every step."""
-    tokens_equal, max_diff, sets_equal = [], 0.0, True
+    `max_abs_diff` is over the token ids both top-k lists hold at a step (NaN counts as inf),
+    `common` how many (step, id) pairs that was; `topk_sets_equal` whether the lists hold the
+    same ids at every step."""
+    tokens_equal, diffs, sets_equal = [], [], True
     for a, b in zip(base["outputs"], other["outputs"], strict=True):
         tokens_equal.append(a["tokens"] == b["tokens"])
-        for sa, sb in zip(a["logprobs"], b["logprobs"]):
-            common = sa.keys() & sb.keys()
+        for sa, sb in zip(a["logprobs"], b["logprobs"], strict=True):
             sets_equal &= sa.keys() == sb.keys()
-            max_diff = max([max_diff, *(abs(sa[t] - sb[t]) for t in common)])
-    return {"tokens_equal": tokens_equal, "max_abs_diff": max_diff, "topk_sets_equal": sets_equal}
+            diffs += [abs(sa[t] - sb[t]) for t in sa.keys() & sb.keys()]
+    diffs = [math.inf if math.isnan(d) else d for d in diffs]
+    return {
+        "tokens_equal": tokens_equal,
+        "max_abs_diff": max(diffs, default=0.0),
+        "common": len(diffs),
+        "topk_sets_equal": sets_equal,
+    }
 
 
 class Outputs:
