@@ -16,7 +16,7 @@ LOAD_FORMAT = "fi-convert"
 def restore_source_quantization(hf_config: Any) -> Any:
     """`hf_config` with the source's quantization config in place of fi-convert's marker."""
     qc = getattr(hf_config, "quantization_config", None)
-    if served_config.is_marked(qc):
+    if isinstance(qc, dict) and served_config.is_marked(qc):
         source = served_config.source_quantization_config(qc)
         if source is None:
             del hf_config.quantization_config
