@@ -59,6 +59,10 @@ class OutputReader:
             )
         return self.layers[prefix]
 
+    def shards(self) -> list[str]:
+        """The output's shard file names, as the index lists them."""
+        return sorted(set(self._weight_map.values()))
+
     def is_expert_tensor(self, name: str) -> bool:
         """Whether `name` (a full tensor name) is a converted MoE tensor of this output."""
         prefix, _, param = name.rpartition(".")

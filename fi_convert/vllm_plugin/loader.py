@@ -147,8 +147,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         self, root: Path, reader: OutputReader
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor that is not a converted expert tensor, shard by shard."""
-        shards = sorted(set(reader._weight_map.values()))
-        for shard in shards:
+        for shard in reader.shards():
             with safe_open(root / shard, framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     if not reader.is_expert_tensor(name):
