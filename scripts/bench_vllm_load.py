@@ -140,10 +140,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for scheme, quant in cases:
             results.append(bench(scheme, quant, experts, a.repeat, dev, Path(tmp)))
-    print(f"\nvLLM 0.33 processing vs the fi-convert plugin, one MoE layer, {experts} experts "
-          f"of DeepSeek-V3 shapes, on {dev} (medians of {a.repeat}):")
-    head = "| scheme | layer | vLLM processing | plugin setup | plugin read | extra memory vLLM / plugin |"
-    print(head + "\n|---|---|---|---|---|---|")
+    print(
+        f"\nvLLM 0.33 processing vs the fi-convert plugin, one MoE layer, {experts} experts "
+        f"of DeepSeek-V3 shapes, on {dev} (medians of {a.repeat}):"
+    )
+    cols = ["scheme", "layer", "vLLM processing", "plugin setup", "plugin read"]
+    print("| " + " | ".join([*cols, "extra memory vLLM / plugin"]) + " |\n" + "|---" * 6 + "|")
     for r in results:
         gib = r["layer_bytes"] / 2**30
         mem = (

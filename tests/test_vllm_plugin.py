@@ -92,7 +92,9 @@ def test_a_range_that_is_not_a_specifier_is_refused(manifest):
         _check(m)
 
 
-@pytest.mark.parametrize(("scheme", "backend"), [("mxfp8", "trtllm"), ("mxfp4", "cutlass")])
+@pytest.mark.parametrize(
+    ("scheme", "backend"), [("fp8-tensor", "trtllm"), ("nvfp4", "cutlass"), ("mxfp4", "cutlass")]
+)
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest, scheme, backend):
     with pytest.raises(PluginError, match=f"does not load {scheme}/{backend} outputs yet"):
         _check(manifest | {"scheme": scheme, "backend": backend})

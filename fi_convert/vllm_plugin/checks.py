@@ -10,13 +10,15 @@ from packaging.version import InvalidVersion, Version
 PREFIX = "fi-convert: "
 MOE_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
 # What the plugin loads today, by (scheme, backend): the methods whose vLLM 0.33 pre-processed
-# mode builds the kernel from the artifact's tensors as they are.
+# mode builds the kernel from the artifact's tensors as they are, and mxfp8, whose kernel setup
+# the plugin runs itself (experts.KERNEL_ONLY).
 SUPPORTED = {
     ("bf16", "trtllm"),
     ("bf16", "cutlass"),
     ("fp8-block", "trtllm"),
     ("fp8-block", "cutlass"),
     ("nvfp4", "trtllm"),
+    ("mxfp8", "trtllm"),
 }
 # vLLM 0.33's MoE methods (class names) that load each scheme's source checkpoints.
 METHODS = {

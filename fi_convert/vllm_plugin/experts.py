@@ -77,12 +77,41 @@ def set_sizes(experts: Any, layer_meta: dict) -> None:
 
 
 def finish(experts: Any, layer_meta: dict) -> None:
-    """Kernel setup only: vLLM's pre-processed mode of the layer's MoE method."""
+    """Kernel setup only: vLLM's pre-processed mode of the layer's MoE method where it has one,
+    else the end of the method's own processing without its transforms (KERNEL_ONLY)."""
     from vllm.model_executor.utils import weights_already_processed
 
     set_sizes(experts, layer_meta)
+    method = experts.quant_method
+    kernel_only = KERNEL_ONLY.get(type(method).__name__)
+    if kernel_only is not None:
+        kernel_only(experts, method)
+        return
     with weights_already_processed():
-        type(experts.quant_method).process_weights_after_loading(experts.quant_method, experts)
+        type(method).process_weights_after_loading(method, experts)
+
+
+def _mxfp8_kernel(experts: Any, method: Any) -> None:
+    """ModelOptMxFp8FusedMoE.process_weights_after_loading (vLLM 0.33, modelopt.py:1454) after
+    its convert_to_fp8_moe_kernel_format: the same attributes, quant config and kernel, built
+    by vLLM's own functions from the parameters as they are."""
+    from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_kernel
+
+    experts._already_called_process_weights_after_loading = True
+    method._check_weight_dtypes(experts)
+    experts.weight_block_size = method.weight_block_size
+    method.moe_quant_config = method.get_fused_moe_quant_config(experts)
+    method.moe_kernel = make_fp8_moe_kernel(
+        moe_quant_config=method.moe_quant_config,
+        moe_config=method.moe,
+        fp8_backend=method.mxfp8_backend,
+        experts_cls=method.experts_cls,
+        routing_tables=experts._expert_routing_tables(),
+    )
+
+
+# vLLM 0.33 MoE methods without a pre-processed mode: their kernel setup, by class name.
+KERNEL_ONLY = {"ModelOptMxFp8FusedMoE": _mxfp8_kernel}
 
 
 def undo_for_cpu(experts: Any, manifest: dict, mode: str) -> None:
