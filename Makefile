@@ -57,6 +57,7 @@ demo: install
 
 bench: install
 	$(PY) scripts/bench.py --out bench-out
+	$(PY) scripts/bench_vllm_load.py --out bench-out
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) demo .pytest_cache .mypy_cache .ruff_cache

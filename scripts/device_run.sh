@@ -2,7 +2,7 @@
 # One call on the GPU machine (see README, "GPU tests"): FlashInfer and vLLM's Python code from
 # carried files, then the GPU test modules (or with `all` the whole suite), and optionally the
 # benchmark; logs under $OUT.
-# Usage: scripts/device_run.sh [all] [bench]
+# Usage: scripts/device_run.sh [all] [bench | vllm-bench]
 # Carried (see README): .carry/wheels/*.whl (FlashInfer 0.6.18.post1, apache-tvm-ffi and vLLM's
 # pure-Python dependencies missing from the image) and .carry/vllm-py.zip (vLLM 0.33.0's package
 # without its compiled parts); the older .whl/ folder is taken too.
@@ -23,4 +23,7 @@ else
 fi
 if [[ " $* " == *" bench "* ]]; then
     python3 scripts/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
+fi
+if [[ " $* " == *" bench "* || " $* " == *" vllm-bench "* ]]; then
+    python3 scripts/bench_vllm_load.py --out "$OUT" 2>&1 | tee "$OUT/bench-vllm-load.log" | tail -12
 fi
