@@ -242,6 +242,9 @@ def test_with_the_plugin_vllm_sees_the_sources_quantization(tmp_path, spec):
     assert getattr(got.hf_config, "quantization_config", None) == getattr(
         want.hf_config, "quantization_config", None
     )
+    import pickle  # vLLM pickles its config into the engine process
+
+    pickle.loads(pickle.dumps(got.hf_overrides))(got.hf_config)
     # the user's own overrides still apply
     got = _engine_model_config(out, load_format="fi-convert", hf_overrides={"num_hidden_layers": 1})
     assert got.hf_config.num_hidden_layers == 1 and got.quantization == want.quantization

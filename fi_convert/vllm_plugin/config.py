@@ -25,18 +25,22 @@ def restore_source_quantization(hf_config: Any) -> Any:
     return hf_config
 
 
-def _compose(user: Any):
-    """Our override after the user's own `--hf-overrides` (a dict or a function)."""
+class RestoreSource:
+    """vLLM's `hf_overrides` for fi-convert outputs: the user's own (a dict or a function)
+    first, then the source's quantization config back. A module-level class, so that vLLM can
+    pickle it into its engine process."""
 
-    def overrides(hf_config: Any) -> Any:
-        if callable(user):
-            hf_config = user(hf_config)
-        elif user:
-            hf_config.update(user)
+    fi_convert = True
+
+    def __init__(self, user: Any) -> None:
+        self.user = user
+
+    def __call__(self, hf_config: Any) -> Any:
+        if callable(self.user):
+            hf_config = self.user(hf_config)
+        elif self.user:
+            hf_config.update(self.user)
         return restore_source_quantization(hf_config)
-
-    overrides.fi_convert = True  # type: ignore[attr-defined]
-    return overrides
 
 
 def hook_engine_args() -> None:
@@ -52,7 +56,7 @@ def hook_engine_args() -> None:
         if str(self.load_format).lower() == LOAD_FORMAT and not getattr(
             self.hf_overrides, "fi_convert", False
         ):
-            self.hf_overrides = _compose(self.hf_overrides)
+            self.hf_overrides = RestoreSource(self.hf_overrides)
         return create(self)
 
     create_model_config.fi_convert = True  # type: ignore[attr-defined]
