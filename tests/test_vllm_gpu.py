@@ -5,8 +5,7 @@ is not needed (scripts/device_run.sh carries it as a zip).
 
 (a) vLLM's parameters equal fi-convert's bytes, for nvfp4 (both backends) and mxfp8 (TRT-LLM),
 TP 1, 2 and 4, every rank, on sizes that pad H and I;
-(b) for nvfp4/trtllm and mxfp8/trtllm, which the plugin loads, the plugin's path leaves the layer
-    as vLLM's.
+(b) for each of them, which the plugin loads, the plugin's path leaves the layer as vLLM's.
 """
 
 from __future__ import annotations
@@ -96,7 +95,7 @@ def test_vllm_params_equal_fi_convert_bytes_on_cuda(case, backend, tp, rank, che
     vm.assert_holds_output_bytes(layer, outputs(case, backend, tp), CASES[case][2], rank)
 
 
-@pytest.mark.parametrize(("case", "backend", "tp", "rank"), [p for p in PARAMS if p[1] == "trtllm"])
+@pytest.mark.parametrize(("case", "backend", "tp", "rank"), PARAMS)
 def test_plugin_path_leaves_the_layer_as_vllm_does_on_cuda(
     case, backend, tp, rank, checkpoints, outputs
 ):

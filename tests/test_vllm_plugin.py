@@ -93,7 +93,8 @@ def test_a_range_that_is_not_a_specifier_is_refused(manifest):
 
 
 @pytest.mark.parametrize(
-    ("scheme", "backend"), [("fp8-tensor", "trtllm"), ("nvfp4", "cutlass"), ("mxfp4", "cutlass")]
+    ("scheme", "backend"),
+    [("fp8-tensor", "trtllm"), ("fp8-tensor", "cutlass"), ("mxfp4", "cutlass")],
 )
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest, scheme, backend):
     with pytest.raises(PluginError, match=f"does not load {scheme}/{backend} outputs yet"):

@@ -18,6 +18,7 @@ SUPPORTED = {
     ("fp8-block", "trtllm"),
     ("fp8-block", "cutlass"),
     ("nvfp4", "trtllm"),
+    ("nvfp4", "cutlass"),
     ("mxfp8", "trtllm"),
 }
 # vLLM 0.33's MoE methods (class names) that load each scheme's source checkpoints.

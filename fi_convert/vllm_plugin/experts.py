@@ -110,8 +110,49 @@ def _mxfp8_kernel(experts: Any, method: Any) -> None:
     )
 
 
-# vLLM 0.33 MoE methods without a pre-processed mode: their kernel setup, by class name.
-KERNEL_ONLY = {"ModelOptMxFp8FusedMoE": _mxfp8_kernel}
+def _nvfp4_cutlass_kernel(experts: Any, method: Any) -> None:
+    """ModelOptNvFp4FusedMoE._build_moe_kernel (vLLM 0.33, modelopt.py:1099) without its last
+    step, FlashInferExperts.process_weights_after_loading: that folds the input scales into
+    w13/w2_weight_scale_2 in place, and the output's are folded already. (Its TRT-LLM twin skips
+    the fold in pre-processed mode; the CUTLASS one has no such mode.)"""
+    from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import (
+        NvFp4MoeBackend,
+        make_nvfp4_moe_kernel,
+    )
+
+    if method.nvfp4_backend != NvFp4MoeBackend.FLASHINFER_CUTLASS:
+        raise PluginError(f"{experts.layer_name}: NVFP4 backend {method.nvfp4_backend}")
+    method.moe_quant_config = method.get_fused_moe_quant_config(experts)
+    method.moe_kernel = make_nvfp4_moe_kernel(
+        moe_quant_config=method.moe_quant_config,
+        moe_config=method.moe,
+        experts_cls=method.experts_cls,
+        backend=method.nvfp4_backend,
+        routing_tables=experts._expert_routing_tables(),
+        per_token_activation=method.per_token_activation,
+    )
+
+
+def _nvfp4_kernel(experts: Any, method: Any) -> None:
+    from vllm.model_executor.utils import weights_already_processed
+
+    if backend_name(method) == "FLASHINFER_CUTLASS":
+        _nvfp4_cutlass_kernel(experts, method)
+        return
+    with weights_already_processed():  # TRT-LLM: vLLM's own pre-processed mode
+        type(method).process_weights_after_loading(method, experts)
+
+
+def backend_name(method: Any) -> str:
+    return str(getattr(getattr(method, "nvfp4_backend", None), "value", ""))
+
+
+# vLLM 0.33 MoE methods without a pre-processed mode (for some backend): their kernel setup, by
+# class name.
+KERNEL_ONLY = {
+    "ModelOptMxFp8FusedMoE": _mxfp8_kernel,
+    "ModelOptNvFp4FusedMoE": _nvfp4_kernel,
+}
 
 
 def undo_for_cpu(experts: Any, manifest: dict, mode: str) -> None:
