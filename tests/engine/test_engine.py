@@ -13,7 +13,6 @@ Each engine configuration starts once (harness.Engines caches it) and serves sev
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
