@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, schemes
+from . import __version__, schemes, served_config
 from .errors import OutputError, SchemeMismatchError, SourceError
 from .families import Family
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
@@ -126,10 +126,27 @@ def _layer_summary(lp: LayerPlan) -> dict:
     }
 
 
+def _refuse_an_output(root: Path, config: dict) -> None:
+    """An fi-convert output is no source: its experts are already in kernel layouts."""
+    qc = config.get("quantization_config")
+    if (root / MANIFEST_NAME).is_file() or served_config.is_marked(qc):
+        what = ""
+        try:
+            m = json.loads((root / MANIFEST_NAME).read_text())
+            what = f" (scheme {m['scheme']}, backend {m['backend']}, tp {m['tp_size']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        raise SourceError(
+            f"{root}: already an fi-convert output{what}, not a source checkpoint; convert its "
+            "source instead, or serve it as it is"
+        )
+
+
 def make_plan(source: str | Path, options: Options) -> Plan:
     if options.tp_size < 1:
         raise SourceError(f"--tp-size must be at least 1, got {options.tp_size}")
     ckpt = open_checkpoint(source)
+    _refuse_an_output(ckpt.root, ckpt.config)
     family, layers = find_family(ckpt)
     if family is None:
         raise SourceError(

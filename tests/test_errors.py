@@ -530,3 +530,25 @@ def test_fp8_block_expert_count_warning(tmp_path):
     r = CliRunner().invoke(app, ["inspect", str(src)])
     assert r.exit_code == 0
     assert "multiple of 4" in r.output
+
+
+def test_an_output_given_as_the_source_is_refused(ckpt, tmp_path):
+    out = tmp_path / "out"
+    assert convert(ckpt("mx"), out).exit_code == 0
+    error_line(convert(out, tmp_path / "again"), "already an fi-convert output (scheme", "tp 1")
+    (out / "fi-convert-manifest.json").unlink()  # an unfinished one: its config says so too
+    error_line(convert(out, tmp_path / "again2"), "already an fi-convert output, not a source")
+    assert not (tmp_path / "again").exists() and not (tmp_path / "again2").exists()
+
+
+def test_nvfp4_cutlass_with_an_intermediate_vllm_cannot_pad_is_refused(tmp_path):
+    src = write_checkpoint(
+        tmp_path / "src",
+        Spec("deepseek-v3", layers=2, experts=4, hidden=256, intermediate=384, quant="nvfp4"),
+    )
+    line = error_line(
+        convert(src, tmp_path / "out", "--backend", "cutlass", "--tp-size", "4"),
+        "intermediate size per rank 96",
+        "use --backend trtllm",
+    )
+    assert "vLLM 0.33" in line
