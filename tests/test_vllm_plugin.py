@@ -262,3 +262,13 @@ def test_the_marked_config_stays_valid_for_other_readers(out, src):
     assert ours == theirs  # nothing else changed
     cfg = AutoConfig.from_pretrained(out)
     assert cfg.model_type == theirs["model_type"]
+
+
+def test_a_repo_id_that_cannot_be_downloaded_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(PluginError) as e:
+        _loader().download_model(_model_config("acme/not-cached-anywhere"))
+    msg = str(e.value)
+    assert msg.startswith("fi-convert: acme/not-cached-anywhere: not a local folder")
+    assert "\n" not in msg and "check the repo id" in msg

@@ -77,14 +77,21 @@ class FiConvertModelLoader(DefaultModelLoader):
             return local
         from huggingface_hub import snapshot_download
 
-        return Path(
-            snapshot_download(
-                model_config.model,
-                revision=model_config.revision,
-                cache_dir=self.load_config.download_dir,
-                allow_patterns=["*.safetensors", "*.json"],
+        try:
+            return Path(
+                snapshot_download(
+                    model_config.model,
+                    revision=model_config.revision,
+                    cache_dir=self.load_config.download_dir,
+                    allow_patterns=["*.safetensors", "*.json"],
+                )
             )
-        )
+        except Exception as e:  # huggingface_hub's errors: missing repo, token, offline...
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PluginError(
+                f"{model_config.model}: not a local folder, and the Hub download failed "
+                f"({first}); check the repo id, HF_TOKEN and the network"
+            ) from None
 
     def download_model(self, model_config: ModelConfig) -> None:
         self._output(model_config)
@@ -122,7 +129,7 @@ class FiConvertModelLoader(DefaultModelLoader):
             if mode is None:
                 checks.check_layer(m, str(root), lp, mod.quant_method)
         with OutputReader(root, m) as reader:
-            loaded = set(model.load_weights(self._dense_weights(root, reader)) or ())
+            loaded = set(model.load_weights(_dense_weights(reader)) or ())
             tp_rank = next(iter(layers.values()))[1].moe_config.moe_parallel_config.tp_rank
             logger.info(
                 "fi-convert: loading %d MoE layers for TP rank %d/%d from %s",
@@ -143,12 +150,11 @@ class FiConvertModelLoader(DefaultModelLoader):
         if model_config.quantization is None:
             self.track_weights_loading(model, loaded)
 
-    def _dense_weights(
-        self, root: Path, reader: OutputReader
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor that is not a converted expert tensor, shard by shard."""
-        for shard in reader.shards():
-            with safe_open(root / shard, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if not reader.is_expert_tensor(name):
-                        yield name, f.get_tensor(name)
+
+def _dense_weights(reader: OutputReader) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the output that is not a converted expert tensor, shard by shard."""
+    for shard in reader.shards():
+        with safe_open(reader.root / shard, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                if not reader.is_expert_tensor(name):
+                    yield name, f.get_tensor(name)
