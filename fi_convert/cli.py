@@ -403,6 +403,9 @@ def verify_cmd(
     """
     from .verify import verify
 
+    if (full or against_flashinfer) and source is None:
+        flag = "--full" if full else "--against-flashinfer"
+        raise typer.BadParameter(f"{flag} re-derives experts from the source: pass --source")
     try:
         rep = verify(
             out_dir, source=source, full=full, against_flashinfer=against_flashinfer, device=device

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import threading
@@ -70,12 +71,24 @@ class Result:
         }
 
 
+_DEVICE = re.compile(r"^(cpu|cuda)(:\d+)?$")
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not _DEVICE.match(device) or device.startswith("cpu:"):
+        hint = " (did you mean cuda?)" if device.lower() in ("gpu", "nvidia", "cuda0") else ""
+        raise OutputError(f"--device {device}: not a device{hint}; use auto, cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise OutputError("--device cuda: no CUDA device is available here; use --device cpu")
-    return torch.device(device)
+        raise OutputError(f"--device {device}: no CUDA device is available here; use --device cpu")
+    dev = torch.device(device)
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise OutputError(
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA devices "
+            f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); choose one of them"
+        )
+    return dev
 
 
 def convert(

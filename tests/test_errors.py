@@ -552,3 +552,23 @@ def test_nvfp4_cutlass_with_an_intermediate_vllm_cannot_pad_is_refused(tmp_path)
         "use --backend trtllm",
     )
     assert "vLLM 0.33" in line
+
+
+@pytest.mark.parametrize(
+    ("device", "words"),
+    [("gpu", "not a device (did you mean cuda?)"), ("tpu:0", "not a device"), ("cpu:1", "not a")],
+)
+def test_an_unknown_device_is_one_line(ckpt, tmp_path, device, words):
+    out = tmp_path / "out"
+    error_line(convert(ckpt("mx"), out, "--device", device), f"--device {device}: {words}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--full", "--against-flashinfer"])
+def test_a_deep_verify_without_a_source_is_a_usage_error(ckpt, tmp_path, flag):
+    out = tmp_path / "out"
+    assert convert(ckpt("mx"), out).exit_code == 0
+    res = cli("verify", out, flag)
+    assert res.exit_code == 2, res.output
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", ANSI_RE.sub("", res.stderr)).split())
+    assert f"{flag} re-derives experts from the source: pass --source" in text, text
