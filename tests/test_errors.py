@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -572,3 +573,16 @@ def test_a_deep_verify_without_a_source_is_a_usage_error(ckpt, tmp_path, flag):
     assert res.exit_code == 2, res.output
     text = " ".join(re.sub("[│╭╮╰╯─]", " ", ANSI_RE.sub("", res.stderr)).split())
     assert f"{flag} re-derives experts from the source: pass --source" in text, text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_load_moe_layer_on_cuda_without_a_gpu_is_a_manifest_error(ckpt, tmp_path):
+    from fi_convert import ManifestError, load_moe_layer
+
+    out = tmp_path / "out"
+    assert convert(ckpt("mx"), out).exit_code == 0
+    prefix = next(iter(json.loads((out / "fi-convert-manifest.json").read_text())["layers"]))
+    with pytest.raises(ManifestError, match="no CUDA device; pass 'cpu'"):
+        load_moe_layer(out, prefix, device="cuda")
+    with pytest.raises(ManifestError, match="'gpu': not a device name"):
+        load_moe_layer(out, prefix, device="gpu")
