@@ -4,7 +4,8 @@ Each tensor is read from the shards (this rank's byte range) straight into the l
 parameter storage where vLLM allocated it at the same byte size, else into a parameter of the
 final shape that replaces the allocated one (freed first). Then the layer's padded sizes are set
 from the manifest and vLLM's own `process_weights_after_loading` runs in its pre-processed mode,
-which builds the kernel and transforms nothing.
+which builds the kernel and transforms nothing; for the methods that have no such mode
+(KERNEL_ONLY), the end of their processing runs without its transforms, with vLLM's functions.
 """
 
 from __future__ import annotations
