@@ -8,6 +8,7 @@ show only when stderr is a terminal. Library errors become one red line and exit
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -245,12 +246,13 @@ def convert_cmd(
             pushed = _push_after_convert(out_dir, push_to, private, base, src.commit, show)
     except FiConvertError as e:
         raise _fail(e, debug) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Terminated)
         err.print(
-            f"[red]interrupted[/red]: {escape(str(out_dir))} is incomplete (no manifest); run "
-            "the same command again to resume"
+            f"[red]{'terminated' if term else 'interrupted'}[/red]: {escape(str(out_dir))} is "
+            "incomplete (no manifest); run the same command again to resume"
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if term else 130) from None
     s = res.summary()
     if src.repo_id:
         s["source_repo"] = src.summary()
@@ -480,8 +482,17 @@ def version_cmd() -> None:
 COMMANDS = {"convert", "inspect", "verify", "version", "push"}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (docker stop, a cancelled CI job): stopped and cleaned up as Ctrl-C is."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: `fi-convert MODEL OUT ...` is `fi-convert convert MODEL OUT ...`."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     args = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in args if not a.startswith("-")), None)
     if first is not None and first not in COMMANDS:

@@ -290,10 +290,17 @@ def test_cli_jobs_and_no_fsync(src, reference_out, tmp_path):
     assert _files(out) == _files(reference_out)
 
 
-@pytest.mark.parametrize("jobs", ["1", "3"])
-def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, jobs):
-    """SIGINT in the middle of writing: exit 130, one line saying how to resume, no manifest,
-    no temporary files, no lock; the same command then finishes the job."""
+@pytest.mark.parametrize(
+    ("jobs", "sig", "code", "word"),
+    [
+        ("1", signal.SIGINT, 130, "interrupted"),
+        ("3", signal.SIGINT, 130, "interrupted"),
+        ("3", signal.SIGTERM, 143, "terminated"),  # docker stop, a cancelled CI job
+    ],
+)
+def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, jobs, sig, code, word):
+    """SIGINT (or SIGTERM) in the middle of writing: exit 130 (143), one line saying how to
+    resume, no manifest, no temporary files, no lock; the same command then finishes the job."""
     spec = Spec("deepseek-v3", layers=4, experts=16, hidden=512, intermediate=1024, shards=4)
     src = write_checkpoint(tmp_path / "ds", spec)
     out = tmp_path / "out"
@@ -313,11 +320,12 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, jobs):
         if list(out.glob("*.fi-convert-tmp")):
             break
         time.sleep(0.01)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     _, stderr = p.communicate(timeout=60)
-    assert p.returncode == 130, stderr
+    assert p.returncode == code, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "run the same command again to resume" in lines[0], stderr
+    assert lines[0].startswith(word), stderr
     assert not (out / MANIFEST).exists()
     assert not list(out.glob("*.fi-convert-tmp"))
     assert not (out / ".fi-convert" / "lock").exists()
