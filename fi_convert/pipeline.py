@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -495,6 +496,7 @@ class OutDir:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.syncer.shutdown(wait=True, cancel_futures=True)
         if exc_type is None:
+            self._unlock()
             shutil.rmtree(self.state_dir, ignore_errors=True)
         else:  # whatever was cut short (Ctrl-C can land anywhere) leaves no partial file
             for p in self.root.rglob("*" + TMP_SUFFIX):
@@ -510,25 +512,49 @@ class OutDir:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
     def _lock(self) -> None:
+        """An flock on `.fi-convert/lock`, held for the whole run: the kernel releases it when
+        this process dies, however it dies, so a dead run (a killed container's PID 1
+        included) never blocks the next one. The file names the holder's PID for the message."""
         lock = self.state_dir / "lock"
-        for _ in range(2):
+        for _ in range(3):
             try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-                os.write(fd, str(os.getpid()).encode())
+                fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+            except OSError as e:
+                raise OutputError(
+                    f"{lock}: cannot open ({e.strerror}); check the out-dir"
+                ) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
                 os.close(fd)
-                return
-            except FileExistsError:
                 pid = _read_pid(lock)
-                if pid is not None and _alive(pid):
-                    raise OutputError(
-                        f"{self.root}: another fi-convert (pid {pid}) is writing here; wait for "
-                        f"it to finish, or remove {lock} if that process is gone"
-                    ) from None
-                lock.unlink(missing_ok=True)  # a dead run's lock
-        raise OutputError(f"{lock}: cannot take the lock; remove it and run again")
+                who = f" (pid {pid})" if pid is not None else ""
+                raise OutputError(
+                    f"{self.root}: another fi-convert{who} is writing here; wait for it to finish"
+                ) from None
+            except OSError as e:
+                os.close(fd)
+                raise OutputError(
+                    f"{lock}: cannot lock ({e.strerror}); check the out-dir"
+                ) from None
+            try:  # a holder that finished unlinks the file: then ours is a stale inode
+                same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                self._lock_fd: int | None = fd
+                return
+            os.close(fd)
+        raise OutputError(f"{lock}: cannot take the lock; run again")
 
     def _unlock(self) -> None:
-        (self.state_dir / "lock").unlink(missing_ok=True)
+        fd = getattr(self, "_lock_fd", None)
+        if fd is not None:
+            (self.state_dir / "lock").unlink(missing_ok=True)  # while still holding it
+            os.close(fd)  # releases the flock
+            self._lock_fd = None
 
     def _journal_path(self) -> Path:
         return self.state_dir / "state.json"
@@ -665,13 +691,3 @@ def _read_pid(p: Path) -> int | None:
         return int(p.read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

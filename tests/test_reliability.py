@@ -102,17 +102,35 @@ def test_resume_recomputes_a_shard_changed_on_disk(src, reference_out, tmp_path)
 def test_second_run_into_same_out_dir_is_refused(src, tmp_path):
     out = tmp_path / "out"
     (out / ".fi-convert").mkdir(parents=True)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    lock = out / ".fi-convert" / "lock"
+    hold = (  # another run: holds the flock and names itself in the file, as fi-convert does
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(lock)!r}, os.O_CREAT | os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode())\n"
+        "print('held', flush=True); time.sleep(60)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
     try:
-        (out / ".fi-convert" / "lock").write_text(str(sleeper.pid))
+        assert holder.stdout.readline().strip() == "held"
         r = _run(src, out)
         assert r.returncode == 1
-        assert f"another fi-convert (pid {sleeper.pid}) is writing here" in r.stderr
+        assert f"another fi-convert (pid {holder.pid}) is writing here" in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        holder.kill()
+        holder.wait()
     assert _run(src, out).returncode == 0  # the lock of a dead process does not block
+
+
+def test_a_lock_naming_a_live_pid_that_holds_no_lock_does_not_block(src, tmp_path):
+    """A container's killed PID 1 leaves a lock file naming PID 1, which the restarted
+    container's PID 1 is again: only a held flock blocks, never a PID in a file."""
+    out = tmp_path / "out"
+    (out / ".fi-convert").mkdir(parents=True)
+    (out / ".fi-convert" / "lock").write_text("1")  # alive (init), holds no lock
+    r = _run(src, out)
+    assert r.returncode == 0, r.stderr
+    assert (out / MANIFEST).exists() and not (out / ".fi-convert").exists()
 
 
 def _limit_file_size():
