@@ -16,7 +16,15 @@ from .errors import OutputError, SchemeMismatchError, SourceError
 from .families import Family
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
-from .source import INDEX_NAME, PICKLE_SUFFIXES, Checkpoint, find_family, open_checkpoint
+from .source import (
+    INDEX_NAME,
+    PICKLE_SUFFIXES,
+    Checkpoint,
+    check_real_path,
+    check_regular,
+    find_family,
+    open_checkpoint,
+)
 from .st_io import OutEntry, TensorInfo
 
 MANIFEST_NAME = "fi-convert-manifest.json"
@@ -249,13 +257,17 @@ def _side_files(root: Path) -> list[str]:
     out = []
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts) or not p.is_file():
+        if any(part.startswith(".") for part in rel.parts) or (p.is_dir() and not p.is_symlink()):
             continue
         if p.suffix in (".safetensors", *PICKLE_SUFFIXES) or rel.name in (
             INDEX_NAME,
             MANIFEST_NAME,
         ):
             continue
+        # copied into the output (and pushed to the Hub): never a link out of the folder (a
+        # local secret), never a FIFO or device (a read would block or never end)
+        check_real_path(root, p)
+        check_regular(p)
         out.append(rel.as_posix())
     return out
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import stat
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,7 +135,21 @@ def read_rows_into(
     dst[:count, : part.shape[1]].copy_(part)
 
 
+def check_regular(p: Path) -> None:
+    """Refuse what is not a regular file (a FIFO would block a read forever)."""
+    try:
+        mode = os.stat(p).st_mode
+    except OSError as e:
+        raise SourceError(f"{p}: cannot read ({e.strerror}); check the model folder") from None
+    if not stat.S_ISREG(mode):
+        raise SourceError(
+            f"{p}: not a regular file (a FIFO, socket or device); remove it from the model folder"
+        )
+
+
 def _load_json(path: Path) -> dict:
+    if path.exists() or path.is_symlink():
+        check_regular(path)
     try:
         d = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -170,7 +186,7 @@ def _allowed_roots(root: Path) -> list[Path]:
     return roots
 
 
-def _check_real_path(root: Path, p: Path) -> None:
+def check_real_path(root: Path, p: Path) -> None:
     real = p.resolve()
     if not any(real == r or r in real.parents for r in _allowed_roots(root)):
         raise SourceError(
@@ -221,7 +237,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         quant = _load_json(hq)
     shards, wm = _shard_paths(root)
     for p in shards:
-        _check_real_path(root, p)
+        check_real_path(root, p)
     tensors: dict[str, TensorInfo] = {}
     fp = hashlib.sha256()
     for p in shards:

@@ -586,3 +586,30 @@ def test_load_moe_layer_on_cuda_without_a_gpu_is_a_manifest_error(ckpt, tmp_path
         load_moe_layer(out, prefix, device="cuda")
     with pytest.raises(ManifestError, match="'gpu': not a device name"):
         load_moe_layer(out, prefix, device="gpu")
+
+
+def test_a_side_file_linked_outside_the_model_folder_is_refused(ckpt, tmp_path):
+    """It would be copied into the output and pushed to the Hub: a local secret leaked."""
+    model, out = ckpt("mx"), tmp_path / "out"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hf_token")
+    (model / "notes.txt").symlink_to(secret)
+    error_line(convert(model, out), "notes.txt: links to", "outside the model folder")
+    assert not out.exists()
+    (model / "notes.txt").unlink()
+    inner = model / "inner.txt"
+    inner.write_text("fine")
+    (model / "alias.txt").symlink_to(inner)  # a link inside the folder is fine
+    assert convert(model, out).exit_code == 0
+    assert (out / "alias.txt").read_text() == "fine"
+
+
+@pytest.mark.parametrize("name", ["config.json", "extra/readme.md"])
+def test_a_fifo_in_the_model_folder_is_refused_not_read(ckpt, tmp_path, name):
+    model, out = ckpt("mx"), tmp_path / "out"
+    target = model / name
+    target.parent.mkdir(exist_ok=True)
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)
+    error_line(convert(model, out), name, "not a regular file")  # and returns: no hang
+    assert not out.exists()
