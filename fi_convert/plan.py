@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,9 +273,25 @@ def _side_files(root: Path) -> list[str]:
     return out
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samestat(os.stat(a), os.stat(b))
+    except OSError:
+        return False
+
+
+def _overlap(src: Path, out: Path) -> bool:
+    """Whether `out` is `src`, inside it, or holds it: by path, and by filesystem identity
+    (device and inode), which also sees a bind mount of one at the other."""
+    if out == src or src in out.parents or out in src.parents:
+        return True
+    outs = [q for q in (out, *out.parents) if q.exists()]
+    return any(_same_file(q, src) for q in outs) or any(_same_file(q, out) for q in src.parents)
+
+
 def check_out_dir(plan: Plan, out_dir: Path) -> None:
     src, out = plan.ckpt.root.resolve(), out_dir.resolve()
-    if out == src or src in out.parents or out in src.parents:
+    if _overlap(src, out):
         raise OutputError(
             f"{out_dir}: the output folder must not be the source folder, inside it, or hold it; "
             "choose another out-dir"

@@ -613,3 +613,22 @@ def test_a_fifo_in_the_model_folder_is_refused_not_read(ckpt, tmp_path, name):
     os.mkfifo(target)
     error_line(convert(model, out), name, "not a regular file")  # and returns: no hang
     assert not out.exists()
+
+
+def test_overwrite_into_a_bind_mount_of_the_source_deletes_nothing(ckpt, tmp_path):
+    """The out-dir is the model folder under another path (a bind mount): resolved paths
+    differ, filesystem identity does not. Refused, and the source keeps every file."""
+    import subprocess
+
+    model, out = ckpt("mx"), tmp_path / "mnt"
+    out.mkdir()
+    r = subprocess.run(["mount", "--bind", str(model), str(out)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"bind mounts are not permitted here: {r.stderr.strip()}")
+    try:
+        before = sorted(p.name for p in model.iterdir())
+        error_line(convert(model, out, "--overwrite"), "must not be the source folder")
+        error_line(convert(model, out / "sub", "--overwrite"), "must not be the source folder")
+        assert sorted(p.name for p in model.iterdir()) == before
+    finally:
+        subprocess.run(["umount", str(out)], check=True)
