@@ -119,7 +119,41 @@ def read(out_dir: str | Path) -> dict:
             f"{path}: format version {m.get('format_version')}, this fi-convert reads "
             f"{FORMAT_VERSION}; convert again with this version or use a matching fi-convert"
         )
+    bad = _malformed(m)
+    if bad:
+        raise ManifestError(f"{path}: {bad}; the manifest is damaged, convert again")
     return m
+
+
+def _malformed(m: dict) -> str | None:
+    """What in the manifest does not have the form readers rely on (None when it does)."""
+
+    def is_int(v: object, low: int = 0) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    for key, kind in (("scheme", str), ("backend", str), ("layers", dict), ("files", dict)):
+        if not isinstance(m.get(key), kind):
+            return f"{key!r} is missing or not a {kind.__name__}"
+    if not is_int(m.get("tp_size"), 1):
+        return "'tp_size' is missing or not a positive integer"
+    for name, meta in m["files"].items():
+        sha = meta.get("sha256") if isinstance(meta, dict) else None
+        if not (isinstance(sha, str) and len(sha) == 64) or not is_int(meta.get("size")):
+            return f"file entry {name!r} has no sha256 and size"
+    for prefix, lay in m["layers"].items():
+        tensors = lay.get("tensors") if isinstance(lay, dict) else None
+        if not isinstance(tensors, dict) or not tensors:
+            return f"layer {prefix!r} has no tensors"
+        for key in ("padded_hidden_size", "padded_intermediate_size_per_rank", "num_experts"):
+            if not is_int(lay.get(key), 1):
+                return f"layer {prefix!r}: {key!r} is missing or not a positive integer"
+        for pname, t in tensors.items():
+            shape = t.get("shape_per_rank") if isinstance(t, dict) else None
+            if not isinstance(t.get("dtype") if isinstance(t, dict) else None, str) or not (
+                isinstance(shape, list) and all(is_int(d) for d in shape)
+            ):
+                return f"tensor {prefix}.{pname} has no dtype and shape_per_rank"
+    return None
 
 
 def check_files(out_dir: str | Path, manifest: dict) -> list[str]:

@@ -60,8 +60,15 @@ def verify(
 def _check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
     """The index names exactly the shards' tensors, its total size adds up, and every layer
     tensor of the manifest is in the shards with its dtype and [tp, *shape_per_rank]."""
-    index = json.loads((root / INDEX_NAME).read_text())
-    wm = index.get("weight_map", {})
+    try:
+        index = json.loads((root / INDEX_NAME).read_text())
+        wm = index["weight_map"]
+        if not isinstance(wm, dict):
+            raise TypeError("weight_map is not a map")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        what = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({e})"
+        rep.problems.append(f"{root / INDEX_NAME}: {what}")
+        return {}
     tensors: dict[str, TensorInfo] = {}
     for shard in sorted(set(wm.values())):
         if shard not in m["files"]:

@@ -178,3 +178,49 @@ def test_verify_full_reuses_its_staging_buffers(made, monkeypatch):
     rep = verify(made[1], source=str(made[0]), full=True, device="cpu")
     assert rep.ok, rep.problems
     assert held and max(held) <= 4, max(held)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda m: m.update(files=[]), "'files' is missing or not a dict"),
+        (lambda m: m.pop("layers"), "'layers' is missing or not a dict"),
+        (lambda m: m.update(tp_size="2"), "'tp_size' is missing or not a positive integer"),
+        (lambda m: next(iter(m["files"].values())).pop("sha256"), "has no sha256 and size"),
+        (
+            lambda m: next(iter(m["layers"].values())).update(padded_hidden_size=None),
+            "'padded_hidden_size' is missing",
+        ),
+        (
+            lambda m: next(iter(next(iter(m["layers"].values()))["tensors"].values())).update(
+                shape_per_rank="[5, 2]"
+            ),
+            "has no dtype and shape_per_rank",
+        ),
+    ],
+)
+def test_a_damaged_manifest_is_one_line_not_a_traceback(made, tmp_path, edit, words):
+    out = _copy(made[1], tmp_path)
+    path = out / "fi-convert-manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+    r = CliRunner().invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and words in lines[0] and "convert again" in lines[0], r.stderr
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("damage", ["missing", "not json", "no weight_map"])
+def test_a_missing_or_garbled_index_is_a_mismatch_not_a_traceback(made, tmp_path, damage):
+    out = _copy(made[1], tmp_path)
+    index = out / "model.safetensors.index.json"
+    if damage == "missing":
+        index.unlink()
+    else:
+        index.write_text("{ nope" if damage == "not json" else '{"metadata": {}}')
+    r = CliRunner().invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "model.safetensors.index.json: " in r.stderr
