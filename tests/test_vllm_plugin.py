@@ -296,3 +296,16 @@ def test_an_unfinished_output_is_refused_before_vllm_starts_an_engine(out, tmp_p
     register()
     with pytest.raises(PluginError, match="no manifest"):
         _engine_model_config(bad, load_format="fi-convert", tensor_parallel_size=2)
+
+
+def test_the_core_never_imports_vllm():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fi_convert, fi_convert.pipeline, fi_convert.loader, fi_convert.cli, "
+        "fi_convert.verify, fi_convert.hub, fi_convert.vllm_plugin, fi_convert.vllm_plugin.checks\n"
+        "print('vllm' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"

@@ -7,7 +7,7 @@ fi-convert imports vLLM.
 
 from __future__ import annotations
 
-LOAD_FORMAT = "fi-convert"
+from .config import LOAD_FORMAT
 
 
 def register() -> None:
