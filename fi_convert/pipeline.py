@@ -138,8 +138,7 @@ def run_plan(
         tracker = _Tracker(plan, progress)
         for rel in plan.side_files:
             if rel == CONFIG_NAME:  # marked so that no server loads it as the source
-                src_cfg = plan.ckpt.root / rel
-                files[rel] = od.write_small(rel, served_config.mark(_read(src_cfg), str(src_cfg)))
+                files[rel] = od.write_small(rel, served_config.mark(plan.ckpt.config))
             else:
                 files[rel] = od.copy_side_file(plan.ckpt.root / rel, rel)
         src = SourceFiles()
@@ -646,13 +645,6 @@ class OutDir:
                 f"{dst}: cannot copy from {src} ({e.strerror}); check the disk"
             ) from None
         return self._record(rel, {"sha256": sha256_file(dst), "size": dst.stat().st_size})
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise OutputError(f"{path}: cannot read ({e.strerror}); check the model folder") from None
 
 
 def _fsync(path: Path) -> None:

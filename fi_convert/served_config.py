@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import SourceError
-
 METHOD = "fi-convert"
 SOURCE_KEY = "source_quantization_config"
 NOTE = (
@@ -26,20 +24,15 @@ NOTE = (
 )
 
 
-def mark(config: bytes, where: str) -> bytes:
-    """The output's config.json for the source's `config` bytes."""
-    try:
-        cfg = json.loads(config)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SourceError(f"{where}: not valid JSON ({e}); fix or replace the file") from None
-    if not isinstance(cfg, dict):
-        raise SourceError(f"{where}: not a JSON object; fix or replace the file")
+def mark(config: dict) -> bytes:
+    """The output's config.json for the source's parsed `config` (the checkpoint's)."""
+    cfg = dict(config)
     cfg["quantization_config"] = {
         "quant_method": METHOD,
         "note": NOTE,
-        SOURCE_KEY: cfg.get("quantization_config"),
+        SOURCE_KEY: config.get("quantization_config"),
     }
-    return (json.dumps(cfg, indent=2, sort_keys=False) + "\n").encode()
+    return (json.dumps(cfg, indent=2) + "\n").encode()
 
 
 def is_marked(quant_config: Any) -> bool:

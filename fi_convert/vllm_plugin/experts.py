@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..loader import OutputReader
-from .checks import PluginError
+from .checks import PluginError, backend_of
 
 # Where vLLM 0.33 keeps the checkpoint-shaped parameter and lets the kernel view the bytes
 # (trtllm_bf16_moe.py: BlockMajorK views at dispatch): the stored 4-D shape is not the param's.
@@ -137,15 +137,11 @@ def _nvfp4_cutlass_kernel(experts: Any, method: Any) -> None:
 def _nvfp4_kernel(experts: Any, method: Any) -> None:
     from vllm.model_executor.utils import weights_already_processed
 
-    if backend_name(method) == "FLASHINFER_CUTLASS":
+    if backend_of(method) == "cutlass":
         _nvfp4_cutlass_kernel(experts, method)
         return
     with weights_already_processed():  # TRT-LLM: vLLM's own pre-processed mode
         type(method).process_weights_after_loading(method, experts)
-
-
-def backend_name(method: Any) -> str:
-    return str(getattr(getattr(method, "nvfp4_backend", None), "value", ""))
 
 
 # vLLM 0.33 MoE methods without a pre-processed mode (for some backend): their kernel setup, by
