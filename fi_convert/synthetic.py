@@ -277,11 +277,17 @@ def _tensors(spec: Spec, quant: str) -> dict[str, torch.Tensor]:
 
 
 def _share_global_scale(t: dict, prefix: str, differ: bool) -> None:
-    """NVFP4 exporters give gate and up one global scale; keep the last expert different."""
+    """NVFP4 exporters give gate and up one global scale; keep the last expert different.
+    FP8 per-tensor exporters give them one activation scale (both read the same input), and
+    vLLM keeps only one of the two: always shared."""
     for name in ("weight_scale_2", "weight_global_scale"):
         gate, up = f"{prefix}.gate_proj.{name}", f"{prefix}.up_proj.{name}"
         if gate in t and not differ:
             t[up] = t[gate].clone()
+    gate, up = f"{prefix}.gate_proj.input_scale", f"{prefix}.up_proj.input_scale"
+    scale = t.get(f"{prefix}.gate_proj.weight_scale")
+    if gate in t and scale is not None and scale.dtype == torch.float32:
+        t[up] = t[gate].clone()
 
 
 def _gpt_oss_experts(p: str, e: int, h: int, i: int, g: torch.Generator) -> dict:

@@ -1,7 +1,7 @@
 """vLLM 0.33's own MoE code is the authority: real FusedMoE layers from vLLM's factory with a
 FlashInfer backend, raw checkpoint tensors through vLLM's `load_weights` and its
 `process_weights_after_loading`, on CPU (tests/vllm_moe.py says what is patched: device checks
-and the TP rank only).
+and the TP rank, and for FP8 per-tensor the one compiled op vLLM's requantization calls).
 
 (a) the parameters vLLM holds equal fi-convert's bytes;
 (b) the plugin's path (the artifact's tensors into the layer, kernel setup only) leaves the layer
@@ -29,6 +29,19 @@ CASES = {
         "bf16",
         Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192, shards=1),
         "model.layers.0.block_sparse_moe.experts",
+    ),
+    "qwen3-fp8-tensor": (  # ModelOpt FP8; I per rank 200, 100, 50 -> 208, 112, 64
+        "fp8-tensor",
+        Spec(
+            "qwen3-moe",
+            layers=1,
+            experts=6,
+            hidden=128,
+            intermediate=200,
+            shards=1,
+            quant="fp8-tensor",
+        ),
+        "model.layers.0.mlp.experts",
     ),
     "deepseek-fp8-block": (
         "fp8-block",

@@ -92,13 +92,33 @@ def test_a_range_that_is_not_a_specifier_is_refused(manifest):
         _check(m)
 
 
-@pytest.mark.parametrize(
-    ("scheme", "backend"),
-    [("fp8-tensor", "trtllm"), ("fp8-tensor", "cutlass"), ("mxfp4", "cutlass")],
-)
+@pytest.mark.parametrize(("scheme", "backend"), [("mxfp4", "trtllm"), ("mxfp4", "cutlass")])
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest, scheme, backend):
     with pytest.raises(PluginError, match=f"does not load {scheme}/{backend} outputs yet"):
         _check(manifest | {"scheme": scheme, "backend": backend})
+
+
+def _fp8_tensor(manifest, activation_scheme):
+    layers = {
+        k: v | {"activation_scheme": activation_scheme} for k, v in manifest["layers"].items()
+    }
+    return manifest | {"scheme": "fp8-tensor", "layers": layers}
+
+
+def test_fp8_tensor_without_static_activation_scales_is_refused(manifest):
+    _check(_fp8_tensor(manifest, "static"))
+    with pytest.raises(PluginError, match="no static activation scales .* need them"):
+        _check(_fp8_tensor(manifest, "dynamic"))
+
+
+@pytest.mark.parametrize("method", checks.OTHER_FP8_TENSOR)
+def test_fp8_tensor_layers_of_other_vllm_methods_are_refused(manifest, method):
+    m = _fp8_tensor(manifest, "static")
+    fake = type(method, (), {"fp8_backend": "FLASHINFER_TRTLLM"})()
+    with pytest.raises(PluginError, match=f"vLLM built {method} .* ModelOpt FP8 checkpoints only"):
+        checks.check_layer(m, "OUT", "model.layers.0.mlp.experts", fake)
+    ok = type("ModelOptFp8MoEMethod", (), {"fp8_backend": "FLASHINFER_TRTLLM"})()
+    checks.check_layer(m, "OUT", "model.layers.0.mlp.experts", ok)
 
 
 def _loader():

@@ -41,6 +41,42 @@ MOE_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
 MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # models/mixtral.py
 
 
+def _static_scaled_fp8_quant(result, input, scale, group_shape=None) -> None:
+    """vLLM's CUDA op `_C.static_scaled_fp8_quant` (csrc/quantization/w8a8/fp8/common.cu) for a
+    per-tensor scale, where vLLM's compiled ops are absent (this CPU build, the carried Python
+    code on the GPU machine): float(x) * (1.0f / scale), clamped to +-448, rounded to nearest
+    even E4M3. The only piece of vLLM's FP8 per-tensor processing that is not vLLM's own code
+    in these tests; it is elementwise and has no layout in it."""
+    assert scale.numel() == 1, "per-tensor only"
+    inv = torch.ones((), dtype=torch.float32) / scale.float().reshape(()).cpu()
+    y = (input.float() * inv.to(input.device)).clamp(-448.0, 448.0)
+    result.copy_(y.to(result.dtype))
+
+
+def _register_fp8_quant_op() -> None:
+    if hasattr(torch.ops._C, "static_scaled_fp8_quant"):
+        return  # vLLM's compiled ops are loaded: use them
+    lib = torch.library.Library("_C", "FRAGMENT")
+    lib.define(
+        "static_scaled_fp8_quant(Tensor(a!) result, Tensor input, Tensor scale, "
+        "int[]? group_shape=None) -> ()"
+    )
+    lib.impl("static_scaled_fp8_quant", _static_scaled_fp8_quant, "CompositeExplicitAutograd")
+    _LIBS.append(lib)  # a Library unregisters its ops when collected
+
+
+_LIBS: list = []
+_register_fp8_quant_op()
+
+# fi-convert's TRT-LLM FP8 per-tensor scale products, and where vLLM 0.33's kernel object holds
+# them (experts/trtllm_fp8_moe.py: attributes of TrtLlmFp8ExpertsMonolithic, not parameters)
+KERNEL_SCALES = {
+    "output1_scales_gate_scalar": "_g1_alphas",
+    "output1_scales_scalar": "_g1_scale_c",
+    "output2_scales_scalar": "_g2_alphas",
+}
+
+
 def _device_checks(stack: contextlib.ExitStack) -> None:
     for mod in (trtllm_fp8_moe, trtllm_bf16_moe, trtllm_nvfp4_moe, flashinfer_cutlass_moe):
         for value in vars(mod).values():
@@ -222,8 +258,11 @@ def assert_holds_output_bytes(layer: torch.nn.Module, out: Path, prefix: str, ra
             _, shape, dtype = reader.info(prefix, name)
             ours = torch.empty(shape, dtype=dtype, device="cpu")
             reader.read_into(prefix, name, rank, ours)
-            # a tensor that is not a parameter is one of the kernel's quant-config scales
+            # a tensor that is not a parameter is one of the kernel's scales
             theirs = held[name] if name in held else getattr(qc, name, None)
+            if theirs is None and name in KERNEL_SCALES:
+                experts = layer.quant_method.moe_kernel.fused_experts
+                theirs = getattr(experts, KERNEL_SCALES[name], None)
             assert theirs is not None, f"{name}: neither a parameter nor a kernel scale of vLLM's"
             assert theirs.dtype == dtype, name
             assert theirs.numel() == ours.numel(), name

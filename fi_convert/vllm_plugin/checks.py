@@ -12,27 +12,26 @@ from packaging.version import InvalidVersion, Version
 PREFIX = "fi-convert: "
 MOE_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
 # What the plugin loads today, by (scheme, backend): the methods whose vLLM 0.33 pre-processed
-# mode builds the kernel from the artifact's tensors as they are, and mxfp8, whose kernel setup
-# the plugin runs itself (experts.KERNEL_ONLY).
+# mode builds the kernel from the artifact's tensors as they are, and those whose kernel setup
+# the plugin runs itself (experts.KERNEL_ONLY: fp8-tensor, mxfp8, nvfp4 on CUTLASS).
 SUPPORTED = {
     ("bf16", "trtllm"),
     ("bf16", "cutlass"),
     ("fp8-block", "trtllm"),
     ("fp8-block", "cutlass"),
+    ("fp8-tensor", "trtllm"),
+    ("fp8-tensor", "cutlass"),
     ("nvfp4", "trtllm"),
     ("nvfp4", "cutlass"),
     ("mxfp8", "trtllm"),
 }
-# vLLM 0.33's MoE methods (class names) that load each scheme's source checkpoints.
+# vLLM 0.33's MoE methods (class names) that load each scheme's source checkpoints, as far as
+# the plugin sets their kernels up (fp8-tensor: ModelOpt FP8 checkpoints; compressed-tensors
+# FP8 and online FP8 sources are refused by check_layer).
 METHODS = {
     "bf16": ("UnquantizedFusedMoEMethod",),
     "fp8-block": ("Fp8MoEMethod",),
-    "fp8-tensor": (
-        "ModelOptFp8MoEMethod",
-        "CompressedTensorsW8A8Fp8MoEMethod",
-        "Fp8MoEMethod",
-        "Fp8PerTensorOnlineMoEMethod",
-    ),
+    "fp8-tensor": ("ModelOptFp8MoEMethod",),
     "mxfp8": (
         "ModelOptMxFp8FusedMoE",
         "CompressedTensorsW8A8Mxfp8MoEMethod",
@@ -41,6 +40,12 @@ METHODS = {
     "nvfp4": ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4Nvfp4MoEMethod"),
     "mxfp4": ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"),
 }
+# vLLM's other FP8 per-tensor MoE methods, whose kernel setup the plugin does not run yet.
+OTHER_FP8_TENSOR = (
+    "CompressedTensorsW8A8Fp8MoEMethod",
+    "Fp8MoEMethod",
+    "Fp8PerTensorOnlineMoEMethod",
+)
 
 
 def installed(dist: str) -> str | None:
@@ -99,6 +104,15 @@ def check_manifest(
         raise PluginError(
             f"{root}: the vLLM plugin does not load {scheme}/{backend} outputs yet (it loads "
             f"{ok}); serve the source checkpoint with vLLM's own loader"
+        )
+    if scheme == "fp8-tensor" and any(
+        lay.get("activation_scheme") != "static" for lay in manifest.get("layers", {}).values()
+    ):
+        raise PluginError(
+            f"{root}: this fp8-tensor output has no static activation scales (its source had "
+            "none, or was BF16), and vLLM's FlashInfer FP8 per-tensor kernels need them; "
+            "convert a checkpoint with calibrated input scales (ModelOpt FP8), or use --scheme "
+            "fp8-block"
         )
     vspec = target.get("vllm_versions", "")
     if not _contains(vspec, vllm_version, "vLLM", root):
@@ -187,6 +201,12 @@ def check_layer(manifest: dict, root: str, prefix: str, method: object) -> None:
     """Refuse a MoE layer whose vLLM method or backend does not match the output."""
     scheme, backend = manifest["scheme"], manifest["backend"]
     name = type(method).__name__
+    if scheme == "fp8-tensor" and name in OTHER_FP8_TENSOR:
+        raise PluginError(
+            f"{root}: layer {prefix}: vLLM built {name} for it; the plugin sets up FP8 "
+            "per-tensor layers of ModelOpt FP8 checkpoints only yet; serve the source checkpoint "
+            "with vLLM's own loader"
+        )
     if name not in METHODS.get(scheme, ()):
         raise PluginError(
             f"{root}: layer {prefix}: vLLM built {name} for it, which does not load {scheme} "

@@ -111,6 +111,25 @@ def _mxfp8_kernel(experts: Any, method: Any) -> None:
     )
 
 
+def _fp8_tensor_kernel(experts: Any, method: Any) -> None:
+    """ModelOptFp8MoEMethod._setup_kernel (vLLM 0.33, modelopt.py:586) after its
+    convert_to_fp8_moe_kernel_format, and without the requantization and activation-scale
+    reduction before it (modelopt.py:625): the output holds their results. vLLM's own functions
+    then derive what the kernel reads from the parameters: CUTLASS's g1/g2_alphas parameters
+    (oracle/fp8.py make_fp8_moe_quant_config), TRT-LLM's _g1_alphas, _g2_alphas and _g1_scale_c
+    (experts/trtllm_fp8_moe.py)."""
+    from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_kernel
+
+    method.moe_quant_config = method.get_fused_moe_quant_config(experts)
+    method.moe_kernel = make_fp8_moe_kernel(
+        moe_quant_config=method.moe_quant_config,
+        moe_config=method.moe,
+        fp8_backend=method.fp8_backend,
+        experts_cls=method.experts_cls,
+        routing_tables=experts._expert_routing_tables(),
+    )
+
+
 def _nvfp4_cutlass_kernel(experts: Any, method: Any) -> None:
     """ModelOptNvFp4FusedMoE._build_moe_kernel (vLLM 0.33, modelopt.py:1099) without its last
     step, FlashInferExperts.process_weights_after_loading: that folds the input scales into
@@ -147,6 +166,7 @@ def _nvfp4_kernel(experts: Any, method: Any) -> None:
 # vLLM 0.33 MoE methods without a pre-processed mode (for some backend): their kernel setup, by
 # class name.
 KERNEL_ONLY = {
+    "ModelOptFp8MoEMethod": _fp8_tensor_kernel,
     "ModelOptMxFp8FusedMoE": _mxfp8_kernel,
     "ModelOptNvFp4FusedMoE": _nvfp4_kernel,
 }
