@@ -283,7 +283,7 @@ def test_failing_shard_cancels_the_others(src, tmp_path, monkeypatch):
 def test_fsync_flushes_every_file_before_the_manifest(
     src, reference_out, tmp_path, monkeypatch, fsync
 ):
-    from fi_convert import pipeline as conv
+    from fi_convert import outdir as conv
 
     synced: list[str] = []
     real = conv._fsync
