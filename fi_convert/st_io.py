@@ -14,6 +14,7 @@ import hashlib
 import json
 import mmap
 import os
+import stat
 import struct
 import threading
 from collections.abc import Iterable
@@ -22,11 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from . import dtypes
 from .errors import OutputError, SourceError
 
-MAX_HEADER = 100 * 1024 * 1024
+# the safetensors library's limits (its MAX_HEADER_SIZE, and u64 sizes): stricter would
+# refuse files it reads, looser would accept files it refuses
+MAX_HEADER = 100_000_000
+U64 = 2**64
+# torch sizes are int64: a dimension the library allows but torch cannot hold is refused too
+MAX_DIM = 2**63 - 1
 TMP_SUFFIX = ".fi-convert-tmp"
 
 
@@ -50,56 +57,190 @@ def _bad(path: Path, what: str) -> SourceError:
 
 
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], bytes]:
-    """Parse and validate a safetensors header. Returns the tensors and the raw header bytes."""
+    """Parse and validate a safetensors header. Returns the tensors and the raw header bytes.
+
+    A header is accepted only when both our strict parse (`_tensor_infos`) and the safetensors
+    library (`_library_check`) accept it and they find the same tensors: a file that loaders
+    would refuse or read differently is never converted, nor accepted by `verify`.
+    """
+    raw, size = _read_raw(path)
+    meta = _strict_json(path, raw)
+    infos = _tensor_infos(path, meta, 8 + len(raw), size)
+    _library_check(path, set(infos))
+    return infos, raw
+
+
+def _read_raw(path: Path) -> tuple[bytes, int]:
+    """The header bytes (without the length prefix) and the file's size."""
     try:
-        size = path.stat().st_size
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever
+            raise SourceError(
+                f"{path}: not a regular file (a FIFO, socket or device); replace it with the "
+                "safetensors file"
+            )
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
                 raise _bad(path, "shorter than a safetensors header")
             (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER or n + 8 > size:
-                raise _bad(path, f"header length {n} does not fit in a file of {size} bytes")
+            if n > MAX_HEADER:
+                raise _bad(path, f"header length {n} is over the safetensors limit of {MAX_HEADER}")
+            if n + 8 > st.st_size:
+                raise _bad(path, f"header length {n} does not fit in a file of {st.st_size} bytes")
             raw = f.read(n)
     except OSError as e:
         raise SourceError(
             f"{path}: cannot read ({e.strerror}); check the path and permissions"
         ) from None
+    if len(raw) != n:  # the file shrank since the stat
+        raise _bad(path, f"ends inside its {n}-byte header")
+    return raw, st.st_size
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: with a key twice, which one a reader takes
+    is up to the reader (the library takes the last for some objects and refuses for others)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(word: str) -> None:
+    raise ValueError(f"{word} is not JSON")  # Python's json takes NaN and Infinity
+
+
+def _strict_json(path: Path, raw: bytes) -> dict:
+    """The header as JSON is meant (RFC 8259, what the library's serde_json reads): UTF-8 only,
+    no NaN or Infinity, no key twice in an object."""
     try:
-        meta = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _bad(path, f"header is not valid JSON ({e.__class__.__name__})") from None
+        meta = json.loads(
+            raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant
+        )
+    except _Duplicate as e:
+        raise _bad(path, f"header has the key {e.args[0]!r} twice in one object") from None
+    except UnicodeDecodeError:
+        raise _bad(path, "header is not UTF-8") from None
+    except RecursionError:
+        raise _bad(path, "header is not valid JSON (nested too deep)") from None
+    except ValueError as e:
+        raise _bad(path, f"header is not valid JSON ({_one_line(str(e))})") from None
     if not isinstance(meta, dict):
         raise _bad(path, "header is not a JSON object")
-    return _tensor_infos(path, meta, 8 + n, size), raw
+    return meta
+
+
+def _size(v: object, limit: int) -> bool:
+    """`v` is a JSON integer in [0, limit] (a bool is not: Python's True is an int)."""
+    return type(v) is int and 0 <= v <= limit
 
 
 def _tensor_infos(path: Path, meta: dict, base: int, size: int) -> dict[str, TensorInfo]:
+    """Every entry well formed, and the tensors' bytes exactly tile the data: contiguous from
+    the end of the header, no gap, no overlap (no tensor reads another's bytes), no trailing
+    bytes - the library's rules, checked again here on the bytes we read."""
     out: dict[str, TensorInfo] = {}
     for name, entry in meta.items():
         if name == "__metadata__":
+            _check_metadata(path, entry)
             continue
-        try:
-            dt, shape, (s, e) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            ok = (
-                isinstance(dt, str)
-                and dtypes.known(dt)
-                and isinstance(shape, list)
-                and all(isinstance(d, int) and d >= 0 for d in shape)
-                and isinstance(s, int)
-                and isinstance(e, int)
-                and 0 <= s <= e
-            )
-        except (TypeError, KeyError, ValueError):
-            ok = False
-        if not ok:
-            raise _bad(path, f"header entry for tensor {name!r} is malformed")
-        if e - s != dtypes.nbytes(dt, shape):
-            raise _bad(path, f"tensor {name!r} has {e - s} bytes, its shape needs another size")
-        if base + e > size:
-            raise _bad(path, f"tensor {name!r} ends at byte {base + e}, past the file's {size}")
-        out[name] = TensorInfo(name, dt, tuple(shape), base + s, e - s, path)
+        out[name] = _tensor_info(path, name, entry, base)
+    end = base
+    for info in sorted(out.values(), key=lambda i: (i.start, i.start + i.nbytes)):
+        if info.start != end:
+            what = "overlaps the tensor before it" if info.start < end else "leaves a gap"
+            raise _bad(path, f"tensor {info.name!r} at byte {info.start} {what} (at {end})")
+        end = info.start + info.nbytes
+    if end != size:
+        raise _bad(path, f"its tensors end at byte {end}, but the file has {size} bytes")
     return out
+
+
+def _check_metadata(path: Path, entry: object) -> None:
+    """`__metadata__` is absent, null or a map of strings to strings, as the library wants."""
+    if entry is not None and not (
+        isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())
+    ):
+        raise _bad(path, "header's __metadata__ is not a map of strings to strings")
+
+
+def _tensor_info(path: Path, name: str, entry: object, base: int) -> TensorInfo:
+    ok = False
+    if isinstance(entry, dict):
+        dt, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        ok = (
+            isinstance(dt, str)
+            and dtypes.known(dt)
+            and isinstance(shape, list)
+            and all(_size(d, MAX_DIM) for d in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(_size(o, U64 - 1) for o in offsets)
+            and offsets[0] <= offsets[1]
+        )
+    if not ok:
+        raise _bad(path, f"header entry for tensor {name!r} is malformed")
+    assert isinstance(entry, dict)
+    dt, shape, (s, e) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    n = _checked_nbytes(dt, shape)
+    if n is None:
+        raise _bad(path, f"tensor {name!r} has a shape {shape} too large for any file")
+    if e - s != n:
+        raise _bad(path, f"tensor {name!r} has {e - s} bytes, its shape needs {n}")
+    return TensorInfo(name, dt, tuple(shape), base + s, n, path)
+
+
+def _checked_nbytes(dt: str, shape: list[int]) -> int | None:
+    """Bytes of the tensor, or None where the library's u64 arithmetic would overflow (it
+    multiplies the dimensions in order, then by the item size)."""
+    n = 1
+    for d in shape:
+        n *= d
+        if n >= U64:
+            return None
+    n *= dtypes.ITEMSIZE[dt]
+    return n if n < U64 else None
+
+
+def _one_line(s: str, limit: int = 200) -> str:
+    """`s` on one line (control characters escaped, as a tensor name may hold them), cut
+    to `limit` characters."""
+    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _library_check(path: Path, names: set[str]) -> None:
+    """The safetensors library opens the file (it parses the header and maps the file, reading
+    no tensor data) and finds the tensors we found. The "numpy" framework: "pt" reads the whole
+    file in safetensors 0.8."""
+    try:
+        with safe_open(path, framework="numpy") as f:
+            theirs = set(f.keys())
+    except OSError as e:
+        raise SourceError(
+            f"{path}: cannot read ({e.strerror}); check the path and permissions"
+        ) from None
+    except Exception as e:  # SafetensorError, or whatever else the library raises
+        raise _bad(path, f"the safetensors library refuses it ({_library_says(e)})") from None
+    except BaseException as e:  # a Rust panic arrives as pyo3's PanicException
+        if type(e).__name__ != "PanicException":
+            raise
+        raise _bad(path, f"the safetensors library fails on it ({_library_says(e)})") from None
+    if theirs != names:
+        odd = sorted(theirs ^ names)[0]
+        raise _bad(path, f"the safetensors library reads its tensors differently ({odd!r})")
+
+
+def _library_says(e: BaseException) -> str:
+    msg = str(e).removeprefix("Error while deserializing header: ")
+    return _one_line(msg or type(e).__name__)
 
 
 def _as_bytes(t: torch.Tensor) -> memoryview:
@@ -180,19 +321,46 @@ class OutEntry:
 
 
 def build_header(entries: Iterable[OutEntry]) -> bytes:
-    """The header bytes (length prefix included) of a shard holding `entries` in this order."""
+    """The header bytes (length prefix included) of a shard holding `entries` in this order.
+
+    Valid by construction: offsets tile the data from 0 in order, and `_check_entry` refuses
+    what the library would (a name twice, a name that is not UTF-8, an unknown dtype, a size
+    that is not a u64). The metadata is ours alone: nothing of a source's `__metadata__`
+    reaches it. ShardWriter.finish also has the library open the finished file.
+    """
     meta: dict[str, object] = {"__metadata__": {"format": "pt"}}
     off = 0
     for e in entries:
+        _check_entry(e, meta)
         meta[e.name] = {
             "dtype": e.dtype,
             "shape": list(e.shape),
             "data_offsets": [off, off + e.nbytes],
         }
         off += e.nbytes
-    raw = json.dumps(meta, separators=(",", ":")).encode()
+    if off >= U64:
+        raise ValueError(f"{off} bytes of tensors do not fit in a safetensors file")
+    raw = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
     raw += b" " * (-len(raw) % 8)
+    if len(raw) > MAX_HEADER:
+        raise ValueError(f"a header of {len(raw)} bytes is over the library's {MAX_HEADER}")
     return struct.pack("<Q", len(raw)) + raw
+
+
+def _check_entry(e: OutEntry, meta: dict[str, object]) -> None:
+    if e.name in meta:
+        raise ValueError(f"tensor {e.name!r} twice in one shard")
+    try:
+        e.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"tensor name {e.name!r} is not UTF-8") from None
+    if not dtypes.known(e.dtype):
+        raise ValueError(f"tensor {e.name!r} has the unknown dtype {e.dtype!r}")
+    if (
+        not all(_size(d, MAX_DIM) for d in e.shape)
+        or _checked_nbytes(e.dtype, list(e.shape)) is None
+    ):
+        raise ValueError(f"tensor {e.name!r} has the shape {list(e.shape)}, not u64 sizes")
 
 
 # copy_file_range / sendfile cannot copy between these two files: copy another way
@@ -204,6 +372,9 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     mv = memoryview(data)
     while mv:
         mv = mv[os.write(fd, mv) :]
+
+
+_BUG = "; this is a bug in fi-convert - please report it"
 
 
 class ShardWriter:
@@ -219,7 +390,12 @@ class ShardWriter:
     def __init__(self, path: Path, entries: list[OutEntry]) -> None:
         self.path = path
         self.tmp = path.with_name(path.name + TMP_SUFFIX)
-        self.header = build_header(entries)
+        try:
+            self.header = build_header(entries)
+        except ValueError as e:
+            raise OutputError(
+                f"{path}: cannot write a valid safetensors header ({e}){_BUG}"
+            ) from None
         self.total = len(self.header) + sum(e.nbytes for e in entries)
         self.sha = hashlib.sha256()
         self.written = 0
@@ -311,6 +487,7 @@ class ShardWriter:
         try:  # durable later: the converter fsyncs every file before the manifest
             os.close(self._fd)
             self._fd = -1
+            self._check_readable()
             os.replace(self.tmp, self.path)
         except OSError as e:
             self.abort()
@@ -318,6 +495,22 @@ class ShardWriter:
                 f"{self.path}: cannot finish ({e.strerror}); check the disk"
             ) from None
         return self.sha.hexdigest(), self.total
+
+    def _check_readable(self) -> None:
+        """The safetensors library opens the finished file as a loader would (it parses the
+        header and checks the data covers the file exactly; it reads no tensor data), so the
+        final name never holds a file that it refuses."""
+        try:
+            with safe_open(self.tmp, framework="numpy"):
+                pass
+        except OSError:
+            raise
+        except Exception as e:
+            self.abort()
+            raise OutputError(
+                f"{self.path}: the safetensors library refuses the file written "
+                f"({_library_says(e)}){_BUG}"
+            ) from None
 
     def abort(self) -> None:
         if self._fd >= 0:
