@@ -29,14 +29,11 @@ from . import __version__
 from . import manifest as mf
 from .errors import HubError, OutputError, SourceError
 from .plan import MANIFEST_NAME
+from .served_config import serve_command
 from .source import INDEX_NAME
 
 CARD_NAME = "README.md"
 LIBRARY = "fi-convert"
-MOE_BACKEND_FLAG = {
-    "trtllm": "flashinfer_trtllm",
-    "cutlass": "flashinfer_cutlass",
-}  # vLLM --moe-backend
 # Never downloaded: pickles and other weight formats fi-convert does not read, and the
 # `original/` folder some repos keep (consolidated checkpoints for other runtimes).
 IGNORE_PATTERNS = [
@@ -637,8 +634,7 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "",
         "```",
         'pip install "fi-convert[vllm]"',
-        f"vllm serve {repo_id} --load-format fi-convert -tp {tp} "
-        f"--moe-backend {MOE_BACKEND_FLAG.get(backend, backend)}",
+        serve_command(repo_id, scheme, backend, tp),
         "```",
         "",
         f"The plugin refuses, before loading anything, a vLLM outside {t.get('vllm_versions')}, "

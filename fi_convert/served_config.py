@@ -42,3 +42,17 @@ def is_marked(quant_config: Any) -> bool:
 def source_quantization_config(quant_config: dict) -> dict | None:
     """The source's quantization config a marked one keeps (None for an unquantized source)."""
     return quant_config.get(SOURCE_KEY)
+
+
+MOE_BACKEND_FLAG = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
+# mxfp4/cutlass is vLLM's MXFP8-activation CUTLASS path, which vLLM picks from this override
+MXFP8_ACTIVATION = """--quantization-config '{"moe": {"activation": "mxfp8"}}'"""
+
+
+def serve_command(where: str, scheme: str, backend: str, tp: int) -> str:
+    """The `vllm serve` line for an output (a folder or a Hub repo id) with fi-convert's plugin."""
+    cmd = f"vllm serve {where} --load-format fi-convert -tp {tp} "
+    cmd += f"--moe-backend {MOE_BACKEND_FLAG.get(backend, backend)}"
+    if (scheme, backend) == ("mxfp4", "cutlass"):
+        cmd += " " + MXFP8_ACTIVATION
+    return cmd

@@ -2,7 +2,7 @@
 # One call on the GPU machine (see README, "GPU tests"): FlashInfer and vLLM's Python code from
 # carried files, then the GPU test modules (or with `all` the whole suite), and optionally the
 # benchmark; logs under $OUT.
-# Usage: scripts/device_run.sh [all] [bench | vllm-bench]
+# Usage: [K=pytest-k-expression] scripts/device_run.sh [all] [bench | vllm-bench]
 # Carried (see README): .carry/wheels/*.whl (FlashInfer 0.6.18.post1, apache-tvm-ffi and vLLM's
 # pure-Python dependencies missing from the image) and .carry/vllm-py.zip (vLLM 0.33.0's package
 # without its compiled parts); the older .whl/ folder is taken too.
@@ -19,7 +19,7 @@ python3 -c "import vllm.model_executor.layers.fused_moe; print('vllm', __import_
 if [[ " $* " == *" all "* ]]; then  # the whole suite, the GPU modules included
     python3 -m pytest -q -rs -s tests --ignore=tests/engine 2>&1 | tee "$OUT/all-tests.log" | grep -E "passed|failed|error|differ|SKIP|^E " | tail -15
 else
-    python3 -m pytest -q -rA -s tests/test_gpu.py tests/test_vllm_gpu.py tests/test_vllm.py 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|error|differ|^E " | tail -25
+    python3 -m pytest -q -rA -s tests/test_gpu.py tests/test_vllm_gpu.py tests/test_vllm.py ${K:+-k "$K"} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|error|differ|^E " | tail -25
 fi
 if [[ " $* " == *" bench "* ]]; then
     python3 scripts/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40

@@ -3,8 +3,9 @@ scale swizzles): the same tier as tests/test_vllm.py, with the layers on a CUDA 
 `gpu`, skipped without one). vLLM's Python code is enough: no kernel runs, its compiled `_C`
 is not needed (scripts/device_run.sh carries it as a zip).
 
-(a) vLLM's parameters equal fi-convert's bytes, for nvfp4 (both backends) and mxfp8 (TRT-LLM),
-TP 1, 2 and 4, every rank, on sizes that pad H and I;
+(a) vLLM's parameters equal fi-convert's bytes, for nvfp4 (both backends), mxfp8 (TRT-LLM) and
+mxfp4 (gpt-oss, both backends; vLLM's gpt-oss loader does the TP split), TP 1, 2 and 4, every
+rank, on sizes that pad H and I;
 (b) for each of them, which the plugin loads, the plugin's path leaves the layer as vLLM's.
 """
 
@@ -33,7 +34,24 @@ CASES = {
         "model.layers.0.mlp.experts",
         ("trtllm",),
     ),
+    # gpt-oss MXFP4, H 320 (-> 512 TRT-LLM, 384 CUTLASS), I 192 = 6 blocks of 32: per rank 192,
+    # 96, 64 (-> 128); at TP 4 rank 3 holds no rows
+    "gpt-oss-mxfp4": (
+        "mxfp4",
+        Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
+        "model.layers.1.mlp.experts",
+        ("trtllm", "cutlass"),
+    ),
 }
+# the user's MoE activation override that makes vLLM pick the path an output is for
+MOE_ACTIVATION = {("mxfp4", "cutlass"): "mxfp8"}
+
+
+def _ctx(vm, case, backend, tp, rank):
+    act = MOE_ACTIVATION.get((CASES[case][0], backend))
+    return vm.vllm_context(backend, tp, rank, device="cuda", moe_activation=act)
+
+
 PARAMS = [
     (case, backend, tp, rank)
     for case, (_, _, _, backends) in CASES.items()
@@ -81,7 +99,7 @@ def outputs(tmp_path_factory, checkpoints):
 
 def _vllm_layer(vm, case, backend, tp, rank, checkpoints):
     prefix = CASES[case][2]
-    with vm.vllm_context(backend, tp, rank, device="cuda"):
+    with _ctx(vm, case, backend, tp, rank):
         layer = vm.make_layer(prefix, checkpoints[case], tp)
         vm.vllm_load_and_process(layer, checkpoints[case], prefix)
     return layer
@@ -102,6 +120,6 @@ def test_plugin_path_leaves_the_layer_as_vllm_does_on_cuda(
     from tests import vllm_moe as vm
 
     theirs = _vllm_layer(vm, case, backend, tp, rank, checkpoints)
-    with vm.vllm_context(backend, tp, rank, device="cuda"):
+    with _ctx(vm, case, backend, tp, rank):
         ours = vm.plugin_layer(CASES[case][2], checkpoints[case], outputs(case, backend, tp), tp)
     vm.assert_same_layer(theirs, ours)

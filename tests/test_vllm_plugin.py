@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import types
 from importlib import metadata
 
@@ -14,6 +15,7 @@ from vllm.config.load import LoadConfig
 from vllm.model_executor.model_loader import get_model_loader
 
 from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.served_config import MXFP8_ACTIVATION
 from fi_convert.synthetic import Spec, write_checkpoint
 from fi_convert.vllm_plugin import checks, register
 from fi_convert.vllm_plugin.checks import PluginError
@@ -92,10 +94,29 @@ def test_a_range_that_is_not_a_specifier_is_refused(manifest):
         _check(m)
 
 
-@pytest.mark.parametrize(("scheme", "backend"), [("mxfp4", "trtllm"), ("mxfp4", "cutlass")])
-def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest, scheme, backend):
-    with pytest.raises(PluginError, match=f"does not load {scheme}/{backend} outputs yet"):
-        _check(manifest | {"scheme": scheme, "backend": backend})
+def test_the_plugin_loads_every_scheme_and_backend_fi_convert_writes():
+    from fi_convert.schemes import REGISTRY
+
+    written = {(s.name.value, b.value) for s in REGISTRY.values() for b in s.backends}
+    assert written == checks.SUPPORTED
+
+
+def test_a_scheme_and_backend_the_plugin_does_not_know_is_refused(manifest):
+    with pytest.raises(PluginError, match="does not load mxfp8/cutlass outputs yet"):
+        _check(manifest | {"scheme": "mxfp8", "backend": "cutlass"})
+
+
+def test_mxfp4_cutlass_needs_vllms_mxfp8_activation_path(manifest):
+    m = manifest | {"scheme": "mxfp4", "backend": "cutlass"}
+    prefix = "model.layers.0.mlp.experts"
+    bf16 = type("GptOssMxfp4MoEMethod", (), {"mxfp4_backend": "FLASHINFER_CUTLASS_MXFP4_BF16"})()
+    with pytest.raises(
+        PluginError,
+        match=re.escape("pass --moe-backend flashinfer_cutlass " + MXFP8_ACTIVATION),
+    ):
+        checks.check_layer(m, "OUT", prefix, bf16)
+    mx = type("GptOssMxfp4MoEMethod", (), {"mxfp4_backend": "FLASHINFER_CUTLASS_MXFP4_MXFP8"})()
+    checks.check_layer(m, "OUT", prefix, mx)
 
 
 def _fp8_tensor(manifest, activation_scheme):

@@ -23,17 +23,22 @@ import torch
 import vllm.model_executor.layers.fused_moe  # noqa: F401  (before its submodules)
 from safetensors import safe_open
 from vllm.config import DeviceConfig, KernelConfig, VllmConfig, set_current_vllm_config
+from vllm.config.quantization import QUANT_KEY_NAMES
 from vllm.model_executor.layers.fused_moe.experts import (
     flashinfer_cutlass_moe,
     trtllm_bf16_moe,
     trtllm_fp8_moe,
+    trtllm_mxfp4_moe,
     trtllm_nvfp4_moe,
 )
 from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as mxfp4_oracle
 from vllm.model_executor.layers.fused_moe.oracle import unquantized
 from vllm.model_executor.layers.quantization import modelopt
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
+from vllm.model_executor.models import gpt_oss
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
 
@@ -78,7 +83,8 @@ KERNEL_SCALES = {
 
 
 def _device_checks(stack: contextlib.ExitStack) -> None:
-    for mod in (trtllm_fp8_moe, trtllm_bf16_moe, trtllm_nvfp4_moe, flashinfer_cutlass_moe):
+    experts = (trtllm_fp8_moe, trtllm_bf16_moe, trtllm_nvfp4_moe, trtllm_mxfp4_moe)
+    for mod in (*experts, flashinfer_cutlass_moe):
         for value in vars(mod).values():
             if isinstance(value, type) and "_supports_current_device" in vars(value):
                 stack.enter_context(
@@ -101,11 +107,22 @@ def _tp(stack: contextlib.ExitStack, tp_size: int, tp_rank: int) -> None:
 
 @contextlib.contextmanager
 def vllm_context(
-    backend: str, tp_size: int, tp_rank: int, sm: int = 100, device: str = "cpu"
+    backend: str,
+    tp_size: int,
+    tp_rank: int,
+    sm: int = 100,
+    device: str = "cpu",
+    moe_activation: str | None = None,
 ) -> Iterator[None]:
     """vLLM believes it runs rank `tp_rank` of `tp_size` on an SM`sm` GPU, with --moe-backend
-    for fi-convert's `backend`."""
+    for fi-convert's `backend`, and the user's MoE activation override `moe_activation`
+    (`--quantization-config '{"moe": {"activation": "mxfp8"}}'`; vLLM reads it from the model
+    config, which these tests do not build)."""
     with contextlib.ExitStack() as stack:
+        key = QUANT_KEY_NAMES[moe_activation] if moe_activation else None
+        stack.enter_context(
+            mock.patch.object(mxfp4_oracle, "_user_moe_activation_override", lambda: key)
+        )
         _device_checks(stack)
         cap = DeviceCapability(sm // 10, sm % 10)
         stack.enter_context(
@@ -142,6 +159,8 @@ def quant_config(ckpt: Path):
         return None
     if cfg["quant_method"] == "fp8":
         return Fp8Config.from_config(cfg)
+    if cfg["quant_method"] == "mxfp4":  # gpt-oss, as vLLM names it (GptOssMxfp4Config)
+        return GptOssMxfp4Config.from_config(cfg)
     if cfg["quant_method"] == "modelopt":
         hq = json.loads((ckpt / "hf_quant_config.json").read_text())
         classes = {
@@ -158,6 +177,10 @@ def make_layer(prefix: str, ckpt: Path, tp_size: int, unquantized: bool = False)
     cfg = json.loads((ckpt / "config.json").read_text())
     experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
     inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    # gpt-oss builds its experts so (models/gpt_oss.py MLPBlock)
+    oss = dict(
+        has_bias=True, activation="swigluoai", routed_experts_cls=gpt_oss.GptOssRoutedExperts
+    )
     runner = FusedMoEFactory(
         num_experts=experts,
         top_k=2,
@@ -169,6 +192,7 @@ def make_layer(prefix: str, ckpt: Path, tp_size: int, unquantized: bool = False)
         dp_size=1,
         pcp_size=1,
         prefix=prefix,
+        **(oss if cfg.get("model_type") == "gpt_oss" else {}),
     )
     return runner.routed_experts
 
@@ -187,9 +211,45 @@ def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]
 
 
 def vllm_load_and_process(layer: torch.nn.Module, ckpt: Path, prefix: str) -> None:
-    """vLLM's own path: its expert weight loader, then its post-load driver."""
-    list(layer.load_weights(source_tensors(ckpt, prefix)))
+    """vLLM's own path: its expert weight loader (gpt-oss: the model's own), then its
+    post-load driver."""
+    if json.loads((ckpt / "config.json").read_text()).get("model_type") == "gpt_oss":
+        load_gpt_oss(layer, ckpt, prefix)
+    else:
+        list(layer.load_weights(source_tensors(ckpt, prefix)))
     process(layer)
+
+
+def load_gpt_oss(layer: torch.nn.Module, ckpt: Path, prefix: str) -> None:
+    """vLLM's gpt-oss MXFP4 loader, `GptOssModel._load_weights_mxfp4` (it does the TP split of
+    the fused experts), run on a stand-in model that holds only this layer, with the
+    checkpoint's names mapped as GptOssForCausalLM.hf_to_vllm_mapper maps them."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    model = torch.nn.Module()
+    model.add_module("experts", layer)
+    model.config = types.SimpleNamespace(
+        num_local_experts=cfg["num_local_experts"], intermediate_size=cfg["intermediate_size"]
+    )
+    model.parallel_config = types.SimpleNamespace(enable_expert_parallel=False)
+    model._try_load_streamed_expert = gpt_oss.GptOssModel._try_load_streamed_expert
+    mapper = gpt_oss.GptOssForCausalLM.hf_to_vllm_mapper
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, shard in sorted(index.items()):
+            if name.startswith(prefix + "."):
+                with safe_open(ckpt / shard, framework="pt") as f:
+                    tensor = f.get_tensor(name)
+                yield "experts." + mapper._map_name(name)[len(prefix) + 1 :], tensor
+
+    one = types.SimpleNamespace(world_size=1, rank_in_group=0)  # no DP, no PCP
+    with (
+        mock.patch.object(gpt_oss, "get_dp_group", lambda: one),
+        mock.patch.object(gpt_oss, "get_pcp_group", lambda: one),
+    ):
+        experts = cfg["num_local_experts"]
+        loaded = gpt_oss.GptOssModel._load_weights_mxfp4(model, experts, 0, weights(), [])
+    assert len(loaded) == 6, loaded
 
 
 def process(layer: torch.nn.Module) -> None:
@@ -264,7 +324,9 @@ def assert_holds_output_bytes(layer: torch.nn.Module, out: Path, prefix: str, ra
                 experts = layer.quant_method.moe_kernel.fused_experts
                 theirs = getattr(experts, KERNEL_SCALES[name], None)
             assert theirs is not None, f"{name}: neither a parameter nor a kernel scale of vLLM's"
-            assert theirs.dtype == dtype, name
+            # vLLM views TRT-LLM MXFP4's UE8M0 scale bytes as float8_e4m3fn for the kernel
+            viewed = (dtype, theirs.dtype) == (torch.uint8, torch.float8_e4m3fn)
+            assert theirs.dtype == dtype or viewed, name
             assert theirs.numel() == ours.numel(), name
             assert _bytes(theirs) == _bytes(ours), f"{name} differs from vLLM's"
 

@@ -9,8 +9,10 @@ from importlib import metadata
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from ..served_config import MOE_BACKEND_FLAG, MXFP8_ACTIVATION
+
 PREFIX = "fi-convert: "
-MOE_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
+MOE_BACKEND = MOE_BACKEND_FLAG
 # What the plugin loads today, by (scheme, backend): the methods whose vLLM 0.33 pre-processed
 # mode builds the kernel from the artifact's tensors as they are, and those whose kernel setup
 # the plugin runs itself (experts.KERNEL_ONLY: fp8-tensor, mxfp8, nvfp4 on CUTLASS).
@@ -24,6 +26,8 @@ SUPPORTED = {
     ("nvfp4", "trtllm"),
     ("nvfp4", "cutlass"),
     ("mxfp8", "trtllm"),
+    ("mxfp4", "trtllm"),
+    ("mxfp4", "cutlass"),
 }
 # vLLM 0.33's MoE methods (class names) that load each scheme's source checkpoints, as far as
 # the plugin sets their kernels up (fp8-tensor: ModelOpt FP8 checkpoints; compressed-tensors
@@ -38,7 +42,7 @@ METHODS = {
         "Mxfp8OnlineMoEMethod",
     ),
     "nvfp4": ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4Nvfp4MoEMethod"),
-    "mxfp4": ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod"),
+    "mxfp4": ("GptOssMxfp4MoEMethod",),
 }
 # vLLM's other FP8 per-tensor MoE methods, whose kernel setup the plugin does not run yet.
 OTHER_FP8_TENSOR = (
@@ -175,9 +179,22 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
         )
 
 
+# Where vLLM 0.33's MoE methods keep the backend they selected.
+BACKEND_ATTRS = (
+    "unquantized_backend",
+    "fp8_backend",
+    "nvfp4_backend",
+    "mxfp8_backend",
+    "mxfp4_backend",
+)
+# mxfp4/cutlass is vLLM's MXFP8-activation CUTLASS path; its BF16-activation one (SM90) takes
+# another layout. vLLM picks it from the user's MoE activation override.
+MXFP4_CUTLASS = "FLASHINFER_CUTLASS_MXFP4_MXFP8"
+
+
 def backend_of(method: object) -> str | None:
     """The FlashInfer backend ('trtllm', 'cutlass') a vLLM MoE method selected, or None."""
-    for attr in ("unquantized_backend", "fp8_backend", "nvfp4_backend", "mxfp8_backend"):
+    for attr in BACKEND_ATTRS:
         chosen = getattr(method, attr, None)
         if chosen is not None:
             name = str(getattr(chosen, "value", chosen)).upper()
@@ -190,7 +207,7 @@ def backend_of(method: object) -> str | None:
 
 
 def selected_backend_name(method: object) -> str:
-    for attr in ("unquantized_backend", "fp8_backend", "nvfp4_backend", "mxfp8_backend"):
+    for attr in BACKEND_ATTRS:
         chosen = getattr(method, attr, None)
         if chosen is not None:
             return str(getattr(chosen, "value", chosen))
@@ -218,6 +235,12 @@ def check_layer(manifest: dict, root: str, prefix: str, method: object) -> None:
             "the source's quantization config (weight_block_size) as converted"
         )
     got = backend_of(method)
+    if (scheme, got) == ("mxfp4", "cutlass") and selected_backend_name(method) != MXFP4_CUTLASS:
+        raise PluginError(
+            f"{root}: layer {prefix}: vLLM selected the {selected_backend_name(method)} MoE "
+            f"backend, the output is for {MXFP4_CUTLASS} (MXFP8 activations); pass "
+            f"--moe-backend flashinfer_cutlass {MXFP8_ACTIVATION}"
+        )
     if got != backend:
         raise PluginError(
             f"{root}: layer {prefix}: vLLM selected the {selected_backend_name(method)} MoE "

@@ -130,6 +130,29 @@ def _fp8_tensor_kernel(experts: Any, method: Any) -> None:
     )
 
 
+def _mxfp4_kernel(experts: Any, method: Any) -> None:
+    """GptOssMxfp4MoEMethod._setup_kernel (vLLM 0.33, mxfp4.py:294) after its
+    convert_gpt_oss_weight_to_mxfp4_moe_kernel_format: the quant config, the kernel and the
+    experts' own post-load step, by vLLM's functions. TRT-LLM's kernel takes the UE8M0 scale
+    bytes viewed as float8_e4m3fn, as vLLM's conversion leaves them (oracle/mxfp4.py)."""
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import make_mxfp4_moe_kernel
+
+    if backend_of(method) == "trtllm":
+        for name in ("w13_weight_scale", "w2_weight_scale"):
+            param = experts._parameters[name]
+            param.data = param.data.view(torch.float8_e4m3fn)
+    method.moe_quant_config = method.get_fused_moe_quant_config(experts)
+    if method.moe_quant_config is not None and method.experts_cls is not None:
+        method.moe_kernel = make_mxfp4_moe_kernel(
+            moe_quant_config=method.moe_quant_config,
+            moe_config=method.moe,
+            mxfp4_backend=method.mxfp4_backend,
+            experts_cls=method.experts_cls,
+            routing_tables=experts._expert_routing_tables(),
+        )
+        method.moe_kernel.fused_experts.process_weights_after_loading(experts)
+
+
 def _nvfp4_cutlass_kernel(experts: Any, method: Any) -> None:
     """ModelOptNvFp4FusedMoE._build_moe_kernel (vLLM 0.33, modelopt.py:1099) without its last
     step, FlashInferExperts.process_weights_after_loading: that folds the input scales into
@@ -168,6 +191,7 @@ def _nvfp4_kernel(experts: Any, method: Any) -> None:
 KERNEL_ONLY = {
     "ModelOptFp8MoEMethod": _fp8_tensor_kernel,
     "ModelOptMxFp8FusedMoE": _mxfp8_kernel,
+    "GptOssMxfp4MoEMethod": _mxfp4_kernel,
     "ModelOptNvFp4FusedMoE": _nvfp4_kernel,
 }
 
