@@ -86,7 +86,11 @@ class Nvfp4Scheme:
         require_shapes(layer, "weight", (i, h // 2), (h, i // 2))
         require_shapes(layer, SCALE, (i, h // SF), (h, i // SF))
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_layer(
+        self, layer: ExpertLayer, backend: Backend, tp: int, differ: list[int] | None = None
+    ) -> LayerPlan:
+        """`differ`: the experts whose w1 and w3 global scales differ, read from the source
+        when not given (`verify` re-plans a layer from its manifest entry, without the source)."""
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
         if i_r % SF:
@@ -107,7 +111,7 @@ class Nvfp4Scheme:
         i_p = L.round_up(i_r, PAD_I) if trt else i_r
         h_p = L.round_up(h, PAD_H) if trt else h
         sc = _Scales(layer)
-        differ = sc.w1_w3_differ()
+        differ = sc.w1_w3_differ() if differ is None else differ
         outs = (_trtllm if trt else _cutlass)(layer, e, h, h_p, i_r, i_p) + sc.outputs(e, backend)
         notes = []
         if differ:
