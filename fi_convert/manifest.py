@@ -13,7 +13,11 @@ from pathlib import Path
 
 from . import __version__
 from .errors import ManifestError
+from .families import all_families
+from .names import Backend
 from .plan import MANIFEST_NAME, Plan
+from .schemes import REGISTRY
+from .source import INDEX_NAME
 from .st_io import TMP_SUFFIX, sha256_file
 
 FORMAT = "fi-convert"
@@ -87,8 +91,11 @@ def layer_groups(layers: dict) -> list[tuple[str, int, dict]]:
 
 
 def gpu_family(plan: Plan) -> str:
-    b, s = plan.options.backend.value, plan.scheme.value
-    return GPU_FAMILY.get((b, s)) or GPU_FAMILY[(b, None)]
+    return gpu_family_of(plan.options.backend.value, plan.scheme.value)
+
+
+def gpu_family_of(backend: str, scheme: str) -> str:
+    return GPU_FAMILY.get((backend, scheme)) or GPU_FAMILY[(backend, None)]
 
 
 def write(out_dir: Path, manifest: dict) -> None:
@@ -164,6 +171,8 @@ def check_files(out_dir: str | Path, manifest: dict) -> list[str]:
 
     def problem(item: tuple[str, dict]) -> str | None:
         p, meta = root / item[0], item[1]
+        if bad_path(item[0]):  # never read: it could name any file on the machine
+            return f"{root / MANIFEST_NAME}: files lists {item[0]!r}, {bad_path(item[0])}"
         if not p.is_file():
             return f"{p}: missing"
         if p.stat().st_size != meta["size"]:
@@ -176,3 +185,163 @@ def check_files(out_dir: str | Path, manifest: dict) -> list[str]:
     with ThreadPoolExecutor(jobs, thread_name_prefix="fi-convert-verify") as pool:
         found = list(pool.map(problem, manifest["files"].items()))
     return [p for p in found if p is not None]
+
+
+# ---------------------------------------------------------------- content, for `verify`
+
+# Top-level fields every manifest has (`build`).
+FIELDS = (
+    "format",
+    "format_version",
+    "fi_convert_version",
+    "scheme",
+    "backend",
+    "tp_size",
+    "target",
+    "expert_parallel",
+    "source",
+    "layers",
+    "files",
+)
+# The values a tensor entry's keys can take, over all schemes and backends (docs/FORMAT.md).
+TENSOR_VALUES: dict[str, tuple] = {
+    "dtype": ("BF16", "F16", "F32", "F8_E4M3", "U8"),
+    "layout": (
+        "BlockMajorK",
+        "MajorK",
+        "row_major_blocks",
+        "swizzled_128x4",
+        "per_expert",
+        "scalar",
+        "rows",
+    ),
+    "epilogue_tile_m": (128, 64, None),
+    "block_k_bytes": (128, None),
+    "row_order": ("up_gate", "up_gate_pairs", "rows", None),
+    "gated_interleave": (True, False),
+    "packing": ("e2m1x2",),
+    "rank0_only": (True,),
+}
+# ... and a layer entry's keys that have a closed set of values
+LAYER_VALUES: dict[str, tuple] = {
+    "activation_scheme": ("static", "dynamic"),
+    "source_format": (
+        "fp8 per-tensor",
+        "bf16, quantized per tensor",
+        "mxfp8",
+        "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)",
+    ),
+}
+_HEX = frozenset("0123456789abcdef")
+
+
+def same(a: object, b: object) -> bool:
+    """JSON values equal in type too: `true` is not `1`, `128.0` is not `128`."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        assert isinstance(b, list)
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def show(v: object, limit: int = 80) -> str:
+    """A value as the manifest writes it (JSON), shortened."""
+    text = json.dumps(v, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_hex(v: object, n: int = 64) -> bool:
+    return isinstance(v, str) and len(v) == n and set(v) <= _HEX
+
+
+def bad_path(name: str) -> str | None:
+    """Why `name` cannot be a file of an output folder (None when it can): a relative POSIX
+    path below the folder, no part hidden or empty, neither the manifest nor the state folder."""
+    parts = name.split("/")
+    if not name or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts):
+        return "not a relative path inside the folder"
+    if any(p.startswith(".") for p in parts):
+        return "a hidden path, which fi-convert never writes"
+    if name == MANIFEST_NAME:
+        return "the manifest itself, which lists no hash of itself"
+    return None
+
+
+def check_fields(m: dict) -> list[str]:
+    """What in the manifest's own fields (all but `layers`, which `verify` re-plans) is not a
+    value this fi-convert writes: one line per field, `[]` when all are. `m` passed `read`."""
+    out: list[str] = []
+
+    def bad(field: str, value: object, want: str) -> None:
+        out.append(f"{field} is {show(value)}, {want}")
+
+    out += [f"{key!r} is missing" for key in FIELDS if key not in m]
+    if type(m.get("format_version")) is not int:
+        bad("format_version", m.get("format_version"), f"not the integer {FORMAT_VERSION}")
+    version = m.get("fi_convert_version")
+    if not (isinstance(version, str) and version):
+        bad("fi_convert_version", version, "not a version string")
+    names = {s.value: s for s in REGISTRY}
+    scheme, backend = names.get(m["scheme"]), {b.value: b for b in Backend}.get(m["backend"])
+    if scheme is None:
+        bad("scheme", m["scheme"], f"not a scheme ({', '.join(names)})")
+    if backend is None:
+        bad("backend", m["backend"], f"not a backend ({', '.join(b.value for b in Backend)})")
+    elif scheme is not None and backend not in REGISTRY[scheme].backends:
+        have = ", ".join(b.value for b in REGISTRY[scheme].backends)
+        bad("backend", m["backend"], f"which scheme {scheme.value} has not (it has {have})")
+    if scheme is not None and backend is not None:
+        want = {**TARGET, "gpu_family": gpu_family_of(backend.value, scheme.value)}
+        target = m.get("target")
+        if not isinstance(target, dict):
+            bad("target", target, f"not {show(want)}")
+        else:
+            for key in sorted(set(want) | set(target)):
+                if key not in target:
+                    out.append(f"target.{key} is missing ({show(want[key])})")
+                elif key not in want:
+                    out.append(f"target.{key} is not a field of the target")
+                elif not same(target[key], want[key]):
+                    bad(
+                        f"target.{key}",
+                        target[key],
+                        f"{scheme.value}/{backend.value} needs {show(want[key])}",
+                    )
+    note = _ep_note(m["scheme"], m["layers"])
+    if not same(m.get("expert_parallel"), note):
+        bad("expert_parallel", m.get("expert_parallel"), f"the layers give {show(note)}")
+    out += _source_problems(m.get("source"))
+    for name, meta in m["files"].items():
+        if not is_hex(meta["sha256"]):
+            bad(f"files[{name!r}].sha256", meta["sha256"], "not a lowercase hex SHA-256")
+    if INDEX_NAME not in m["files"]:
+        out.append(f"files does not list {INDEX_NAME}")
+    if not m["layers"]:
+        out.append("layers is empty: an output has at least one converted MoE layer")
+    return out
+
+
+def _source_problems(src: object) -> list[str]:
+    if not isinstance(src, dict):
+        return [f"source is {show(src)}, not a map"]
+    out = []
+    mt = src.get("model_type")
+    if "model_type" not in src:
+        out.append("source.model_type is missing")
+    elif mt is not None and not isinstance(mt, str):
+        out.append(f"source.model_type is {show(mt)}, not a string or null")
+    families = [f.name for f in all_families()]
+    if src.get("family") not in families:
+        out.append(
+            f"source.family is {show(src.get('family'))}, not a family ({', '.join(families)})"
+        )
+    if not is_hex(src.get("fingerprint")):
+        out.append(f"source.fingerprint is {show(src.get('fingerprint'))}, not a hex SHA-256")
+    n = src.get("shards")
+    if not (type(n) is int and n >= 1):
+        out.append(f"source.shards is {show(n)}, not a positive integer")
+    return out

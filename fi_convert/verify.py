@@ -1,39 +1,61 @@
-"""`fi-convert verify`: prove an output folder is what its manifest says, and optionally that
-its bytes are what the source gives (re-derived with our code, or with FlashInfer's)."""
+"""`fi-convert verify`: prove an output folder is what its manifest says, that the manifest
+says what fi-convert writes for its scheme, and optionally that its bytes are what the source
+gives (re-derived with our code, or with FlashInfer's)."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import dtypes
+from . import dtypes, served_config
 from . import manifest as mf
 from .errors import FiConvertError
+from .families import Family, Form, all_families, model_type
+from .names import Backend, SchemeName
 from .pipeline import resolve_device
-from .plan import Options, make_plan
+from .plan import MANIFEST_NAME, STATE_DIR, Options, _layer_summary, make_plan
+from .schemes import REGISTRY
 from .schemes.base import Ctx
-from .source import INDEX_NAME, open_checkpoint
+from .schemes.nvfp4 import Nvfp4Scheme
+from .source import INDEX_NAME, ROLES, ExpertLayer, open_checkpoint
 from .st_io import SourceFiles, TensorInfo, read_header
+
+CONFIG_NAME = "config.json"
+# What a Hub download adds beside the files its manifest lists: the repo's .gitattributes,
+# and huggingface_hub's metadata of a `--local-dir` download.
+HUB_FILES = (".gitattributes",)
+HUB_DIRS = (".cache/huggingface",)
+# Sizes a layer entry is re-planned for; past them it is garbled (no model comes close), and
+# re-planning it would build index tensors of any size.
+MAX_EXPERTS, MAX_SIZE, MAX_MATRIX, MAX_TP = 2**14, 2**20, 2**31, 2**12
+SIZES = ("num_experts", "hidden_size", "intermediate_size")
+DIFFER = "w13_scale_2_differs_for_experts"  # nvfp4: read from the source's data
 
 
 @dataclass
 class Report:
     problems: list[str] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=dict)
+    # files in the folder that the manifest does not list: the folder is not the output the
+    # manifest describes, though what it lists is intact (`push` uploads only that)
+    unlisted: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.unlisted
 
     def count(self, what: str, n: int = 1) -> None:
         self.checked[what] = self.checked.get(what, 0) + n
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok, "checked": self.checked, "problems": self.problems}
+        return {"ok": self.ok, "checked": self.checked, "problems": self.problems + self.unlisted}
 
 
 def verify(
@@ -44,53 +66,107 @@ def verify(
     against_flashinfer: bool = False,
     device: str = "auto",
 ) -> Report:
-    """Check files, index and manifest; with `source`, re-derive a sample of experts (all
-    with `full`) and compare bytes; `against_flashinfer` re-derives them with FlashInfer."""
+    """Check files, index and manifest (its fields, each layer against the scheme's own plan)
+    and that the folder holds no file the manifest does not list; with `source`, re-derive a
+    sample of experts (all with `full`) and compare bytes; `against_flashinfer` re-derives
+    them with FlashInfer."""
     root = Path(out_dir)
     m = mf.read(root)
     rep = Report()
     rep.problems += mf.check_files(root, m)
     rep.count("files", len(m["files"]))
+    _check_unlisted(root, m, rep)
     headers = _check_index(root, m, rep)
-    if source is not None and rep.ok:
+    _check_manifest(root, m, headers, rep)
+    rep.problems = [p.replace("\n", "\\n") for p in rep.problems]  # one line each
+    rep.unlisted = [p.replace("\n", "\\n") for p in rep.unlisted]
+    if source is not None and not rep.problems:
         _check_source(root, m, headers, Path(source), full, against_flashinfer, device, rep)
     return rep
+
+
+def _check_unlisted(root: Path, m: dict, rep: Report) -> None:
+    """Every file in the folder is one the manifest lists (a loader that globs, or an upload,
+    would take an unlisted one for part of the output): all but the manifest itself, the state
+    folder of a run and what a Hub download adds. Unlisted files are named, never read."""
+    skip = {STATE_DIR, *HUB_DIRS}
+    found: list[str] = []
+
+    def cannot(e: OSError) -> None:
+        rep.unlisted.append(f"{e.filename}: cannot list ({e.strerror})")
+
+    for top, dirs, files in os.walk(root, onerror=cannot):
+        here = Path(top).relative_to(root)
+        walk = []
+        for d in sorted(dirs):
+            rel = (here / d).as_posix()
+            if rel in skip:
+                continue
+            if os.path.islink(os.path.join(top, d)):  # not followed: named as it is
+                found.append(rel)
+            else:
+                walk.append(d)
+        dirs[:] = walk
+        found += [(here / f).as_posix() for f in files]
+    listed = {*m["files"], MANIFEST_NAME, *HUB_FILES}
+    for rel in sorted(found):
+        if rel not in listed:
+            rep.unlisted.append(
+                f"{root / rel}: in the folder, but the manifest does not list it; remove it "
+                "(or convert again)"
+            )
 
 
 def _check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
     """The index names exactly the shards' tensors, its total size adds up, and every layer
     tensor of the manifest is in the shards with its dtype and [tp, *shape_per_rank]."""
+    path = root / INDEX_NAME
     try:
-        index = json.loads((root / INDEX_NAME).read_text())
+        index = json.loads(path.read_text())
         wm = index["weight_map"]
         if not isinstance(wm, dict):
             raise TypeError("weight_map is not a map")
     except (OSError, ValueError, KeyError, TypeError) as e:
         what = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({e})"
-        rep.problems.append(f"{root / INDEX_NAME}: {what}")
+        rep.problems.append(f"{path}: {what}")
         return {}
     tensors: dict[str, TensorInfo] = {}
-    for shard in sorted(set(wm.values())):
+    for name, shard in wm.items():
+        if not isinstance(shard, str):
+            rep.problems.append(f"{path}: puts {name} in {mf.show(shard)}, not a file name")
+    read: set[str] = set()  # shards whose header was read: the others' tensors are unknown
+    for shard in sorted({v for v in wm.values() if isinstance(v, str)}):
         if shard not in m["files"]:
-            rep.problems.append(f"{root / INDEX_NAME}: names {shard}, which the manifest lacks")
+            rep.problems.append(f"{path}: names {shard}, which the manifest lacks")
             continue
-        for name, info in read_header(root / shard)[0].items():
+        if mf.bad_path(shard) or not (root / shard).is_file():
+            continue  # check_files said why
+        try:
+            infos = read_header(root / shard)[0]
+        except FiConvertError as e:
+            rep.problems.append(str(e))
+            continue
+        read.add(shard)
+        for name, info in infos.items():
             tensors[name] = info
             if wm.get(name) != shard:
                 rep.problems.append(f"{root / shard}: holds {name}, which the index puts elsewhere")
-    for name in wm:
-        if name not in tensors:
-            rep.problems.append(f"{root / INDEX_NAME}: lists {name}, which no shard holds")
+    for name, shard in wm.items():
+        if name not in tensors and isinstance(shard, str) and shard in read:
+            rep.problems.append(f"{path}: lists {name}, which no shard holds")
+    complete = all(isinstance(v, str) and v in read for v in wm.values())
     total = sum(t.nbytes for t in tensors.values())
-    if index.get("metadata", {}).get("total_size") != total:
-        rep.problems.append(f"{root / INDEX_NAME}: metadata.total_size is not {total}")
+    md = index.get("metadata")
+    if complete and not mf.same(md.get("total_size") if isinstance(md, dict) else None, total):
+        rep.problems.append(f"{path}: metadata.total_size is not {total}")
     tp = m["tp_size"]
     for prefix, layer in m["layers"].items():
         for pname, meta in layer["tensors"].items():
             found = tensors.get(f"{prefix}.{pname}")
             want = (tp, *meta["shape_per_rank"])
             if found is None:
-                rep.problems.append(f"{root}: manifest tensor {prefix}.{pname} is in no shard")
+                if complete:
+                    rep.problems.append(f"{root}: manifest tensor {prefix}.{pname} is in no shard")
             elif found.dtype != meta["dtype"] or found.shape != want:
                 rep.problems.append(
                     f"{found.file}: {found.name} is {found.dtype} {list(found.shape)}, the "
@@ -99,6 +175,262 @@ def _check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
             rep.count("tensors")
     rep.count("index_entries", len(wm))
     return tensors
+
+
+def _check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Report) -> None:
+    """The manifest's own fields: each a value fi-convert writes, the sizes those of the
+    output's config.json, and each layer entry (sizes, padding, tensors, their dtypes, shapes
+    and layouts) what the scheme's own planning gives for the layer's recorded sizes. The
+    shards hold what the entries say (`_check_index`); so they hold what the scheme makes."""
+    where = root / MANIFEST_NAME
+    rep.problems += [f"{where}: {p}" for p in mf.check_fields(m)]
+    config = _config(root, m, rep)
+    src: dict = m["source"] if isinstance(m.get("source"), dict) else {}
+    family = next((f for f in all_families() if f.name == src.get("family")), None)
+    if config is not None:
+        if "model_type" in src and not mf.same(src["model_type"], model_type(config)):
+            rep.problems.append(
+                f"{where}: source.model_type is {mf.show(src['model_type'])}, {CONFIG_NAME} "
+                f"says {mf.show(model_type(config))}"
+            )
+        if CONFIG_NAME in m["files"] and not served_config.is_marked(
+            config.get("quantization_config")
+        ):
+            rep.problems.append(
+                f"{root / CONFIG_NAME}: quantization_config is not fi-convert's mark, so a stock "
+                "server would load the layouts as the source's weights; convert again"
+            )
+    planner = _Planner.of(m)
+    if m["tp_size"] > MAX_TP:
+        rep.problems.append(f"{where}: tp_size is {m['tp_size']}, more than any server runs")
+    for prefix, lay in m["layers"].items():
+        lines = _layer_problems(prefix, lay, planner, family, config)
+        rep.problems += [f"{where}: layer {prefix}: {line}" for line in lines]
+        rep.count("layers_replanned" if planner else "layers")
+    for name, info in sorted(tensors.items()):
+        head, _, param = name.rpartition(".")
+        if param in ("w13_weight", "w2_weight") and head not in m["layers"]:
+            rep.problems.append(
+                f"{info.file}: holds {name}, converted experts of a layer the manifest does "
+                "not list"
+            )
+
+
+def _config(root: Path, m: dict, rep: Report) -> dict | None:
+    """The output's config.json (the source's, marked); `{}` when the output has none, as its
+    source had none; None when it cannot be read (check_files, or this, says why)."""
+    if CONFIG_NAME not in m["files"]:
+        return {}
+    p = root / CONFIG_NAME
+    if not p.is_file() or mf.bad_path(CONFIG_NAME):
+        return None
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        rep.problems.append(f"{p}: not readable JSON ({e})")
+        return None
+    if not isinstance(cfg, dict):
+        rep.problems.append(f"{p}: not a JSON object")
+        return None
+    if not isinstance(cfg.get("text_config"), dict | None):  # readers take it for a map
+        cfg = {k: v for k, v in cfg.items() if k != "text_config"}
+    return cfg
+
+
+def _layer_problems(
+    prefix: str, lay: dict, planner: _Planner | None, family: Family | None, config: dict | None
+) -> list[str]:
+    """What in one layer entry is not what fi-convert writes: values outside their closed sets,
+    sizes other than config.json's, and every field the scheme's plan gives otherwise."""
+    out: list[str] = []
+    flagged: set[str] = set()  # fields already reported: the plan's difference would repeat it
+
+    def flag(path: str, line: str) -> None:
+        out.append(line)
+        flagged.add(path)
+
+    for key, allowed in mf.LAYER_VALUES.items():
+        if key in lay and not any(mf.same(lay[key], a) for a in allowed):
+            flag(key, f"{key} is {mf.show(lay[key])}, not one of {_one_of(allowed)}")
+    for pname, t in lay["tensors"].items():
+        for key, allowed in mf.TENSOR_VALUES.items():
+            if key in t and not any(mf.same(t[key], a) for a in allowed):
+                flag(
+                    f"{pname}.{key}",
+                    f"{pname}.{key} is {mf.show(t[key])}, not one of {_one_of(allowed)}",
+                )
+    sizes: dict[str, int] = {}
+    for key in SIZES:
+        v, top = lay.get(key), MAX_EXPERTS if key == "num_experts" else MAX_SIZE
+        if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= top):
+            flag(key, f"{key} is {mf.show(v)}, not a size from 1 to {top}")
+            continue
+        sizes[key] = v
+        said = family.config_value(config, key) if family and config is not None else None
+        if said is not None and said != v:
+            flag(key, f"{key} is {v}, {CONFIG_NAME} says {said}")
+    if planner is None or len(sizes) < len(SIZES):
+        return out
+    e, h, i = (sizes[k] for k in SIZES)
+    if h * i > MAX_MATRIX:
+        return [*out, f"hidden_size {h} times intermediate_size {i} is more than any model has"]
+    planned = planner.summaries(prefix, e, h, i)
+    if isinstance(planned, str):
+        return [*out, f"{planner.label} cannot make a layer of E {e}, H {h}, I {i}: {planned}"]
+    extra = {}
+    if family is not None:  # what make_plan copies from config.json
+        cfg = config or {}
+        extra = {k: cfg.get(k, (cfg.get("text_config") or {}).get(k)) for k in family.manifest_keys}
+    if any(DIFFER in want for want in planned):
+        got = lay.get(DIFFER)
+        if _experts_list(got, e):
+            extra[DIFFER] = got
+        else:
+            flag(
+                DIFFER,
+                f"{DIFFER} is {mf.show(got)}, not a sorted list of distinct experts "
+                f"from 0 to {e - 1}",
+            )
+    diffs = [list(_diff(lay, {**want, **extra}, planner.label)) for want in planned]
+    best = min(diffs, key=len)  # the source format this layer came from: the closest plan
+    return out + [line for path, line in best if path not in flagged]
+
+
+def _experts_list(v: object, e: int) -> bool:
+    return (
+        isinstance(v, list)
+        and all(type(x) is int and 0 <= x < e for x in v)
+        and v == sorted(set(v))
+    )
+
+
+def _one_of(allowed: tuple) -> str:
+    return ", ".join(mf.show(a) for a in allowed)
+
+
+def _diff(got: dict, want: dict, label: str) -> Iterator[tuple[str, str]]:
+    """(field, line) for each field of a layer entry that differs from the plan's."""
+
+    def field_lines(path: str, g: dict, w: dict, key: str) -> Iterator[tuple[str, str]]:
+        if key not in g:
+            yield path, f"{path} is missing; {label} gives {mf.show(w[key])}"
+        elif key not in w:
+            yield path, f"{path} is not a field {label} writes"
+        elif not mf.same(g[key], w[key]):
+            yield path, f"{path} is {mf.show(g[key])}; {label} gives {mf.show(w[key])}"
+
+    for key in sorted((set(got) | set(want)) - {"tensors"}):
+        yield from field_lines(key, got, want, key)
+    gt, wt = got["tensors"], want["tensors"]
+    for pname in sorted(set(gt) | set(wt)):
+        if pname not in gt:
+            w = wt[pname]
+            yield (
+                pname,
+                (
+                    f"tensor {pname} is missing; {label} writes it ({w['dtype']} "
+                    f"{w['shape_per_rank']} per rank)"
+                ),
+            )
+        elif pname not in wt:
+            yield pname, f"tensor {pname} is not one {label} writes"
+        else:
+            for key in sorted(set(gt[pname]) | set(wt[pname])):
+                yield from field_lines(f"{pname}.{key}", gt[pname], wt[pname], key)
+
+
+# What of the source a scheme's plan depends on besides sizes, as (weight dtype, static
+# activation scales): fp8-tensor and mxfp8 plan BF16 experts otherwise; mxfp4's biases are
+# stand-ins of each float dtype (CUTLASS keeps it).
+STAND_INS: dict[SchemeName, list[tuple[str, bool]]] = {
+    SchemeName.BF16: [("BF16", False)],
+    SchemeName.FP8_BLOCK: [("F8_E4M3", False)],
+    SchemeName.FP8_TENSOR: [("F8_E4M3", True), ("F8_E4M3", False), ("BF16", False)],
+    SchemeName.MXFP8: [("F8_E4M3", False), ("BF16", False)],
+    SchemeName.NVFP4: [("U8", True)],
+    SchemeName.MXFP4: [("U8", False)],
+}
+BIAS_DTYPES = ("BF16", "F16", "F32")
+
+
+def _stand_ins(scheme: SchemeName, prefix: str, e: int, h: int, i: int) -> list[ExpertLayer]:
+    """Layers as `find_family` gives them, for each source format `scheme` reads: names and
+    dtypes of the experts' tensors, no data (no scheme reads data to plan, given nvfp4's
+    `differ`)."""
+
+    def info(name: str, dtype: str) -> TensorInfo:
+        return TensorInfo(f"{prefix}.{name}", dtype, (), 0, 0, Path(MANIFEST_NAME))
+
+    if scheme is SchemeName.MXFP4:
+        fused = Form("fused", re.compile(""), {})
+        out = []
+        for b13 in BIAS_DTYPES:
+            for b2 in BIAS_DTYPES:
+                params = {
+                    (r, q, -1): info(f"{r}_{q}", b if q == "bias" else "U8")
+                    for r, b in (("w13", b13), ("w2", b2))
+                    for q in ("blocks", "scales", "bias")
+                }
+                out.append(ExpertLayer(prefix, fused, e, h, i, params))
+        return out
+    per_expert = Form("per_expert", re.compile(""), {})
+    layers = []
+    for dtype, act in STAND_INS[scheme]:
+        params = {}
+        for x in range(e):
+            for r in ROLES:
+                params[(r, "weight", x)] = info(f"{x}.{r}.weight", dtype)
+                if act:
+                    params[(r, "input_scale", x)] = info(f"{x}.{r}.input_scale", "F32")
+        layers.append(ExpertLayer(prefix, per_expert, e, h, i, params))
+    return layers
+
+
+@dataclass
+class _Planner:
+    """Plans layers as `convert` does, from a manifest entry's recorded sizes: the scheme's own
+    `plan_layer` on stand-ins of the source's experts, and the entry `convert` writes of it."""
+
+    scheme: SchemeName
+    backend: Backend
+    tp: int
+    cache: dict[tuple[int, int, int], list[dict]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, m: dict) -> _Planner | None:
+        """None when the manifest's scheme, backend or TP size is not one to plan with."""
+        scheme = next((s for s in REGISTRY if s.value == m["scheme"]), None)
+        backend = next((b for b in Backend if b.value == m["backend"]), None)
+        if scheme is None or backend not in REGISTRY[scheme].backends or m["tp_size"] > MAX_TP:
+            return None
+        assert backend is not None
+        return cls(scheme, backend, m["tp_size"])
+
+    @property
+    def label(self) -> str:
+        return f"{self.scheme.value}/{self.backend.value} at tp {self.tp}"
+
+    def summaries(self, prefix: str, e: int, h: int, i: int) -> list[dict] | str:
+        """The layer entry of each source format (JSON, as in the manifest), or why the scheme
+        cannot make such a layer."""
+        key = (e, h, i)
+        if key in self.cache:
+            return self.cache[key]
+        scheme = REGISTRY[self.scheme]
+        out = []
+        try:
+            for layer in _stand_ins(self.scheme, prefix, e, h, i):
+                if isinstance(scheme, Nvfp4Scheme):
+                    lp = scheme.plan_layer(layer, self.backend, self.tp, differ=[])
+                else:
+                    lp = scheme.plan_layer(layer, self.backend, self.tp)
+                out.append(json.loads(json.dumps(_layer_summary(lp))))
+        except FiConvertError as err:
+            return str(err).removeprefix(f"{prefix}: ")
+        except (ValueError, RuntimeError, ArithmeticError) as err:  # sizes no checkpoint has
+            return f"{type(err).__name__}: {err}"
+        self.cache[key] = out
+        return out
 
 
 def _sample(n: int, full: bool) -> list[int]:
