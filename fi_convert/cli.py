@@ -417,7 +417,7 @@ def verify_cmd(
     if as_json:
         out.print_json(json.dumps(rep.as_dict()))
     else:
-        for p in rep.problems:
+        for p in rep.problems + rep.unlisted:
             err.print(f"[red]mismatch:[/red] {escape(p)}")
         if rep.ok:
             what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in rep.checked.items())
