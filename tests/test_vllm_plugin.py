@@ -132,13 +132,15 @@ def test_fp8_tensor_without_static_activation_scales_is_refused(manifest):
         _check(_fp8_tensor(manifest, "dynamic"))
 
 
-@pytest.mark.parametrize("method", checks.OTHER_FP8_TENSOR)
-def test_fp8_tensor_layers_of_other_vllm_methods_are_refused(manifest, method):
-    m = _fp8_tensor(manifest, "static")
-    fake = type(method, (), {"fp8_backend": "FLASHINFER_TRTLLM"})()
-    with pytest.raises(PluginError, match=f"vLLM built {method} .* ModelOpt FP8 checkpoints only"):
-        checks.check_layer(m, "OUT", "model.layers.0.mlp.experts", fake)
-    ok = type("ModelOptFp8MoEMethod", (), {"fp8_backend": "FLASHINFER_TRTLLM"})()
+@pytest.mark.parametrize(
+    ("scheme", "method"), [(s, m) for s, ms in checks.NOT_YET.items() for m in ms]
+)
+def test_layers_of_vllm_methods_the_plugin_does_not_set_up_are_refused(manifest, scheme, method):
+    m = _fp8_tensor(manifest, "static") | {"scheme": scheme}
+    attrs = {"fp8_backend": "FLASHINFER_TRTLLM", "nvfp4_backend": "FLASHINFER_TRTLLM"}
+    with pytest.raises(PluginError, match=f"vLLM built {method} .* does not run yet"):
+        checks.check_layer(m, "OUT", "model.layers.0.mlp.experts", type(method, (), attrs)())
+    ok = type(checks.METHODS[scheme][0], (), attrs)()
     checks.check_layer(m, "OUT", "model.layers.0.mlp.experts", ok)
 
 
