@@ -43,6 +43,19 @@ CASES = {
         ),
         "model.layers.0.mlp.experts",
     ),
+    "qwen3-fp8-tensor-ct": (  # compressed-tensors FP8, tensor strategy, static activations
+        "fp8-tensor",
+        Spec(
+            "qwen3-moe",
+            layers=1,
+            experts=5,
+            hidden=128,
+            intermediate=200,
+            shards=1,
+            quant="fp8-tensor-ct",
+        ),
+        "model.layers.0.mlp.experts",
+    ),
     "deepseek-fp8-block": (
         "fp8-block",
         Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512, shards=2),

@@ -159,6 +159,12 @@ def quant_config(ckpt: Path):
         return None
     if cfg["quant_method"] == "fp8":
         return Fp8Config.from_config(cfg)
+    if cfg["quant_method"] == "compressed-tensors":
+        from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+            CompressedTensorsConfig,
+        )
+
+        return CompressedTensorsConfig.from_config(cfg)
     if cfg["quant_method"] == "mxfp4":  # gpt-oss, as vLLM names it (GptOssMxfp4Config)
         return GptOssMxfp4Config.from_config(cfg)
     if cfg["quant_method"] == "modelopt":

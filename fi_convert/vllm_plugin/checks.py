@@ -34,7 +34,7 @@ SUPPORTED = {
 METHODS = {
     "bf16": ("UnquantizedFusedMoEMethod",),
     "fp8-block": ("Fp8MoEMethod",),
-    "fp8-tensor": ("ModelOptFp8MoEMethod",),
+    "fp8-tensor": ("ModelOptFp8MoEMethod", "CompressedTensorsW8A8Fp8MoEMethod"),
     "mxfp8": ("ModelOptMxFp8FusedMoE",),
     "nvfp4": ("ModelOptNvFp4FusedMoE",),
     "mxfp4": ("GptOssMxfp4MoEMethod",),
@@ -42,11 +42,7 @@ METHODS = {
 # vLLM's other methods for sources fi-convert converts (compressed-tensors, fp8 per tensor,
 # online quantization of BF16): the plugin does not set them up yet, so it refuses them by name.
 NOT_YET = {
-    "fp8-tensor": (
-        "CompressedTensorsW8A8Fp8MoEMethod",
-        "Fp8MoEMethod",
-        "Fp8PerTensorOnlineMoEMethod",
-    ),
+    "fp8-tensor": ("Fp8MoEMethod", "Fp8PerTensorOnlineMoEMethod"),
     "mxfp8": ("CompressedTensorsW8A8Mxfp8MoEMethod", "Mxfp8OnlineMoEMethod"),
     "nvfp4": ("CompressedTensorsW4A4Nvfp4MoEMethod",),
 }

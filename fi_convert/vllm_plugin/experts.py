@@ -114,10 +114,11 @@ def _mxfp8_kernel(experts: Any, method: Any) -> None:
 def _fp8_tensor_kernel(experts: Any, method: Any) -> None:
     """ModelOptFp8MoEMethod._setup_kernel (vLLM 0.33, modelopt.py:586) after its
     convert_to_fp8_moe_kernel_format, and without the requantization and activation-scale
-    reduction before it (modelopt.py:625): the output holds their results. vLLM's own functions
-    then derive what the kernel reads from the parameters: CUTLASS's g1/g2_alphas parameters
-    (oracle/fp8.py make_fp8_moe_quant_config), TRT-LLM's _g1_alphas, _g2_alphas and _g1_scale_c
-    (experts/trtllm_fp8_moe.py)."""
+    reduction before it (modelopt.py:625): the output holds their results. The end of
+    CompressedTensorsW8A8Fp8MoEMethod.process_weights_after_loading is the same. vLLM's
+    own functions then derive what the kernel reads from the parameters: CUTLASS's
+    g1/g2_alphas parameters (oracle/fp8.py make_fp8_moe_quant_config), TRT-LLM's _g1_alphas,
+    _g2_alphas and _g1_scale_c (experts/trtllm_fp8_moe.py)."""
     from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_kernel
 
     method.moe_quant_config = method.get_fused_moe_quant_config(experts)
@@ -190,6 +191,7 @@ def _nvfp4_kernel(experts: Any, method: Any) -> None:
 # class name.
 KERNEL_ONLY = {
     "ModelOptFp8MoEMethod": _fp8_tensor_kernel,
+    "CompressedTensorsW8A8Fp8MoEMethod": _fp8_tensor_kernel,  # the same end (w8a8_fp8.py:320)
     "ModelOptMxFp8FusedMoE": _mxfp8_kernel,
     "GptOssMxfp4MoEMethod": _mxfp4_kernel,
     "ModelOptNvFp4FusedMoE": _nvfp4_kernel,
