@@ -207,7 +207,7 @@ def convert_cmd(
     """Convert MODEL_DIR (a folder, or a Hub repo id) into OUT_DIR (the default command)."""
     from . import hub
     from .pipeline import preflight, run_plan
-    from .plan import Options, make_plan
+    from .plan import MANIFEST_NAME, Options, make_plan
 
     opts = Options(scheme, backend, tp_size, max_shard_size, max_memory)
     if (private or base_model) and not push_to:
@@ -248,9 +248,11 @@ def convert_cmd(
         raise _fail(e, debug) from None
     except KeyboardInterrupt as e:
         term = isinstance(e, Terminated)
+        kept = (out_dir / MANIFEST_NAME).is_file()  # a finished output not yet replaced
+        state = "still holds its finished output" if kept else "is incomplete (no manifest)"
         err.print(
-            f"[red]{'terminated' if term else 'interrupted'}[/red]: {escape(str(out_dir))} is "
-            "incomplete (no manifest); run the same command again to resume"
+            f"[red]{'terminated' if term else 'interrupted'}[/red]: {escape(str(out_dir))} "
+            f"{state}; run the same command again to resume"
         )
         raise typer.Exit(143 if term else 130) from None
     s = res.summary()
@@ -260,6 +262,15 @@ def convert_cmd(
         s["push"] = pushed.summary()
     if as_json:
         out.print_json(json.dumps(s))
+        return
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    if res.up_to_date:
+        out.print(
+            f"[green]up to date[/green]: {escape(str(res.out_dir))} holds this conversion "
+            f"({s['scheme']}, {s['backend']}, tp {s['tp_size']}) of the source as it is now; "
+            "nothing written (`fi-convert verify` checks its bytes)"
+        )
         return
     reused = f" ({len(res.reused_files)} reused from an earlier run)" if res.reused_files else ""
     out.print(
@@ -486,13 +497,24 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (docker stop, a cancelled CI job): stopped and cleaned up as Ctrl-C is."""
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated()
+_stopping = False
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """The first Ctrl-C or SIGTERM stops the run; later ones are ignored, so that the cleanup
+    they would cut short (temporary files, the lock) finishes and no traceback is shown."""
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: `fi-convert MODEL OUT ...` is `fi-convert convert MODEL OUT ...`."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, _on_signal)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when ignored
+        signal.signal(signal.SIGINT, _on_signal)
     args = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in args if not a.startswith("-")), None)
     if first is not None and first not in COMMANDS:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import re
@@ -12,21 +11,19 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import dtypes, outdir, served_config
+from . import dtypes, outdir
 from . import manifest as mf
 from .errors import OutputError
 from .outdir import OutDir
 from .plan import MANIFEST_NAME, Item, Options, Plan, ShardPlan, make_plan
 from .schemes.base import Ctx, OutputTensor
 from .source import INDEX_NAME
-from .st_io import ShardWriter, SourceFiles
-
-CONFIG_NAME = "config.json"
+from .st_io import ShardWriter, SourceFiles, TensorInfo
 
 COPY_CHUNK = 64 * 2**20  # largest piece of a carried-over tensor in flight
 MAX_JOBS = 8  # shards converted at once, at most (see `_jobs`)
@@ -56,11 +53,16 @@ class Result:
     manifest: dict
     reused_files: list[str]
     device: str
-    jobs: int = 1  # shards that were converted at once
+    jobs: int = 1  # shards that were converted at once (0: none, the output was up to date)
+    up_to_date: bool = False  # the out-dir held this conversion already: nothing was written
+    warnings: list[str] = field(default_factory=list)  # found while converting (NaN scales)
 
     def summary(self) -> dict:
+        s = self.plan.summary()
         return {
-            **self.plan.summary(),
+            **s,
+            "warnings": s["warnings"] + self.warnings,
+            "up_to_date": self.up_to_date,
             "out_dir": str(self.out_dir),
             "device": self.device,
             "files": len(self.manifest["files"]),
@@ -129,29 +131,79 @@ def run_plan(
     jobs: int = 0,
     fsync: bool = True,
 ) -> Result:
-    preflight(plan, out_dir, device=device, overwrite=overwrite)
     dev = resolve_device(device)
-    with OutDir(out_dir, plan.key(), overwrite, fsync=fsync) as od:
-        files: dict[str, dict] = {}
+    with OutDir(out_dir, plan, overwrite, fsync=fsync) as od:
+        if od.up_to_date:  # the identical conversion is there: nothing is written
+            assert od.manifest is not None
+            names = sorted(od.manifest["files"])
+            return Result(out_dir, plan, od.manifest, names, str(dev), 0, True, od.notes)
         tracker = _Tracker(plan, progress)
-        for rel in plan.side_files:
-            if rel == CONFIG_NAME:  # marked so that no server loads it as the source
-                files[rel] = od.write_small(rel, served_config.mark(plan.ckpt.config))
-            else:
-                files[rel] = od.copy_side_file(plan.ckpt.root / rel, rel)
-        src = SourceFiles()
+        files = od.write_side_files()
+        src = _CheckedFiles()
         shards = _Shards(plan, od, src, dev, tracker, jobs)
         try:
             files.update(shards.run())
         finally:
             src.close()
-        files[INDEX_NAME] = od.write_small(INDEX_NAME, _index(plan))
+        files[INDEX_NAME] = od.write_index()
         od.remove_stale(set(files))
         od.flush(files)  # everything durable before the manifest claims it
         manifest = mf.build(plan, files)
-        mf.write(out_dir, manifest)
+        od.commit(manifest)
         reused = sorted(od.reused)
-    return Result(out_dir, plan, manifest, reused, str(dev), shards.jobs)
+    return Result(
+        out_dir, plan, manifest, reused, str(dev), shards.jobs, False, od.notes + src.warnings()
+    )
+
+
+def is_scale(name: str) -> bool:
+    """Whether a tensor is a scale (weight_scale, weight_scale_inv, input_scale,
+    weight_scale_2, weight_global_scale, gpt-oss `*_scales`, k_scale, ...)."""
+    return "scale" in name.rsplit(".", 1)[-1]
+
+
+def nonfinite(t: torch.Tensor, dtype: str) -> int:
+    """How many values of `t` (a source tensor of safetensors `dtype`) are NaN or Inf; U8
+    scales are E8M0 exponents, whose 0xFF is NaN."""
+    if dtype in ("U8", "F8_E8M0"):
+        return int((t.view(torch.uint8) == 0xFF).sum())
+    if not t.dtype.is_floating_point:
+        return 0
+    x = t.float() if t.element_size() == 1 else t
+    return int(x.numel() - torch.isfinite(x).sum())
+
+
+class _CheckedFiles(SourceFiles):
+    """Source reads that look at every scale they read: a NaN or Inf in a scale would make
+    the weights it scales NaN or Inf in the output, so each such tensor is named once in the
+    run's warnings (the conversion goes on: an expert that is never routed to may carry
+    one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bad: dict[str, int] = {}  # scale tensor -> NaN or Inf values seen
+        self._seen = threading.Lock()
+
+    def read_rows(self, info: TensorInfo, start: int, stop: int, dst: torch.Tensor) -> None:
+        super().read_rows(info, start, stop, dst)
+        self.check(info, dst)
+
+    def read(self, info: TensorInfo) -> torch.Tensor:
+        t = super().read(info)
+        self.check(info, t)
+        return t
+
+    def check(self, info: TensorInfo, t: torch.Tensor) -> None:
+        if is_scale(info.name) and (n := nonfinite(t, info.dtype)):
+            with self._seen:
+                self.bad[info.name] = self.bad.get(info.name, 0) + n
+
+    def warnings(self) -> list[str]:
+        return [
+            f"{name}: {n} NaN or Inf value(s) in this scale; the weights it scales are NaN or "
+            "Inf in the output too - check the source checkpoint"
+            for name, n in sorted(self.bad.items())
+        ]
 
 
 class _Cancelled(Exception):
@@ -226,11 +278,18 @@ class _Shards:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
+    def _check_carried(self, shard: ShardPlan) -> None:
+        """Read the scales of a shard carried over byte for byte, to check them."""
+        for it in shard.items:
+            if it.source is not None and is_scale(it.source.name):
+                self.src.read(it.source)
+
     def _one(self, shard: ShardPlan) -> dict:
         if self.cancel.is_set():
             raise _Cancelled
         if shard.copy_of is not None:  # no experts: the source shard, byte for byte
-            meta = self.od.copy_side_file(shard.copy_of, shard.name)
+            self._check_carried(shard)
+            meta = self.od.copy_file(shard.copy_of, shard.name)
             self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name)
             return meta
         slot = self.slots.get()
@@ -252,15 +311,6 @@ class _Shards:
 def _new_stream(dev: torch.device) -> torch.cuda.Stream | None:
     """On CUDA, a stream for a worker, so that workers' copies and kernels overlap."""
     return torch.cuda.Stream(dev) if dev.type == "cuda" else None
-
-
-def _index(plan: Plan) -> bytes:
-    weight_map = {it.entry.name: s.name for s in plan.shards for it in s.items}
-    d = {
-        "metadata": {"total_size": plan.bytes_to_write},
-        "weight_map": dict(sorted(weight_map.items())),
-    }
-    return (json.dumps(d, indent=2) + "\n").encode()
 
 
 class _Tracker:
@@ -423,6 +473,8 @@ def _copy_tensor(it: Item, ctx: Ctx, pipe: _Pipeline, tr: _Tracker) -> None:
     write)."""
     info = it.source
     assert info is not None
+    if is_scale(info.name):  # small; read once more, to be checked for NaN and Inf
+        ctx.files.read(info)
     fd = ctx.files.fd(info.file)
     done = 0
     while done < info.nbytes:

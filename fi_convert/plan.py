@@ -154,6 +154,16 @@ def _refuse_an_output(root: Path, config: dict) -> None:
 def make_plan(source: str | Path, options: Options) -> Plan:
     if options.tp_size < 1:
         raise SourceError(f"--tp-size must be at least 1, got {options.tp_size}")
+    try:
+        return _make_plan(source, options)
+    except OSError as e:  # a model folder (or a file in it) this user may not read
+        where = e.filename or source
+        raise SourceError(
+            f"{where}: cannot read ({e.strerror}); check the model folder's permissions"
+        ) from None
+
+
+def _make_plan(source: str | Path, options: Options) -> Plan:
     ckpt = open_checkpoint(source)
     _refuse_an_output(ckpt.root, ckpt.config)
     family, layers = find_family(ckpt)

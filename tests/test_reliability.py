@@ -285,18 +285,20 @@ def test_fsync_flushes_every_file_before_the_manifest(
 ):
     from fi_convert import outdir as conv
 
-    synced: list[str] = []
+    synced: list[tuple[str, bool]] = []
     real = conv._fsync
 
     def spy(path):
-        assert not (tmp_path / "out" / MANIFEST).exists(), "flushed after the manifest"
-        synced.append(Path(path).name)
+        synced.append((Path(path).name, (tmp_path / "out" / MANIFEST).exists()))
         real(path)
 
     monkeypatch.setattr(conv, "_fsync", spy)
     res = convert(src, tmp_path / "out", _opts(), device="cpu", fsync=fsync)
     files = set(res.manifest["files"])
-    assert (set(synced) == files | {"out"}) if fsync else not synced
+    before = {name for name, after in synced if not after}
+    assert (before == files | {"out"}) if fsync else not synced
+    # after the manifest, only the folder (its rename of the manifest)
+    assert {name for name, after in synced if after} <= {"out"}
     assert _files(tmp_path / "out") == _files(reference_out)
 
 
@@ -519,3 +521,50 @@ def test_reading_a_chunk_prefetches_the_next(tmp_path, monkeypatch, family):
     assert len(seen[1][1]) == 1 and seen[1][1] == seen[2][0]  # the last chunk: one expert
     assert seen[2][1] == []  # nothing past the last expert
     assert all(n == 64 * 128 * 2 for _, n in seen[0][0] + seen[0][1])
+
+
+@pytest.mark.parametrize("jobs", ["1", "3"])
+def test_more_ctrl_c_during_the_cleanup_give_no_traceback(tmp_path, jobs):
+    """An impatient user presses Ctrl-C again and again while the first one's cleanup runs
+    (made slow here): still one line, exit 130, no temporary file, no lock; the rerun
+    resumes."""
+    spec = Spec("deepseek-v3", layers=4, experts=16, hidden=512, intermediate=1024, shards=4)
+    src = write_checkpoint(tmp_path / "ds", spec)
+    out = tmp_path / "out"
+    marker = tmp_path / "cleaning"
+    cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
+    cmd += ["--max-memory", "30000000", "--jobs", jobs, "--quiet"]
+    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    slow += "import pathlib, time, fi_convert.st_io as s\n"
+    slow += "def slowly(f): return lambda *a, **k: (time.sleep(0.05), f(*a, **k))[1]\n"
+    slow += "s.ShardWriter.write_bytes = slowly(s.ShardWriter.write_bytes)\n"
+    slow += "s.ShardWriter.copy_from = slowly(s.ShardWriter.copy_from)\n"
+    slow += "real = s.ShardWriter.abort\n"
+    slow += f"def abort(w): pathlib.Path({str(marker)!r}).touch(); time.sleep(0.5); real(w)\n"
+    slow += "s.ShardWriter.abort = abort\n"
+    slow += "from fi_convert.cli import main; main()\n"
+    p = subprocess.Popen([sys.executable, "-c", slow, *cmd[3:]], stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        if list(out.glob("*.fi-convert-tmp")):
+            break
+        time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    for _ in range(600):
+        if marker.exists():
+            break
+        time.sleep(0.01)
+    for _ in range(10):  # during the cleanup, and after it
+        if p.poll() is not None:
+            break
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+    _, stderr = p.communicate(timeout=60)
+    # 130; or, for a Ctrl-C after Python restored the default handlers while exiting, killed
+    # by SIGINT (which a shell reports as 130 too)
+    assert p.returncode in (130, -signal.SIGINT), stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted"), stderr
+    assert not list(out.glob("*.fi-convert-tmp"))
+    assert not (out / ".fi-convert" / "lock").exists()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
