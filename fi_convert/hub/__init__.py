@@ -1,0 +1,34 @@
+"""The Hugging Face Hub: a repo id as the source, and publishing a finished output folder.
+
+Everything goes through `huggingface_hub` with its defaults: the user's cache (HF_HOME /
+HF_HUB_CACHE), the token (HF_TOKEN, or the one `hf auth login` stored; it is never printed),
+offline mode (HF_HUB_OFFLINE=1) and the endpoint (HF_ENDPOINT, read when called). Failures
+become `HubError`s with one-line messages that name the repo and the fix.
+
+Modules: `download` (a repo id as the source), `push` (publishing a folder), `card` (the model
+card), `common` (endpoint, offline mode, error messages).
+"""
+
+from __future__ import annotations
+
+from .card import CARD_NAME, model_card, upload_manifest
+from .common import LIBRARY, endpoint, is_offline, is_repo_id
+from .download import IGNORE_PATTERNS, Source, download, resolve_source
+from .push import PushResult, check_out_dir, push
+
+__all__ = [
+    "CARD_NAME",
+    "IGNORE_PATTERNS",
+    "LIBRARY",
+    "PushResult",
+    "Source",
+    "check_out_dir",
+    "download",
+    "endpoint",
+    "is_offline",
+    "is_repo_id",
+    "model_card",
+    "push",
+    "resolve_source",
+    "upload_manifest",
+]

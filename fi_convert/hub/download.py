@@ -1,0 +1,212 @@
+"""A Hub repo id as the source: resolve it and download what a conversion reads into the
+Hugging Face cache (or take it from there when offline).
+
+Downloads take only what a conversion reads: the safetensors shards the index names (or the
+top-level `*.safetensors` without an index) and the small files beside them; never pickles
+(`*.bin`, `*.pt`, ...), other weight formats, or `original/`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..errors import HubError, SourceError
+from ..source import INDEX_NAME
+from .common import (
+    LIBRARY,
+    brief,
+    cache_dir,
+    endpoint,
+    http_message,
+    hub_url,
+    is_offline,
+    is_repo_id,
+    literal,
+    progress_bars,
+    transport_errors,
+)
+
+# Never downloaded: pickles and other weight formats fi-convert does not read, and the
+# `original/` folder some repos keep (consolidated checkpoints for other runtimes).
+IGNORE_PATTERNS = [
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.pkl",
+    "*.pickle",
+    "*.h5",
+    "*.msgpack",
+    "*.onnx",
+    "*.onnx_data",
+    "*.gguf",
+    "*.tflite",
+    "*.ot",
+    "*.npz",
+    "*.npy",
+    "original/*",
+    ".gitattributes",
+]
+
+
+@dataclass
+class Source:
+    """Where a conversion reads from: a local folder, or a Hub repo's snapshot in the cache."""
+
+    path: Path
+    repo_id: str | None = None
+    revision: str | None = None  # as asked (--revision); None: the default branch
+    commit: str | None = None  # the commit the snapshot holds
+
+    def summary(self) -> dict:
+        return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}
+
+
+def resolve_source(
+    source: str | Path, *, revision: str | None = None, progress: bool = False
+) -> Source:
+    """A local folder as it is; a repo id (`org/name`, where no such local path exists) is
+    downloaded into the Hugging Face cache first (or taken from it when offline)."""
+    path = Path(source)
+    if path.exists():
+        if revision is not None:
+            raise SourceError(
+                f"{source}: a local folder, and --revision applies only to a Hub repo id; "
+                "drop --revision, or pass the repo id (org/name)"
+            )
+        return Source(path)
+    if not is_repo_id(str(source)):
+        raise SourceError(
+            f"{source}: no such folder, and not a Hub repo id (org/name); pass a local model "
+            "folder or a repo id"
+        )
+    return download(str(source), revision=revision, progress=progress)
+
+
+def download(repo_id: str, *, revision: str | None = None, progress: bool = False) -> Source:
+    """Download (or find in the cache) what converting `repo_id` needs; the snapshot folder."""
+    offline = is_offline()
+    kw: dict = {
+        "repo_id": repo_id,
+        "repo_type": "model",
+        "endpoint": endpoint(),
+        "local_files_only": offline,
+        "library_name": LIBRARY,
+        "library_version": __version__,
+    }
+    from huggingface_hub import snapshot_download
+
+    with progress_bars(progress), _download_errors(repo_id, revision, offline):
+        # 1. the small files (config, tokenizer, index, ...): no weights at all
+        snap = Path(
+            snapshot_download(
+                revision=revision, ignore_patterns=[*IGNORE_PATTERNS, "*.safetensors"], **kw
+            )
+        )
+        commit = snap.name
+        # 2. the shards: those the index names, or the top-level ones without an index
+        names = _index_shards(snap / INDEX_NAME)
+        if names is None:
+            allow, ignore = ["*.safetensors"], [*IGNORE_PATTERNS, "*/*"]
+        else:
+            allow, ignore = [literal(n) for n in names], IGNORE_PATTERNS
+        if allow:
+            snap = Path(
+                snapshot_download(
+                    revision=commit, allow_patterns=allow, ignore_patterns=ignore, **kw
+                )
+            )
+    missing = [n for n in names or [] if not (snap / n).exists()]
+    if missing:
+        raise HubError(
+            f"{repo_id}: {INDEX_NAME} at commit {commit[:12]} names {missing[0]}, which the "
+            f"repo does not hold ({len(missing)} missing); the repo is incomplete - ask its "
+            "owner, or pick a complete commit with --revision"
+        )
+    return Source(snap, repo_id, revision, commit)
+
+
+def _index_shards(index: Path) -> list[str] | None:
+    """Shard names of the index, or None without an index (an unreadable index gives []: the
+    checkpoint reader reports it)."""
+    if not index.is_file():
+        return None
+    try:
+        wm = json.loads(index.read_text()).get("weight_map")
+        names = sorted({v for v in wm.values() if isinstance(v, str)})
+    except (OSError, ValueError, AttributeError):
+        return []
+    # names that leave the folder are refused by the checkpoint reader; never fetch them
+    return [n for n in names if "/" not in n and "\\" not in n and n not in (".", "..")]
+
+
+def _offline_fix(repo_id: str, revision: str | None) -> str:
+    rev = f" --revision {revision}" if revision else ""
+    return f"run without HF_HUB_OFFLINE, or `hf download {repo_id}{rev}` first"
+
+
+def _not_cached(repo_id: str, revision: str | None) -> str:
+    return (
+        f"{repo_id}: no such local folder, and not in the Hugging Face cache ({cache_dir()}), "
+        f"which HF_HUB_OFFLINE=1 keeps to; {_offline_fix(repo_id, revision)}"
+    )
+
+
+@contextmanager
+def _download_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[None]:
+    from huggingface_hub import errors as he
+
+    incomplete = getattr(he, "IncompleteSnapshotError", None)
+    try:
+        yield
+    except he.OfflineModeIsEnabled:
+        raise HubError(_not_cached(repo_id, revision)) from None
+    except he.GatedRepoError:
+        raise HubError(
+            f"{repo_id}: a gated repo; accept its conditions at {hub_url(repo_id)} and log in "
+            "with an account that has access (`hf auth login` or HF_TOKEN)"
+        ) from None
+    except he.RepositoryNotFoundError:
+        raise HubError(
+            f"{repo_id}: no such local folder, and no such model repo on the Hub (or it is "
+            "private and your token cannot read it); check the name, or log in "
+            "(`hf auth login` or HF_TOKEN)"
+        ) from None
+    except he.RevisionNotFoundError:
+        raise HubError(
+            f"{repo_id}: no revision {revision!r}; pass an existing branch, tag or commit "
+            "with --revision"
+        ) from None
+    except he.LocalEntryNotFoundError as e:
+        if offline and incomplete is not None and isinstance(e, incomplete):
+            raise HubError(
+                f"{repo_id}: the cached copy in {cache_dir()} is incomplete and HF_HUB_OFFLINE=1 "
+                f"forbids downloading the rest; {_offline_fix(repo_id, revision)}"
+            ) from None
+        if offline:
+            raise HubError(_not_cached(repo_id, revision)) from None
+        raise HubError(
+            f"{repo_id}: no such local folder, and cannot reach the Hub at {hub_url(repo_id)} "
+            f"({brief(e)}) to download it; check the network and proxy (or the path), then "
+            "run again"
+        ) from None
+    except he.HfHubHTTPError as e:
+        raise HubError(http_message(repo_id, e, "download")) from None
+    except he.HFValidationError as e:
+        raise HubError(f"{repo_id}: not a valid Hub repo id ({brief(e)})") from None
+    except transport_errors() as e:
+        raise HubError(
+            f"{repo_id}: cannot reach the Hub at {hub_url(repo_id)} ({type(e).__name__}: "
+            f"{brief(e)}); check the network and proxy, then run again - the files already "
+            "downloaded stay in the cache"
+        ) from None
+    except OSError as e:
+        raise HubError(
+            f"{repo_id}: cannot store the download in {cache_dir()} ({e.strerror or brief(e)}); "
+            "free disk space or point HF_HUB_CACHE elsewhere, then run again"
+        ) from None

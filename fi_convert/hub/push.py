@@ -1,0 +1,185 @@
+"""Publishing a finished output folder: exactly the files the manifest lists, then, in a last
+commit, the model card (README.md) and the manifest, so that a repo with a manifest is a
+complete one, as on disk."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from .. import manifest as mf
+from ..errors import HubError, OutputError
+from ..plan import MANIFEST_NAME
+from .card import CARD_NAME, model_card, upload_manifest
+from .common import (
+    LIBRARY,
+    brief,
+    cause,
+    endpoint,
+    http_message,
+    hub_url,
+    is_offline,
+    is_repo_id,
+    literal,
+    progress_bars,
+    transport_errors,
+)
+
+
+@dataclass
+class PushResult:
+    repo_id: str
+    revision: str
+    url: str
+    commit: str | None
+    files: int
+    base_model: str | None
+
+    def summary(self) -> dict:
+        return {
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "url": self.url,
+            "commit": self.commit,
+            "files": self.files,
+            "base_model": self.base_model,
+        }
+
+
+def check_out_dir(out_dir: str | Path) -> dict:
+    """The manifest of a finished output that `verify` accepts (files, index, shapes)."""
+    from ..verify import verify  # verify imports the converter; keep hub light to import
+
+    m = mf.read(out_dir)
+    problems = verify(out_dir).problems
+    if problems:
+        raise OutputError(
+            f"{out_dir}: {len(problems)} file(s) do not match {MANIFEST_NAME} (first: "
+            f"{problems[0]}); not pushing - run `fi-convert verify {out_dir}` and convert again"
+        )
+    return m
+
+
+def push(
+    out_dir: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str = "main",
+    base_model: str | None = None,
+    base_revision: str | None = None,
+    progress: bool = False,
+) -> PushResult:
+    """Publish a finished output folder to the Hub repo `repo_id` (created when missing).
+
+    Refuses a folder without a manifest or one that `verify` fails (files against their
+    SHA-256s, the index, the manifest's shapes). Uploads the files the manifest lists
+    (resumably: run it again after an interruption and what is already there is skipped),
+    then, in a last commit, the model card and the manifest. The uploaded manifest lists the card as
+    README.md (in place of a README.md carried over from the source), so `fi-convert verify`
+    passes on a download of the repo; the local folder is not changed.
+    """
+    root = Path(out_dir)
+    m = check_out_dir(root)
+    if not is_repo_id(repo_id):
+        raise HubError(f"{repo_id}: not a Hub repo id; push to org/name")
+    if base_model is not None and not is_repo_id(base_model):
+        raise HubError(f"--base-model {base_model}: not a Hub repo id (org/name)")
+    if is_offline():
+        raise HubError(f"{repo_id}: HF_HUB_OFFLINE=1 forbids uploading; run without it to push")
+    from huggingface_hub import CommitOperationAdd, HfApi, get_token
+    from huggingface_hub.utils.sha import git_hash
+
+    if get_token() is None:
+        raise HubError(
+            f"{repo_id}: pushing needs a Hugging Face token with write access; log in with "
+            "`hf auth login` or set HF_TOKEN"
+        )
+    source_card = root / CARD_NAME if CARD_NAME in m["files"] else None
+    card = model_card(
+        m,
+        repo_id=repo_id,
+        base_model=base_model,
+        base_revision=base_revision,
+        source_card=source_card.read_text(errors="replace") if source_card else None,
+    ).encode()
+    manifest = upload_manifest(m, card)
+    names = [n for n in m["files"] if n not in (MANIFEST_NAME, CARD_NAME)]
+    api = HfApi(endpoint=endpoint(), library_name=LIBRARY, library_version=__version__)
+    with progress_bars(progress), _push_errors(repo_id):
+        url = str(api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model"))
+        if revision != "main":
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        remote = _remote_top_level(api, repo_id, revision)
+        # a manifest from an earlier push goes first: it must not vouch for a half-new repo
+        stale = [p for p in remote if p.endswith(".safetensors") and p not in m["files"]]
+        if remote.get(MANIFEST_NAME) not in (None, git_hash(manifest)):
+            stale.append(MANIFEST_NAME)
+        what = f"{m['scheme']} ({m['backend']}, TP {m['tp_size']})"
+        version = m["fi_convert_version"]
+        api.upload_folder(
+            repo_id=repo_id,
+            repo_type="model",
+            folder_path=root,
+            revision=revision,
+            allow_patterns=[literal(n) for n in names],
+            delete_patterns=[literal(n) for n in stale] or None,
+            commit_message=f"Upload {what} weights, converted by fi-convert {version}",
+        )
+        info = api.create_commit(
+            repo_id=repo_id,
+            repo_type="model",
+            revision=revision,
+            operations=[
+                CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card),
+                CommitOperationAdd(path_in_repo=MANIFEST_NAME, path_or_fileobj=manifest),
+            ],
+            commit_message=f"Add the fi-convert manifest and model card ({what})",
+        )
+    return PushResult(repo_id, revision, url, info.oid, len(names) + 2, base_model)
+
+
+def _remote_top_level(api, repo_id: str, revision: str) -> dict[str, str]:
+    """Top-level files of the repo at `revision`: path -> git blob id."""
+    from huggingface_hub.hf_api import RepoFile
+
+    return {
+        f.path: f.blob_id
+        for f in api.list_repo_tree(repo_id, revision=revision, repo_type="model")
+        if isinstance(f, RepoFile)
+    }
+
+
+@contextmanager
+def _push_errors(repo_id: str) -> Iterator[None]:
+    from huggingface_hub import errors as he
+
+    try:
+        yield
+    except Exception as exc:
+        e = cause(exc)
+        if isinstance(e, he.RepositoryNotFoundError):
+            raise HubError(
+                f"{repo_id}: the Hub has no such repo for this token and would not create it; "
+                "check the name and use a token with write access to its namespace "
+                "(`hf auth login` or HF_TOKEN)"
+            ) from None
+        if isinstance(e, he.RevisionNotFoundError):
+            raise HubError(
+                f"{repo_id}: no such branch and it could not be created; push to an existing "
+                "branch with --revision"
+            ) from None
+        if isinstance(e, he.HfHubHTTPError):
+            raise HubError(http_message(repo_id, e, "upload")) from None
+        if isinstance(e, transport_errors()):
+            raise HubError(
+                f"{repo_id}: lost the connection to the Hub at {hub_url(repo_id)} "
+                f"({type(e).__name__}: {brief(e)}); run the same push again - it resumes, "
+                "skipping what is already uploaded"
+            ) from None
+        if isinstance(e, ValueError):
+            raise HubError(f"{repo_id}: the Hub refused the upload ({brief(e)})") from None
+        raise
