@@ -642,7 +642,11 @@ class OutDir:
         except OSError as e:
             _unlink_quietly(path.with_name(path.name + TMP_SUFFIX))
             raise _error(path, "write the manifest", e) from None
-        now = source_identity(self.plan)
+        try:
+            now = source_identity(self.plan)
+        except SourceError:  # a shard gone: not the source that was converted either
+            path.unlink(missing_ok=True)
+            raise
         changed = [n for n, ident in now.items() if self.target.source.get(n) != ident]
         if changed:
             path.unlink(missing_ok=True)
