@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -137,14 +138,9 @@ def run_plan(
             assert od.manifest is not None
             names = sorted(od.manifest["files"])
             return Result(out_dir, plan, od.manifest, names, str(dev), 0, True, od.notes)
-        tracker = _Tracker(plan, progress)
         files = od.write_side_files()
-        src = _CheckedFiles()
-        shards = _Shards(plan, od, src, dev, tracker, jobs)
-        try:
-            files.update(shards.run())
-        finally:
-            src.close()
+        written = write_shards(plan, od, SourceFiles(), dev, progress, jobs)
+        files.update(written.files)
         files[INDEX_NAME] = od.write_index()
         od.remove_stale(set(files))
         od.flush(files)  # everything durable before the manifest claims it
@@ -152,8 +148,54 @@ def run_plan(
         od.commit(manifest)
         reused = sorted(od.reused)
     return Result(
-        out_dir, plan, manifest, reused, str(dev), shards.jobs, False, od.notes + src.warnings()
+        out_dir, plan, manifest, reused, str(dev), written.jobs, False, od.notes + written.warnings
     )
+
+
+class ShardSink(Protocol):
+    """Where finished shards go next (the Hub, for a streamed conversion): `before` is called
+    before a shard is made (it may wait, for disk room; it returns the shard's meta instead
+    when the sink holds that shard already), `after` once it is complete."""
+
+    def before(self, shard: ShardPlan) -> dict | None: ...
+
+    def after(self, shard: ShardPlan, meta: dict) -> None: ...
+
+
+class ShardDir(Protocol):
+    """What the shard writers need of an out-dir (OutDir, or a streamed run's staging)."""
+
+    root: Path
+
+    def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict: ...
+
+    def copy_file(self, src: Path, rel: str) -> dict: ...
+
+
+@dataclass
+class Written:
+    files: dict[str, dict]  # shard name -> sha256 and size
+    jobs: int
+    warnings: list[str]
+
+
+def write_shards(
+    plan: Plan,
+    od: ShardDir,
+    source: SourceFiles,
+    dev: torch.device,
+    progress: ProgressFn | None = None,
+    jobs: int = 0,
+    sink: ShardSink | None = None,
+) -> Written:
+    """Every shard of `plan` into `od`, `jobs` at a time, reading through `source`."""
+    src = _CheckedFiles(source)
+    shards = _Shards(plan, od, src, dev, _Tracker(plan, progress), jobs, sink)
+    try:
+        files = shards.run()
+    finally:
+        src.close()
+    return Written(files, shards.jobs, src.warnings())
 
 
 def is_scale(name: str) -> bool:
@@ -174,22 +216,35 @@ def nonfinite(t: torch.Tensor, dtype: str) -> int:
 
 
 class _CheckedFiles(SourceFiles):
-    """Source reads that look at every scale they read: a NaN or Inf in a scale would make
-    the weights it scales NaN or Inf in the output, so each such tensor is named once in the
-    run's warnings (the conversion goes on: an expert that is never routed to may carry
-    one)."""
+    """Source reads (through `base`) that look at every scale they read: a NaN or Inf in a
+    scale would make the weights it scales NaN or Inf in the output, so each such tensor is
+    named once in the run's warnings (the conversion goes on: an expert that is never routed
+    to may carry one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: SourceFiles) -> None:
         super().__init__()
+        self.base, self.local = base, base.local
         self.bad: dict[str, int] = {}  # scale tensor -> NaN or Inf values seen
         self._seen = threading.Lock()
 
+    def fd(self, path: Path) -> int:
+        return self.base.fd(path)
+
+    def read_bytes(self, path: Path, offset: int, dst: torch.Tensor) -> None:
+        self.base.read_bytes(path, offset, dst)
+
+    def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
+        self.base.prefetch(info, start, count)
+
+    def close(self) -> None:
+        self.base.close()
+
     def read_rows(self, info: TensorInfo, start: int, stop: int, dst: torch.Tensor) -> None:
-        super().read_rows(info, start, stop, dst)
+        self.base.read_rows(info, start, stop, dst)
         self.check(info, dst)
 
     def read(self, info: TensorInfo) -> torch.Tensor:
-        t = super().read(info)
+        t = self.base.read(info)
         self.check(info, t)
         return t
 
@@ -241,9 +296,16 @@ class _Shards:
     failure cancels the other workers, which remove their temporary files."""
 
     def __init__(
-        self, plan: Plan, od: OutDir, src: SourceFiles, dev: torch.device, tr: _Tracker, jobs: int
+        self,
+        plan: Plan,
+        od: ShardDir,
+        src: SourceFiles,
+        dev: torch.device,
+        tr: _Tracker,
+        jobs: int,
+        sink: ShardSink | None = None,
     ) -> None:
-        self.plan, self.od, self.src, self.dev, self.tr = plan, od, src, dev, tr
+        self.plan, self.od, self.src, self.dev, self.tr, self.sink = plan, od, src, dev, tr, sink
         self.jobs = _jobs(plan, jobs, pinned=dev.type == "cuda")
         self.budget = plan.options.max_memory // self.jobs
         self.cancel = threading.Event()
@@ -287,6 +349,16 @@ class _Shards:
     def _one(self, shard: ShardPlan) -> dict:
         if self.cancel.is_set():
             raise _Cancelled
+        if self.sink is None:
+            return self._make(shard)
+        if (held := self.sink.before(shard)) is not None:  # the sink holds it already
+            self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name)
+            return held
+        meta = self._make(shard)
+        self.sink.after(shard, meta)
+        return meta
+
+    def _make(self, shard: ShardPlan) -> dict:
         if shard.copy_of is not None:  # no experts: the source shard, byte for byte
             self._check_carried(shard)
             meta = self.od.copy_file(shard.copy_of, shard.name)
@@ -439,7 +511,7 @@ class _Pipeline:
 
 
 def _write_shard(
-    shard: ShardPlan, ctx: Ctx, plan: Plan, od: OutDir, tr: _Tracker, ring: _Ring, run: _Shards
+    shard: ShardPlan, ctx: Ctx, plan: Plan, od: ShardDir, tr: _Tracker, ring: _Ring, run: _Shards
 ) -> ShardWriter:
     w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items])
     try:
@@ -475,6 +547,16 @@ def _copy_tensor(it: Item, ctx: Ctx, pipe: _Pipeline, tr: _Tracker) -> None:
     assert info is not None
     if is_scale(info.name):  # small; read once more, to be checked for NaN and Inf
         ctx.files.read(info)
+    if not ctx.files.local:  # no file to copy from: read pieces into ring buffers
+        done = 0
+        while done < info.nbytes:
+            n = min(pipe.ring.copy_chunk, info.nbytes - done)
+            buf = pipe.buffer(n)
+            ctx.files.read_bytes(info.file, info.start + done, buf)
+            pipe.submit(buf)
+            done += n
+            tr.advance(n, current=info.name)
+        return
     fd = ctx.files.fd(info.file)
     done = 0
     while done < info.nbytes:

@@ -262,7 +262,10 @@ def pread_into(fd: int, offset: int, dst: torch.Tensor, path: Path) -> None:
 
 
 class SourceFiles:
-    """Open file descriptors of source shards, shared by all reads of one run."""
+    """Open file descriptors of source shards, shared by all reads of one run. (A streamed
+    run's reads come from the Hub instead: `local` is False there, and `fd` has no file.)"""
+
+    local = True
 
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
@@ -285,6 +288,10 @@ class SourceFiles:
         if dst.numel() * dst.element_size() != want:
             raise ValueError(f"{info.name}: buffer of wrong size for rows {start}:{stop}")
         pread_into(self.fd(info.file), info.start + start * info.row_bytes, dst, info.file)
+
+    def read_bytes(self, path: Path, offset: int, dst: torch.Tensor) -> None:
+        """Fill the contiguous `dst` with the bytes of `path` from `offset`."""
+        pread_into(self.fd(path), offset, dst, path)
 
     def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
         """Ask the kernel to start reading rows [start, start + count) of `info` into the page

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+from .hub_server import PROXIES, FakeHub, hf_env, loopback_only
 
 
 def pytest_collection_modifyitems(config, items):
@@ -11,3 +15,36 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """A fresh fake Hub, with this process's huggingface_hub pointed at it."""
+    from huggingface_hub import constants
+
+    loopback_only(monkeypatch.setattr)
+    server = FakeHub().start()
+    home = tmp_path / "hf"
+    for k in list(os.environ):
+        if k.startswith(("HF_", "HUGGING")) or k.lower() in PROXIES:
+            monkeypatch.delenv(k)
+    for k, v in hf_env(server, home).items():
+        monkeypatch.setenv(k, v)
+    # huggingface_hub read these from the environment when it was imported
+    for name, value in {
+        "ENDPOINT": server.url,
+        "HUGGINGFACE_CO_URL_TEMPLATE": server.url + "/{repo_id}/resolve/{revision}/{filename}",
+        "HF_HOME": str(home),
+        "HF_HUB_CACHE": str(home / "hub"),
+        "HUGGINGFACE_HUB_CACHE": str(home / "hub"),
+        "HF_TOKEN_PATH": str(home / "token"),
+        "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"),
+        "HF_XET_CACHE": str(home / "xet"),
+        "AGENT_HARNESSES_PATH": str(home / ".agent_harnesses.json"),
+        "HF_HUB_OFFLINE": False,
+        "HF_HUB_DISABLE_XET": True,
+        "HF_HUB_DISABLE_TELEMETRY": True,
+    }.items():
+        monkeypatch.setattr(constants, name, value)
+    yield server
+    server.stop()

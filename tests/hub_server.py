@@ -34,6 +34,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 TOKEN = "hf_fiConvertTestToken0123456789abcdefXYZ"
@@ -91,6 +92,7 @@ class Rule:
     pattern: re.Pattern
     status: int
     times: int
+    after: int = 0  # matching requests let through before the first failure
 
 
 class Hold:
@@ -112,6 +114,7 @@ class FakeHub:
         self.lfs: dict[str, bytes] = {}
         self.log: list[tuple[str, str]] = []
         self.puts: list[str] = []  # LFS objects stored by PUT, in order
+        self.reads: list[tuple[str, str | None]] = []  # blobs served: (etag, Range header)
         self.tokens_seen: list[str | None] = []
         self.rules: list[Rule] = []
         self.holds: list[Hold] = []
@@ -182,9 +185,12 @@ class FakeHub:
                 if (method is None or m == method) and re.search(pattern, unquote(p))
             ]
 
-    def fail(self, method: str, pattern: str, status: int = 500, times: int = 1) -> None:
-        """Answer the next `times` matching requests with HTTP `status`."""
-        self.rules.append(Rule(method, re.compile(pattern), status, times))
+    def fail(
+        self, method: str, pattern: str, status: int = 500, times: int = 1, after: int = 0
+    ) -> None:
+        """Answer the next `times` matching requests with HTTP `status` (after letting
+        `after` of them through)."""
+        self.rules.append(Rule(method, re.compile(pattern), status, times, after))
 
     def hold(self, method: str, pattern: str, after: int) -> Hold:
         h = Hold(method, pattern, after)
@@ -244,7 +250,10 @@ class _Handler(BaseHTTPRequestHandler):
                 ),
                 None,
             )
-            if rule is not None:
+            if rule is not None and rule.after > 0:
+                rule.after -= 1
+                rule = None
+            elif rule is not None:
                 rule.times -= 1
             hold = next(
                 (h for h in hub.holds if h.method == method and h.pattern.search(url.path)), None
@@ -429,6 +438,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Error(404, "no such object")
         headers = {"ETag": f'"{etag}"', "Accept-Ranges": "bytes", **(extra or {})}
         status, body = 200, data
+        if method == "GET":
+            with self.hub.lock:
+                self.hub.reads.append((etag, self.headers.get("Range")))
         m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
         if m:
             a = int(m[1])
@@ -596,3 +608,20 @@ def loopback_only(setattr=setattr) -> None:
 
     setattr(socket.socket, "connect", connect)
     setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+PROXIES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def hf_env(hub: FakeHub, home: Path) -> dict[str, str]:
+    return {
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(home),
+        "HF_HUB_CACHE": str(home / "hub"),
+        "HF_TOKEN": TOKEN,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }

@@ -30,7 +30,9 @@ from fi_convert.errors import SourceError
 from fi_convert.source import open_checkpoint
 from fi_convert.synthetic import Spec, write_checkpoint
 
-from .hub_server import TOKEN, FakeHub, loopback_only
+from .hub_server import PROXIES as _PROXIES
+from .hub_server import TOKEN, FakeHub
+from .hub_server import hf_env as _hf_env
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = "fi-convert-manifest.json"
@@ -43,7 +45,6 @@ LAUNCH = (
     "from tests.hub_server import loopback_only; loopback_only(); "
     "from fi_convert.cli import main; main()"
 )
-_PROXIES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 # huggingface_hub's own LFS upload passes a file as `data=` to httpx2
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 
@@ -77,53 +78,6 @@ def repo_files(src: Path) -> dict[str, bytes]:
     files["original/params.json"] = b"{}"
     files["consolidated.safetensors"] = b"\0" * 64  # not named by the index
     return files
-
-
-def _hf_env(hub: FakeHub, home: Path) -> dict[str, str]:
-    return {
-        "HF_ENDPOINT": hub.url,
-        "HF_HOME": str(home),
-        "HF_HUB_CACHE": str(home / "hub"),
-        "HF_TOKEN": TOKEN,
-        "HF_HUB_DISABLE_XET": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "NO_PROXY": "127.0.0.1,localhost",
-    }
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """A fresh fake Hub, with this process's huggingface_hub pointed at it."""
-    from huggingface_hub import constants
-
-    loopback_only(monkeypatch.setattr)
-    server = FakeHub().start()
-    home = tmp_path / "hf"
-    for k in list(os.environ):
-        if k.startswith(("HF_", "HUGGING")) or k.lower() in _PROXIES:
-            monkeypatch.delenv(k)
-    for k, v in _hf_env(server, home).items():
-        monkeypatch.setenv(k, v)
-    # huggingface_hub read these from the environment when it was imported
-    for name, value in {
-        "ENDPOINT": server.url,
-        "HUGGINGFACE_CO_URL_TEMPLATE": server.url + "/{repo_id}/resolve/{revision}/{filename}",
-        "HF_HOME": str(home),
-        "HF_HUB_CACHE": str(home / "hub"),
-        "HUGGINGFACE_HUB_CACHE": str(home / "hub"),
-        "HF_TOKEN_PATH": str(home / "token"),
-        "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"),
-        "HF_XET_CACHE": str(home / "xet"),
-        "AGENT_HARNESSES_PATH": str(home / ".agent_harnesses.json"),
-        "HF_HUB_OFFLINE": False,
-        "HF_HUB_DISABLE_XET": True,
-        "HF_HUB_DISABLE_TELEMETRY": True,
-    }.items():
-        monkeypatch.setattr(constants, name, value)
-    yield server
-    server.stop()
 
 
 def cli(*args):

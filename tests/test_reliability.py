@@ -456,7 +456,7 @@ def rss(key):
 convert(root / "small", root / "o-small", Options(SchemeName.FP8_BLOCK), device=dev)
 base = rss("VmRSS")  # torch loaded, its kernels warm (and on CUDA, its context made)
 opts = Options(SchemeName.FP8_BLOCK, max_memory=budget)
-convert(root / "big", root / "o-big", opts, device=dev, overwrite=True)
+convert(root / "big", root / f"o-big-{budget}", opts, device=dev)  # a fresh out-dir each
 print(rss("VmHWM") - base)
 """
 

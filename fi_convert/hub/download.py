@@ -101,7 +101,7 @@ def download(repo_id: str, *, revision: str | None = None, progress: bool = Fals
     }
     from huggingface_hub import snapshot_download
 
-    with progress_bars(progress), _download_errors(repo_id, revision, offline):
+    with progress_bars(progress), download_errors(repo_id, revision, offline):
         # 1. the small files (config, tokenizer, index, ...): no weights at all
         snap = Path(
             snapshot_download(
@@ -158,7 +158,7 @@ def _not_cached(repo_id: str, revision: str | None) -> str:
 
 
 @contextmanager
-def _download_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[None]:
+def download_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[None]:
     from huggingface_hub import errors as he
 
     incomplete = getattr(he, "IncompleteSnapshotError", None)

@@ -109,7 +109,7 @@ def push(
     manifest = upload_manifest(m, card)
     names = [n for n in m["files"] if n not in (MANIFEST_NAME, CARD_NAME)]
     api = HfApi(endpoint=endpoint(), library_name=LIBRARY, library_version=__version__)
-    with progress_bars(progress), _push_errors(repo_id):
+    with progress_bars(progress), push_errors(repo_id):
         url = str(api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model"))
         if revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
@@ -154,7 +154,7 @@ def _remote_top_level(api, repo_id: str, revision: str) -> dict[str, str]:
 
 
 @contextmanager
-def _push_errors(repo_id: str) -> Iterator[None]:
+def push_errors(repo_id: str) -> Iterator[None]:
     from huggingface_hub import errors as he
 
     try:

@@ -1,0 +1,256 @@
+"""A Hub repo at one commit, read by byte ranges: a conversion that never downloads a whole
+source shard.
+
+`mirror` writes a local folder that reads as the checkpoint: its small files (config,
+tokenizer, index) downloaded, each safetensors shard a sparse file of its real size that
+holds only its header (the filesystem stores no data blocks for the rest). The plan is made
+from that folder as from any other, headers checked as strictly as ever. The shards' data
+then comes through `RemoteSourceFiles`, which answers every read the converter makes with an
+HTTP range request for exactly those bytes, straight into the converter's buffer. So the
+source takes no disk at all, whatever its size, and each byte is fetched once.
+
+A sparse shard must never be read as if it held data (its data reads as zeros): only
+`RemoteSourceFiles` reads the mirror's shards, and it has no file descriptor to give out.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import __version__, dtypes
+from ..errors import HubError, SourceError
+from ..source import INDEX_NAME
+from ..st_io import SourceFiles, TensorInfo, _as_bytes
+from .common import (
+    LIBRARY,
+    brief,
+    endpoint,
+    http_message,
+    hub_url,
+    is_offline,
+    progress_bars,
+    transport_errors,
+)
+from .download import IGNORE_PATTERNS, download_errors
+
+HEADER_LIMIT = 100_000_000  # the safetensors library's own limit on a header
+RETRIES = 4
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)$")
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str
+    size: int
+    sha256: str | None  # LFS files: the SHA-256 of their content, as the Hub records it
+
+
+class RemoteRepo:
+    """The files of `repo_id` at `commit`, and reads of their byte ranges."""
+
+    def __init__(self, repo_id: str, commit: str, files: dict[str, RemoteFile]) -> None:
+        self.repo_id, self.commit, self.files = repo_id, commit, files
+        self.requests = 0  # range requests made (the tests count them)
+        self.bytes_read = 0
+
+    @classmethod
+    def open(cls, repo_id: str, revision: str | None = None) -> RemoteRepo:
+        """Resolve `revision` (default: the main branch) to its commit and list the files."""
+        if is_offline():
+            raise HubError(
+                f"{repo_id}: HF_HUB_OFFLINE=1 forbids reading the Hub, and streaming a repo "
+                "reads it; run without it, or download the repo and convert the folder"
+            )
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+
+        api = HfApi(endpoint=endpoint(), library_name=LIBRARY, library_version=__version__)
+        with download_errors(repo_id, revision, False):
+            commit = api.model_info(repo_id, revision=revision).sha
+            assert commit is not None
+            files = {
+                f.path: RemoteFile(f.path, f.size, f.lfs.sha256 if f.lfs else None)
+                for f in api.list_repo_tree(repo_id, revision=commit, recursive=True)
+                if isinstance(f, RepoFile)
+            }
+        return cls(repo_id, commit, files)
+
+    def url(self, name: str) -> str:
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(self.repo_id, name, revision=self.commit, endpoint=endpoint())
+
+    def read_into(self, name: str, offset: int, dst: memoryview) -> None:
+        """Fill `dst` with bytes [offset, offset + len(dst)) of file `name`, retrying a lost
+        connection (a read is idempotent)."""
+        if not len(dst):
+            return
+        for attempt in range(RETRIES + 1):
+            try:
+                self._get(name, offset, dst)
+                return
+            except transport_errors() as e:
+                if attempt == RETRIES:
+                    raise HubError(
+                        f"{self.repo_id}: lost the connection while reading {name} from "
+                        f"{hub_url(self.repo_id)} ({type(e).__name__}: {brief(e)}); check the "
+                        "network, then run the same command again - it resumes"
+                    ) from None
+                time.sleep(min(8.0, 0.5 * 2**attempt))
+
+    def _get(self, name: str, offset: int, dst: memoryview) -> None:
+        from huggingface_hub import errors as he
+        from huggingface_hub.utils import build_hf_headers, get_session
+
+        end = offset + len(dst) - 1
+        headers = build_hf_headers(library_name=LIBRARY, library_version=__version__)
+        headers["Range"] = f"bytes={offset}-{end}"
+        self.requests += 1
+        with get_session().stream(
+            "GET", self.url(name), headers=headers, follow_redirects=True
+        ) as r:
+            if r.status_code >= 400:
+                r.read()
+                try:
+                    from huggingface_hub.utils import hf_raise_for_status
+
+                    hf_raise_for_status(r)
+                except he.HfHubHTTPError as e:
+                    raise HubError(http_message(self.repo_id, e, "download")) from None
+            got = _CONTENT_RANGE.match(r.headers.get("content-range", ""))
+            whole = r.status_code == 200 and offset == 0
+            if not whole and (got is None or (int(got[1]), int(got[2])) != (offset, end)):
+                raise HubError(
+                    f"{self.repo_id}: the Hub answered a read of {name} bytes {offset}-{end} "
+                    f"with HTTP {r.status_code} {r.headers.get('content-range', '')!r}, not "
+                    "those bytes; run again later"
+                )
+            done = 0
+            for chunk in r.iter_bytes():
+                n = min(len(chunk), len(dst) - done)
+                dst[done : done + n] = chunk[:n]
+                done += n
+                if done == len(dst):
+                    break
+        if done != len(dst):
+            raise ConnectionError(f"{name}: {done} of {len(dst)} bytes arrived")
+        self.bytes_read += done
+
+    def read(self, name: str, offset: int, n: int) -> bytes:
+        buf = bytearray(n)
+        self.read_into(name, offset, memoryview(buf))
+        return bytes(buf)
+
+
+def _ignored(name: str) -> bool:
+    from fnmatch import fnmatch
+
+    return any(fnmatch(name, p) for p in IGNORE_PATTERNS)
+
+
+def mirror(repo: RemoteRepo, dest: Path, *, progress: bool = False) -> Path:
+    """Write `dest`: the repo's small top-level files as they are, its safetensors shards as
+    sparse files holding only their headers (see the module's docstring)."""
+    from huggingface_hub import hf_hub_download
+
+    dest.mkdir(parents=True, exist_ok=True)
+    top = {n: f for n, f in repo.files.items() if "/" not in n and not _ignored(n)}
+    small = [n for n in top if not n.endswith(".safetensors")]
+    with progress_bars(progress), download_errors(repo.repo_id, repo.commit, False):
+        for name in small:
+            got = hf_hub_download(
+                repo.repo_id,
+                name,
+                revision=repo.commit,
+                endpoint=endpoint(),
+                library_name=LIBRARY,
+                library_version=__version__,
+            )
+            shutil.copyfile(got, dest / name)
+    for name in _shards(repo, dest, top):
+        _stub(repo, top[name], dest / name)
+    return dest
+
+
+def _shards(repo: RemoteRepo, dest: Path, top: dict[str, RemoteFile]) -> list[str]:
+    """The shards a conversion reads: those the index names, or every top-level one."""
+    import json
+
+    index = dest / INDEX_NAME
+    if not index.is_file():
+        return sorted(n for n in top if n.endswith(".safetensors"))
+    try:
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []  # the checkpoint reader reports the index
+    missing = [n for n in names if isinstance(n, str) and n not in top]
+    if missing:
+        raise HubError(
+            f"{repo.repo_id}: {INDEX_NAME} at commit {repo.commit[:12]} names {missing[0]}, "
+            f"which the repo does not hold ({len(missing)} missing); the repo is incomplete - "
+            "ask its owner, or pick a complete commit with --revision"
+        )
+    return [n for n in names if isinstance(n, str)]
+
+
+def _stub(repo: RemoteRepo, f: RemoteFile, path: Path) -> None:
+    """A sparse file of `f`'s size whose first bytes are its header."""
+    if f.size < 8:
+        raise SourceError(f"{repo.repo_id}/{f.name}: shorter than a safetensors header")
+    n = int.from_bytes(repo.read(f.name, 0, 8), "little")
+    if n > min(HEADER_LIMIT, f.size - 8):
+        raise SourceError(
+            f"{repo.repo_id}/{f.name}: header length {n} does not fit the file "
+            f"({f.size} bytes); the file is corrupt"
+        )
+    head = repo.read(f.name, 0, 8 + n)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as out:
+        out.write(head)
+        out.truncate(f.size)  # the rest is a hole: no disk blocks
+    os.replace(tmp, path)
+
+
+class RemoteSourceFiles(SourceFiles):
+    """Reads of the mirror's shards, answered from the Hub by range requests."""
+
+    local = False
+
+    def __init__(self, repo: RemoteRepo, root: Path) -> None:
+        super().__init__()
+        self.repo, self.root = repo, root.resolve()
+
+    def _name(self, path: Path) -> str:
+        rel = Path(path).resolve().relative_to(self.root)
+        return rel.as_posix()
+
+    def fd(self, path: Path) -> int:
+        raise SourceError(
+            f"{path}: a streamed shard holds no data on disk; this read must go through "
+            "RemoteSourceFiles (an fi-convert bug: please report it)"
+        )
+
+    def read_rows(self, info: TensorInfo, start: int, stop: int, dst: torch.Tensor) -> None:
+        want = (stop - start) * info.row_bytes
+        if dst.numel() * dst.element_size() != want:
+            raise ValueError(f"{info.name}: buffer of wrong size for rows {start}:{stop}")
+        offset = info.start + start * info.row_bytes
+        self.repo.read_into(self._name(info.file), offset, _as_bytes(dst))
+
+    def read_bytes(self, path: Path, offset: int, dst: torch.Tensor) -> None:
+        self.repo.read_into(self._name(path), offset, _as_bytes(dst))
+
+    def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
+        return  # reads are requests of their own
+
+    def read(self, info: TensorInfo) -> torch.Tensor:
+        t = torch.empty(info.shape, dtype=dtypes.to_torch(info.dtype))
+        self.repo.read_into(self._name(info.file), info.start, _as_bytes(t))
+        return t

@@ -1,0 +1,365 @@
+"""Convert straight to a Hub repo within a disk budget: a 700 GB checkpoint on a CI runner
+with 14 GB of disk.
+
+The source is read where it is: a local folder, or a Hub repo by byte ranges (`remote`), so
+it takes no disk. Output shards are written to a staging folder, each uploaded to the target
+in a commit of its own as soon as it is complete and then deleted, while the next ones are
+made; a shard is started only when the staged bytes leave room for it in `max_disk`.
+
+The target repo is the run's journal: each shard's commit also writes `PROGRESS_NAME`, the
+plan's key and the SHA-256 and size of every shard uploaded so far. A rerun (on a bare machine,
+after a killed job) reads it back and skips every shard the target holds with that SHA-256 (the
+Hub's LFS metadata gives each file's), so only the rest is converted and uploaded. As a push,
+the index, side files, model card and manifest go up last, in one commit that also removes
+what an older output left there: a repo with a manifest is a complete one.
+
+Each upload uses the SHA-256 computed while the shard was written: the bytes are never read
+again to be hashed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import __version__, outdir
+from .. import manifest as mf
+from ..errors import HubError, OutputError
+from ..pipeline import ProgressFn, resolve_device, write_shards
+from ..plan import MANIFEST_NAME, Plan, ShardPlan
+from ..source import INDEX_NAME
+from ..st_io import ShardWriter, SourceFiles, sha256_file
+from .card import CARD_NAME, model_card, upload_manifest
+from .common import LIBRARY, endpoint, is_offline, is_repo_id
+from .push import push_errors
+
+PROGRESS_NAME = ".fi-convert/progress.json"
+PROGRESS_FORMAT = "fi-convert-progress"
+STAGING_MARK = ".fi-convert-staging"
+DEFAULT_MAX_DISK = 12 << 30  # fits a standard hosted runner (about 14 GB free)
+COPY_PIECE = 64 << 20
+
+
+@dataclass
+class StreamResult:
+    repo_id: str
+    url: str
+    commit: str | None
+    files: int
+    uploaded: list[str]
+    skipped: list[str]  # shards the target held already (a resumed run)
+    peak_disk: int
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {
+            "repo_id": self.repo_id,
+            "url": self.url,
+            "commit": self.commit,
+            "files": self.files,
+            "uploaded_shards": self.uploaded,
+            "skipped_shards": self.skipped,
+            "peak_disk_bytes": self.peak_disk,
+            "warnings": self.warnings,
+        }
+
+
+class Staging:
+    """The staging folder: where a shard is written before its upload (a `ShardDir`)."""
+
+    def __init__(self, root: Path, source: SourceFiles) -> None:
+        self.root, self.source = root, source
+
+    @classmethod
+    def claim(cls, root: Path, source: SourceFiles) -> Staging:
+        if root.exists() and not root.is_dir():
+            raise OutputError(f"{root}: exists and is not a folder; choose another out-dir")
+        if root.is_dir() and any(root.iterdir()) and not (root / STAGING_MARK).is_file():
+            raise OutputError(
+                f"{root}: not empty, and a streamed conversion stages its shards there and "
+                "removes them; choose an empty or new out-dir"
+            )
+        root.mkdir(parents=True, exist_ok=True)
+        (root / STAGING_MARK).write_text("shards staged for upload by fi-convert; safe to delete\n")
+        for p in root.glob("*.safetensors*"):  # an interrupted run's: the Hub is the journal
+            p.unlink()
+        return cls(root, source)
+
+    def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict:
+        sha, size = write(shard).finish()
+        return {"sha256": sha, "size": size}
+
+    def copy_file(self, src: Path, rel: str) -> dict:
+        """A source shard without experts, byte for byte, read through the source."""
+        dst, tmp = self.root / rel, self.root / (rel + ".fi-convert-tmp")
+        size = src.stat().st_size
+        buf = torch.empty(min(COPY_PIECE, max(size, 1)), dtype=torch.uint8)
+        try:
+            with open(tmp, "wb") as f:
+                for off in range(0, size, COPY_PIECE):
+                    piece = buf[: min(COPY_PIECE, size - off)]
+                    self.source.read_bytes(src, off, piece)
+                    f.write(piece.numpy().tobytes())
+            shutil.move(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return {"sha256": sha256_file(dst), "size": size}
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class HubSink:
+    """Uploads each finished shard in a commit of its own, in order of completion, and keeps
+    the staged bytes within `max_disk` (a `ShardSink`)."""
+
+    def __init__(self, api, repo_id: str, revision: str, key: str, staging: Staging,
+                 max_disk: int, held: dict[str, dict]) -> None:  # fmt: skip
+        self.api, self.repo_id, self.revision, self.key = api, repo_id, revision, key
+        self.staging, self.max_disk = staging, max_disk
+        self.held = held  # shard -> meta the target holds already, for this plan
+        self.done: dict[str, dict] = dict(held)
+        self.uploaded: list[str] = []
+        self.skipped: list[str] = []
+        self.staged = 0  # bytes on disk or reserved for a shard being made
+        self.peak = 0
+        self.room = threading.Condition()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-upload")
+        self.pending: list[Future] = []
+        self.failed: BaseException | None = None
+
+    def before(self, shard: ShardPlan) -> dict | None:
+        if shard.name in self.held:
+            self.skipped.append(shard.name)
+            return self.held[shard.name]
+        need = shard.nbytes + (1 << 20)  # and its header
+        with self.room:
+            while self.staged and self.staged + need > self.max_disk and self.failed is None:
+                self.room.wait(1.0)
+            if self.failed is not None:
+                raise self.failed
+            self.staged += need
+        return None
+
+    def after(self, shard: ShardPlan, meta: dict) -> None:
+        if shard.name in self.held:
+            return
+        need = shard.nbytes + (1 << 20)
+        with self.room:  # the reservation becomes the file
+            self.staged += meta["size"] - need
+            self.peak = max(self.peak, self.staged)
+        self.pending.append(self.pool.submit(self._upload, shard.name, meta))
+
+    def _upload(self, name: str, meta: dict) -> None:
+        from huggingface_hub import CommitOperationAdd
+
+        path = self.staging.root / name
+        try:
+            op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
+            op.upload_info.sha256 = bytes.fromhex(meta["sha256"])  # hashed while written
+            with push_errors(self.repo_id):
+                self.done[name] = meta
+                progress = _progress_bytes(self.key, self.done, complete=False)
+                self.api.create_commit(
+                    repo_id=self.repo_id,
+                    repo_type="model",
+                    revision=self.revision,
+                    operations=[op, CommitOperationAdd(PROGRESS_NAME, progress)],
+                    commit_message=f"Upload {name} (fi-convert {__version__})",
+                )
+            self.uploaded.append(name)
+        except BaseException as e:
+            self.done.pop(name, None)
+            with self.room:
+                self.failed = self.failed or e
+                self.room.notify_all()
+            raise
+        finally:
+            path.unlink(missing_ok=True)
+            with self.room:
+                self.staged -= meta["size"]
+                self.room.notify_all()
+
+    def drain(self) -> None:
+        """Wait for every upload; raise the first failure."""
+        for f in self.pending:
+            f.exception()
+        self.pool.shutdown(wait=True)
+        if self.failed is not None:
+            raise self.failed
+
+    def abandon(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _progress_bytes(key: str, files: dict[str, dict], complete: bool) -> bytes:
+    d = {
+        "format": PROGRESS_FORMAT,
+        "fi_convert_version": __version__,
+        "plan_key": key,
+        "complete": complete,
+        "files": {k: files[k] for k in sorted(files)},
+    }
+    return (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _remote_state(api, repo_id: str, revision: str) -> tuple[dict[str, str | None], dict]:
+    """The target's top-level files (path -> LFS SHA-256, or None for a regular file) and its
+    progress record ({} when there is none or it cannot be read)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.hf_api import RepoFile
+
+    files: dict[str, str | None] = {}
+    for f in api.list_repo_tree(repo_id, revision=revision, repo_type="model", recursive=True):
+        if isinstance(f, RepoFile):
+            files[f.path] = f.lfs.sha256 if f.lfs else None
+    progress: dict = {}
+    if PROGRESS_NAME in files:
+        try:
+            got = hf_hub_download(repo_id, PROGRESS_NAME, revision=revision, endpoint=endpoint())
+            progress = json.loads(Path(got).read_text())
+        except (OSError, ValueError):
+            progress = {}
+    if not isinstance(progress, dict) or progress.get("format") != PROGRESS_FORMAT:
+        progress = {}
+    return files, progress
+
+
+def held_shards(plan: Plan, key: str, files: dict[str, str | None], progress: dict) -> dict:
+    """The shards of `plan` the target holds already: recorded by a run of the same plan and
+    stored on the Hub with the recorded SHA-256."""
+    if progress.get("plan_key") != key or not isinstance(progress.get("files"), dict):
+        return {}
+    held = {}
+    for s in plan.shards:
+        meta = progress["files"].get(s.name)
+        if isinstance(meta, dict) and files.get(s.name) == meta.get("sha256") is not None:
+            held[s.name] = {"sha256": meta["sha256"], "size": meta["size"]}
+    return held
+
+
+def stream_to_hub(
+    plan: Plan,
+    source: SourceFiles,
+    staging_dir: Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str = "main",
+    max_disk: int = DEFAULT_MAX_DISK,
+    device: str = "auto",
+    jobs: int = 0,
+    base_model: str | None = None,
+    base_revision: str | None = None,
+    provenance: dict | None = None,
+    progress: ProgressFn | None = None,
+) -> StreamResult:
+    """Convert `plan` shard by shard into `repo_id` (see the module's docstring)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+    if not is_repo_id(repo_id):
+        raise HubError(f"{repo_id}: not a Hub repo id; push to org/name")
+    if is_offline():
+        raise HubError(f"{repo_id}: HF_HUB_OFFLINE=1 forbids uploading; run without it")
+    largest = max((s.nbytes for s in plan.shards), default=0) + (1 << 20)
+    if largest > max_disk:
+        raise OutputError(
+            f"--max-disk {max_disk >> 20} MiB is less than the largest output shard "
+            f"({largest >> 20} MiB); raise --max-disk or lower --max-shard-size"
+        )
+    dev = resolve_device(device)
+    key = plan.key()
+    api = HfApi(endpoint=endpoint(), library_name=LIBRARY, library_version=__version__)
+    with push_errors(repo_id):
+        url = str(api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model"))
+        if revision != "main":
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        remote, record = _remote_state(api, repo_id, revision)
+        held = held_shards(plan, key, remote, record)
+        if MANIFEST_NAME in remote and record.get("plan_key") != key:
+            # an older output's manifest goes first: it must not vouch for a half-new repo
+            api.create_commit(
+                repo_id=repo_id,
+                repo_type="model",
+                revision=revision,
+                operations=[CommitOperationDelete(MANIFEST_NAME)],
+                commit_message="Remove the old fi-convert manifest: a new conversion begins",
+            )
+    staging = Staging.claim(staging_dir, source)
+    sink = HubSink(api, repo_id, revision, key, staging, max_disk, held)
+    try:
+        written = write_shards(plan, staging, source, dev, progress, jobs, sink)
+        sink.drain()
+    except BaseException:
+        sink.abandon()
+        raise
+    target = outdir.Target.of(plan)
+    files = dict(written.files)
+    final: list = []
+    source_card = None
+    for rel, src in target.side.items():
+        data = src if isinstance(src, bytes) else Path(src).read_bytes()
+        files[rel] = target.side_meta[rel]
+        if rel == CARD_NAME:  # the source's card: the model card takes its place
+            source_card = data.decode(errors="replace")
+        else:
+            final.append(CommitOperationAdd(rel, data))
+    files[INDEX_NAME] = {"sha256": _sha(target.index), "size": len(target.index)}
+    final.append(CommitOperationAdd(INDEX_NAME, target.index))
+    m = mf.build(plan, files)
+    if provenance:
+        m["source"].update(provenance)
+    card = model_card(
+        m,
+        repo_id=repo_id,
+        base_model=base_model,
+        base_revision=base_revision,
+        source_card=source_card,
+    ).encode()
+    manifest = upload_manifest(m, card)
+    keep = {*files, CARD_NAME, MANIFEST_NAME, PROGRESS_NAME, ".gitattributes"}
+    final += [CommitOperationDelete(p) for p in sorted(remote) if _stale(p, keep)]
+    final += [
+        CommitOperationAdd(CARD_NAME, card),
+        CommitOperationAdd(PROGRESS_NAME, _progress_bytes(key, sink.done, complete=True)),
+        CommitOperationAdd(MANIFEST_NAME, manifest),
+    ]
+    what = f"{m['scheme']} ({m['backend']}, TP {m['tp_size']})"
+    with push_errors(repo_id):
+        info = api.create_commit(
+            repo_id=repo_id,
+            repo_type="model",
+            revision=revision,
+            operations=final,
+            commit_message=f"Add the fi-convert manifest, index and model card ({what})",
+        )
+    staging.remove()
+    return StreamResult(
+        repo_id,
+        url,
+        info.oid,
+        len(files) + 2,
+        sorted(sink.uploaded),
+        sorted(sink.skipped),
+        sink.peak,
+        written.warnings,
+    )
+
+
+def _stale(path: str, keep: set[str]) -> bool:
+    """A file an older output left on the target (hidden files are the repo's own)."""
+    return path not in keep and not any(part.startswith(".") for part in path.split("/"))
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()

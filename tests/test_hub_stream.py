@@ -1,0 +1,142 @@
+"""Streaming conversions to the Hub within a disk budget (fi_convert.hub.stream), from a local
+folder and from a Hub repo read by byte ranges (fi_convert.hub.remote), against the loopback
+Hub look-alike with the real huggingface_hub client (see tests/test_hub.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from fi_convert import Options
+from fi_convert.hub import remote, stream
+from fi_convert.plan import make_plan
+from fi_convert.st_io import SourceFiles
+from fi_convert.synthetic import Spec, write_checkpoint
+
+from .test_hub import MANIFEST, TARGET, repo_files
+
+SRC = "acme/big-moe"
+# 4 source shards, 4 MoE layers: several output shards, each a fraction of the whole
+SPEC = Spec("qwen3-moe", layers=4, experts=4, hidden=128, intermediate=128, shards=4)
+OPTS = Options(scheme="bf16", max_shard_bytes=300_000)
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("big") / "big-moe"
+    write_checkpoint(d, SPEC)
+    (d / "README.md").write_text("---\nlicense: mit\n---\n\n# big-moe\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def local_out(big, tmp_path_factory) -> Path:
+    """The same conversion written locally: what the streamed target must hold."""
+    from fi_convert import convert
+
+    out = tmp_path_factory.mktemp("local") / "out"
+    convert(big, out, OPTS, device="cpu")
+    return out
+
+
+def _shards(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.glob("*.safetensors"))}
+
+
+def _target_shards(hub) -> dict[str, bytes]:
+    return {p: b for p, b in hub.files(TARGET).items() if p.endswith(".safetensors")}
+
+
+def _stream_local(big, tmp_path, **kw):
+    plan = make_plan(big, OPTS)
+    return stream.stream_to_hub(
+        plan, SourceFiles(), tmp_path / "staging", TARGET, device="cpu", **kw
+    )
+
+
+def _stream_remote(hub, tmp_path, name="mirror", **kw):
+    repo = remote.RemoteRepo.open(SRC)
+    root = remote.mirror(repo, tmp_path / name)
+    plan = make_plan(root, OPTS)
+    files = remote.RemoteSourceFiles(repo, root)
+    res = stream.stream_to_hub(
+        plan, files, tmp_path / f"{name}-staging", TARGET, device="cpu", **kw
+    )
+    return res, repo, plan
+
+
+def test_a_local_folder_streams_to_the_hub_as_the_local_conversion(hub, big, local_out, tmp_path):
+    res = _stream_local(big, tmp_path)
+    assert len(_shards(local_out)) >= 4
+    assert _target_shards(hub) == _shards(local_out)
+    files = hub.files(TARGET)
+    assert (
+        files["model.safetensors.index.json"]
+        == (local_out / "model.safetensors.index.json").read_bytes()
+    )
+    assert files["config.json"] == (local_out / "config.json").read_bytes()
+    m = json.loads(files[MANIFEST])
+    for name, meta in m["files"].items():  # every file on the target is the manifest's
+        assert hashlib.sha256(files[name]).hexdigest() == meta["sha256"], name
+    # one commit per shard, then index, side files, card and manifest together, last
+    messages = hub.repos[TARGET].messages
+    assert MANIFEST in messages[-1][2] and "README.md" in messages[-1][2]
+    assert sorted(res.uploaded) == sorted(_shards(local_out))
+    assert not (tmp_path / "staging").exists()  # the staging folder is gone
+
+
+def test_a_hub_repo_streams_by_byte_ranges_without_a_whole_shard_read(
+    hub, big, local_out, tmp_path
+):
+    hub.add_repo(SRC, repo_files(big))
+    res, repo, plan = _stream_remote(hub, tmp_path)
+    assert _target_shards(hub) == _shards(local_out)
+    shard_oids = {f.sha256 for n, f in repo.files.items() if n.endswith(".safetensors")}
+    reads = [(etag, rng) for etag, rng in hub.reads if etag in shard_oids]
+    assert reads and all(rng is not None for _, rng in reads)  # only range reads
+    # every byte of the source's shards read exactly once (and each header's length twice)
+    total = sum(p.stat().st_size for p in plan.ckpt.shards)
+    assert repo.bytes_read == total + 8 * len(plan.ckpt.shards)
+    # the mirror holds headers only: its shards are sparse
+    for p in plan.ckpt.shards:
+        assert p.stat().st_blocks * 512 < p.stat().st_size / 4, p.name
+
+
+def test_the_staged_bytes_stay_within_the_disk_budget(hub, big, local_out, tmp_path):
+    sizes = [len(b) for b in _shards(local_out).values()]
+    budget = 2 * max(sizes) + (2 << 20)
+    res = _stream_local(big, tmp_path, max_disk=budget)
+    assert res.peak_disk <= budget
+    assert _target_shards(hub) == _shards(local_out)
+
+
+def test_a_budget_below_one_shard_is_refused_before_anything_is_written(hub, big, tmp_path):
+    from fi_convert.errors import OutputError
+
+    with pytest.raises(OutputError, match="--max-disk .* less than the largest output shard"):
+        _stream_local(big, tmp_path, max_disk=100_000)
+    assert TARGET not in hub.repos
+
+
+def test_a_rerun_after_a_failed_upload_resumes_from_the_target(hub, big, local_out, tmp_path):
+    """The third shard's commit fails; the rerun, in a fresh staging folder (a bare machine),
+    converts and uploads only the shards the target does not hold, and ends as one run."""
+    from fi_convert.errors import HubError
+
+    hub.add_repo(SRC, repo_files(big))
+    n = len(_shards(local_out))
+    hub.fail("POST", f"/api/models/{TARGET}/commit/", status=500, times=1, after=2)
+    with pytest.raises(HubError):
+        _stream_remote(hub, tmp_path, "first")
+    hub.rules.clear()
+    first = set(_target_shards(hub))
+    assert 0 < len(first) < n and MANIFEST not in hub.files(TARGET)
+    res, _, _ = _stream_remote(hub, tmp_path, "second")
+    assert set(res.skipped) == first
+    assert set(res.uploaded) == set(_shards(local_out)) - first
+    assert _target_shards(hub) == _shards(local_out)
+    assert MANIFEST in hub.files(TARGET)
