@@ -29,13 +29,13 @@ from rich.progress import (
 from rich.table import Table
 
 from . import __version__
-from .errors import FiConvertError
+from .errors import FiConvertError, SourceError
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Backend, SchemeName
 
 if TYPE_CHECKING:  # the library (and torch) is imported by the commands that use it
     from . import hub
     from .pipeline import Progress as LibProgress
-    from .plan import Plan
+    from .plan import Options, Plan
 
 app = typer.Typer(
     help="Convert MoE checkpoints offline into FlashInfer's kernel layouts.\n\n"
@@ -200,6 +200,25 @@ def convert_cmd(
             "and thrown away (CI), where waiting for the disk buys nothing."
         ),
     ] = True,
+    stream: Annotated[
+        bool | None,
+        typer.Option(
+            "--stream/--no-stream",
+            help="With --push-to: upload each output shard as soon as it is made and delete "
+            "it, keeping disk use under --max-disk; a Hub source is read by byte ranges, never "
+            "downloaded. OUT_DIR is then only a staging folder. Default: on for a Hub source.",
+        ),
+    ] = None,
+    max_disk: Annotated[
+        int,
+        typer.Option(
+            parser=parse_size,
+            metavar="SIZE",
+            show_default=False,
+            help="Disk budget of a streamed run's staged shards (default: 12GiB, which fits a "
+            "standard hosted CI runner).",
+        ),
+    ] = 0,
     as_json: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
     debug: DebugOpt = False,
@@ -212,13 +231,26 @@ def convert_cmd(
     opts = Options(scheme, backend, tp_size, max_shard_size, max_memory)
     if (private or base_model) and not push_to:
         raise typer.BadParameter("--private and --base-model go with --push-to")
+    if (stream or max_disk) and not push_to:
+        raise typer.BadParameter("--stream and --max-disk go with --push-to")
     show = err.is_terminal and not quiet and not as_json
     pushed = None
+    local = Path(model_dir).exists()
+    if stream is None:
+        stream = bool(push_to) and (not local or bool(max_disk))
     try:
+        if push_to:  # fail in seconds, not after the conversion
+            hub.check_target(push_to)
+        if stream and not dry_run:
+            assert push_to is not None
+            _streamed(model_dir, out_dir, push_to, opts, revision, private, base_model,
+                      max_disk, device, jobs, show, as_json)  # fmt: skip
+            return
         src = hub.resolve_source(model_dir, revision=revision, progress=show)
         if src.repo_id and not as_json:
             err.print(f"source: {src.repo_id} at {src.commit} ({escape(str(src.path))})")
         plan = make_plan(src.path, opts)
+        plan.provenance = provenance(src.repo_id, src.commit, plan)
         if not dry_run:
             preflight(plan, out_dir, device=device, overwrite=overwrite)
         if plan.detected and not as_json:
@@ -281,6 +313,98 @@ def convert_cmd(
     )
     if pushed:
         _render_push(out_dir, pushed)
+
+
+def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
+    """The manifest's record of where a conversion's source came from: for a Hub repo, its id
+    and the exact commit, and the command that converts it (local paths never appear)."""
+    if repo_id is None:
+        return {}
+    o = plan.options
+    cmd = f"fi-convert {repo_id} OUT_DIR --revision {commit} --scheme {plan.scheme.value} "
+    cmd += f"--backend {o.backend.value} --tp-size {o.tp_size}"
+    if o.max_shard_bytes:
+        cmd += f" --max-shard-size {o.max_shard_bytes}"
+    return {"repo_id": repo_id, "revision": commit, "command": cmd}
+
+
+def _streamed(
+    model_dir: str,
+    out_dir: Path,
+    push_to: str,
+    opts: Options,
+    revision: str | None,
+    private: bool,
+    base_model: str | None,
+    max_disk: int,
+    device: str,
+    jobs: int,
+    show: bool,
+    as_json: bool,
+) -> None:
+    """Convert shard by shard straight to the Hub (hub.stream): a Hub source read by byte
+    ranges, each output shard uploaded as soon as it is made."""
+    from . import hub
+    from .hub import remote, stream
+    from .plan import make_plan
+    from .st_io import SourceFiles
+
+    local = Path(model_dir).exists()
+    if local and revision is not None:
+        raise SourceError(
+            f"{model_dir}: a local folder, and --revision applies only to a Hub repo id; "
+            "drop --revision, or pass the repo id (org/name)"
+        )
+    repo_id = commit = None
+    if local:
+        root, files = Path(model_dir), SourceFiles()
+    else:
+        if not hub.is_repo_id(model_dir):
+            raise SourceError(
+                f"{model_dir}: no such folder, and not a Hub repo id (org/name); pass a local "
+                "model folder or a repo id"
+            )
+        repo = remote.RemoteRepo.open(model_dir, revision)
+        repo_id, commit = repo.repo_id, repo.commit
+        if not as_json:
+            err.print(f"source: {repo_id} at {commit}, read by byte ranges (nothing downloaded)")
+        staging = stream.Staging.claim(out_dir, SourceFiles())
+        root = remote.mirror(repo, staging.root / ".source", progress=show)
+        files = remote.RemoteSourceFiles(repo, root)
+    plan = make_plan(root, opts)
+    plan.provenance = provenance(repo_id, commit, plan)
+    if plan.detected and not as_json:
+        err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
+    for note in plan.notes:
+        err.print(f"[yellow]warning:[/yellow] {escape(note)}")
+    base = base_model or repo_id
+    summary = plan.summary()  # before the staging folder, the mirror in it included, goes
+    with _progress(show) as cb:
+        res = stream.stream_to_hub(
+            plan,
+            files,
+            out_dir,
+            push_to,
+            private=private,
+            max_disk=max_disk or stream.DEFAULT_MAX_DISK,
+            device=device,
+            jobs=jobs,
+            base_model=base,
+            base_revision=commit,
+            progress=cb,
+        )
+    if as_json:
+        out.print_json(json.dumps({**summary, "push": res.summary()}))
+        return
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    again = f", {len(res.skipped)} already there" if res.skipped else ""
+    out.print(
+        f"[green]pushed[/green]: {len(plan.layers)} MoE layers -> {escape(res.url)} "
+        f"({plan.scheme.value}, {plan.options.backend.value}, tp {plan.options.tp_size}; "
+        f"{len(res.uploaded)} shards uploaded{again}, peak staged "
+        f"{res.peak_disk / 2**30:.2f} GiB; commit {(res.commit or '')[:12]})"
+    )
 
 
 def _push_after_convert(
@@ -462,11 +586,6 @@ def push_cmd(
     from . import hub
 
     show = err.is_terminal and not quiet and not as_json
-    if base_model is None:
-        err.print(
-            "[yellow]warning:[/yellow] the model card names no base model; "
-            "pass --base-model org/name to link it"
-        )
     try:
         res = hub.push(
             out_dir,
@@ -480,8 +599,13 @@ def push_cmd(
         raise _fail(e, debug) from None
     if as_json:
         out.print_json(json.dumps(res.summary()))
-    else:
-        _render_push(out_dir, res)
+        return
+    if res.base_model is None:
+        err.print(
+            "[yellow]warning:[/yellow] the model card names no base model; "
+            "pass --base-model org/name to link it"
+        )
+    _render_push(out_dir, res)
 
 
 @app.command("version")

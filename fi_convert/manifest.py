@@ -60,6 +60,7 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
             "family": plan.family.name,
             "fingerprint": plan.ckpt.fingerprint,
             "shards": len(plan.ckpt.shards),
+            **plan.provenance,
         },
         "layers": layers,
         "files": {k: files[k] for k in sorted(files)},
@@ -344,4 +345,11 @@ def _source_problems(src: object) -> list[str]:
     n = src.get("shards")
     if not (type(n) is int and n >= 1):
         out.append(f"source.shards is {show(n)}, not a positive integer")
+    # provenance, when the source was a Hub repo: its id, the commit, the command
+    if "repo_id" in src and not (isinstance(src["repo_id"], str) and "/" in src["repo_id"]):
+        out.append(f"source.repo_id is {show(src['repo_id'])}, not a Hub repo id")
+    if "revision" in src and not is_hex(src["revision"], 40):
+        out.append(f"source.revision is {show(src['revision'])}, not a commit id")
+    if "command" in src and not isinstance(src["command"], str):
+        out.append(f"source.command is {show(src['command'])}, not a string")
     return out

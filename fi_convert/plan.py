@@ -83,6 +83,9 @@ class Plan:
     side_files: list[str]
     passthrough_count: int = 0
     notes: list[str] = field(default_factory=list)
+    # where the source came from, for the manifest's `source` (a Hub repo id and its commit,
+    # the command); set by the caller, not part of what the plan produces
+    provenance: dict = field(default_factory=dict)
 
     @property
     def bytes_to_write(self) -> int:

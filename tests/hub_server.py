@@ -14,6 +14,7 @@ reading its source, and answers as the Hub does:
   skip unchanged files), `POST /{repo}.git/info/lfs/objects/batch` (no upload action for an
   object already stored: how a rerun skips uploaded files), the "S3" upload `PUT
   /lfs-upload/{sha256}` (also on `localhost`), `POST /api/models/{repo}/commit/{rev}` (NDJSON);
+- `GET /api/whoami-v2` (the test token's account, `FakeHub.account`);
 - `GET /api/agent-harnesses` (empty), in case a client builds a user agent with telemetry on.
 
 Xet is not offered: resolve answers carry no Xet headers, and the tests set HF_HUB_DISABLE_XET=1
@@ -115,6 +116,8 @@ class FakeHub:
         self.log: list[tuple[str, str]] = []
         self.puts: list[str] = []  # LFS objects stored by PUT, in order
         self.reads: list[tuple[str, str | None]] = []  # blobs served: (etag, Range header)
+        # whose the test token is (GET /api/whoami-v2): a user who may write to "acme"
+        self.account = {"name": "tester", "orgs": ["acme"], "role": "write"}
         self.tokens_seen: list[str | None] = []
         self.rules: list[Rule] = []
         self.holds: list[Hold] = []
@@ -335,6 +338,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in path.strip("/").split("/")]
         if method == "GET" and parts[:2] == ["api", "agent-harnesses"]:
             return self._json({"standardEnvVars": [], "harnesses": {}})
+        if method == "GET" and parts[:2] == ["api", "whoami-v2"]:
+            return self._whoami()
         if method == "POST" and parts[:3] == ["api", "repos", "create"]:
             return self._create_repo()
         if method == "POST" and parts[:2] == ["api", "validate-yaml"]:
@@ -362,6 +367,19 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "POST" and len(parts) == 6 and path.endswith(".git/info/lfs/objects/batch"):
             return self._lfs_batch(f"{parts[0]}/{parts[1].removesuffix('.git')}")
         raise _Error(404, f"no route {method} {path}")
+
+    def _whoami(self) -> None:
+        if not self._authed():
+            raise _Error(401, "Invalid credentials in Authorization header")
+        a = self.hub.account
+        self._json(
+            {
+                "type": "user",
+                "name": a["name"],
+                "orgs": [{"name": o, "roleInOrg": "write"} for o in a["orgs"]],
+                "auth": {"type": "access_token", "accessToken": {"role": a["role"]}},
+            }
+        )
 
     def _model_info(self, repo_id: str, rev: str) -> None:
         repo = self._repo(repo_id)

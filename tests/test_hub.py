@@ -145,8 +145,14 @@ def test_repo_id_source_converts_like_the_local_folder(hub, src, ref_out, tmp_pa
     # the snapshot is in the user's cache (HF_HUB_CACHE)
     snapshot = Path(s["source"])
     assert snapshot == tmp_path / "hf" / "hub" / "models--acme--tiny-moe" / "snapshots" / commit
-    # the same bytes as converting the local folder, manifest included
-    assert (out / MANIFEST).read_bytes() == (ref_out / MANIFEST).read_bytes()
+    # the same bytes as converting the local folder; the manifest also says where from
+    m, ref = mf.read(out), mf.read(ref_out)
+    cmd = (
+        f"fi-convert {REPO} OUT_DIR --revision {commit} --scheme bf16 --backend trtllm --tp-size 1"
+    )
+    assert m["source"].pop("repo_id") == REPO and m["source"].pop("revision") == commit
+    assert m["source"].pop("command") == cmd
+    assert m == ref
     assert mf.check_files(out, mf.read(out)) == []
     # only what the conversion reads came down: no pickles, no original/, no unindexed shard
     cached = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
@@ -185,7 +191,12 @@ def test_offline_mode_uses_the_cache(hub, src, ref_out, tmp_path, monkeypatch):
     r = cli("convert", REPO, tmp_path / "offline", "--device", "cpu", "--json")
     assert r.exit_code == 0, r.stderr
     assert len(hub.log) == seen  # not one request
-    assert (tmp_path / "offline" / MANIFEST).read_bytes() == (ref_out / MANIFEST).read_bytes()
+    same = (tmp_path / "offline" / MANIFEST).read_bytes()
+    assert same == (tmp_path / "online" / MANIFEST).read_bytes()
+    m = mf.read(tmp_path / "offline")
+    assert {m["source"].pop(k) for k in ("repo_id", "revision", "command")} and m == mf.read(
+        ref_out
+    )
 
 
 def test_offline_mode_without_the_cache_is_one_clear_line(hub, src, tmp_path):
@@ -437,7 +448,10 @@ def test_pushing_again_changes_nothing_and_a_new_conversion_replaces_the_old(hub
 def test_convert_push_to_publishes_with_the_source_as_base_model(hub, src, tmp_path):
     commit = hub.add_repo(REPO, repo_files(src))
     out = tmp_path / "out"
-    r = cli("convert", REPO, out, "--device", "cpu", "--push-to", TARGET, "--private", "--json")
+    r = cli(
+        "convert", REPO, out, "--device", "cpu", "--push-to", TARGET, "--private", "--json",
+        "--no-stream",  # download, convert into OUT, then push it (tests/test_hub_stream.py)
+    )  # fmt: skip
     assert r.exit_code == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["push"]["repo_id"] == TARGET and s["push"]["base_model"] == REPO

@@ -16,7 +16,7 @@ from fi_convert.plan import make_plan
 from fi_convert.st_io import SourceFiles
 from fi_convert.synthetic import Spec, write_checkpoint
 
-from .test_hub import MANIFEST, TARGET, repo_files
+from .test_hub import MANIFEST, TARGET, cli, repo_files
 
 SRC = "acme/big-moe"
 # 4 source shards, 4 MoE layers: several output shards, each a fraction of the whole
@@ -140,3 +140,50 @@ def test_a_rerun_after_a_failed_upload_resumes_from_the_target(hub, big, local_o
     assert set(res.uploaded) == set(_shards(local_out)) - first
     assert _target_shards(hub) == _shards(local_out)
     assert MANIFEST in hub.files(TARGET)
+
+
+def test_the_cli_streams_a_hub_source_with_push_to(hub, big, local_out, tmp_path):
+    commit = hub.add_repo(SRC, repo_files(big))
+    out = tmp_path / "out"
+    r = cli(
+        "convert", SRC, out, "--scheme", "bf16", "--device", "cpu", "--push-to", TARGET,
+        "--max-shard-size", "300000", "--max-disk", "64MiB", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["push"]["repo_id"] == TARGET and s["push"]["base_model"] == SRC
+    assert s["push"]["peak_disk_bytes"] <= 64 << 20
+    assert _target_shards(hub) == _shards(local_out)
+    assert not out.exists()  # only a staging folder: gone
+    m = json.loads(hub.files(TARGET)[MANIFEST])
+    assert m["source"]["repo_id"] == SRC and m["source"]["revision"] == commit
+    assert m["source"]["command"].startswith(f"fi-convert {SRC} OUT_DIR --revision {commit}")
+    card = hub.files(TARGET)["README.md"].decode()
+    assert f"base_model: {SRC}" in card and commit in card
+    # nothing of the source was downloaded whole: only range reads of its shards
+    shards = {
+        hashlib.sha256(b).hexdigest()
+        for n, b in repo_files(big).items()
+        if n.endswith(".safetensors")
+    }
+    assert all(rng for etag, rng in hub.reads if etag in shards)
+    # and the output verifies as a download
+    from huggingface_hub import snapshot_download
+
+    path = snapshot_download(TARGET, cache_dir=tmp_path / "dl")
+    assert cli("verify", path).exit_code == 0
+
+
+def test_a_push_target_that_cannot_be_written_fails_before_any_work(hub, big, tmp_path):
+    hub.add_repo(SRC, repo_files(big))
+    hub.account["orgs"] = ["other"]
+    r = cli("convert", SRC, tmp_path / "out", "--push-to", TARGET, "--device", "cpu")
+    assert r.exit_code == 1
+    assert "cannot create repos in acme (its namespaces: other, tester)" in r.stderr
+    assert not hub.reads and not (tmp_path / "out").exists()
+    hub.account.update(orgs=["acme"], role="read")
+    r = cli("convert", SRC, tmp_path / "out", "--push-to", TARGET, "--device", "cpu")
+    assert r.exit_code == 1 and "read-only" in r.stderr
+    r = cli("convert", SRC, tmp_path / "out", "--push-to", "not a repo", "--device", "cpu")
+    assert r.exit_code == 1 and "not a Hub repo id" in r.stderr
+    assert not hub.reads

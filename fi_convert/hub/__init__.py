@@ -5,8 +5,10 @@ HF_HUB_CACHE), the token (HF_TOKEN, or the one `hf auth login` stored; it is nev
 offline mode (HF_HUB_OFFLINE=1) and the endpoint (HF_ENDPOINT, read when called). Failures
 become `HubError`s with one-line messages that name the repo and the fix.
 
-Modules: `download` (a repo id as the source), `push` (publishing a folder), `card` (the model
-card), `common` (endpoint, offline mode, error messages).
+Modules: `download` (a repo id as the source), `remote` (a repo read by byte ranges), `stream`
+(converting straight to a repo within a disk budget), `push` (publishing a folder), `preflight`
+(what a push needs, checked in seconds), `card` (the model card), `common` (endpoint, offline
+mode, error messages).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import LIBRARY, endpoint, is_offline, is_repo_id
 from .download import IGNORE_PATTERNS, Source, download, resolve_source
+from .preflight import check_target
 from .push import PushResult, check_out_dir, push
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "PushResult",
     "Source",
     "check_out_dir",
+    "check_target",
     "download",
     "endpoint",
     "is_offline",

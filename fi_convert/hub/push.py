@@ -84,6 +84,9 @@ def push(
     """
     root = Path(out_dir)
     m = check_out_dir(root)
+    src = m.get("source", {})
+    if base_model is None and src.get("repo_id"):  # converted from a Hub repo: that one
+        base_model, base_revision = src["repo_id"], base_revision or src.get("revision")
     if not is_repo_id(repo_id):
         raise HubError(f"{repo_id}: not a Hub repo id; push to org/name")
     if base_model is not None and not is_repo_id(base_model):

@@ -56,11 +56,13 @@ class StreamResult:
     uploaded: list[str]
     skipped: list[str]  # shards the target held already (a resumed run)
     peak_disk: int
+    base_model: str | None = None
     warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
         return {
             "repo_id": self.repo_id,
+            "base_model": self.base_model,
             "url": self.url,
             "commit": self.commit,
             "files": self.files,
@@ -350,6 +352,7 @@ def stream_to_hub(
         sorted(sink.uploaded),
         sorted(sink.skipped),
         sink.peak,
+        base_model,
         written.warnings,
     )
 
