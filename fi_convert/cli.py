@@ -315,6 +315,12 @@ def convert_cmd(
         _render_push(out_dir, pushed)
 
 
+def hub_repo_id(s: str) -> bool:
+    from .hub import is_repo_id
+
+    return is_repo_id(s)
+
+
 def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
     """The manifest's record of where a conversion's source came from: for a Hub repo, its id
     and the exact commit, and the command that converts it (local paths never appear)."""
@@ -516,10 +522,22 @@ def inspect_cmd(
 
 @app.command("verify")
 def verify_cmd(
-    out_dir: Annotated[Path, typer.Argument(help="A finished fi-convert output folder.")],
+    out_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="A finished fi-convert output folder, or a Hub repo id (org/name) of a "
+            "published one (checked on the Hub, nothing downloaded)."
+        ),
+    ],
     source: Annotated[
         str | None,
-        typer.Option(help="The source model folder: re-derive a sample of experts and compare."),
+        typer.Option(
+            help="The source model folder or Hub repo id: re-derive a sample of experts and "
+            "compare (a Hub source is read by byte ranges)."
+        ),
+    ] = None,
+    revision: Annotated[
+        str | None, typer.Option(help="Revision of a Hub repo-id OUT_DIR (default: main).")
     ] = None,
     full: Annotated[bool, typer.Option("--full", help="With --source: every expert.")] = False,
     against_flashinfer: Annotated[
@@ -543,14 +561,34 @@ def verify_cmd(
     if (full or against_flashinfer) and source is None:
         flag = "--full" if full else "--against-flashinfer"
         raise typer.BadParameter(f"{flag} re-derives experts from the source: pass --source")
+    remote = not out_dir.exists() and hub_repo_id(str(out_dir))
+    read: dict = {}
     try:
-        rep = verify(
-            out_dir, source=source, full=full, against_flashinfer=against_flashinfer, device=device
-        )
+        if remote:
+            from .hub.remote_verify import verify_remote
+
+            rep, read = verify_remote(
+                str(out_dir),
+                revision=revision,
+                source=source,
+                full=full,
+                against_flashinfer=against_flashinfer,
+                device=device,
+            )
+        elif revision is not None:
+            raise typer.BadParameter("--revision goes with a Hub repo-id OUT_DIR")
+        else:
+            rep = verify(
+                out_dir,
+                source=source,
+                full=full,
+                against_flashinfer=against_flashinfer,
+                device=device,
+            )
     except FiConvertError as e:
         raise _fail(e, debug) from None
     if as_json:
-        out.print_json(json.dumps(rep.as_dict()))
+        out.print_json(json.dumps({**rep.as_dict(), **({"hub_reads": read} if remote else {})}))
     else:
         for p in rep.problems + rep.unlisted:
             err.print(f"[red]mismatch:[/red] {escape(p)}")

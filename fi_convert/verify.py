@@ -76,12 +76,12 @@ def verify(
     rep.problems += mf.check_files(root, m)
     rep.count("files", len(m["files"]))
     _check_unlisted(root, m, rep)
-    headers = _check_index(root, m, rep)
-    _check_manifest(root, m, headers, rep)
+    headers = check_index(root, m, rep)
+    check_manifest(root, m, headers, rep)
     rep.problems = [p.replace("\n", "\\n") for p in rep.problems]  # one line each
     rep.unlisted = [p.replace("\n", "\\n") for p in rep.unlisted]
     if source is not None and not rep.problems:
-        _check_source(root, m, headers, Path(source), full, against_flashinfer, device, rep)
+        check_source(root, m, headers, Path(source), full, against_flashinfer, device, rep)
     return rep
 
 
@@ -117,7 +117,7 @@ def _check_unlisted(root: Path, m: dict, rep: Report) -> None:
             )
 
 
-def _check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
+def check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
     """The index names exactly the shards' tensors, its total size adds up, and every layer
     tensor of the manifest is in the shards with its dtype and [tp, *shape_per_rank]."""
     path = root / INDEX_NAME
@@ -177,7 +177,7 @@ def _check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
     return tensors
 
 
-def _check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Report) -> None:
+def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Report) -> None:
     """The manifest's own fields: each a value fi-convert writes, the sizes those of the
     output's config.json, and each layer entry (sizes, padding, tensors, their dtypes, shapes
     and layouts) what the scheme's own planning gives for the layer's recorded sizes. The
@@ -437,7 +437,11 @@ def _sample(n: int, full: bool) -> list[int]:
     return list(range(n)) if full else sorted({0, n // 2, n - 1})
 
 
-def _check_source(root, m, tensors, source, full, against_flashinfer, device, rep) -> None:
+def check_source(
+    root, m, tensors, source, full, against_flashinfer, device, rep, files=None
+) -> None:
+    """Re-derive experts of the checkpoint at `source` and compare them with the output's,
+    reading both through `files` (local files by default; a remote verify reads the Hub)."""
     if open_checkpoint(source).fingerprint != m["source"]["fingerprint"]:
         rep.problems.append(
             f"{source}: not the checkpoint this output was converted from (source fingerprint "
@@ -446,7 +450,7 @@ def _check_source(root, m, tensors, source, full, against_flashinfer, device, re
         return
     plan = make_plan(source, Options(m["scheme"], m["backend"], m["tp_size"]))
     dev = resolve_device(device)
-    files = SourceFiles()
+    files = files or SourceFiles()
     try:
         if against_flashinfer:
             _against_oracle(plan, tensors, files, full, dev, rep)
@@ -460,6 +464,17 @@ def _stored(files: SourceFiles, info: TensorInfo, rank: int) -> torch.Tensor:
     """One rank's slice of a stored tensor."""
     t = torch.empty(info.shape[1:], dtype=dtypes.to_torch(info.dtype))
     files.read_rows(info, rank, rank + 1, t)
+    return t
+
+
+def _stored_expert(files: SourceFiles, info: TensorInfo, rank: int, e: int) -> torch.Tensor:
+    """Expert `e` of one rank's slice of a stored [tp, E, ...] tensor, as [1, ...]."""
+    tp, n = info.shape[0], info.shape[1]
+    rows = TensorInfo(
+        info.name, info.dtype, (tp * n, *info.shape[2:]), info.start, info.nbytes, info.file
+    )
+    t = torch.empty((1, *info.shape[2:]), dtype=dtypes.to_torch(info.dtype))
+    files.read_rows(rows, rank * n + e, rank * n + e + 1, t)
     return t
 
 
@@ -480,17 +495,16 @@ def _against_ours(plan, tensors, files, full, dev, rep) -> None:
         for out in lp.outputs:
             info = tensors[f"{lp.prefix}.{out.name}"]
             for rank in range(tp):
-                stored = _stored(files, info, rank)
-                got = torch.empty(out.rank_shape, dtype=stored.dtype, device=dev)
+                got = torch.empty(out.rank_shape, dtype=dtypes.to_torch(info.dtype), device=dev)
                 if not out.chunked:
                     _produce(ctx, out, rank, range(lp.info["num_experts"]), got)
-                    pairs = [(got, stored)]
-                else:
+                    pairs = [(got, _stored(files, info, rank))]
+                else:  # only the sampled experts' bytes are read
                     pairs = []
                     for e in experts:
                         one = got[e : e + 1]
                         _produce(ctx, out, rank, range(e, e + 1), one)
-                        pairs.append((one, stored[e : e + 1]))
+                        pairs.append((one, _stored_expert(files, info, rank, e)))
                 for a, b in pairs:
                     if not dtypes.same_bytes(a, b):
                         rep.problems.append(

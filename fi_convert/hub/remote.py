@@ -156,13 +156,14 @@ def _ignored(name: str) -> bool:
 
 
 def mirror(repo: RemoteRepo, dest: Path, *, progress: bool = False) -> Path:
-    """Write `dest`: the repo's small top-level files as they are, its safetensors shards as
-    sparse files holding only their headers (see the module's docstring)."""
+    """Write `dest`: the repo's small files as they are (what `download` would fetch), its
+    safetensors shards as sparse files holding only their headers (see the module's
+    docstring)."""
     from huggingface_hub import hf_hub_download
 
     dest.mkdir(parents=True, exist_ok=True)
     top = {n: f for n, f in repo.files.items() if "/" not in n and not _ignored(n)}
-    small = [n for n in top if not n.endswith(".safetensors")]
+    small = [n for n in repo.files if not n.endswith(".safetensors") and not _ignored(n)]
     with progress_bars(progress), download_errors(repo.repo_id, repo.commit, False):
         for name in small:
             got = hf_hub_download(
@@ -173,6 +174,7 @@ def mirror(repo: RemoteRepo, dest: Path, *, progress: bool = False) -> Path:
                 library_name=LIBRARY,
                 library_version=__version__,
             )
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(got, dest / name)
     for name in _shards(repo, dest, top):
         _stub(repo, top[name], dest / name)
@@ -254,3 +256,41 @@ class RemoteSourceFiles(SourceFiles):
         t = torch.empty(info.shape, dtype=dtypes.to_torch(info.dtype))
         self.repo.read_into(self._name(info.file), info.start, _as_bytes(t))
         return t
+
+
+class RoutedFiles(SourceFiles):
+    """Reads of files under several roots, each through its own reader (the output's mirror
+    and the source's, for a remote verify); anything else is read from local files."""
+
+    def __init__(self, routes: list[tuple[Path, SourceFiles]]) -> None:
+        super().__init__()
+        self.routes = [(root.resolve(), files) for root, files in routes]
+        self.fallback = SourceFiles()
+        self.local = False
+
+    def _for(self, path: Path) -> SourceFiles:
+        p = Path(path).resolve()
+        for root, files in self.routes:
+            if p.is_relative_to(root):
+                return files
+        return self.fallback
+
+    def fd(self, path: Path) -> int:
+        return self._for(path).fd(path)
+
+    def read_rows(self, info: TensorInfo, start: int, stop: int, dst: torch.Tensor) -> None:
+        self._for(info.file).read_rows(info, start, stop, dst)
+
+    def read_bytes(self, path: Path, offset: int, dst: torch.Tensor) -> None:
+        self._for(path).read_bytes(path, offset, dst)
+
+    def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
+        self._for(info.file).prefetch(info, start, count)
+
+    def read(self, info: TensorInfo) -> torch.Tensor:
+        return self._for(info.file).read(info)
+
+    def close(self) -> None:
+        self.fallback.close()
+        for _, files in self.routes:
+            files.close()
