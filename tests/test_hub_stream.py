@@ -253,3 +253,28 @@ def test_remote_verify_catches_a_corrupt_file_a_wrong_expert_and_an_extra_file(
     assert cli("verify", TARGET).exit_code == 0  # consistent, so the metadata cannot tell
     r = cli("verify", TARGET, "--source", SRC, "--device", "cpu")
     assert r.exit_code == 1 and f"{tensor} rank 0 differs from the source" in r.stderr
+
+
+def test_the_ci_recipe_is_valid_and_uses_only_options_the_cli_has():
+    import re
+
+    import typer.main
+    import yaml
+
+    from fi_convert.cli import app
+
+    root = Path(__file__).resolve().parent.parent
+    wf = yaml.safe_load((root / "examples" / "ci" / "publish.yml").read_text())
+    job = wf["jobs"]["publish"]
+    assert wf["concurrency"]["group"].endswith("${{ inputs.target }}")
+    script = "\n".join(s.get("run", "") for s in job["steps"]).replace("\\\n", " ")
+    cmd = typer.main.get_command(app)
+    calls = re.findall(r"fi-convert [^\n]*", script)
+    assert len(calls) >= 3  # version, the streamed conversion, verify
+    for line in calls:
+        words = line.split()
+        sub = words[1] if words[1] in cmd.commands else "convert"
+        known = {o for p in cmd.commands[sub].params for o in p.opts + p.secondary_opts}
+        for flag in (w for w in words if w.startswith("--")):
+            assert flag in known, f"{sub} has no {flag}"
+    assert "torch==2.13.0" in script  # pinned CPU torch

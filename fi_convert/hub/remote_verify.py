@@ -58,7 +58,9 @@ def verify_remote(
             routes: list = [(root, remote.RemoteSourceFiles(out_repo, root))]
             if Path(source).exists():
                 src_root = Path(source)
-            else:
+            else:  # the commit the manifest says it was converted from, by default
+                if source_revision is None and source == m["source"].get("repo_id"):
+                    source_revision = m["source"].get("revision")
                 src_repo = remote.RemoteRepo.open(source, source_revision)
                 src_root = remote.mirror(src_repo, Path(tmp) / "source")
                 routes.append((src_root, remote.RemoteSourceFiles(src_repo, src_root)))
