@@ -43,7 +43,7 @@ fuzz: install
 # $(ENGINE_VENV) from scratch when it is missing or stale; ENGINE_ENV_ARGS=--fresh forces it.
 test-engine:
 	ENGINE_VENV=$(ENGINE_VENV) bash scripts/engine_env.sh $(ENGINE_ENV_ARGS)
-	FI_CONVERT_ENGINE_TESTS=1 $(ENGINE_VENV)/bin/pytest -q tests/engine
+	FI_CONVERT_ENGINE_TESTS=1 $(ENGINE_VENV)/bin/pytest -q -p no:cacheprovider --basetemp=$(CURDIR)/.pytest-engine tests/engine
 
 test-gpu: install
 	$(VENV)/bin/pytest -q -m gpu

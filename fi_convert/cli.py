@@ -219,6 +219,15 @@ def convert_cmd(
             "standard hosted CI runner).",
         ),
     ] = 0,
+    part: Annotated[
+        str | None,
+        typer.Option(
+            metavar="K/N",
+            help="Streamed runs split across a CI matrix: convert and upload only part K of N "
+            "of the output shards. After every part, one run without --part writes the "
+            "index, card and manifest (and converts any shard a part left out).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
     debug: DebugOpt = False,
@@ -231,20 +240,30 @@ def convert_cmd(
     opts = Options(scheme, backend, tp_size, max_shard_size, max_memory)
     if (private or base_model) and not push_to:
         raise typer.BadParameter("--private and --base-model go with --push-to")
-    if (stream or max_disk) and not push_to:
-        raise typer.BadParameter("--stream and --max-disk go with --push-to")
+    if (stream or max_disk or part) and not push_to:
+        raise typer.BadParameter("--stream, --max-disk and --part go with --push-to")
+    parts = None
+    if part is not None:
+        from .hub.stream import parse_part
+
+        try:
+            parts = parse_part(part)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     show = err.is_terminal and not quiet and not as_json
     pushed = None
     local = Path(model_dir).exists()
     if stream is None:
-        stream = bool(push_to) and (not local or bool(max_disk))
+        stream = bool(push_to) and (not local or bool(max_disk) or parts is not None)
+    if parts is not None and not stream:
+        raise typer.BadParameter("--part needs a streamed run (drop --no-stream)")
     try:
         if push_to:  # fail in seconds, not after the conversion
             hub.check_target(push_to)
         if stream and not dry_run:
             assert push_to is not None
             _streamed(model_dir, out_dir, push_to, opts, revision, private, base_model,
-                      max_disk, device, jobs, show, as_json)  # fmt: skip
+                      max_disk, device, jobs, show, as_json, parts)  # fmt: skip
             return
         src = hub.resolve_source(model_dir, revision=revision, progress=show)
         if src.repo_id and not as_json:
@@ -347,6 +366,7 @@ def _streamed(
     jobs: int,
     show: bool,
     as_json: bool,
+    part: tuple[int, int] | None = None,
 ) -> None:
     """Convert shard by shard straight to the Hub (hub.stream): a Hub source read by byte
     ranges, each output shard uploaded as soon as it is made."""
@@ -398,6 +418,7 @@ def _streamed(
             base_model=base,
             base_revision=commit,
             progress=cb,
+            part=part,
         )
     if as_json:
         out.print_json(json.dumps({**summary, "push": res.summary()}))
@@ -405,6 +426,13 @@ def _streamed(
     for w in res.warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(w)}")
     again = f", {len(res.skipped)} already there" if res.skipped else ""
+    if part is not None:
+        out.print(
+            f"[green]part {part[0]}/{part[1]} done[/green]: {len(res.uploaded)} shards "
+            f"uploaded to {escape(res.url)}{again}; after every part, run the same command "
+            "without --part to finish"
+        )
+        return
     out.print(
         f"[green]pushed[/green]: {len(plan.layers)} MoE layers -> {escape(res.url)} "
         f"({plan.scheme.value}, {plan.options.backend.value}, tp {plan.options.tp_size}; "

@@ -278,3 +278,29 @@ def test_the_ci_recipe_is_valid_and_uses_only_options_the_cli_has():
         for flag in (w for w in words if w.startswith("--")):
             assert flag in known, f"{sub} has no {flag}"
     assert "torch==2.13.0" in script  # pinned CPU torch
+
+
+def test_parts_of_a_split_run_and_the_final_run_give_the_single_runs_target(
+    hub, big, local_out, tmp_path
+):
+    hub.add_repo(SRC, repo_files(big))
+    n = len(_shards(local_out))
+    args = ("--scheme", "bf16", "--device", "cpu", "--push-to", TARGET, "--max-shard-size")
+    args += ("1000000", "--json")
+    done: set[str] = set()
+    for k in (1, 2, 3):
+        r = cli("convert", SRC, tmp_path / f"part{k}", *args, "--part", f"{k}/3")
+        assert r.exit_code == 0, r.stderr
+        mine = set(json.loads(r.stdout)["push"]["uploaded_shards"])
+        assert mine and not mine & done  # disjoint
+        done |= mine
+        assert MANIFEST not in hub.files(TARGET)  # no part claims the whole
+    assert len(done) == n
+    r = cli("convert", SRC, tmp_path / "final", *args)
+    assert r.exit_code == 0, r.stderr
+    s = json.loads(r.stdout)["push"]
+    assert s["uploaded_shards"] == [] and len(s["skipped_shards"]) == n
+    assert _target_shards(hub) == _shards(local_out)
+    assert cli("verify", TARGET).exit_code == 0
+    r = cli("convert", SRC, tmp_path / "x", *args, "--part", "4/3")
+    assert r.exit_code == 2 and "1 <= K <= N" in r.stderr

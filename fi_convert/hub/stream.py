@@ -19,6 +19,7 @@ again to be hashed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -41,6 +42,7 @@ from .common import LIBRARY, endpoint, is_offline, is_repo_id
 from .push import push_errors
 
 PROGRESS_NAME = ".fi-convert/progress.json"
+PROGRESS_DIR = ".fi-convert/"  # and progress-K-of-N.json, one per part of a split run
 PROGRESS_FORMAT = "fi-convert-progress"
 STAGING_MARK = ".fi-convert-staging"
 DEFAULT_MAX_DISK = 12 << 30  # fits a standard hosted runner (about 14 GB free)
@@ -124,8 +126,10 @@ class HubSink:
     the staged bytes within `max_disk` (a `ShardSink`)."""
 
     def __init__(self, api, repo_id: str, revision: str, key: str, staging: Staging,
-                 max_disk: int, held: dict[str, dict]) -> None:  # fmt: skip
+                 max_disk: int, held: dict[str, dict], record: str = PROGRESS_NAME,
+                 ) -> None:  # fmt: skip
         self.api, self.repo_id, self.revision, self.key = api, repo_id, revision, key
+        self.record = record  # where this run's progress goes on the target
         self.staging, self.max_disk = staging, max_disk
         self.held = held  # shard -> meta the target holds already, for this plan
         self.done: dict[str, dict] = dict(held)
@@ -174,7 +178,7 @@ class HubSink:
                     repo_id=self.repo_id,
                     repo_type="model",
                     revision=self.revision,
-                    operations=[op, CommitOperationAdd(PROGRESS_NAME, progress)],
+                    operations=[op, CommitOperationAdd(self.record, progress)],
                     commit_message=f"Upload {name} (fi-convert {__version__})",
                 )
             self.uploaded.append(name)
@@ -213,9 +217,9 @@ def _progress_bytes(key: str, files: dict[str, dict], complete: bool) -> bytes:
     return (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _remote_state(api, repo_id: str, revision: str) -> tuple[dict[str, str | None], dict]:
-    """The target's top-level files (path -> LFS SHA-256, or None for a regular file) and its
-    progress record ({} when there is none or it cannot be read)."""
+def _remote_state(api, repo_id: str, revision: str) -> tuple[dict[str, str | None], list[dict]]:
+    """The target's files (path -> LFS SHA-256, or None for a regular file) and its progress
+    records (the run's, and one per part of a split run; unreadable ones left out)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.hf_api import RepoFile
 
@@ -223,29 +227,51 @@ def _remote_state(api, repo_id: str, revision: str) -> tuple[dict[str, str | Non
     for f in api.list_repo_tree(repo_id, revision=revision, repo_type="model", recursive=True):
         if isinstance(f, RepoFile):
             files[f.path] = f.lfs.sha256 if f.lfs else None
-    progress: dict = {}
-    if PROGRESS_NAME in files:
+    records = []
+    for name in sorted(files):
+        if not (name.startswith(PROGRESS_DIR + "progress") and name.endswith(".json")):
+            continue
         try:
-            got = hf_hub_download(repo_id, PROGRESS_NAME, revision=revision, endpoint=endpoint())
-            progress = json.loads(Path(got).read_text())
+            got = hf_hub_download(repo_id, name, revision=revision, endpoint=endpoint())
+            d = json.loads(Path(got).read_text())
         except (OSError, ValueError):
-            progress = {}
-    if not isinstance(progress, dict) or progress.get("format") != PROGRESS_FORMAT:
-        progress = {}
-    return files, progress
+            continue
+        if isinstance(d, dict) and d.get("format") == PROGRESS_FORMAT:
+            records.append(d)
+    return files, records
 
 
-def held_shards(plan: Plan, key: str, files: dict[str, str | None], progress: dict) -> dict:
-    """The shards of `plan` the target holds already: recorded by a run of the same plan and
-    stored on the Hub with the recorded SHA-256."""
-    if progress.get("plan_key") != key or not isinstance(progress.get("files"), dict):
-        return {}
+def held_shards(plan: Plan, key: str, files: dict[str, str | None], records: list[dict]) -> dict:
+    """The shards of `plan` the target holds already: recorded by a run (or a part) of the
+    same plan and stored on the Hub with the recorded SHA-256."""
     held = {}
-    for s in plan.shards:
-        meta = progress["files"].get(s.name)
-        if isinstance(meta, dict) and files.get(s.name) == meta.get("sha256") is not None:
-            held[s.name] = {"sha256": meta["sha256"], "size": meta["size"]}
+    for rec in records:
+        if rec.get("plan_key") != key or not isinstance(rec.get("files"), dict):
+            continue
+        for s in plan.shards:
+            meta = rec["files"].get(s.name)
+            if isinstance(meta, dict) and files.get(s.name) == meta.get("sha256") is not None:
+                held[s.name] = {"sha256": meta["sha256"], "size": meta["size"]}
     return held
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """`K/N` (1 <= K <= N) as (K, N)."""
+    k, _, n = text.partition("/")
+    try:
+        part = int(k), int(n)
+    except ValueError:
+        part = (0, 0)
+    if not 1 <= part[0] <= part[1]:
+        raise ValueError(f"--part {text}: not K/N with 1 <= K <= N (e.g. 2/4)")
+    return part
+
+
+def part_of(plan: Plan, part: tuple[int, int]) -> Plan:
+    """The plan restricted to part K of N: every N-th shard from the K-th (disjoint parts
+    that together are the whole; each shard's bytes are those of a single run)."""
+    k, n = part
+    return dataclasses.replace(plan, shards=plan.shards[k - 1 :: n])
 
 
 def stream_to_hub(
@@ -263,8 +289,11 @@ def stream_to_hub(
     base_revision: str | None = None,
     provenance: dict | None = None,
     progress: ProgressFn | None = None,
+    part: tuple[int, int] | None = None,
 ) -> StreamResult:
-    """Convert `plan` shard by shard into `repo_id` (see the module's docstring)."""
+    """Convert `plan` shard by shard into `repo_id` (see the module's docstring). With
+    `part` (K, N), only part K of N of the shards, and no index, card or manifest: a run
+    without `part` after all parts finds their shards on the target and writes those."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     if not is_repo_id(repo_id):
@@ -284,9 +313,10 @@ def stream_to_hub(
         url = str(api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model"))
         if revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-        remote, record = _remote_state(api, repo_id, revision)
-        held = held_shards(plan, key, remote, record)
-        if MANIFEST_NAME in remote and record.get("plan_key") != key:
+        remote, records = _remote_state(api, repo_id, revision)
+        held = held_shards(plan, key, remote, records)
+        ours = any(r.get("plan_key") == key for r in records)
+        if MANIFEST_NAME in remote and not ours:
             # an older output's manifest goes first: it must not vouch for a half-new repo
             api.create_commit(
                 repo_id=repo_id,
@@ -296,13 +326,30 @@ def stream_to_hub(
                 commit_message="Remove the old fi-convert manifest: a new conversion begins",
             )
     staging = Staging.claim(staging_dir, source)
-    sink = HubSink(api, repo_id, revision, key, staging, max_disk, held)
+    record = (
+        PROGRESS_NAME if part is None else f"{PROGRESS_DIR}progress-{part[0]}-of-{part[1]}.json"
+    )
+    mine = plan if part is None else part_of(plan, part)
+    sink = HubSink(api, repo_id, revision, key, staging, max_disk, held, record)
     try:
-        written = write_shards(plan, staging, source, dev, progress, jobs, sink)
+        written = write_shards(mine, staging, source, dev, progress, jobs, sink)
         sink.drain()
     except BaseException:
         sink.abandon()
         raise
+    if part is not None:  # the final run writes index, card and manifest
+        staging.remove()
+        return StreamResult(
+            repo_id,
+            url,
+            None,
+            len(written.files),
+            sorted(sink.uploaded),
+            sorted(sink.skipped),
+            sink.peak,
+            base_model,
+            written.warnings,
+        )
     target = outdir.Target.of(plan)
     files = dict(written.files)
     final: list = []
@@ -327,7 +374,7 @@ def stream_to_hub(
         source_card=source_card,
     ).encode()
     manifest = upload_manifest(m, card)
-    keep = {*files, CARD_NAME, MANIFEST_NAME, PROGRESS_NAME, ".gitattributes"}
+    keep = {*files, CARD_NAME, MANIFEST_NAME, ".gitattributes"}
     final += [CommitOperationDelete(p) for p in sorted(remote) if _stale(p, keep)]
     final += [
         CommitOperationAdd(CARD_NAME, card),
