@@ -66,6 +66,7 @@ demo: install
 bench: install
 	$(PY) scripts/bench.py --out bench-out
 	$(PY) scripts/bench_vllm_load.py --out bench-out
+	$(PY) scripts/bench_hub.py --out bench-out
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) demo .pytest_cache .mypy_cache .ruff_cache

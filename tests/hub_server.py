@@ -33,6 +33,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -116,6 +117,11 @@ class FakeHub:
         self.log: list[tuple[str, str]] = []
         self.puts: list[str] = []  # LFS objects stored by PUT, in order
         self.reads: list[tuple[str, str | None]] = []  # blobs served: (etag, Range header)
+        # a link of this many bytes per second each way (0: unlimited), shared by all
+        # connections, as a runner's network is (the Hub -> Hub bench)
+        self.down_bps = 0
+        self.up_bps = 0
+        self._pace = {"down": [0.0, threading.Lock()], "up": [0.0, threading.Lock()]}
         # whose the test token is (GET /api/whoami-v2): a user who may write to "acme"
         self.account = {"name": "tester", "orgs": ["acme"], "role": "write"}
         self.tokens_seen: list[str | None] = []
@@ -141,6 +147,18 @@ class FakeHub:
         self.cdn = f"http://localhost:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
+
+    def pace(self, way: str, nbytes: int) -> None:
+        """Hold the caller until `nbytes` more fit the link's rate in direction `way`."""
+        bps = self.down_bps if way == "down" else self.up_bps
+        if not bps:
+            return
+        slot = self._pace[way]
+        with slot[1]:
+            now = time.monotonic()
+            start = max(now, slot[0])
+            slot[0] = start + nbytes / bps
+        time.sleep(max(0.0, slot[0] - now))
 
     def stop(self) -> None:
         for h in self.holds:
@@ -297,7 +315,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if method != "HEAD" and body:
-            self.wfile.write(body)
+            for i in range(0, len(body), 1 << 18):
+                self.hub.pace("down", len(body[i : i + (1 << 18)]))
+                self.wfile.write(body[i : i + (1 << 18)])
 
     def _json(self, obj, status: int = 200) -> None:
         self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json"})
@@ -311,9 +331,18 @@ class _Handler(BaseHTTPRequestHandler):
                     self.rfile.readline()
                     return out
                 out += self.rfile.read(size)
+                self.hub.pace("up", size)
                 self.rfile.readline()
         n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
+        parts = []
+        while n > 0:
+            piece = self.rfile.read(min(n, 1 << 18))
+            if not piece:
+                break
+            self.hub.pace("up", len(piece))
+            parts.append(piece)
+            n -= len(piece)
+        return b"".join(parts)
 
     def _authed(self) -> bool:
         return self.headers.get("authorization") == f"Bearer {TOKEN}"

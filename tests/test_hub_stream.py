@@ -304,3 +304,70 @@ def test_parts_of_a_split_run_and_the_final_run_give_the_single_runs_target(
     assert cli("verify", TARGET).exit_code == 0
     r = cli("convert", SRC, tmp_path / "x", *args, "--part", "4/3")
     assert r.exit_code == 2 and "1 <= K <= N" in r.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs: the disk a streamed run must stay within (mounting needs root)."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_model_twice_the_disk_streams_hub_to_hub_within_it(hub, big, local_out, small_disk):
+    import os
+    import threading
+
+    hub.add_repo(SRC, repo_files(big))
+    total = sum(len(b) for b in _shards(local_out).values())
+    assert total > 2 * (3 << 20)
+    peak, stop = [0], threading.Event()
+
+    def watch() -> None:  # what the filesystem itself says is used
+        while not stop.is_set():
+            st = os.statvfs(small_disk)
+            peak[0] = max(peak[0], (st.f_blocks - st.f_bfree) * st.f_frsize)
+            stop.wait(0.005)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        r = cli(
+            "convert", SRC, small_disk / "staging", "--scheme", "bf16", "--device", "cpu",
+            "--push-to", TARGET, "--max-shard-size", "1000000", "--max-disk", "2.5MiB", "--json",
+        )  # fmt: skip
+    finally:
+        stop.set()
+        t.join()
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["push"]["peak_disk_bytes"] <= 2.5 * 2**20
+    assert peak[0] <= 3 << 20 and _target_shards(hub) == _shards(local_out)
+
+
+def test_a_killed_stream_resumes_on_a_bare_machine_from_what_the_target_holds(
+    hub, big, local_out, tmp_path
+):
+    from .hub_server import hf_env  # noqa: F401  (run_cli sets the environment)
+    from .test_hub import run_cli
+
+    hub.add_repo(SRC, repo_files(big))
+    args = ("convert", SRC, None, "--scheme", "bf16", "--device", "cpu", "--push-to", TARGET)
+    args += ("--max-shard-size", "1000000", "--json")
+    first = run_cli(
+        hub, tmp_path / "hf1", *[a if a else tmp_path / "out1" for a in args],
+        _FI_CONVERT_KILL_AFTER_WRITES="20",
+    )  # fmt: skip
+    assert first.returncode == -9, first.stderr  # SIGKILL mid-run
+    held = set(_target_shards(hub))
+    assert MANIFEST not in hub.files(TARGET)
+    # a fresh cache and a fresh out-dir: what a CI retry has
+    second = run_cli(hub, tmp_path / "hf2", *[a if a else tmp_path / "out2" for a in args])
+    assert second.returncode == 0, second.stderr
+    s = json.loads(second.stdout)["push"]
+    assert set(s["skipped_shards"]) == held and held
+    assert _target_shards(hub) == _shards(local_out)

@@ -59,6 +59,7 @@ class RemoteRepo:
         self.repo_id, self.commit, self.files = repo_id, commit, files
         self.requests = 0  # range requests made (the tests count them)
         self.bytes_read = 0
+        self._located: dict[str, str] = {}  # file -> its CDN address, once redirected there
 
     @classmethod
     def open(cls, repo_id: str, revision: str | None = None) -> RemoteRepo:
@@ -105,43 +106,60 @@ class RemoteRepo:
                     ) from None
                 time.sleep(min(8.0, 0.5 * 2**attempt))
 
-    def _get(self, name: str, offset: int, dst: memoryview) -> None:
-        from huggingface_hub import errors as he
+    def _get(self, name: str, offset: int, dst: memoryview, fresh: bool = False) -> None:
+        """One range request. The Hub answers a file's URL with a redirect to its CDN: the
+        CDN address is kept per file, so later reads of it take one request, not two (an
+        expired one is dropped and the file resolved again)."""
         from huggingface_hub.utils import build_hf_headers, get_session
 
         end = offset + len(dst) - 1
-        headers = build_hf_headers(library_name=LIBRARY, library_version=__version__)
-        headers["Range"] = f"bytes={offset}-{end}"
+        where = self._located.get(name)
+        url = where or self.url(name)
+        headers = {"Range": f"bytes={offset}-{end}"}
+        if where is None:  # the token goes to the Hub only, never to the CDN
+            headers.update(build_hf_headers(library_name=LIBRARY, library_version=__version__))
         self.requests += 1
-        with get_session().stream(
-            "GET", self.url(name), headers=headers, follow_redirects=True
-        ) as r:
-            if r.status_code >= 400:
+        with get_session().stream("GET", url, headers=headers, follow_redirects=False) as r:
+            if r.is_redirect and where is None:
+                location = str(r.url.join(r.headers["location"]))
                 r.read()
-                try:
-                    from huggingface_hub.utils import hf_raise_for_status
-
-                    hf_raise_for_status(r)
-                except he.HfHubHTTPError as e:
-                    raise HubError(http_message(self.repo_id, e, "download")) from None
-            got = _CONTENT_RANGE.match(r.headers.get("content-range", ""))
-            whole = r.status_code == 200 and offset == 0
-            if not whole and (got is None or (int(got[1]), int(got[2])) != (offset, end)):
-                raise HubError(
-                    f"{self.repo_id}: the Hub answered a read of {name} bytes {offset}-{end} "
-                    f"with HTTP {r.status_code} {r.headers.get('content-range', '')!r}, not "
-                    "those bytes; run again later"
-                )
-            done = 0
-            for chunk in r.iter_bytes():
-                n = min(len(chunk), len(dst) - done)
-                dst[done : done + n] = chunk[:n]
-                done += n
-                if done == len(dst):
-                    break
+                self._located[name] = location
+                return self._get(name, offset, dst, fresh=True)
+            if r.status_code >= 400 and where is not None and not fresh:  # an expired one
+                r.read()
+                self._located.pop(name, None)
+                return self._get(name, offset, dst)
+            done = self._body(r, name, offset, end, dst)
         if done != len(dst):
             raise ConnectionError(f"{name}: {done} of {len(dst)} bytes arrived")
         self.bytes_read += done
+
+    def _body(self, r, name: str, offset: int, end: int, dst: memoryview) -> int:
+        from huggingface_hub import errors as he
+        from huggingface_hub.utils import hf_raise_for_status
+
+        if r.status_code >= 400:
+            r.read()
+            try:
+                hf_raise_for_status(r)
+            except he.HfHubHTTPError as e:
+                raise HubError(http_message(self.repo_id, e, "download")) from None
+        got = _CONTENT_RANGE.match(r.headers.get("content-range", ""))
+        whole = r.status_code == 200 and offset == 0
+        if not whole and (got is None or (int(got[1]), int(got[2])) != (offset, end)):
+            raise HubError(
+                f"{self.repo_id}: the Hub answered a read of {name} bytes {offset}-{end} "
+                f"with HTTP {r.status_code} {r.headers.get('content-range', '')!r}, not "
+                "those bytes; run again later"
+            )
+        done = 0
+        for chunk in r.iter_bytes():
+            n = min(len(chunk), len(dst) - done)
+            dst[done : done + n] = chunk[:n]
+            done += n
+            if done == len(dst):
+                break
+        return done
 
     def read(self, name: str, offset: int, n: int) -> bytes:
         buf = bytearray(n)

@@ -36,7 +36,7 @@ from ..errors import HubError, OutputError
 from ..pipeline import ProgressFn, resolve_device, write_shards
 from ..plan import MANIFEST_NAME, Plan, ShardPlan
 from ..source import INDEX_NAME
-from ..st_io import ShardWriter, SourceFiles, sha256_file
+from ..st_io import ShardWriter, SourceFiles, build_header, sha256_file
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import LIBRARY, endpoint, is_offline, is_repo_id
 from .push import push_errors
@@ -146,7 +146,7 @@ class HubSink:
         if shard.name in self.held:
             self.skipped.append(shard.name)
             return self.held[shard.name]
-        need = shard.nbytes + (1 << 20)  # and its header
+        need = _file_size(shard)
         with self.room:
             while self.staged and self.staged + need > self.max_disk and self.failed is None:
                 self.room.wait(1.0)
@@ -158,7 +158,7 @@ class HubSink:
     def after(self, shard: ShardPlan, meta: dict) -> None:
         if shard.name in self.held:
             return
-        need = shard.nbytes + (1 << 20)
+        need = _file_size(shard)
         with self.room:  # the reservation becomes the file
             self.staged += meta["size"] - need
             self.peak = max(self.peak, self.staged)
@@ -204,6 +204,15 @@ class HubSink:
 
     def abandon(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _file_size(shard: ShardPlan) -> int:
+    """The bytes the shard's file will take: its header and its tensors."""
+    return len(build_header([it.entry for it in shard.items])) + shard.nbytes
 
 
 def _progress_bytes(key: str, files: dict[str, dict], complete: bool) -> bytes:
@@ -300,11 +309,11 @@ def stream_to_hub(
         raise HubError(f"{repo_id}: not a Hub repo id; push to org/name")
     if is_offline():
         raise HubError(f"{repo_id}: HF_HUB_OFFLINE=1 forbids uploading; run without it")
-    largest = max((s.nbytes for s in plan.shards), default=0) + (1 << 20)
+    largest = max((_file_size(s) for s in plan.shards), default=0)
     if largest > max_disk:
         raise OutputError(
-            f"--max-disk {max_disk >> 20} MiB is less than the largest output shard "
-            f"({largest >> 20} MiB); raise --max-disk or lower --max-shard-size"
+            f"--max-disk {_size(max_disk)} is less than the largest output shard "
+            f"({_size(largest)}); raise --max-disk or lower --max-shard-size"
         )
     dev = resolve_device(device)
     key = plan.key()

@@ -1,0 +1,132 @@
+"""`make bench`, the Hub part: a streamed Hub -> Hub conversion against the time to download
+the source alone and to upload the output alone, over the same bandwidth-limited link, side
+by side in one run; and the peak disk the stream staged.
+
+    python scripts/bench_hub.py [--out DIR] [--mbps M] [--repeat R]
+
+The Hub is tests/hub_server.FakeHub on loopback with the real huggingface_hub client; its link
+is paced to --mbps megabytes per second each way (shared by all connections). The source is a
+synthetic BF16 Qwen3-MoE checkpoint of about 100 MB. Times are medians of --repeat runs. The
+goal (issue "Hub at real scale"): stream time <= 1.15 x the larger of download and upload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SRC, OUT = "bench/moe", "bench/moe-fi"
+
+
+def _env(hub, home: Path) -> None:
+    """Point huggingface_hub at the fake before it is imported (it reads these at import)."""
+    from tests.hub_server import hf_env
+
+    for k in list(os.environ):
+        if k.startswith(("HF_", "HUGGING")):
+            del os.environ[k]
+    os.environ.update(hf_env(hub, home))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    ap.add_argument("--mbps", type=float, default=25.0, help="link speed, MB/s each way")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    from tests.hub_server import FakeHub
+
+    hub = FakeHub().start()
+    tmp = Path(tempfile.mkdtemp(prefix="fi-convert-bench-hub-"))
+    _env(hub, tmp / "hf")
+
+    from huggingface_hub import HfApi, snapshot_download
+
+    from fi_convert import Options, convert
+    from fi_convert.hub import remote, stream
+    from fi_convert.plan import make_plan
+    from fi_convert.synthetic import Spec, write_checkpoint
+
+    spec = Spec("qwen3-moe", layers=4, experts=8, hidden=1024, intermediate=512, shards=4)
+    src = write_checkpoint(tmp / "src", spec)
+    files = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    hub.add_repo(SRC, files)
+    opts = Options(scheme="bf16", max_shard_bytes=20_000_000)
+    local = tmp / "local"
+    convert(src, local, opts, device="cpu")  # the output, to time its upload alone
+    src_bytes = sum(len(b) for n, b in files.items() if n.endswith(".safetensors"))
+    out_bytes = sum(p.stat().st_size for p in local.glob("*.safetensors"))
+    hub.down_bps = hub.up_bps = int(args.mbps * 1e6)
+    api = HfApi()
+
+    def download() -> float:
+        t = time.perf_counter()
+        snapshot_download(SRC, cache_dir=tmp / f"dl-{time.monotonic_ns()}")
+        return time.perf_counter() - t
+
+    def upload(k: int) -> float:
+        repo = f"bench/up-{k}"
+        api.create_repo(repo, exist_ok=True)
+        t = time.perf_counter()
+        api.upload_folder(repo_id=repo, folder_path=local, allow_patterns=["*.safetensors"])
+        return time.perf_counter() - t
+
+    def streamed(k: int) -> tuple[float, int]:
+        t = time.perf_counter()
+        repo = remote.RemoteRepo.open(SRC)
+        root = remote.mirror(repo, tmp / f"mirror-{k}")
+        plan = make_plan(root, opts)
+        res = stream.stream_to_hub(
+            plan,
+            remote.RemoteSourceFiles(repo, root),
+            tmp / f"staging-{k}",
+            f"{OUT}-{k}",
+            device="cpu",
+            max_disk=3 * 20_000_000,
+        )
+        return time.perf_counter() - t, res.peak_disk
+
+    rows = []
+    for k in range(args.repeat):  # interleaved, so that drift hits all three alike
+        d = download()
+        u = upload(k)
+        s, peak = streamed(k)
+        rows.append({"download_s": d, "upload_s": u, "stream_s": s, "peak_disk": peak})
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    ratio = med["stream_s"] / max(med["download_s"], med["upload_s"])
+    result = {
+        "link_MBps_each_way": args.mbps,
+        "source_bytes": src_bytes,
+        "output_bytes": out_bytes,
+        "median": med,
+        "stream_over_larger": ratio,
+        "stream_over_download": med["stream_s"] / med["download_s"],
+        "stream_over_upload": med["stream_s"] / med["upload_s"],
+        "stream_over_sum": med["stream_s"] / (med["download_s"] + med["upload_s"]),
+        "runs": rows,
+    }
+    hub.stop()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench-hub.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"Hub -> Hub, {src_bytes / 1e6:.0f} MB source, {out_bytes / 1e6:.0f} MB output, ")
+    print(f"link {args.mbps:g} MB/s each way, medians of {args.repeat}:")
+    print(f"  download alone  {med['download_s']:7.2f} s")
+    print(f"  upload alone    {med['upload_s']:7.2f} s")
+    print(f"  streamed        {med['stream_s']:7.2f} s   peak staged {med['peak_disk'] / 1e6:.0f} MB")
+    print(
+        f"  streamed / larger {ratio:.2f} (goal <= 1.15); / sum {result['stream_over_sum']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
