@@ -4,9 +4,9 @@ tests/vllm_moe.py builds it: FlashInfer backend forced, device checks patched).
 
     python scripts/bench_vllm_load.py [--out DIR] [--experts N] [--repeat R]
 
-DeepSeek-V3 expert shapes (hidden 7168, expert intermediate 2048) with N experts: fp8-block and
-bf16 (TRT-LLM layouts) everywhere, nvfp4 on CUDA only (vLLM's processing calls CUDA-only
-FlashInfer ops). For each: the time of vLLM's `process_weights_after_loading` for the layer
+DeepSeek-V3 expert shapes (hidden 7168, expert intermediate 2048) with N experts: fp8-block,
+bf16 and fp8-tensor (ModelOpt FP8; TRT-LLM layouts) everywhere, nvfp4 and mxfp8 on CUDA only
+(vLLM's processing calls CUDA-only FlashInfer ops). For each: the time of vLLM's `process_weights_after_loading` for the layer
 (the preprocessing the plugin removes), the plugin's kernel setup (its only processing), the
 plugin's read of the rank's bytes into the parameters, and on CUDA the peak GPU memory each
 needs beyond what the layer holds before (as a share of the layer's bytes). Medians of R runs,
@@ -133,9 +133,9 @@ def main() -> None:
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     experts = a.experts or (64 if dev == "cuda" else 16)
-    cases = [("fp8-block", "fp8-block"), ("bf16", "bf16")]
-    if dev == "cuda":
-        cases.append(("nvfp4", "nvfp4"))
+    cases = [("fp8-block", "fp8-block"), ("bf16", "bf16"), ("fp8-tensor", "fp8-tensor")]
+    if dev == "cuda":  # their processing calls CUDA-only FlashInfer swizzles
+        cases += [("nvfp4", "nvfp4"), ("mxfp8", "mxfp8")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for scheme, quant in cases:

@@ -371,3 +371,22 @@ def test_a_killed_stream_resumes_on_a_bare_machine_from_what_the_target_holds(
     s = json.loads(second.stdout)["push"]
     assert set(s["skipped_shards"]) == held and held
     assert _target_shards(hub) == _shards(local_out)
+
+
+def test_source_shards_without_experts_stream_byte_for_byte(hub, tmp_path):
+    """Shards without experts are carried over as they are: from a Hub source, read by range
+    and written as the source's bytes (hashed as written)."""
+    from fi_convert import convert
+
+    src = write_checkpoint(
+        tmp_path / "ds", Spec("deepseek-v3", layers=3, dense_layers=1, experts=4, shards=8)
+    )
+    hub.add_repo(SRC, repo_files(src))
+    plan = make_plan(src, Options())
+    assert len([s for s in plan.shards if s.copy_of is not None]) == 2
+    convert(src, tmp_path / "local", Options(), device="cpu")
+    repo = remote.RemoteRepo.open(SRC)
+    root = remote.mirror(repo, tmp_path / "mirror")
+    files = remote.RemoteSourceFiles(repo, root)
+    stream.stream_to_hub(make_plan(root, Options()), files, tmp_path / "st", TARGET, device="cpu")
+    assert _target_shards(hub) == _shards(tmp_path / "local")

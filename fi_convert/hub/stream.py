@@ -20,7 +20,9 @@ again to be hashed.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -36,7 +38,7 @@ from ..errors import HubError, OutputError
 from ..pipeline import ProgressFn, resolve_device, write_shards
 from ..plan import MANIFEST_NAME, Plan, ShardPlan
 from ..source import INDEX_NAME
-from ..st_io import ShardWriter, SourceFiles, build_header, sha256_file
+from ..st_io import ShardWriter, SourceFiles, build_header
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import LIBRARY, endpoint, is_offline, is_repo_id
 from .push import push_errors
@@ -105,17 +107,20 @@ class Staging:
         dst, tmp = self.root / rel, self.root / (rel + ".fi-convert-tmp")
         size = src.stat().st_size
         buf = torch.empty(min(COPY_PIECE, max(size, 1)), dtype=torch.uint8)
+        h = hashlib.sha256()  # hashed as written, as every shard is
         try:
             with open(tmp, "wb") as f:
                 for off in range(0, size, COPY_PIECE):
                     piece = buf[: min(COPY_PIECE, size - off)]
                     self.source.read_bytes(src, off, piece)
-                    f.write(piece.numpy().tobytes())
-            shutil.move(tmp, dst)
+                    data = piece.numpy().tobytes()
+                    h.update(data)
+                    f.write(data)
+            os.replace(tmp, dst)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        return {"sha256": sha256_file(dst), "size": size}
+        return {"sha256": h.hexdigest(), "size": size}
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -419,6 +424,4 @@ def _stale(path: str, keep: set[str]) -> bool:
 
 
 def _sha(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()
