@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds .carry/ for scripts/device_run.sh on the GPU machine (no network there; Python 3.12,
 # torch 2.11, transformers and huggingface_hub in its image): FlashInfer 0.6.18.post1 and
-# apache-tvm-ffi, the pure-Python packages vLLM 0.33 imports that the image lacks (at the
+# apache-tvm-ffi, the pure-Python packages vLLM 0.33 imports that the image lacks (compressed-tensors
+# included, for its compressed-tensors configs; at the
 # versions in .venv), and vLLM's own package from .venv without its compiled parts (about
 # 48 MB in all; `run` carries at most 64 MiB). Usage: scripts/carry_for_device.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 rm -rf .carry && mkdir -p .carry/wheels
-pins=$(.venv/bin/pip list --format=freeze 2>/dev/null | grep -iE "^(annotated-types|cachetools|cbor2|fastapi|starlette|llguidance|msgspec|openai|oss-harmony|partial-json-parser|pybase64|pydantic|pydantic_core|typing-inspection|xgrammar|pyzmq|truststore|sniffio|distro|jiter|httpx2|httpcore2)==")
+pins=$(.venv/bin/pip list --format=freeze 2>/dev/null | grep -iE "^(annotated-types|cachetools|cbor2|fastapi|starlette|llguidance|msgspec|openai|oss-harmony|partial-json-parser|pybase64|pydantic|pydantic_core|typing-inspection|xgrammar|pyzmq|truststore|sniffio|distro|jiter|httpx2|httpcore2|compressed-tensors|loguru)==")
 for p in flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2 $pins; do
     pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .carry/wheels \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 \
