@@ -236,6 +236,9 @@ class _CheckedFiles(SourceFiles):
     def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
         self.base.prefetch(info, start, count)
 
+    def prefetch_bytes(self, path: Path, offset: int, nbytes: int) -> None:
+        self.base.prefetch_bytes(path, offset, nbytes)
+
     def close(self) -> None:
         self.base.close()
 
@@ -551,6 +554,8 @@ def _copy_tensor(it: Item, ctx: Ctx, pipe: _Pipeline, tr: _Tracker) -> None:
         done = 0
         while done < info.nbytes:
             n = min(pipe.ring.copy_chunk, info.nbytes - done)
+            after = min(pipe.ring.copy_chunk, info.nbytes - done - n)
+            ctx.files.prefetch_bytes(info.file, info.start + done + n, after)
             buf = pipe.buffer(n)
             ctx.files.read_bytes(info.file, info.start + done, buf)
             pipe.submit(buf)

@@ -293,6 +293,10 @@ class SourceFiles:
         """Fill the contiguous `dst` with the bytes of `path` from `offset`."""
         pread_into(self.fd(path), offset, dst, path)
 
+    def prefetch_bytes(self, path: Path, offset: int, nbytes: int) -> None:
+        """Bytes that will be read soon (a streamed run fetches them meanwhile; local files
+        are copied in the kernel, which reads ahead by itself)."""
+
     def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
         """Ask the kernel to start reading rows [start, start + count) of `info` into the page
         cache (returns at once; a no-op for pages already there)."""

@@ -6,11 +6,11 @@ tests/vllm_moe.py builds it: FlashInfer backend forced, device checks patched).
 
 DeepSeek-V3 expert shapes (hidden 7168, expert intermediate 2048) with N experts: fp8-block,
 bf16 and fp8-tensor (ModelOpt FP8; TRT-LLM layouts) everywhere, nvfp4 and mxfp8 on CUDA only
-(vLLM's processing calls CUDA-only FlashInfer ops). For each: the time of vLLM's `process_weights_after_loading` for the layer
-(the preprocessing the plugin removes), the plugin's kernel setup (its only processing), the
-plugin's read of the rank's bytes into the parameters, and on CUDA the peak GPU memory each
-needs beyond what the layer holds before (as a share of the layer's bytes). Medians of R runs,
-the two paths alternating.
+(vLLM's processing calls CUDA-only FlashInfer ops). For each: the time of vLLM's
+`process_weights_after_loading` for the layer (the preprocessing the plugin removes), the
+plugin's kernel setup (its only processing), the plugin's read of the rank's bytes into the
+parameters, and on CUDA the peak GPU memory each needs beyond what the layer holds before (as
+a share of the layer's bytes). Medians of R runs, the two paths alternating.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,13 +241,22 @@ def _stub(repo: RemoteRepo, f: RemoteFile, path: Path) -> None:
 
 
 class RemoteSourceFiles(SourceFiles):
-    """Reads of the mirror's shards, answered from the Hub by range requests."""
+    """Reads of the mirror's shards, answered from the Hub by range requests.
+
+    A read the converter announces (`prefetch`: the next chunk of experts) is fetched in the
+    background, so the link keeps busy while the current chunk is transformed and written;
+    a carried-over tensor's next piece (`prefetch_bytes`) while this one is written. At most
+    AHEAD reads wait in memory; one nobody takes is dropped (and read again if asked)."""
 
     local = False
+    AHEAD = 4
 
     def __init__(self, repo: RemoteRepo, root: Path) -> None:
         super().__init__()
         self.repo, self.root = repo, root.resolve()
+        self._pool = ThreadPoolExecutor(self.AHEAD, thread_name_prefix="fi-convert-fetch")
+        self._ahead: dict[tuple[str, int, int], Future] = {}
+        self._lock = threading.Lock()
 
     def _name(self, path: Path) -> str:
         rel = Path(path).resolve().relative_to(self.root)
@@ -257,23 +268,60 @@ class RemoteSourceFiles(SourceFiles):
             "RemoteSourceFiles (an fi-convert bug: please report it)"
         )
 
+    def _ask(self, name: str, offset: int, n: int) -> None:
+        f = self.repo.files.get(name)
+        if n <= 0 or (f is not None and offset + n > f.size):
+            return
+        key = (name, offset, n)
+        with self._lock:
+            if key in self._ahead:
+                return
+            while len(self._ahead) >= self.AHEAD:  # the oldest nobody took
+                self._ahead.pop(next(iter(self._ahead))).cancel()
+            self._ahead[key] = self._pool.submit(self.repo.read, name, offset, n)
+
+    def _fill(self, name: str, offset: int, dst: torch.Tensor) -> None:
+        mv = _as_bytes(dst)
+        with self._lock:
+            got = self._ahead.pop((name, offset, len(mv)), None)
+        data = None
+        if got is not None:
+            try:
+                data = got.result()
+            except Exception:  # fetched again below, its error reported from here
+                data = None
+        if data is None:
+            self.repo.read_into(name, offset, mv)
+        else:
+            mv[:] = data
+
     def read_rows(self, info: TensorInfo, start: int, stop: int, dst: torch.Tensor) -> None:
         want = (stop - start) * info.row_bytes
         if dst.numel() * dst.element_size() != want:
             raise ValueError(f"{info.name}: buffer of wrong size for rows {start}:{stop}")
-        offset = info.start + start * info.row_bytes
-        self.repo.read_into(self._name(info.file), offset, _as_bytes(dst))
+        self._fill(self._name(info.file), info.start + start * info.row_bytes, dst)
 
     def read_bytes(self, path: Path, offset: int, dst: torch.Tensor) -> None:
-        self.repo.read_into(self._name(path), offset, _as_bytes(dst))
+        self._fill(self._name(path), offset, dst)
+
+    def prefetch_bytes(self, path: Path, offset: int, nbytes: int) -> None:
+        self._ask(self._name(path), offset, nbytes)
 
     def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
-        return  # reads are requests of their own
+        offset = info.start + start * info.row_bytes
+        self._ask(self._name(info.file), offset, count * info.row_bytes)
 
     def read(self, info: TensorInfo) -> torch.Tensor:
         t = torch.empty(info.shape, dtype=dtypes.to_torch(info.dtype))
-        self.repo.read_into(self._name(info.file), info.start, _as_bytes(t))
+        self._fill(self._name(info.file), info.start, t)
         return t
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._ahead.values():
+                f.cancel()
+            self._ahead.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class RoutedFiles(SourceFiles):
@@ -304,6 +352,9 @@ class RoutedFiles(SourceFiles):
 
     def prefetch(self, info: TensorInfo, start: int, count: int) -> None:
         self._for(info.file).prefetch(info, start, count)
+
+    def prefetch_bytes(self, path: Path, offset: int, nbytes: int) -> None:
+        self._for(path).prefetch_bytes(path, offset, nbytes)
 
     def read(self, info: TensorInfo) -> torch.Tensor:
         return self._for(info.file).read(info)

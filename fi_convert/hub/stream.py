@@ -49,6 +49,7 @@ PROGRESS_FORMAT = "fi-convert-progress"
 STAGING_MARK = ".fi-convert-staging"
 DEFAULT_MAX_DISK = 12 << 30  # fits a standard hosted runner (about 14 GB free)
 COPY_PIECE = 64 << 20
+UPLOADS = 2  # shards uploaded at once (one alone leaves the link idle between commits)
 
 
 @dataclass
@@ -127,8 +128,8 @@ class Staging:
 
 
 class HubSink:
-    """Uploads each finished shard in a commit of its own, in order of completion, and keeps
-    the staged bytes within `max_disk` (a `ShardSink`)."""
+    """Uploads each finished shard in a commit of its own, UPLOADS at a time, and keeps the
+    staged bytes within `max_disk` (a `ShardSink`)."""
 
     def __init__(self, api, repo_id: str, revision: str, key: str, staging: Staging,
                  max_disk: int, held: dict[str, dict], record: str = PROGRESS_NAME,
@@ -143,7 +144,8 @@ class HubSink:
         self.staged = 0  # bytes on disk or reserved for a shard being made
         self.peak = 0
         self.room = threading.Condition()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-upload")
+        self.pool = ThreadPoolExecutor(UPLOADS, thread_name_prefix="fi-convert-upload")
+        self.committing = threading.Lock()
         self.pending: list[Future] = []
         self.failed: BaseException | None = None
 
@@ -177,15 +179,20 @@ class HubSink:
             op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
             op.upload_info.sha256 = bytes.fromhex(meta["sha256"])  # hashed while written
             with push_errors(self.repo_id):
-                self.done[name] = meta
-                progress = _progress_bytes(self.key, self.done, complete=False)
-                self.api.create_commit(
-                    repo_id=self.repo_id,
-                    repo_type="model",
-                    revision=self.revision,
-                    operations=[op, CommitOperationAdd(self.record, progress)],
-                    commit_message=f"Upload {name} (fi-convert {__version__})",
+                # the bytes go up UPLOADS at a time; the commits, small, one after another
+                self.api.preupload_lfs_files(
+                    self.repo_id, [op], repo_type="model", revision=self.revision, num_threads=1
                 )
+                with self.committing:
+                    self.done[name] = meta
+                    progress = _progress_bytes(self.key, self.done, complete=False)
+                    self.api.create_commit(
+                        repo_id=self.repo_id,
+                        repo_type="model",
+                        revision=self.revision,
+                        operations=[op, CommitOperationAdd(self.record, progress)],
+                        commit_message=f"Upload {name} (fi-convert {__version__})",
+                    )
             self.uploaded.append(name)
         except BaseException as e:
             self.done.pop(name, None)
