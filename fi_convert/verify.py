@@ -4,6 +4,7 @@ gives (re-derived with our code, or with FlashInfer's)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -25,7 +26,7 @@ from .schemes import REGISTRY
 from .schemes.base import Ctx
 from .schemes.nvfp4 import Nvfp4Scheme
 from .source import INDEX_NAME, ROLES, ExpertLayer, open_checkpoint
-from .st_io import SourceFiles, TensorInfo, read_header
+from .st_io import SourceFiles, TensorInfo, read_header, sha256_file
 
 CONFIG_NAME = "config.json"
 # What a Hub download adds beside the files its manifest lists: the repo's .gitattributes,
@@ -438,8 +439,9 @@ def _sample(n: int, full: bool) -> list[int]:
 
 
 def check_source(
-    root, m, tensors, source, full, against_flashinfer, device, rep, files=None
-) -> None:
+    root, m, tensors, source, full, against_flashinfer, device, rep, files=None,
+    card_replaced=False,
+) -> None:  # fmt: skip
     """Re-derive experts of the checkpoint at `source` and compare them with the output's,
     reading both through `files` (local files by default; a remote verify reads the Hub)."""
     if open_checkpoint(source).fingerprint != m["source"]["fingerprint"]:
@@ -452,12 +454,63 @@ def check_source(
     dev = resolve_device(device)
     files = files or SourceFiles()
     try:
+        _side_files(plan, m, card_replaced, rep)
+        if full:
+            _carried(plan, tensors, files, rep)
         if against_flashinfer:
             _against_oracle(plan, tensors, files, full, dev, rep)
         else:
             _against_ours(plan, tensors, files, full, dev, rep)
     finally:
         files.close()
+
+
+def _side_files(plan, m: dict, card_replaced: bool, rep: Report) -> None:
+    """The side files the output lists are the source's as it is now (config.json: marked),
+    so a source changed since (a new tokenizer config) is seen. They are small: hashed."""
+    for rel in plan.side_files:
+        meta = m["files"].get(rel)
+        if meta is None or (rel == "README.md" and card_replaced):  # a Hub card replaced it
+            continue
+        if rel == "config.json":
+            sha = hashlib.sha256(served_config.mark(plan.ckpt.config)).hexdigest()
+        else:
+            sha = sha256_file(plan.ckpt.root / rel)
+        if sha != meta["sha256"]:
+            rep.problems.append(
+                f"{rel}: differs from the source's {plan.ckpt.root / rel} (the source changed "
+                "since it was converted, or the output's copy did); convert again"
+            )
+        rep.count("side_files_compared")
+
+
+def _carried(plan, tensors: dict[str, TensorInfo], files: SourceFiles, rep: Report) -> None:
+    """With --full: every tensor carried over unchanged holds the source's bytes."""
+    for shard in plan.shards:
+        for it in shard.items:
+            if it.source is None or it.entry.name not in tensors:
+                continue
+            if not _same_bytes(files, tensors[it.entry.name], it.source):
+                rep.problems.append(
+                    f"{tensors[it.entry.name].file}: {it.entry.name} differs from the source's "
+                    f"({it.source.file}); convert again"
+                )
+            rep.count("carried_tensors_compared")
+
+
+def _same_bytes(files: SourceFiles, a: TensorInfo, b: TensorInfo, piece: int = 64 << 20) -> bool:
+    """Whether two stored tensors hold the same bytes, compared piece by piece."""
+    if a.nbytes != b.nbytes:
+        return False
+    piece = max(1, min(piece, a.nbytes))
+    x, y = torch.empty(piece, dtype=torch.uint8), torch.empty(piece, dtype=torch.uint8)
+    for off in range(0, a.nbytes, piece):
+        n = min(piece, a.nbytes - off)
+        files.read_bytes(a.file, a.start + off, x[:n])
+        files.read_bytes(b.file, b.start + off, y[:n])
+        if not torch.equal(x[:n], y[:n]):
+            return False
+    return True
 
 
 def _stored(files: SourceFiles, info: TensorInfo, rank: int) -> torch.Tensor:

@@ -224,3 +224,31 @@ def test_a_missing_or_garbled_index_is_a_mismatch_not_a_traceback(made, tmp_path
     r = CliRunner().invoke(app, ["verify", str(out)])
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "model.safetensors.index.json: " in r.stderr
+
+
+def test_source_check_sees_a_side_file_and_a_carried_tensor_the_source_changed(made, tmp_path):
+    """After converting, the source's tokenizer config and a non-expert tensor's data (same
+    shape, so the fingerprint of headers is the same) change: --source names the side file,
+    --full the tensor too."""
+    import shutil
+
+    src, out = made
+    new = tmp_path / "src"
+    shutil.copytree(src, new)
+    (new / "tokenizer_config.json").write_text('{"changed": true}\n')
+    index = json.loads((new / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.embed_tokens.weight"
+    shard = new / index[name]
+    header, _ = read_header(shard)
+    info = header[name]
+    with open(shard, "r+b") as f:  # flip one byte of its data
+        f.seek(info.start)
+        b = f.read(1)
+        f.seek(info.start)
+        f.write(bytes([b[0] ^ 0x01]))
+    rep = verify(out, source=new, device="cpu")
+    assert any(p.startswith("tokenizer_config.json: differs from the source") for p in rep.problems)
+    assert not any(name in p for p in rep.problems)  # bytes of carried tensors: --full only
+    rep = verify(out, source=new, full=True, device="cpu")
+    assert any(f"{name} differs from the source" in p for p in rep.problems), rep.problems
+    assert verify(out, source=src, full=True, device="cpu").ok
