@@ -349,7 +349,9 @@ def test_push_refuses_an_out_dir_that_verify_fails(hub, ref_out, tmp_path):
     assert r.exit_code == 1
     line = one_error_line(r.stderr)
     assert shard.name in line and "not pushing" in line and "fi-convert verify" in line
+    assert [p for _, p in hub.log] == ["/api/whoami-v2"]  # the target checked, nothing sent
     (out / MANIFEST).unlink()
+    hub.log.clear()
     assert "no manifest" in one_error_line(cli("push", out, TARGET, "--base-model", REPO).stderr)
     assert hub.log == []  # refused before any request
 

@@ -21,12 +21,12 @@ from .common import (
     endpoint,
     http_message,
     hub_url,
-    is_offline,
     is_repo_id,
     literal,
     progress_bars,
     transport_errors,
 )
+from .preflight import check_target
 
 
 @dataclass
@@ -83,24 +83,17 @@ def push(
     passes on a download of the repo; the local folder is not changed.
     """
     root = Path(out_dir)
-    m = check_out_dir(root)
+    mf.read(root)  # a finished output at all: refused before any request
+    check_target(repo_id)  # a repo id, online, a token that may write there: in seconds
+    m = check_out_dir(root)  # then every byte against the manifest
     src = m.get("source", {})
     if base_model is None and src.get("repo_id"):  # converted from a Hub repo: that one
         base_model, base_revision = src["repo_id"], base_revision or src.get("revision")
-    if not is_repo_id(repo_id):
-        raise HubError(f"{repo_id}: not a Hub repo id; push to org/name")
     if base_model is not None and not is_repo_id(base_model):
         raise HubError(f"--base-model {base_model}: not a Hub repo id (org/name)")
-    if is_offline():
-        raise HubError(f"{repo_id}: HF_HUB_OFFLINE=1 forbids uploading; run without it to push")
-    from huggingface_hub import CommitOperationAdd, HfApi, get_token
+    from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.utils.sha import git_hash
 
-    if get_token() is None:
-        raise HubError(
-            f"{repo_id}: pushing needs a Hugging Face token with write access; log in with "
-            "`hf auth login` or set HF_TOKEN"
-        )
     source_card = root / CARD_NAME if CARD_NAME in m["files"] else None
     card = model_card(
         m,

@@ -96,16 +96,21 @@ def _mxfp8_kernel(experts: Any, method: Any) -> None:
     """ModelOptMxFp8FusedMoE.process_weights_after_loading (vLLM 0.33, modelopt.py:1454) after
     its convert_to_fp8_moe_kernel_format: the same attributes, quant config and kernel, built
     by vLLM's own functions from the parameters as they are."""
-    from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_kernel
-
     experts._already_called_process_weights_after_loading = True
     method._check_weight_dtypes(experts)
     experts.weight_block_size = method.weight_block_size
+    _fp8_family_kernel(experts, method, method.mxfp8_backend)
+
+
+def _fp8_family_kernel(experts: Any, method: Any, backend: Any) -> None:
+    """The quant config and kernel of an FP8-family method (vLLM 0.33, oracle/fp8.py)."""
+    from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_kernel
+
     method.moe_quant_config = method.get_fused_moe_quant_config(experts)
     method.moe_kernel = make_fp8_moe_kernel(
         moe_quant_config=method.moe_quant_config,
         moe_config=method.moe,
-        fp8_backend=method.mxfp8_backend,
+        fp8_backend=backend,
         experts_cls=method.experts_cls,
         routing_tables=experts._expert_routing_tables(),
     )
@@ -119,16 +124,7 @@ def _fp8_tensor_kernel(experts: Any, method: Any) -> None:
     own functions then derive what the kernel reads from the parameters: CUTLASS's
     g1/g2_alphas parameters (oracle/fp8.py make_fp8_moe_quant_config), TRT-LLM's _g1_alphas,
     _g2_alphas and _g1_scale_c (experts/trtllm_fp8_moe.py)."""
-    from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_kernel
-
-    method.moe_quant_config = method.get_fused_moe_quant_config(experts)
-    method.moe_kernel = make_fp8_moe_kernel(
-        moe_quant_config=method.moe_quant_config,
-        moe_config=method.moe,
-        fp8_backend=method.fp8_backend,
-        experts_cls=method.experts_cls,
-        routing_tables=experts._expert_routing_tables(),
-    )
+    _fp8_family_kernel(experts, method, method.fp8_backend)
 
 
 def _mxfp4_kernel(experts: Any, method: Any) -> None:
