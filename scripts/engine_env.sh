@@ -29,7 +29,7 @@ if [[ "${1:-}" == "--fresh" ]]; then
     rm -rf "$VENV"
 elif [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
     if [[ "$(cat "$PROJECT_STAMP" 2>/dev/null)" != "$project" ]]; then
-        "$VENV/bin/pip" install -q --no-deps -e .
+        flock .editable-install.lock "$VENV/bin/pip" install -q --no-deps -e .
         echo "$project" >"$PROJECT_STAMP"
         echo "engine_env: $VENV: fi-convert reinstalled (pyproject.toml changed)" >&2
     else
@@ -55,7 +55,7 @@ PIP=pip_
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec
 # fi-convert itself, without letting pip touch torch; its own deps (most are there already
 # through vLLM) and the test runner.
-"$PIP" install -q --no-deps -e .
+flock .editable-install.lock "$VENV/bin/pip" install -q --no-deps -e .  # beside make install
 "$PIP" install -q "$TORCH" 'safetensors>=0.4' 'typer>=0.12,<0.30' 'rich>=13' \
     'huggingface_hub>=0.24' 'pytest>=8' transformers
 "$VENV/bin/python" - <<'EOF'
