@@ -334,12 +334,6 @@ def convert_cmd(
         _render_push(out_dir, pushed)
 
 
-def hub_repo_id(s: str) -> bool:
-    from .hub import is_repo_id
-
-    return is_repo_id(s)
-
-
 def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
     """The manifest's record of where a conversion's source came from: for a Hub repo, its id
     and the exact commit, and the command that converts it (local paths never appear)."""
@@ -589,7 +583,9 @@ def verify_cmd(
     if (full or against_flashinfer) and source is None:
         flag = "--full" if full else "--against-flashinfer"
         raise typer.BadParameter(f"{flag} re-derives experts from the source: pass --source")
-    remote = not out_dir.exists() and hub_repo_id(str(out_dir))
+    from .hub import is_repo_id
+
+    remote = not out_dir.exists() and is_repo_id(str(out_dir))
     read: dict = {}
     try:
         if remote:

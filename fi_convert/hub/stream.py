@@ -308,7 +308,6 @@ def stream_to_hub(
     jobs: int = 0,
     base_model: str | None = None,
     base_revision: str | None = None,
-    provenance: dict | None = None,
     progress: ProgressFn | None = None,
     part: tuple[int, int] | None = None,
 ) -> StreamResult:
@@ -384,9 +383,7 @@ def stream_to_hub(
             final.append(CommitOperationAdd(rel, data))
     files[INDEX_NAME] = {"sha256": _sha(target.index), "size": len(target.index)}
     final.append(CommitOperationAdd(INDEX_NAME, target.index))
-    m = mf.build(plan, files)
-    if provenance:
-        m["source"].update(provenance)
+    m = mf.build(plan, files)  # plan.provenance: the source repo, commit and command
     card = model_card(
         m,
         repo_id=repo_id,
