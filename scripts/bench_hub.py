@@ -13,8 +13,10 @@ goal (issue "Hub at real scale"): stream time <= 1.15 x the larger of download a
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -51,6 +53,7 @@ def main() -> None:
 
     hub = FakeHub().start()
     tmp = Path(tempfile.mkdtemp(prefix="fi-convert-bench-hub-"))
+    atexit.register(shutil.rmtree, tmp, True)  # its checkpoints and copies: about 1.6 GB
     _env(hub, tmp / "hf")
 
     from huggingface_hub import HfApi, snapshot_download
