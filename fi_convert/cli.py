@@ -7,37 +7,199 @@ show only when stderr is a terminal. Library errors become one red line and exit
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
+import shlex
 import signal
 import sys
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
+from typer._click import exceptions as click_errors
+from typer._click.core import Context
+from typer.core import TyperArgument, TyperGroup
 
 from . import __version__
+from .cli_progress import (
+    Display,
+    Stopwatch,
+    convert_figures,
+    convert_text,
+    figures_text,
+    output_bytes,
+    progress_mode,
+)
 from .errors import FiConvertError, SourceError
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Backend, SchemeName
 
 if TYPE_CHECKING:  # the library (and torch) is imported by the commands that use it
     from . import hub
-    from .pipeline import Progress as LibProgress
     from .plan import Options, Plan
 
+# Shown at the end of each command's --help.
+EXAMPLES = {
+    "convert": (
+        "fi-convert ./DeepSeek-V3 out --tp-size 8",
+        "fi-convert Qwen/Qwen3-30B-A3B out --scheme mxfp8 --device cpu",
+        "fi-convert ./model out --dry-run",
+        "fi-convert org/model staging --push-to me/model-fi --max-disk 20GiB",
+    ),
+    "inspect": (
+        "fi-convert inspect ./model",
+        "fi-convert inspect ./model --scheme nvfp4 --backend cutlass --tp-size 4 --json",
+    ),
+    "verify": (
+        "fi-convert verify out",
+        "fi-convert verify out --source ./model --full",
+        "fi-convert verify me/model-fi --source org/model --against-flashinfer",
+    ),
+    "push": ("fi-convert push out me/model-fi --base-model org/model --private",),
+    "version": ("fi-convert version", "fi-convert --version"),
+}
+
+
+class _Group(TyperGroup):
+    """The command group with fi-convert's conventions: every usage error is one line on
+    stderr (`error: ...`, with a did-you-mean where one is close) and exit code 2, and each
+    command's help has readable metavars (MODEL_DIR, SIZE; none for a flag) and examples."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        for name, cmd in self.commands.items():
+            _polish(name, cmd)
+        _polish("", self)
+
+    def main(  # type: ignore[override]
+        self,
+        args: list[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click_errors.NoArgsIsHelpError:
+            rv = 2  # the help has been printed
+        except click_errors.UsageError as e:
+            err.print(f"[red]error:[/red] {escape(_usage_line(e, argv, self))}")
+            rv = 2
+        except click_errors.ClickException as e:
+            err.print(f"[red]error:[/red] {escape(e.format_message())}")
+            rv = e.exit_code
+        except typer.Abort:
+            err.print("[red]aborted[/red]")
+            rv = 1
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _polish(name: str, cmd: Any) -> None:
+    """Examples as the epilog; metavars for the help: an argument's name in capitals (no
+    braces around it in the usage line, no type beside it), nothing for a flag, the name for
+    other options that set none."""
+    if name in EXAMPLES:
+        cmd.epilog = "Examples:\n\n" + "\n".join(f"  {x}" for x in EXAMPLES[name])
+    for p in [*cmd.params, cmd.get_help_option(Context(cmd))]:
+        if p is None:
+            continue
+        if isinstance(p, TyperArgument):
+            p.metavar = p.metavar or (p.name or "").upper()
+            p.get_usage_pieces = partial(_metavar_only, p)  # type: ignore[method-assign]
+            p.display_type_rich = partial(_no_type, p)  # type: ignore[method-assign]
+        elif p.metavar is None:
+            p.metavar = "" if p.is_flag else (p.name or "").upper()
+
+
+def _metavar_only(p: TyperArgument, ctx: Context) -> list[str]:
+    return [p.metavar or ""]
+
+
+def _no_type(p: TyperArgument, ctx: Context) -> None:
+    return None
+
+
+def _label(p: Any) -> str:
+    """How the user names parameter `p`: its long option, or an argument's metavar."""
+    if isinstance(p, TyperArgument):
+        return p.metavar or (p.name or "").upper()
+    return next((o for o in p.opts if o.startswith("--")), p.opts[0])
+
+
+def _given(argv: list[str], opts: list[str]) -> str | None:
+    """The last value `argv` gives an option named by one of `opts`."""
+    value = None
+    for i, a in enumerate(argv):
+        if a in opts and i + 1 < len(argv):
+            value = argv[i + 1]
+        for o in opts:
+            if o.startswith("--") and a.startswith(o + "="):
+                value = a[len(o) + 1 :]
+    return value
+
+
+def _plain(message: str) -> str:
+    """Click's or typer's sentence as the tail of an `error:` line."""
+    m = message.removeprefix("Value error, ").rstrip(".")
+    m = re.sub(r"^Input should be ", "must be ", m)
+    m = re.sub(r", unable to parse .*$", "", m)
+    return m[:1].lower() + m[1:]
+
+
+def _usage_line(e: click_errors.UsageError, argv: list[str], group: TyperGroup) -> str:
+    """One line for a usage error: what is wrong, with the option's name and the value given,
+    a did-you-mean where a name is close, and the choices or the usage where they help."""
+    ctx = e.ctx
+    see = f" ({ctx.command_path} --help lists them)" if ctx is not None else ""
+    if isinstance(e, click_errors.MissingParameter) and e.param is not None:
+        assert ctx is not None
+        usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)])
+        return f"missing {_label(e.param)} (usage: {usage})"
+    if isinstance(e, click_errors.BadParameter) and e.param is not None:
+        p = e.param
+        given = _given(argv, p.opts)
+        head = _label(p) if given is None else f"{_label(p)} {shlex.quote(given)}"
+        desc = getattr(p, "type_descriptor", None)
+        if desc is not None and desc.is_choice and desc.choices:
+            choices = [str(getattr(c, "value", c)) for c in desc.choices]
+            near = difflib.get_close_matches(given or "", choices, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            what = (p.name or "value").replace("_", " ")
+            return f"{head}: unknown {what}{hint} (choices: {', '.join(choices)})"
+        return f"{head}: {_plain(e.message)}"
+    if isinstance(e, click_errors.BadParameter):  # raised by a command: already a sentence
+        return e.message
+    if isinstance(e, click_errors.NoSuchOption):
+        if e.possibilities:
+            return f"no such option {e.option_name}; did you mean {e.possibilities[0]}?"
+        return f"no such option {e.option_name}{see}"
+    if isinstance(e, click_errors.BadOptionUsage):
+        if e.message.endswith("requires an argument."):
+            return f"{e.option_name} needs a value"
+        if e.message.endswith("does not take a value."):
+            return f"{e.option_name} takes no value"
+    m = re.match(r"No such command '(.*?)'", e.message)
+    if m:
+        near = difflib.get_close_matches(m[1], list(group.commands), n=1)
+        hint = f"; did you mean {near[0]}?" if near else f" (commands: {', '.join(group.commands)})"
+        return f"no such command {m[1]!r}{hint}"
+    m = re.match(r"Got unexpected extra argument(?:s|\(s\))? \((.*)\)", e.message)
+    if m and ctx is not None:
+        usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)])
+        return f"unexpected extra argument {m[1]} (usage: {usage})"
+    return _plain(e.message)
+
+
 app = typer.Typer(
+    cls=_Group,
     help="Convert MoE checkpoints offline into FlashInfer's kernel layouts.\n\n"
     "Usage: fi-convert MODEL_DIR OUT_DIR --scheme SCHEME (the `convert` command is the default).",
     no_args_is_help=True,
@@ -48,11 +210,36 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
 SchemeOpt = Annotated[
-    SchemeName, typer.Option("--scheme", "-s", help="Preparation pipeline; auto detects it.")
+    SchemeName,
+    typer.Option(
+        "--scheme",
+        "-s",
+        metavar="SCHEME",
+        help="Preparation pipeline: " + ", ".join(s.value for s in SchemeName) + " (auto "
+        "detects it from the checkpoint).",
+    ),
 ]
-BackendOpt = Annotated[Backend, typer.Option("--backend", "-b", help="FlashInfer MoE backend.")]
-TpOpt = Annotated[int, typer.Option("--tp-size", "-tp", min=1, help="Tensor-parallel size.")]
+BackendOpt = Annotated[
+    Backend,
+    typer.Option(
+        "--backend",
+        "-b",
+        metavar="BACKEND",
+        help="FlashInfer MoE backend: " + " or ".join(b.value for b in Backend) + ".",
+    ),
+]
+TpOpt = Annotated[
+    int, typer.Option("--tp-size", "-tp", min=1, metavar="N", help="Tensor-parallel size.")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")]
+UnservableOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unservable",
+        help="Convert even when vLLM 0.33 cannot serve the output (fp8-tensor without static "
+        "activation scales, e.g. from BF16); refused otherwise.",
+    ),
+]
 DebugOpt = Annotated[
     bool, typer.Option("--debug", help="Show tracebacks.", envvar="FI_CONVERT_DEBUG")
 ]
@@ -86,10 +273,26 @@ def parse_size(text: str | int) -> int:
         value = -1.0
     if unit not in _UNITS or not 0 <= value < 2**63:
         raise typer.BadParameter(
-            f"{text!r} is not a size: give bytes, or a number with a unit "
-            "(e.g. 4GiB, 500MB, 5GB, 1.5T)"
+            "not a size: give bytes, or a number with a unit (e.g. 4GiB, 500MB, 5GB, 1.5T)"
         )
     return int(value * _UNITS[unit])
+
+
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def device_name(value: str) -> str:
+    """`--device`: auto, cpu, cuda or cuda:N (whether that device exists is the library's
+    check, when the command runs); anything else is a usage error."""
+    if _DEVICE_RE.fullmatch(value):
+        return value
+    low = value.lower()
+    if low.startswith(("gpu", "nvidia", "cuda")):
+        near = ["cuda"]
+    else:
+        near = difflib.get_close_matches(low.partition(":")[0], ["auto", "cpu", "cuda"], n=1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    raise typer.BadParameter(f"unknown device{hint} (use auto, cpu, cuda or cuda:N)")
 
 
 def _fail(e: Exception, debug: bool) -> typer.Exit:
@@ -97,6 +300,13 @@ def _fail(e: Exception, debug: bool) -> typer.Exit:
         err.print_exception()
     err.print(f"[red]error:[/red] {escape(str(e))}")
     return typer.Exit(1)
+
+
+def _warn(notes: list[str], quiet: bool) -> None:
+    """Warnings on stderr, each once (the library says per-layer ones once, with the number
+    of layers); none with --quiet, which leaves only errors and the result."""
+    for note in [] if quiet else dict.fromkeys(notes):
+        err.print(f"[yellow]warning:[/yellow] {escape(note)}")
 
 
 def _render_plan(plan: Plan) -> None:
@@ -141,11 +351,17 @@ def convert_cmd(
     tp_size: TpOpt = 1,
     revision: Annotated[
         str | None,
-        typer.Option(help="Branch, tag or commit of a Hub repo-id source (default: main)."),
+        typer.Option(
+            metavar="REV", help="Branch, tag or commit of a Hub repo-id source (default: main)."
+        ),
     ] = None,
     push_to: Annotated[
         str | None,
-        typer.Option("--push-to", help="Then publish OUT_DIR to this Hub repo (org/name)."),
+        typer.Option(
+            "--push-to",
+            metavar="ORG/NAME",
+            help="Then publish OUT_DIR to this Hub repo (org/name).",
+        ),
     ] = None,
     private: Annotated[
         bool, typer.Option("--private", help="Create the --push-to repo private.")
@@ -154,11 +370,17 @@ def convert_cmd(
         str | None,
         typer.Option(
             "--base-model",
+            metavar="ORG/NAME",
             help="Hub repo id the model card names as base model (default: a repo-id source).",
         ),
     ] = None,
     device: Annotated[
-        str, typer.Option(help="Where to transform: auto (CUDA when present), cpu, cuda[:N].")
+        str,
+        typer.Option(
+            metavar="DEVICE",
+            callback=device_name,
+            help="Where to transform: auto (CUDA when present), cpu, cuda or cuda:N.",
+        ),
     ] = "auto",
     overwrite: Annotated[
         bool, typer.Option(help="Replace the contents of an out-dir that is not ours.")
@@ -188,6 +410,7 @@ def convert_cmd(
             "--jobs",
             "-j",
             min=0,
+            metavar="N",
             help="Output shards converted at once (0: one per CPU, up to 8, as --max-memory "
             "allows). The bytes written do not depend on it.",
         ),
@@ -228,6 +451,7 @@ def convert_cmd(
             "index, card and manifest (and converts any shard a part left out).",
         ),
     ] = None,
+    allow_unservable: UnservableOpt = False,
     as_json: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
     debug: DebugOpt = False,
@@ -237,7 +461,7 @@ def convert_cmd(
     from .pipeline import preflight, run_plan
     from .plan import MANIFEST_NAME, Options, make_plan
 
-    opts = Options(scheme, backend, tp_size, max_shard_size, max_memory)
+    opts = Options(scheme, backend, tp_size, max_shard_size, max_memory, allow_unservable)
     if (private or base_model) and not push_to:
         raise typer.BadParameter("--private and --base-model go with --push-to")
     if (stream or max_disk or part) and not push_to:
@@ -251,6 +475,7 @@ def convert_cmd(
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
     show = err.is_terminal and not quiet and not as_json
+    how = progress_mode(err, quiet, as_json)
     pushed = None
     local = Path(model_dir).exists()
     if stream is None:
@@ -263,38 +488,44 @@ def convert_cmd(
         if stream and not dry_run:
             assert push_to is not None
             _streamed(model_dir, out_dir, push_to, opts, revision, private, base_model,
-                      max_disk, device, jobs, show, as_json, parts)  # fmt: skip
+                      max_disk, device, jobs, how, as_json, parts)  # fmt: skip
             return
-        src = hub.resolve_source(model_dir, revision=revision, progress=show)
-        if src.repo_id and not as_json:
+        with Display(err, how, "downloading") as dl:
+            src = hub.resolve_source(model_dir, revision=revision, progress=dl.bytes_callback())
+        if src.repo_id and how != "off":
             err.print(f"source: {src.repo_id} at {src.commit} ({escape(str(src.path))})")
         plan = make_plan(src.path, opts)
         plan.provenance = provenance(src.repo_id, src.commit, plan)
         if not dry_run:
             preflight(plan, out_dir, device=device, overwrite=overwrite)
-        if plan.detected and not as_json:
+        if plan.detected and how != "off":
             err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
-        for note in plan.notes:
-            err.print(f"[yellow]warning:[/yellow] {escape(note)}")
+        _warn(plan.notes, quiet)
         if dry_run:
             if as_json:
                 out.print_json(json.dumps(plan.summary()))
             else:
                 _render_plan(plan)
             return
-        with _progress(show) as cb:
+        watch = Stopwatch()
+        with Display(err, how) as shown:
             res = run_plan(
                 plan,
                 out_dir,
                 device=device,
                 overwrite=overwrite,
-                progress=cb,
+                progress=shown.callback(),
                 jobs=jobs,
                 fsync=fsync,
             )
+        figures = convert_figures(res, watch)
         if push_to:
             base = base_model or src.repo_id
-            pushed = _push_after_convert(out_dir, push_to, private, base, src.commit, show)
+            push_watch = Stopwatch()
+            pushed = _push_after_convert(
+                out_dir, push_to, private, base, src.commit, show, quiet or as_json
+            )
+            push_figures = push_watch.figures(figures["bytes"])
     except FiConvertError as e:
         raise _fail(e, debug) from None
     except KeyboardInterrupt as e:
@@ -306,16 +537,15 @@ def convert_cmd(
             f"{state}; run the same command again to resume"
         )
         raise typer.Exit(143 if term else 130) from None
-    s = res.summary()
+    s = {**res.summary(), **figures}
     if src.repo_id:
         s["source_repo"] = src.summary()
     if pushed:
-        s["push"] = pushed.summary()
+        s["push"] = {**pushed.summary(), **push_figures}
     if as_json:
         out.print_json(json.dumps(s))
         return
-    for w in res.warnings:
-        err.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    _warn(res.warnings, quiet)
     if res.up_to_date:
         out.print(
             f"[green]up to date[/green]: {escape(str(res.out_dir))} holds this conversion "
@@ -328,10 +558,10 @@ def convert_cmd(
         f"[green]done[/green]: {s['moe_layers']} MoE layers x {s['num_experts']} experts -> "
         f"{escape(str(res.out_dir))} ({s['scheme']}, {s['backend']}, tp {s['tp_size']}, "
         f"on {s['device']}); "
-        f"{s['files']} files{reused}, manifest {s['manifest']}"
+        f"{s['files']} files{reused}, {convert_text(figures)}, manifest {s['manifest']}"
     )
     if pushed:
-        _render_push(out_dir, pushed)
+        _render_push(out_dir, pushed, push_figures)
 
 
 def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
@@ -358,7 +588,7 @@ def _streamed(
     max_disk: int,
     device: str,
     jobs: int,
-    show: bool,
+    how: str,
     as_json: bool,
     part: tuple[int, int] | None = None,
 ) -> None:
@@ -386,20 +616,20 @@ def _streamed(
             )
         repo = remote.RemoteRepo.open(model_dir, revision)
         repo_id, commit = repo.repo_id, repo.commit
-        if not as_json:
+        if how != "off":
             err.print(f"source: {repo_id} at {commit}, read by byte ranges (nothing downloaded)")
         staging = stream.Staging.claim(out_dir, SourceFiles())
-        root = remote.mirror(repo, staging.root / ".source", progress=show)
+        root = remote.mirror(repo, staging.root / ".source", progress=how == "bar")
         files = remote.RemoteSourceFiles(repo, root)
     plan = make_plan(root, opts)
     plan.provenance = provenance(repo_id, commit, plan)
-    if plan.detected and not as_json:
+    if plan.detected and how != "off":
         err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
-    for note in plan.notes:
-        err.print(f"[yellow]warning:[/yellow] {escape(note)}")
+    _warn(plan.notes, how == "off" and not as_json)
     base = base_model or repo_id
     summary = plan.summary()  # before the staging folder, the mirror in it included, goes
-    with _progress(show) as cb:
+    watch = Stopwatch()
+    with Display(err, how) as shown:
         res = stream.stream_to_hub(
             plan,
             files,
@@ -411,26 +641,27 @@ def _streamed(
             jobs=jobs,
             base_model=base,
             base_revision=commit,
-            progress=cb,
+            progress=shown.callback(),
             part=part,
         )
+    made = {s.name: s.nbytes for s in plan.shards}
+    figures = watch.figures(sum(made.get(n, 0) for n in res.uploaded))
     if as_json:
-        out.print_json(json.dumps({**summary, "push": res.summary()}))
+        out.print_json(json.dumps({**summary, **figures, "push": res.summary()}))
         return
-    for w in res.warnings:
-        err.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    _warn(res.warnings, how == "off")
     again = f", {len(res.skipped)} already there" if res.skipped else ""
     if part is not None:
         out.print(
             f"[green]part {part[0]}/{part[1]} done[/green]: {len(res.uploaded)} shards "
-            f"uploaded to {escape(res.url)}{again}; after every part, run the same command "
-            "without --part to finish"
+            f"uploaded to {escape(res.url)}{again} ({figures_text(figures)}); after every "
+            "part, run the same command without --part to finish"
         )
         return
     out.print(
         f"[green]pushed[/green]: {len(plan.layers)} MoE layers -> {escape(res.url)} "
         f"({plan.scheme.value}, {plan.options.backend.value}, tp {plan.options.tp_size}; "
-        f"{len(res.uploaded)} shards uploaded{again}, peak staged "
+        f"{len(res.uploaded)} shards uploaded{again}, {figures_text(figures)}, peak staged "
         f"{res.peak_disk / 2**30:.2f} GiB; commit {(res.commit or '')[:12]})"
     )
 
@@ -442,10 +673,11 @@ def _push_after_convert(
     base_model: str | None,
     base_revision: str | None,
     show: bool,
+    quiet: bool = False,
 ) -> hub.PushResult:
     from . import hub
 
-    if base_model is None:
+    if base_model is None and not quiet:
         err.print(
             "[yellow]warning:[/yellow] the model card names no base model; "
             "pass --base-model org/name to link it"
@@ -466,56 +698,13 @@ def _push_after_convert(
         ) from None
 
 
-def _render_push(out_dir: Path, res: hub.PushResult) -> None:
+def _render_push(out_dir: Path, res: hub.PushResult, figures: dict) -> None:
     commit = f", commit {res.commit[:12]}" if res.commit else ""
     out.print(
         f"[green]pushed[/green]: {escape(str(out_dir))} -> {escape(res.url)} "
-        f"(revision {escape(res.revision)}{commit}, {res.files} files)"
+        f"(revision {escape(res.revision)}{commit}, {res.files} files, "
+        f"{figures_text(figures)})"
     )
-
-
-class _progress:
-    """A rich progress bar on stderr fed by the library's callback, or nothing."""
-
-    def __init__(self, show: bool) -> None:
-        self.bar = (
-            Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TaskProgressColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[tensors]}"),
-                console=err,
-                transient=False,
-            )
-            if show
-            else None
-        )
-        self.task: TaskID | None = None
-
-    def __enter__(self):
-        if self.bar is None:
-            return None
-        self.bar.start()
-
-        def cb(p: LibProgress) -> None:
-            assert self.bar is not None
-            if self.task is None:
-                self.task = self.bar.add_task("converting", total=p.bytes_total, tensors="")
-            task: TaskID = self.task
-            self.bar.update(
-                task,
-                completed=p.bytes_done,
-                tensors=f"{p.tensors_done}/{p.tensors_total} tensors",
-            )
-
-        return cb
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 @app.command("inspect")
@@ -524,22 +713,52 @@ def inspect_cmd(
     scheme: SchemeOpt = SchemeName.AUTO,
     backend: BackendOpt = Backend.TRTLLM,
     tp_size: TpOpt = 1,
+    allow_unservable: UnservableOpt = False,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Print the conversion plan for MODEL_DIR without writing anything."""
-    from .plan import Options, make_plan
+    """Print the conversion plan for MODEL_DIR without writing anything, and which other
+    schemes and backends the checkpoint takes (and which of them quantize)."""
+    from .plan import Options, choices, make_plan
 
     try:
-        plan = make_plan(model_dir, Options(scheme, backend, tp_size))
+        opts = Options(scheme, backend, tp_size, allow_unservable=allow_unservable)
+        plan = make_plan(model_dir, opts)
+        cs = choices(plan)
     except FiConvertError as e:
         raise _fail(e, debug) from None
     for note in plan.notes:
         err.print(f"[yellow]warning:[/yellow] {escape(note)}")
+    here = next(c.precision or "" for c in cs if c.scheme is plan.scheme)
     if as_json:
-        out.print_json(json.dumps(plan.summary()))
-    else:
-        _render_plan(plan)
+        s = plan.summary() | {"precision": here, "choices": [c.summary() for c in cs]}
+        out.print_json(json.dumps(s))
+        return
+    _render_plan(plan)
+    out.print(f"precision: {escape(here)}")
+    _render_choices(plan, cs)
+
+
+def _render_choices(plan: Plan, cs: list) -> None:
+    """The schemes (with their backends) that plan and serve, then one line per scheme (and
+    its backends) that cannot, saying why."""
+    takes: dict[str, list[str]] = {}
+    cannot: dict[tuple[str, str], list[str]] = {}
+    for c in cs:
+        b = c.backend.value
+        if c.why_not is None:
+            takes.setdefault(c.scheme.value, []).append(b)
+        else:
+            why = c.why_not + ("; --allow-unservable converts it anyway" if c.unservable else "")
+            cannot.setdefault((c.scheme.value, why), []).append(b)
+    precision = {c.scheme.value: c.precision or "" for c in cs if c.why_not is None}
+    out.print(f"this checkpoint takes (--scheme, --backend; tp {plan.options.tp_size}):")
+    for name, backends in takes.items():
+        out.print(f"  {name} ({', '.join(backends)}): {escape(precision[name])}")
+    if cannot:
+        out.print("and cannot take:")
+    for (name, why), backends in cannot.items():
+        out.print(f"  {name} ({', '.join(backends)}): {escape(why)}")
 
 
 @app.command("verify")
@@ -554,12 +773,14 @@ def verify_cmd(
     source: Annotated[
         str | None,
         typer.Option(
+            metavar="MODEL_DIR",
             help="The source model folder or Hub repo id: re-derive a sample of experts and "
-            "compare (a Hub source is read by byte ranges)."
+            "compare (a Hub source is read by byte ranges).",
         ),
     ] = None,
     revision: Annotated[
-        str | None, typer.Option(help="Revision of a Hub repo-id OUT_DIR (default: main).")
+        str | None,
+        typer.Option(metavar="REV", help="Revision of a Hub repo-id OUT_DIR (default: main)."),
     ] = None,
     full: Annotated[bool, typer.Option("--full", help="With --source: every expert.")] = False,
     against_flashinfer: Annotated[
@@ -568,7 +789,14 @@ def verify_cmd(
             "--against-flashinfer", help="With --source: re-derive with FlashInfer's functions."
         ),
     ] = False,
-    device: Annotated[str, typer.Option(help="Where to re-derive: auto, cpu, cuda[:N].")] = "auto",
+    device: Annotated[
+        str,
+        typer.Option(
+            metavar="DEVICE",
+            callback=device_name,
+            help="Where to re-derive: auto, cpu, cuda or cuda:N.",
+        ),
+    ] = "auto",
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -582,11 +810,14 @@ def verify_cmd(
 
     if (full or against_flashinfer) and source is None:
         flag = "--full" if full else "--against-flashinfer"
-        raise typer.BadParameter(f"{flag} re-derives experts from the source: pass --source")
+        raise typer.BadParameter(
+            f"{flag} needs --source MODEL_DIR (the source to re-derive the experts from)"
+        )
     from .hub import is_repo_id
 
     remote = not out_dir.exists() and is_repo_id(str(out_dir))
     read: dict = {}
+    watch = Stopwatch()
     try:
         if remote:
             from .hub.remote_verify import verify_remote
@@ -611,14 +842,19 @@ def verify_cmd(
             )
     except FiConvertError as e:
         raise _fail(e, debug) from None
+    # the bytes checked: every file's (hashed), or for a repo id what was read from the Hub
+    checked = sum(r.get("bytes", 0) for r in read.values()) if remote else output_bytes(out_dir)
+    figures = watch.figures(checked)
     if as_json:
-        out.print_json(json.dumps({**rep.as_dict(), **({"hub_reads": read} if remote else {})}))
+        extra = {"hub_reads": read} if remote else {}
+        out.print_json(json.dumps({**rep.as_dict(), **figures, **extra}))
     else:
         for p in rep.problems + rep.unlisted:
             err.print(f"[red]mismatch:[/red] {escape(p)}")
         if rep.ok:
             what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in rep.checked.items())
-            out.print(f"[green]ok[/green]: {escape(what)}")
+            how = "read from the Hub" if remote else "checked"
+            out.print(f"[green]ok[/green]: {escape(what)}; {figures_text(figures, how)}")
     if not rep.ok:
         raise typer.Exit(1)
 
@@ -626,16 +862,22 @@ def verify_cmd(
 @app.command("push")
 def push_cmd(
     out_dir: Annotated[Path, typer.Argument(help="A finished fi-convert output folder.")],
-    repo_id: Annotated[str, typer.Argument(help="Hub repo to publish to, org/name (created).")],
+    repo_id: Annotated[
+        str, typer.Argument(metavar="ORG/NAME", help="Hub repo to publish to (created).")
+    ],
     private: Annotated[
         bool, typer.Option("--private", help="Create the repo private (when it is new).")
     ] = False,
     revision: Annotated[
-        str, typer.Option(help="Branch to push to (created when missing).")
+        str, typer.Option(metavar="BRANCH", help="Branch to push to (created when missing).")
     ] = "main",
     base_model: Annotated[
         str | None,
-        typer.Option("--base-model", help="Hub repo id of the source model, for the model card."),
+        typer.Option(
+            "--base-model",
+            metavar="ORG/NAME",
+            help="Hub repo id of the source model, for the model card.",
+        ),
     ] = None,
     as_json: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
@@ -648,6 +890,7 @@ def push_cmd(
     from . import hub
 
     show = err.is_terminal and not quiet and not as_json
+    watch = Stopwatch()
     try:
         res = hub.push(
             out_dir,
@@ -659,21 +902,40 @@ def push_cmd(
         )
     except FiConvertError as e:
         raise _fail(e, debug) from None
+    figures = watch.figures(output_bytes(out_dir))
     if as_json:
-        out.print_json(json.dumps(res.summary()))
+        out.print_json(json.dumps({**res.summary(), **figures}))
         return
-    if res.base_model is None:
+    if res.base_model is None and not quiet:
         err.print(
             "[yellow]warning:[/yellow] the model card names no base model; "
             "pass --base-model org/name to link it"
         )
-    _render_push(out_dir, res)
+    _render_push(out_dir, res, figures)
 
 
 @app.command("version")
 def version_cmd() -> None:
     """Print the fi-convert version."""
     out.print(__version__)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    pass
 
 
 COMMANDS = {"convert", "inspect", "verify", "version", "push"}
@@ -704,6 +966,13 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in args if not a.startswith("-")), None)
     if first is not None and first not in COMMANDS:
+        near = difflib.get_close_matches(first, sorted(COMMANDS), n=1)
+        if near and "/" not in first and not Path(first).exists():  # a mistyped command
+            err.print(
+                f"[red]error:[/red] no such command or folder {escape(repr(first))}; "
+                f"did you mean {near[0]}?"
+            )
+            raise SystemExit(2)
         args.insert(0, "convert")
     app(args=args, prog_name="fi-convert")
 

@@ -519,6 +519,19 @@ class OutDir:
         self._sync_later(rel)
         return meta
 
+    def resumable(self, shards: list[ShardPlan]) -> tuple[int, int]:
+        """How many of `shards` (and their bytes) an earlier run left here for this one to
+        reuse, as far as their sizes tell (`shard` checks each SHA-256 before reusing it)."""
+        n = nbytes = 0
+        for s in shards:
+            meta = self.done.get(s.name)
+            try:
+                if meta and (self.root / s.name).stat().st_size == meta["size"]:
+                    n, nbytes = n + 1, nbytes + meta["size"]
+            except OSError:
+                pass
+        return n, nbytes
+
     def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict:
         if meta := self._reusable(shard.name):
             return meta

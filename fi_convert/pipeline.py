@@ -42,6 +42,11 @@ class Progress:
     tensors_done: int
     tensors_total: int
     current: str
+    bytes_reused: int = 0  # of bytes_done: an earlier run's files, counted done, not made now
+    # said once, at the start: the files an earlier run left that this run reuses (each is
+    # checked against its SHA-256 first, and made again where it differs)
+    resume_files: int = 0
+    resume_bytes: int = 0
 
 
 ProgressFn = Callable[[Progress], None]
@@ -139,7 +144,8 @@ def run_plan(
             names = sorted(od.manifest["files"])
             return Result(out_dir, plan, od.manifest, names, str(dev), 0, True, od.notes)
         files = od.write_side_files()
-        written = write_shards(plan, od, SourceFiles(), dev, progress, jobs)
+        resume = od.resumable(plan.shards)
+        written = write_shards(plan, od, SourceFiles(), dev, progress, jobs, resume=resume)
         files.update(written.files)
         files[INDEX_NAME] = od.write_index()
         od.remove_stale(set(files))
@@ -187,10 +193,12 @@ def write_shards(
     progress: ProgressFn | None = None,
     jobs: int = 0,
     sink: ShardSink | None = None,
+    resume: tuple[int, int] = (0, 0),
 ) -> Written:
-    """Every shard of `plan` into `od`, `jobs` at a time, reading through `source`."""
+    """Every shard of `plan` into `od`, `jobs` at a time, reading through `source`. `resume`
+    (files, bytes) an earlier run left to reuse is reported with the first progress."""
     src = _CheckedFiles(source)
-    shards = _Shards(plan, od, src, dev, _Tracker(plan, progress), jobs, sink)
+    shards = _Shards(plan, od, src, dev, _Tracker(plan, progress, resume), jobs, sink)
     try:
         files = shards.run()
     finally:
@@ -223,7 +231,7 @@ class _CheckedFiles(SourceFiles):
 
     def __init__(self, base: SourceFiles) -> None:
         super().__init__()
-        self.base, self.local = base, base.local
+        self.base, self.local, self.read_ahead = base, base.local, base.read_ahead
         self.bad: dict[str, int] = {}  # scale tensor -> NaN or Inf values seen
         self._seen = threading.Lock()
 
@@ -355,7 +363,7 @@ class _Shards:
         if self.sink is None:
             return self._make(shard)
         if (held := self.sink.before(shard)) is not None:  # the sink holds it already
-            self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name)
+            self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name, True)
             return held
         meta = self._make(shard)
         self.sink.after(shard, meta)
@@ -365,7 +373,8 @@ class _Shards:
         if shard.copy_of is not None:  # no experts: the source shard, byte for byte
             self._check_carried(shard)
             meta = self.od.copy_file(shard.copy_of, shard.name)
-            self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name)
+            reused = shard.name in getattr(self.od, "reused", ())  # OutDir's; not staging's
+            self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name, reused)
             return meta
         slot = self.slots.get()
         try:
@@ -374,11 +383,17 @@ class _Shards:
                 ring = _Ring(self.plan, self.budget, pin=cuda)
                 slot = ring, Ctx(self.src, self.dev), _new_stream(self.dev)
             ring, ctx, stream = slot
+            made = []
+
+            def write(s: ShardPlan) -> ShardWriter:
+                made.append(s)
+                return _write_shard(s, ctx, self.plan, self.od, self.tr, ring, self)
+
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                return self.od.shard(
-                    shard,
-                    lambda s: _write_shard(s, ctx, self.plan, self.od, self.tr, ring, self),
-                )
+                meta = self.od.shard(shard, write)
+            if not made:  # an earlier run's file, reused: its bytes are done all the same
+                self.tr.advance(shard.nbytes, len(shard.items), shard.items[-1].entry.name, True)
+            return meta
         finally:
             self.slots.put(slot)
 
@@ -389,14 +404,18 @@ def _new_stream(dev: torch.device) -> torch.cuda.Stream | None:
 
 
 class _Tracker:
-    def __init__(self, plan: Plan, fn: ProgressFn | None) -> None:
+    def __init__(self, plan: Plan, fn: ProgressFn | None, resume: tuple[int, int] = (0, 0)) -> None:
         self.fn = fn
-        self.state = Progress(0, plan.bytes_to_write, 0, sum(len(s.items) for s in plan.shards), "")
+        tensors = sum(len(s.items) for s in plan.shards)
+        self.state = Progress(0, plan.bytes_to_write, 0, tensors, "", 0, *resume)
         self.lock = threading.Lock()  # shards run on several threads
+        if fn:
+            fn(self.state)  # the start: the total, and what an earlier run left to reuse
 
-    def advance(self, nbytes: int, tensors: int = 0, current: str = "") -> None:
+    def advance(self, nbytes: int, tensors: int = 0, current: str = "", reused=False) -> None:
         with self.lock:
             self.state.bytes_done += nbytes
+            self.state.bytes_reused += nbytes if reused else 0
             self.state.tensors_done += tensors
             self.state.current = current or self.state.current
             if self.fn:

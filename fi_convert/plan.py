@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__, schemes, served_config
-from .errors import OutputError, SchemeMismatchError, SourceError
+from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
 from .families import Family
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
@@ -44,6 +44,8 @@ class Options:
     tp_size: int = 1
     max_shard_bytes: int = DEFAULT_SHARD_BYTES  # 0: the source's largest shard
     max_memory: int = DEFAULT_MAX_MEMORY
+    # plan an output that vLLM 0.33 cannot serve (`unservable`); refused otherwise
+    allow_unservable: bool = False
 
     def __post_init__(self) -> None:  # accept plain strings from library callers
         object.__setattr__(self, "scheme", SchemeName(self.scheme))
@@ -149,8 +151,8 @@ def _refuse_an_output(root: Path, config: dict) -> None:
         except (OSError, ValueError, KeyError, TypeError):
             pass
         raise SourceError(
-            f"{root}: already an fi-convert output{what}, not a source checkpoint; convert its "
-            "source instead, or serve it as it is"
+            f"{root}: already an fi-convert output{what}: nothing to convert; serve it, or "
+            "convert the original"
         )
 
 
@@ -173,7 +175,8 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     if family is None:
         raise SourceError(
             f"{ckpt.root}: no MoE expert tensors found (model_type "
-            f"{ckpt.model_type!r}); supported families are in configs/ - add one for this model"
+            f"{ckpt.model_type!r}); supported families are in fi_convert/families/ - add one "
+            "for this model"
         )
     detected = options.scheme is SchemeName.AUTO
     name = schemes.detect(ckpt, layers) if detected else options.scheme
@@ -200,8 +203,162 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     shards = _pack_evenly(items, limit, set(ckpt.shards) - with_experts)
     plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
-    plan.notes = list(dict.fromkeys(n for lp in lps for n in lp.notes))
+    plan.notes = grouped_notes(lps)
+    why = unservable(name, lps)
+    if why and not options.allow_unservable:
+        raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, why))
     return plan
+
+
+# ---------------------------------------------------------------- what else a checkpoint takes
+
+# what `inspect` calls each scheme's source format
+SOURCE_LABELS = {
+    SchemeName.BF16: "BF16",
+    SchemeName.FP8_BLOCK: "FP8",
+    SchemeName.FP8_TENSOR: "FP8",
+    SchemeName.MXFP8: "MXFP8",
+    SchemeName.NVFP4: "NVFP4",
+    SchemeName.MXFP4: "MXFP4",
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One scheme x backend for a checkpoint: whether it plans and vLLM 0.33 serves the
+    output (`why_not` None), and what it does to the source's precision."""
+
+    scheme: SchemeName
+    backend: Backend
+    why_not: str | None
+    precision: str | None  # None where it does not plan
+    unservable: bool = False  # it plans, but vLLM 0.33 cannot serve it (--allow-unservable)
+
+    def summary(self) -> dict:
+        return {
+            "scheme": self.scheme.value,
+            "backend": self.backend.value,
+            "ok": self.why_not is None,
+            "why_not": self.why_not,
+            "unservable": self.unservable,
+            "precision": self.precision,
+        }
+
+
+def unservable(scheme: SchemeName, lps: list[LayerPlan]) -> str | None:
+    """Why vLLM 0.33 cannot serve this output as planned (fi-convert's plugin refuses it),
+    or None. FP8 per-tensor experts without static activation scales: vLLM's FlashInfer FP8
+    per-tensor kernels (TRT-LLM and CUTLASS) take only static ones."""
+    if scheme is not SchemeName.FP8_TENSOR:
+        return None
+    dynamic = [lp for lp in lps if lp.info.get("activation_scheme") == "dynamic"]
+    if not dynamic:
+        return None
+    bf16 = str(dynamic[0].info.get("source_format", "")).startswith("bf16")
+    src = "the experts are BF16" if bf16 else "the experts have no input_scale"
+    return (
+        f"{src}, so the output has no static activation scales, which vLLM 0.33's FlashInfer "
+        "FP8 per-tensor kernels need (fi-convert's vLLM plugin refuses such an output)"
+    )
+
+
+def source_scheme(ckpt: Checkpoint, layers: list) -> SchemeName | None:
+    """The scheme whose source format the checkpoint holds (None: no scheme reads it)."""
+    try:
+        return schemes.detect(ckpt, layers)
+    except FiConvertError:
+        return None
+
+
+def precision(source: SchemeName | None, scheme: SchemeName) -> str:
+    """What converting a `source`-format checkpoint to `scheme` does to its values."""
+    src = SOURCE_LABELS.get(source, "the source") if source else "the source"
+    if source is SchemeName.BF16 and scheme is not SchemeName.BF16:
+        return f"{src} -> {scheme.value} quantizes: loses precision"
+    if source is SchemeName.FP8_TENSOR and scheme is SchemeName.FP8_TENSOR:
+        return (
+            f"{src} -> {scheme.value} requantizes w13 to one scale per expert (gate and up "
+            "share it), as vLLM does when it loads the source"
+        )
+    return f"{src} -> {scheme.value} keeps the source's bytes"
+
+
+def _why_not(ckpt: Checkpoint, layers: list, name: SchemeName, backend: Backend, tp: int):
+    """(why this scheme x backend cannot take the checkpoint or None, whether the reason is
+    only that vLLM 0.33 cannot serve the output)."""
+    scheme = schemes.get(name)
+    if backend not in scheme.backends:
+        return MISSING_BACKENDS.get((name, backend), "vLLM has no such path"), False
+    try:
+        lps = []
+        for layer in layers:
+            scheme.check(ckpt, layer)
+            lps.append(scheme.plan_layer(layer, backend, tp))
+    except FiConvertError as e:
+        return str(e), False
+    why = unservable(name, lps)
+    return why, why is not None
+
+
+def _choices(ckpt: Checkpoint, layers: list, tp: int) -> list[Choice]:
+    src = source_scheme(ckpt, layers)
+    out = []
+    for name in schemes.REGISTRY:
+        for backend in Backend:
+            why, unserv = _why_not(ckpt, layers, name, backend, tp)
+            planned = why is None or unserv
+            out.append(
+                Choice(name, backend, why, precision(src, name) if planned else None, unserv)
+            )
+    return out
+
+
+def choices(plan: Plan) -> list[Choice]:
+    """Every registered scheme x backend for the plan's checkpoint at its TP size: which
+    plan and serve, why the others cannot, and which quantize."""
+    _, layers = find_family(plan.ckpt)
+    return _choices(plan.ckpt, layers, plan.options.tp_size)
+
+
+def servable_list(cs: list[Choice]) -> str:
+    """'bf16 (trtllm, cutlass), mxfp8 (trtllm)': the schemes that plan and serve."""
+    by: dict[SchemeName, list[str]] = {}
+    for c in cs:
+        if c.why_not is None:
+            by.setdefault(c.scheme, []).append(c.backend.value)
+    return ", ".join(f"{s.value} ({', '.join(b)})" for s, b in by.items())
+
+
+def _unservable_line(
+    ckpt: Checkpoint, layers: list, name: SchemeName, options: Options, why: str
+) -> str:
+    ok = servable_list(_choices(ckpt, layers, options.tp_size))
+    static = "a source with static activation scales (ModelOpt FP8)"
+    alts = f"--scheme {ok}, or {static}" if ok else static
+    return (
+        f"--scheme {name.value} --backend {options.backend.value}: {why}; servable instead: "
+        f"{alts}; --allow-unservable converts it anyway"
+    )
+
+
+def grouped_notes(lps: list[LayerPlan]) -> list[str]:
+    """The layers' warnings, each said once: a note that starts with its layer's prefix is
+    said once for all the layers it applies to, with their number (`58 layers (first to
+    last): ...`)."""
+    layers: dict[str, list[str]] = {}
+    for lp in lps:
+        for note in lp.notes:
+            text = note.removeprefix(f"{lp.prefix}: ")
+            layers.setdefault(text, [])
+            if text != note and lp.prefix not in layers[text]:
+                layers[text].append(lp.prefix)
+    out = []
+    for text, who in layers.items():
+        if len(who) > 1:
+            out.append(f"{len(who)} layers ({who[0]} to {who[-1]}): {text}")
+        else:
+            out.append(f"{who[0]}: {text}" if who else text)
+    return out
 
 
 def _items(ckpt: Checkpoint, lps: list[LayerPlan], expert_names: set[str], tp: int) -> list[Item]:

@@ -9,7 +9,8 @@ top-level `*.safetensors` without an index) and the small files beside them; nev
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +68,11 @@ class Source:
         return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}
 
 
+BytesFn = Callable[[int, int], None]  # (bytes done, bytes total so far)
+
+
 def resolve_source(
-    source: str | Path, *, revision: str | None = None, progress: bool = False
+    source: str | Path, *, revision: str | None = None, progress: bool | BytesFn | None = False
 ) -> Source:
     """A local folder as it is; a repo id (`org/name`, where no such local path exists) is
     downloaded into the Hugging Face cache first (or taken from it when offline)."""
@@ -88,8 +92,14 @@ def resolve_source(
     return download(str(source), revision=revision, progress=progress)
 
 
-def download(repo_id: str, *, revision: str | None = None, progress: bool = False) -> Source:
-    """Download (or find in the cache) what converting `repo_id` needs; the snapshot folder."""
+def download(
+    repo_id: str, *, revision: str | None = None, progress: bool | BytesFn | None = False
+) -> Source:
+    """Download (or find in the cache) what converting `repo_id` needs; the snapshot folder.
+
+    `progress`: True shows huggingface_hub's own bars; a function is called with the shards'
+    bytes done and total instead, with huggingface_hub's (and hf_xet's) bars off, so that the
+    caller's display is the only one."""
     offline = is_offline()
     kw: dict = {
         "repo_id": repo_id,
@@ -101,7 +111,8 @@ def download(repo_id: str, *, revision: str | None = None, progress: bool = Fals
     }
     from huggingface_hub import snapshot_download
 
-    with progress_bars(progress), download_errors(repo_id, revision, offline):
+    report = progress if callable(progress) else None
+    with progress_bars(progress is True), download_errors(repo_id, revision, offline):
         # 1. the small files (config, tokenizer, index, ...): no weights at all
         snap = Path(
             snapshot_download(
@@ -118,7 +129,11 @@ def download(repo_id: str, *, revision: str | None = None, progress: bool = Fals
         if allow:
             snap = Path(
                 snapshot_download(
-                    revision=commit, allow_patterns=allow, ignore_patterns=ignore, **kw
+                    revision=commit,
+                    allow_patterns=allow,
+                    ignore_patterns=ignore,
+                    tqdm_class=_reporter(report) if report else None,
+                    **kw,
                 )
             )
     missing = [n for n in names or [] if not (snap / n).exists()]
@@ -129,6 +144,32 @@ def download(repo_id: str, *, revision: str | None = None, progress: bool = Fals
             "owner, or pick a complete commit with --revision"
         )
     return Source(snap, repo_id, revision, commit)
+
+
+def _reporter(report: BytesFn) -> type:
+    """A tqdm class for snapshot_download that shows nothing and hands the download's bytes
+    to `report`. snapshot_download makes one such bar for the bytes written ("Reconstructing
+    ..."; its total grows as each file starts), one for the network bytes and one counting
+    files; only the first is reported (files already in the cache are not counted)."""
+    from tqdm import tqdm
+
+    lock = threading.Lock()
+
+    class Reporter(tqdm):
+        def __init__(self, *args, **kwargs) -> None:
+            self.what = str(kwargs.get("desc") or "")
+            self.count = int(kwargs.get("initial") or 0)
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self.what.startswith("Reconstructing"):
+                with lock:
+                    self.count += int(n or 0)
+                    report(self.count, max(self.count, int(self.total or 0)))
+            return None
+
+    return Reporter
 
 
 def _index_shards(index: Path) -> list[str] | None:
