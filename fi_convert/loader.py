@@ -156,6 +156,17 @@ def _device(device: str | torch.device) -> torch.device:
         raise ManifestError(
             f"device {device!r}: not a device name; pass 'cpu' or 'cuda[:N]'"
         ) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ManifestError(f"device {str(device)!r}: the reader loads to 'cpu' or 'cuda[:N]'")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ManifestError(f"device {device!r}: this machine has no CUDA device; pass 'cpu'")
+        raise ManifestError(
+            f"device {str(device)!r} is not available here (torch.cuda.is_available() is "
+            "False); load on 'cpu'"
+        )
+    n = torch.cuda.device_count() if dev.type == "cuda" else 0
+    if dev.type == "cuda" and dev.index is not None and dev.index >= n:
+        raise ManifestError(
+            f"device {str(device)!r} is not available here (this machine has {n} CUDA "
+            f"device{'s' if n != 1 else ''}: cuda:0 to cuda:{n - 1}); load on one of them"
+        )
     return dev

@@ -526,7 +526,7 @@ def test_sizes_take_units(text, nbytes):
 def test_bad_sizes_say_what_a_size_is(ckpts, tmp_path, text):
     res = cli("convert", ckpts["deepseek-v3"], tmp_path / "out", "--max-memory", text)
     assert res.exit_code == 2
-    assert "is not a size" in res.output and "4GiB" in res.output
+    assert "not a size: give bytes" in res.stderr and "4GiB" in res.stderr
     assert not (tmp_path / "out").exists()
 
 
