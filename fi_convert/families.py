@@ -1,10 +1,14 @@
 """Model families as data: tensor-name patterns and config keys, one JSON file each.
 
-A family file (see `configs/`) lists the `model_type`s it covers, where `config.json` keeps
-the expert count and sizes, and one or more expert "forms": a regular expression over tensor
-names with named groups `prefix` (the MoE module), `expert` (per-expert form only), `proj` and
-`param`, and a map from projection names to vLLM's roles `w1` (gate), `w3` (up), `w2` (down)
-or `w13` (a fused [gate; up] tensor). Adding a family is adding a file.
+A family file (see `families/`) lists the `model_type`s and `architectures` of `config.json`
+it covers (the family is taken from those, never guessed from tensor names), where
+`config.json` keeps the expert count and sizes, and one or more expert "forms": a regular
+expression over tensor names with named groups `prefix` (the MoE module), `expert` (per-expert
+form only), `proj` and `param`, and a map from projection names to vLLM's roles `w1` (gate),
+`w3` (up), `w2` (down) or `w13` (a fused [gate; up] tensor). A form with `refuse` is one
+fi-convert recognizes but cannot convert: the text says why. `markers` are patterns of other
+tensors only this family has, to name it when a config.json contradicts its tensors. Adding a
+family is adding a file.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class Form:
     kind: str  # "per_expert" | "fused"
     pattern: re.Pattern[str]
     projections: dict[str, str]
+    refuse: str | None = None  # why this form is recognized but not converted
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,10 @@ class Family:
     config_keys: dict[str, tuple[str, ...]]
     forms: tuple[Form, ...]
     manifest_keys: tuple[str, ...] = ()  # config.json values recorded per layer (swiglu_limit)
+    title: str = ""  # for messages: "Qwen3-MoE"
+    architectures: tuple[str, ...] = ()
+    markers: tuple[re.Pattern[str], ...] = ()
+    file: str = ""  # the family file's name
 
     def config_value(self, config: dict, key: str) -> int | None:
         for section in (config, config.get("text_config") or {}):
@@ -45,7 +54,8 @@ class Family:
 def _load(path: Path) -> Family:
     d = json.loads(path.read_text())
     forms = tuple(
-        Form(f["kind"], re.compile(f["pattern"]), dict(f["projections"])) for f in d["forms"]
+        Form(f["kind"], re.compile(f["pattern"]), dict(f["projections"]), f.get("refuse"))
+        for f in d["forms"]
     )
     keys = {k: tuple(v) for k, v in d["config_keys"].items()}
     return Family(
@@ -55,6 +65,10 @@ def _load(path: Path) -> Family:
         keys,
         forms,
         tuple(d.get("manifest_keys", ())),
+        d.get("title", d["name"]),
+        tuple(d.get("architectures", ())),
+        tuple(re.compile(m) for m in d.get("markers", ())),
+        path.name,
     )
 
 
@@ -70,9 +84,27 @@ def model_type(config: dict) -> str | None:
     return mt if isinstance(mt, str) else None
 
 
-def candidates(config: dict) -> tuple[Family, ...]:
-    """Families to try for a config: the one naming its model_type first, then the rest."""
-    mt = model_type(config)
-    fams = all_families()
-    first = tuple(f for f in fams if mt in f.model_types)
-    return first + tuple(f for f in fams if f not in first)
+def _text_config(config: dict) -> dict:
+    tc = config.get("text_config")
+    return tc if isinstance(tc, dict) else {}
+
+
+def architectures(config: dict) -> list[str]:
+    """config.json's `architectures` (and its text_config's), the strings only."""
+    out: list[str] = []
+    for section in (config, _text_config(config)):
+        archs = section.get("architectures")
+        if isinstance(archs, list):
+            out += [a for a in archs if isinstance(a, str) and a not in out]
+    return out
+
+
+def declared(config: dict) -> tuple[Family, ...]:
+    """The families config.json names: by `model_type` (its own or its text_config's) or by
+    `architectures`."""
+    found = (config.get("model_type"), _text_config(config).get("model_type"))
+    types = {t for t in found if isinstance(t, str)}
+    archs = set(architectures(config))
+    return tuple(
+        f for f in all_families() if types & set(f.model_types) or archs & set(f.architectures)
+    )

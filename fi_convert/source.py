@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .errors import SourceError
-from .families import Family, Form, candidates, model_type
+from .families import Family, Form, all_families, architectures, declared, model_type
 from .st_io import SourceFiles, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -90,14 +90,21 @@ class ExpertLayer:
         dst: torch.Tensor,
     ) -> None:
         """Copy rows [a, b) (and columns [c, d)) of each expert's `role` matrix into dst[i]."""
-        for i, e in enumerate(experts):
-            info, start = self._rows(role, param, e, rows[0])
-            read_rows_into(files, info, start, rows[1] - rows[0], cols, dst[i])
-        # the next chunk of experts will want the same rows: have the kernel start reading
-        # them now, so that a cold source is read while this chunk is transformed and written
-        for e in range(experts.stop, min(experts.stop + len(experts), self.num_experts)):
-            info, start = self._rows(role, param, e, rows[0])
-            files.prefetch(info, start, rows[1] - rows[0])
+        n = rows[1] - rows[0]
+        # the next chunk of experts will want the same rows
+        after = range(experts.stop, min(experts.stop + len(experts), self.num_experts))
+        where = [self._rows(role, param, e, rows[0]) for e in (*experts, *after)]
+        for i in range(len(experts)):
+            # a source read over a link: the next `read_ahead` reads are in flight while
+            # this one is taken (one at a time, each would wait out the link's latency)
+            for info, start in where[i + 1 : i + 1 + files.read_ahead]:
+                files.prefetch(info, start, n)
+            read_rows_into(files, where[i][0], where[i][1], n, cols, dst[i])
+        if not files.read_ahead:
+            # local files: have the kernel start reading the next chunk now, so that a cold
+            # source is read while this chunk is transformed and written
+            for info, start in where[len(experts) :]:
+                files.prefetch(info, start, n)
 
     def _rows(self, role: str, param: str, e: int, a: int) -> tuple[TensorInfo, int]:
         """The 2-D tensor that holds expert e's `role` matrix, and where its row `a` is in it."""
@@ -230,7 +237,13 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder; pass the folder that holds config.json")
     cfg_path = root / "config.json"
-    config = _load_json(cfg_path) if cfg_path.exists() else {}
+    if not (cfg_path.exists() or cfg_path.is_symlink()):
+        raise SourceError(
+            f"{root}: no config.json; fi-convert takes the model family and sizes from it and "
+            "the output needs it - put the model's config.json in the folder (e.g. `hf download "
+            f"<repo> config.json --local-dir {root}`)"
+        )
+    config = _load_json(cfg_path)
     quant = config.get("quantization_config")
     hq = root / "hf_quant_config.json"
     if hq.exists():
@@ -262,30 +275,92 @@ def _natural(s: str) -> list:
 
 
 def find_family(ckpt: Checkpoint) -> tuple[Family | None, list[ExpertLayer]]:
-    """The first family whose patterns match expert tensors, and its MoE layers."""
-    for fam in candidates(ckpt.config):
-        layers = _layers(ckpt, fam)
-        if layers:
-            return fam, layers
+    """The family config.json names (`model_type`, `architectures`) and its MoE layers.
+
+    Tensor names only confirm it: expert tensors named as another family's are a contradiction,
+    refused; a model without MoE layers is refused as such. (None, []) when the tensors match
+    no family at all."""
+    found = {fam.name: (fam, m) for fam in all_families() if (m := _match(ckpt, fam))}
+    for fam in declared(ckpt.config):
+        if fam.name in found:
+            return fam, _layers(ckpt, fam, *found[fam.name][1])
+    if found:
+        raise SourceError(_contradiction(ckpt, list(found.values())))
+    if _dense(ckpt):
+        raise SourceError(f"no MoE layers in {ckpt.root}: nothing to convert")
     return None, []
 
 
-def _layers(ckpt: Checkpoint, fam: Family) -> list[ExpertLayer]:
+Groups = dict[str, dict[tuple[str, str, int], TensorInfo]]
+
+
+def _contradiction(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Groups]]]) -> str:
+    """config.json names another family, or none, than the expert tensors' names: say both."""
+    # where several families name experts alike (DeepSeek-V3 and Qwen3-MoE), their other
+    # tensors (`markers`) tell them apart
+    score = [sum(any(m.search(n) for m in f.markers) for n in ckpt.tensors) for f, _ in found]
+    best = [found[k] for k, sc in enumerate(score) if sc == max(score)]
+    fams = [f for f, _ in best]
+    example = _first(best[0][1][1])
+    mt = model_type(ckpt.config)
+    archs = architectures(ckpt.config)
+    says = f"model_type {mt}" if mt else "no model_type"
+    if archs:
+        says += f" ({', '.join(archs)})"
+    titles = " or ".join(f"{f.title}'s" for f in fams)
+    fix = "restore the model's config.json"
+    if mt:
+        fix = (
+            f'fix config.json, or if the model is of that family add "{mt}" to "model_types" '
+            f"in fi_convert/families/{fams[0].file}"
+        )
+    return (
+        f"{ckpt.root / 'config.json'} says {says} but the expert tensors are named as {titles} "
+        f"({example}); {fix}"
+    )
+
+
+def _first(groups: Groups) -> str:
+    """The tensor to name for a form's match: the first layer's first expert, gate before up
+    before down."""
+    params = groups[min(groups, key=_natural)]
+    return params[min(params, key=lambda k: (k[2], ROLE_ORDER.index(k[0]), k[1]))].name
+
+
+ROLE_ORDER = ("w13", "w1", "w3", "w2")
+
+
+def _dense(ckpt: Checkpoint) -> bool:
+    """No tensor named for experts, and no expert count above one in config.json."""
+    if any("expert" in n.lower() for n in ckpt.tensors):
+        return False
+    counts = [f.config_value(ckpt.config, "num_experts") for f in all_families()]
+    return not any(c and c > 1 for c in counts)
+
+
+def _match(ckpt: Checkpoint, fam: Family) -> tuple[Form, Groups] | None:
+    """The family's first form that names tensors of the checkpoint, with them by MoE module."""
     for form in fam.forms:
-        groups: dict[str, dict[tuple[str, str, int], TensorInfo]] = defaultdict(dict)
+        groups: Groups = defaultdict(dict)
         for name, info in ckpt.tensors.items():
             m = form.pattern.match(name)
             if not m or m["proj"] not in form.projections:
                 continue
             role = form.projections[m["proj"]]
             expert = int(m["expert"]) if form.kind == "per_expert" else -1
-            param = PARAM_ALIASES.get(m["param"] or "weight", m["param"] or "weight")
+            raw = m.groupdict().get("param") or "weight"
+            param = PARAM_ALIASES.get(raw, raw)
             groups[m["prefix"]][(role, param, expert)] = info
         if groups:
-            return [
-                _make_layer(ckpt, fam, form, p, groups[p]) for p in sorted(groups, key=_natural)
-            ]
-    return []
+            return form, groups
+    return None
+
+
+def _layers(ckpt: Checkpoint, fam: Family, form: Form, groups: Groups) -> list[ExpertLayer]:
+    prefixes = sorted(groups, key=_natural)
+    if form.refuse:
+        raise SourceError(f"{_first(groups)}: {form.refuse}")
+    return [_make_layer(ckpt, fam, form, p, groups[p]) for p in prefixes]
 
 
 def _make_layer(

@@ -1,0 +1,84 @@
+"""Tiny checkpoints written by transformers itself: the real model classes, randomly
+initialized (seeded), cast to BF16 and saved with `save_pretrained` in several shards. No one
+here chose their tensor names, shapes or config keys: a new transformers release that renames
+them shows up here before users see it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# shared by every model: small enough that a conversion takes well under a second
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+)
+# (config class, model class, the config's own arguments), by transformers' names
+MODELS: dict[str, tuple[str, str, dict]] = {
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            moe_intermediate_size=128, intermediate_size=128, num_experts=8, num_experts_per_tok=2
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(intermediate_size=128, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "deepseek_v3": (  # layer 0 dense, layer 1 MoE with a shared expert, MLA attention
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+        ),
+    ),
+    "gpt_oss": (  # BF16: experts.gate_up_proj [E, H, 2I] (gate/up interleaved), with biases
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            intermediate_size=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
+    "qwen3": (  # dense: no MoE layer at all
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(intermediate_size=128),
+    ),
+}
+# several shards for every model above (their BF16 weights are 0.2-1 MB)
+MAX_SHARD_SIZE = "200KB"
+
+
+def save(kind: str, root: Path, seed: int = 0) -> Path:
+    """Write model `kind` of MODELS with transformers' `save_pretrained` into `root`."""
+    import transformers
+
+    config_cls, model_cls, own = MODELS[kind]
+    config = getattr(transformers, config_cls)(**COMMON, **own)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
+    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    return root
