@@ -542,8 +542,9 @@ def _write_shard(
         w.abort()
         raise
     try:
-        for it in shard.items:
+        for k, it in enumerate(shard.items):
             if it.source is not None:
+                _ask_next(shard.items[k + 1 :], ctx, pipe.ring.copy_chunk)
                 _copy_tensor(it, ctx, pipe, tr)
             else:
                 _produce_tensor(it, ctx, plan, pipe, tr)
@@ -559,6 +560,16 @@ def _write_shard(
 def _after(first: Future, fn: Callable[..., None], *args: object) -> None:
     first.result()  # its error, if any, is the one to report
     fn(*args)
+
+
+def _ask_next(items: list[Item], ctx: Ctx, piece: int) -> None:
+    """A source read over a link: the first pieces of the carried-over tensors that come next
+    are fetched while this one is copied (small tensors, each read alone, would each wait out
+    the link's latency). One read of the window stays for the piece after this one."""
+    for it in items[: max(0, ctx.files.read_ahead - 1)]:
+        if it.source is None:
+            return
+        ctx.files.prefetch_bytes(it.source.file, it.source.start, min(piece, it.source.nbytes))
 
 
 def _copy_tensor(it: Item, ctx: Ctx, pipe: _Pipeline, tr: _Tracker) -> None:

@@ -266,6 +266,7 @@ class SourceFiles:
     run's reads come from the Hub instead: `local` is False there, and `fd` has no file.)"""
 
     local = True
+    read_ahead = 0  # reads asked ahead of the one taken (`prefetch`), for a remote source
 
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}

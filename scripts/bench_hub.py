@@ -6,7 +6,7 @@ by side in one run; and the peak disk the stream staged.
 
 The Hub is tests/hub_server.FakeHub on loopback with the real huggingface_hub client; its link
 is paced to --mbps megabytes per second each way (shared by all connections). The source is a
-synthetic BF16 Qwen3-MoE checkpoint of about 100 MB. Times are medians of --repeat runs. The
+synthetic BF16 Qwen3-MoE checkpoint of about 200 MB. Times are medians of --repeat runs. The
 goal (issue "Hub at real scale"): stream time <= 1.15 x the larger of download and upload.
 """
 
@@ -27,8 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SRC, OUT = "bench/moe", "bench/moe-fi"
-SHARD = 10_000_000  # output shards: many, as a real model has (DeepSeek-V3: 163), so that
-# filling the pipeline (planning, the first shard) is a small part of the run
+SHARD = 5_000_000  # output shards: many (about 40 here; DeepSeek-V3 has 163), so that filling
+# the pipeline (the first shard's download) and draining it (the last one's upload) are the
+# small part of the run they are at real scale
+BUDGET = 4 * SHARD  # --max-disk: about 2.4 of the largest output shards (8.4 MB), as the
+# default 12 GiB is of DeepSeek-V3's 5 GB shards
 
 
 def _env(hub, home: Path) -> None:
@@ -70,7 +73,7 @@ def main() -> None:
         """A checkpoint of its own per use (another seed): the fake Hub, as the Hub, keeps
         each LFS object once, so identical bytes would not be sent again."""
         spec = Spec(
-            "qwen3-moe", layers=4, experts=8, hidden=1024, intermediate=512, shards=4, seed=k
+            "qwen3-moe", layers=16, experts=8, hidden=512, intermediate=512, shards=8, seed=k
         )
         src = write_checkpoint(tmp / f"src-{k}", spec)
         repo = f"{SRC}-{k}"
@@ -105,7 +108,7 @@ def main() -> None:
             tmp / f"staging-{k}",
             f"{OUT}-{k}",
             device="cpu",
-            max_disk=4 * SHARD,
+            max_disk=BUDGET,
             jobs=args.jobs,
         )
         return time.perf_counter() - t, res.peak_disk

@@ -44,6 +44,7 @@ from .download import IGNORE_PATTERNS, download_errors
 
 HEADER_LIMIT = 100_000_000  # the safetensors library's own limit on a header
 RETRIES = 4
+STUBS = 8  # small files and shard headers fetched at once (DeepSeek-V3: 163 shards)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)$")
 
 
@@ -61,6 +62,7 @@ class RemoteRepo:
         self.repo_id, self.commit, self.files = repo_id, commit, files
         self.requests = 0  # range requests made (the tests count them)
         self.bytes_read = 0
+        self._count = threading.Lock()  # reads run on several threads
         self._located: dict[str, str] = {}  # file -> its CDN address, once redirected there
 
     @classmethod
@@ -120,7 +122,8 @@ class RemoteRepo:
         headers = {"Range": f"bytes={offset}-{end}"}
         if where is None:  # the token goes to the Hub only, never to the CDN
             headers.update(build_hf_headers(library_name=LIBRARY, library_version=__version__))
-        self.requests += 1
+        with self._count:
+            self.requests += 1
         with get_session().stream("GET", url, headers=headers, follow_redirects=False) as r:
             if r.is_redirect and where is None:
                 location = str(r.url.join(r.headers["location"]))
@@ -134,7 +137,8 @@ class RemoteRepo:
             done = self._body(r, name, offset, end, dst)
         if done != len(dst):
             raise ConnectionError(f"{name}: {done} of {len(dst)} bytes arrived")
-        self.bytes_read += done
+        with self._count:
+            self.bytes_read += done
 
     def _body(self, r, name: str, offset: int, end: int, dst: memoryview) -> int:
         from huggingface_hub import errors as he
@@ -184,20 +188,27 @@ def mirror(repo: RemoteRepo, dest: Path, *, progress: bool = False) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     top = {n: f for n, f in repo.files.items() if "/" not in n and not _ignored(n)}
     small = [n for n in repo.files if not n.endswith(".safetensors") and not _ignored(n)]
-    with progress_bars(progress), download_errors(repo.repo_id, repo.commit, False):
-        for name in small:
-            got = hf_hub_download(
-                repo.repo_id,
-                name,
-                revision=repo.commit,
-                endpoint=endpoint(),
-                library_name=LIBRARY,
-                library_version=__version__,
-            )
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(got, dest / name)
-    for name in _shards(repo, dest, top):
-        _stub(repo, top[name], dest / name)
+
+    def fetch(name: str) -> None:
+        got = hf_hub_download(
+            repo.repo_id,
+            name,
+            revision=repo.commit,
+            endpoint=endpoint(),
+            library_name=LIBRARY,
+            library_version=__version__,
+        )
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(got, dest / name)
+
+    pool = ThreadPoolExecutor(STUBS, thread_name_prefix="fi-convert-small")
+    with progress_bars(progress), download_errors(repo.repo_id, repo.commit, False), pool:
+        for done in [pool.submit(fetch, n) for n in small]:
+            done.result()
+    names = _shards(repo, dest, top)
+    with ThreadPoolExecutor(STUBS, thread_name_prefix="fi-convert-header") as pool:
+        for got in [pool.submit(_stub, repo, top[n], dest / n) for n in names]:
+            got.result()  # the first failure, in the index's order
     return dest
 
 
@@ -249,7 +260,8 @@ class RemoteSourceFiles(SourceFiles):
     AHEAD reads wait in memory; one nobody takes is dropped (and read again if asked)."""
 
     local = False
-    AHEAD = 4
+    AHEAD = 6  # reads waiting in memory at most (and fetched at once)
+    read_ahead = AHEAD - 2  # the next experts' reads asked while one is taken
 
     def __init__(self, repo: RemoteRepo, root: Path) -> None:
         super().__init__()
@@ -333,6 +345,7 @@ class RoutedFiles(SourceFiles):
         self.routes = [(root.resolve(), files) for root, files in routes]
         self.fallback = SourceFiles()
         self.local = False
+        self.read_ahead = max(files.read_ahead for _, files in routes)
 
     def _for(self, path: Path) -> SourceFiles:
         p = Path(path).resolve()

@@ -49,7 +49,6 @@ PROGRESS_FORMAT = "fi-convert-progress"
 STAGING_MARK = ".fi-convert-staging"
 DEFAULT_MAX_DISK = 12 << 30  # fits a standard hosted runner (about 14 GB free)
 COPY_PIECE = 64 << 20
-UPLOADS = 2  # shards uploaded at once (one alone leaves the link idle between commits)
 
 
 @dataclass
@@ -128,8 +127,13 @@ class Staging:
 
 
 class HubSink:
-    """Uploads each finished shard in a commit of its own, UPLOADS at a time, and keeps the
-    staged bytes within `max_disk` (a `ShardSink`)."""
+    """Uploads each finished shard in a commit of its own and keeps the staged bytes within
+    `max_disk` (a `ShardSink`).
+
+    The bytes of one shard go up at a time, at the link's whole speed, so that each shard
+    leaves the disk as soon as it can (two at once would share the link and stay staged twice
+    as long); its commit, small, is made on a thread of its own while the next shard's bytes
+    go up, so the link is not idle between shards."""
 
     def __init__(self, api, repo_id: str, revision: str, key: str, staging: Staging,
                  max_disk: int, held: dict[str, dict], record: str = PROGRESS_NAME,
@@ -144,8 +148,8 @@ class HubSink:
         self.staged = 0  # bytes on disk or reserved for a shard being made
         self.peak = 0
         self.room = threading.Condition()
-        self.pool = ThreadPoolExecutor(UPLOADS, thread_name_prefix="fi-convert-upload")
-        self.committing = threading.Lock()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-upload")
+        self.commits = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-commit")
         self.pending: list[Future] = []
         self.failed: BaseException | None = None
 
@@ -169,53 +173,89 @@ class HubSink:
         with self.room:  # the reservation becomes the file
             self.staged += meta["size"] - need
             self.peak = max(self.peak, self.staged)
-        self.pending.append(self.pool.submit(self._upload, shard.name, meta))
+            if self.failed is not None:  # it will not go up: it goes
+                self._drop(shard.name, meta)
+                raise self.failed
+            self.pending.append(self.pool.submit(self._upload, shard.name, meta))
 
     def _upload(self, name: str, meta: dict) -> None:
+        """The shard's bytes to the Hub's storage; then its commit is queued."""
         from huggingface_hub import CommitOperationAdd
 
-        path = self.staging.root / name
         try:
-            op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
+            if self.failed is not None:
+                raise self.failed
+            path = str(self.staging.root / name)
+            op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=path)
             op.upload_info.sha256 = bytes.fromhex(meta["sha256"])  # hashed while written
             with push_errors(self.repo_id):
-                # the bytes go up UPLOADS at a time; the commits, small, one after another
                 self.api.preupload_lfs_files(
                     self.repo_id, [op], repo_type="model", revision=self.revision, num_threads=1
                 )
-                with self.committing:
-                    self.done[name] = meta
-                    progress = _progress_bytes(self.key, self.done, complete=False)
-                    self.api.create_commit(
-                        repo_id=self.repo_id,
-                        repo_type="model",
-                        revision=self.revision,
-                        operations=[op, CommitOperationAdd(self.record, progress)],
-                        commit_message=f"Upload {name} (fi-convert {__version__})",
-                    )
+        except BaseException as e:
+            self._fail(e, name, meta)
+            raise
+        with self.room:
+            self.pending.append(self.commits.submit(self._commit, name, op, meta))
+
+    def _commit(self, name: str, op, meta: dict) -> None:
+        """The commit that adds the uploaded shard, with the run's progress record."""
+        from huggingface_hub import CommitOperationAdd
+
+        try:
+            if self.failed is not None:
+                raise self.failed
+            self.done[name] = meta
+            progress = _progress_bytes(self.key, self.done, complete=False)
+            with push_errors(self.repo_id):
+                self.api.create_commit(
+                    repo_id=self.repo_id,
+                    repo_type="model",
+                    revision=self.revision,
+                    operations=[op, CommitOperationAdd(self.record, progress)],
+                    commit_message=f"Upload {name} (fi-convert {__version__})",
+                )
             self.uploaded.append(name)
         except BaseException as e:
             self.done.pop(name, None)
-            with self.room:
-                self.failed = self.failed or e
-                self.room.notify_all()
+            self._fail(e, name, meta)
             raise
-        finally:
-            path.unlink(missing_ok=True)
-            with self.room:
-                self.staged -= meta["size"]
-                self.room.notify_all()
+        self._drop(name, meta)
+
+    def _fail(self, e: BaseException, name: str, meta: dict) -> None:
+        with self.room:
+            self.failed = self.failed or e
+        self._drop(name, meta)
+
+    def _drop(self, name: str, meta: dict) -> None:
+        """The staged shard goes, and its bytes leave the budget."""
+        (self.staging.root / name).unlink(missing_ok=True)
+        with self.room:
+            self.staged -= meta["size"]
+            self.room.notify_all()
 
     def drain(self) -> None:
-        """Wait for every upload; raise the first failure."""
-        for f in self.pending:
+        """Wait for every upload and commit; raise the first failure."""
+        i = 0
+        while True:
+            with self.room:
+                if i == len(self.pending):
+                    break
+                f = self.pending[i]
             f.exception()
+            i += 1
         self.pool.shutdown(wait=True)
+        self.commits.shutdown(wait=True)
         if self.failed is not None:
             raise self.failed
 
     def abandon(self) -> None:
+        with self.room:
+            self.failed = self.failed or OutputError("the run stopped")
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.commits.shutdown(wait=True, cancel_futures=True)
+        for p in self.staging.root.glob("*.safetensors"):
+            p.unlink(missing_ok=True)
 
 
 def _size(n: int) -> str:
@@ -352,6 +392,10 @@ def stream_to_hub(
     mine = plan if part is None else part_of(plan, part)
     sink = HubSink(api, repo_id, revision, key, staging, max_disk, held, record)
     try:
+        # a source read over the link: one shard at a time (its reads run ahead in the
+        # background), so each is done and goes up as soon as it can; shards made at once
+        # would share the link and all finish late
+        jobs = jobs if jobs > 0 or source.local else 1
         written = write_shards(mine, staging, source, dev, progress, jobs, sink)
         sink.drain()
     except BaseException:
