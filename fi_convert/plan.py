@@ -204,9 +204,9 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
     plan.notes = grouped_notes(lps)
-    why = unservable(name, lps)
-    if why and not options.allow_unservable:
-        raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, why))
+    refusal = unservable(name, lps)
+    if refusal and not options.allow_unservable:
+        raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, refusal))
     return plan
 
 

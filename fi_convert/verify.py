@@ -450,7 +450,9 @@ def check_source(
             "differs); pass the original model folder"
         )
         return
-    plan = make_plan(source, Options(m["scheme"], m["backend"], m["tp_size"]))
+    # the output exists: re-derive it even where vLLM cannot serve it (--allow-unservable)
+    opts = Options(m["scheme"], m["backend"], m["tp_size"], allow_unservable=True)
+    plan = make_plan(source, opts)
     dev = resolve_device(device)
     files = files or SourceFiles()
     try:

@@ -98,7 +98,9 @@ def test_layer_bytes_match_vllm_flashinfer(sources, tmp_path, case, tp, backend)
     spec, scheme = CASES[case]
     src = sources[case]
     out = tmp_path / "out"
-    convert(src, out, Options(SchemeName(scheme), Backend(backend), tp), device="cpu")
+    # bf16-to-fp8-tensor is an output vLLM 0.33 cannot serve: converted only on request
+    opts = Options(SchemeName(scheme), Backend(backend), tp, allow_unservable=True)
+    convert(src, out, opts, device="cpu")
     layers = _layers(out)
     assert layers, "no MoE layer converted"
     for prefix, info in layers.items():

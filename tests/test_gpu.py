@@ -45,7 +45,8 @@ COMBOS = [
 def test_cuda_conversion_matches_reference_and_cpu(tmp_path, case, tp, backend):
     spec, scheme = CASES[case]
     src = write_checkpoint(tmp_path / "src", spec)
-    opts = Options(SchemeName(scheme), Backend(backend), tp)
+    # BF16 to fp8-tensor is an output vLLM 0.33 cannot serve: converted only on request
+    opts = Options(SchemeName(scheme), Backend(backend), tp, allow_unservable=True)
     gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
     res = convert(src, gpu, opts, device="cuda")
     assert res.device.startswith("cuda")

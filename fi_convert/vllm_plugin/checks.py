@@ -166,7 +166,9 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
     need = {
         "sm100": (lambda: capability[0] == 10, "an SM100-family (Blackwell B200/GB200/B300) GPU"),
         "sm90": (lambda: sm == 90, "an SM90 (Hopper) GPU"),
-        "sm90+": (lambda: sm >= 90, "an SM90 or later GPU"),
+        # vLLM's FlashInfer CUTLASS MoE runs on SM90, SM10x and SM12x, never on SM11x
+        "sm90+": (lambda: sm == 90 or capability[0] in (10, 12), "an SM90, SM10x or SM12x GPU"),
+        "sm100+": (lambda: capability[0] in (10, 12), "an SM10x or SM12x (Blackwell) GPU"),
     }.get(family)
     if need is not None and not need[0]():
         raise PluginError(
