@@ -699,11 +699,16 @@ def _push_after_convert(
 
 
 def _render_push(out_dir: Path, res: hub.PushResult, figures: dict) -> None:
-    commit = f", commit {res.commit[:12]}" if res.commit else ""
+    where = f"{escape(str(out_dir))} -> {escape(res.url)} (revision {escape(res.revision)}"
+    if res.up_to_date:  # the target held every file: nothing sent, nothing committed
+        out.print(f"[green]up to date[/green]: {where}, {res.files} files there already)")
+        return
+    held = res.files - res.uploaded
     out.print(
-        f"[green]pushed[/green]: {escape(str(out_dir))} -> {escape(res.url)} "
-        f"(revision {escape(res.revision)}{commit}, {res.files} files, "
-        f"{figures_text(figures)})"
+        f"[green]pushed[/green]: {where}, commit {escape(str(res.commit)[:12])}, "
+        f"{res.uploaded} of {res.files} files uploaded"
+        + (f" ({held} there already)" if held else "")
+        + f", {figures_text(figures)})"
     )
 
 

@@ -465,3 +465,42 @@ def test_convert_push_to_publishes_with_the_source_as_base_model(hub, src, tmp_p
 
     r = cli("convert", src, tmp_path / "other", "--private")
     assert r.exit_code == 2  # a usage error: --private goes with --push-to
+
+
+def test_push_hashes_each_byte_once_and_a_repeated_push_commits_nothing(
+    hub, ref_out, tmp_path, monkeypatch
+):
+    """verify's pass over the folder is the only hash: the upload uses the SHA-256s it proved
+    (huggingface_hub would read every file once more to hash it). A push of what the target
+    holds already sends and commits nothing, and says so."""
+    import huggingface_hub.lfs
+
+    from fi_convert import manifest as fm
+
+    hashed: list[str] = []
+    real = fm.sha256_file
+
+    def counted(p):
+        hashed.append(Path(p).relative_to(ref_out).as_posix())
+        return real(p)
+
+    def never(*a, **k):
+        raise AssertionError("huggingface_hub hashed a file fi-convert had hashed")
+
+    monkeypatch.setattr(fm, "sha256_file", counted)
+    monkeypatch.setattr(huggingface_hub.lfs, "sha_fileobj", never)
+    listed = [n for n in mf.read(ref_out)["files"]]
+    r = cli("push", ref_out, TARGET, "--base-model", REPO, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(hashed) == sorted(listed)  # each file once
+    s = json.loads(r.stdout)
+    assert s["uploaded_files"] == s["files"] == len(listed) + 1 and not s["up_to_date"]
+    _check_pushed(hub, ref_out)
+
+    commits, puts = len(hub.repos[TARGET].commits), list(hub.puts)
+    r = cli("push", ref_out, TARGET, "--base-model", REPO)
+    assert r.exit_code == 0, r.stderr
+    assert len(hub.repos[TARGET].commits) == commits and hub.puts == puts
+    assert r.stdout.startswith(f"up to date: {ref_out} -> {hub.url}/{TARGET} ")
+    assert "No files have been modified" not in r.stdout + r.stderr
+    assert "0 uploaded" not in r.stdout

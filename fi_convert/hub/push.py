@@ -22,7 +22,6 @@ from .common import (
     http_message,
     hub_url,
     is_repo_id,
-    literal,
     progress_bars,
     transport_errors,
 )
@@ -34,9 +33,14 @@ class PushResult:
     repo_id: str
     revision: str
     url: str
-    commit: str | None
-    files: int
+    commit: str | None  # None: the target held every file already (nothing was committed)
+    files: int  # the files the target now holds for this output
     base_model: str | None
+    uploaded: int = 0  # files sent by this push (the rest the target held with that hash)
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.commit is None
 
     def summary(self) -> dict:
         return {
@@ -45,6 +49,8 @@ class PushResult:
             "url": self.url,
             "commit": self.commit,
             "files": self.files,
+            "uploaded_files": self.uploaded,
+            "up_to_date": self.up_to_date,
             "base_model": self.base_model,
         }
 
@@ -76,11 +82,14 @@ def push(
     """Publish a finished output folder to the Hub repo `repo_id` (created when missing).
 
     Refuses a folder without a manifest or one that `verify` fails (files against their
-    SHA-256s, the index, the manifest's shapes). Uploads the files the manifest lists
-    (resumably: run it again after an interruption and what is already there is skipped),
-    then, in a last commit, the model card and the manifest. The uploaded manifest lists the card as
-    README.md (in place of a README.md carried over from the source), so `fi-convert verify`
-    passes on a download of the repo; the local folder is not changed.
+    SHA-256s, the index, the manifest's shapes). That check is the one pass over the bytes:
+    the upload uses the SHA-256s it proved (the manifest's), so nothing is hashed again.
+    Uploads the files the manifest lists that the target does not hold with that hash
+    (resumable: run it again after an interruption and what is already there is skipped),
+    then, in a last commit, the model card and the manifest. The uploaded manifest lists the
+    card as README.md (in place of a README.md carried over from the source), so
+    `fi-convert verify` passes on a download of the repo; the local folder is not changed.
+    A push of what the target holds already commits nothing.
     """
     root = Path(out_dir)
     mf.read(root)  # a finished output at all: refused before any request
@@ -91,7 +100,7 @@ def push(
         base_model, base_revision = src["repo_id"], base_revision or src.get("revision")
     if base_model is not None and not is_repo_id(base_model):
         raise HubError(f"--base-model {base_model}: not a Hub repo id (org/name)")
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
     from huggingface_hub.utils.sha import git_hash
 
     source_card = root / CARD_NAME if CARD_NAME in m["files"] else None
@@ -110,41 +119,66 @@ def push(
         if revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
         remote = _remote_top_level(api, repo_id, revision)
-        # a manifest from an earlier push goes first: it must not vouch for a half-new repo
+        adds = []
+        for name in names:
+            if not _held(remote.get(name), root / name, m["files"][name]["sha256"]):
+                op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(root / name))
+                op.upload_info.sha256 = bytes.fromhex(m["files"][name]["sha256"])  # proved
+                adds.append(op)
+        # a manifest from an earlier push goes in the same commit: it must not vouch for a
+        # half-new repo
         stale = [p for p in remote if p.endswith(".safetensors") and p not in m["files"]]
-        if remote.get(MANIFEST_NAME) not in (None, git_hash(manifest)):
+        if MANIFEST_NAME in remote and remote[MANIFEST_NAME][0] != git_hash(manifest):
             stale.append(MANIFEST_NAME)
         what = f"{m['scheme']} ({m['backend']}, TP {m['tp_size']})"
-        version = m["fi_convert_version"]
-        api.upload_folder(
-            repo_id=repo_id,
-            repo_type="model",
-            folder_path=root,
-            revision=revision,
-            allow_patterns=[literal(n) for n in names],
-            delete_patterns=[literal(n) for n in stale] or None,
-            commit_message=f"Upload {what} weights, converted by fi-convert {version}",
-        )
-        info = api.create_commit(
-            repo_id=repo_id,
-            repo_type="model",
-            revision=revision,
-            operations=[
-                CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card),
-                CommitOperationAdd(path_in_repo=MANIFEST_NAME, path_or_fileobj=manifest),
-            ],
-            commit_message=f"Add the fi-convert manifest and model card ({what})",
-        )
-    return PushResult(repo_id, revision, url, info.oid, len(names) + 2, base_model)
+        if adds or stale:
+            api.create_commit(
+                repo_id=repo_id,
+                repo_type="model",
+                revision=revision,
+                operations=[*adds, *(CommitOperationDelete(p) for p in sorted(stale))],
+                commit_message=f"Upload {what} weights, converted by fi-convert "
+                f"{m['fi_convert_version']}",
+            )
+        last = [
+            CommitOperationAdd(path_in_repo=name, path_or_fileobj=data)
+            for name, data in ((CARD_NAME, card), (MANIFEST_NAME, manifest))
+            if remote.get(name, ("",))[0] != git_hash(data) or name in stale
+        ]
+        commit = None
+        if adds or stale or last:
+            info = api.create_commit(
+                repo_id=repo_id,
+                repo_type="model",
+                revision=revision,
+                operations=last,
+                commit_message=f"Add the fi-convert manifest and model card ({what})",
+            )
+            commit = info.oid
+    uploaded = len(adds) + len(last)
+    return PushResult(repo_id, revision, url, commit, len(names) + 2, base_model, uploaded)
 
 
-def _remote_top_level(api, repo_id: str, revision: str) -> dict[str, str]:
-    """Top-level files of the repo at `revision`: path -> git blob id."""
+def _held(remote: tuple[str, str | None] | None, path: Path, sha256: str) -> bool:
+    """Whether the target holds the file `path` (of SHA-256 `sha256`) already: an LFS file
+    by its SHA-256, a small one by its git blob id."""
+    if remote is None:
+        return False
+    blob, lfs = remote
+    if lfs is not None:
+        return lfs == sha256
+    from huggingface_hub.utils.sha import git_hash
+
+    return path.stat().st_size < 10 << 20 and blob == git_hash(path.read_bytes())
+
+
+def _remote_top_level(api, repo_id: str, revision: str) -> dict[str, tuple[str, str | None]]:
+    """Top-level files of the repo at `revision`: path -> (git blob id, LFS SHA-256)."""
     from huggingface_hub.hf_api import RepoFile
 
     return {
-        f.path: f.blob_id
-        for f in api.list_repo_tree(repo_id, revision=revision, repo_type="model")
+        f.path: (f.blob_id, f.lfs.sha256 if f.lfs else None)
+        for f in api.list_repo_tree(repo_id, revision=revision, repo_type="model", recursive=True)
         if isinstance(f, RepoFile)
     }
 
