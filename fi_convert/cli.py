@@ -619,7 +619,8 @@ def _streamed(
         if how != "off":
             err.print(f"source: {repo_id} at {commit}, read by byte ranges (nothing downloaded)")
         staging = stream.Staging.claim(out_dir, SourceFiles())
-        root = remote.mirror(repo, staging.root / ".source", progress=how == "bar")
+        # small files and shard headers only: huggingface_hub's bars stay off (one display)
+        root = remote.mirror(repo, staging.root / ".source", progress=False)
         files = remote.RemoteSourceFiles(repo, root)
     plan = make_plan(root, opts)
     plan.provenance = provenance(repo_id, commit, plan)

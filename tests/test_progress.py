@@ -398,3 +398,19 @@ def test_a_repo_id_conversion_prints_download_then_conversion_lines(hub, bf16, t
     assert ("downloading", 100) in lines and lines[-1] == ("converting", 100)
     for ln in r.stderr.splitlines():  # nothing else on stderr: no bar, no stray fragment
         assert ln.startswith(("source: acme/tiny at ", "downloading: ", "converting: ")), ln
+    r = cli(*args[:2], tmp_path / "quiet", *args[3:], "-q")  # the result, and nothing else
+    assert r.exit_code == 0 and r.stderr == "" and r.stdout.startswith("done: ")
+
+
+def test_push_summary_has_elapsed_size_and_throughput(hub, bf16, tmp_path):
+    out = tmp_path / "out"
+    assert cli("convert", bf16, out, "--scheme", "bf16", "--device", "cpu", "-q").exit_code == 0
+    size = sum(m["size"] for m in json.loads((out / MANIFEST).read_text())["files"].values())
+    r = cli("push", out, "acme/tiny-fi", "--base-model", "acme/tiny", "--json")
+    assert r.exit_code == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["bytes"] == size and s["elapsed_s"] > 0 and s["throughput_bps"] > 0
+    r = cli("push", out, "acme/tiny-fi2", "--base-model", "acme/tiny")
+    assert r.exit_code == 0, r.stderr
+    figures = rf"{SIZE} in \d+:\d\d \([\d.]+ [KMGT]?B/s\)"
+    assert re.search(rf"^pushed: .* files uploaded, {figures}\)$", r.stdout.strip()), r.stdout
