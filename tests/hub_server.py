@@ -32,6 +32,7 @@ import base64
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -88,6 +89,14 @@ def is_lfs(path: str, data: bytes) -> bool:
     return path.endswith((".safetensors", ".bin")) or len(data) > 10_000_000 or b"\0" in data[:512]
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up mid-answer (it refused what it was sent, or was killed) is
+        a normal event here, not one to print a traceback for."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @dataclass
 class Rule:
     method: str
@@ -95,6 +104,8 @@ class Rule:
     status: int
     times: int
     after: int = 0  # matching requests let through before the first failure
+    kind: str = "status"  # or "cut" (half the body, then the connection drops), "range"
+    # (a 206 whose Content-Range names other bytes than those asked for)
 
 
 class Hold:
@@ -140,7 +151,7 @@ class FakeHub:
             pass
 
         Handler.hub = hub
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -212,6 +223,13 @@ class FakeHub:
         """Answer the next `times` matching requests with HTTP `status` (after letting
         `after` of them through)."""
         self.rules.append(Rule(method, re.compile(pattern), status, times, after))
+
+    def fault(self, pattern: str, kind: str, times: int = 1, after: int = 0) -> None:
+        """Spoil the next `times` GETs of a file's bytes matching `pattern` (after `after`):
+        "cut" sends half the body and drops the connection, "range" answers a range request
+        with a Content-Range for other bytes."""
+        assert kind in ("cut", "range")
+        self.rules.append(Rule("GET", re.compile(pattern), 0, times, after, kind))
 
     def hold(self, method: str, pattern: str, after: int) -> Hold:
         h = Hold(method, pattern, after)
@@ -289,8 +307,9 @@ class _Handler(BaseHTTPRequestHandler):
             hold.released.wait(60)
             self.close_connection = True
             return
+        self.spoil = rule.kind if rule is not None and rule.kind != "status" else None
         try:
-            if rule is not None:
+            if rule is not None and self.spoil is None:
                 self._read_body()
                 raise _Error(rule.status, f"injected failure {rule.status}")
             auth = self.headers.get("authorization")
@@ -493,8 +512,15 @@ class _Handler(BaseHTTPRequestHandler):
             a = int(m[1])
             b = int(m[2]) if m[2] else len(data) - 1
             status, body = 206, data[a : b + 1]
-            headers["Content-Range"] = f"bytes {a}-{a + len(body) - 1}/{len(data)}"
+            shift = 1 if self.spoil == "range" else 0
+            headers["Content-Range"] = f"bytes {a + shift}-{a + shift + len(body) - 1}/{len(data)}"
         headers["Content-Length"] = len(body)
+        if self.spoil == "cut" and method == "GET":  # the connection drops mid-body
+            self._send(status, body[: len(body) // 2], headers, "HEAD")
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
         self._send(status, body, headers, method)
 
     def _create_repo(self) -> None:
