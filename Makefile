@@ -16,7 +16,10 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
 	# the engine venv (scripts/engine_env.sh) may build this project at the same time (CI)
-	flock .editable-install.lock $(PIP) install -q -e '.[dev]'
+# (setuptools' note that an editable install's folders may shadow the package is silenced: this
+# folder is the package's home)
+	flock .editable-install.lock env PYTHONWARNINGS='ignore:Editable installation' \
+		$(PIP) install -q -e '.[dev]'
 # FlashInfer is the test oracle only: its layout functions are plain PyTorch. vLLM 0.33 is
 # the test authority (tests/test_vllm.py) and the plugin's host: its Python code beside the
 # CPU torch. Both go in without their CUDA-only dependencies (see README, "Install and test"):
@@ -28,8 +31,8 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
 	$(PIP) install -q --no-deps $(FLASHINFER) $(VLLM)
 	$(PY) -c "import vllm.model_executor.layers.fused_moe" >/dev/null 2>&1 || \
 		$(PY) -c "import vllm.model_executor.layers.fused_moe"
-	@echo "installed: $(VENV), with $(FLASHINFER) and $(VLLM) as test oracles, without their" \
-		"CUDA-only dependencies (so pip check lists those as missing: expected)"
+	@echo "installed: $(VENV), with $(FLASHINFER) and $(VLLM) as test oracles, beside the CPU" \
+		"torch and without their CUDA-only dependencies (pip check reports those as unmet: expected)"
 	touch $@
 
 test: install
