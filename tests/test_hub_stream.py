@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from copy import copy
 from pathlib import Path
 
 import pytest
@@ -135,8 +136,12 @@ def test_a_rerun_after_a_failed_upload_resumes_from_the_target(hub, big, local_o
     hub.rules.clear()
     first = set(_target_shards(hub))
     assert 0 < len(first) < n and MANIFEST not in hub.files(TARGET)
-    res, _, _ = _stream_remote(hub, tmp_path, "second")
+    seen = []
+    res, _, _ = _stream_remote(hub, tmp_path, "second", progress=lambda p: seen.append(copy(p)))
     assert set(res.skipped) == first
+    # said at the start (the CLI's "resuming: N files reused"), and counted done: 100 % at the end
+    assert seen[0].resume_files == len(first) and seen[0].resume_bytes > 0
+    assert seen[-1].bytes_done == seen[-1].bytes_total
     assert set(res.uploaded) == set(_shards(local_out)) - first
     assert _target_shards(hub) == _shards(local_out)
     assert MANIFEST in hub.files(TARGET)

@@ -396,7 +396,9 @@ def stream_to_hub(
         # background), so each is done and goes up as soon as it can; shards made at once
         # would share the link and all finish late
         jobs = jobs if jobs > 0 or source.local else 1
-        written = write_shards(mine, staging, source, dev, progress, jobs, sink)
+        on_target = [s for s in mine.shards if s.name in held]  # an earlier run's: skipped
+        resume = len(on_target), sum(s.nbytes for s in on_target)
+        written = write_shards(mine, staging, source, dev, progress, jobs, sink, resume)
         sink.drain()
     except BaseException:
         sink.abandon()
