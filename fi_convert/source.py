@@ -8,6 +8,7 @@ import math
 import os
 import re
 import stat
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,11 @@ class Checkpoint:
         return model_type(self.config)
 
 
+# per run (its SourceFiles) and layer shape: the first layer's `ExpertLayer.read` calls, in
+# order, and which layer made them
+_LEARNT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 @dataclass
 class ExpertLayer:
     """One MoE layer's routed experts as found in the checkpoint."""
@@ -52,6 +58,7 @@ class ExpertLayer:
     intermediate_size: int
     # per-expert form: (role, param, expert) -> tensor; fused form: (role, param, -1) -> tensor
     params: dict[tuple[str, str, int], TensorInfo] = field(default_factory=dict)
+    _calls: int = field(default=0, repr=False, compare=False)  # `read` calls so far (remote)
 
     def param_names(self) -> set[str]:
         return {p for (_, p, _) in self.params}
@@ -105,6 +112,27 @@ class ExpertLayer:
             # source is read while this chunk is transformed and written
             for info, start in where[len(experts) :]:
                 files.prefetch(info, start, n)
+        else:
+            self._ask_next_call(files, (role, param, experts, rows), ask=not after)
+
+    def _ask_next_call(self, files: SourceFiles, call: tuple, ask: bool) -> None:
+        """A source read over a link, at the end of a read with no next chunk (`ask`): the
+        first reads of the call that comes next are asked now, so that they arrive while
+        this chunk is transformed and written. Which call comes next is learnt from the first
+        layer of this shape that was read: every layer of a shape is read alike."""
+        learnt = _LEARNT.setdefault(files, {})
+        shape = (self.form.kind, self.num_experts, self.hidden_size, self.intermediate_size)
+        teacher, calls = learnt.setdefault(shape, (self.prefix, []))
+        if teacher == self.prefix:
+            calls.append(call)
+            return
+        k = self._calls
+        self._calls += 1
+        if ask and k + 1 < len(calls):
+            role, param, experts, rows = calls[k + 1]
+            for e in experts[: files.read_ahead]:
+                info, start = self._rows(role, param, e, rows[0])
+                files.prefetch(info, start, rows[1] - rows[0])
 
     def _rows(self, role: str, param: str, e: int, a: int) -> tuple[TensorInfo, int]:
         """The 2-D tensor that holds expert e's `role` matrix, and where its row `a` is in it."""

@@ -91,8 +91,16 @@ def test_a_local_folder_streams_to_the_hub_as_the_local_conversion(hub, big, loc
 
 
 def test_a_hub_repo_streams_by_byte_ranges_without_a_whole_shard_read(
-    hub, big, local_out, tmp_path
+    hub, big, local_out, tmp_path, monkeypatch
 ):
+    made: list[remote.RemoteSourceFiles] = []
+    init = remote.RemoteSourceFiles.__init__
+
+    def kept(self, *a) -> None:
+        init(self, *a)
+        made.append(self)
+
+    monkeypatch.setattr(remote.RemoteSourceFiles, "__init__", kept)
     hub.add_repo(SRC, repo_files(big))
     res, repo, plan = _stream_remote(hub, tmp_path)
     assert _target_shards(hub) == _shards(local_out)
@@ -102,6 +110,12 @@ def test_a_hub_repo_streams_by_byte_ranges_without_a_whole_shard_read(
     # every byte of the source's shards read exactly once (and each header's length twice)
     total = sum(p.stat().st_size for p in plan.ckpt.shards)
     assert repo.bytes_read == total + 8 * len(plan.ckpt.shards)
+    # and nearly all of them asked ahead, so the link kept busy while the converter worked:
+    # here 11 of 223 reads wait (the first layer's, whose order the others follow, and the
+    # first of each run of carried tensors); 17 when each call's first reads are not asked
+    # ahead, 223 with no read-ahead at all
+    data_reads = len(reads) - 2 * len(plan.ckpt.shards)  # less the headers
+    assert made[0].waited < data_reads / 16, (made[0].waited, data_reads)
     # the mirror holds headers only: its shards are sparse
     for p in plan.ckpt.shards:
         assert p.stat().st_blocks * 512 < p.stat().st_size / 4, p.name

@@ -268,6 +268,7 @@ class RemoteSourceFiles(SourceFiles):
         self.repo, self.root = repo, root.resolve()
         self._pool = ThreadPoolExecutor(self.AHEAD, thread_name_prefix="fi-convert-fetch")
         self._ahead: dict[tuple[str, int, int], Future] = {}
+        self.waited = 0  # reads not asked ahead, made while the converter waited
         self._lock = threading.Lock()
 
     def _name(self, path: Path) -> str:
@@ -303,6 +304,7 @@ class RemoteSourceFiles(SourceFiles):
             except Exception:  # fetched again below, its error reported from here
                 data = None
         if data is None:
+            self.waited += 1
             self.repo.read_into(name, offset, mv)
         else:
             mv[:] = data

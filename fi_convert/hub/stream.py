@@ -195,10 +195,16 @@ class HubSink:
         except BaseException as e:
             self._fail(e, name, meta)
             raise
+        # the bytes are in the Hub's storage: the commit names them by SHA-256 and size and
+        # reads nothing, so the staged file goes now and makes room for the next shard (a
+        # small file, committed by content, stays until its commit)
+        stored = getattr(op, "_upload_mode", None) == "lfs"
+        if stored:
+            self._drop(name, meta)
         with self.room:
-            self.pending.append(self.commits.submit(self._commit, name, op, meta))
+            self.pending.append(self.commits.submit(self._commit, name, op, meta, not stored))
 
-    def _commit(self, name: str, op, meta: dict) -> None:
+    def _commit(self, name: str, op, meta: dict, staged: bool = True) -> None:
         """The commit that adds the uploaded shard, with the run's progress record."""
         from huggingface_hub import CommitOperationAdd
 
@@ -218,9 +224,15 @@ class HubSink:
             self.uploaded.append(name)
         except BaseException as e:
             self.done.pop(name, None)
-            self._fail(e, name, meta)
+            if staged:
+                self._fail(e, name, meta)
+            else:
+                with self.room:
+                    self.failed = self.failed or e
+                    self.room.notify_all()
             raise
-        self._drop(name, meta)
+        if staged:
+            self._drop(name, meta)
 
     def _fail(self, e: BaseException, name: str, meta: dict) -> None:
         with self.room:
