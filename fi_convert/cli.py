@@ -723,8 +723,11 @@ def inspect_cmd(
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Print the conversion plan for MODEL_DIR without writing anything, and which other
-    schemes and backends the checkpoint takes (and which of them quantize)."""
+    """Print MODEL_DIR's conversion plan (writes nothing) and the other schemes it takes.
+
+    Of the other schemes and backends, it lists those that plan, says why the rest do not,
+    and which of them quantize.
+    """
     from .plan import Options, choices, make_plan
 
     try:
