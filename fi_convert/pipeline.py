@@ -229,6 +229,8 @@ class _CheckedFiles(SourceFiles):
     named once in the run's warnings (the conversion goes on: an expert that is never routed
     to may carry one)."""
 
+    NAMED = 3  # scale tensors named one line each; more are said in one line
+
     def __init__(self, base: SourceFiles) -> None:
         super().__init__()
         self.base, self.local, self.read_ahead = base, base.local, base.read_ahead
@@ -265,10 +267,18 @@ class _CheckedFiles(SourceFiles):
                 self.bad[info.name] = self.bad.get(info.name, 0) + n
 
     def warnings(self) -> list[str]:
+        """One line per scale tensor, or, past NAMED of them, one line for all."""
+        bad = sorted(self.bad.items())
+        if len(bad) > self.NAMED:
+            return [
+                f"{len(bad)} scale tensors hold NaN or Inf values ({sum(n for _, n in bad)} in "
+                f"all; first {bad[0][0]}, last {bad[-1][0]}); the weights they scale are NaN or "
+                "Inf in the output too - check the source checkpoint"
+            ]
         return [
             f"{name}: {n} NaN or Inf value(s) in this scale; the weights it scales are NaN or "
             "Inf in the output too - check the source checkpoint"
-            for name, n in sorted(self.bad.items())
+            for name, n in bad
         ]
 
 

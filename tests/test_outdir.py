@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from fi_convert import FiConvertError, Options, OutputError, SchemeName, convert
 from fi_convert import manifest as mf
-from fi_convert.st_io import TMP_SUFFIX, read_header
+from fi_convert.st_io import TMP_SUFFIX, SourceFiles, read_header
 from fi_convert.synthetic import Spec, write_checkpoint
 
 from .test_errors import cli, error_line
@@ -392,3 +392,21 @@ def test_nonfinite_counts_each_scale_format():
     assert nonfinite(torch.tensor([0xFF, 127], dtype=torch.uint8), "U8") == 1
     assert is_scale("a.weight_scale_inv") and is_scale("a.gate_up_proj_scales")
     assert not is_scale("a.scale_up.weight")
+
+
+def test_many_nan_scales_are_said_in_one_line():
+    """Past three scale tensors, one line says how many, not one line each (a checkpoint
+    with a bad scale in every layer would print hundreds)."""
+    from fi_convert.pipeline import _CheckedFiles
+
+    files = _CheckedFiles(SourceFiles())
+    files.bad = {"a.weight_scale": 2, "b.weight_scale": 1, "c.weight_scale": 1}
+    assert [w.split(":")[0] for w in files.warnings()] == [
+        "a.weight_scale", "b.weight_scale", "c.weight_scale"
+    ]  # fmt: skip
+    files.bad["d.weight_scale"] = 4
+    assert files.warnings() == [
+        "4 scale tensors hold NaN or Inf values (8 in all; first a.weight_scale, last "
+        "d.weight_scale); the weights they scale are NaN or Inf in the output too - check the "
+        "source checkpoint"
+    ]
