@@ -97,6 +97,9 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+SMALL_MESSAGE = 16 << 10  # bytes: not paced (see FakeHub.pace)
+
+
 @dataclass
 class Rule:
     method: str
@@ -159,10 +162,13 @@ class FakeHub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
-    def pace(self, way: str, nbytes: int) -> None:
-        """Hold the caller until `nbytes` more fit the link's rate in direction `way`."""
+    def pace(self, way: str, nbytes: int, message: int | None = None) -> None:
+        """Hold the caller until `nbytes` more fit the link's rate in direction `way`. The
+        link is a queue of bulk bytes; a small message (an API call's JSON, a header) is not
+        queued behind them, as TCP's fair sharing would not make it wait for other
+        connections' megabytes. `message`: the size of the whole message `nbytes` are of."""
         bps = self.down_bps if way == "down" else self.up_bps
-        if not bps:
+        if not bps or (message is not None and message < SMALL_MESSAGE):
             return
         slot = self._pace[way]
         with slot[1]:
@@ -256,6 +262,9 @@ class _Error(Exception):
 class _Handler(BaseHTTPRequestHandler):
     hub: FakeHub
     protocol_version = "HTTP/1.1"
+    # headers and body go in separate writes: with Nagle's algorithm each answer with a body
+    # would wait out the client's delayed ACK (40 ms here), which no real server makes it do
+    disable_nagle_algorithm = True
     timeout = 30
 
     def log_message(self, format: str, *args) -> None:  # quiet
@@ -335,7 +344,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method != "HEAD" and body:
             for i in range(0, len(body), 1 << 18):
-                self.hub.pace("down", len(body[i : i + (1 << 18)]))
+                self.hub.pace("down", len(body[i : i + (1 << 18)]), len(body))
                 self.wfile.write(body[i : i + (1 << 18)])
 
     def _json(self, obj, status: int = 200) -> None:
@@ -352,13 +361,13 @@ class _Handler(BaseHTTPRequestHandler):
                 out += self.rfile.read(size)
                 self.hub.pace("up", size)
                 self.rfile.readline()
-        n = int(self.headers.get("Content-Length") or 0)
+        n = whole = int(self.headers.get("Content-Length") or 0)
         parts = []
         while n > 0:
             piece = self.rfile.read(min(n, 1 << 18))
             if not piece:
                 break
-            self.hub.pace("up", len(piece))
+            self.hub.pace("up", len(piece), whole)
             parts.append(piece)
             n -= len(piece)
         return b"".join(parts)
