@@ -34,6 +34,7 @@ from .cli_progress import (
     figures_text,
     output_bytes,
     progress_mode,
+    size,
 )
 from .errors import FiConvertError, SourceError
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Backend, SchemeName
@@ -245,14 +246,6 @@ DebugOpt = Annotated[
 ]
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n}"
-
-
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _UNITS |= {f"{u}B": 1000**k for k, u in enumerate("KMGT", 1)}
 _UNITS |= {f"{u}IB": 1024**k for k, u in enumerate("KMGT", 1)}
@@ -336,7 +329,7 @@ def _render_plan(plan: Plan) -> None:
     out.print(
         f"{s['passthrough_tensors']} other tensors copied unchanged; {len(s['side_files'])} "
         f"other files carried over; {s['output_shards']} output shard(s); read "
-        f"{_size(s['bytes_to_read'])}, write {_size(s['bytes_to_write'])}"
+        f"{size(s['bytes_to_read'])}, write {size(s['bytes_to_write'])}"
     )
 
 
