@@ -352,3 +352,16 @@ def test_the_core_never_imports_vllm():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_the_gpu_family_comes_from_scheme_and_backend_not_the_manifests_claim(manifest):
+    """An nvfp4 output on CUTLASS that an older fi-convert wrote claims `sm90+`; the path
+    needs SM10x or SM12x, and the plugin refuses it on an H200 all the same."""
+    m = manifest | {
+        "scheme": "nvfp4",
+        "backend": "cutlass",
+        "target": manifest["target"] | {"gpu_family": "sm90+"},
+    }
+    with pytest.raises(PluginError, match=r"need an SM10x or SM12x .Blackwell. GPU .gpu_family "):
+        _check(m, capability=(9, 0))
+    _check(m, capability=(10, 0))

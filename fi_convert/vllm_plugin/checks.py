@@ -141,7 +141,7 @@ def check_device(
 ) -> None:
     """The checks of the machine: a GPU of the backend's family, and FlashInfer's version."""
     backend, target = manifest["backend"], manifest.get("target", {})
-    check_gpu(target.get("gpu_family", ""), backend, capability, root)
+    check_gpu(_family(manifest), backend, capability, root)
     fspec = target.get("flashinfer_versions", "")
     if flashinfer_version is None:
         raise PluginError(
@@ -153,6 +153,18 @@ def check_device(
             f"{root}: converted for FlashInfer {fspec}, this is FlashInfer {flashinfer_version}; "
             f"install flashinfer-python in {fspec}"
         )
+
+
+def _family(manifest: dict) -> str:
+    """The GPUs the output's scheme runs on with its backend, as this fi-convert knows them;
+    the manifest's own `gpu_family` only for a pair it does not know. (An output written by an
+    older fi-convert may claim too much: nvfp4 and mxfp4 on CUTLASS were once `sm90+`.)"""
+    from ..manifest import gpu_family_of
+
+    try:
+        return gpu_family_of(manifest["backend"], manifest["scheme"])
+    except (KeyError, TypeError):
+        return manifest.get("target", {}).get("gpu_family", "")
 
 
 def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, root: str) -> None:
@@ -172,7 +184,7 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
     }.get(family)
     if need is not None and not need[0]():
         raise PluginError(
-            f"{root}: {backend} outputs of this scheme need {need[1]} (manifest gpu_family "
+            f"{root}: {backend} outputs of this scheme need {need[1]} (gpu_family "
             f"{family}), this GPU is SM{sm}; serve it there, or convert for another --backend"
         )
 
