@@ -42,8 +42,8 @@ class Checkpoint:
         return model_type(self.config)
 
 
-# per run (its SourceFiles) and layer shape: the first layer's `ExpertLayer.read` calls, in
-# order, and which layer made them
+# per run (its SourceFiles): per layer shape, the first layer's `ExpertLayer.read` calls, in
+# order, and which layer made them; and how many calls each other layer has made
 _LEARNT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -58,7 +58,6 @@ class ExpertLayer:
     intermediate_size: int
     # per-expert form: (role, param, expert) -> tensor; fused form: (role, param, -1) -> tensor
     params: dict[tuple[str, str, int], TensorInfo] = field(default_factory=dict)
-    _calls: int = field(default=0, repr=False, compare=False)  # `read` calls so far (remote)
 
     def param_names(self) -> set[str]:
         return {p for (_, p, _) in self.params}
@@ -126,8 +125,8 @@ class ExpertLayer:
         if teacher == self.prefix:
             calls.append(call)
             return
-        k = self._calls
-        self._calls += 1
+        made = learnt.setdefault("calls made", {})  # per layer, in this run
+        k = made[self.prefix] = made.get(self.prefix, -1) + 1
         if ask and k + 1 < len(calls):
             role, param, experts, rows = calls[k + 1]
             for e in experts[: files.read_ahead]:
