@@ -29,6 +29,7 @@ requests held (`hold`), to interrupt uploads.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
@@ -51,10 +52,14 @@ def git_blob_id(data: bytes) -> str:
 
 @dataclass
 class File:
+    """A file's bytes, never changed (a fault replaces the File); its hashes are computed
+    once, as the Hub stores them, not on each request (hashing a shard on each listing made
+    the fake's answers take as long as a download)."""
+
     data: bytes
     lfs: bool
 
-    @property
+    @functools.cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
@@ -64,7 +69,7 @@ class File:
             f"size {len(self.data)}\n"
         ).encode()
 
-    @property
+    @functools.cached_property
     def oid(self) -> str:
         """The git blob id (of the LFS pointer for LFS files), as the tree listing gives it."""
         return git_blob_id(self.pointer() if self.lfs else self.data)
