@@ -36,7 +36,7 @@ from . import served_config
 from .errors import ManifestError, OutputError, SourceError
 from .plan import MANIFEST_NAME, STATE_DIR, Plan, ShardPlan, check_out_dir
 from .source import INDEX_NAME
-from .st_io import TMP_SUFFIX, ShardWriter, sha256_file
+from .st_io import TMP_SUFFIX, DiskRoom, ShardWriter, sha256_file
 
 CONFIG_NAME = "config.json"
 JOURNAL_NAME = "state.json"
@@ -328,6 +328,8 @@ def preflight(plan: Plan, out_dir: Path, overwrite: bool = False) -> Claim:
 
 class OutDir:
     """Claims an output folder for a run of `plan`: see the module's docstring."""
+
+    room: DiskRoom | None = None  # no disk budget: a local conversion writes its whole output
 
     def __init__(self, root: Path, plan: Plan, overwrite: bool, fsync: bool = True) -> None:
         self.root, self.plan, self.overwrite, self.fsync = root, plan, overwrite, fsync

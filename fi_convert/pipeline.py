@@ -24,7 +24,7 @@ from .outdir import OutDir
 from .plan import MANIFEST_NAME, Item, Options, Plan, ShardPlan, make_plan
 from .schemes.base import Ctx, OutputTensor
 from .source import INDEX_NAME
-from .st_io import ShardWriter, SourceFiles, TensorInfo
+from .st_io import DiskRoom, ShardWriter, SourceFiles, TensorInfo
 
 COPY_CHUNK = 64 * 2**20  # largest piece of a carried-over tensor in flight
 MAX_JOBS = 8  # shards converted at once, at most (see `_jobs`)
@@ -172,6 +172,7 @@ class ShardDir(Protocol):
     """What the shard writers need of an out-dir (OutDir, or a streamed run's staging)."""
 
     root: Path
+    room: DiskRoom | None  # a disk budget the writers draw on, if any
 
     def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict: ...
 
@@ -536,8 +537,10 @@ class _Pipeline:
             self.abandon()
 
     def abandon(self) -> None:
-        """Stop after an error elsewhere: drop queued work, wait for what is in flight."""
+        """Stop after an error elsewhere: drop queued work, wait for what is in flight (a
+        write waiting for disk room gives up)."""
         self.pending.clear()
+        self.w.stop.set()  # after close(), every write is done already
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.hasher.shutdown(wait=True, cancel_futures=True)
 
@@ -545,7 +548,7 @@ class _Pipeline:
 def _write_shard(
     shard: ShardPlan, ctx: Ctx, plan: Plan, od: ShardDir, tr: _Tracker, ring: _Ring, run: _Shards
 ) -> ShardWriter:
-    w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items])
+    w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items], od.room)
     try:
         pipe = _Pipeline(w, ring, run.cancel)
     except BaseException:

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors import safe_open
@@ -389,6 +389,16 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 _BUG = "; this is a bug in fi-convert - please report it"
 
 
+class DiskRoom(Protocol):
+    """A disk budget a writer draws on as it writes (a streamed run's staging): `take` waits
+    until `n` more bytes fit, and raises instead once the run failed or `stop` is set; `give`
+    returns bytes whose file was removed."""
+
+    def take(self, n: int, stop: threading.Event) -> None: ...
+
+    def give(self, n: int) -> None: ...
+
+
 class ShardWriter:
     """Writes one safetensors file sequentially under a temporary name, hashing as it goes.
 
@@ -396,11 +406,12 @@ class ShardWriter:
     kernel: carried-over tensors never pass through this process's memory; `hash_written`
     then hashes them from the page cache). `finish()` checks every byte was written and
     renames into place; `abort()` removes the temporary file. The final name never holds a
-    partial file.
+    partial file. With `room`, each write first takes its bytes from that disk budget, and
+    `abort` gives them back.
     """
 
-    def __init__(self, path: Path, entries: list[OutEntry]) -> None:
-        self.path = path
+    def __init__(self, path: Path, entries: list[OutEntry], room: DiskRoom | None = None) -> None:
+        self.path, self.room = path, room
         self.tmp = path.with_name(path.name + TMP_SUFFIX)
         try:
             self.header = build_header(entries)
@@ -411,6 +422,8 @@ class ShardWriter:
         self.total = len(self.header) + sum(e.nbytes for e in entries)
         self.sha = hashlib.sha256()
         self.written = 0
+        self.taken = 0  # bytes taken from `room`
+        self.stop = threading.Event()  # set: a write waiting for room gives up
         self.error: OutputError | None = None
         self._copy = "copy_file_range"  # then "sendfile", then "bounce" if those cannot
         self._fd = -1
@@ -435,6 +448,7 @@ class ShardWriter:
         """Append `data`; `hash_it=False` leaves hashing to `hash_bytes`, called in order."""
         if self.error is not None:  # a failed writer stays failed
             raise self.error
+        self._take(len(data))
         try:
             _write_all(self._fd, data)
         except OSError as e:
@@ -448,6 +462,7 @@ class ShardWriter:
         (not hashed: call `hash_written` for the same range, in order)."""
         if self.error is not None:
             raise self.error
+        self._take(nbytes)
         done = 0
         try:
             while done < nbytes:
@@ -458,6 +473,11 @@ class ShardWriter:
         except OSError as e:
             raise self._failed(e) from None
         self.written += nbytes
+
+    def _take(self, n: int) -> None:
+        if self.room is not None:
+            self.room.take(n, self.stop)
+            self.taken += n
 
     def _copy_some(self, src_fd: int, offset: int, n: int) -> int:
         if self._copy == "copy_file_range":
@@ -525,11 +545,15 @@ class ShardWriter:
             ) from None
 
     def abort(self) -> None:
+        self.stop.set()
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = -1
         self.tmp.unlink(missing_ok=True)
+        if self.room is not None and self.taken:  # the file is gone: its bytes too
+            self.room.give(self.taken)
+            self.taken = 0
 
 
 def _hash_mapped(h: Any, fd: int, offset: int, nbytes: int) -> None:

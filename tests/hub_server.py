@@ -117,15 +117,18 @@ class Rule:
 
 
 class Hold:
-    """Holds every matching request after the first `after` ones until `release()`."""
+    """Holds every matching request after the first `after` ones until `release()`: then
+    each drops its connection unanswered, or, with `serve`, is answered as usual."""
 
     def __init__(self, method: str, pattern: str, after: int) -> None:
         self.method, self.pattern, self.after = method, re.compile(pattern), after
         self.seen = 0
+        self.serve = False
         self.reached = threading.Event()
         self.released = threading.Event()
 
-    def release(self) -> None:
+    def release(self, serve: bool = False) -> None:
+        self.serve = serve
         self.released.set()
 
 
@@ -319,8 +322,9 @@ class _Handler(BaseHTTPRequestHandler):
             assert hold is not None
             hold.reached.set()
             hold.released.wait(60)
-            self.close_connection = True
-            return
+            if not hold.serve:
+                self.close_connection = True
+                return
         self.spoil = rule.kind if rule is not None and rule.kind != "status" else None
         try:
             if rule is not None and self.spoil is None:

@@ -5,6 +5,7 @@ Hub look-alike with the real huggingface_hub client (see tests/test_hub.py)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from copy import copy
 from pathlib import Path
@@ -127,6 +128,133 @@ def test_the_staged_bytes_stay_within_the_disk_budget(hub, big, local_out, tmp_p
     res = _stream_local(big, tmp_path, max_disk=budget)
     assert res.peak_disk <= budget
     assert _target_shards(hub) == _shards(local_out)
+
+
+def test_the_next_shard_begins_while_uploads_hold_the_disk_and_its_writes_wait_for_room(
+    hub, big, local_out, tmp_path
+):
+    """Shards made one at a time take their disk as they are written: with every upload after
+    the first held, the next shard is begun although its whole size does not fit beside the
+    staged ones (a reservation of it would have waited, and the source's reads with it), and
+    its writes stop at the budget."""
+    import threading
+    import time
+
+    plan = make_plan(big, OPTS)
+    sizes = {s.name: stream._file_size(s) for s in plan.shards}
+    budget = int(2.5 * max(sizes.values()))
+    hold = hub.hold("PUT", r"^/lfs-upload/", after=1)
+    got: list = []
+    run = threading.Thread(
+        target=lambda: got.append(_stream_local(big, tmp_path, max_disk=budget, jobs=1))
+    )
+    run.start()
+    try:
+        assert hold.reached.wait(60)
+        staging = tmp_path / "staging"
+        seen, still = None, 0
+        deadline = time.monotonic() + 60
+        while still < 5 and time.monotonic() < deadline:  # until the writes stop
+            time.sleep(0.1)
+            now = {p.name: p.stat().st_size for p in staging.glob("*.safetensors*")}
+            still = still + 1 if now == seen else 0
+            seen = now
+        assert still == 5, "the staged files kept changing while the uploads were held"
+        partial = [n for n in seen if n.endswith(".fi-convert-tmp")]
+        assert len(partial) == 1, seen  # the shard being made, begun
+        name = partial[0].removesuffix(".fi-convert-tmp")
+        done = sum(v for n, v in seen.items() if n not in partial)
+        assert done + sizes[name] > budget  # its whole size would not have fit
+        assert sum(seen.values()) <= budget  # and what it wrote does
+    finally:
+        hold.release(serve=True)
+        run.join(120)
+    assert got and got[0].peak_disk <= budget
+    assert _target_shards(hub) == _shards(local_out)
+
+
+def test_a_write_waiting_for_room_gets_it_fails_with_the_run_or_gives_up_when_stopped():
+    import threading
+
+    from fi_convert.errors import HubError
+
+    def sink():
+        return stream.HubSink(None, TARGET, "main", "k", None, 100, {}, by_write=True)
+
+    def waiting(s, n, stop):
+        out: list = []
+
+        def take():
+            try:
+                s.take(n, stop)
+                out.append("room")
+            except BaseException as e:
+                out.append(e)
+
+        t = threading.Thread(target=take)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and not out  # it waits: n does not fit
+        return t, out
+
+    s, stop = sink(), threading.Event()
+    s.take(80, stop)
+    assert (s.staged, s.peak) == (80, 80)
+    t, out = waiting(s, 40, stop)
+    s.give(30)  # a shard's file went: room
+    t.join(5)
+    assert out == ["room"] and (s.staged, s.peak) == (90, 90)
+
+    s = sink()
+    s.take(80, stop)
+    t, out = waiting(s, 40, stop)
+    with s.cond:
+        s.failed = HubError("the upload failed")
+        s.cond.notify_all()
+    t.join(5)
+    assert len(out) == 1 and isinstance(out[0], HubError) and s.staged == 80
+
+    s, stop = sink(), threading.Event()
+    s.take(80, stop)
+    t, out = waiting(s, 40, stop)
+    stop.set()  # the run is being abandoned: the write gives up within the wait's period
+    t.join(5)
+    assert len(out) == 1 and not t.is_alive() and s.staged == 80
+
+
+def test_uploads_follow_each_other_each_starting_shortly_before_the_one_before_ends():
+    """The second upload starts only after the first ends (no speed known yet); later ones
+    start before the one before them ends, not at once, and never more than two at a time."""
+    import threading
+    import time
+
+    relay = stream.Relay()
+    spans: dict[int, list[float]] = {}
+    now_running = [0, 0]
+    lock = threading.Lock()
+
+    def upload(k: int) -> None:
+        with relay.turn(1_000_000, lambda: None):
+            with lock:
+                spans[k] = [time.monotonic()]
+                now_running[0] += 1
+                now_running[1] = max(now_running[1], now_running[0])
+            time.sleep(0.5)  # 1 MB at 2 MB/s
+            with lock:
+                now_running[0] -= 1
+                spans[k].append(time.monotonic())
+
+    threads = [threading.Thread(target=upload, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    order = sorted(spans.values())
+    assert now_running[1] == 2
+    assert order[1][0] >= order[0][1]  # the first is followed once done
+    later = list(itertools.pairwise(order[1:]))
+    assert any(nxt[0] < cur[1] for cur, nxt in later)  # then they overlap: the link never idles
+    assert all(nxt[0] > cur[0] + 0.25 for cur, nxt in later)  # but only near the end
 
 
 def test_a_budget_below_one_shard_is_refused_before_anything_is_written(hub, big, tmp_path):

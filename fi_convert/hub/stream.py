@@ -4,7 +4,7 @@ with 14 GB of disk.
 The source is read where it is: a local folder, or a Hub repo by byte ranges (`remote`), so
 it takes no disk. Output shards are written to a staging folder, each uploaded to the target
 in a commit of its own as soon as it is complete and then deleted, while the next ones are
-made; a shard is started only when the staged bytes leave room for it in `max_disk`.
+made; the staged bytes stay within `max_disk` (a shard's writes wait for room).
 
 The target repo is the run's journal: each shard's commit also writes `PROGRESS_NAME`, the
 plan's key and the SHA-256 and size of every shard uploaded so far. A rerun (on a bare machine,
@@ -19,12 +19,14 @@ again to be hashed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from ..errors import HubError, OutputError
 from ..pipeline import ProgressFn, resolve_device, write_shards
 from ..plan import MANIFEST_NAME, Plan, ShardPlan
 from ..source import INDEX_NAME
-from ..st_io import ShardWriter, SourceFiles, build_header
+from ..st_io import DiskRoom, ShardWriter, SourceFiles, build_header
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import LIBRARY, endpoint, is_offline, is_repo_id
 from .push import push_errors
@@ -78,10 +80,12 @@ class StreamResult:
 
 
 class Staging:
-    """The staging folder: where a shard is written before its upload (a `ShardDir`)."""
+    """The staging folder: where a shard is written before its upload (a `ShardDir`). With
+    `room`, every write draws on that disk budget."""
 
     def __init__(self, root: Path, source: SourceFiles) -> None:
         self.root, self.source = root, source
+        self.room: DiskRoom | None = None
 
     @classmethod
     def claim(cls, root: Path, source: SourceFiles) -> Staging:
@@ -108,17 +112,23 @@ class Staging:
         size = src.stat().st_size
         buf = torch.empty(min(COPY_PIECE, max(size, 1)), dtype=torch.uint8)
         h = hashlib.sha256()  # hashed as written, as every shard is
+        taken, stop = 0, threading.Event()
         try:
             with open(tmp, "wb") as f:
                 for off in range(0, size, COPY_PIECE):
                     piece = buf[: min(COPY_PIECE, size - off)]
                     self.source.read_bytes(src, off, piece)
                     data = piece.numpy().tobytes()
+                    if self.room is not None:
+                        self.room.take(len(data), stop)
+                        taken += len(data)
                     h.update(data)
                     f.write(data)
             os.replace(tmp, dst)
         except BaseException:
             tmp.unlink(missing_ok=True)
+            if self.room is not None and taken:
+                self.room.give(taken)
             raise
         return {"sha256": h.hexdigest(), "size": size}
 
@@ -130,15 +140,23 @@ class HubSink:
     """Uploads each finished shard in a commit of its own and keeps the staged bytes within
     `max_disk` (a `ShardSink`).
 
+    With `by_write` (shards made one at a time), the shard being made takes its bytes from the
+    budget as they are written (a `DiskRoom`): it starts at once and waits only when the disk
+    is full, so the source's reads go on while the uploads catch up. Shards made several at
+    once each reserve their whole size before they start instead: partial shards waiting for
+    each other's room could otherwise fill the budget and none finish.
+
     The bytes of one shard go up at a time, at the link's whole speed, so that each shard
     leaves the disk as soon as it can (two at once would share the link and stay staged twice
-    as long); its commit, small, is made on a thread of its own while the next shard's bytes
-    go up, so the link is not idle between shards."""
+    as long); the next shard's upload starts shortly before this one is expected to end (see
+    `Relay`), and each commit, small, is made on a thread of its own, so the link is not idle
+    between shards."""
 
     def __init__(self, api, repo_id: str, revision: str, key: str, staging: Staging,
                  max_disk: int, held: dict[str, dict], record: str = PROGRESS_NAME,
-                 ) -> None:  # fmt: skip
+                 by_write: bool = False) -> None:  # fmt: skip
         self.api, self.repo_id, self.revision, self.key = api, repo_id, revision, key
+        self.by_write = by_write
         self.record = record  # where this run's progress goes on the target
         self.staging, self.max_disk = staging, max_disk
         self.held = held  # shard -> meta the target holds already, for this plan
@@ -147,8 +165,9 @@ class HubSink:
         self.skipped: list[str] = []
         self.staged = 0  # bytes on disk or reserved for a shard being made
         self.peak = 0
-        self.room = threading.Condition()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-upload")
+        self.cond = threading.Condition()  # staged bytes or the failure changed
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="fi-convert-upload")
+        self.relay = Relay()
         self.commits = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-commit")
         self.pending: list[Future] = []
         self.failed: BaseException | None = None
@@ -157,22 +176,44 @@ class HubSink:
         if shard.name in self.held:
             self.skipped.append(shard.name)
             return self.held[shard.name]
+        if self.by_write:  # its writes take their room
+            with self.cond:
+                if self.failed is not None:
+                    raise self.failed
+            return None
         need = _file_size(shard)
-        with self.room:
+        with self.cond:
             while self.staged and self.staged + need > self.max_disk and self.failed is None:
-                self.room.wait(1.0)
+                self.cond.wait(1.0)
             if self.failed is not None:
                 raise self.failed
             self.staged += need
         return None
 
+    def take(self, n: int, stop: threading.Event) -> None:
+        """Room for `n` more bytes of the shard being made (`by_write`)."""
+        with self.cond:
+            while self.staged + n > self.max_disk and self.failed is None and not stop.is_set():
+                self.cond.wait(0.5)
+            if self.failed is not None:
+                raise self.failed
+            if stop.is_set():
+                raise OutputError("the run stopped")
+            self.staged += n
+            self.peak = max(self.peak, self.staged)
+
+    def give(self, n: int) -> None:
+        with self.cond:
+            self.staged -= n
+            self.cond.notify_all()
+
     def after(self, shard: ShardPlan, meta: dict) -> None:
         if shard.name in self.held:
             return
-        need = _file_size(shard)
-        with self.room:  # the reservation becomes the file
-            self.staged += meta["size"] - need
-            self.peak = max(self.peak, self.staged)
+        with self.cond:
+            if not self.by_write:  # the reservation becomes the file
+                self.staged += meta["size"] - _file_size(shard)
+                self.peak = max(self.peak, self.staged)
             if self.failed is not None:  # it will not go up: it goes
                 self._drop(shard.name, meta)
                 raise self.failed
@@ -183,12 +224,10 @@ class HubSink:
         from huggingface_hub import CommitOperationAdd
 
         try:
-            if self.failed is not None:
-                raise self.failed
             path = str(self.staging.root / name)
             op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=path)
             op.upload_info.sha256 = bytes.fromhex(meta["sha256"])  # hashed while written
-            with push_errors(self.repo_id):
+            with self.relay.turn(meta["size"], lambda: self.failed), push_errors(self.repo_id):
                 self.api.preupload_lfs_files(
                     self.repo_id, [op], repo_type="model", revision=self.revision, num_threads=1
                 )
@@ -201,7 +240,7 @@ class HubSink:
         stored = getattr(op, "_upload_mode", None) == "lfs"
         if stored:
             self._drop(name, meta)
-        with self.room:
+        with self.cond:
             self.pending.append(self.commits.submit(self._commit, name, op, meta, not stored))
 
     def _commit(self, name: str, op, meta: dict, staged: bool = True) -> None:
@@ -227,30 +266,30 @@ class HubSink:
             if staged:
                 self._fail(e, name, meta)
             else:
-                with self.room:
+                with self.cond:
                     self.failed = self.failed or e
-                    self.room.notify_all()
+                    self.cond.notify_all()
             raise
         if staged:
             self._drop(name, meta)
 
     def _fail(self, e: BaseException, name: str, meta: dict) -> None:
-        with self.room:
+        with self.cond:
             self.failed = self.failed or e
         self._drop(name, meta)
 
     def _drop(self, name: str, meta: dict) -> None:
         """The staged shard goes, and its bytes leave the budget."""
         (self.staging.root / name).unlink(missing_ok=True)
-        with self.room:
+        with self.cond:
             self.staged -= meta["size"]
-            self.room.notify_all()
+            self.cond.notify_all()
 
     def drain(self) -> None:
         """Wait for every upload and commit; raise the first failure."""
         i = 0
         while True:
-            with self.room:
+            with self.cond:
                 if i == len(self.pending):
                     break
                 f = self.pending[i]
@@ -262,12 +301,57 @@ class HubSink:
             raise self.failed
 
     def abandon(self) -> None:
-        with self.room:
+        with self.cond:
             self.failed = self.failed or OutputError("the run stopped")
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.commits.shutdown(wait=True, cancel_futures=True)
         for p in self.staging.root.glob("*.safetensors"):
             p.unlink(missing_ok=True)
+
+
+class Relay:
+    """Uploads that follow each other on the link: each one starts once the one before it is
+    expected to end within `lead` (a fifth of its time, at most MAX_LEAD s), so that the next
+    upload's API calls and the Hub's answer to the last bytes overlap the other's bytes and
+    the link does not idle between shards; at most two are under way. The expected end comes
+    from the speed measured over the uploads so far (the first is followed only when done)."""
+
+    LEAD = 0.2
+    MAX_LEAD = 2.0
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.running = 0
+        self.ends = 0.0  # when the latest upload is expected to end (monotonic seconds)
+        self.rate: float | None = None  # bytes per second, of the uploads so far
+        self._lead = 0.0
+
+    @contextlib.contextmanager
+    def turn(self, size: int, failed: Callable[[], BaseException | None]):
+        with self.cond:
+            while True:
+                if (e := failed()) is not None:
+                    raise e
+                now = time.monotonic()
+                if self.running == 0 or (self.running == 1 and now >= self.ends - self._lead):
+                    break
+                wait = self.ends - self._lead - now if self.running == 1 else 0.5
+                self.cond.wait(min(0.5, max(wait, 0.001)) if self.rate else 0.5)
+            self.running += 1
+            start = time.monotonic()
+            took = size / self.rate if self.rate else float("inf")
+            self.ends = max(self.ends, start) + took
+            self._lead = min(self.LEAD * took, self.MAX_LEAD)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.running -= 1
+                seen = size / max(time.monotonic() - start, 1e-6)
+                self.rate = seen if self.rate is None else 0.7 * self.rate + 0.3 * seen
+                if self.running == 0:
+                    self.ends = time.monotonic()
+                self.cond.notify_all()
 
 
 def _size(n: int) -> str:
@@ -402,12 +486,14 @@ def stream_to_hub(
         PROGRESS_NAME if part is None else f"{PROGRESS_DIR}progress-{part[0]}-of-{part[1]}.json"
     )
     mine = plan if part is None else part_of(plan, part)
-    sink = HubSink(api, repo_id, revision, key, staging, max_disk, held, record)
+    # a source read over the link: one shard at a time (its reads run ahead in the
+    # background), so each is done and goes up as soon as it can; shards made at once
+    # would share the link and all finish late
+    jobs = jobs if jobs > 0 or source.local else 1
+    sink = HubSink(api, repo_id, revision, key, staging, max_disk, held, record, jobs == 1)
+    if sink.by_write:
+        staging.room = sink
     try:
-        # a source read over the link: one shard at a time (its reads run ahead in the
-        # background), so each is done and goes up as soon as it can; shards made at once
-        # would share the link and all finish late
-        jobs = jobs if jobs > 0 or source.local else 1
         on_target = [s for s in mine.shards if s.name in held]  # an earlier run's: skipped
         resume = len(on_target), sum(s.nbytes for s in on_target)
         written = write_shards(mine, staging, source, dev, progress, jobs, sink, resume)
