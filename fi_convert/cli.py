@@ -363,11 +363,15 @@ def convert_cmd(
         raise _fail(e, debug) from None
     except KeyboardInterrupt as e:
         term = isinstance(e, Terminated)
-        kept = (out_dir / MANIFEST_NAME).is_file()  # a finished output not yet replaced
-        state = "still holds its finished output" if kept else "is incomplete (no manifest)"
+        if stream and push_to:  # the target is the journal a rerun resumes from
+            where = f"{escape(push_to)} holds no manifest yet"
+        else:
+            kept = (out_dir / MANIFEST_NAME).is_file()  # a finished output not yet replaced
+            state = "still holds its finished output" if kept else "is incomplete (no manifest)"
+            where = f"{escape(str(out_dir))} {state}"
         err.print(
-            f"[red]{'terminated' if term else 'interrupted'}[/red]: {escape(str(out_dir))} "
-            f"{state}; run the same command again to resume"
+            f"[red]{'terminated' if term else 'interrupted'}[/red]: {where}; run the same "
+            "command again to resume"
         )
         raise typer.Exit(143 if term else 130) from None
     s = {**res.summary(), **figures}

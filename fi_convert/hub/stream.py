@@ -24,11 +24,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import queue
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,9 +167,9 @@ class HubSink:
         self.staged = 0  # bytes on disk or reserved for a shard being made
         self.peak = 0
         self.cond = threading.Condition()  # staged bytes or the failure changed
-        self.pool = ThreadPoolExecutor(2, thread_name_prefix="fi-convert-upload")
+        self.pool = Workers(2, "fi-convert-upload")
         self.relay = Relay()
-        self.commits = ThreadPoolExecutor(1, thread_name_prefix="fi-convert-commit")
+        self.commits = Workers(1, "fi-convert-commit")
         self.pending: list[Future] = []
         self.failed: BaseException | None = None
 
@@ -301,12 +302,61 @@ class HubSink:
             raise self.failed
 
     def abandon(self) -> None:
+        """Stop: uploads and commits not begun are dropped, and those under way are not
+        waited for (an interrupted run stops at once; a shard's upload can take minutes).
+        What they send is whole or nothing: the Hub stores an upload only once all its bytes
+        came, and a commit at once."""
         with self.cond:
             self.failed = self.failed or OutputError("the run stopped")
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        self.commits.shutdown(wait=True, cancel_futures=True)
+            self.cond.notify_all()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.commits.shutdown(wait=False, cancel_futures=True)
         for p in self.staging.root.glob("*.safetensors"):
             p.unlink(missing_ok=True)
+
+
+class Workers:
+    """`n` daemon threads running submitted calls in order (a ThreadPoolExecutor whose
+    threads do not hold the process at exit: an interrupted run must not wait out an upload
+    under way)."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [
+            threading.Thread(target=self._work, name=f"{name}_{k}", daemon=True) for k in range(n)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, fn: Callable, *args: object) -> Future:
+        f: Future = Future()
+        self.jobs.put((f, fn, args))
+        return f
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            f, fn, args = job
+            if not f.set_running_or_notify_cancel():
+                continue
+            try:
+                f.set_result(fn(*args))
+            except BaseException as e:
+                f.set_exception(e)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            while True:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+        for _ in self.threads:
+            self.jobs.put(None)
+        if wait:
+            for t in self.threads:
+                t.join()
 
 
 class Relay:
