@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -39,6 +42,7 @@ if TYPE_CHECKING:  # the library (and torch) is imported by the commands that us
     from . import hub
     from .plan import Options, Plan
 
+T = TypeVar("T")
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 app = typer.Typer(
@@ -324,7 +328,9 @@ def convert_cmd(
                       max_disk, device, jobs, how, as_json, parts)  # fmt: skip
             return
         with Display(err, how, "downloading") as dl:
-            src = hub.resolve_source(model_dir, revision=revision, progress=dl.bytes_callback())
+            src = _in_background(
+                hub.resolve_source, model_dir, revision=revision, progress=dl.bytes_callback()
+            )
         if src.repo_id and how != "off":
             err.print(f"source: {src.repo_id} at {src.commit} ({escape(str(src.path))})")
         plan = make_plan(src.path, opts)
@@ -362,18 +368,15 @@ def convert_cmd(
     except FiConvertError as e:
         raise _fail(e, debug) from None
     except KeyboardInterrupt as e:
-        term = isinstance(e, Terminated)
         if stream and push_to:  # the target is the journal a rerun resumes from
             where = f"{escape(push_to)} holds no manifest yet"
+        elif not out_dir.exists():  # still downloading the source (kept in the Hub cache)
+            where = f"nothing was written to {escape(str(out_dir))} yet"
         else:
             kept = (out_dir / MANIFEST_NAME).is_file()  # a finished output not yet replaced
             state = "still holds its finished output" if kept else "is incomplete (no manifest)"
             where = f"{escape(str(out_dir))} {state}"
-        err.print(
-            f"[red]{'terminated' if term else 'interrupted'}[/red]: {where}; run the same "
-            "command again to resume"
-        )
-        raise typer.Exit(143 if term else 130) from None
+        raise _stopped(e, f"{where}; run the same command again to resume") from None
     s = {**res.summary(), **figures}
     if src.repo_id:
         s["source_repo"] = src.summary()
@@ -521,7 +524,8 @@ def _push_after_convert(
             "pass --base-model org/name to link it"
         )
     try:
-        return hub.push(
+        return _in_background(
+            hub.push,
             out_dir,
             repo_id,
             private=private,
@@ -668,7 +672,7 @@ def verify_cmd(
         if remote:
             from .hub.remote_verify import verify_remote
 
-            rep, read = verify_remote(
+            rep, read = verify_remote(  # in this thread: its temporary folder is removed
                 str(out_dir),
                 revision=revision,
                 source=source,
@@ -688,6 +692,9 @@ def verify_cmd(
             )
     except FiConvertError as e:
         raise _fail(e, debug) from None
+    except KeyboardInterrupt as e:
+        where = escape(str(out_dir))
+        raise _stopped(e, f"verify of {where} stopped; nothing was changed") from None
     # the bytes checked: every file's (hashed), or for a repo id what was read from the Hub
     checked = sum(r.get("bytes", 0) for r in read.values()) if remote else output_bytes(out_dir)
     figures = watch.figures(checked)
@@ -738,7 +745,8 @@ def push_cmd(
     show = err.is_terminal and not quiet and not as_json
     watch = Stopwatch()
     try:
-        res = hub.push(
+        res = _in_background(
+            hub.push,
             out_dir,
             repo_id,
             private=private,
@@ -748,6 +756,12 @@ def push_cmd(
         )
     except FiConvertError as e:
         raise _fail(e, debug) from None
+    except KeyboardInterrupt as e:
+        raise _stopped(
+            e,
+            f"{escape(repo_id)} holds no new manifest yet; run the same command again to "
+            "resume (what is uploaded is kept)",
+        ) from None
     figures = watch.figures(output_bytes(out_dir))
     if as_json:
         out.print_json(json.dumps({**res.summary(), **figures}))
@@ -791,6 +805,37 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (docker stop, a cancelled CI job): stopped and cleaned up as Ctrl-C is."""
 
 
+def _in_background(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)`, run on a daemon thread while this one waits, so that Ctrl-C
+    stops at once: huggingface_hub's transfer threads would otherwise hold the interrupted
+    main thread, and the exit, until their transfers end (minutes, or never on a stuck link).
+    What such work leaves behind is whole or nothing on the Hub and resumable locally."""
+    got: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            got["result"] = fn(*args, **kwargs)
+        except BaseException as e:
+            got["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="fi-convert-hub", daemon=True).start()
+    while not done.wait(0.25):
+        pass
+    if "error" in got:
+        raise got["error"]
+    return got["result"]
+
+
+def _stopped(e: KeyboardInterrupt, state: str) -> typer.Exit:
+    """One line for a run stopped by Ctrl-C (exit 130) or SIGTERM (143)."""
+    term = isinstance(e, Terminated)
+    err.print(f"[red]{'terminated' if term else 'interrupted'}[/red]: {state}")
+    return typer.Exit(143 if term else 130)
+
+
 _stopping = False
 
 
@@ -820,7 +865,17 @@ def main(argv: list[str] | None = None) -> None:
             )
             raise SystemExit(2)
         args.insert(0, "convert")
-    app(args=args, prog_name="fi-convert")
+    try:
+        app(args=args, prog_name="fi-convert")
+    except SystemExit as e:
+        if e.code in (130, 143) and threading.active_count() > 1:
+            # stopped, cleaned up and said so: threads still sending (huggingface_hub's, an
+            # upload under way) would hold the exit until their transfer ends, minutes later
+            # (the interpreter joins every thread pool's threads at exit, daemon or not)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(e.code)
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -430,6 +431,82 @@ def test_a_killed_push_resumes_and_skips_what_was_uploaded(hub, src, tmp_path):
     assert not set(again) & set(first)  # what the killed push uploaded was not sent again
     assert set(first) | set(again) == shards and len(again) == len(shards) - 2
     _check_pushed(hub, out)
+
+
+def test_ctrl_c_during_a_push_stops_at_once_in_one_line_and_it_resumes(hub, src, tmp_path):
+    """SIGINT while an upload is stuck: the push stops within seconds (huggingface_hub's
+    upload threads would hold the exit until their transfer ends), says so in one line and
+    exits 130; the target holds no manifest, and the same push then finishes."""
+    out = tmp_path / "out"
+    convert(src, out, Options(scheme="bf16", max_shard_bytes=100_000), device="cpu")
+    hold = hub.hold("PUT", r"^/lfs-upload/", after=1)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
+    }
+    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    args = ["push", out, TARGET, "--base-model", REPO]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", slow + LAUNCH, *map(str, args)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert hold.reached.wait(120), "the push never reached its second upload"
+        time.sleep(0.5)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - t
+    finally:
+        proc.kill()
+        hub.holds.clear()
+        hold.release()
+    assert proc.returncode == 130 and took < 10, (took, stderr)
+    assert stderr.strip() == (
+        f"interrupted: {TARGET} holds no new manifest yet; run the same command again to "
+        "resume (what is uploaded is kept)"
+    )
+    assert MANIFEST not in hub.files(TARGET)
+    assert cli("push", out, TARGET, "--base-model", REPO).exit_code == 0
+    _check_pushed(hub, out)
+
+
+def test_ctrl_c_during_a_download_stops_at_once_in_one_line(hub, src, tmp_path):
+    """SIGINT while a source shard's download is stuck: one line, exit 130, within seconds
+    (huggingface_hub's download threads would hold the exit), and no output folder made."""
+    hub.add_repo(REPO, repo_files(src))
+    hold = hub.hold("GET", r"^/cdn/", after=0)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
+    }
+    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    out = tmp_path / "out"
+    args = [REPO, out, "--scheme", "bf16", "--device", "cpu"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", slow + LAUNCH, *map(str, args)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert hold.reached.wait(120), "the download never began"
+        time.sleep(0.5)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - t
+    finally:
+        proc.kill()
+        hub.holds.clear()
+        hold.release()
+    assert proc.returncode == 130 and took < 10, (took, stderr)
+    assert stderr.strip() == (
+        f"interrupted: nothing was written to {out} yet; run the same command again to resume"
+    )
+    assert not out.exists()
 
 
 def test_pushing_again_changes_nothing_and_a_new_conversion_replaces_the_old(hub, src, tmp_path):
