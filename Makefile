@@ -75,6 +75,7 @@ bench: install
 	$(PY) scripts/bench.py --out bench-out
 	$(PY) scripts/bench_vllm_load.py --out bench-out
 	$(PY) scripts/bench_hub.py --out bench-out
+	$(PY) scripts/bench_cli_sync.py --out bench-out
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) demo .pytest_cache .mypy_cache .ruff_cache
