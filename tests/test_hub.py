@@ -131,6 +131,34 @@ def shard_shas(out: Path) -> set[str]:
 # ---- the source: a repo id ----
 
 
+def interrupt_cli(hub, tmp_path: Path, args: list, hold, settle: float = 0.5):
+    """Run the CLI in a process of its own until `hold` holds one of its requests, then
+    SIGINT it: (exit code, stderr, seconds it took to stop)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
+    }
+    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    # a shell that starts a job in the background ignores SIGINT for it: undo that
+    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", slow + LAUNCH, *map(str, args)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert hold.reached.wait(120), "the run never reached the held request"
+        time.sleep(settle)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+        return proc.returncode, stderr, time.monotonic() - t
+    finally:
+        proc.kill()
+        hub.holds.clear()
+        hold.release()
+
+
 def test_no_test_reaches_off_loopback(hub):
     with pytest.raises(OSError, match="test guard"):
         socket.create_connection(("huggingface.co", 443), timeout=1)
@@ -440,30 +468,10 @@ def test_ctrl_c_during_a_push_stops_at_once_in_one_line_and_it_resumes(hub, src,
     out = tmp_path / "out"
     convert(src, out, Options(scheme="bf16", max_shard_bytes=100_000), device="cpu")
     hold = hub.hold("PUT", r"^/lfs-upload/", after=1)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
-    }
-    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
-    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-    args = ["push", out, TARGET, "--base-model", REPO]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", slow + LAUNCH, *map(str, args)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert hold.reached.wait(120), "the push never reached its second upload"
-        time.sleep(0.5)
-        t = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-        took = time.monotonic() - t
-    finally:
-        proc.kill()
-        hub.holds.clear()
-        hold.release()
-    assert proc.returncode == 130 and took < 10, (took, stderr)
+    code, stderr, took = interrupt_cli(
+        hub, tmp_path, ["push", out, TARGET, "--base-model", REPO], hold
+    )
+    assert code == 130 and took < 10, (took, stderr)
     assert stderr.strip() == (
         f"interrupted: {TARGET} holds no new manifest yet; run the same command again to "
         "resume (what is uploaded is kept)"
@@ -478,31 +486,10 @@ def test_ctrl_c_during_a_download_stops_at_once_in_one_line(hub, src, tmp_path):
     (huggingface_hub's download threads would hold the exit), and no output folder made."""
     hub.add_repo(REPO, repo_files(src))
     hold = hub.hold("GET", r"^/cdn/", after=0)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
-    }
-    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
-    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     out = tmp_path / "out"
     args = [REPO, out, "--scheme", "bf16", "--device", "cpu"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", slow + LAUNCH, *map(str, args)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert hold.reached.wait(120), "the download never began"
-        time.sleep(0.5)
-        t = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-        took = time.monotonic() - t
-    finally:
-        proc.kill()
-        hub.holds.clear()
-        hold.release()
-    assert proc.returncode == 130 and took < 10, (took, stderr)
+    code, stderr, took = interrupt_cli(hub, tmp_path, args, hold)
+    assert code == 130 and took < 10, (took, stderr)
     assert stderr.strip() == (
         f"interrupted: nothing was written to {out} yet; run the same command again to resume"
     )

@@ -543,38 +543,17 @@ def test_ctrl_c_while_uploads_are_under_way_stops_at_once_in_one_line(hub, big, 
     """SIGINT while a shard's upload is stuck and the next shard's writes wait for room: the
     run stops within seconds (it does not wait out the uploads), says so in one line, exits
     130, and leaves no manifest on the target."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from .test_hub import LAUNCH, ROOT, _hf_env
+    from .test_hub import interrupt_cli
 
     hub.add_repo(SRC, repo_files(big))
     hold = hub.hold("PUT", r"^/lfs-upload/", after=1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
-    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
     args = [
-        "convert", SRC, str(tmp_path / "staging"), "--scheme", "bf16", "--device", "cpu",
+        "convert", SRC, tmp_path / "staging", "--scheme", "bf16", "--device", "cpu",
         "--push-to", TARGET, "--max-shard-size", "1000000", "--max-disk", "2.5MiB",
     ]  # fmt: skip
-    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-    p = subprocess.Popen(
-        [sys.executable, "-c", slow + LAUNCH, *args],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert hold.reached.wait(120), "the stream never reached its second upload"
-        time.sleep(1.0)  # the next shards are made until the disk is full
-        t = time.monotonic()
-        p.send_signal(signal.SIGINT)
-        _, stderr = p.communicate(timeout=30)
-        took = time.monotonic() - t
-    finally:
-        p.kill()
-        hold.release()
-    assert p.returncode == 130, stderr
+    # after a second the next shards are made until the disk is full
+    code, stderr, took = interrupt_cli(hub, tmp_path, args, hold, settle=1.0)
+    assert code == 130, stderr
     assert took < 10, took
     said = stderr.strip().splitlines()[-1]  # after the source's line
     assert said == (
