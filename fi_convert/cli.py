@@ -503,7 +503,7 @@ def _streamed(
         f"[green]pushed[/green]: {len(plan.layers)} MoE layers -> {escape(res.url)} "
         f"({plan.scheme.value}, {plan.options.backend.value}, tp {plan.options.tp_size}; "
         f"{len(res.uploaded)} shards uploaded{again}, {figures_text(figures)}, peak staged "
-        f"{res.peak_disk / 2**30:.2f} GiB; commit {(res.commit or '')[:12]})"
+        f"{size(res.peak_disk)}; commit {(res.commit or '')[:12]})"
     )
 
 

@@ -319,6 +319,14 @@ def test_the_cli_streams_a_hub_source_with_push_to(hub, big, local_out, tmp_path
 
     path = snapshot_download(TARGET, cache_dir=tmp_path / "dl")
     assert cli("verify", path).exit_code == 0
+    # run again: nothing to convert or upload, said in our line, not huggingface_hub's
+    r = cli(
+        "convert", SRC, out, "--scheme", "bf16", "--device", "cpu", "--push-to", TARGET,
+        "--max-shard-size", "1000000", "--max-disk", "64MiB",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "0 shards uploaded" in r.stdout and "already there" in r.stdout
+    assert "No files have been modified" not in r.stdout + r.stderr
 
 
 def test_a_push_target_that_cannot_be_written_fails_before_any_work(hub, big, tmp_path):

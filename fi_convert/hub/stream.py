@@ -594,7 +594,9 @@ def stream_to_hub(
         CommitOperationAdd(MANIFEST_NAME, manifest),
     ]
     what = f"{m['scheme']} ({m['backend']}, TP {m['tp_size']})"
-    with push_errors(repo_id):
+    # a rerun of a finished stream changes nothing: huggingface_hub then logs that it skips
+    # an empty commit, which the run's own line ("N already there") says already
+    with push_errors(repo_id), _quiet("huggingface_hub.hf_api"):
         info = api.create_commit(
             repo_id=repo_id,
             repo_type="model",
@@ -614,6 +616,20 @@ def stream_to_hub(
         base_model,
         written.warnings,
     )
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    """Logger `name` says only errors, for the duration."""
+    import logging
+
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _stale(path: str, keep: set[str]) -> bool:
