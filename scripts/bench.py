@@ -156,17 +156,22 @@ def peak_rss(src: Path, out: Path, device: str, max_memory: int) -> tuple[float,
     return peak, base
 
 
-def bench_size(root: Path, label: str, experts: int, args) -> dict:
-    spec = Spec(
+def ds_spec(moe_layers: int, experts: int, shards: int = 4) -> Spec:
+    """A DeepSeek-V3-shaped checkpoint: one dense layer, then `moe_layers` of `experts`."""
+    return Spec(
         "deepseek-v3",
-        layers=args.layers + 1,
+        layers=moe_layers + 1,
         dense_layers=1,
         experts=experts,
         hidden=H,
         intermediate=INTER,
-        shards=4,
+        shards=shards,
         vocab=1024,
     )
+
+
+def bench_size(root: Path, label: str, experts: int, args) -> dict:
+    spec = ds_spec(args.layers, experts)
     src = write_checkpoint(root / f"src-{label}", spec)
     out, cp_out = root / f"out-{label}", root / f"cp-{label}"
     row: dict = {"source_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors"))}

@@ -46,21 +46,13 @@ def timed(cmd: str) -> tuple[float, float, float]:
 
 
 def measure(root: Path, experts: int, args) -> dict:
-    from bench import INTER, H, cpu_seconds
+    from bench import cpu_seconds, ds_spec
 
     from fi_convert.names import DEFAULT_MAX_MEMORY
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.synthetic import write_checkpoint
 
-    spec = Spec(
-        "deepseek-v3",
-        layers=args.layers + 1,
-        dense_layers=1,
-        experts=experts,
-        hidden=H,
-        intermediate=INTER,
-        shards=max(4, experts // 4),  # shards of about 2 GB: each is made in memory
-        vocab=1024,
-    )
+    # shards of about 2 GB: each is made in memory
+    spec = ds_spec(args.layers, experts, shards=max(4, experts // 4))
     src = write_checkpoint(root / f"src-{experts}", spec)
     out, copy = root / "out", root / "cp"
     size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
