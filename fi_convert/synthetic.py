@@ -8,7 +8,9 @@ Used by `make demo`, `make bench` and the tests. Weights are random; FP8 weights
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -224,56 +226,58 @@ def _config(spec: Spec, quant: str) -> dict:
     return cfg
 
 
-def _tensors(spec: Spec, quant: str) -> dict[str, torch.Tensor]:
+def _tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors in order, made one layer (or one expert) at a time."""
     g = torch.Generator().manual_seed(spec.seed)
     h, i, e = spec.hidden, spec.intermediate, spec.experts
     expert = MAKERS.get(quant, _bf16)
     mk = _fp8_block if quant == "fp8-block" else _bf16  # non-expert linears
     bf = lambda *s: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731
-    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": bf(spec.vocab, h)}
 
-    def add(prefix: str, parts: dict[str, torch.Tensor]) -> None:
-        for k, v in parts.items():
-            t[f"{prefix}.{k}"] = v
+    def parts(prefix: str, made: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+        for k, v in made.items():
+            yield f"{prefix}.{k}", v
 
+    yield "model.embed_tokens.weight", bf(spec.vocab, h)
     for layer in range(spec.layers):
         p = f"model.layers.{layer}"
-        t[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-        t[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        yield f"{p}.input_layernorm.weight", torch.ones(h, dtype=torch.bfloat16)
+        yield f"{p}.post_attention_layernorm.weight", torch.ones(h, dtype=torch.bfloat16)
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            add(f"{p}.self_attn.{proj}", mk((h, h), g))
+            yield from parts(f"{p}.self_attn.{proj}", mk((h, h), g))
         moe = layer >= spec.dense_layers or spec.family != "deepseek-v3"
         if not moe:
-            add(f"{p}.mlp.gate_proj", mk((2 * i, h), g))
-            add(f"{p}.mlp.up_proj", mk((2 * i, h), g))
-            add(f"{p}.mlp.down_proj", mk((h, 2 * i), g))
+            yield from parts(f"{p}.mlp.gate_proj", mk((2 * i, h), g))
+            yield from parts(f"{p}.mlp.up_proj", mk((2 * i, h), g))
+            yield from parts(f"{p}.mlp.down_proj", mk((h, 2 * i), g))
             continue
         if spec.family == "gpt-oss":
-            t.update(_gpt_oss_experts(p, e, h, i, g))
+            yield from _gpt_oss_experts(p, e, h, i, g).items()
             continue
         if spec.family == "mixtral":
-            t[f"{p}.block_sparse_moe.gate.weight"] = bf(e, h)
+            yield f"{p}.block_sparse_moe.gate.weight", bf(e, h)
             for x in range(e):
                 for w, shape in (("w1", (i, h)), ("w2", (h, i)), ("w3", (i, h))):
-                    add(f"{p}.block_sparse_moe.experts.{x}.{w}", expert(shape, g))
+                    yield from parts(f"{p}.block_sparse_moe.experts.{x}.{w}", expert(shape, g))
             continue
-        t[f"{p}.mlp.gate.weight"] = bf(e, h)
+        yield f"{p}.mlp.gate.weight", bf(e, h)
         if spec.family == "deepseek-v3":
-            t[f"{p}.mlp.gate.e_score_correction_bias"] = torch.randn(e, generator=g)
-            add(f"{p}.mlp.shared_experts.gate_proj", mk((i, h), g))
-            add(f"{p}.mlp.shared_experts.up_proj", mk((i, h), g))
-            add(f"{p}.mlp.shared_experts.down_proj", mk((h, i), g))
+            yield f"{p}.mlp.gate.e_score_correction_bias", torch.randn(e, generator=g)
+            yield from parts(f"{p}.mlp.shared_experts.gate_proj", mk((i, h), g))
+            yield from parts(f"{p}.mlp.shared_experts.up_proj", mk((i, h), g))
+            yield from parts(f"{p}.mlp.shared_experts.down_proj", mk((h, i), g))
         if spec.family == "qwen3-moe-fused":
-            t[f"{p}.mlp.experts.gate_up_proj"] = bf(e, 2 * i, h)
-            t[f"{p}.mlp.experts.down_proj"] = bf(e, h, i)
+            yield f"{p}.mlp.experts.gate_up_proj", bf(e, 2 * i, h)
+            yield f"{p}.mlp.experts.down_proj", bf(e, h, i)
             continue
         for x in range(e):
+            one: dict[str, torch.Tensor] = {}
             for w, shape in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i))):
-                add(f"{p}.mlp.experts.{x}.{w}", expert(shape, g))
-            _share_global_scale(t, f"{p}.mlp.experts.{x}", differ=x == e - 1)
-    t["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-    t["lm_head.weight"] = bf(spec.vocab, h)
-    return t
+                one.update(parts(f"{p}.mlp.experts.{x}.{w}", expert(shape, g)))
+            _share_global_scale(one, f"{p}.mlp.experts.{x}", differ=x == e - 1)
+            yield from one.items()
+    yield "model.norm.weight", torch.ones(h, dtype=torch.bfloat16)
+    yield "lm_head.weight", bf(spec.vocab, h)
 
 
 def _share_global_scale(t: dict, prefix: str, differ: bool) -> None:
@@ -323,18 +327,22 @@ def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
         raise ValueError(f"unknown quant {quant!r}; one of {', '.join(MAKERS)}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    tensors = _tensors(spec, quant)
-    names = list(tensors)
-    n = max(1, min(spec.shards, len(names)))
-    per = -(-len(names) // n)
+    # the names first, from the same spec at a tiny size (the names do not depend on it), so
+    # that each shard is made, written and let go in turn: never the whole checkpoint in memory
+    tiny = replace(spec, hidden=128, intermediate=128, vocab=8)
+    count = sum(1 for _ in _tensors(tiny, quant))
+    n = max(1, min(spec.shards, count))
+    per = -(-count // n)
     weight_map, total = {}, 0
+    made = _tensors(spec, quant)
     for k in range(n):
-        part = {nm: tensors[nm].contiguous() for nm in names[k * per : (k + 1) * per]}
+        part = {nm: v.contiguous() for nm, v in islice(made, per)}
         fname = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
         save_file(part, root / fname, metadata={"format": "pt"})
         for nm, v in part.items():
             weight_map[nm] = fname
             total += v.numel() * v.element_size()
+        del part
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     cfg = _config(spec, quant)
