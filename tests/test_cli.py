@@ -202,6 +202,52 @@ def test_console_script_json_stdout_is_only_json(ckpts, tmp_path):
     assert (tmp_path / "out" / MANIFEST).is_file()
 
 
+_LEAVE = """
+import atexit, sys
+from fi_convert.cli import main
+atexit.register(lambda: print("atexit ran", flush=True))
+sys.argv = ["fi-convert", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_the_process_exits_at_once_with_its_status_and_all_said(ckpts, tmp_path, ok):
+    """The console script leaves without the interpreter's teardown once torch is loaded
+    (about a second on a 2-core runner): its exit status, stdout and stderr are kept and
+    atexit handlers still run."""
+    out = tmp_path / "out"
+    src = ckpts["deepseek-v3"] if ok else tmp_path / "missing"
+    if not ok:
+        src.mkdir()  # a folder without a checkpoint: an error after torch was imported
+    args = [str(src), str(out), "--scheme", "fp8-block", "--json"]
+    r = subprocess.run([sys.executable, "-c", _LEAVE, *args], capture_output=True, text=True)
+    assert "atexit ran" in r.stdout
+    if ok:
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.replace("atexit ran", ""))["scheme"] == "fp8-block"
+        check_output_complete(src, out)
+    else:
+        assert r.returncode == 1, r.stderr
+        assert "error:" in r.stderr and "Traceback" not in r.stderr
+        assert not (out / MANIFEST).exists()
+
+
+def test_leave_now_exits_as_system_exit_would(tmp_path):
+    code = (
+        "import atexit, sys\n"
+        "from fi_convert import cli\n"
+        "atexit.register(lambda: sys.stdout.write('bye'))\n"
+        "sys.stdout.write('unflushed ')\n"
+        "cli._leave_now(sys.argv[1] if sys.argv[1] != 'none' else None)\n"
+    )
+    for arg, status in (("none", 0), ("a message", 1)):
+        r = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True)
+        assert r.returncode == status
+        assert r.stdout == "unflushed bye"
+        assert r.stderr == ("a message\n" if status else "")
+
+
 def test_help_and_usage_errors_do_not_import_torch(tmp_path):
     """`--help`, `version` and a mistyped option answer without importing torch (seconds on a
     small machine); the library's names still load on use."""

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -447,6 +448,25 @@ def test_host_buffers_fit_the_budget(src, pinned):
             assert (DEPTH + 1) * ring + stage <= budget, (o.name, budget)
             if n < o.rank_shape[0]:  # and no more experts would fit: the most the budget allows
                 assert _host_bytes((n + 1) * per, pinned) > budget, (o.name, budget)
+
+
+def test_cpu_chunks_stay_small_whatever_the_budget(tmp_path):
+    """On CPU a chunk holds at most CPU_CHUNK bytes (one expert when an expert is larger), so
+    a large budget does not make the ring's buffers large (their first touch costs 0.9 s per
+    GiB on a 2-core VM, and small ones stay in the caches); on CUDA the budget decides."""
+    from fi_convert.pipeline import CPU_CHUNK, _Ring
+
+    spec = Spec("qwen3-moe", layers=1, experts=64, hidden=1024, intermediate=1536, shards=1)
+    plan = make_plan(write_checkpoint(tmp_path / "m", spec), Options(SchemeName.BF16))
+    w13 = next(o for o in plan.layers[0].outputs if o.name == "w13_weight")
+    assert w13.expert_nbytes == 2 * 1536 * 1024 * 2  # 6 MiB: two fit in CPU_CHUNK
+    budget = 2**30
+    cpu, cuda = _Ring(plan, budget, False, CPU_CHUNK), _Ring(plan, budget, False)
+    assert cpu.experts(w13) == CPU_CHUNK // w13.expert_nbytes == 2
+    assert cpu.capacity <= CPU_CHUNK
+    assert cuda.experts(w13) > 8 and cuda.capacity > 8 * CPU_CHUNK // 2
+    one = replace(w13, rank_shape=(64, 8 * 1536, 1024))  # 24 MiB per expert
+    assert one.expert_nbytes > CPU_CHUNK and _Ring(plan, budget, False, CPU_CHUNK).experts(one) == 1
 
 
 _RSS_CHILD = """
