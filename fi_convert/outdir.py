@@ -333,6 +333,7 @@ class OutDir:
 
     def __init__(self, root: Path, plan: Plan, overwrite: bool, fsync: bool = True) -> None:
         self.root, self.plan, self.overwrite, self.fsync = root, plan, overwrite, fsync
+        self.writeback = fsync  # shards made durable before the manifest: write back early
         self.key = plan.key()
         self.state_dir = root / STATE_DIR
         self.done: dict[str, dict] = {}

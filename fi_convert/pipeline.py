@@ -173,6 +173,7 @@ class ShardDir(Protocol):
 
     root: Path
     room: DiskRoom | None  # a disk budget the writers draw on, if any
+    writeback: bool  # files to be made durable: their writes go on to the disk at once
 
     def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict: ...
 
@@ -563,7 +564,7 @@ class _Pipeline:
 def _write_shard(
     shard: ShardPlan, ctx: Ctx, plan: Plan, od: ShardDir, tr: _Tracker, ring: _Ring, run: _Shards
 ) -> ShardWriter:
-    w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items], od.room)
+    w = ShardWriter(od.root / shard.name, [it.entry for it in shard.items], od.room, od.writeback)
     try:
         pipe = _Pipeline(w, ring, run.cancel)
     except BaseException:

@@ -9,11 +9,13 @@ renames it into place when complete.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
 import mmap
 import os
+import queue
 import stat
 import struct
 import threading
@@ -389,6 +391,64 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 _BUG = "; this is a bug in fi-convert - please report it"
 
 
+def _libc_sync_file_range() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class Writeback:
+    """Asks the kernel to start writing ranges just written to disk (`sync_file_range` with
+    SYNC_FILE_RANGE_WRITE), on a thread of its own so that no writer waits for the disk.
+    Without it the kernel starts only once a tenth of the memory is dirty: on the 2-core VM
+    the disk idled through the first 2-3 s of a conversion, then the end waited for it.
+    Advisory: the fsync before the manifest makes the files durable and reports errors.
+    Each writer gives it a duplicate of its file descriptor, closed here after its ranges."""
+
+    START_WRITE = 2  # SYNC_FILE_RANGE_WRITE
+    STEP = 8 * 2**20  # ranges of at least this many bytes
+
+    def __init__(self) -> None:
+        self.fn = _libc_sync_file_range()
+        self.jobs: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def open(self, fd: int) -> int:
+        """A descriptor for `start` and `close` (-1: none, where the kernel has no call)."""
+        if self.fn is None:
+            return -1
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name="fi-convert-writeback", daemon=True
+                )
+                self.thread.start()
+        return os.dup(fd)
+
+    def start(self, fd: int, offset: int, nbytes: int) -> None:
+        self.jobs.put((fd, offset, nbytes))
+
+    def close(self, fd: int) -> None:
+        self.jobs.put((fd, -1, 0))
+
+    def _run(self) -> None:
+        while True:
+            fd, offset, nbytes = self.jobs.get()
+            if offset < 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            else:  # errors are the fsync's to report
+                self.fn(fd, offset, nbytes, self.START_WRITE)
+
+
+WRITEBACK = Writeback()
+
+
 class DiskRoom(Protocol):
     """A disk budget a writer draws on as it writes (a streamed run's staging): `take` waits
     until `n` more bytes fit, and raises instead once the run failed or `stop` is set; `give`
@@ -407,10 +467,17 @@ class ShardWriter:
     then hashes them from the page cache). `finish()` checks every byte was written and
     renames into place; `abort()` removes the temporary file. The final name never holds a
     partial file. With `room`, each write first takes its bytes from that disk budget, and
-    `abort` gives them back.
+    `abort` gives them back. With `writeback`, the disk starts writing the bytes behind the
+    writes (`Writeback`), for a file that is to be made durable.
     """
 
-    def __init__(self, path: Path, entries: list[OutEntry], room: DiskRoom | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        entries: list[OutEntry],
+        room: DiskRoom | None = None,
+        writeback: bool = False,
+    ) -> None:
         self.path, self.room = path, room
         self.tmp = path.with_name(path.name + TMP_SUFFIX)
         try:
@@ -426,12 +493,15 @@ class ShardWriter:
         self.stop = threading.Event()  # set: a write waiting for room gives up
         self.error: OutputError | None = None
         self._copy = "copy_file_range"  # then "sendfile", then "bounce" if those cannot
-        self._fd = -1
+        self._fd = self._wb = -1
+        self._wb_from = 0  # bytes before this offset were given to WRITEBACK
         try:  # read too: hash_written maps what was written
             self._fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as e:
             raise OutputError(f"{self.tmp}: cannot create ({e.strerror})") from None
         try:
+            if writeback:
+                self._wb = WRITEBACK.open(self._fd)
             self.write_bytes(self.header)
         except BaseException:
             self.abort()
@@ -456,6 +526,17 @@ class ShardWriter:
         if hash_it:
             self.sha.update(data)
         self.written += len(data)
+        self._written_back()
+
+    def _written_back(self) -> None:
+        if self._wb >= 0 and self.written - self._wb_from >= WRITEBACK.STEP:
+            WRITEBACK.start(self._wb, self._wb_from, self.written - self._wb_from)
+            self._wb_from = self.written
+
+    def _end_writeback(self) -> None:
+        if self._wb >= 0:
+            WRITEBACK.close(self._wb)
+            self._wb = -1
 
     def copy_from(self, src_fd: int, offset: int, nbytes: int, src_path: Path) -> None:
         """Append `nbytes` of `src_fd` from `offset`, copied in the kernel where it can be
@@ -473,6 +554,7 @@ class ShardWriter:
         except OSError as e:
             raise self._failed(e) from None
         self.written += nbytes
+        self._written_back()
 
     def _take(self, n: int) -> None:
         if self.room is not None:
@@ -516,6 +598,7 @@ class ShardWriter:
         if self.written != self.total:
             self.abort()
             raise RuntimeError(f"{self.path}: wrote {self.written} of {self.total} bytes")
+        self._end_writeback()
         try:  # durable later: the converter fsyncs every file before the manifest
             os.close(self._fd)
             self._fd = -1
@@ -546,6 +629,7 @@ class ShardWriter:
 
     def abort(self) -> None:
         self.stop.set()
+        self._end_writeback()
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)

@@ -87,6 +87,7 @@ class Staging:
     def __init__(self, root: Path, source: SourceFiles) -> None:
         self.root, self.source = root, source
         self.room: DiskRoom | None = None
+        self.writeback = False  # uploaded from the page cache and removed: never synced
 
     @classmethod
     def claim(cls, root: Path, source: SourceFiles) -> Staging:
