@@ -6,7 +6,7 @@ user runs it, against `cp -r SRC DST && sync` of the same folder, side by side i
 
 The checkpoints have DeepSeek-V3's shapes (hidden 7168, expert intermediate 2048, FP8 128x128
 blocks, full attention), 8 MoE layers and one dense one, and 16 and 32 experts per layer
-(about 8 and 16 GB; the synthetic writer makes one shard of about 2 GB at a time). Each is
+(8.0 and 13.6 GB; the synthetic writer makes one shard of about 2 GB at a time). Each is
 read once before its runs (warm where it fits the page cache), and the runs alternate (cp,
 fi-convert, cp, ...), each after a `sync` and with its output removed, so that a slow spell
 of the disk falls on both. Reported: medians of wall time, and
