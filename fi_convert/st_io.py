@@ -428,7 +428,10 @@ class Writeback:
                     target=self._run, name="fi-convert-writeback", daemon=True
                 )
                 self.thread.start()
-        return os.dup(fd)
+        try:
+            return os.dup(fd)
+        except OSError:  # out of descriptors: the kernel writes back on its own, later
+            return -1
 
     def start(self, fd: int, offset: int, nbytes: int) -> None:
         self.jobs.put((fd, offset, nbytes))
@@ -526,9 +529,9 @@ class ShardWriter:
         if hash_it:
             self.sha.update(data)
         self.written += len(data)
-        self._written_back()
+        self._start_writeback()
 
-    def _written_back(self) -> None:
+    def _start_writeback(self) -> None:
         if self._wb >= 0 and self.written - self._wb_from >= WRITEBACK.STEP:
             WRITEBACK.start(self._wb, self._wb_from, self.written - self._wb_from)
             self._wb_from = self.written
@@ -554,7 +557,7 @@ class ShardWriter:
         except OSError as e:
             raise self._failed(e) from None
         self.written += nbytes
-        self._written_back()
+        self._start_writeback()
 
     def _take(self, n: int) -> None:
         if self.room is not None:
