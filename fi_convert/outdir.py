@@ -333,7 +333,6 @@ class OutDir:
 
     def __init__(self, root: Path, plan: Plan, overwrite: bool, fsync: bool = True) -> None:
         self.root, self.plan, self.overwrite, self.fsync = root, plan, overwrite, fsync
-        self.writeback = fsync  # shards made durable before the manifest: write back early
         self.key = plan.key()
         self.state_dir = root / STATE_DIR
         self.done: dict[str, dict] = {}
@@ -349,6 +348,11 @@ class OutDir:
         self.lock = threading.Lock()  # the journal, written from the shard workers
         self.claim_lock = threading.Lock()
         self._lock_fd: int | None = None
+
+    @property
+    def writeback(self) -> bool:
+        """Shards are made durable before the manifest: their bytes go on to the disk early."""
+        return self.fsync
 
     def __enter__(self) -> OutDir:
         check_out_dir(self.plan, self.root)

@@ -173,11 +173,15 @@ class ShardDir(Protocol):
 
     root: Path
     room: DiskRoom | None  # a disk budget the writers draw on, if any
-    writeback: bool  # files to be made durable: their writes go on to the disk at once
 
     def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict: ...
 
     def copy_file(self, src: Path, rel: str) -> dict: ...
+
+    @property
+    def writeback(self) -> bool:
+        """Files to be made durable: their writes go on to the disk at once."""
+        ...
 
 
 @dataclass

@@ -16,6 +16,8 @@ from fi_convert import Options, SchemeName, convert, st_io
 from fi_convert.st_io import ShardWriter, Writeback
 from fi_convert.synthetic import Spec, write_checkpoint
 
+from .test_reliability import _files
+
 pytestmark = pytest.mark.skipif(
     st_io.WRITEBACK.fn is None, reason="the kernel has no sync_file_range (not Linux)"
 )
@@ -91,10 +93,6 @@ def test_an_aborted_writer_closes_its_descriptor(tmp_path, calls):
 def src(tmp_path_factory) -> Path:
     spec = Spec("deepseek-v3", layers=3, experts=6, hidden=256, intermediate=256, shards=3)
     return write_checkpoint(tmp_path_factory.mktemp("wb") / "m", spec)
-
-
-def _files(d: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
 
 
 def test_a_durable_conversion_writes_back_every_shard_and_the_same_bytes(src, tmp_path, calls):
