@@ -103,37 +103,39 @@ def main() -> None:
     if args.row is not None:
         args.row.write_text(json.dumps(measure(args.row.parent, int(args.experts), args)))
         return
-    rows = []
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    result = {"cpus": len(os.sched_getaffinity(0)), "memory_bytes": mem, "sizes": []}
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"fi-convert ... && sync vs cp -r ... && sync ({result['cpus']} CPUs, "
+        f"{mem / 2**30:.0f} GiB; medians of {args.repeat}, wall s and CPU user + sys s):",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(dir=args.tmp, prefix="fi-convert-bench-sync-") as tmp:
         for e in (x for x in args.experts.split(",") if x):
             # each size in a fresh process: what making and converting the last one left in
             # this one's heap is not held while the next is made (16 GB on a 24 GiB machine)
-            row = Path(tmp) / f"row-{e}.json"
-            cmd = [sys.executable, __file__, "--row", str(row), "--experts", e]
+            row_file = Path(tmp) / f"row-{e}.json"
+            cmd = [sys.executable, __file__, "--row", str(row_file), "--experts", e]
             cmd += ["--layers", str(args.layers), "--repeat", str(args.repeat)]
             done = subprocess.run([*cmd, "--device", args.device])
             if done.returncode:  # out of disk or memory: the other sizes are still reported
-                print(f"{e} experts: not measured (exit {done.returncode})")
+                print(f"{e} experts: not measured (exit {done.returncode})", flush=True)
                 continue
-            rows.append(json.loads(row.read_text()))
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    result = {"cpus": len(os.sched_getaffinity(0)), "memory_bytes": mem, "sizes": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench-cli-sync.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        f"fi-convert ... && sync vs cp -r ... && sync ({result['cpus']} CPUs, "
-        f"{mem / 2**30:.0f} GiB; medians of {args.repeat}, wall s and CPU user + sys s):"
-    )
-    for r in rows:
-        c, f = r["cp_sync"], r["convert_sync"]
-        print(
-            f"  {r['source_bytes'] / 1e9:5.2f} GB  cp+sync {c['wall_s']:6.2f} "
-            f"({c['user_s']:.1f} + {c['sys_s']:.1f})  convert+sync {f['wall_s']:6.2f} "
-            f"({f['user_s']:.1f} + {f['sys_s']:.1f})  ratio {r['ratio']:.2f} "
-            f"(turns {', '.join(f'{x:.2f}' for x in r['ratios_per_turn'])}; goal <= 1.5)"
-        )
-        cpu = r["cpu_s_by_activity"]
-        print("    CPU s by activity: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+            row = json.loads(row_file.read_text())
+            result["sizes"].append(row)
+            # each size as it is measured: a run cut short still leaves the sizes it finished
+            (args.out / "bench-cli-sync.json").write_text(json.dumps(result, indent=2) + "\n")
+            c, f = row["cp_sync"], row["convert_sync"]
+            print(
+                f"  {row['source_bytes'] / 1e9:5.2f} GB  cp+sync {c['wall_s']:6.2f} "
+                f"({c['user_s']:.1f} + {c['sys_s']:.1f})  convert+sync {f['wall_s']:6.2f} "
+                f"({f['user_s']:.1f} + {f['sys_s']:.1f})  ratio {row['ratio']:.2f} "
+                f"(turns {', '.join(f'{x:.2f}' for x in row['ratios_per_turn'])}; goal <= 1.5)"
+            )
+            cpu = row["cpu_s_by_activity"]
+            by = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+            print(f"    CPU s by activity: {by}", flush=True)
 
 
 if __name__ == "__main__":
