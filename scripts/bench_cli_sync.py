@@ -57,7 +57,7 @@ def measure(root: Path, experts: int, args) -> dict:
     size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
     # the CLI as `fi-convert` runs it (the entry point imports the same module)
     fi = f"PYTHONPATH={ROOT} {sys.executable} -m fi_convert {src} {out} --scheme fp8-block "
-    fi += f"--device {args.device} --quiet > /dev/null"
+    fi += ("" if args.device == "auto" else f"--device {args.device} ") + "--quiet > /dev/null"
     cmds = {"cp_sync": f"cp -r {src} {copy} && sync", "convert_sync": f"{fi} && sync"}
     for p in src.glob("*.safetensors"):  # into the page cache, as far as it fits
         with open(p, "rb") as f:
