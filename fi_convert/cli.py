@@ -191,7 +191,9 @@ def convert_cmd(
     revision: Annotated[
         str | None,
         typer.Option(
-            metavar="REV", help="Branch, tag or commit of a Hub repo-id source (default: main)."
+            "--revision",
+            metavar="REV",
+            help="Branch, tag or commit of a Hub repo-id source (default: main).",
         ),
     ] = None,
     push_to: Annotated[
@@ -216,18 +218,24 @@ def convert_cmd(
     device: Annotated[
         str,
         typer.Option(
+            "--device",
             metavar="DEVICE",
             callback=device_name,
             help="Where to transform: auto (CUDA when present), cpu, cuda or cuda:N.",
         ),
     ] = "auto",
     overwrite: Annotated[
-        bool, typer.Option(help="Replace the contents of an out-dir that is not ours.")
+        bool,
+        typer.Option(
+            "--overwrite/--no-overwrite",
+            help="Replace the contents of an out-dir that is not ours.",
+        ),
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and stop.")] = False,
     max_shard_size: Annotated[
         int,
         typer.Option(
+            "--max-shard-size",
             parser=parse_size,
             metavar="SIZE",
             help="Largest output shard, e.g. 5GB or 4GiB (0: as large as the source's largest).",
@@ -236,6 +244,7 @@ def convert_cmd(
     max_memory: Annotated[
         int,
         typer.Option(
+            "--max-memory",
             parser=parse_size,
             metavar="SIZE",
             show_default=False,
@@ -257,9 +266,10 @@ def convert_cmd(
     fsync: Annotated[
         bool,
         typer.Option(
+            "--fsync/--no-fsync",
             help="Flush every file to disk before writing the manifest, so that the manifest's "
             "claim survives a power loss. --no-fsync is for runs whose output is uploaded "
-            "and thrown away (CI), where waiting for the disk buys nothing."
+            "and thrown away (CI), where waiting for the disk buys nothing.",
         ),
     ] = True,
     stream: Annotated[
@@ -274,6 +284,7 @@ def convert_cmd(
     max_disk: Annotated[
         int,
         typer.Option(
+            "--max-disk",
             parser=parse_size,
             metavar="SIZE",
             show_default=False,
@@ -284,6 +295,7 @@ def convert_cmd(
     part: Annotated[
         str | None,
         typer.Option(
+            "--part",
             metavar="K/N",
             help="Streamed runs split across a CI matrix: convert and upload only part K of N "
             "of the output shards. After every part, one run without --part writes the "
@@ -625,6 +637,7 @@ def verify_cmd(
     source: Annotated[
         str | None,
         typer.Option(
+            "--source",
             metavar="MODEL_DIR",
             help="The source model folder or Hub repo id: re-derive a sample of experts and "
             "compare (a Hub source is read by byte ranges).",
@@ -632,7 +645,9 @@ def verify_cmd(
     ] = None,
     revision: Annotated[
         str | None,
-        typer.Option(metavar="REV", help="Revision of a Hub repo-id OUT_DIR (default: main)."),
+        typer.Option(
+            "--revision", metavar="REV", help="Revision of a Hub repo-id OUT_DIR (default: main)."
+        ),
     ] = None,
     full: Annotated[bool, typer.Option("--full", help="With --source: every expert.")] = False,
     against_flashinfer: Annotated[
@@ -644,6 +659,7 @@ def verify_cmd(
     device: Annotated[
         str,
         typer.Option(
+            "--device",
             metavar="DEVICE",
             callback=device_name,
             help="Where to re-derive: auto, cpu, cuda or cuda:N.",
@@ -724,7 +740,10 @@ def push_cmd(
         bool, typer.Option("--private", help="Create the repo private (when it is new).")
     ] = False,
     revision: Annotated[
-        str, typer.Option(metavar="BRANCH", help="Branch to push to (created when missing).")
+        str,
+        typer.Option(
+            "--revision", metavar="BRANCH", help="Branch to push to (created when missing)."
+        ),
     ] = "main",
     base_model: Annotated[
         str | None,

@@ -270,6 +270,36 @@ def test_help_and_usage_errors_do_not_import_torch(tmp_path):
     assert "Usage" in r.stdout and "fp8-block" in r.stdout
 
 
+def test_every_option_names_its_flags():
+    """Each option spells out its flags ("--device", "--fsync/--no-fsync"): typer before 0.29
+    derives a nameless option's flag from its metavar when the two match (metavar DEVICE gave
+    `--DEVICE`, so `--device` was "no such option" on the GPU machine's typer 0.27.2)."""
+    import ast
+
+    import fi_convert.cli as cli
+
+    tree = ast.parse(Path(cli.__file__).read_text())
+    options = [
+        (n.arg, c)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.arg) and n.annotation is not None
+        for c in ast.walk(n.annotation)
+        if isinstance(c, ast.Call) and getattr(c.func, "attr", None) == "Option"
+    ]
+    assert len(options) > 20  # the walk found the commands' options
+    for name, call in options:
+        first = call.args[0] if call.args else None
+        flags = first.value if isinstance(first, ast.Constant) else None
+        assert isinstance(flags, str) and flags.startswith("--"), f"{name}: no flag names"
+    # and what click was given: lower-case long flags only, each once per command
+    from typer.main import get_command
+
+    for sub in get_command(app).commands.values():
+        longs = [o for p in sub.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+        assert all(o == o.lower() for o in longs), (sub.name, longs)
+        assert len(longs) == len(set(longs)), (sub.name, longs)
+
+
 def test_main_inserts_default_command(ckpts, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
