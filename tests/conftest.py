@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -15,6 +16,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _free_tmp_path(request):
+    """A passed test's tmp_path goes at the test's end, not the session's: the suite writes
+    about 18 GB of checkpoints and outputs, more than a small CI runner's disk holds. A failed
+    test's stays for a look (and the retention policy in pyproject.toml keeps only those)."""
+    yield
+    path = request.node.funcargs.get("tmp_path")
+    if path is not None and request.node.stash.get(_PASSED, False):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
