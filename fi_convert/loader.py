@@ -8,6 +8,7 @@ one small reused host buffer on CUDA. `load_moe_layer` is the dict-returning con
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -95,24 +96,66 @@ class OutputReader:
                 f"--tp-size {self.tp_size} (ranks 0..{self.tp_size - 1})"
             )
         info, _, _ = self.info(prefix, name)
-        row = TensorInfo(info.name, info.dtype, info.shape, info.start, info.nbytes, info.file)
-        if not dst.is_contiguous() or dst.numel() * dst.element_size() != row.row_bytes:
+        self._read_spans(info, [(info.start + tp_rank * info.row_bytes, info.row_bytes)], dst)
+
+    def read_experts_into(
+        self, prefix: str, name: str, experts: Sequence[int], dst: torch.Tensor
+    ) -> None:
+        """Expert parallelism: fill `dst` with the bytes of the listed (global) experts of
+        `prefix.name`, in that order, from an output converted for one rank (each expert's
+        layout is its own, so a rank's experts are whole slices of it). Reads only those."""
+        if self.tp_size != 1:
+            raise ManifestError(
+                f"{self.root}: converted for --tp-size {self.tp_size}; expert parallelism "
+                "keeps whole experts on each rank: convert again with --tp-size 1"
+            )
+        info, shape, _ = self.info(prefix, name)
+        n = self.layer(prefix).get("num_experts")
+        if not shape or shape[0] != n:
+            raise ManifestError(
+                f"{self.root}: {prefix}.{name} has no leading dimension of the layer's "
+                f"{n} experts (shape {list(shape)}), so it cannot be split by expert"
+            )
+        bad = [e for e in experts if not 0 <= e < n]
+        if bad:
+            raise ManifestError(
+                f"{self.root}: {prefix} has experts 0..{n - 1}, not {bad[0]} (the model vLLM "
+                "built has more experts than the output: serve it with its own config.json)"
+            )
+        per = info.nbytes // n
+        spans: list[list[int]] = []
+        for e in experts:  # consecutive experts are one read
+            if spans and spans[-1][0] + spans[-1][1] == info.start + e * per:
+                spans[-1][1] += per
+            else:
+                spans.append([info.start + e * per, per])
+        self._read_spans(info, [(a, b) for a, b in spans], dst)
+
+    def _read_spans(
+        self, info: TensorInfo, spans: list[tuple[int, int]], dst: torch.Tensor
+    ) -> None:
+        """dst = the bytes of `info.file` at these (offset, size) spans, one after another."""
+        total = sum(size for _, size in spans)
+        if not dst.is_contiguous() or dst.numel() * dst.element_size() != total:
             raise ValueError(f"{info.name}: destination of wrong size or not contiguous")
-        if dst.device.type == "cpu":
-            self._files.read_rows(row, tp_rank, tp_rank + 1, dst)
-            return
         flat = dst.view(-1).view(torch.uint8) if dst.numel() else dst.view(torch.uint8)
-        step = min(BOUNCE_BYTES, row.row_bytes) or 1
-        if self._bounce is None or self._bounce.numel() < step:
-            # on the host, whatever the default device (vLLM loads under `with device:`)
-            self._bounce = torch.empty(step, dtype=torch.uint8, device="cpu", pin_memory=True)
         fd = self._files.fd(info.file)
-        base = info.start + tp_rank * row.row_bytes
-        for off in range(0, row.row_bytes, step):
-            n = min(step, row.row_bytes - off)
-            buf = self._bounce[:n]
-            pread_into(fd, base + off, buf, info.file)
-            flat[off : off + n].copy_(buf)  # synchronous: the buffer is reused next
+        pos = 0
+        for base, size in spans:
+            if dst.device.type == "cpu":
+                pread_into(fd, base, flat[pos : pos + size], info.file)
+                pos += size
+                continue
+            step = min(BOUNCE_BYTES, size) or 1
+            if self._bounce is None or self._bounce.numel() < step:
+                # on the host, whatever the default device (vLLM loads under `with device:`)
+                self._bounce = torch.empty(step, dtype=torch.uint8, device="cpu", pin_memory=True)
+            for off in range(0, size, step):
+                n = min(step, size - off)
+                buf = self._bounce[:n]
+                pread_into(fd, base + off, buf, info.file)
+                flat[pos + off : pos + off + n].copy_(buf)  # synchronous: the buffer is reused
+            pos += size
 
 
 def load_moe_layer(

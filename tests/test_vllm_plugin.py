@@ -62,7 +62,12 @@ def test_a_matching_runtime_passes(manifest):
     ("change", "words"),
     [
         (dict(tp_size=4), "tensor-parallel size 2, vLLM runs 4; pass -tp 2"),
-        (dict(use_ep=True), "without --enable-expert-parallel"),
+        (
+            dict(use_ep=True),
+            "under expert parallelism each rank holds whole experts: convert "
+            "again with --tp-size 1",
+        ),
+        (dict(tp_size=2, dp_size=2), "-tp 2 x data-parallel 2): convert again with --tp-size 4"),
         (dict(vllm_version="0.33.1"), "this is vLLM 0.33.1"),
         (dict(vllm_version="0.32.0"), "install a vLLM in ==0.33.0"),
         (dict(flashinfer_version=None), "FlashInfer is not installed"),
@@ -130,6 +135,35 @@ def test_fp8_tensor_without_static_activation_scales_is_refused(manifest):
     _check(_fp8_tensor(manifest, "static"))
     with pytest.raises(PluginError, match="no static activation scales .* need them"):
         _check(_fp8_tensor(manifest, "dynamic"))
+
+
+def test_expert_parallelism_takes_a_tp1_output_of_the_schemes_proven_for_it(manifest):
+    tp1 = manifest | {"tp_size": 1}
+    for tp in (1, 2, 8):  # one --tp-size 1 output serves every EP size
+        _check(tp1, tp_size=tp, use_ep=True)
+    _check(manifest, tp_size=1, dp_size=2)  # TP 1 x DP 2 without EP: the MoE runs at TP 2
+    with pytest.raises(PluginError, match="does not load redundant experts .EPLB.; start vLLM "):
+        _check(tp1, use_ep=True, eplb=True)
+    for scheme in ("fp8-tensor", "nvfp4", "mxfp8", "mxfp4"):
+        m = _fp8_tensor(tp1, "static") | {"scheme": scheme}
+        with pytest.raises(PluginError) as e:
+            _check(m, use_ep=True)
+        msg = str(e.value)
+        assert f"does not load {scheme} experts under expert parallelism yet" in msg, msg
+        assert "only bf16 and fp8-block; start vLLM without --enable-expert-parallel" in msg
+        _check(m | {"tp_size": 2})  # the same output without EP: the refusal is EP's
+
+
+def test_the_split_vllm_built_is_checked_against_the_output(manifest):
+    """The layer's own MoE parallel config is the authority, whatever the flags said."""
+    split = types.SimpleNamespace
+    checks.check_split(manifest, "OUT", "L", split(use_ep=False, tp_size=2, enable_eplb=False))
+    with pytest.raises(PluginError, match="vLLM split L over 4 ranks; convert again with --tp-"):
+        checks.check_split(manifest, "OUT", "L", split(use_ep=False, tp_size=4, enable_eplb=False))
+    with pytest.raises(PluginError, match="convert again with --tp-size 1"):
+        checks.check_split(manifest, "OUT", "L", split(use_ep=True, tp_size=1, enable_eplb=False))
+    tp1 = manifest | {"tp_size": 1}
+    checks.check_split(tp1, "OUT", "L", split(use_ep=True, tp_size=1, enable_eplb=False))
 
 
 @pytest.mark.parametrize(
@@ -228,6 +262,43 @@ def test_loader_puts_experts_in_and_processes_only_the_kernel(src, out, rank):
         )
 
 
+@pytest.fixture(scope="module")
+def out_tp1(tmp_path_factory, src):
+    out = tmp_path_factory.mktemp("plugin-out-tp1") / "ds-fi"
+    convert(src, out, Options(SchemeName.FP8_BLOCK, Backend.TRTLLM, 1), device="cpu")
+    return out
+
+
+@pytest.mark.parametrize(("ep", "rank"), [(2, 0), (2, 1), (4, 3)])
+def test_loader_under_expert_parallelism_loads_the_ranks_experts(src, out_tp1, ep, rank):
+    from unittest import mock
+
+    from fi_convert.vllm_plugin import loader
+
+    with vm.vllm_context("trtllm", ep, rank, ep="linear"):
+        theirs = vm.make_layer(PREFIX, src, ep)
+        vm.vllm_load_and_process(theirs, src, PREFIX)
+    with vm.vllm_context("trtllm", ep, rank, ep="linear"):
+        model = TinyModel(vm.make_layer(PREFIX, src, ep))
+        with mock.patch.object(loader, "logger") as log:
+            _loader().load_weights(model, _model_config(out_tp1))
+        vm.process(model)
+    ours = model.moe
+    assert ours.local_num_experts == 8 // ep
+    a, b = vm.params(theirs), vm.params(ours)
+    assert sorted(a) == sorted(b)
+    for n in a:
+        assert a[n].shape == b[n].shape and torch.equal(
+            a[n].view(torch.uint8), b[n].view(torch.uint8)
+        )
+    assert vm.kernel_state(ours) == vm.kernel_state(theirs)
+    said = log.info.call_args.args
+    assert (
+        said[0] % said[1:]
+        == f"fi-convert: loading 1 MoE layers for EP rank {rank}/{ep} from {out_tp1}"
+    )
+
+
 def test_loader_refuses_a_layer_on_another_backend(src, out):
     with vm.vllm_context("cutlass", 2, 0, sm=90):
         model = TinyModel(vm.make_layer(PREFIX, src, 2))
@@ -321,7 +392,10 @@ def test_a_repo_id_that_cannot_be_downloaded_is_one_line(monkeypatch, tmp_path):
     ("kw", "words"),
     [
         (dict(tensor_parallel_size=4), "tensor-parallel size 2, vLLM runs 4; pass -tp 2"),
-        (dict(tensor_parallel_size=2, enable_expert_parallel=True), "expert parallelism"),
+        (
+            dict(tensor_parallel_size=2, enable_expert_parallel=True),
+            "convert again with --tp-size 1",
+        ),
     ],
 )
 def test_manifest_refusals_come_before_vllm_starts_an_engine(out, kw, words):

@@ -113,11 +113,14 @@ def vllm_context(
     sm: int = 100,
     device: str = "cpu",
     moe_activation: str | None = None,
+    ep: str | None = None,
 ) -> Iterator[None]:
     """vLLM believes it runs rank `tp_rank` of `tp_size` on an SM`sm` GPU, with --moe-backend
     for fi-convert's `backend`, and the user's MoE activation override `moe_activation`
     (`--quantization-config '{"moe": {"activation": "mxfp8"}}'`; vLLM reads it from the model
-    config, which these tests do not build)."""
+    config, which these tests do not build). `ep`: --enable-expert-parallel with this
+    --expert-placement-strategy ("linear" or "round_robin"); the MoE's EP size is then
+    `tp_size` and its rank `tp_rank`, as vLLM makes them without data parallelism."""
     with contextlib.ExitStack() as stack:
         key = QUANT_KEY_NAMES[moe_activation] if moe_activation else None
         stack.enter_context(
@@ -146,6 +149,9 @@ def vllm_context(
             kernel_config=KernelConfig(moe_backend=MOE_BACKEND[backend]),
             device_config=DeviceConfig(device=device),
         )
+        if ep is not None:
+            cfg.parallel_config.enable_expert_parallel = True
+            cfg.parallel_config.expert_placement_strategy = ep
         stack.enter_context(set_current_vllm_config(cfg))
         stack.enter_context(torch.device(device))  # where the layer allocates its params
         yield
@@ -312,8 +318,12 @@ def _bytes(t: torch.Tensor) -> bytes:
 
 def assert_holds_output_bytes(layer: torch.nn.Module, out: Path, prefix: str, rank: int) -> None:
     """(a): every parameter vLLM holds after its processing is a tensor of the output, byte
-    for byte, for this rank (and the output has no tensor vLLM does not hold)."""
+    for byte, for this rank (and the output has no tensor vLLM does not hold). Under expert
+    parallelism, the output's slices of the experts vLLM's expert map gives this rank."""
     from fi_convert.loader import OutputReader
+
+    local = layer._expert_map if layer.moe_config.moe_parallel_config.use_ep else None
+    ids = None if local is None else [int(g) for g in torch.argsort(local)[(local < 0).sum() :]]
 
     held = params(layer)
     qc = layer.quant_method.moe_quant_config
@@ -322,8 +332,12 @@ def assert_holds_output_bytes(layer: torch.nn.Module, out: Path, prefix: str, ra
         assert set(held) <= set(names), f"vLLM holds {sorted(set(held) - set(names))}"
         for name in names:
             _, shape, dtype = reader.info(prefix, name)
-            ours = torch.empty(shape, dtype=dtype, device="cpu")
-            reader.read_into(prefix, name, rank, ours)
+            if ids is None:
+                ours = torch.empty(shape, dtype=dtype, device="cpu")
+                reader.read_into(prefix, name, rank, ours)
+            else:
+                ours = torch.empty((len(ids), *shape[1:]), dtype=dtype, device="cpu")
+                reader.read_experts_into(prefix, name, ids, ours)
             # a tensor that is not a parameter is one of the kernel's scales
             theirs = held[name] if name in held else getattr(qc, name, None)
             if theirs is None and name in KERNEL_SCALES:

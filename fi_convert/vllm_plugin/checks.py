@@ -5,6 +5,7 @@ that starts with "fi-convert: ", names the output and says what to do."""
 from __future__ import annotations
 
 from importlib import metadata
+from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -86,17 +87,36 @@ def check_output(
     flashinfer_version: str | None,
     capability: tuple[int, int] | None,
     test_cpu: bool = False,
+    dp_size: int = 1,
+    eplb: bool = False,
 ) -> None:
     """Refuse an output this vLLM cannot serve as converted (raises PluginError)."""
-    check_manifest(manifest, root, tp_size=tp_size, use_ep=use_ep, vllm_version=vllm_version)
+    check_manifest(
+        manifest,
+        root,
+        tp_size=tp_size,
+        use_ep=use_ep,
+        vllm_version=vllm_version,
+        dp_size=dp_size,
+        eplb=eplb,
+    )
     if not test_cpu:
         check_device(manifest, root, flashinfer_version=flashinfer_version, capability=capability)
 
 
 def check_manifest(
-    manifest: dict, root: str, *, tp_size: int, use_ep: bool, vllm_version: str
+    manifest: dict,
+    root: str,
+    *,
+    tp_size: int,
+    use_ep: bool,
+    vllm_version: str,
+    dp_size: int = 1,
+    eplb: bool = False,
 ) -> None:
-    """The checks that need no GPU: what the plugin loads, the vLLM version, TP and EP."""
+    """The checks that need no GPU: what the plugin loads, the vLLM version, TP, DP and EP
+    (`dp_size`: data-parallel x prefill-context-parallel size, over which vLLM splits the
+    MoE layers too)."""
     scheme, backend = manifest["scheme"], manifest["backend"]
     target = manifest.get("target", {})
     if (scheme, backend) not in SUPPORTED:
@@ -120,15 +140,70 @@ def check_manifest(
             f"{root}: converted for vLLM {vspec}, this is vLLM {vllm_version}, whose layouts may "
             f"differ; install a vLLM in {vspec} or convert again with an fi-convert that targets it"
         )
-    if manifest["tp_size"] != tp_size:
+    if use_ep:
+        check_expert_parallel(manifest, root, eplb=eplb)
+        return
+    moe_tp = tp_size * dp_size  # vLLM's MoE layers split over TP x DP without EP
+    if manifest["tp_size"] != moe_tp:
+        if dp_size > 1:
+            raise PluginError(
+                f"{root}: converted for tensor-parallel size {manifest['tp_size']}; without "
+                f"expert parallelism vLLM's MoE layers run at tensor-parallel size {moe_tp} "
+                f"(-tp {tp_size} x data-parallel {dp_size}): convert again with --tp-size "
+                f"{moe_tp}, or serve a --tp-size 1 output with --enable-expert-parallel"
+            )
         raise PluginError(
             f"{root}: converted for tensor-parallel size {manifest['tp_size']}, vLLM runs "
             f"{tp_size}; pass -tp {manifest['tp_size']} or convert again with --tp-size {tp_size}"
         )
-    if use_ep:
+
+
+# Schemes whose experts the plugin serves under expert parallelism: each expert's layout is its
+# own, so a rank's experts are whole slices of a --tp-size 1 output, as vLLM's own EP path
+# holds them (tests/test_vllm_ep.py). Not (yet) the others: vLLM's FP8 per-tensor activation
+# scale under EP is the max over each rank's own experts, which differs by rank from the one
+# value an output holds; NVFP4's global scales and MXFP8/MXFP4's EP paths are not yet checked
+# against vLLM's own.
+EP_SCHEMES = ("bf16", "fp8-block")
+
+
+def check_expert_parallel(manifest: dict, root: str, *, eplb: bool) -> None:
+    """Refuse what the plugin cannot serve under --enable-expert-parallel."""
+    scheme = manifest["scheme"]
+    if scheme not in EP_SCHEMES:
+        why = (
+            " (vLLM's per-tensor activation scale under EP is each rank's own)"
+            if scheme == "fp8-tensor"
+            else ""
+        )
         raise PluginError(
-            f"{root}: the vLLM plugin does not load experts under expert parallelism yet; "
-            "start vLLM without --enable-expert-parallel"
+            f"{root}: the vLLM plugin does not load {scheme} experts under expert parallelism "
+            f"yet{why}, only {' and '.join(EP_SCHEMES)}; start vLLM without "
+            "--enable-expert-parallel"
+        )
+    if eplb:
+        raise PluginError(
+            f"{root}: the vLLM plugin does not load redundant experts (EPLB); start vLLM "
+            "without --enable-eplb"
+        )
+    if manifest["tp_size"] != 1:
+        raise PluginError(
+            f"{root}: converted for tensor-parallel size {manifest['tp_size']}; under expert "
+            "parallelism each rank holds whole experts: convert again with --tp-size 1 (it "
+            "serves every EP size)"
+        )
+
+
+def check_split(manifest: dict, root: str, layer: str, moe_parallel: Any) -> None:
+    """The split vLLM built `layer` with (its MoE parallel config, the authority whatever the
+    flags said) against the output's."""
+    if moe_parallel.use_ep:
+        check_expert_parallel(manifest, root, eplb=moe_parallel.enable_eplb)
+    elif moe_parallel.tp_size != manifest["tp_size"]:
+        raise PluginError(
+            f"{root}: converted for tensor-parallel size {manifest['tp_size']}, and vLLM split "
+            f"{layer} over {moe_parallel.tp_size} ranks; convert again with --tp-size "
+            f"{moe_parallel.tp_size}"
         )
 
 

@@ -85,5 +85,8 @@ def check_early(args: Any) -> None:
         str(root),
         tp_size=args.tensor_parallel_size,
         use_ep=bool(args.enable_expert_parallel),
+        dp_size=(args.data_parallel_size or 1)
+        * (getattr(args, "prefill_context_parallel_size", 1) or 1),
+        eplb=bool(getattr(args, "enable_eplb", False)),
         vllm_version=checks.vllm_version(),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,22 +37,46 @@ def test_cpu_mode() -> str | None:
     return mode
 
 
+def local_experts(experts: Any) -> list[int] | None:
+    """Under expert parallelism, the global experts this rank holds, in the order of its local
+    slots, from vLLM's own expert map (linear or round-robin placement alike); None without."""
+    emap = getattr(experts, "_expert_map", None)
+    if emap is None or not experts.moe_config.moe_parallel_config.use_ep:
+        return None
+    emap = emap.cpu()
+    slots = {int(local): g for g, local in enumerate(emap.tolist()) if local >= 0}
+    if sorted(slots) != list(range(experts.local_num_experts)):
+        raise PluginError(
+            f"{experts.layer_name}: vLLM's expert map gives this rank slots {sorted(slots)} for "
+            f"{experts.local_num_experts} local experts (redundant experts?); start vLLM "
+            "without --enable-eplb"
+        )
+    return [slots[j] for j in range(experts.local_num_experts)]
+
+
 def install(experts: Any, reader: OutputReader, prefix: str, tp_rank: int) -> list[str]:
     """Read the layer's tensors for `tp_rank` into `experts`' parameters; returns their names.
+    Under expert parallelism, each tensor's slices of this rank's experts instead.
 
     Tensors that are not parameters of the allocated layer (g1_scale_c for nvfp4/trtllm) are not
     read: vLLM's kernel setup computes them from the parameters, as it does on its own path."""
     m = reader.manifest
     keep = (m["scheme"], m["backend"]) in KEEP_ALLOCATED_SHAPE
+    ids = local_experts(experts)
     loaded = []
     for name in reader.layer(prefix)["tensors"]:
         param = experts._parameters.get(name)
         if param is None:
             continue
         _, shape, dtype = reader.info(prefix, name)
+        if ids is None:
+            read = partial(reader.read_into, prefix, name, tp_rank)
+        else:
+            shape = (len(ids), *shape[1:])
+            read = partial(reader.read_experts_into, prefix, name, ids)
         data = param.data
         if data.dtype == dtype and data.numel() == math.prod(shape) and data.is_contiguous():
-            reader.read_into(prefix, name, tp_rank, data)
+            read(data)
             if not keep:
                 param.data = data.view(shape)
         else:  # the padded shape differs from the allocated one: replace it, freeing it first
@@ -59,7 +84,7 @@ def install(experts: Any, reader: OutputReader, prefix: str, tp_rank: int) -> li
             del data
             param.data = torch.empty(0, dtype=dtype, device=device)
             new = torch.empty(shape, dtype=dtype, device=device)
-            reader.read_into(prefix, name, tp_rank, new)
+            read(new)
             param.data = new
         loaded.append(name)
     return loaded

@@ -98,6 +98,8 @@ class FiConvertModelLoader(DefaultModelLoader):
             str(root),
             tp_size=pc.tensor_parallel_size,
             use_ep=pc.enable_expert_parallel,
+            dp_size=pc.data_parallel_size * getattr(pc, "prefill_context_parallel_size", 1),
+            eplb=pc.enable_eplb,
             vllm_version=checks.vllm_version(),
             flashinfer_version=checks.installed("flashinfer-python"),
             capability=_capability(),
@@ -120,14 +122,19 @@ class FiConvertModelLoader(DefaultModelLoader):
         for lp, (_, mod) in layers.items():
             if mode is None:
                 checks.check_layer(m, str(root), lp, mod.quant_method)
+            checks.check_split(m, str(root), lp, mod.moe_config.moe_parallel_config)
         with OutputReader(root, m) as reader:
             loaded = set(model.load_weights(_dense_weights(reader)) or ())
-            tp_rank = next(iter(layers.values()))[1].moe_config.moe_parallel_config.tp_rank
+            mpc = next(iter(layers.values()))[1].moe_config.moe_parallel_config
+            kind, rank, size = (
+                ("EP", mpc.ep_rank, mpc.ep_size) if mpc.use_ep else ("TP", mpc.tp_rank, mpc.tp_size)
+            )
             logger.info(
-                "fi-convert: loading %d MoE layers for TP rank %d/%d from %s",
+                "fi-convert: loading %d MoE layers for %s rank %d/%d from %s",
                 len(layers),
-                tp_rank,
-                m["tp_size"],
+                kind,
+                rank,
+                size,
                 root,
             )
             for lp, (name, mod) in layers.items():

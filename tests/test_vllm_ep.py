@@ -1,0 +1,128 @@
+"""Expert parallelism against vLLM 0.33's own code (tests/vllm_moe.py: its FusedMoE layers on
+CPU, the MoE's EP rank played as vLLM makes it from the TP rank without data parallelism).
+
+A `--tp-size 1` output serves every EP size: each rank takes whole experts, the ones vLLM's own
+expert map gives it (linear placement, and round-robin). For each rank:
+(a) the parameters vLLM holds after its own loading and processing under EP equal the
+    output's slices of that rank's experts, byte for byte;
+(b) the plugin's path leaves the layer exactly as vLLM's own path (parameters, MoE config
+    sizes, the kernel object's every tensor and value, its expert offsets included).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.synthetic import Spec, write_checkpoint
+from tests import vllm_moe as vm
+
+# (scheme, spec, layer prefix): odd expert counts that split unevenly (7 over 2 and 4: 4+3,
+# 2+2+2+1), padding on TRT-LLM (I = 192 -> 256 for bf16), DeepSeek's FP8 blocks
+CASES = {
+    "mixtral-bf16-7": (
+        "bf16",
+        Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192, shards=1),
+        "model.layers.0.block_sparse_moe.experts",
+    ),
+    "qwen3-bf16": (
+        "bf16",
+        Spec("qwen3-moe", layers=1, experts=6, hidden=128, intermediate=192, shards=1),
+        "model.layers.0.mlp.experts",
+    ),
+    "deepseek-fp8-block": (
+        "fp8-block",
+        Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=256, shards=2),
+        "model.layers.1.mlp.experts",
+    ),
+}
+PARAMS = [
+    (case, backend, ep, rank, placement)
+    for case in CASES
+    for backend in ("trtllm", "cutlass")
+    for ep in (2, 4)
+    for rank in range(ep)
+    for placement in ("linear", "round_robin")
+    if placement == "linear" or ep == 2
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ep-src")
+    return {name: write_checkpoint(root / name, spec) for name, (_, spec, _) in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory, checkpoints):
+    """One --tp-size 1 output per case and backend, for every EP size."""
+    root = tmp_path_factory.mktemp("ep-out")
+    done: dict = {}
+
+    def get(case: str, backend: str):
+        if (case, backend) not in done:
+            out = root / f"{case}-{backend}"
+            opts = Options(scheme=SchemeName(CASES[case][0]), backend=Backend(backend), tp_size=1)
+            convert(checkpoints[case], out, opts, device="cpu")
+            done[case, backend] = out
+        return done[case, backend]
+
+    return get
+
+
+def _sm(scheme: str, backend: str) -> int:
+    return 90 if (scheme, backend) == ("fp8-block", "cutlass") else 100  # vLLM: SM90 only
+
+
+def _context(case, backend, ep, rank, placement):
+    return vm.vllm_context(backend, ep, rank, sm=_sm(CASES[case][0], backend), ep=placement)
+
+
+def _vllm_layer(case, backend, ep, rank, placement, checkpoints):
+    _, _, prefix = CASES[case]
+    with _context(case, backend, ep, rank, placement):
+        layer = vm.make_layer(prefix, checkpoints[case], ep)
+        vm.vllm_load_and_process(layer, checkpoints[case], prefix)
+    pc = layer.moe_config.moe_parallel_config
+    assert (pc.use_ep, pc.ep_size, pc.ep_rank, pc.tp_size) == (True, ep, rank, 1)
+    assert layer.local_num_experts < layer.global_num_experts
+    return layer
+
+
+@pytest.mark.parametrize(("case", "backend", "ep", "rank", "placement"), PARAMS)
+def test_vllm_params_under_ep_equal_the_output_slices(
+    case, backend, ep, rank, placement, checkpoints, outputs
+):
+    layer = _vllm_layer(case, backend, ep, rank, placement, checkpoints)
+    vm.assert_holds_output_bytes(layer, outputs(case, backend), CASES[case][2], 0)
+
+
+@pytest.mark.parametrize(("case", "backend", "ep", "rank", "placement"), PARAMS)
+def test_plugin_path_under_ep_leaves_the_layer_as_vllm_does(
+    case, backend, ep, rank, placement, checkpoints, outputs
+):
+    _, _, prefix = CASES[case]
+    theirs = _vllm_layer(case, backend, ep, rank, placement, checkpoints)
+    with _context(case, backend, ep, rank, placement):
+        ours = vm.plugin_layer(prefix, checkpoints[case], outputs(case, backend), ep)
+    vm.assert_same_layer(theirs, ours)
+    assert theirs._expert_map.tolist() == ours._expert_map.tolist()
+
+
+def test_the_slices_are_the_experts_not_the_first_rows(checkpoints, outputs):
+    """The negative control: rank 1's layer read as if it held experts 0..2 holds other bytes
+    than vLLM's own (so (b) above would catch a reader that ignored the expert map)."""
+    from fi_convert.loader import OutputReader
+    from fi_convert.vllm_plugin import experts as plugin
+
+    case, backend, prefix = "qwen3-bf16", "cutlass", CASES["qwen3-bf16"][2]
+    theirs = _vllm_layer(case, backend, 2, 1, "linear", checkpoints)
+    with _context(case, backend, 2, 1, "linear"):
+        ours = vm.make_layer(prefix, checkpoints[case], 2)
+        ours._expert_map[:] = vm.torch.tensor([0, 1, 2, -1, -1, -1], dtype=ours._expert_map.dtype)
+        with OutputReader(outputs(case, backend)) as reader:
+            plugin.install(ours, reader, prefix, 0)
+            plugin.finish(ours, reader.layer(prefix))
+    assert theirs.w13_weight.shape == ours.w13_weight.shape
+    assert vm._bytes(theirs.w13_weight) != vm._bytes(ours.w13_weight)
+    assert vm._bytes(theirs.w2_weight) != vm._bytes(ours.w2_weight)
