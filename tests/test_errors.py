@@ -522,6 +522,38 @@ def test_load_moe_layer_checks_scheme_backend_and_rank(tmp_path):
         load_moe_layer(out, prefix)
 
 
+def test_reading_experts_for_expert_parallelism(tmp_path):
+    """OutputReader.read_experts_into: the listed experts' slices, in their order, of a tp 1
+    output; a tp 2 output, an expert that is not there and a wrong buffer are refused."""
+    import torch
+
+    from fi_convert import ManifestError, Options, SchemeName, convert, load_moe_layer
+    from fi_convert.loader import OutputReader
+    from fi_convert.synthetic import Spec, write_checkpoint
+
+    src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=5, hidden=128))
+    prefix = "model.layers.0.mlp.experts"
+    for tp in (1, 2):
+        convert(src, tmp_path / f"tp{tp}", Options(SchemeName.BF16, tp_size=tp), device="cpu")
+    whole = load_moe_layer(tmp_path / "tp1", prefix)
+    with OutputReader(tmp_path / "tp1") as r:
+        for ids in ([3, 4], [4, 0, 2], [1]):
+            for name, t in whole.items():
+                got = torch.empty((len(ids), *t.shape[1:]), dtype=t.dtype)
+                r.read_experts_into(prefix, name, ids, got)
+                assert torch.equal(got.view(torch.uint8), t[ids].view(torch.uint8)), (name, ids)
+        w13 = whole["w13_weight"]
+        with pytest.raises(ManifestError, match="has experts 0..4, not 5"):
+            r.read_experts_into(prefix, "w13_weight", [1, 5], torch.empty_like(w13[:2]))
+        with pytest.raises(ValueError, match="wrong size"):
+            r.read_experts_into(prefix, "w13_weight", [1, 2], torch.empty_like(w13[:1]))
+    with (
+        OutputReader(tmp_path / "tp2") as r,
+        pytest.raises(ManifestError, match="convert again with --tp-size 1"),
+    ):
+        r.read_experts_into(prefix, "w13_weight", [0], torch.empty(1))
+
+
 def test_fp8_block_expert_count_warning(tmp_path):
     from fi_convert.cli import app
     from fi_convert.synthetic import Spec, write_checkpoint

@@ -109,3 +109,25 @@ def test_mx_quantize_same_on_cpu_and_cuda():
     qg, sg = mx_quantize(x.cuda())
     assert torch.equal(qc.view(torch.uint8), qg.cpu().view(torch.uint8))
     assert torch.equal(sc, sg.cpu())
+
+
+def test_experts_read_into_cuda_equal_the_cpu_read(tmp_path):
+    """read_experts_into through the pinned bounce buffer (CUDA) gives the CPU read's bytes,
+    with a buffer smaller than one read so that a span is read in steps."""
+    from unittest import mock
+
+    from fi_convert import loader
+
+    src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=5, hidden=128))
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, tp_size=1), device="cpu")
+    prefix = "model.layers.0.mlp.experts"
+    with loader.OutputReader(out) as r, mock.patch.object(loader, "BOUNCE_BYTES", 4096):
+        for name in r.layer(prefix)["tensors"]:
+            _, shape, dtype = r.info(prefix, name)
+            ids = [4, 0, 1]
+            cpu = torch.empty((3, *shape[1:]), dtype=dtype)
+            gpu = torch.empty((3, *shape[1:]), dtype=dtype, device="cuda")
+            r.read_experts_into(prefix, name, ids, cpu)
+            r.read_experts_into(prefix, name, ids, gpu)
+            assert torch.equal(gpu.cpu().view(torch.uint8), cpu.view(torch.uint8)), name
