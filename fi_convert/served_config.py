@@ -49,9 +49,17 @@ MOE_BACKEND_FLAG = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlas
 MXFP8_ACTIVATION = """--quantization-config '{"moe": {"activation": "mxfp8"}}'"""
 
 
-def serve_command(where: str, scheme: str, backend: str, tp: int) -> str:
-    """The `vllm serve` line for an output (a folder or a Hub repo id) with fi-convert's plugin."""
-    cmd = f"vllm serve {where} --load-format fi-convert -tp {tp} "
+# Schemes whose experts fi-convert's vLLM plugin serves under expert parallelism, from a
+# --tp-size 1 output at any EP size (vllm_plugin.checks says why the others are refused).
+EP_SCHEMES = ("bf16", "fp8-block")
+
+
+def serve_command(where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
+    """The `vllm serve` line for an output (a folder or a Hub repo id) with fi-convert's plugin;
+    with `ep`, on that many GPUs with expert parallelism (a tp 1 output of EP_SCHEMES)."""
+    cmd = f"vllm serve {where} --load-format fi-convert -tp {ep or tp} "
+    if ep:
+        cmd += "--enable-expert-parallel "
     cmd += f"--moe-backend {MOE_BACKEND_FLAG.get(backend, backend)}"
     if (scheme, backend) == ("mxfp4", "cutlass"):
         cmd += " " + MXFP8_ACTIVATION

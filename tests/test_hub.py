@@ -568,3 +568,19 @@ def test_push_hashes_each_byte_once_and_a_repeated_push_commits_nothing(
     assert r.stdout.startswith(f"up to date: {ref_out} -> {hub.url}/{TARGET} ")
     assert "No files have been modified" not in r.stdout + r.stderr
     assert "0 uploaded" not in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("scheme", "tp", "ep_line"),
+    [("bf16", 1, True), ("fp8-block", 1, True), ("bf16", 2, False), ("nvfp4", 1, False)],
+)
+def test_the_card_shows_expert_parallel_serving_where_the_plugin_does_it(
+    ref_out, scheme, tp, ep_line
+):
+    from fi_convert.hub.card import model_card
+
+    m = mf.read(ref_out) | {"scheme": scheme, "tp_size": tp}
+    card = model_card(m, repo_id="acme/x-fi")
+    assert f"vllm serve acme/x-fi --load-format fi-convert -tp {tp} --moe-backend" in card
+    ep = "vllm serve acme/x-fi --load-format fi-convert -tp 8 --enable-expert-parallel --moe-"
+    assert (ep in card) is ep_line

@@ -8,7 +8,7 @@ import re
 
 from .. import manifest as mf
 from ..plan import MANIFEST_NAME
-from ..served_config import serve_command
+from ..served_config import EP_SCHEMES, serve_command
 from .common import LIBRARY
 
 CARD_NAME = "README.md"
@@ -165,6 +165,19 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         serve_command(repo_id, scheme, backend, tp),
         "```",
         "",
+        *(
+            [
+                "With expert parallelism (each GPU holds whole experts; any number of GPUs, "
+                "here 8):",
+                "",
+                "```",
+                serve_command(repo_id, scheme, backend, tp, ep=8),
+                "```",
+                "",
+            ]
+            if tp == 1 and scheme in EP_SCHEMES
+            else []
+        ),
         f"The plugin refuses, before loading anything, a vLLM outside {t.get('vllm_versions')}, "
         f"another TP size, another MoE backend, or a GPU outside the {t.get('gpu_family')} "
         "family. Stock `vllm serve` without `--load-format fi-convert` must not be used on this "

@@ -10,7 +10,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..served_config import MOE_BACKEND_FLAG, MXFP8_ACTIVATION
+from ..served_config import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION
 
 PREFIX = "fi-convert: "
 MOE_BACKEND = MOE_BACKEND_FLAG
@@ -158,13 +158,12 @@ def check_manifest(
         )
 
 
-# Schemes whose experts the plugin serves under expert parallelism: each expert's layout is its
-# own, so a rank's experts are whole slices of a --tp-size 1 output, as vLLM's own EP path
-# holds them (tests/test_vllm_ep.py). Not (yet) the others: vLLM's FP8 per-tensor activation
-# scale under EP is the max over each rank's own experts, which differs by rank from the one
-# value an output holds; NVFP4's global scales and MXFP8/MXFP4's EP paths are not yet checked
-# against vLLM's own.
-EP_SCHEMES = ("bf16", "fp8-block")
+# Under expert parallelism the plugin serves EP_SCHEMES only (served_config): each expert's
+# layout is its own, so a rank's experts are whole slices of a --tp-size 1 output, as vLLM's own
+# EP path holds them (tests/test_vllm_ep.py). Not (yet) the others: vLLM's FP8 per-tensor
+# activation scale under EP is the max over each rank's own experts, which differs by rank from
+# the one value an output holds; NVFP4's global scales and MXFP8/MXFP4's EP paths are not yet
+# checked against vLLM's own.
 
 
 def check_expert_parallel(manifest: dict, root: str, *, eplb: bool) -> None:
