@@ -158,16 +158,13 @@ def check_manifest(
         )
 
 
-# Under expert parallelism the plugin serves EP_SCHEMES only (served_config): each expert's
-# layout is its own, so a rank's experts are whole slices of a --tp-size 1 output, as vLLM's own
-# EP path holds them (tests/test_vllm_ep.py). Not (yet) the others: vLLM's FP8 per-tensor
-# activation scale under EP is the max over each rank's own experts, which differs by rank from
-# the one value an output holds; NVFP4's global scales and MXFP8/MXFP4's EP paths are not yet
-# checked against vLLM's own.
-
-
 def check_expert_parallel(manifest: dict, root: str, *, eplb: bool) -> None:
-    """Refuse what the plugin cannot serve under --enable-expert-parallel."""
+    """Refuse what the plugin cannot serve under --enable-expert-parallel. It serves
+    EP_SCHEMES (served_config): each expert's layout is its own, so a rank's experts are whole
+    slices of a --tp-size 1 output, as vLLM's own EP path holds them (tests/test_vllm_ep.py).
+    Not (yet) the others: vLLM's FP8 per-tensor activation scale under EP is the max over each
+    rank's own experts, which differs by rank from the one value an output holds; NVFP4's
+    global scales and MXFP8/MXFP4's EP paths are not yet checked against vLLM's own."""
     scheme = manifest["scheme"]
     if scheme not in EP_SCHEMES:
         why = (
