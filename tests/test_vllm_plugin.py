@@ -439,3 +439,20 @@ def test_the_gpu_family_comes_from_scheme_and_backend_not_the_manifests_claim(ma
     with pytest.raises(PluginError, match=r"need an SM10x or SM12x .Blackwell. GPU .gpu_family "):
         _check(m, capability=(9, 0))
     _check(m, capability=(10, 0))
+
+
+def test_an_expert_map_that_is_not_one_slot_per_local_expert_is_refused():
+    from fi_convert.vllm_plugin.experts import local_experts
+
+    def layer(emap, n):
+        mpc = types.SimpleNamespace(use_ep=True)
+        return types.SimpleNamespace(
+            _expert_map=torch.tensor(emap, dtype=torch.int32),
+            local_num_experts=n,
+            moe_config=types.SimpleNamespace(moe_parallel_config=mpc),
+            layer_name="model.layers.1.mlp.experts",
+        )
+
+    assert local_experts(layer([-1, 1, -1, 0], 2)) == [3, 1]  # local slot order, not global
+    with pytest.raises(PluginError, match="slots \\[0, 2\\] for 2 local experts .* --enable-eplb"):
+        local_experts(layer([0, -1, 2, -1], 2))
