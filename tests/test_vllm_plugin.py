@@ -396,12 +396,25 @@ def test_a_repo_id_that_cannot_be_downloaded_is_one_line(monkeypatch, tmp_path):
             dict(tensor_parallel_size=2, enable_expert_parallel=True),
             "convert again with --tp-size 1",
         ),
+        (dict(tensor_parallel_size=2, data_parallel_size=2), "x data-parallel 2.: convert again"),
+        (
+            dict(tensor_parallel_size=2, enable_expert_parallel=True, enable_eplb=True),
+            "does not load redundant experts",
+        ),
     ],
 )
 def test_manifest_refusals_come_before_vllm_starts_an_engine(out, kw, words):
     register()
     with pytest.raises(PluginError, match=words):
         _engine_model_config(out, load_format="fi-convert", **kw)
+
+
+def test_data_parallel_ranks_count_in_the_moes_tp_size(out):
+    """Without EP vLLM splits the MoE over TP x DP ranks: -tp 1 with DP 2 serves a tp 2 output."""
+    register()
+    assert _engine_model_config(
+        out, load_format="fi-convert", tensor_parallel_size=1, data_parallel_size=2
+    )
 
 
 def test_an_unfinished_output_is_refused_before_vllm_starts_an_engine(out, tmp_path):
