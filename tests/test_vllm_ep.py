@@ -14,28 +14,14 @@ from __future__ import annotations
 import pytest
 
 from fi_convert import Backend, Options, SchemeName, convert
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.synthetic import write_checkpoint
 from tests import vllm_moe as vm
+from tests.test_vllm import CASES as TP_CASES
+from tests.test_vllm import _sm
 
-# (scheme, spec, layer prefix): odd expert counts that split unevenly (7 over 2 and 4: 4+3,
-# 2+2+2+1), padding on TRT-LLM (I = 192 -> 256 for bf16), DeepSeek's FP8 blocks
-CASES = {
-    "mixtral-bf16-7": (
-        "bf16",
-        Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192, shards=1),
-        "model.layers.0.block_sparse_moe.experts",
-    ),
-    "qwen3-bf16": (
-        "bf16",
-        Spec("qwen3-moe", layers=1, experts=6, hidden=128, intermediate=192, shards=1),
-        "model.layers.0.mlp.experts",
-    ),
-    "deepseek-fp8-block": (
-        "fp8-block",
-        Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=256, shards=2),
-        "model.layers.1.mlp.experts",
-    ),
-}
+# test_vllm's cases that vLLM runs under EP: odd expert counts that split unevenly (Mixtral's
+# 7 over 2 and 4: 4+3, 2+2+2+1), padding on TRT-LLM (I = 192), DeepSeek's FP8 blocks
+CASES = {k: TP_CASES[k] for k in ("mixtral-bf16-7", "qwen3-bf16", "deepseek-fp8-block")}
 PARAMS = [
     (case, backend, ep, rank, placement)
     for case in CASES
@@ -68,10 +54,6 @@ def outputs(tmp_path_factory, checkpoints):
         return done[case, backend]
 
     return get
-
-
-def _sm(scheme: str, backend: str) -> int:
-    return 90 if (scheme, backend) == ("fp8-block", "cutlass") else 100  # vLLM: SM90 only
 
 
 def _context(case, backend, ep, rank, placement):

@@ -241,13 +241,7 @@ def test_loader_puts_experts_in_and_processes_only_the_kernel(src, out, rank):
         _loader().load_weights(model, _model_config(out))
         vm.process(model)  # vLLM's own driver: our layer's setup replaces its processing
     ours = model.moe
-    a, b = vm.params(theirs), vm.params(ours)
-    assert sorted(a) == sorted(b)
-    for n in a:
-        assert a[n].shape == b[n].shape and torch.equal(
-            a[n].view(torch.uint8), b[n].view(torch.uint8)
-        )
-    assert vm.kernel_state(ours) == vm.kernel_state(theirs)
+    vm.assert_same_layer(theirs, ours)  # parameters, MoE sizes, kernel and its state
     assert "process_weights_after_loading" not in vars(ours.quant_method)  # vLLM's again
     # the non-expert tensors went to the model, byte for byte; no expert tensor did
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
@@ -285,13 +279,7 @@ def test_loader_under_expert_parallelism_loads_the_ranks_experts(src, out_tp1, e
         vm.process(model)
     ours = model.moe
     assert ours.local_num_experts == 8 // ep
-    a, b = vm.params(theirs), vm.params(ours)
-    assert sorted(a) == sorted(b)
-    for n in a:
-        assert a[n].shape == b[n].shape and torch.equal(
-            a[n].view(torch.uint8), b[n].view(torch.uint8)
-        )
-    assert vm.kernel_state(ours) == vm.kernel_state(theirs)
+    vm.assert_same_layer(theirs, ours)  # parameters, MoE sizes, kernel and its state
     said = log.info.call_args.args
     assert (
         said[0] % said[1:]
