@@ -157,13 +157,21 @@ def test_expert_parallelism_takes_a_tp1_output_of_the_schemes_proven_for_it(mani
 def test_the_split_vllm_built_is_checked_against_the_output(manifest):
     """The layer's own MoE parallel config is the authority, whatever the flags said."""
     split = types.SimpleNamespace
-    checks.check_split(manifest, "OUT", "L", split(use_ep=False, tp_size=2, enable_eplb=False))
-    with pytest.raises(PluginError, match="vLLM split L over 4 ranks; convert again with --tp-"):
-        checks.check_split(manifest, "OUT", "L", split(use_ep=False, tp_size=4, enable_eplb=False))
+    tp2 = split(use_ep=False, tp_size=2, enable_eplb=False)
+    ep = split(use_ep=True, tp_size=1, enable_eplb=False)
+    checks.check_split(manifest, "OUT", PREFIX, tp2, 8)
+    with pytest.raises(PluginError, match="over 4 ranks; convert again with --tp-size 4"):
+        checks.check_split(manifest, "OUT", PREFIX, split(use_ep=False, tp_size=4), 8)
     with pytest.raises(PluginError, match="convert again with --tp-size 1"):
-        checks.check_split(manifest, "OUT", "L", split(use_ep=True, tp_size=1, enable_eplb=False))
+        checks.check_split(manifest, "OUT", PREFIX, ep, 8)
     tp1 = manifest | {"tp_size": 1}
-    checks.check_split(tp1, "OUT", "L", split(use_ep=True, tp_size=1, enable_eplb=False))
+    checks.check_split(tp1, "OUT", PREFIX, ep, 8)
+    # a model with more experts than the output: under EP its ranks would read other experts
+    for parallel in (tp2, ep):
+        with pytest.raises(PluginError, match="8 experts in the output and 16 in the model vLLM"):
+            checks.check_split(
+                manifest | {"tp_size": 2 - parallel.use_ep}, "OUT", PREFIX, parallel, 16
+            )
 
 
 @pytest.mark.parametrize(

@@ -190,9 +190,16 @@ def check_expert_parallel(manifest: dict, root: str, *, eplb: bool) -> None:
         )
 
 
-def check_split(manifest: dict, root: str, layer: str, moe_parallel: Any) -> None:
-    """The split vLLM built `layer` with (its MoE parallel config, the authority whatever the
-    flags said) against the output's."""
+def check_split(manifest: dict, root: str, layer: str, moe_parallel: Any, num_experts: int) -> None:
+    """The experts and the split vLLM built `layer` with (its global expert count and MoE
+    parallel config, the authority whatever the flags said) against the output's."""
+    have = manifest["layers"][layer].get("num_experts")
+    if num_experts != have:
+        raise PluginError(
+            f"{root}: {layer} has {have} experts in the output and {num_experts} in the model "
+            "vLLM built; serve the output with its own config.json (converted from another "
+            "model?)"
+        )
     if moe_parallel.use_ep:
         check_expert_parallel(manifest, root, eplb=moe_parallel.enable_eplb)
     elif moe_parallel.tp_size != manifest["tp_size"]:

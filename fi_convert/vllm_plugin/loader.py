@@ -122,7 +122,8 @@ class FiConvertModelLoader(DefaultModelLoader):
         for lp, (_, mod) in layers.items():
             if mode is None:
                 checks.check_layer(m, str(root), lp, mod.quant_method)
-            checks.check_split(m, str(root), lp, mod.moe_config.moe_parallel_config)
+            mpc = mod.moe_config.moe_parallel_config
+            checks.check_split(m, str(root), lp, mpc, mod.global_num_experts)
         with OutputReader(root, m) as reader:
             loaded = set(model.load_weights(_dense_weights(reader)) or ())
             mpc = next(iter(layers.values()))[1].moe_config.moe_parallel_config
