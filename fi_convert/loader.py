@@ -166,13 +166,15 @@ def load_moe_layer(
     device: str | torch.device = "cpu",
     scheme: str | None = None,
     backend: str | None = None,
+    experts: Sequence[int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Tensors of `layer_prefix` (e.g. "model.layers.3.mlp.experts") for rank `tp_rank`.
 
     Keyed by vLLM's fused-MoE parameter names and shaped as vLLM holds them after its
     load-time processing. Checks the manifest first (and, when given, that it was converted
     with `scheme` and `backend`) and reads only this rank's bytes, straight into tensors on
-    `device`.
+    `device`. `experts` (expert parallelism, a --tp-size 1 output): only these global experts,
+    in this order, as an EP rank holds them.
     """
     root = Path(out_dir)
     m = mf.read(root)
@@ -187,8 +189,12 @@ def load_moe_layer(
         out = {}
         for name in reader.layer(layer_prefix)["tensors"]:
             _, shape, dtype = reader.info(layer_prefix, name)
-            out[name] = torch.empty(shape, dtype=dtype, device=dev)
-            reader.read_into(layer_prefix, name, tp_rank, out[name])
+            if experts is None:
+                out[name] = torch.empty(shape, dtype=dtype, device=dev)
+                reader.read_into(layer_prefix, name, tp_rank, out[name])
+            else:
+                out[name] = torch.empty((len(experts), *shape[1:]), dtype=dtype, device=dev)
+                reader.read_experts_into(layer_prefix, name, experts, out[name])
     return out
 
 

@@ -536,6 +536,13 @@ def test_reading_experts_for_expert_parallelism(tmp_path):
     for tp in (1, 2):
         convert(src, tmp_path / f"tp{tp}", Options(SchemeName.BF16, tp_size=tp), device="cpu")
     whole = load_moe_layer(tmp_path / "tp1", prefix)
+    part = load_moe_layer(tmp_path / "tp1", prefix, experts=[4, 1])
+    assert all(
+        torch.equal(part[k].view(torch.uint8), t[[4, 1]].view(torch.uint8))
+        for k, t in whole.items()
+    )
+    with pytest.raises(ManifestError, match="convert again with --tp-size 1"):
+        load_moe_layer(tmp_path / "tp2", prefix, experts=[0])
     with OutputReader(tmp_path / "tp1") as r:
         for ids in ([3, 4], [4, 0, 2], [1]):
             for name, t in whole.items():
