@@ -23,7 +23,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--ep", action="store_true", help="--enable-expert-parallel")
     ap.add_argument("--out", required=True)
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--prompts", default=json.dumps(DEFAULT_PROMPTS))
@@ -41,7 +40,6 @@ def run(a: argparse.Namespace) -> dict:
         skip_tokenizer_init=True,
         enforce_eager=True,
         tensor_parallel_size=a.tp,
-        enable_expert_parallel=a.ep,
         load_format=a.load_format,
         dtype="bfloat16",
         max_model_len=128,
@@ -67,7 +65,6 @@ def run(a: argparse.Namespace) -> dict:
     return {
         "vllm_version": vllm.__version__,
         "tp": a.tp,
-        "ep": a.ep,
         "load_format": a.load_format,
         "outputs": outputs,
     }
