@@ -184,8 +184,12 @@ def quant_config(ckpt: Path):
     raise ValueError(f"{ckpt}: no vLLM config in these tests for {cfg['quant_method']}")
 
 
-def make_layer(prefix: str, ckpt: Path, tp_size: int, unquantized: bool = False) -> torch.nn.Module:
-    """vLLM's RoutedExperts for `prefix` of the checkpoint at `ckpt` (call inside vllm_context)."""
+def make_layer(
+    prefix: str, ckpt: Path, tp_size: int, unquantized: bool = False, groups: int | None = None
+) -> torch.nn.Module:
+    """vLLM's RoutedExperts for `prefix` of the checkpoint at `ckpt` (call inside vllm_context).
+    `groups`: grouped top-k routing over that many expert groups (as DeepSeek-V3's n_group;
+    vLLM places experts round-robin only for such a model)."""
     cfg = json.loads((ckpt / "config.json").read_text())
     experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
     inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
@@ -193,6 +197,7 @@ def make_layer(prefix: str, ckpt: Path, tp_size: int, unquantized: bool = False)
     oss = dict(
         has_bias=True, activation="swigluoai", routed_experts_cls=gpt_oss.GptOssRoutedExperts
     )
+    grouped = dict(use_grouped_topk=True, num_expert_group=groups, topk_group=1)
     runner = FusedMoEFactory(
         num_experts=experts,
         top_k=2,
@@ -205,6 +210,7 @@ def make_layer(prefix: str, ckpt: Path, tp_size: int, unquantized: bool = False)
         pcp_size=1,
         prefix=prefix,
         **(oss if cfg.get("model_type") == "gpt_oss" else {}),
+        **({} if groups is None else grouped),
     )
     return runner.routed_experts
 
@@ -366,13 +372,15 @@ def assert_same_layer(theirs: torch.nn.Module, ours: torch.nn.Module) -> None:
     assert kernel_state(ours) == kernel_state(theirs)
 
 
-def plugin_layer(prefix: str, ckpt: Path, out: Path, tp: int) -> torch.nn.Module:
+def plugin_layer(
+    prefix: str, ckpt: Path, out: Path, tp: int, groups: int | None = None
+) -> torch.nn.Module:
     """The plugin's path (call inside vllm_context): a fresh layer, the output's tensors read
     into it, kernel setup only."""
     from fi_convert.loader import OutputReader
     from fi_convert.vllm_plugin import experts as plugin
 
-    layer = make_layer(prefix, ckpt, tp)
+    layer = make_layer(prefix, ckpt, tp, groups=groups)
     with OutputReader(out) as reader:
         plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
         plugin.finish(layer, reader.layer(prefix))
