@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import pytest
 
-from fi_convert import Backend, Options, SchemeName, convert
-from fi_convert.synthetic import write_checkpoint
+from tests import test_vllm as tv
 from tests import vllm_moe as vm
-from tests.test_vllm import CASES as TP_CASES
-from tests.test_vllm import _sm
 
 # test_vllm's cases that vLLM runs under EP: odd expert counts that split unevenly (Mixtral's
 # 7 over 2 and 4: 4+3, 2+2+2+1), padding on TRT-LLM (I = 192), DeepSeek's FP8 blocks
-CASES = {k: TP_CASES[k] for k in ("mixtral-bf16-7", "qwen3-bf16", "deepseek-fp8-block")}
+CASES = {k: tv.CASES[k] for k in ("mixtral-bf16-7", "qwen3-bf16", "deepseek-fp8-block")}
+# test_vllm's fixtures: its checkpoints, and its outputs at --tp-size 1, which serve every EP size
+checkpoints, outputs = tv.checkpoints, tv.outputs
 PARAMS = [
     (case, backend, ep, rank, placement)
     for case in CASES
@@ -34,31 +33,8 @@ PARAMS = [
 GROUPS = 2  # round-robin: vLLM places so only a model of several expert groups
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ep-src")
-    return {name: write_checkpoint(root / name, spec) for name, (_, spec, _) in CASES.items()}
-
-
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory, checkpoints):
-    """One --tp-size 1 output per case and backend, for every EP size."""
-    root = tmp_path_factory.mktemp("ep-out")
-    done: dict = {}
-
-    def get(case: str, backend: str):
-        if (case, backend) not in done:
-            out = root / f"{case}-{backend}"
-            opts = Options(scheme=SchemeName(CASES[case][0]), backend=Backend(backend), tp_size=1)
-            convert(checkpoints[case], out, opts, device="cpu")
-            done[case, backend] = out
-        return done[case, backend]
-
-    return get
-
-
 def _context(case, backend, ep, rank, placement):
-    return vm.vllm_context(backend, ep, rank, sm=_sm(CASES[case][0], backend), ep=placement)
+    return vm.vllm_context(backend, ep, rank, sm=tv._sm(CASES[case][0], backend), ep=placement)
 
 
 def _make(case, ep, placement, checkpoints):
@@ -87,7 +63,7 @@ def test_vllm_params_under_ep_equal_the_output_slices(
     case, backend, ep, rank, placement, checkpoints, outputs
 ):
     layer = _vllm_layer(case, backend, ep, rank, placement, checkpoints)
-    vm.assert_holds_output_bytes(layer, outputs(case, backend), CASES[case][2], 0)
+    vm.assert_holds_output_bytes(layer, outputs(case, backend, 1), CASES[case][2], 0)
 
 
 @pytest.mark.parametrize(("case", "backend", "ep", "rank", "placement"), PARAMS)
@@ -100,7 +76,7 @@ def test_plugin_path_under_ep_leaves_the_layer_as_vllm_does(
         ours = vm.plugin_layer(
             prefix,
             checkpoints[case],
-            outputs(case, backend),
+            outputs(case, backend, 1),
             ep,
             groups=GROUPS if placement == "round_robin" else None,
         )
@@ -119,7 +95,7 @@ def test_the_slices_are_the_experts_not_the_first_rows(checkpoints, outputs):
     with _context(case, backend, 2, 1, "linear"):
         ours = vm.make_layer(prefix, checkpoints[case], 2)
         ours._expert_map[:] = vm.torch.tensor([0, 1, 2, -1, -1, -1], dtype=ours._expert_map.dtype)
-        with OutputReader(outputs(case, backend)) as reader:
+        with OutputReader(outputs(case, backend, 1)) as reader:
             plugin.install(ours, reader, prefix, 0)
             plugin.finish(ours, reader.layer(prefix))
     assert theirs.w13_weight.shape == ours.w13_weight.shape
