@@ -123,13 +123,13 @@ class OutputReader:
                 "built has more experts than the output: serve it with its own config.json)"
             )
         per = info.nbytes // n
-        spans: list[list[int]] = []
+        spans: list[tuple[int, int]] = []
         for e in experts:  # consecutive experts are one read
-            if spans and spans[-1][0] + spans[-1][1] == info.start + e * per:
-                spans[-1][1] += per
+            if spans and sum(spans[-1]) == info.start + e * per:
+                spans[-1] = (spans[-1][0], spans[-1][1] + per)
             else:
-                spans.append([info.start + e * per, per])
-        self._read_spans(info, [(a, b) for a, b in spans], dst)
+                spans.append((info.start + e * per, per))
+        self._read_spans(info, spans, dst)
 
     def _read_spans(
         self, info: TensorInfo, spans: list[tuple[int, int]], dst: torch.Tensor

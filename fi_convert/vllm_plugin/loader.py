@@ -122,20 +122,19 @@ class FiConvertModelLoader(DefaultModelLoader):
         for lp, (_, mod) in layers.items():
             if mode is None:
                 checks.check_layer(m, str(root), lp, mod.quant_method)
-            mpc = mod.moe_config.moe_parallel_config
-            checks.check_split(m, str(root), lp, mpc, mod.global_num_experts)
+            split = mod.moe_config.moe_parallel_config
+            checks.check_split(m, str(root), lp, split, mod.global_num_experts)
         with OutputReader(root, m) as reader:
             loaded = set(model.load_weights(_dense_weights(reader)) or ())
-            mpc = next(iter(layers.values()))[1].moe_config.moe_parallel_config
-            kind, rank, size = (
-                ("EP", mpc.ep_rank, mpc.ep_size) if mpc.use_ep else ("TP", mpc.tp_rank, mpc.tp_size)
-            )
+            # this process is one rank of every layer: the last layer's split names it
             logger.info(
                 "fi-convert: loading %d MoE layers for %s rank %d/%d from %s",
                 len(layers),
-                kind,
-                rank,
-                size,
+                *(
+                    ("EP", split.ep_rank, split.ep_size)
+                    if split.use_ep
+                    else ("TP", split.tp_rank, split.tp_size)
+                ),
                 root,
             )
             for lp, (name, mod) in layers.items():
