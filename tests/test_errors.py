@@ -559,6 +559,14 @@ def test_reading_experts_for_expert_parallelism(tmp_path):
         pytest.raises(ManifestError, match="convert again with --tp-size 1"),
     ):
         r.read_experts_into(prefix, "w13_weight", [0], torch.empty(1))
+    # a manifest whose expert count is not the tensors' leading dimension
+    m = fi_convert.read_manifest(tmp_path / "tp1")
+    m["layers"][prefix]["num_experts"] = 4
+    with (
+        OutputReader(tmp_path / "tp1", m) as r,
+        pytest.raises(ManifestError, match="no leading dimension of the layer's 4 experts"),
+    ):
+        r.read_experts_into(prefix, "w13_weight", [0], torch.empty(1))
 
 
 def test_fp8_block_expert_count_warning(tmp_path):
