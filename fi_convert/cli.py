@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import __version__
+from . import __version__, sizes
 from .cli_progress import (
     Display,
     Stopwatch,
@@ -92,29 +92,12 @@ DebugOpt = Annotated[
 ]
 
 
-_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_UNITS |= {f"{u}B": 1000**k for k, u in enumerate("KMGT", 1)}
-_UNITS |= {f"{u}IB": 1024**k for k, u in enumerate("KMGT", 1)}
-
-
 def parse_size(text: str | int) -> int:
-    """Bytes from `text`: a count of bytes, or a number with a unit (KB, MB, GB, TB are
-    powers of 1000, as in Hugging Face's `max_shard_size`; KiB, MiB, GiB, TiB and K, M, G, T
-    are powers of 1024)."""
-    if isinstance(text, int):  # a default
-        return text
-    t = text.strip().replace(" ", "").replace("_", "")
-    num = t.rstrip("bBkKmMgGtTiI")
-    unit = t[len(num) :].upper()
+    """Bytes from `text` (see sizes.parse_size); anything else is a usage error."""
     try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if unit not in _UNITS or not 0 <= value < 2**63:
-        raise typer.BadParameter(
-            "not a size: give bytes, or a number with a unit (e.g. 4GiB, 500MB, 5GB, 1.5T)"
-        )
-    return int(value * _UNITS[unit])
+        return sizes.parse_size(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")

@@ -1,13 +1,16 @@
 """Read one tensor-parallel rank's kernel-ready MoE tensors from an output folder.
 
 `OutputReader` checks the manifest and the shards once, then reads any layer's tensor for a
-rank into a caller's buffer (a server's parameter) with no copy in between on CPU, and through
-one small reused host buffer on CUDA. `load_moe_layer` is the dict-returning convenience.
+rank into a caller's buffer (a server's parameter). Reads go through a `BulkRead`: one per
+call, or one shared by many calls (`bulk()`, then `run()`), which reads all their byte ranges
+at once with several threads, straight into host buffers or, into a GPU, through pinned host
+buffers copied on their own streams. `load_moe_layer` is the dict-returning convenience.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,11 +18,10 @@ import torch
 
 from . import dtypes
 from . import manifest as mf
+from .bulk_read import BulkRead
 from .errors import ManifestError
 from .source import INDEX_NAME
-from .st_io import SourceFiles, TensorInfo, pread_into, read_header
-
-BOUNCE_BYTES = 64 << 20  # host buffer for reads into device memory, at most
+from .st_io import SourceFiles, TensorInfo, read_header
 
 
 class OutputReader:
@@ -39,11 +41,9 @@ class OutputReader:
             ) from None
         self._headers: dict[str, dict[str, TensorInfo]] = {}
         self._files = SourceFiles()
-        self._bounce: torch.Tensor | None = None
 
     def close(self) -> None:
         self._files.close()
-        self._bounce = None
 
     def __enter__(self) -> OutputReader:
         return self
@@ -80,26 +80,61 @@ class OutputReader:
         if shard is None:
             raise ManifestError(f"{self.root / INDEX_NAME}: does not list {full}; convert again")
         if shard not in self._headers:
-            self._headers[shard] = read_header(self.root / shard)[0]
+            self._headers[shard] = self._open(self.root / shard)
         info = self._headers[shard].get(full)
         shape = tuple(meta["shape_per_rank"])
         if info is None or info.dtype != meta["dtype"] or info.shape != (self.tp_size, *shape):
             raise ManifestError(f"{self.root / shard}: {full} disagrees with the manifest")
         return info, shape, dtypes.to_torch(info.dtype)
 
-    def read_into(self, prefix: str, name: str, tp_rank: int, dst: torch.Tensor) -> None:
+    def _open(self, path: Path) -> dict[str, TensorInfo]:
+        """The shard's header, read from the file that stays open for the reads (a file
+        replaced in between would give other bytes than the header checked)."""
+        fd = self._files.fd(path)
+        infos = read_header(path)[0]
+        st, ft = os.stat(path), os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (ft.st_dev, ft.st_ino):
+            raise ManifestError(f"{path}: replaced while it was opened; load again")
+        return infos
+
+    def bulk(
+        self,
+        device: str | torch.device,
+        *,
+        threads: int | None = None,
+        host_memory: int | str | None = None,
+    ) -> BulkRead:
+        """A read shared by many `read_into` / `read_experts_into` calls (`bulk=`): their byte
+        ranges are read at once by its `run()`."""
+        return BulkRead(device, threads=threads, host_memory=host_memory)
+
+    def read_into(
+        self,
+        prefix: str,
+        name: str,
+        tp_rank: int,
+        dst: torch.Tensor,
+        bulk: BulkRead | None = None,
+    ) -> None:
         """Fill `dst` (contiguous, any shape and dtype of the same byte size, on any device) with
-        rank `tp_rank`'s bytes of `prefix.name`. Reads only that rank's byte range."""
+        rank `tp_rank`'s bytes of `prefix.name`. Reads only that rank's byte range: now, or with
+        `bulk` when that runs."""
         if not 0 <= tp_rank < self.tp_size:
             raise ManifestError(
                 f"{self.root}: tp_rank {tp_rank} out of range; this output was converted for "
                 f"--tp-size {self.tp_size} (ranks 0..{self.tp_size - 1})"
             )
         info, _, _ = self.info(prefix, name)
-        self._read_spans(info, [(info.start + tp_rank * info.row_bytes, info.row_bytes)], dst)
+        spans = [(info.start + tp_rank * info.row_bytes, info.row_bytes)]
+        self._read_spans(info, spans, dst, bulk)
 
     def read_experts_into(
-        self, prefix: str, name: str, experts: Sequence[int], dst: torch.Tensor
+        self,
+        prefix: str,
+        name: str,
+        experts: Sequence[int],
+        dst: torch.Tensor,
+        bulk: BulkRead | None = None,
     ) -> None:
         """Expert parallelism: fill `dst` with the bytes of the listed (global) experts of
         `prefix.name`, in that order, from an output converted for one rank (each expert's
@@ -129,33 +164,29 @@ class OutputReader:
                 spans[-1] = (spans[-1][0], spans[-1][1] + per)
             else:
                 spans.append((info.start + e * per, per))
-        self._read_spans(info, spans, dst)
+        self._read_spans(info, spans, dst, bulk)
 
     def _read_spans(
-        self, info: TensorInfo, spans: list[tuple[int, int]], dst: torch.Tensor
+        self,
+        info: TensorInfo,
+        spans: list[tuple[int, int]],
+        dst: torch.Tensor,
+        bulk: BulkRead | None,
     ) -> None:
-        """dst = the bytes of `info.file` at these (offset, size) spans, one after another."""
+        """dst = the bytes of `info.file` at these (offset, size) spans, one after another:
+        read by `bulk` when it runs, else now."""
         total = sum(size for _, size in spans)
         if not dst.is_contiguous() or dst.numel() * dst.element_size() != total:
             raise ValueError(f"{info.name}: destination of wrong size or not contiguous")
-        flat = dst.view(-1).view(torch.uint8) if dst.numel() else dst.view(torch.uint8)
+        flat = dst.reshape(-1).view(torch.uint8)
         fd = self._files.fd(info.file)
+        now = bulk or BulkRead(dst.device)
         pos = 0
         for base, size in spans:
-            if dst.device.type == "cpu":
-                pread_into(fd, base, flat[pos : pos + size], info.file)
-                pos += size
-                continue
-            step = min(BOUNCE_BYTES, size) or 1
-            if self._bounce is None or self._bounce.numel() < step:
-                # on the host, whatever the default device (vLLM loads under `with device:`)
-                self._bounce = torch.empty(step, dtype=torch.uint8, device="cpu", pin_memory=True)
-            for off in range(0, size, step):
-                n = min(step, size - off)
-                buf = self._bounce[:n]
-                pread_into(fd, base + off, buf, info.file)
-                flat[pos + off : pos + off + n].copy_(buf)  # synchronous: the buffer is reused
+            now.add(info.file, fd, base, flat[pos : pos + size])
             pos += size
+        if bulk is None:
+            now.run()
 
 
 def load_moe_layer(
@@ -167,6 +198,8 @@ def load_moe_layer(
     scheme: str | None = None,
     backend: str | None = None,
     experts: Sequence[int] | None = None,
+    threads: int | None = None,
+    host_memory: int | str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Tensors of `layer_prefix` (e.g. "model.layers.3.mlp.experts") for rank `tp_rank`.
 
@@ -174,7 +207,10 @@ def load_moe_layer(
     load-time processing. Checks the manifest first (and, when given, that it was converted
     with `scheme` and `backend`) and reads only this rank's bytes, straight into tensors on
     `device`. `experts` (expert parallelism, a --tp-size 1 output): only these global experts,
-    in this order, as an EP rank holds them.
+    in this order, as an EP rank holds them. All the layer's tensors are read at once by
+    `threads` threads (default: FI_CONVERT_READ_THREADS, else one per CPU, at most 16), into a
+    GPU through at most `host_memory` of pinned host memory (default: FI_CONVERT_HOST_MEMORY,
+    else 1GiB).
     """
     root = Path(out_dir)
     m = mf.read(root)
@@ -186,15 +222,17 @@ def load_moe_layer(
             )
     dev = _device(device)
     with OutputReader(root, m) as reader:
+        bulk = reader.bulk(dev, threads=threads, host_memory=host_memory)
         out = {}
         for name in reader.layer(layer_prefix)["tensors"]:
             _, shape, dtype = reader.info(layer_prefix, name)
             if experts is None:
                 out[name] = torch.empty(shape, dtype=dtype, device=dev)
-                reader.read_into(layer_prefix, name, tp_rank, out[name])
+                reader.read_into(layer_prefix, name, tp_rank, out[name], bulk)
             else:
                 out[name] = torch.empty((len(experts), *shape[1:]), dtype=dtype, device=dev)
-                reader.read_experts_into(layer_prefix, name, experts, out[name])
+                reader.read_experts_into(layer_prefix, name, experts, out[name], bulk)
+        bulk.run()
     return out
 
 

@@ -289,10 +289,16 @@ def test_loader_under_expert_parallelism_loads_the_ranks_experts(src, out_tp1, e
     assert ours.local_num_experts == 8 // ep
     vm.assert_same_layer(theirs, ours)  # parameters, MoE sizes, kernel and its state
     said = log.info.call_args.args
-    assert (
-        said[0] % said[1:]
-        == f"fi-convert: loading 1 MoE layers for EP rank {rank}/{ep} from {out_tp1}"
-    )
+    line = said[0] % said[1:]
+    # one line per rank at the end: who, the experts' bytes and speed, the non-expert part
+    assert re.fullmatch(
+        rf"fi-convert: EP rank {rank}/{ep} loaded 1 MoE layers, [\d.]+ MB in [\d.]+ s "
+        r"\([\d.]+ GB/s, \d+ threads, \d+ MiB pinned\); non-expert [\d.]+ MB in [\d.]+ s, "
+        rf"read beside them; from {re.escape(str(out_tp1))}",
+        line,
+    ), line
+    moe = sum(p.numel() * p.element_size() for p in ours.parameters(recurse=False))
+    assert f" {moe / 1e6:.1f} MB in" in line
 
 
 def test_loader_refuses_a_layer_on_another_backend(src, out):

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..bulk_read import BulkRead
 from ..loader import OutputReader
 from .checks import PluginError, backend_of
 
@@ -54,15 +55,24 @@ def local_experts(experts: Any) -> list[int] | None:
     return [slots[j] for j in range(experts.local_num_experts)]
 
 
-def install(experts: Any, reader: OutputReader, prefix: str, tp_rank: int) -> list[str]:
+def install(
+    experts: Any,
+    reader: OutputReader,
+    prefix: str,
+    tp_rank: int,
+    bulk: BulkRead | None = None,
+) -> list[str]:
     """Read the layer's tensors for `tp_rank` into `experts`' parameters; returns their names.
-    Under expert parallelism, each tensor's slices of this rank's experts instead.
+    Under expert parallelism, each tensor's slices of this rank's experts instead. With `bulk`,
+    the parameters are placed now and their bytes read when `bulk` runs (with every other
+    layer's); without, read now.
 
     Tensors that are not parameters of the allocated layer (g1_scale_c for nvfp4/trtllm) are not
     read: vLLM's kernel setup computes them from the parameters, as it does on its own path."""
     m = reader.manifest
     keep = (m["scheme"], m["backend"]) in KEEP_ALLOCATED_SHAPE
     ids = local_experts(experts)
+    now = bulk or reader.bulk(next(experts.parameters()).device)
     loaded = []
     for name in reader.layer(prefix)["tensors"]:
         param = experts._parameters.get(name)
@@ -70,10 +80,10 @@ def install(experts: Any, reader: OutputReader, prefix: str, tp_rank: int) -> li
             continue
         _, shape, dtype = reader.info(prefix, name)
         if ids is None:
-            read = partial(reader.read_into, prefix, name, tp_rank)
+            read = partial(reader.read_into, prefix, name, tp_rank, bulk=now)
         else:
             shape = (len(ids), *shape[1:])
-            read = partial(reader.read_experts_into, prefix, name, ids)
+            read = partial(reader.read_experts_into, prefix, name, ids, bulk=now)
         data = param.data
         if data.dtype == dtype and data.numel() == math.prod(shape) and data.is_contiguous():
             read(data)
@@ -87,6 +97,8 @@ def install(experts: Any, reader: OutputReader, prefix: str, tp_rank: int) -> li
             read(new)
             param.data = new
         loaded.append(name)
+    if bulk is None:
+        now.run()
     return loaded
 
 

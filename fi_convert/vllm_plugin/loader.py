@@ -9,7 +9,8 @@ replaced by kernel setup only. Every other module is processed by vLLM's own dri
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from .. import manifest as mf
+from ..bulk_read import ReadStats
 from ..errors import FiConvertError
 from ..loader import OutputReader
 from . import checks, experts
@@ -122,38 +124,98 @@ class FiConvertModelLoader(DefaultModelLoader):
         for lp, (_, mod) in layers.items():
             if mode is None:
                 checks.check_layer(m, str(root), lp, mod.quant_method)
-            split = mod.moe_config.moe_parallel_config
-            checks.check_split(m, str(root), lp, split, mod.global_num_experts)
-        with OutputReader(root, m) as reader:
-            loaded = set(model.load_weights(_dense_weights(reader)) or ())
-            # this process is one rank of every layer: the last layer's split names it
-            logger.info(
-                "fi-convert: loading %d MoE layers for %s rank %d/%d from %s",
-                len(layers),
-                *(
-                    ("EP", split.ep_rank, split.ep_size)
-                    if split.use_ep
-                    else ("TP", split.tp_rank, split.tp_size)
-                ),
-                root,
+            checks.check_split(
+                m, str(root), lp, mod.moe_config.moe_parallel_config, mod.global_num_experts
             )
-            for lp, (name, mod) in layers.items():
-                rank = mod.moe_config.moe_parallel_config.tp_rank
-                for p in experts.install(mod, reader, lp, rank):
-                    loaded.add(f"{name}.{p}")
-                meta = m["layers"][lp]
-                if mode is None:
-                    experts.set_up_kernel_only(mod, meta)
-                else:
-                    experts.undo_for_cpu(mod, m, mode)
+        moe, dense = _Clock(), _Clock()
+        with OutputReader(root, m) as reader:
+            bulk = reader.bulk(_device(layers))
+            loaded: set[str] = set()
+            try:
+                for lp, (name, mod) in layers.items():
+                    rank = mod.moe_config.moe_parallel_config.tp_rank
+                    for p in experts.install(mod, reader, lp, rank, bulk):
+                        loaded.add(f"{name}.{p}")
+                moe(bulk.start)  # the experts' bytes are read beside the dense tensors
+                loaded |= set(dense(lambda: model.load_weights(_dense_weights(reader, dense))))
+                stats = bulk.wait()
+            except FiConvertError as e:
+                bulk.abort()
+                raise PluginError(f"{e}") from None
+            except (KeyboardInterrupt, SystemExit):
+                bulk.abort()
+                logger.error(
+                    "fi-convert: loading %s interrupted; its reader threads are stopped and "
+                    "their pinned memory freed: start the server again",
+                    root,
+                )
+                raise
+            except BaseException:
+                bulk.abort()
+                raise
+        for lp, (_, mod) in layers.items():
+            if mode is None:
+                experts.set_up_kernel_only(mod, m["layers"][lp])
+            else:
+                experts.undo_for_cpu(mod, m, mode)
+        # this process is one rank of every layer: any layer's split names it
+        split = next(iter(layers.values()))[1].moe_config.moe_parallel_config if layers else None
+        logger.info("%s", _load_line(root, len(layers), split, moe, stats, dense))
         if model_config.quantization is None:
             self.track_weights_loading(model, loaded)
 
 
-def _dense_weights(reader: OutputReader) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the output that is not a converted expert tensor, shard by shard."""
+def _dense_weights(reader: OutputReader, timed: _Clock) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the output that is not a converted expert tensor, shard by shard (as
+    vLLM's default loader reads them); their bytes are counted in `timed`."""
     for shard in reader.shards():
         with safe_open(reader.root / shard, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if not reader.is_expert_tensor(name):
-                    yield name, f.get_tensor(name)
+                    t = f.get_tensor(name)
+                    timed.nbytes += t.numel() * t.element_size()
+                    yield name, t
+
+
+class _Clock:
+    """The wall time of the calls it makes, and a byte count."""
+
+    def __init__(self) -> None:
+        self.nbytes, self.seconds = 0, 0.0
+
+    def __call__(self, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn() or ()
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def _device(layers: dict[str, tuple[str, RoutedExperts]]) -> torch.device:
+    """Where the MoE parameters live (the reads go there)."""
+    for _, mod in layers.values():
+        for p in mod.parameters(recurse=False):
+            return p.device
+    return torch.device("cpu")
+
+
+def _load_line(root: Path, n: int, split: Any, moe: _Clock, stats: ReadStats, dense: _Clock) -> str:
+    """The one line a rank logs at the end of its load."""
+    who = "rank"
+    if split is not None:
+        who = (
+            f"EP rank {split.ep_rank}/{split.ep_size}"
+            if split.use_ep
+            else f"TP rank {split.tp_rank}/{split.tp_size}"
+        )
+    moe_s = moe.seconds + stats.seconds
+    return (
+        f"fi-convert: {who} loaded {n} MoE layers, {_gb(stats.bytes)} in {moe_s:.2f} s "
+        f"({stats.bytes / moe_s / 1e9 if moe_s else 0:.1f} GB/s, {stats.threads} threads, "
+        f"{stats.pinned_peak / 2**20:.0f} MiB pinned); non-expert {_gb(dense.nbytes)} "
+        f"in {dense.seconds:.2f} s, read beside them; from {root}"
+    )
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"

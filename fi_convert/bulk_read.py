@@ -1,0 +1,368 @@
+"""Many byte ranges of files read into tensors at once, as fast as the machine reads.
+
+A `BulkRead` takes requests (an open file, an offset, a destination tensor), joins ranges
+that lie near each other in a file, cuts them into chunks and reads the chunks with several
+threads. Into host memory, each thread reads straight into the destinations. Into a GPU, each
+thread reads into its own pinned host buffers and copies each one to its destinations on its
+own CUDA stream, so that the copies overlap the next reads; a buffer is refilled only once its
+copy is done. The pinned buffers stay within a host-memory budget and are freed when the read
+ends, however it ends. Nothing is staged in device memory.
+
+A fault ends the read with one line naming the file and the fix: a file shorter than its
+ranges, a short read (the file shrank), an I/O error, a file changed while it was read. On
+Ctrl-C (or the SystemExit of a SIGTERM handler) the threads stop, the buffers are freed and
+the exception goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import FiConvertError
+from .sizes import SIZE_HELP, parse_size
+
+THREADS_ENV = "FI_CONVERT_READ_THREADS"
+HOST_MEMORY_ENV = "FI_CONVERT_HOST_MEMORY"
+DEFAULT_HOST_MEMORY = 1 << 30  # pinned host memory of a read into a GPU, at most
+MAX_THREADS = 16
+CHUNK = 16 << 20  # bytes read and copied at once by one thread
+MIN_CHUNK = 1 << 20
+DEPTH = 2  # pinned buffers per thread: one is read into while the other is copied out
+GAP = 1 << 20  # two ranges of a file this close are read as one (the gap is read and dropped)
+
+
+class ReadError(FiConvertError):
+    """A file could not be read while loading; names the file and the fix."""
+
+
+def default_threads() -> int:
+    """`FI_CONVERT_READ_THREADS`, else one per usable CPU, at most MAX_THREADS."""
+    env = os.environ.get(THREADS_ENV)
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ReadError(f"{THREADS_ENV}={env!r}: not a thread count; give a number >= 1")
+        return int(env)
+    return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
+
+
+def default_host_memory() -> int:
+    """`FI_CONVERT_HOST_MEMORY` (a size such as 512MiB), else DEFAULT_HOST_MEMORY."""
+    env = os.environ.get(HOST_MEMORY_ENV)
+    if not env:
+        return DEFAULT_HOST_MEMORY
+    try:
+        return parse_size(env)
+    except ValueError:
+        raise ReadError(f"{HOST_MEMORY_ENV}={env!r}: not a size; {SIZE_HELP}") from None
+
+
+def fit(threads: int, host_memory: int, chunk: int = CHUNK) -> tuple[int, int]:
+    """Threads and chunk size whose pinned buffers (threads x DEPTH x chunk) fit the budget:
+    smaller chunks first (down to MIN_CHUNK), then fewer threads."""
+    if host_memory < DEPTH * MIN_CHUNK:
+        raise ReadError(
+            f"host memory budget of {host_memory} bytes is below the {DEPTH * MIN_CHUNK} one "
+            f"reader thread needs; raise {HOST_MEMORY_ENV}"
+        )
+    chunk = max(MIN_CHUNK, min(chunk, host_memory // (threads * DEPTH)))
+    return max(1, min(threads, host_memory // (DEPTH * chunk))), chunk
+
+
+@dataclass
+class _Job:
+    """One read of `size` bytes of a file, and where its bytes go: (offset in the job, a flat
+    uint8 destination)."""
+
+    path: Path
+    fd: int
+    offset: int
+    size: int
+    pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReadStats:
+    bytes: int  # delivered into the destinations
+    read_bytes: int  # read from the files (joined gaps included)
+    seconds: float  # from the threads' start to the last one's end
+    threads: int
+    chunk: int
+    pinned_peak: int  # pinned host memory held at once
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+class BulkRead:
+    """Requests added with `add`, then read at once by `run` (or `start` ... `wait`)."""
+
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        *,
+        threads: int | None = None,
+        host_memory: int | str | None = None,
+        chunk: int = CHUNK,
+        staged: bool | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        # staged: through host buffers (always into a GPU; on the CPU only in tests)
+        self.staged = self.device.type != "cpu" if staged is None else staged
+        budget = default_host_memory() if host_memory is None else parse_size(host_memory)
+        self.threads, self.chunk = fit(threads or default_threads(), budget, chunk)
+        self._requests: list[tuple[Path, int, int, torch.Tensor]] = []
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._pinned = self._pinned_peak = 0
+        self._stat: dict[int, os.stat_result] = {}
+        self._jobs: list[_Job] = []
+        self._t0 = 0.0
+        self._ends: list[float] = []  # when each thread finished
+
+    def add(self, path: Path, fd: int, offset: int, dst: torch.Tensor) -> None:
+        """Fill the contiguous `dst` (on this read's device) with `dst`'s byte size of the
+        open file `fd` (named `path`) from `offset`, when the read runs."""
+        if not dst.is_contiguous() or dst.device.type != self.device.type:
+            raise ValueError(f"{path}: destination not contiguous or not on {self.device}")
+        flat = dst.reshape(-1).view(torch.uint8)
+        if flat.numel():
+            self._requests.append((path, fd, offset, flat))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(flat.numel() for *_, flat in self._requests)
+
+    def run(self) -> ReadStats:
+        self.start()
+        return self.wait()
+
+    def start(self) -> None:
+        """Check the files' sizes against the requests, then start the reader threads."""
+        self._jobs = self._plan()
+        self._check_sizes()
+        todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        for job in self._jobs:
+            todo.put(job)
+        n = min(self.threads, len(self._jobs))
+        for _ in range(n):
+            todo.put(None)
+        ready = None
+        if self.device.type == "cuda":  # destinations may reuse memory of pending work
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        self._t0 = time.perf_counter()
+        self._threads = [
+            threading.Thread(
+                target=self._work, args=(todo, ready), name=f"fi-convert-read-{k}", daemon=True
+            )
+            for k in range(n)
+        ]
+        try:
+            for t in self._threads:
+                t.start()
+        except BaseException:  # Ctrl-C while they start: stop those started
+            self.abort()
+            raise
+
+    def wait(self) -> ReadStats:
+        """Wait for the threads; raise the first fault. Interrupted, stop them first."""
+        try:
+            for t in self._threads:
+                t.join()
+        except BaseException:
+            self.abort()
+            raise
+        seconds = max(self._ends, default=self._t0) - self._t0
+        if self._error is not None:
+            raise self._error
+        self._check_unchanged()
+        return ReadStats(
+            bytes=self.nbytes,
+            read_bytes=sum(j.size for j in self._jobs),
+            seconds=seconds,
+            threads=len(self._threads),
+            chunk=self.chunk,
+            pinned_peak=self._pinned_peak,
+        )
+
+    def abort(self) -> None:
+        """Stop the threads after their current chunk and wait for them (their buffers are
+        freed as they end). A second Ctrl-C meanwhile does not cut this short: a thread left
+        inside torch at the interpreter's exit would abort the process."""
+        self._stop.set()
+        for t in self._threads:
+            while t.ident is not None and t.is_alive():
+                try:
+                    t.join()
+                except BaseException:  # noqa: S112 (they stop within one chunk's read)
+                    continue
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host memory held now (0 once the read has ended)."""
+        return self._pinned
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def _plan(self) -> list[_Job]:
+        """The requests as chunk-sized jobs: ranges of a file joined across small gaps (staged)
+        or where they touch (direct), then cut at chunk boundaries."""
+        gap = GAP if self.staged else 0
+        runs: list[_Job] = []
+        for path, fd, offset, flat in sorted(self._requests, key=lambda r: (str(r[0]), r[2])):
+            last = runs[-1] if runs else None
+            end = last.offset + last.size if last else 0
+            if last and last.fd == fd and end <= offset <= end + gap:
+                last.pieces.append((offset - last.offset, flat))
+                last.size = offset + flat.numel() - last.offset
+            else:
+                runs.append(_Job(path, fd, offset, flat.numel(), [(0, flat)]))
+        return [job for run in runs for job in self._cut(run)]
+
+    def _cut(self, run: _Job) -> list[_Job]:
+        """`run` cut into jobs of at most `chunk` bytes, each trimmed to its pieces."""
+        jobs: list[_Job] = []
+        for at, flat in run.pieces:
+            pos, end = at, at + flat.numel()
+            while pos < end:
+                job = jobs[-1] if jobs else None
+                if job is None or pos - (job.offset - run.offset) >= self.chunk:
+                    job = _Job(run.path, run.fd, run.offset + pos, 0)
+                    jobs.append(job)
+                base = job.offset - run.offset
+                take = min(end, base + self.chunk) - pos
+                job.pieces.append((pos - base, flat[pos - at : pos - at + take]))
+                job.size = pos + take - base
+                pos += take
+        return jobs
+
+    def _check_sizes(self) -> None:
+        for job in self._jobs:
+            if job.fd not in self._stat:
+                self._stat[job.fd] = os.fstat(job.fd)
+            size = self._stat[job.fd].st_size
+            if job.offset + job.size > size:
+                raise ReadError(
+                    f"{job.path}: {size} bytes, but its tensors reach byte "
+                    f"{job.offset + job.size}: the file is truncated; restore it (convert or "
+                    "download it again)"
+                )
+
+    def _check_unchanged(self) -> None:
+        for job in self._jobs:
+            was, now = self._stat[job.fd], os.fstat(job.fd)
+            if (now.st_size, now.st_mtime_ns) != (was.st_size, was.st_mtime_ns):
+                raise ReadError(
+                    f"{job.path}: changed while it was loaded; load again, and do not write "
+                    "an output while a server loads it"
+                )
+
+    # -- the reader threads -----------------------------------------------------------------
+
+    def _work(self, todo: queue.SimpleQueue[_Job | None], ready: Any) -> None:
+        try:
+            if self.staged:
+                self._work_staged(todo, ready)
+            else:
+                self._work_direct(todo)
+        except BaseException as e:  # the first fault ends the read
+            with self._lock:
+                if self._error is None:
+                    self._error = e
+            self._stop.set()
+        finally:
+            self._ends.append(time.perf_counter())
+
+    def _work_direct(self, todo: queue.SimpleQueue[_Job | None]) -> None:
+        while not self._stop.is_set() and (job := todo.get()) is not None:
+            for at, flat in job.pieces:
+                self._read(job, job.offset + at, _bytes(flat))
+
+    def _work_staged(self, todo: queue.SimpleQueue[_Job | None], ready: Any) -> None:
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        if stream is not None and ready is not None:
+            stream.wait_event(ready)
+        bufs: list[torch.Tensor] = []
+        done: list[Any] = [None] * DEPTH
+        k = 0
+        try:
+            while not self._stop.is_set() and (job := todo.get()) is not None:
+                b, k = k % DEPTH, k + 1
+                if b == len(bufs):
+                    bufs.append(self._buffer(cuda))
+                if done[b] is not None:
+                    done[b].synchronize()  # its last copy is over: the buffer may be refilled
+                buf = bufs[b][: job.size]
+                self._read(job, job.offset, _bytes(buf))
+                done[b] = self._copy_out(job, buf, stream)
+        finally:
+            if stream is not None:
+                stream.synchronize()
+            self._release(bufs)
+
+    def _copy_out(self, job: _Job, buf: torch.Tensor, stream: Any) -> Any:
+        if stream is None:
+            for at, flat in job.pieces:
+                flat.copy_(buf[at : at + flat.numel()])
+            return None
+        with torch.cuda.stream(stream):
+            for at, flat in job.pieces:
+                flat.copy_(buf[at : at + flat.numel()], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def _buffer(self, pinned: bool) -> torch.Tensor:
+        buf = torch.empty(self.chunk, dtype=torch.uint8, device="cpu", pin_memory=pinned)
+        with self._lock:
+            self._pinned += self.chunk
+            self._pinned_peak = max(self._pinned_peak, self._pinned)
+        return buf
+
+    def _release(self, bufs: list[torch.Tensor]) -> None:
+        n = len(bufs)
+        bufs.clear()
+        with self._lock:
+            self._pinned -= n * self.chunk
+            last = self._pinned == 0
+        if last and self.device.type == "cuda":
+            empty = getattr(torch._C, "_host_emptyCache", None)
+            if empty is not None:  # give the pinned pages back, not to torch's cache
+                empty()
+
+    def _read(self, job: _Job, offset: int, mv: memoryview) -> None:
+        """Fill `mv` with the bytes of the job's file at `offset`; a fault is one line."""
+        done = 0
+        while done < len(mv):
+            try:
+                n = os.preadv(job.fd, [mv[done:]], offset + done)
+            except OSError as e:
+                raise ReadError(
+                    f"{job.path}: read failed at byte {offset + done} ({e.strerror or e}); "
+                    "check the disk, then load again"
+                ) from None
+            if n == 0:
+                raise ReadError(
+                    f"{job.path}: ends at byte {offset + done}, before byte {offset + len(mv)} "
+                    "(truncated while it was loaded?); restore the file (convert or download "
+                    "it again), then load again"
+                )
+            done += n
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous uint8 host tensor, writable."""
+    arr: Any = t.numpy()
+    return memoryview(arr).cast("B")

@@ -1,0 +1,340 @@
+"""fi_convert/bulk_read.py: many byte ranges read at once by several threads (direct into host
+tensors, or staged through host buffers as into a GPU; test_gpu.py runs the CUDA path), the
+ranges joined and cut as planned, and every fault one line with the threads stopped and the
+buffers freed (Ctrl-C and SIGTERM in real processes)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from fi_convert import bulk_read
+from fi_convert.bulk_read import GAP, MIN_CHUNK, BulkRead, ReadError, fit
+
+MiB = 1 << 20
+
+
+def _file(path: Path, size: int, seed: int = 0) -> bytes:
+    data = random.Random(seed).randbytes(size)
+    path.write_bytes(data)
+    return data
+
+
+def _reader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read-")]
+
+
+@pytest.fixture
+def two_files(tmp_path):
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    data = {a: _file(a, 9 * MiB + 123, 1), b: _file(b, 5 * MiB + 7, 2)}
+    fds = {p: os.open(p, os.O_RDONLY) for p in data}
+    yield data, fds
+    for fd in fds.values():
+        os.close(fd)
+
+
+def _spans(data: dict[Path, bytes], seed: int) -> list[tuple[Path, int, int]]:
+    """Random non-overlapping ranges of both files: touching, small gaps, large gaps, and
+    ranges longer than a chunk."""
+    rng = random.Random(seed)
+    spans = []
+    for path, raw in data.items():
+        pos = rng.randrange(0, 4096)
+        while True:
+            size = rng.choice([1, 17, 4096, MiB // 3, MiB + 5, 3 * MiB])
+            if pos + size > len(raw):
+                break
+            spans.append((path, pos, size))
+            pos += size + rng.choice([0, 0, 1, 999, GAP // 2, GAP + 1])
+    rng.shuffle(spans)
+    return spans
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_range_lands_in_its_destination(two_files, staged, seed):
+    data, fds = two_files
+    bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    want = []
+    for path, offset, size in _spans(data, seed):
+        dst = torch.empty(size, dtype=torch.uint8)
+        bulk.add(path, fds[path], offset, dst)
+        want.append((dst, data[path][offset : offset + size]))
+    stats = bulk.run()
+    for dst, raw in want:
+        assert dst.numpy().tobytes() == raw
+    assert stats.bytes == sum(len(raw) for _, raw in want)
+    assert stats.read_bytes >= stats.bytes
+    assert bulk.pinned_bytes == 0 and not _reader_threads()
+
+
+def test_destinations_of_any_dtype_and_shape_take_the_bytes(two_files):
+    data, fds = two_files
+    (path, raw), fd = next(iter(data.items())), fds[next(iter(data))]
+    dst = torch.empty(3, 5, 7, dtype=torch.float32)
+    bulk = BulkRead("cpu", threads=2, staged=True)
+    bulk.add(path, fd, 100, dst)
+    bulk.run()
+    assert dst.view(torch.uint8).numpy().tobytes() == raw[100 : 100 + 3 * 5 * 7 * 4]
+
+
+def test_near_ranges_are_read_as_one_and_far_ones_apart(two_files):
+    """Staged: two ranges GAP apart are one read (the gap read and dropped); GAP + 1 apart, two.
+    Direct reads never read a gap."""
+    data, fds = two_files
+    path, fd = next(iter(fds.items()))
+    for staged, gap, read in [
+        (True, GAP, 2 * 4096 + GAP),
+        (True, GAP + 1, 2 * 4096),
+        (False, 1, 2 * 4096),
+    ]:
+        bulk = BulkRead("cpu", threads=2, staged=staged)
+        a, b = torch.empty(4096, dtype=torch.uint8), torch.empty(4096, dtype=torch.uint8)
+        bulk.add(path, fd, 10, a)
+        bulk.add(path, fd, 10 + 4096 + gap, b)
+        assert bulk.run().read_bytes == read
+        assert b.numpy().tobytes() == data[path][10 + 4096 + gap : 10 + 2 * 4096 + gap]
+
+
+def test_long_ranges_are_cut_into_chunks_for_the_threads(two_files):
+    data, fds = two_files
+    path, fd = next(iter(fds.items()))
+    bulk = BulkRead("cpu", threads=4, chunk=MIN_CHUNK, staged=True, host_memory=64 * MiB)
+    dst = torch.empty(9 * MiB, dtype=torch.uint8)
+    bulk.add(path, fd, 123, dst)
+    bulk.start()
+    sizes = [j.size for j in bulk._jobs]
+    stats = bulk.wait()
+    assert sizes == [MIN_CHUNK] * 9 and stats.threads == 4
+    assert stats.pinned_peak <= 4 * bulk_read.DEPTH * MIN_CHUNK
+    assert dst.numpy().tobytes() == data[path][123 : 123 + 9 * MiB]
+
+
+def test_the_host_memory_budget_bounds_threads_times_buffers():
+    assert fit(16, 1 << 30) == (16, 16 * MiB)  # 512 MiB of buffers
+    assert fit(16, 256 * MiB) == (16, 8 * MiB)  # smaller chunks first
+    assert fit(16, 8 * MiB) == (4, MiB)  # then fewer threads
+    for threads, budget in [(16, 1 << 30), (8, 100 * MiB), (3, 5 * MiB), (64, 2 * MiB)]:
+        n, chunk = fit(threads, budget)
+        assert n * bulk_read.DEPTH * chunk <= budget and n <= threads
+    with pytest.raises(ReadError, match="raise FI_CONVERT_HOST_MEMORY"):
+        fit(4, MiB)
+
+
+def test_the_environment_sets_threads_and_budget(monkeypatch):
+    monkeypatch.setenv("FI_CONVERT_READ_THREADS", "3")
+    monkeypatch.setenv("FI_CONVERT_HOST_MEMORY", "24MiB")
+    bulk = BulkRead("cpu")
+    assert (bulk.threads, bulk.chunk) == (3, 4 * MiB)
+    monkeypatch.setenv("FI_CONVERT_READ_THREADS", "many")
+    with pytest.raises(ReadError, match="FI_CONVERT_READ_THREADS='many': not a thread count"):
+        BulkRead("cpu")
+    monkeypatch.setenv("FI_CONVERT_READ_THREADS", "2")
+    monkeypatch.setenv("FI_CONVERT_HOST_MEMORY", "lots")
+    with pytest.raises(ReadError, match="FI_CONVERT_HOST_MEMORY='lots': not a size"):
+        BulkRead("cpu")
+
+
+# -- faults: one line naming the file, threads stopped, buffers freed -----------------------
+
+
+def _one_tensor(path: Path, fd: int, staged: bool, size: int = 6 * MiB) -> BulkRead:
+    bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    bulk.add(path, fd, 0, torch.empty(size, dtype=torch.uint8))
+    return bulk
+
+
+def _ends_clean(bulk: BulkRead) -> None:
+    assert not _reader_threads()
+    assert bulk.pinned_bytes == 0
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_file_shorter_than_its_ranges_is_refused_before_reading(tmp_path, staged):
+    path = tmp_path / "model-00001-of-00002.safetensors"
+    _file(path, 5 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    bulk = _one_tensor(path, fd, staged)
+    with pytest.raises(ReadError) as e:
+        bulk.run()
+    os.close(fd)
+    assert str(e.value) == (
+        f"{path}: {5 * MiB} bytes, but its tensors reach byte {6 * MiB}: the file is "
+        "truncated; restore it (convert or download it again)"
+    )
+    _ends_clean(bulk)
+
+
+def _faulty(monkeypatch, after: int, fault) -> None:
+    """os.preadv of the reader threads fails once `after` reads have been made."""
+    real, count, lock = os.preadv, [0], threading.Lock()
+
+    def preadv(fd, bufs, offset):
+        with lock:
+            count[0] += 1
+            n = count[0]
+        return fault(fd, bufs, offset) if n > after else real(fd, bufs, offset)
+
+    monkeypatch.setattr(bulk_read.os, "preadv", preadv)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_file_that_shrinks_while_it_is_read_is_one_line(tmp_path, monkeypatch, staged):
+    path = tmp_path / "model-00001-of-00002.safetensors"
+    _file(path, 6 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    bulk = _one_tensor(path, fd, staged)
+    _faulty(monkeypatch, 2, lambda fd, bufs, offset: 0)  # end of file: it shrank
+    with pytest.raises(ReadError) as e:
+        bulk.run()
+    os.close(fd)
+    assert str(e.value).startswith(f"{path}: ends at byte ")
+    assert str(e.value).endswith(
+        "(truncated while it was loaded?); restore the file (convert or download it again), "
+        "then load again"
+    )
+    _ends_clean(bulk)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_an_io_error_is_one_line(tmp_path, monkeypatch, staged):
+    path = tmp_path / "model-00001-of-00002.safetensors"
+    _file(path, 6 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    bulk = _one_tensor(path, fd, staged)
+
+    def eio(fd, bufs, offset):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    _faulty(monkeypatch, 1, eio)
+    with pytest.raises(ReadError, match=r"read failed at byte \d+ \(Input/output error\)") as e:
+        bulk.run()
+    os.close(fd)
+    assert str(e.value).startswith(f"{path}: ")
+    assert str(e.value).endswith("; check the disk, then load again")
+    _ends_clean(bulk)
+
+
+def test_a_file_written_while_it_is_read_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "model-00001-of-00002.safetensors"
+    _file(path, 6 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    bulk = _one_tensor(path, fd, True)
+    real = os.preadv
+
+    def touch_then_read(fd, bufs, offset):
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a write in place
+        return real(fd, bufs, offset)
+
+    _faulty(monkeypatch, 1, touch_then_read)
+    with pytest.raises(ReadError) as e:
+        bulk.run()
+    os.close(fd)
+    assert str(e.value) == (
+        f"{path}: changed while it was loaded; load again, and do not write an output while "
+        "a server loads it"
+    )
+    _ends_clean(bulk)
+
+
+def test_a_shard_replaced_between_its_header_and_its_open_is_refused(tmp_path, monkeypatch):
+    from fi_convert import Backend, Options, SchemeName, convert, loader
+    from fi_convert.errors import ManifestError
+    from fi_convert.synthetic import Spec, write_checkpoint
+
+    src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=4, shards=1))
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
+    shard = next(out.glob("model-*.safetensors"))
+    real = loader.read_header
+
+    def replaced(path):
+        got = real(path)
+        os.rename(shard, tmp_path / "old")  # another file takes its name meanwhile
+        shard.write_bytes((tmp_path / "old").read_bytes())
+        return got
+
+    monkeypatch.setattr(loader, "read_header", replaced)
+    with pytest.raises(ManifestError, match=f"{shard}: replaced while it was opened; load again"):
+        loader.load_moe_layer(out, "model.layers.0.mlp.experts")
+
+
+# -- Ctrl-C and SIGTERM in a real process -------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading
+    import torch
+    from fi_convert import bulk_read
+
+    path, how = sys.argv[1], sys.argv[2]
+    if how == "term-handler":  # as vLLM's workers do: SIGTERM raises SystemExit
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    real = bulk_read.BulkRead._read
+    said = threading.Event()
+
+    def held(self, job, offset, mv):  # the first read holds until the read is stopped
+        if not said.is_set():
+            said.set()
+            print("reading", flush=True)
+            self._stop.wait()
+        return real(self, job, offset, mv)
+
+    bulk_read.BulkRead._read = held
+    fd = os.open(path, os.O_RDONLY)
+    bulk = bulk_read.BulkRead("cpu", threads=4, chunk=1 << 20, staged=True)
+    bulk.add(path, fd, 0, torch.empty(os.fstat(fd).st_size, dtype=torch.uint8))
+    try:
+        bulk.run()
+    except BaseException as e:
+        alive = [t.name for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+        print(json.dumps({"raised": type(e).__name__, "alive": alive,
+                          "buffers": bulk.pinned_bytes}), flush=True)
+        raise
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("sig", "how", "raised", "rc"),
+    [
+        (signal.SIGINT, "default", "KeyboardInterrupt", -signal.SIGINT),
+        (signal.SIGTERM, "term-handler", "SystemExit", 143),
+        (signal.SIGTERM, "default", None, -signal.SIGTERM),
+    ],
+)
+def test_a_signal_during_the_read_stops_the_threads_and_frees_the_buffers(
+    tmp_path, sig, how, raised, rc
+):
+    path = tmp_path / "model-00001-of-00001.safetensors"
+    _file(path, 8 * MiB)
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert p.stdout.readline() == "reading\n"  # a reader thread holds its first read
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == rc, err
+    if raised is None:
+        assert out == ""  # killed at once: no thread kept it alive
+        return
+    said = json.loads(out.splitlines()[-1])
+    assert said == {"raised": raised, "alive": [], "buffers": 0}
