@@ -31,6 +31,7 @@ from .sizes import SIZE_HELP, parse_size
 
 THREADS_ENV = "FI_CONVERT_READ_THREADS"
 HOST_MEMORY_ENV = "FI_CONVERT_HOST_MEMORY"
+ADVISE_ENV = "FI_CONVERT_READ_ADVISE"  # "0": no read-ahead advice (to measure what it gives)
 DEFAULT_HOST_MEMORY = 1 << 30  # pinned host memory of a read into a GPU, at most
 MAX_THREADS = 16
 CHUNK = 16 << 20  # bytes read and copied at once by one thread
@@ -151,6 +152,8 @@ class BulkRead:
         """Check the files' sizes against the requests, then start the reader threads."""
         self._jobs = self._plan()
         self._check_sizes()
+        if os.environ.get(ADVISE_ENV) != "0":
+            self._advise()
         todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         for job in self._jobs:
             todo.put(job)
@@ -258,6 +261,15 @@ class BulkRead:
                     f"{job.offset + job.size}: the file is truncated; restore it (convert or "
                     "download it again)"
                 )
+
+    def _advise(self) -> None:
+        """Ask the kernel to start reading every range now (it returns at once), so that a
+        cold file is read ahead of the threads, with the disk's whole queue."""
+        for job in self._jobs:
+            try:
+                os.posix_fadvise(job.fd, job.offset, job.size, os.POSIX_FADV_WILLNEED)
+            except OSError:  # advice only
+                return
 
     def _check_unchanged(self) -> None:
         for job in self._jobs:

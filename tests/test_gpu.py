@@ -111,23 +111,53 @@ def test_mx_quantize_same_on_cpu_and_cuda():
     assert torch.equal(sc, sg.cpu())
 
 
-def test_experts_read_into_cuda_equal_the_cpu_read(tmp_path):
-    """read_experts_into through the pinned bounce buffer (CUDA) gives the CPU read's bytes,
-    with a buffer smaller than one read so that a span is read in steps."""
-    from unittest import mock
-
+def test_reads_into_cuda_equal_the_cpu_read(tmp_path):
+    """The bulk read into a GPU (pinned buffers, each thread's own stream) gives the CPU
+    read's bytes: a rank's slices (TP 2) and an EP rank's experts, every tensor of a layer in
+    one read cut into 1 MiB chunks over 3 threads; then no pinned memory is held."""
     from fi_convert import loader
+    from fi_convert.bulk_read import MIN_CHUNK, BulkRead
 
-    src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=5, hidden=128))
-    out = tmp_path / "out"
-    convert(src, out, Options(SchemeName.BF16, tp_size=1), device="cpu")
+    spec = Spec("qwen3-moe", layers=1, experts=5, hidden=1024, intermediate=512)
+    src = write_checkpoint(tmp_path / "src", spec)
     prefix = "model.layers.0.mlp.experts"
-    with loader.OutputReader(out) as r, mock.patch.object(loader, "BOUNCE_BYTES", 4096):
-        for name in r.layer(prefix)["tensors"]:
-            _, shape, dtype = r.info(prefix, name)
-            ids = [4, 0, 1]
-            cpu = torch.empty((3, *shape[1:]), dtype=dtype)
-            gpu = torch.empty((3, *shape[1:]), dtype=dtype, device="cuda")
-            r.read_experts_into(prefix, name, ids, cpu)
-            r.read_experts_into(prefix, name, ids, gpu)
-            assert torch.equal(gpu.cpu().view(torch.uint8), cpu.view(torch.uint8)), name
+    for tp, how in [(1, [4, 0, 1]), (2, 1)]:
+        out = tmp_path / f"out{tp}"
+        convert(src, out, Options(SchemeName.BF16, tp_size=tp), device="cpu")
+        with loader.OutputReader(out) as r:
+            gpu = BulkRead("cuda", threads=3, chunk=MIN_CHUNK, host_memory=64 << 20)
+            pairs = []
+            for name in r.layer(prefix)["tensors"]:
+                _, shape, dtype = r.info(prefix, name)
+                if tp == 1:
+                    shape = (len(how), *shape[1:])
+                cpu, dev = torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype).cuda()
+                read = r.read_experts_into if tp == 1 else r.read_into
+                read(prefix, name, how, cpu)
+                read(prefix, name, how, dev, gpu)
+                pairs.append((name, cpu, dev))
+            stats = gpu.run()
+        assert stats.threads == 3 and stats.read_bytes > 3 * MIN_CHUNK
+        assert 0 < stats.pinned_peak <= 3 * 2 * MIN_CHUNK and gpu.pinned_bytes == 0
+        for name, cpu, dev in pairs:
+            assert torch.equal(dev.cpu().view(torch.uint8), cpu.view(torch.uint8)), name
+
+
+def test_load_moe_layer_on_cuda_equals_cpu_and_frees_its_pinned_memory(tmp_path):
+    from fi_convert import load_moe_layer
+
+    src = write_checkpoint(tmp_path / "src", Spec("deepseek-v3", layers=2, experts=6))
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.FP8_BLOCK, tp_size=2), device="cpu")
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    before = stats()["allocated_bytes.current"] if stats else None
+    for rank in (0, 1):
+        cpu = load_moe_layer(out, "model.layers.1.mlp.experts", tp_rank=rank)
+        gpu = load_moe_layer(out, "model.layers.1.mlp.experts", tp_rank=rank, device="cuda")
+        assert cpu.keys() == gpu.keys()
+        for k in cpu:
+            assert gpu[k].is_cuda and torch.equal(
+                gpu[k].cpu().view(torch.uint8), cpu[k].view(torch.uint8)
+            )
+    if stats:
+        assert stats()["allocated_bytes.current"] == before
