@@ -31,10 +31,11 @@ from .sizes import SIZE_HELP, parse_size
 
 THREADS_ENV = "FI_CONVERT_READ_THREADS"
 HOST_MEMORY_ENV = "FI_CONVERT_HOST_MEMORY"
-ADVISE_ENV = "FI_CONVERT_READ_ADVISE"  # "0": no read-ahead advice (to measure what it gives)
 DEFAULT_HOST_MEMORY = 1 << 30  # pinned host memory of a read into a GPU, at most
-MAX_THREADS = 16
-CHUNK = 16 << 20  # bytes read and copied at once by one thread
+# 8 threads x 8 MiB chunks (128 MiB pinned) was the fastest plain copy on the H200 machine (16
+# CPUs; docs/bench): more threads or larger chunks were no faster, and pinning costs time
+MAX_THREADS = 8
+CHUNK = 8 << 20  # bytes read and copied at once by one thread
 MIN_CHUNK = 1 << 20
 DEPTH = 2  # pinned buffers per thread: one is read into while the other is copied out
 GAP = 1 << 20  # two ranges of a file this close are read as one (the gap is read and dropped)
@@ -77,6 +78,85 @@ def fit(threads: int, host_memory: int, chunk: int = CHUNK) -> tuple[int, int]:
     return max(1, min(threads, host_memory // (DEPTH * chunk))), chunk
 
 
+class HostBuffers:
+    """One block of host memory (pinned, for a GPU) that a read's threads cut into their
+    buffers. Pinning and unpinning pages is slow, so the block can be allocated ahead of the
+    read, in the background (the vLLM plugin does so while vLLM builds the model), and is freed
+    in the background after it."""
+
+    def __init__(self, nbytes: int, pinned: bool = True) -> None:
+        self.nbytes, self.pinned = nbytes, pinned
+        self.alloc_s = 0.0
+        self._block: torch.Tensor | None = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._freed = threading.Event()
+        self._free_asked = False
+
+    def allocate(self, background: bool = False) -> HostBuffers:
+        if background:
+            threading.Thread(target=self._allocate, name="fi-convert-pin", daemon=True).start()
+        else:
+            self._allocate()
+        return self
+
+    def _allocate(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._block = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+        except BaseException as e:  # raised to the reader that waits for the block
+            self._error = e
+        finally:
+            self.alloc_s = time.perf_counter() - t0
+            self._ready.set()
+
+    def block(self) -> torch.Tensor:
+        """The block, once allocated."""
+        self._ready.wait()
+        if self._block is None:
+            raise ReadError(
+                f"cannot allocate {self.nbytes} bytes of pinned host memory ({self._error}); "
+                f"lower {HOST_MEMORY_ENV} or {THREADS_ENV}"
+            )
+        return self._block
+
+    @property
+    def held(self) -> int:
+        """Bytes held now (0 once freed, or while not yet allocated)."""
+        return self.nbytes if self._block is not None else 0
+
+    def free(self, background: bool = True) -> None:
+        """Give the memory back (to the system, not to torch's cache of pinned blocks); once."""
+        if self._free_asked:
+            return
+        self._free_asked = True
+        self._ready.wait()
+        block, self._block = self._block, None
+        if background:
+            threading.Thread(
+                target=self._drop, args=(block,), name="fi-convert-unpin", daemon=True
+            ).start()
+        else:
+            self._drop(block)
+
+    def _drop(self, block: torch.Tensor | None) -> None:
+        del block
+        empty = getattr(torch._C, "_host_emptyCache", None)
+        if self.pinned and empty is not None:
+            empty()
+        self._freed.set()
+
+    def wait_freed(self) -> None:
+        self._freed.wait()
+
+
+def host_buffers() -> HostBuffers:
+    """Pinned buffers for a read into a GPU with the default (or environment's) settings, not
+    yet allocated."""
+    threads, chunk = fit(default_threads(), default_host_memory())
+    return HostBuffers(threads * DEPTH * chunk)
+
+
 @dataclass
 class _Job:
     """One read of `size` bytes of a file, and where its bytes go: (offset in the job, a flat
@@ -97,6 +177,7 @@ class ReadStats:
     threads: int
     chunk: int
     pinned_peak: int  # pinned host memory held at once
+    alloc_s: float = 0.0  # time spent pinning it (ahead of the read, or in it)
 
     @property
     def gbps(self) -> float:
@@ -114,18 +195,23 @@ class BulkRead:
         host_memory: int | str | None = None,
         chunk: int = CHUNK,
         staged: bool | None = None,
+        buffers: HostBuffers | None = None,
     ) -> None:
         self.device = torch.device(device)
         # staged: through host buffers (always into a GPU; on the CPU only in tests)
         self.staged = self.device.type != "cpu" if staged is None else staged
         budget = default_host_memory() if host_memory is None else parse_size(host_memory)
         self.threads, self.chunk = fit(threads or default_threads(), budget, chunk)
+        # host buffers given (allocated ahead, freed by their owner) or this read's own
+        self._given = buffers
+        self._buffers: HostBuffers | None = None
+        if buffers is not None:
+            self.threads = max(1, min(self.threads, buffers.nbytes // (DEPTH * self.chunk)))
         self._requests: list[tuple[Path, int, int, torch.Tensor]] = []
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._error: BaseException | None = None
-        self._pinned = self._pinned_peak = 0
         self._stat: dict[int, os.stat_result] = {}
         self._jobs: list[_Job] = []
         self._t0 = 0.0
@@ -152,14 +238,16 @@ class BulkRead:
         """Check the files' sizes against the requests, then start the reader threads."""
         self._jobs = self._plan()
         self._check_sizes()
-        if os.environ.get(ADVISE_ENV) != "0":
-            self._advise()
         todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         for job in self._jobs:
             todo.put(job)
         n = min(self.threads, len(self._jobs))
         for _ in range(n):
             todo.put(None)
+        if self.staged and n:
+            self._buffers = self._given or HostBuffers(
+                n * DEPTH * self.chunk, pinned=self.device.type == "cuda"
+            ).allocate(background=True)  # pinned while the threads start
         ready = None
         if self.device.type == "cuda":  # destinations may reuse memory of pending work
             ready = torch.cuda.Event()
@@ -167,7 +255,10 @@ class BulkRead:
         self._t0 = time.perf_counter()
         self._threads = [
             threading.Thread(
-                target=self._work, args=(todo, ready), name=f"fi-convert-read-{k}", daemon=True
+                target=self._work,
+                args=(todo, ready, k),
+                name=f"fi-convert-read-{k}",
+                daemon=True,
             )
             for k in range(n)
         ]
@@ -186,6 +277,8 @@ class BulkRead:
         except BaseException:
             self.abort()
             raise
+        finally:
+            self._free()
         seconds = max(self._ends, default=self._t0) - self._t0
         if self._error is not None:
             raise self._error
@@ -196,7 +289,8 @@ class BulkRead:
             seconds=seconds,
             threads=len(self._threads),
             chunk=self.chunk,
-            pinned_peak=self._pinned_peak,
+            pinned_peak=self._buffers.nbytes if self._buffers else 0,
+            alloc_s=self._buffers.alloc_s if self._buffers else 0.0,
         )
 
     def abort(self) -> None:
@@ -210,11 +304,24 @@ class BulkRead:
                     t.join()
                 except BaseException:  # noqa: S112 (they stop within one chunk's read)
                     continue
+        self._free()
+
+    def _free(self) -> None:
+        """This read's own host buffers go back (in the background) once no thread runs."""
+        own = self._buffers if self._buffers is not self._given else None
+        if own is not None and not any(t.is_alive() for t in self._threads):
+            own.free()
+
+    def wait_freed(self) -> None:
+        """Until this read's own host buffers are given back (tests)."""
+        if self._buffers is not None and self._buffers is not self._given:
+            self._buffers.wait_freed()
 
     @property
     def pinned_bytes(self) -> int:
-        """Pinned host memory held now (0 once the read has ended)."""
-        return self._pinned
+        """Host buffer memory of this read's own held now (0 once the read has ended)."""
+        mine = self._buffers is not None and self._buffers is not self._given
+        return self._buffers.held if mine and self._buffers else 0
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -262,15 +369,6 @@ class BulkRead:
                     "download it again)"
                 )
 
-    def _advise(self) -> None:
-        """Ask the kernel to start reading every range now (it returns at once), so that a
-        cold file is read ahead of the threads, with the disk's whole queue."""
-        for job in self._jobs:
-            try:
-                os.posix_fadvise(job.fd, job.offset, job.size, os.POSIX_FADV_WILLNEED)
-            except OSError:  # advice only
-                return
-
     def _check_unchanged(self) -> None:
         for job in self._jobs:
             was, now = self._stat[job.fd], os.fstat(job.fd)
@@ -282,10 +380,10 @@ class BulkRead:
 
     # -- the reader threads -----------------------------------------------------------------
 
-    def _work(self, todo: queue.SimpleQueue[_Job | None], ready: Any) -> None:
+    def _work(self, todo: queue.SimpleQueue[_Job | None], ready: Any, k: int) -> None:
         try:
             if self.staged:
-                self._work_staged(todo, ready)
+                self._work_staged(todo, ready, k)
             else:
                 self._work_direct(todo)
         except BaseException as e:  # the first fault ends the read
@@ -301,28 +399,26 @@ class BulkRead:
             for at, flat in job.pieces:
                 self._read(job, job.offset + at, _bytes(flat))
 
-    def _work_staged(self, todo: queue.SimpleQueue[_Job | None], ready: Any) -> None:
-        cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if cuda else None
+    def _work_staged(self, todo: queue.SimpleQueue[_Job | None], ready: Any, k: int) -> None:
+        """Thread k: its DEPTH buffers of the block, filled and copied out in turn."""
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if stream is not None and ready is not None:
             stream.wait_event(ready)
-        bufs: list[torch.Tensor] = []
+        assert self._buffers is not None
+        mine = self._buffers.block()[k * DEPTH * self.chunk :][: DEPTH * self.chunk]
+        bufs = [mine[b * self.chunk : (b + 1) * self.chunk] for b in range(DEPTH)]
         done: list[Any] = [None] * DEPTH
-        k = 0
+        n = 0
         try:
             while not self._stop.is_set() and (job := todo.get()) is not None:
-                b, k = k % DEPTH, k + 1
-                if b == len(bufs):
-                    bufs.append(self._buffer(cuda))
+                b, n = n % DEPTH, n + 1
                 if done[b] is not None:
                     done[b].synchronize()  # its last copy is over: the buffer may be refilled
-                buf = bufs[b][: job.size]
-                self._read(job, job.offset, _bytes(buf))
-                done[b] = self._copy_out(job, buf, stream)
+                self._read(job, job.offset, _bytes(bufs[b][: job.size]))
+                done[b] = self._copy_out(job, bufs[b], stream)
         finally:
             if stream is not None:
-                stream.synchronize()
-            self._release(bufs)
+                stream.synchronize()  # no copy reads the buffers once this thread ends
 
     def _copy_out(self, job: _Job, buf: torch.Tensor, stream: Any) -> Any:
         if stream is None:
@@ -335,24 +431,6 @@ class BulkRead:
         event = torch.cuda.Event()
         event.record(stream)
         return event
-
-    def _buffer(self, pinned: bool) -> torch.Tensor:
-        buf = torch.empty(self.chunk, dtype=torch.uint8, device="cpu", pin_memory=pinned)
-        with self._lock:
-            self._pinned += self.chunk
-            self._pinned_peak = max(self._pinned_peak, self._pinned)
-        return buf
-
-    def _release(self, bufs: list[torch.Tensor]) -> None:
-        n = len(bufs)
-        bufs.clear()
-        with self._lock:
-            self._pinned -= n * self.chunk
-            last = self._pinned == 0
-        if last and self.device.type == "cuda":
-            empty = getattr(torch._C, "_host_emptyCache", None)
-            if empty is not None:  # give the pinned pages back, not to torch's cache
-                empty()
 
     def _read(self, job: _Job, offset: int, mv: memoryview) -> None:
         """Fill `mv` with the bytes of the job's file at `offset`; a fault is one line."""

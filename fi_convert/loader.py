@@ -18,7 +18,7 @@ import torch
 
 from . import dtypes
 from . import manifest as mf
-from .bulk_read import BulkRead
+from .bulk_read import BulkRead, HostBuffers
 from .errors import ManifestError
 from .source import INDEX_NAME
 from .st_io import SourceFiles, TensorInfo, read_header
@@ -103,10 +103,11 @@ class OutputReader:
         *,
         threads: int | None = None,
         host_memory: int | str | None = None,
+        buffers: HostBuffers | None = None,
     ) -> BulkRead:
         """A read shared by many `read_into` / `read_experts_into` calls (`bulk=`): their byte
-        ranges are read at once by its `run()`."""
-        return BulkRead(device, threads=threads, host_memory=host_memory)
+        ranges are read at once by its `run()` (into a GPU through `buffers` when given)."""
+        return BulkRead(device, threads=threads, host_memory=host_memory, buffers=buffers)
 
     def read_into(
         self,

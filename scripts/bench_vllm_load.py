@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fi_convert import Backend, Options, SchemeName, convert, dtypes  # noqa: E402
+from fi_convert.bulk_read import host_buffers  # noqa: E402
 from fi_convert.loader import OutputReader  # noqa: E402
 from fi_convert.synthetic import Spec, write_checkpoint  # noqa: E402
 from fi_convert.vllm_plugin import experts as plugin  # noqa: E402
@@ -145,11 +146,14 @@ def vllm_path(src: Path, prefixes: list[str], dev: str, dense: dict | None = Non
 
 
 def plugin_path(src: Path, out: Path, prefixes: list[str], dev: str) -> dict:
+    """As the plugin in a server: its pinned buffers allocated in the background while the
+    layers are built (a real model takes far longer to build than one layer), then the read."""
+    ahead = host_buffers().allocate(background=True) if dev == "cuda" else None
     with vm.vllm_context("trtllm", 1, 0, device=dev):
         layers = {p: vm.make_layer(p, src, 1) for p in prefixes}
         with OutputReader(out) as reader, Peak(dev) as peak:
             t0 = time.perf_counter()
-            bulk = reader.bulk(dev)
+            bulk = reader.bulk(dev, buffers=ahead)
             for p, layer in layers.items():
                 plugin.install(layer, reader, p, 0, bulk)
             stats = bulk.run()
@@ -159,7 +163,10 @@ def plugin_path(src: Path, out: Path, prefixes: list[str], dev: str) -> dict:
                 plugin.finish(layer, reader.layer(p))
             _sync(dev)
             t2 = time.perf_counter()
+    if ahead is not None:
+        ahead.free()
     return {
+        "alloc_s": stats.alloc_s,
         "read_s": t1 - t0,
         "setup_s": t2 - t1,
         "extra_bytes": peak.extra,
@@ -189,15 +196,20 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, dense
         for i, p in enumerate(prefixes):
             model.add_module(f"moe{i}", vm.make_layer(p, src, 1))
         cfg = types.SimpleNamespace(model=str(out), revision=None, quantization="fp8")
+        loader = FiConvertModelLoader(LoadConfig(load_format="fi-convert"))
+        if dev == "cuda":  # as its load_model does, before vLLM builds the model
+            loader._buffers = host_buffers().allocate(background=True)
         with Peak(dev) as peak:
             t0 = time.perf_counter()
-            FiConvertModelLoader(LoadConfig(load_format="fi-convert")).load_weights(model, cfg)
+            loader.load_weights(model, cfg)
             _sync(dev)
             t1 = time.perf_counter()
             for layer in model.children():
                 vm.process(layer)
             _sync(dev)
             t2 = time.perf_counter()
+    if loader._buffers is not None:
+        loader._buffers.free()
     return {"read_s": t1 - t0, "setup_s": t2 - t1, "extra_bytes": peak.extra}
 
 
@@ -393,11 +405,14 @@ def measure(case: dict, src: Path, out: Path, dev: str, limit: tuple, cold: bool
             "plugin": max(r["extra_bytes"] for r in runs["plugin"]),
         },
         "pinned_peak": max(r.get("pinned_peak", 0) for r in runs["plugin"]),
+        "plugin_alloc_s": med(runs["plugin"], "alloc_s")
+        if "alloc_s" in runs["plugin"][0]
+        else None,
         "runs": runs,
     }
 
 
-def cases(dev: str, quick: bool) -> list[dict]:
+def cases(dev: str, quick: bool, which: str) -> list[dict]:
     ds = "model.layers.{}.mlp.experts"
 
     def one(name, quant, experts, family="deepseek-v3", **kw):
@@ -417,7 +432,9 @@ def cases(dev: str, quick: bool) -> list[dict]:
     out.append(one("mxfp4 x128 (gpt-oss)", "mxfp4", 128, family="gpt-oss"))
     if quick:
         return out[:2]
-    out.append(one("fp8-block x256", "fp8-block", 256))
+    if which == "layers":
+        return out
+    big = [one("fp8-block x256", "fp8-block", 256)]
     model = Spec(
         "deepseek-v3",
         layers=4,
@@ -428,7 +445,7 @@ def cases(dev: str, quick: bool) -> list[dict]:
         quant="fp8-block",
         vocab=32768,
     )
-    out.append(
+    big.append(
         {
             "name": "whole model (3 MoE layers)",
             "scheme": "fp8-block",
@@ -438,7 +455,7 @@ def cases(dev: str, quick: bool) -> list[dict]:
             "model": True,
         }
     )
-    return out
+    return big if which == "big" else out + big
 
 
 def main() -> None:
@@ -448,6 +465,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="two cases, warm only")
     ap.add_argument("--tmp", default=None, help="where checkpoints are written")
     ap.add_argument(
+        "--cases",
+        choices=["all", "layers", "big"],
+        default="all",
+        help="layers: one layer per scheme; big: 256 experts and the whole model (CUDA)",
+    )
+    ap.add_argument(
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
     )
     a = ap.parse_args()
@@ -456,10 +479,10 @@ def main() -> None:
     results: list[dict] = []
     report = {"device": dev, "cold": can_drop, "cpus": os.cpu_count(), "results": results}
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    path = Path(a.out) / f"vllm-load-{dev}.json"
+    path = Path(a.out) / f"vllm-load-{dev}{'' if a.cases == 'all' else '-' + a.cases}.json"
     limit = None
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
-        for case in cases(dev, a.quick):
+        for case in cases(dev, a.quick, a.cases):
             src, out = make_case(
                 case["name"].split()[0], case["scheme"], case["spec"], Path(tmp), dev
             )

@@ -2,7 +2,7 @@
 # One call on the GPU machine (see README, "GPU tests"): FlashInfer and vLLM's Python code from
 # carried files, then the GPU test modules (or with `all` the whole suite), and optionally the
 # benchmark; logs under $OUT.
-# Usage: [K=pytest-k-expression] scripts/device_run.sh [all | no-tests] [bench | vllm-bench |
+# Usage: [K=pytest-k-expression] [TESTS="test files"] [BENCH_ARGS="--cases layers"] scripts/device_run.sh [all | no-tests] [bench | vllm-bench |
 #        vllm-bench-quick] [cli-bench]
 # Carried (see README): .carry/wheels/*.whl (FlashInfer 0.6.18.post1, apache-tvm-ffi and vLLM's
 # pure-Python dependencies missing from the image) and .carry/vllm-py.zip (vLLM 0.33.0's package
@@ -22,13 +22,13 @@ if [[ " $* " == *" no-tests "* ]]; then
 elif [[ " $* " == *" all "* ]]; then  # the whole suite, the GPU modules included
     python3 -m pytest -q -rs -s tests --ignore=tests/engine 2>&1 | tee "$OUT/all-tests.log" | grep -E "passed|failed|error|differ|SKIP|^E " | tail -15
 else
-    python3 -m pytest -q -rA -s tests/test_gpu.py tests/test_bulk_read.py tests/test_vllm_gpu.py tests/test_vllm.py ${K:+-k "$K"} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|error|differ|^E " | tail -25
+    python3 -m pytest -q -rA -s ${TESTS:-tests/test_gpu.py tests/test_bulk_read.py tests/test_vllm_gpu.py tests/test_vllm.py} ${K:+-k "$K"} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|error|differ|^E " | tail -25
 fi
 if [[ " $* " == *" bench "* ]]; then
     python3 scripts/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
 fi
 if [[ " $* " == *" bench "* || " $* " == *" vllm-bench "* ]]; then
-    python3 scripts/bench_vllm_load.py --out "$OUT" 2>&1 | tee "$OUT/bench-vllm-load.log" | tail -12
+    python3 scripts/bench_vllm_load.py --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench-vllm-load.log" | grep -E "^\||^limit|^wrote|^cold|Error" | tail -30
 fi
 if [[ " $* " == *" vllm-bench-quick "* ]]; then  # two cases, warm, and the plugin's settings swept
     python3 scripts/bench_vllm_load.py --out "$OUT" --quick --sweep 2>&1 | tee "$OUT/bench-vllm-load.log" | grep -v "^\(INFO\|WARNING\|DEBUG\)" | tail -60

@@ -143,21 +143,60 @@ def test_reads_into_cuda_equal_the_cpu_read(tmp_path):
             assert torch.equal(dev.cpu().view(torch.uint8), cpu.view(torch.uint8)), name
 
 
-def test_load_moe_layer_on_cuda_equals_cpu_and_frees_its_pinned_memory(tmp_path):
+def test_load_moe_layer_on_cuda_equals_cpu(tmp_path):
     from fi_convert import load_moe_layer
 
     src = write_checkpoint(tmp_path / "src", Spec("deepseek-v3", layers=2, experts=6))
     out = tmp_path / "out"
     convert(src, out, Options(SchemeName.FP8_BLOCK, tp_size=2), device="cpu")
-    stats = getattr(torch.cuda, "host_memory_stats", None)
-    before = stats()["allocated_bytes.current"] if stats else None
     for rank in (0, 1):
         cpu = load_moe_layer(out, "model.layers.1.mlp.experts", tp_rank=rank)
         gpu = load_moe_layer(out, "model.layers.1.mlp.experts", tp_rank=rank, device="cuda")
         assert cpu.keys() == gpu.keys()
         for k in cpu:
-            assert gpu[k].is_cuda and torch.equal(
-                gpu[k].cpu().view(torch.uint8), cpu[k].view(torch.uint8)
-            )
-    if stats:
-        assert stats()["allocated_bytes.current"] == before
+            assert gpu[k].is_cuda
+            assert torch.equal(gpu[k].cpu().view(torch.uint8), cpu[k].view(torch.uint8))
+
+
+@pytest.mark.parametrize("fault", [None, "eio"])
+def test_a_read_into_cuda_gives_its_pinned_memory_back(tmp_path, monkeypatch, fault):
+    """After the read, or a fault in it, torch holds no more pinned memory than before (its
+    cache of pinned blocks emptied too), and a block allocated ahead is the owner's to free."""
+    import errno
+    import os
+
+    from fi_convert import bulk_read
+    from fi_convert.bulk_read import BulkRead, HostBuffers, ReadError
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(24 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    stats = torch.cuda.host_memory_stats
+    torch._C._host_emptyCache()
+    before = stats()["allocated_bytes.current"]
+    if fault:
+
+        def eio(*a):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(bulk_read.os, "preadv", eio)
+    bulk = BulkRead("cuda", threads=2, host_memory="64MiB")
+    dst = torch.empty(24 << 20, dtype=torch.uint8, device="cuda")
+    bulk.add(path, fd, 0, dst)
+    if fault:
+        with pytest.raises(ReadError, match="Input/output error"):
+            bulk.run()
+    else:
+        assert bulk.run().pinned_peak == 2 * 2 * (8 << 20)
+    bulk.wait_freed()
+    assert bulk.pinned_bytes == 0 and stats()["allocated_bytes.current"] == before
+    monkeypatch.undo()
+    ahead = HostBuffers(32 << 20).allocate(background=True)
+    again = BulkRead("cuda", threads=2, buffers=ahead)
+    again.add(path, fd, 0, dst)
+    again.run()
+    assert ahead.held == 32 << 20  # still the owner's
+    ahead.free(background=False)
+    os.close(fd)
+    assert stats()["allocated_bytes.current"] == before
+    assert torch.equal(dst.cpu(), torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))

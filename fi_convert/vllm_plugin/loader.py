@@ -23,7 +23,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from .. import manifest as mf
-from ..bulk_read import ReadStats
+from ..bulk_read import HostBuffers, ReadStats, host_buffers
 from ..errors import FiConvertError
 from ..loader import OutputReader
 from . import checks, experts
@@ -55,6 +55,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         super().__init__(dataclasses.replace(load_config, load_format="auto"))
         self._dir: Path | None = None
         self._manifest: dict | None = None
+        self._buffers: HostBuffers | None = None
 
     def _output(self, model_config: ModelConfig) -> tuple[Path, dict]:
         if self._dir is None or self._manifest is None:
@@ -107,7 +108,14 @@ class FiConvertModelLoader(DefaultModelLoader):
             capability=_capability(),
             test_cpu=experts.test_cpu_mode() is not None,
         )
-        return super().load_model(vllm_config, model_config, prefix)
+        if torch.cuda.is_available():  # pinned while vLLM builds the model
+            self._buffers = host_buffers().allocate(background=True)
+        try:
+            return super().load_model(vllm_config, model_config, prefix)
+        finally:
+            if self._buffers is not None:
+                self._buffers.free()
+                self._buffers = None
 
     def load_weights(self, model: Any, model_config: ModelConfig) -> None:
         root, m = self._output(model_config)
@@ -129,7 +137,7 @@ class FiConvertModelLoader(DefaultModelLoader):
             )
         moe, dense = _Clock(), _Clock()
         with OutputReader(root, m) as reader:
-            bulk = reader.bulk(_device(layers))
+            bulk = reader.bulk(_device(layers), buffers=self._buffers)
             loaded: set[str] = set()
             try:
                 for lp, (name, mod) in layers.items():
