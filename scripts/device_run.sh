@@ -33,6 +33,10 @@ fi
 if [[ " $* " == *" vllm-bench-quick "* ]]; then  # two cases, warm, and the plugin's settings swept
     python3 scripts/bench_vllm_load.py --out "$OUT" --quick --sweep 2>&1 | tee "$OUT/bench-vllm-load.log" | grep -v "^\(INFO\|WARNING\|DEBUG\)" | tail -60
 fi
+if [[ " $* " == *" vllm-bench-big "* ]]; then  # two layers warm, then 256 experts and a whole model
+    python3 scripts/bench_vllm_load.py --out "$OUT" --quick 2>&1 | tee "$OUT/bench-vllm-quick.log" | grep -E "^\||^limit|^wrote|Error"
+    python3 scripts/bench_vllm_load.py --out "$OUT" --cases big 2>&1 | tee "$OUT/bench-vllm-big.log" | grep -E "^\||^limit|^wrote|^cold|Error"
+fi
 if [[ " $* " == *" cli-bench "* ]]; then  # the CLI + sync against cp -r + sync (8 and 16 GB)
     python3 scripts/bench_cli_sync.py --out "$OUT" --tmp /tmp 2>&1 | tee "$OUT/bench-cli-sync.log" | tail -12
 fi
