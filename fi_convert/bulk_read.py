@@ -389,7 +389,7 @@ class BulkRead:
         except BaseException as e:  # the first fault ends the read
             with self._lock:
                 if self._error is None:  # (its frames would keep the buffers alive)
-                    self._error = e.with_traceback(None)
+                    self._error = _bare(e)
             self._stop.set()
         finally:
             self._ends.append(time.perf_counter())
@@ -450,6 +450,13 @@ class BulkRead:
                     "it again), then load again"
                 )
             done += n
+
+
+def _bare(e: BaseException) -> BaseException:
+    """`e` without its traceback and the exceptions chained to it: their frames hold the
+    reader thread's locals (views of the host buffers), which would outlive the read."""
+    e.__context__ = e.__cause__ = None
+    return e.with_traceback(None)
 
 
 def _bytes(t: torch.Tensor) -> memoryview:

@@ -227,6 +227,38 @@ def test_an_io_error_is_one_line(tmp_path, monkeypatch, staged):
     _ends_clean(bulk)
 
 
+@pytest.mark.parametrize("fault", ["eio", "short"])
+def test_after_a_fault_nothing_holds_the_host_buffers(tmp_path, monkeypatch, fault):
+    """The fault raised keeps no frame of a reader thread (whose locals are views of the
+    buffers): the block is gone once the read has failed (on CUDA, pinned memory; test_gpu)."""
+    import gc
+    import weakref
+
+    path = tmp_path / "model-00001-of-00002.safetensors"
+    _file(path, 6 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    bulk = _one_tensor(path, fd, True)
+    seen = []
+    real_block = bulk_read.HostBuffers.block
+
+    def block(self):
+        t = real_block(self)
+        seen.append(weakref.ref(t))
+        return t
+
+    def eio(fd, bufs, offset):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(bulk_read.HostBuffers, "block", block)
+    _faulty(monkeypatch, 1, eio if fault == "eio" else lambda fd, bufs, offset: 0)
+    with pytest.raises(ReadError):
+        bulk.run()
+    os.close(fd)
+    bulk.wait_freed()
+    gc.collect()
+    assert seen and all(ref() is None for ref in seen)
+
+
 def test_a_file_written_while_it_is_read_is_refused(tmp_path, monkeypatch):
     path = tmp_path / "model-00001-of-00002.safetensors"
     _file(path, 6 * MiB)
