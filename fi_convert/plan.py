@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import __version__, schemes, served_config
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
-from .families import Family
+from .families import Family, config_field
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
 from .source import (
@@ -192,7 +192,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
         scheme.check(ckpt, layer)
         lp = scheme.plan_layer(layer, options.backend, options.tp_size)
         for key in family.manifest_keys:
-            lp.info[key] = ckpt.config.get(key, (ckpt.config.get("text_config") or {}).get(key))
+            lp.info[key] = config_field(ckpt.config, key)
         lps.append(lp)
     expert_names = {n for lp in lps for n in lp.source_names}
     items = _items(ckpt, lps, expert_names, options.tp_size)

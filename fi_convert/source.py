@@ -16,7 +16,17 @@ from pathlib import Path
 import torch
 
 from .errors import SourceError
-from .families import Family, Form, all_families, architectures, declared, model_type
+from .families import (
+    QUANT_FIELDS,
+    Family,
+    Form,
+    all_families,
+    architectures,
+    config_problem,
+    declared,
+    model_type,
+    wrong_kind,
+)
 from .st_io import SourceFiles, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -193,6 +203,12 @@ def _load_json(path: Path) -> dict:
     return d
 
 
+def _refuse_field(path: Path, problem: str | None) -> None:
+    """A field of a config file that holds the wrong kind of value: one line naming both."""
+    if problem:
+        raise SourceError(f"{path}: {problem}; fix that field or restore the model's {path.name}")
+
+
 def _inside(root: Path, name: str, what: Path) -> Path:
     """Resolve shard `name` from `what` (the index) and refuse paths that leave the folder."""
     p = Path(name)
@@ -271,10 +287,15 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
             f"<repo> config.json --local-dir {root}`)"
         )
     config = _load_json(cfg_path)
+    _refuse_field(cfg_path, config_problem(config))
     quant = config.get("quantization_config")
     hq = root / "hf_quant_config.json"
     if hq.exists():
         quant = _load_json(hq)
+        inner = quant.get("quantization") or {}
+        _refuse_field(
+            hq, wrong_kind(QUANT_FIELDS, quant) or wrong_kind(QUANT_FIELDS, inner, "quantization.")
+        )
     shards, wm = _shard_paths(root)
     for p in shards:
         check_real_path(root, p)

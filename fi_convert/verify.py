@@ -18,7 +18,7 @@ import torch
 from . import dtypes, served_config
 from . import manifest as mf
 from .errors import FiConvertError
-from .families import Family, Form, all_families, model_type
+from .families import Family, Form, all_families, config_field, model_type
 from .names import Backend, SchemeName
 from .pipeline import resolve_device
 from .plan import MANIFEST_NAME, STATE_DIR, Options, _layer_summary, make_plan
@@ -280,8 +280,7 @@ def _layer_problems(
         return [*out, f"{planner.label} cannot make a layer of E {e}, H {h}, I {i}: {planned}"]
     extra = {}
     if family is not None:  # what make_plan copies from config.json
-        cfg = config or {}
-        extra = {k: cfg.get(k, (cfg.get("text_config") or {}).get(k)) for k in family.manifest_keys}
+        extra = {k: config_field(config or {}, k) for k in family.manifest_keys}
     if any(DIFFER in want for want in planned):
         got = lay.get(DIFFER)
         if _experts_list(got, e):
