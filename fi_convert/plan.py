@@ -24,6 +24,7 @@ from .source import (
     check_real_path,
     check_regular,
     find_family,
+    not_a_file,
     open_checkpoint,
 )
 from .st_io import OutEntry, TensorInfo
@@ -201,9 +202,10 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     # written and hashed in parallel, and loaded so
     limit = options.max_shard_bytes or max(p.stat().st_size for p in ckpt.shards)
     shards = _pack_evenly(items, limit, set(ckpt.shards) - with_experts)
-    plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
+    side, skipped = _side_files(ckpt.root)
+    plan = Plan(ckpt, family, name, detected, options, lps, shards, side)
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
-    plan.notes = grouped_notes(lps)
+    plan.notes = skipped + grouped_notes(lps)
     refusal = unservable(name, lps)
     if refusal and not options.allow_unservable:
         raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, refusal))
@@ -423,9 +425,11 @@ def _pack(items: list[Item], limit: int, expert_free: set[Path]) -> list[ShardPl
     ]
 
 
-def _side_files(root: Path) -> list[str]:
-    """Files carried over unchanged: everything but weights, the index and hidden entries."""
-    out = []
+def _side_files(root: Path) -> tuple[list[str], list[str]]:
+    """Files carried over unchanged: everything but weights, the index and hidden entries;
+    and a warning for each entry of a subfolder that is no file to carry (a link loop, a
+    link to nothing or to a folder, a FIFO), which is left out."""
+    out, skipped = [], []
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts) or (p.is_dir() and not p.is_symlink()):
@@ -435,12 +439,17 @@ def _side_files(root: Path) -> list[str]:
             MANIFEST_NAME,
         ):
             continue
-        # copied into the output (and pushed to the Hub): never a link out of the folder (a
-        # local secret), never a FIFO or device (a read would block or never end)
+        what = not_a_file(p, root)
+        if what and len(rel.parts) > 1:
+            skipped.append(f"{p}: {what}, not a file; left out of the output")
+            continue
+        # copied into the output (and pushed to the Hub): never a FIFO or device (a read would
+        # block or never end), never a link out of the folder (a local secret); beside
+        # config.json, where servers look for files by name, such an entry stops the run
+        check_regular(p, root)
         check_real_path(root, p)
-        check_regular(p)
         out.append(rel.as_posix())
-    return out
+    return out, skipped
 
 
 def _same_file(a: Path, b: Path) -> bool:
