@@ -16,6 +16,7 @@ from . import __version__, schemes, served_config
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
 from .families import Family, config_field
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
+from .paths import model_error, out_exists
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
 from .source import (
     INDEX_NAME,
@@ -163,10 +164,7 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     try:
         return _make_plan(source, options)
     except OSError as e:  # a model folder (or a file in it) this user may not read
-        where = e.filename or source
-        raise SourceError(
-            f"{where}: cannot read ({e.strerror}); check the model folder's permissions"
-        ) from None
+        raise model_error(e, source) from None
 
 
 def _make_plan(source: str | Path, options: Options) -> Plan:
@@ -464,7 +462,7 @@ def _overlap(src: Path, out: Path) -> bool:
     (device and inode), which also sees a bind mount of one at the other."""
     if out == src or src in out.parents or out in src.parents:
         return True
-    outs = [q for q in (out, *out.parents) if q.exists()]
+    outs = [q for q in (out, *out.parents) if out_exists(q)]
     return any(_same_file(q, src) for q in outs) or any(_same_file(q, out) for q in src.parents)
 
 

@@ -28,6 +28,7 @@ from .families import (
     model_type,
     wrong_kind,
 )
+from .paths import MODEL_FIX, denied, model_error, model_exists
 from .st_io import SourceFiles, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -215,6 +216,8 @@ def _load_json(path: Path) -> dict:
         check_regular(path)
     try:
         d = json.loads(path.read_text())
+    except PermissionError as e:
+        raise SourceError(denied(path, e, MODEL_FIX)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SourceError(f"{path}: not readable JSON ({e}); fix or restore the file") from None
     if not isinstance(d, dict):
@@ -301,8 +304,14 @@ def _shard_paths(root: Path) -> tuple[list[Path], dict[str, str] | None]:
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
-    root = Path(path)
-    if not root.exists():
+    try:
+        return _open_checkpoint(Path(path))
+    except OSError as e:  # a model folder (or a file in it) this user may not read
+        raise model_error(e, path) from None
+
+
+def _open_checkpoint(root: Path) -> Checkpoint:
+    if not model_exists(root):
         raise SourceError(f"{root}: no such folder; pass a local model folder")
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder; pass the folder that holds config.json")

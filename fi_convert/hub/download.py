@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import HubError, SourceError
+from ..paths import model_exists
 from ..source import INDEX_NAME
 from .common import (
     LIBRARY,
@@ -77,7 +78,7 @@ def resolve_source(
     """A local folder as it is; a repo id (`org/name`, where no such local path exists) is
     downloaded into the Hugging Face cache first (or taken from it when offline)."""
     path = Path(source)
-    if path.exists():
+    if model_exists(path):
         if revision is not None:
             raise SourceError(
                 f"{source}: a local folder, and --revision applies only to a Hub repo id; "
