@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import dtypes, served_config
+from . import __version__, dtypes, served_config
 from . import manifest as mf
 from .errors import FiConvertError
 from .families import Family, Form, all_families, config_field, model_type
@@ -442,16 +442,21 @@ def check_source(
     card_replaced=False,
 ) -> None:  # fmt: skip
     """Re-derive experts of the checkpoint at `source` and compare them with the output's,
-    reading both through `files` (local files by default; a remote verify reads the Hub)."""
-    if open_checkpoint(source).fingerprint != m["source"]["fingerprint"]:
+    reading both through `files` (local files by default; a remote verify reads the Hub);
+    and the manifest's fields that only the source proves."""
+    where = root / MANIFEST_NAME
+    fingerprint = open_checkpoint(source).fingerprint
+    if fingerprint != m["source"]["fingerprint"]:
         rep.problems.append(
-            f"{source}: not the checkpoint this output was converted from (source fingerprint "
-            "differs); pass the original model folder"
+            f"{where}: source.fingerprint is {mf.show(m['source']['fingerprint'])}, {source} "
+            f"has {fingerprint}: not the checkpoint this output was converted from, or the "
+            "manifest was changed; pass the original model folder, or convert again"
         )
         return
     # the output exists: re-derive it even where vLLM cannot serve it (--allow-unservable)
     opts = Options(m["scheme"], m["backend"], m["tp_size"], allow_unservable=True)
     plan = make_plan(source, opts)
+    rep.problems += [f"{where}: {line}" for line in _source_bound(m, plan)]
     dev = resolve_device(device)
     files = files or SourceFiles()
     try:
@@ -464,6 +469,27 @@ def check_source(
             _against_ours(plan, tensors, files, full, dev, rep)
     finally:
         files.close()
+
+
+def _source_bound(m: dict, plan) -> list[str]:
+    """The manifest's fields that the output's files cannot prove, against what this
+    fi-convert writes for the source: `source` (its model_type, family, shard count; every key
+    `build` writes for a local source) and `fi_convert_version`, which must be this
+    fi-convert's, since its code is what re-derives the bytes."""
+    out = []
+    if not mf.same(m["fi_convert_version"], __version__):
+        v = m["fi_convert_version"]
+        out.append(
+            f"fi_convert_version is {mf.show(v)}, but this fi-convert ({__version__}) "
+            f"re-derives the bytes and proves only its own; verify with fi-convert {v}, or "
+            "convert again"
+        )
+    want = mf.build(plan, {})["source"]
+    for key, value in want.items():
+        if not mf.same(m["source"].get(key), value):
+            got = mf.show(m["source"].get(key))
+            out.append(f"source.{key} is {got}, the source gives {mf.show(value)}")
+    return out
 
 
 def _side_files(plan, m: dict, card_replaced: bool, rep: Report) -> None:
