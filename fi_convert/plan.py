@@ -428,7 +428,7 @@ def _side_files(root: Path) -> tuple[list[str], list[str]]:
     and a warning for each entry of a subfolder that is no file to carry (a link loop, a
     link to nothing or to a folder, a FIFO), which is left out."""
     out, skipped = [], []
-    for p in sorted(root.rglob("*")):
+    for p in _entries(root):
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts) or (p.is_dir() and not p.is_symlink()):
             continue
@@ -448,6 +448,21 @@ def _side_files(root: Path) -> tuple[list[str], list[str]]:
         check_real_path(root, p)
         out.append(rel.as_posix())
     return out, skipped
+
+
+def _entries(root: Path) -> list[Path]:
+    """Every entry under `root` but in hidden folders, sorted; links to folders are entries,
+    not followed. A folder this user may not list is an error (`rglob` leaves it out, and the
+    output would lack its files without a word)."""
+
+    def refuse(e: OSError) -> None:
+        raise model_error(e, root)
+
+    found = []
+    for top, dirs, files in os.walk(root, onerror=refuse):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [Path(top) / name for name in (*dirs, *files)]
+    return sorted(found)
 
 
 def _same_file(a: Path, b: Path) -> bool:

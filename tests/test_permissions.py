@@ -115,6 +115,8 @@ def pristine(base) -> Path:
     """A small checkpoint, and its conversion (`out`) made by the user the tests run as."""
     spec = Spec(family="mixtral", layers=2, experts=4, hidden=128, intermediate=128)
     model = write_checkpoint(base / "pristine" / "model", spec)
+    (model / "extra").mkdir()
+    (model / "extra" / "notes.md").write_text("carried")
     r = subprocess.run([*PYTHON, model, model.parent / "out", "-q"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return model.parent
@@ -161,6 +163,7 @@ def test_the_unprivileged_user_converts_and_verifies(unprivileged, folder):
     assert r.returncode == 0, r.stderr
     r = run(unprivileged, folder, "verify", folder / "new", "--source", folder / "model")
     assert r.returncode == 0, r.stderr
+    assert (folder / "new" / "extra" / "notes.md").read_text() == "carried"
 
 
 MODEL = "run as a user who may read the model folder"
@@ -195,6 +198,10 @@ CASES: dict[str, Callable[[Path], tuple[list, list]]] = {
     "a shard unreadable": lambda f: (
         [_deny(f / "model" / "model-00002-of-00003.safetensors").parent, f / "new", "-q"],
         ["model-00002-of-00003.safetensors", "Permission denied"],
+    ),
+    "a subfolder unreadable": lambda f: (
+        [_deny(f / "model" / "extra").parent, f / "new", "-q"],
+        [f"{f / 'model' / 'extra'}: Permission denied", MODEL],
     ),
     "a side file unreadable": lambda f: (
         [_deny(f / "model" / "tokenizer.json").parent, f / "new", "-q"],
