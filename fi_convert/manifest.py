@@ -11,7 +11,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import __version__
+from . import __version__, jsontext
 from .errors import ManifestError
 from .families import all_families
 from .names import Backend
@@ -122,7 +122,7 @@ def read(out_dir: str | Path) -> dict:
             "run (or resume) the conversion first"
         )
     try:
-        m = json.loads(path.read_text())
+        m = jsontext.loads(path.read_text())
     except PermissionError as e:
         raise ManifestError(denied(path, e, OUTPUT_FIX)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

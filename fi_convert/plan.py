@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, schemes, served_config
+from . import __version__, jsontext, schemes, served_config
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
 from .families import Family, config_field
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
@@ -148,7 +148,7 @@ def _refuse_an_output(root: Path, config: dict) -> None:
     if (root / MANIFEST_NAME).is_file() or served_config.is_marked(qc):
         what = ""
         try:
-            m = json.loads((root / MANIFEST_NAME).read_text())
+            m = jsontext.loads((root / MANIFEST_NAME).read_text())
             what = f" (scheme {m['scheme']}, backend {m['backend']}, tp {m['tp_size']})"
         except (OSError, ValueError, KeyError, TypeError):
             pass

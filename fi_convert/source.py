@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from . import jsontext
 from .errors import SourceError
 from .families import (
     QUANT_FIELDS,
@@ -215,7 +216,7 @@ def _load_json(path: Path) -> dict:
     if path.exists() or path.is_symlink():
         check_regular(path)
     try:
-        d = json.loads(path.read_text())
+        d = jsontext.loads(path.read_text())
     except PermissionError as e:
         raise SourceError(denied(path, e, MODEL_FIX)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, dtypes, served_config
+from . import __version__, dtypes, jsontext, served_config
 from . import manifest as mf
 from .errors import FiConvertError
 from .families import Family, Form, all_families, config_field, model_type
@@ -123,7 +123,7 @@ def check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
     tensor of the manifest is in the shards with its dtype and [tp, *shape_per_rank]."""
     path = root / INDEX_NAME
     try:
-        index = json.loads(path.read_text())
+        index = jsontext.loads(path.read_text())
         wm = index["weight_map"]
         if not isinstance(wm, dict):
             raise TypeError("weight_map is not a map")
@@ -226,7 +226,7 @@ def _config(root: Path, m: dict, rep: Report) -> dict | None:
     if not p.is_file() or mf.bad_path(CONFIG_NAME):
         return None
     try:
-        cfg = json.loads(p.read_text())
+        cfg = jsontext.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         rep.problems.append(f"{p}: not readable JSON ({e})")
         return None

@@ -717,3 +717,29 @@ def test_overwrite_into_a_bind_mount_of_the_source_deletes_nothing(ckpt, tmp_pat
         assert sorted(p.name for p in model.iterdir()) == before
     finally:
         subprocess.run(["umount", str(out)], check=True)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than Python's json parser recurses
+
+
+@pytest.mark.parametrize("name", ["config.json", INDEX, "hf_quant_config.json"])
+def test_a_model_json_file_nested_too_deep_is_one_line(ckpt, tmp_path, name):
+    model, out = ckpt("mx"), tmp_path / "out"
+    (model / name).write_text(DEEP)
+    error_line(convert(model, out), f"{model / name}: not readable JSON (nested too deep")
+
+
+def test_an_output_json_file_nested_too_deep_is_one_line_or_ignored(ckpt, tmp_path):
+    """The manifest of a finished output: one line from verify, and from a convert into it;
+    the journal of a run (fi-convert's own scratch file): not read, the run goes on."""
+    model, out = ckpt("mx"), tmp_path / "out"
+    assert convert(model, out).exit_code == 0
+    (out / MANIFEST).write_text(DEEP)
+    error_line(cli("verify", out), f"{out / MANIFEST}: unreadable (nested too deep")
+    error_line(convert(model, out), f"{out / MANIFEST}: unreadable (nested too deep")
+    fresh = tmp_path / "fresh"
+    (fresh / ".fi-convert").mkdir(parents=True)
+    (fresh / ".fi-convert" / "state.json").write_text(DEEP)
+    res = convert(model, fresh)
+    assert res.exit_code == 0, res.output
+    assert cli("verify", fresh).exit_code == 0
