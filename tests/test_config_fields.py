@@ -120,6 +120,15 @@ def test_each_field_is_read_from_text_config_too(pristine, tmp_path, fam):
 
     res = _dry_run(_with_config(pristine[fam], tmp_path / "model", edit))
     assert res.exit_code == 0, res.output
+    # and read there: an expert count the shards contradict is refused
+    key = next(f for f in all_families() if f.name == fam).config_keys["num_experts"][0]
+
+    def more(c: dict) -> None:
+        edit(c)
+        c["text_config"][key] += 1
+
+    res = _dry_run(_with_config(pristine[fam], tmp_path / "more", more))
+    error_line(res, "4 experts in the shards but config.json says 5")
 
 
 @pytest.mark.parametrize("bad", WRONG["map"])
