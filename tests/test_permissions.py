@@ -67,14 +67,16 @@ def _namespace(home: Path) -> list[str]:
     if len(blocked) != 1:
         return []
     top = str(blocked.pop())
-    needs = [str(n) for n in NEEDED if str(n).startswith(top + "/")]
-    hold = home / "hold"
+    if str(home.resolve()).startswith(top + "/"):  # the tmpfs would hide the test's folders
+        return []
+    needs = [shlex.quote(str(n)) for n in NEEDED if str(n).startswith(top + "/")]
+    hold = [shlex.quote(str(home / "hold" / str(k))) for k in range(len(needs))]
     script = ["set -e"]
-    for k, n in enumerate(needs):
-        script += [f"mkdir -p {hold}/{k}", f"mount --bind {shlex.quote(n)} {hold}/{k}"]
+    for n, h in zip(needs, hold, strict=True):
+        script += [f"mkdir -p {h}", f"mount --bind {n} {h}"]
     script.append(f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(top)}")
-    for k, n in enumerate(needs):
-        script += [f"mkdir -p {shlex.quote(n)}", f"mount --bind {hold}/{k} {shlex.quote(n)}"]
+    for n, h in zip(needs, hold, strict=True):
+        script += [f"mkdir -p {n}", f"mount --bind {h} {n}"]
     script.append(f'exec {shlex.join(SETPRIV)} "$@"')
     return ["unshare", "--mount", "sh", "-c", "\n".join(script), "sh"]
 
