@@ -37,8 +37,9 @@ from .cli_progress import (
     size,
 )
 from .cli_usage import one_line_group
-from .errors import FiConvertError, SourceError
+from .errors import FiConvertError, ManifestError, SourceError
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES, Backend, SchemeName
+from .paths import OUTPUT_FIX, exists, model_exists
 
 if TYPE_CHECKING:  # the library (and torch) is imported by the commands that use it
     from . import hub
@@ -167,7 +168,7 @@ def convert_cmd(
     model_dir: Annotated[
         str, typer.Argument(help="Source model folder, or a Hub repo id (org/name).")
     ],
-    out_dir: Annotated[Path, typer.Argument(help="Output folder (created).")],
+    out_dir: Annotated[Path, typer.Argument(help="Output folder (created).", readable=False)],
     scheme: SchemeOpt = SchemeName.AUTO,
     backend: BackendOpt = Backend.TRTLLM,
     tp_size: TpOpt = 1,
@@ -311,7 +312,10 @@ def convert_cmd(
     show = err.is_terminal and not quiet and not as_json
     how = progress_mode(err, quiet, as_json)
     pushed = None
-    local = Path(model_dir).exists()
+    try:
+        local = model_exists(Path(model_dir))
+    except FiConvertError as e:
+        raise _fail(e, debug) from None
     if stream is None:
         stream = bool(push_to) and (not local or bool(max_disk) or parts is not None)
     if parts is not None and not stream:
@@ -436,7 +440,7 @@ def _streamed(
     from .plan import make_plan
     from .st_io import SourceFiles
 
-    local = Path(model_dir).exists()
+    local = model_exists(Path(model_dir))
     if local and revision is not None:
         raise SourceError(
             f"{model_dir}: a local folder, and --revision applies only to a Hub repo id; "
@@ -614,7 +618,8 @@ def verify_cmd(
         Path,
         typer.Argument(
             help="A finished fi-convert output folder, or a Hub repo id (org/name) of a "
-            "published one (checked on the Hub, nothing downloaded)."
+            "published one (checked on the Hub, nothing downloaded).",
+            readable=False,
         ),
     ],
     source: Annotated[
@@ -666,7 +671,10 @@ def verify_cmd(
         )
     from .hub import is_repo_id
 
-    remote = not out_dir.exists() and is_repo_id(str(out_dir))
+    try:
+        remote = not exists(out_dir, ManifestError, OUTPUT_FIX) and is_repo_id(str(out_dir))
+    except FiConvertError as e:
+        raise _fail(e, debug) from None
     read: dict = {}
     watch = Stopwatch()
     try:
@@ -715,7 +723,9 @@ def verify_cmd(
 
 @app.command("push")
 def push_cmd(
-    out_dir: Annotated[Path, typer.Argument(help="A finished fi-convert output folder.")],
+    out_dir: Annotated[
+        Path, typer.Argument(help="A finished fi-convert output folder.", readable=False)
+    ],
     repo_id: Annotated[
         str, typer.Argument(metavar="ORG/NAME", help="Hub repo to publish to (created).")
     ],
@@ -862,7 +872,7 @@ def main(argv: list[str] | None = None) -> None:
     first = next((a for a in args if not a.startswith("-")), None)
     if first is not None and first not in COMMANDS:
         near = difflib.get_close_matches(first, sorted(COMMANDS), n=1)
-        if near and "/" not in first and not Path(first).exists():  # a mistyped command
+        if near and "/" not in first and not os.path.exists(first):  # a mistyped command
             err.print(
                 f"[red]error:[/red] no such command or folder {escape(repr(first))}; "
                 f"did you mean {near[0]}?"

@@ -1,14 +1,17 @@
 """The CLI's usage conventions, for `fi_convert.cli`: every usage error is one line on stderr
 (`error: ...`, with a did-you-mean where a name is close) and exit code 2, and each command's
-help has readable metavars (MODEL_DIR, SIZE; none for a flag) and examples."""
+help has readable metavars (MODEL_DIR, SIZE; none for a flag) and examples. A PermissionError
+that no command says better (a path this user may not read or write) is one line too, exit 1."""
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shlex
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -17,6 +20,10 @@ from rich.markup import escape
 from typer._click import exceptions as click_errors
 from typer._click.core import Context
 from typer.core import TyperArgument, TyperGroup
+
+from .paths import denied
+
+PERMISSION_FIX = "run as a user who may use these paths, or change their permissions"
 
 # Shown at the end of each command's --help.
 EXAMPLES = {
@@ -81,6 +88,12 @@ class _Group(TyperGroup):
             rv = e.exit_code
         except typer.Abort:
             self.console.print("[red]aborted[/red]")
+            rv = 1
+        except PermissionError as e:
+            if "--debug" in argv or os.environ.get("FI_CONVERT_DEBUG", "0") not in ("", "0"):
+                raise
+            line = denied(Path(e.filename), e, PERMISSION_FIX) if e.filename else str(e)
+            self.console.print(f"[red]error:[/red] {escape(line)}")
             rv = 1
         if not standalone_mode:
             return rv

@@ -14,6 +14,7 @@ family is adding a file.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,11 +45,16 @@ class Family:
     file: str = ""  # the family file's name
 
     def config_value(self, config: dict, key: str) -> int | None:
-        for section in (config, config.get("text_config") or {}):
+        for section in (config, _text_config(config)):
             for k in self.config_keys.get(key, ()):
-                if isinstance(section.get(k), int):
+                if KINDS["integer"](section.get(k)):
                     return int(section[k])
         return None
+
+    def config_fields(self) -> dict[str, str]:
+        """The config.json fields this family reads, each with its kind (KINDS)."""
+        fields = {k: "integer" for keys in self.config_keys.values() for k in keys}
+        return fields | {k: "number" for k in self.manifest_keys}
 
 
 def _load(path: Path) -> Family:
@@ -75,6 +81,57 @@ def _load(path: Path) -> Family:
 @lru_cache(maxsize=1)
 def all_families() -> tuple[Family, ...]:
     return tuple(_load(p) for p in sorted(FAMILY_DIR.glob("*.json")))
+
+
+# what a field fi-convert reads from config.json must hold (absent or null: not read)
+KINDS = {
+    "map": lambda v: isinstance(v, dict),
+    "string": lambda v: isinstance(v, str),
+    "list of strings": lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+}
+# read in config.json and in its text_config; the families add their own (config_fields)
+SECTION_FIELDS = {"model_type": "string", "architectures": "list of strings"}
+TOP_FIELDS = {"text_config": "map", "quantization_config": "map"}
+QUANT_FIELDS = {"quant_method": "string", "quant_algo": "string", "quantization": "map"}
+
+
+def wrong_kind(fields: dict[str, str], section: dict, where: str = "") -> str | None:
+    """The first of `fields` whose value in `section` is not of its kind, said as
+    `text_config.num_experts is "8", not an integer`; None when each is (or is absent)."""
+    for key, kind in fields.items():
+        v = section.get(key)
+        if v is not None and not KINDS[kind](v):
+            shown = json.dumps(v)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            return f"{where}{key} is {shown}, not {_article(kind)}"
+    return None
+
+
+def _article(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+def config_problem(config: dict) -> str | None:
+    """The first field fi-convert reads from config.json that holds the wrong kind of value
+    (a list where a map is, a string where a number is), in it or in its text_config; the
+    family fields are those of the families it declares."""
+    fields = dict(SECTION_FIELDS)
+    for fam in declared(config):
+        fields |= fam.config_fields()
+    quant = config.get("quantization_config") or {}
+    return (
+        wrong_kind(TOP_FIELDS, config)
+        or wrong_kind(fields, config)
+        or wrong_kind(fields, _text_config(config), "text_config.")
+        or wrong_kind(QUANT_FIELDS, quant, "quantization_config.")
+    )
+
+
+def config_field(config: dict, key: str) -> object:
+    """config.json's `key`, or its text_config's where config.json has none."""
+    return config.get(key, _text_config(config).get(key))
 
 
 def model_type(config: dict) -> str | None:

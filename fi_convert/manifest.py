@@ -11,10 +11,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import __version__
+from . import __version__, jsontext
 from .errors import ManifestError
 from .families import all_families
 from .names import Backend
+from .paths import OUTPUT_FIX, denied, exists
 from .plan import MANIFEST_NAME, Plan
 from .schemes import REGISTRY
 from .source import INDEX_NAME
@@ -115,13 +116,15 @@ def write(out_dir: Path, manifest: dict) -> None:
 def read(out_dir: str | Path) -> dict:
     """Read and sanity-check the manifest of a finished conversion."""
     path = Path(out_dir) / MANIFEST_NAME
-    if not path.exists():
+    if not exists(path, ManifestError, OUTPUT_FIX):
         raise ManifestError(
             f"{path}: no manifest, so {out_dir} is not a finished fi-convert output; "
             "run (or resume) the conversion first"
         )
     try:
-        m = json.loads(path.read_text())
+        m = jsontext.loads(path.read_text())
+    except PermissionError as e:
+        raise ManifestError(denied(path, e, OUTPUT_FIX)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ManifestError(f"{path}: unreadable ({e}); run the conversion again") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:

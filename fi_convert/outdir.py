@@ -31,8 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import jsontext, served_config
 from . import manifest as mf
-from . import served_config
 from .errors import ManifestError, OutputError, SourceError
 from .plan import MANIFEST_NAME, STATE_DIR, Plan, ShardPlan, check_out_dir
 from .source import INDEX_NAME
@@ -267,7 +267,7 @@ def _source_older(plan: Plan, root: Path) -> bool | None:
 
 def _read_journal(state_dir: Path) -> dict:
     try:
-        d = json.loads((state_dir / JOURNAL_NAME).read_text())
+        d = jsontext.loads((state_dir / JOURNAL_NAME).read_text())
     except (OSError, ValueError):
         return {}
     return d if isinstance(d, dict) and isinstance(d.get("files"), dict) else {}

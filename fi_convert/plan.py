@@ -12,10 +12,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, schemes, served_config
+from . import __version__, jsontext, schemes, served_config
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
-from .families import Family
+from .families import Family, config_field
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
+from .paths import model_error, out_exists
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
 from .source import (
     INDEX_NAME,
@@ -24,6 +25,7 @@ from .source import (
     check_real_path,
     check_regular,
     find_family,
+    not_a_file,
     open_checkpoint,
 )
 from .st_io import OutEntry, TensorInfo
@@ -146,7 +148,7 @@ def _refuse_an_output(root: Path, config: dict) -> None:
     if (root / MANIFEST_NAME).is_file() or served_config.is_marked(qc):
         what = ""
         try:
-            m = json.loads((root / MANIFEST_NAME).read_text())
+            m = jsontext.loads((root / MANIFEST_NAME).read_text())
             what = f" (scheme {m['scheme']}, backend {m['backend']}, tp {m['tp_size']})"
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -162,10 +164,7 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     try:
         return _make_plan(source, options)
     except OSError as e:  # a model folder (or a file in it) this user may not read
-        where = e.filename or source
-        raise SourceError(
-            f"{where}: cannot read ({e.strerror}); check the model folder's permissions"
-        ) from None
+        raise model_error(e, source) from None
 
 
 def _make_plan(source: str | Path, options: Options) -> Plan:
@@ -192,7 +191,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
         scheme.check(ckpt, layer)
         lp = scheme.plan_layer(layer, options.backend, options.tp_size)
         for key in family.manifest_keys:
-            lp.info[key] = ckpt.config.get(key, (ckpt.config.get("text_config") or {}).get(key))
+            lp.info[key] = config_field(ckpt.config, key)
         lps.append(lp)
     expert_names = {n for lp in lps for n in lp.source_names}
     items = _items(ckpt, lps, expert_names, options.tp_size)
@@ -201,9 +200,10 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     # written and hashed in parallel, and loaded so
     limit = options.max_shard_bytes or max(p.stat().st_size for p in ckpt.shards)
     shards = _pack_evenly(items, limit, set(ckpt.shards) - with_experts)
-    plan = Plan(ckpt, family, name, detected, options, lps, shards, _side_files(ckpt.root))
+    side, skipped = _side_files(ckpt.root)
+    plan = Plan(ckpt, family, name, detected, options, lps, shards, side)
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
-    plan.notes = grouped_notes(lps)
+    plan.notes = skipped + grouped_notes(lps)
     refusal = unservable(name, lps)
     if refusal and not options.allow_unservable:
         raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, refusal))
@@ -423,10 +423,12 @@ def _pack(items: list[Item], limit: int, expert_free: set[Path]) -> list[ShardPl
     ]
 
 
-def _side_files(root: Path) -> list[str]:
-    """Files carried over unchanged: everything but weights, the index and hidden entries."""
-    out = []
-    for p in sorted(root.rglob("*")):
+def _side_files(root: Path) -> tuple[list[str], list[str]]:
+    """Files carried over unchanged: everything but weights, the index and hidden entries;
+    and a warning for each entry of a subfolder that is no file to carry (a link loop, a
+    link to nothing or to a folder, a FIFO), which is left out."""
+    out, skipped = [], []
+    for p in _entries(root):
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts) or (p.is_dir() and not p.is_symlink()):
             continue
@@ -435,12 +437,32 @@ def _side_files(root: Path) -> list[str]:
             MANIFEST_NAME,
         ):
             continue
-        # copied into the output (and pushed to the Hub): never a link out of the folder (a
-        # local secret), never a FIFO or device (a read would block or never end)
+        what = not_a_file(p, root)
+        if what and len(rel.parts) > 1:
+            skipped.append(f"{p}: {what}, not a file; left out of the output")
+            continue
+        # copied into the output (and pushed to the Hub): never a FIFO or device (a read would
+        # block or never end), never a link out of the folder (a local secret); beside
+        # config.json, where servers look for files by name, such an entry stops the run
+        check_regular(p, root)
         check_real_path(root, p)
-        check_regular(p)
         out.append(rel.as_posix())
-    return out
+    return out, skipped
+
+
+def _entries(root: Path) -> list[Path]:
+    """Every entry under `root` but in hidden folders, sorted; links to folders are entries,
+    not followed. A folder this user may not list is an error (`rglob` leaves it out, and the
+    output would lack its files without a word)."""
+
+    def refuse(e: OSError) -> None:
+        raise model_error(e, root)
+
+    found = []
+    for top, dirs, files in os.walk(root, onerror=refuse):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [Path(top) / name for name in (*dirs, *files)]
+    return sorted(found)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -455,7 +477,7 @@ def _overlap(src: Path, out: Path) -> bool:
     (device and inode), which also sees a bind mount of one at the other."""
     if out == src or src in out.parents or out in src.parents:
         return True
-    outs = [q for q in (out, *out.parents) if q.exists()]
+    outs = [q for q in (out, *out.parents) if out_exists(q)]
     return any(_same_file(q, src) for q in outs) or any(_same_file(q, out) for q in src.parents)
 
 

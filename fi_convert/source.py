@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -15,8 +16,20 @@ from pathlib import Path
 
 import torch
 
+from . import jsontext
 from .errors import SourceError
-from .families import Family, Form, all_families, architectures, declared, model_type
+from .families import (
+    QUANT_FIELDS,
+    Family,
+    Form,
+    all_families,
+    architectures,
+    config_problem,
+    declared,
+    model_type,
+    wrong_kind,
+)
+from .paths import MODEL_FIX, denied, model_error, model_exists
 from .st_io import SourceFiles, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -169,15 +182,33 @@ def read_rows_into(
     dst[:count, : part.shape[1]].copy_(part)
 
 
-def check_regular(p: Path) -> None:
-    """Refuse what is not a regular file (a FIFO would block a read forever)."""
+def not_a_file(p: Path, root: Path | None = None) -> str | None:
+    """What `p` is when it holds no file to read, None when it does (a regular file, or a
+    link to one): a link loop, a link to nothing, a link to a folder (saying whether it is
+    out of the model folder `root`), a FIFO, socket or device."""
     try:
         mode = os.stat(p).st_mode
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a link loop (following it leads back to it)"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR) and p.is_symlink():
+            return f"a link to nothing ({os.readlink(p)} does not exist)"
         raise SourceError(f"{p}: cannot read ({e.strerror}); check the model folder") from None
-    if not stat.S_ISREG(mode):
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        where = "" if root is None or is_inside(root, p) else ", outside the model folder"
+        return f"a link to the folder {os.path.realpath(p)}{where}"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def check_regular(p: Path, root: Path | None = None) -> None:
+    """Refuse what is not a regular file (a FIFO would block a read forever), saying what it is."""
+    what = not_a_file(p, root)
+    if what:
         raise SourceError(
-            f"{p}: not a regular file (a FIFO, socket or device); remove it from the model folder"
+            f"{p}: not a regular file but {what}; remove it from the model folder or put the "
+            "file there"
         )
 
 
@@ -185,12 +216,20 @@ def _load_json(path: Path) -> dict:
     if path.exists() or path.is_symlink():
         check_regular(path)
     try:
-        d = json.loads(path.read_text())
+        d = jsontext.loads(path.read_text())
+    except PermissionError as e:
+        raise SourceError(denied(path, e, MODEL_FIX)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SourceError(f"{path}: not readable JSON ({e}); fix or restore the file") from None
     if not isinstance(d, dict):
         raise SourceError(f"{path}: expected a JSON object; fix or restore the file")
     return d
+
+
+def _refuse_field(path: Path, problem: str | None) -> None:
+    """A field of a config file that holds the wrong kind of value: one line naming both."""
+    if problem:
+        raise SourceError(f"{path}: {problem}; fix that field or restore the model's {path.name}")
 
 
 def _inside(root: Path, name: str, what: Path) -> Path:
@@ -220,9 +259,15 @@ def _allowed_roots(root: Path) -> list[Path]:
     return roots
 
 
-def check_real_path(root: Path, p: Path) -> None:
+def is_inside(root: Path, p: Path) -> bool:
+    """Whether `p`, its links followed, is in the model folder (or its Hub cache's blobs)."""
     real = p.resolve()
-    if not any(real == r or r in real.parents for r in _allowed_roots(root)):
+    return any(real == r or r in real.parents for r in _allowed_roots(root))
+
+
+def check_real_path(root: Path, p: Path) -> None:
+    if not is_inside(root, p):
+        real = p.resolve()
         raise SourceError(
             f"{p}: links to {real}, outside the model folder; copy the file into the folder "
             "instead of linking it"
@@ -240,6 +285,8 @@ def _shard_paths(root: Path) -> tuple[list[Path], dict[str, str] | None]:
         paths = [_inside(root, n, index) for n in names]
         for p in paths:
             if not p.exists():
+                if p.is_symlink():
+                    check_regular(p)  # says what the link is
                 raise SourceError(
                     f"{p}: shard named by {INDEX_NAME} is missing; download it again "
                     "(e.g. `hf download <repo> --local-dir <model-dir>`)"
@@ -258,8 +305,14 @@ def _shard_paths(root: Path) -> tuple[list[Path], dict[str, str] | None]:
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
-    root = Path(path)
-    if not root.exists():
+    try:
+        return _open_checkpoint(Path(path))
+    except OSError as e:  # a model folder (or a file in it) this user may not read
+        raise model_error(e, path) from None
+
+
+def _open_checkpoint(root: Path) -> Checkpoint:
+    if not model_exists(root):
         raise SourceError(f"{root}: no such folder; pass a local model folder")
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder; pass the folder that holds config.json")
@@ -271,12 +324,18 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
             f"<repo> config.json --local-dir {root}`)"
         )
     config = _load_json(cfg_path)
+    _refuse_field(cfg_path, config_problem(config))
     quant = config.get("quantization_config")
     hq = root / "hf_quant_config.json"
     if hq.exists():
         quant = _load_json(hq)
+        inner = quant.get("quantization") or {}
+        _refuse_field(
+            hq, wrong_kind(QUANT_FIELDS, quant) or wrong_kind(QUANT_FIELDS, inner, "quantization.")
+        )
     shards, wm = _shard_paths(root)
     for p in shards:
+        check_regular(p)
         check_real_path(root, p)
     tensors: dict[str, TensorInfo] = {}
     fp = hashlib.sha256()

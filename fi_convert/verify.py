@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from . import dtypes, served_config
+from . import __version__, dtypes, jsontext, served_config
 from . import manifest as mf
 from .errors import FiConvertError
-from .families import Family, Form, all_families, model_type
+from .families import Family, Form, all_families, config_field, model_type
 from .names import Backend, SchemeName
 from .pipeline import resolve_device
 from .plan import MANIFEST_NAME, STATE_DIR, Options, _layer_summary, make_plan
@@ -123,7 +123,7 @@ def check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
     tensor of the manifest is in the shards with its dtype and [tp, *shape_per_rank]."""
     path = root / INDEX_NAME
     try:
-        index = json.loads(path.read_text())
+        index = jsontext.loads(path.read_text())
         wm = index["weight_map"]
         if not isinstance(wm, dict):
             raise TypeError("weight_map is not a map")
@@ -226,7 +226,7 @@ def _config(root: Path, m: dict, rep: Report) -> dict | None:
     if not p.is_file() or mf.bad_path(CONFIG_NAME):
         return None
     try:
-        cfg = json.loads(p.read_text())
+        cfg = jsontext.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         rep.problems.append(f"{p}: not readable JSON ({e})")
         return None
@@ -280,8 +280,7 @@ def _layer_problems(
         return [*out, f"{planner.label} cannot make a layer of E {e}, H {h}, I {i}: {planned}"]
     extra = {}
     if family is not None:  # what make_plan copies from config.json
-        cfg = config or {}
-        extra = {k: cfg.get(k, (cfg.get("text_config") or {}).get(k)) for k in family.manifest_keys}
+        extra = {k: config_field(config or {}, k) for k in family.manifest_keys}
     if any(DIFFER in want for want in planned):
         got = lay.get(DIFFER)
         if _experts_list(got, e):
@@ -443,16 +442,21 @@ def check_source(
     card_replaced=False,
 ) -> None:  # fmt: skip
     """Re-derive experts of the checkpoint at `source` and compare them with the output's,
-    reading both through `files` (local files by default; a remote verify reads the Hub)."""
-    if open_checkpoint(source).fingerprint != m["source"]["fingerprint"]:
+    reading both through `files` (local files by default; a remote verify reads the Hub);
+    and the manifest's fields that only the source proves."""
+    where = root / MANIFEST_NAME
+    fingerprint = open_checkpoint(source).fingerprint
+    if fingerprint != m["source"]["fingerprint"]:
         rep.problems.append(
-            f"{source}: not the checkpoint this output was converted from (source fingerprint "
-            "differs); pass the original model folder"
+            f"{where}: source.fingerprint is {mf.show(m['source']['fingerprint'])}, {source} "
+            f"has {fingerprint}: not the checkpoint this output was converted from, or the "
+            "manifest was changed; pass the original model folder, or convert again"
         )
         return
     # the output exists: re-derive it even where vLLM cannot serve it (--allow-unservable)
     opts = Options(m["scheme"], m["backend"], m["tp_size"], allow_unservable=True)
     plan = make_plan(source, opts)
+    rep.problems += [f"{where}: {line}" for line in _source_bound(m, plan)]
     dev = resolve_device(device)
     files = files or SourceFiles()
     try:
@@ -465,6 +469,27 @@ def check_source(
             _against_ours(plan, tensors, files, full, dev, rep)
     finally:
         files.close()
+
+
+def _source_bound(m: dict, plan) -> list[str]:
+    """The manifest's fields that the output's files cannot prove, against what this
+    fi-convert writes for the source: `source` (its model_type, family, shard count; every key
+    `build` writes for a local source) and `fi_convert_version`, which must be this
+    fi-convert's, since its code is what re-derives the bytes."""
+    out = []
+    if not mf.same(m["fi_convert_version"], __version__):
+        v = m["fi_convert_version"]
+        out.append(
+            f"fi_convert_version is {mf.show(v)}, but this fi-convert ({__version__}) "
+            f"re-derives the bytes and proves only its own; verify with fi-convert {v}, or "
+            "convert again"
+        )
+    want = mf.build(plan, {})["source"]
+    for key, value in want.items():
+        if not mf.same(m["source"].get(key), value):
+            got = mf.show(m["source"].get(key))
+            out.append(f"source.{key} is {got}, the source gives {mf.show(value)}")
+    return out
 
 
 def _side_files(plan, m: dict, card_replaced: bool, rep: Report) -> None:

@@ -617,15 +617,87 @@ def test_a_side_file_linked_outside_the_model_folder_is_refused(ckpt, tmp_path):
     assert (out / "alias.txt").read_text() == "fine"
 
 
-@pytest.mark.parametrize("name", ["config.json", "extra/readme.md"])
+@pytest.mark.parametrize("name", ["config.json", "readme.md"])
 def test_a_fifo_in_the_model_folder_is_refused_not_read(ckpt, tmp_path, name):
     model, out = ckpt("mx"), tmp_path / "out"
     target = model / name
-    target.parent.mkdir(exist_ok=True)
     target.unlink(missing_ok=True)
     os.mkfifo(target)
-    error_line(convert(model, out), name, "not a regular file")  # and returns: no hang
+    error_line(convert(model, out), name, "not a regular file but a FIFO")  # and no hang
     assert not out.exists()
+
+
+# entries that hold no file, and what fi-convert calls each
+NOT_FILES = {
+    "loop": "a link loop",
+    "loop-of-two": "a link loop",
+    "dangling": "a link to nothing (nowhere does not exist)",
+    "folder-inside": "a link to the folder",
+    "folder-outside": "outside the model folder",
+    "fifo": "a FIFO",
+}
+
+
+def _not_a_file(kind: str, where: Path, outside: Path) -> None:
+    if kind == "loop":
+        where.symlink_to(where.name)
+    elif kind == "loop-of-two":
+        where.symlink_to(where.name + ".b")
+        where.with_name(where.name + ".b").symlink_to(where.name)
+    elif kind == "dangling":
+        where.symlink_to("nowhere")
+    elif kind == "folder-inside":
+        where.symlink_to("..")
+    elif kind == "folder-outside":
+        outside.mkdir()
+        where.symlink_to(outside)
+    else:
+        os.mkfifo(where)
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_FILES))
+def test_an_entry_of_a_subfolder_that_is_no_file_is_left_out_with_a_warning(ckpt, tmp_path, kind):
+    """In a subfolder (which no server looks in by name) a link loop, a link to nothing or to a
+    folder, or a FIFO is no file the output could carry: a warning names it and what it is,
+    and the rest converts, verifies and is carried."""
+    model, out = ckpt("mx"), tmp_path / "out"
+    (model / "extra").mkdir()
+    (model / "extra" / "notes.md").write_text("kept")
+    _not_a_file(kind, model / "extra" / "entry", tmp_path / "elsewhere")
+    res = convert(model, out)
+    assert res.exit_code == 0, res.output
+    warned = [ln for ln in ANSI_RE.sub("", res.stderr).splitlines() if ln.startswith("warning:")]
+    assert any(
+        ln.startswith(f"warning: {model / 'extra' / 'entry'}: a ")
+        and NOT_FILES[kind] in ln
+        and ln.endswith("not a file; left out of the output")
+        for ln in warned
+    ), warned
+    assert "Traceback" not in res.output
+    assert (out / "extra" / "notes.md").read_text() == "kept"
+    assert not os.path.lexists(out / "extra" / "entry")
+    assert cli("verify", out, "--source", model).exit_code == 0
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_FILES))
+def test_an_entry_beside_config_json_that_is_no_file_is_refused(ckpt, tmp_path, kind):
+    """Beside config.json, where servers look for files by name, it stops the run: one line
+    saying what it is, so that the output never lacks a file the source seemed to have."""
+    model, out = ckpt("mx"), tmp_path / "out"
+    _not_a_file(kind, model / "entry.json", tmp_path / "elsewhere")
+    error_line(convert(model, out), "entry.json: not a regular file but", NOT_FILES[kind])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_shard_that_is_a_link_loop_is_named_so(ckpt, tmp_path, indexed):
+    model, out = ckpt("mx"), tmp_path / "out"
+    shard = shard_of(model, f"{MX_L}.0.w1.weight")
+    if not indexed:
+        (model / INDEX).unlink()
+    shard.unlink()
+    shard.symlink_to(shard.name)
+    error_line(convert(model, out), f"{shard.name}: not a regular file but a link loop")
 
 
 def test_overwrite_into_a_bind_mount_of_the_source_deletes_nothing(ckpt, tmp_path):
@@ -645,3 +717,29 @@ def test_overwrite_into_a_bind_mount_of_the_source_deletes_nothing(ckpt, tmp_pat
         assert sorted(p.name for p in model.iterdir()) == before
     finally:
         subprocess.run(["umount", str(out)], check=True)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than Python's json parser recurses
+
+
+@pytest.mark.parametrize("name", ["config.json", INDEX, "hf_quant_config.json"])
+def test_a_model_json_file_nested_too_deep_is_one_line(ckpt, tmp_path, name):
+    model, out = ckpt("mx"), tmp_path / "out"
+    (model / name).write_text(DEEP)
+    error_line(convert(model, out), f"{model / name}: not readable JSON (nested too deep")
+
+
+def test_an_output_json_file_nested_too_deep_is_one_line_or_ignored(ckpt, tmp_path):
+    """The manifest of a finished output: one line from verify, and from a convert into it;
+    the journal of a run (fi-convert's own scratch file): not read, the run goes on."""
+    model, out = ckpt("mx"), tmp_path / "out"
+    assert convert(model, out).exit_code == 0
+    (out / MANIFEST).write_text(DEEP)
+    error_line(cli("verify", out), f"{out / MANIFEST}: unreadable (nested too deep")
+    error_line(convert(model, out), f"{out / MANIFEST}: unreadable (nested too deep")
+    fresh = tmp_path / "fresh"
+    (fresh / ".fi-convert").mkdir(parents=True)
+    (fresh / ".fi-convert" / "state.json").write_text(DEEP)
+    res = convert(model, fresh)
+    assert res.exit_code == 0, res.output
+    assert cli("verify", fresh).exit_code == 0

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from fi_convert import Options, convert
 from fi_convert.cli import app
+from fi_convert.families import all_families
 from fi_convert.schemes import REGISTRY
 from fi_convert.synthetic import Spec, write_checkpoint
 from fi_convert.verify import STAND_INS, verify
@@ -291,6 +292,43 @@ def test_the_issue_flips_fail_on_the_command_line(outputs, tmp_path):
         f"mismatch: {dst / MANIFEST}: layer model.layers.0.mlp.experts: w13_weight.layout is "
         '"MajorK"; bf16/trtllm at tp 2 gives "BlockMajorK"'
     ]
+
+
+def _source_bound_edit(key: str, value):
+    """Another value of the form plain verify checks: it cannot see the edit."""
+    if key == "family":
+        return next(f.name for f in all_families() if f.name != value)
+    if isinstance(value, int):
+        return value + 1
+    if key == "fingerprint":
+        return ("0" if value[0] != "0" else "1") + value[1:]
+    return value + "-edited"
+
+
+# the manifest's fields that only the source proves: each key of `source` but the model_type
+# (which config.json shows), and the version of the fi-convert that wrote it
+SOURCE_BOUND = ["fi_convert_version", "source.family", "source.fingerprint", "source.shards"]
+
+
+@pytest.mark.parametrize("field", SOURCE_BOUND)
+def test_a_source_bound_field_edited_fails_only_with_source(outputs, tmp_path, field):
+    out = outputs("bf16-trtllm-tp2")
+    dst, m = _linked(out, tmp_path)
+    section, _, key = field.rpartition(".")
+    where = m[section] if section else m
+    where[key] = _source_bound_edit(key, where[key])
+    _write(dst, m)
+    assert verify(dst).ok  # the files cannot prove it
+    r = CliRunner().invoke(app, ["verify", str(dst), "--source", str(out.parent / "src")])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 1 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"mismatch: {dst / MANIFEST}: {field} is "), lines
+
+
+def test_every_source_bound_field_is_covered(outputs):
+    """A field build() adds to `source` is one that only --source proves: it needs a case."""
+    m = json.loads((outputs("bf16-trtllm-tp2") / MANIFEST).read_text())
+    assert {f"source.{k}" for k in m["source"]} - {"source.model_type"} <= set(SOURCE_BOUND)
 
 
 SCHEME_FLIPS = {

@@ -8,15 +8,15 @@ top-level `*.safetensors` without an index) and the small files beside them; nev
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, jsontext
 from ..errors import HubError, SourceError
+from ..paths import model_exists
 from ..source import INDEX_NAME
 from .common import (
     LIBRARY,
@@ -77,7 +77,7 @@ def resolve_source(
     """A local folder as it is; a repo id (`org/name`, where no such local path exists) is
     downloaded into the Hugging Face cache first (or taken from it when offline)."""
     path = Path(source)
-    if path.exists():
+    if model_exists(path):
         if revision is not None:
             raise SourceError(
                 f"{source}: a local folder, and --revision applies only to a Hub repo id; "
@@ -178,7 +178,7 @@ def _index_shards(index: Path) -> list[str] | None:
     if not index.is_file():
         return None
     try:
-        wm = json.loads(index.read_text()).get("weight_map")
+        wm = jsontext.loads(index.read_text()).get("weight_map")
         names = sorted({v for v in wm.values() if isinstance(v, str)})
     except (OSError, ValueError, AttributeError):
         return []

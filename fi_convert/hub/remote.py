@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, dtypes
+from .. import __version__, dtypes, jsontext
 from ..errors import HubError, SourceError
 from ..source import INDEX_NAME
 from ..st_io import SourceFiles, TensorInfo, _as_bytes
@@ -214,13 +214,12 @@ def mirror(repo: RemoteRepo, dest: Path, *, progress: bool = False) -> Path:
 
 def _shards(repo: RemoteRepo, dest: Path, top: dict[str, RemoteFile]) -> list[str]:
     """The shards a conversion reads: those the index names, or every top-level one."""
-    import json
 
     index = dest / INDEX_NAME
     if not index.is_file():
         return sorted(n for n in top if n.endswith(".safetensors"))
     try:
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = sorted(set(jsontext.loads(index.read_text())["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []  # the checkpoint reader reports the index
     missing = [n for n in names if isinstance(n, str) and n not in top]

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, outdir
+from .. import __version__, jsontext, outdir
 from .. import manifest as mf
 from ..errors import HubError, OutputError
 from ..pipeline import ProgressFn, resolve_device, write_shards
@@ -441,7 +441,7 @@ def _remote_state(api, repo_id: str, revision: str) -> tuple[dict[str, str | Non
             continue
         try:
             got = hf_hub_download(repo_id, name, revision=revision, endpoint=endpoint())
-            d = json.loads(Path(got).read_text())
+            d = jsontext.loads(Path(got).read_text())
         except (OSError, ValueError):
             continue
         if isinstance(d, dict) and d.get("format") == PROGRESS_FORMAT:
