@@ -1,7 +1,10 @@
 """The serving bench as a picture: load time per case, vLLM's default path against the fi-convert
 plugin against the machine's limit (warm page cache; cold beside it where measured).
 
-    python scripts/bench_chart.py bench-out/vllm-load-cuda.json [--png OUT.png]
+    python scripts/bench_chart.py bench-out/vllm-load-cuda.json [MORE.json ...] [--png OUT.png]
+
+Several JSON files (runs of scripts/bench_vllm_load.py) go into one picture; each case is
+labelled with the plugin's read settings (threads x chunk) of its run.
 """
 
 from __future__ import annotations
@@ -11,14 +14,27 @@ import json
 from pathlib import Path
 
 
-def chart(path: str | Path, png: str | Path | None = None) -> Path:
+def _results(paths: list[Path]) -> tuple[str, list[dict]]:
+    rows, device = [], ""
+    for path in paths:
+        report = json.loads(path.read_text())
+        device = report["device"]
+        for r in report["results"]:
+            plugin = r["runs"]["plugin"][0]
+            how = f"{plugin['threads']}x{plugin['chunk'] >> 20} MiB" if "threads" in plugin else ""
+            rows.append(r | {"label": f"{r['case']}\n{r['bytes'] / 1e9:.1f} GB {how}"})
+    return device, rows
+
+
+def chart(path: str | Path | list, png: str | Path | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    report = json.loads(Path(path).read_text())
-    caches = [c for c in ("warm", "cold") if any(r["cache"] == c for r in report["results"])]
+    paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
+    device, results = _results(paths)
+    caches = [c for c in ("warm", "cold") if any(r["cache"] == c for r in results)]
     fig, axes = plt.subplots(
         1, len(caches), figsize=(7 * len(caches), 4.8), squeeze=False, sharey=False
     )
@@ -28,7 +44,7 @@ def chart(path: str | Path, png: str | Path | None = None) -> Path:
         ("limit_s", "machine's limit (plain parallel copy)", "#2ca02c"),
     ]
     for ax, cache in zip(axes[0], caches, strict=True):
-        rows = [r for r in report["results"] if r["cache"] == cache]
+        rows = [r for r in results if r["cache"] == cache]
         width = 0.27
         for k, (key, label, color) in enumerate(sides):
             xs = [i + (k - 1) * width for i in range(len(rows))]
@@ -44,13 +60,12 @@ def chart(path: str | Path, png: str | Path | None = None) -> Path:
                 color="#1f77b4",
             )
         ax.set_xticks(range(len(rows)))
-        labels = [f"{r['case']}\n{r['bytes'] / 1e9:.1f} GB" for r in rows]
-        ax.set_xticklabels(labels, fontsize=7, rotation=20)
+        ax.set_xticklabels([r["label"] for r in rows], fontsize=6.5, rotation=25, ha="right")
         ax.set_ylabel("seconds (lower is better)")
-        ax.set_title(f"{cache} page cache, {report['device']}: label = vLLM / plugin")
+        ax.set_title(f"{cache} page cache, {device}: above the bars, vLLM / plugin", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    out = Path(png) if png else Path(path).with_suffix(".png")
+    out = Path(png) if png else paths[0].with_suffix(".png")
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
@@ -58,7 +73,7 @@ def chart(path: str | Path, png: str | Path | None = None) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("json")
+    ap.add_argument("json", nargs="+")
     ap.add_argument("--png", default=None)
     a = ap.parse_args()
     print(chart(a.json, a.png))
