@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import json
 import re
+import threading
 import types
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -471,3 +473,77 @@ def test_an_expert_map_that_is_not_one_slot_per_local_expert_is_refused():
     assert local_experts(layer([-1, 1, -1, 0], 2)) == [3, 1]  # local slot order, not global
     with pytest.raises(PluginError, match="slots \\[0, 2\\] for 2 local experts .* --enable-eplb"):
         local_experts(layer([0, -1, 2, -1], 2))
+
+
+# -- faults while reading: one line, threads stopped ----------------------------------------
+
+
+@pytest.fixture
+def out_copy(tmp_path, out):
+    import shutil
+
+    return Path(shutil.copytree(out, tmp_path / "ds-fi"))
+
+
+def _expert_shard(out_dir):
+    index = json.loads((out_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    return out_dir / index[f"{PREFIX}.w13_weight"]
+
+
+@pytest.mark.parametrize("when", ["before the load", "after the checks"])
+def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, when):
+    from fi_convert import bulk_read
+
+    shard = _expert_shard(out_copy)
+    size = shard.stat().st_size
+
+    def cut():
+        with open(shard, "r+b") as f:
+            f.truncate(size - 4096)
+
+    if when == "before the load":
+        cut()
+    else:  # the headers were read and checked; the file shrinks before the reads start
+        real = bulk_read.BulkRead.start
+
+        def start(self):
+            cut()
+            real(self)
+
+        monkeypatch.setattr(bulk_read.BulkRead, "start", start)
+    with vm.vllm_context("trtllm", 2, 0):
+        model = TinyModel(vm.make_layer(PREFIX, src, 2))
+        with pytest.raises(PluginError) as e:
+            _loader().load_weights(model, _model_config(out_copy))
+    msg = str(e.value)
+    assert msg.startswith(f"fi-convert: {shard}: ") and "\n" not in msg
+    assert "truncated" in msg
+    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+
+
+def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypatch):
+    from unittest import mock
+
+    from fi_convert import bulk_read
+    from fi_convert.vllm_plugin import loader
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bulk_read.BulkRead, "wait", interrupted)
+    aborted = []
+    real_abort = bulk_read.BulkRead.abort
+    monkeypatch.setattr(
+        bulk_read.BulkRead, "abort", lambda self: aborted.append(1) or real_abort(self)
+    )
+    with vm.vllm_context("trtllm", 2, 0):
+        model = TinyModel(vm.make_layer(PREFIX, src, 2))
+        with mock.patch.object(loader, "logger") as log, pytest.raises(KeyboardInterrupt):
+            _loader().load_weights(model, _model_config(out))
+    assert aborted
+    said = log.error.call_args.args
+    assert said[0] % said[1:] == (
+        f"fi-convert: loading {out} interrupted; its reader threads are stopped and their "
+        "pinned memory freed: start the server again"
+    )
+    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]

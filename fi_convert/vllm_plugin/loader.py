@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
 from vllm.logger import init_logger
@@ -23,7 +23,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from .. import manifest as mf
-from ..bulk_read import HostBuffers, ReadStats, host_buffers
+from ..bulk_read import HostBuffers, ReadError, ReadStats, host_buffers
 from ..errors import FiConvertError
 from ..loader import OutputReader
 from . import checks, experts
@@ -177,12 +177,20 @@ def _dense_weights(reader: OutputReader, timed: _Clock) -> Iterator[tuple[str, t
     """Every tensor of the output that is not a converted expert tensor, shard by shard (as
     vLLM's default loader reads them); their bytes are counted in `timed`."""
     for shard in reader.shards():
-        with safe_open(reader.root / shard, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if not reader.is_expert_tensor(name):
-                    t = f.get_tensor(name)
-                    timed.nbytes += t.numel() * t.element_size()
-                    yield name, t
+        path = reader.root / shard
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if not reader.is_expert_tensor(name):
+                        t = f.get_tensor(name)
+                        timed.nbytes += t.numel() * t.element_size()
+                        yield name, t
+        except (SafetensorError, OSError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ReadError(
+                f"{path}: cannot be read ({first}): truncated or corrupt; restore the file "
+                "(convert or download it again), then load again"
+            ) from None
 
 
 class _Clock:
