@@ -35,6 +35,7 @@ DEFAULT_HOST_MEMORY = 1 << 30  # pinned host memory of a read into a GPU, at mos
 # On the H200 machine (16 CPUs), a plain parallel copy was fastest at 16 threads x 16 MiB chunks
 # (docs/bench): 512 MiB pinned, which the vLLM plugin pins while vLLM builds the model
 MAX_THREADS = 16
+THREADS_CAP = 128  # more reader threads than this is a mistake, not a setting
 CHUNK = 16 << 20  # bytes read and copied at once by one thread
 MIN_CHUNK = 1 << 20
 DEPTH = 2  # pinned buffers per thread: one is read into while the other is copied out
@@ -49,10 +50,24 @@ def default_threads() -> int:
     """`FI_CONVERT_READ_THREADS`, else one per usable CPU, at most MAX_THREADS."""
     env = os.environ.get(THREADS_ENV)
     if env:
-        if not env.isdigit() or int(env) < 1:
-            raise ReadError(f"{THREADS_ENV}={env!r}: not a thread count; give a number >= 1")
-        return int(env)
+        return _threads(env, THREADS_ENV)
     return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
+
+
+def _threads(value: object, what: str) -> int:
+    n = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, str) and value.strip().isdigit():
+        n = int(value)
+    if n is None or not 1 <= n <= THREADS_CAP:
+        raise ReadError(f"{what}={value!r}: not a thread count; give 1 to {THREADS_CAP}")
+    return n
+
+
+def _budget(value: int | str) -> int:
+    try:
+        return parse_size(value)
+    except (ValueError, TypeError):
+        raise ReadError(f"host_memory={value!r}: not a size; {SIZE_HELP}") from None
 
 
 def default_host_memory() -> int:
@@ -200,8 +215,9 @@ class BulkRead:
         self.device = torch.device(device)
         # staged: through host buffers (always into a GPU; on the CPU only in tests)
         self.staged = self.device.type != "cpu" if staged is None else staged
-        budget = default_host_memory() if host_memory is None else parse_size(host_memory)
-        self.threads, self.chunk = fit(threads or default_threads(), budget, chunk)
+        budget = default_host_memory() if host_memory is None else _budget(host_memory)
+        n = default_threads() if threads is None else _threads(threads, "threads")
+        self.threads, self.chunk = fit(n, budget, chunk)
         # host buffers given (allocated ahead, freed by their owner) or this read's own
         self._given = buffers
         self._buffers: HostBuffers | None = None

@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -141,10 +142,35 @@ def test_the_environment_sets_threads_and_budget(monkeypatch):
     monkeypatch.setenv("FI_CONVERT_READ_THREADS", "many")
     with pytest.raises(ReadError, match="FI_CONVERT_READ_THREADS='many': not a thread count"):
         BulkRead("cpu")
+    for bad in ("0", "-3", "100000", " "):
+        monkeypatch.setenv("FI_CONVERT_READ_THREADS", bad)
+        with pytest.raises(ReadError, match="not a thread count; give 1 to 128"):
+            BulkRead("cpu")
     monkeypatch.setenv("FI_CONVERT_READ_THREADS", "2")
     monkeypatch.setenv("FI_CONVERT_HOST_MEMORY", "lots")
     with pytest.raises(ReadError, match="FI_CONVERT_HOST_MEMORY='lots': not a size"):
         BulkRead("cpu")
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"threads": 0}, "threads=0: not a thread count"),
+        ({"threads": "eight"}, "threads='eight': not a thread count"),
+        ({"threads": True}, "threads=True: not a thread count"),
+        ({"host_memory": "abc"}, "host_memory='abc': not a size"),
+        ({"host_memory": [1]}, "host_memory=[1]: not a size"),
+        ({"host_memory": "1KiB"}, "below the 2097152 one reader thread needs"),
+    ],
+)
+def test_load_moe_layer_settings_that_make_no_sense_are_one_line(tmp_path, kw, words):
+    from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
+    from fi_convert.synthetic import Spec, write_checkpoint
+
+    src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=2, shards=1))
+    convert(src, tmp_path / "out", Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
+    with pytest.raises(ReadError, match=re.escape(words)):
+        load_moe_layer(tmp_path / "out", "model.layers.0.mlp.experts", **kw)
 
 
 # -- faults: one line naming the file, threads stopped, buffers freed -----------------------
