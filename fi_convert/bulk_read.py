@@ -213,6 +213,8 @@ class BulkRead:
         buffers: HostBuffers | None = None,
     ) -> None:
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # the threads' device
+            self.device = torch.device("cuda", torch.cuda.current_device())
         # staged: through host buffers (always into a GPU; on the CPU only in tests)
         self.staged = self.device.type != "cpu" if staged is None else staged
         budget = default_host_memory() if host_memory is None else _budget(host_memory)
@@ -221,7 +223,8 @@ class BulkRead:
         # host buffers given (allocated ahead, freed by their owner) or this read's own
         self._given = buffers
         self._buffers: HostBuffers | None = None
-        if buffers is not None:
+        if buffers is not None:  # as many threads as its buffers hold, of this chunk size
+            self.chunk = max(1, min(self.chunk, buffers.nbytes // DEPTH))
             self.threads = max(1, min(self.threads, buffers.nbytes // (DEPTH * self.chunk)))
         self._requests: list[tuple[Path, int, int, torch.Tensor]] = []
         self._threads: list[threading.Thread] = []

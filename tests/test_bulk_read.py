@@ -134,6 +134,23 @@ def test_the_host_memory_budget_bounds_threads_times_buffers():
         fit(4, MiB)
 
 
+@pytest.mark.parametrize("nbytes", [3 * MiB, 5 * MiB + 1, 64 * MiB])
+def test_buffers_given_ahead_set_the_threads_and_chunks(two_files, nbytes):
+    """A block allocated ahead (the plugin's) bounds the read's buffers, whatever its size."""
+    data, fds = two_files
+    path, fd = next(iter(fds.items()))
+    ahead = bulk_read.HostBuffers(nbytes, pinned=False).allocate()
+    bulk = BulkRead("cpu", threads=4, staged=True, buffers=ahead)
+    assert bulk.threads * bulk_read.DEPTH * bulk.chunk <= nbytes
+    dst = torch.empty(9 * MiB, dtype=torch.uint8)
+    bulk.add(path, fd, 5, dst)
+    bulk.run()
+    assert dst.numpy().tobytes() == data[path][5 : 5 + 9 * MiB]
+    assert ahead.held == nbytes  # the owner's to free
+    ahead.free(background=False)
+    assert ahead.held == 0
+
+
 def test_the_environment_sets_threads_and_budget(monkeypatch):
     monkeypatch.setenv("FI_CONVERT_READ_THREADS", "3")
     monkeypatch.setenv("FI_CONVERT_HOST_MEMORY", "24MiB")
