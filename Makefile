@@ -7,7 +7,7 @@ FLASHINFER ?= flashinfer-python==0.7.2.post1
 VLLM ?= vllm==0.33.0
 ENGINE_VENV ?= .venv-engine
 
-.PHONY: install test fuzz test-engine test-gpu lint demo bench clean
+.PHONY: install test fuzz test-engine test-gpu lint demo bench wheel clean
 
 install: $(VENV)/.installed
 
@@ -77,5 +77,12 @@ bench: install
 	$(PY) scripts/bench_hub.py --out bench-out
 	$(PY) scripts/bench_cli_sync.py --out bench-out
 
+# fi-convert is not on PyPI: a server image installs this wheel
+# (pip install "dist/fi_convert-<version>-py3-none-any.whl[vllm]"). Built with the venv's
+# setuptools, so nothing is downloaded; tests/test_install.py builds and installs it the same way.
+wheel: install
+	$(PIP) wheel -q --no-deps --no-build-isolation -w dist .
+	@ls dist/fi_convert-*.whl
+
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) demo .pytest_cache .mypy_cache .ruff_cache dist build

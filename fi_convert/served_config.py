@@ -20,7 +20,8 @@ METHOD = "fi-convert"
 SOURCE_KEY = "source_quantization_config"
 NOTE = (
     "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert: serve with "
-    "`vllm serve DIR --load-format fi-convert` (pip install 'fi-convert[vllm]')"
+    "`vllm serve DIR --load-format fi-convert` (fi-convert's vLLM plugin: fi-convert installed "
+    "with its vllm extra)"
 )
 
 

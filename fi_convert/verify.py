@@ -602,7 +602,7 @@ def _against_oracle(plan, tensors, files, full, dev, rep) -> None:
     except ImportError as e:
         raise FiConvertError(
             f"--against-flashinfer needs FlashInfer ({e.name} is missing); install it with "
-            "`pip install 'fi-convert[flashinfer]'` (or `make install`), or verify without it"
+            "`pip install flashinfer-python==0.7.2.post1` (or `make install`), or verify without it"
         ) from None
     tp = plan.options.tp_size
     layers = plan.layers if full else [plan.layers[0], plan.layers[-1]]

@@ -584,3 +584,16 @@ def test_the_card_shows_expert_parallel_serving_where_the_plugin_does_it(
     assert f"vllm serve acme/x-fi --load-format fi-convert -tp {tp} --moe-backend" in card
     ep = "vllm serve acme/x-fi --load-format fi-convert -tp 8 --enable-expert-parallel --moe-"
     assert (ep in card) is ep_line
+
+
+def test_the_card_installs_fi_convert_as_it_can_be_installed(ref_out):
+    """fi-convert is not on PyPI: `pip install "fi-convert[vllm]"` would fail, or install
+    another project's package of that name. The card shows a clone's and the wheel's lines."""
+    from fi_convert.hub.card import model_card
+
+    m = mf.read(ref_out)
+    card = model_card(m, repo_id="acme/x-fi")
+    assert 'pip install "fi-convert' not in card and "pip install 'fi-convert" not in card
+    assert 'pip install ".[vllm]"' in card
+    v = m["fi_convert_version"]
+    assert f'pip install "dist/fi_convert-{v}-py3-none-any.whl[vllm]"' in card

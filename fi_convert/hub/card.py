@@ -158,10 +158,12 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         f"**vLLM.** The expert bytes are those vLLM {t.get('vllm')} with FlashInfer "
         f"{t.get('flashinfer')} holds after `process_weights_after_loading`. Serve it with "
         "fi-convert's vLLM plugin, which loads them straight into the MoE layers and runs "
-        "kernel setup only:",
+        "kernel setup only. fi-convert is not on PyPI: install fi-convert "
+        f"{m['fi_convert_version']} with its `vllm` extra from a clone of its repository "
+        '(`pip install ".[vllm]"`) or from its wheel (`make wheel`, then `pip install '
+        f'"dist/fi_convert-{m["fi_convert_version"]}-py3-none-any.whl[vllm]"`), then:',
         "",
         "```",
-        'pip install "fi-convert[vllm]"',
         serve_command(repo_id, scheme, backend, tp),
         "```",
         "",

@@ -1,6 +1,8 @@
 """fi-convert's vLLM plugin: `vllm serve OUT_DIR --load-format fi-convert`.
 
-Installed with `pip install "fi-convert[vllm]"`; vLLM calls `register` from its
+Installed with fi-convert's `vllm` extra (fi-convert is not on PyPI: `pip install ".[vllm]"`
+in a clone, or `pip install "dist/fi_convert-<version>-py3-none-any.whl[vllm]"` with the wheel
+`make wheel` builds); vLLM calls `register` from its
 `vllm.general_plugins` entry point in the engine and in every worker. Nothing else in
 fi-convert imports vLLM.
 """

@@ -1,0 +1,120 @@
+"""The wheel a server image installs (`make wheel`; fi-convert is not on PyPI).
+
+Built as the Makefile builds it and installed into a fresh venv with `--no-deps --no-index`
+(nothing is downloaded: the test venv's packages stand in for the dependencies), it runs
+`fi-convert --version`, and its metadata holds the vLLM plugin's entry point and the `vllm`
+extra that `pip install "dist/fi_convert-<version>-py3-none-any.whl[vllm]"` installs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import fi_convert
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEEL_ARGS = ["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", "dist", "."]
+
+
+def _env() -> dict[str, str]:
+    """No PYTHONPATH: the fresh venv must find fi_convert in its own site-packages."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
+def _build_wheel(tmp: Path) -> Path:
+    # from a copy of the sources: a build writes build/ and *.egg-info beside them
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(
+        ROOT / "fi_convert", src / "fi_convert", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", *WHEEL_ARGS],
+        cwd=src,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    wheels = list((src / "dist").glob("*.whl"))
+    assert [w.name for w in wheels] == [f"fi_convert-{fi_convert.__version__}-py3-none-any.whl"]
+    return wheels[0]
+
+
+def test_make_wheel_builds_as_this_test_does():
+    recipe = (ROOT / "Makefile").read_text().split("\nwheel:", 1)[1].split("\n\n", 1)[0]
+    assert "$(PIP) " + " ".join(WHEEL_ARGS) in recipe, recipe
+
+
+def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
+    whl = _build_wheel(tmp_path)
+
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        info = next(n for n in names if n.endswith(".dist-info/entry_points.txt")).rsplit("/", 1)[0]
+        entry_points = z.read(f"{info}/entry_points.txt").decode()
+        metadata = z.read(f"{info}/METADATA").decode()
+    assert "[vllm.general_plugins]\nfi_convert = fi_convert.vllm_plugin:register" in entry_points
+    assert "[console_scripts]\nfi-convert = fi_convert.cli:main" in entry_points
+    assert "Provides-Extra: vllm" in metadata
+    assert 'Requires-Dist: vllm==0.33.0; extra == "vllm"' in metadata
+    assert "fi_convert/families/deepseek_v3.json" in names
+    assert "fi_convert/vllm_plugin/__init__.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "scripts/", "docs/"))]
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
+         "--no-index", f"{whl}[vllm]"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    # the dependencies (typer, rich, torch, ...) from the test venv, after the fresh venv's own
+    # site-packages; a plain path, so the test venv's editable install of fi-convert stays out
+    fresh = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(fresh) / "test-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+
+    r = subprocess.run(
+        [str(venv / "bin" / "fi-convert"), "--version"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert fi_convert.__version__ in r.stdout
+
+    code = (
+        "import importlib.metadata as md, fi_convert\n"
+        "print(fi_convert.__file__)\n"
+        "eps = md.entry_points(group='vllm.general_plugins')\n"
+        "print([(e.name, e.value) for e in eps])\n"
+    )
+    r = subprocess.run(
+        [str(py), "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    where, eps = r.stdout.splitlines()
+    assert Path(where).is_relative_to(venv), where  # the wheel's, not the checkout's
+    assert "('fi_convert', 'fi_convert.vllm_plugin:register')" in eps
