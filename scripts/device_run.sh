@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (see README, "GPU tests"): FlashInfer and vLLM's Python code from
+# One call on the GPU machine (see docs/development.md, "GPU tests"): FlashInfer and vLLM's Python code from
 # carried files, then the GPU test modules (or with `all` the whole suite), and optionally the
 # benchmark; logs under $OUT.
 # Usage: [K=pytest-k-expression] [TESTS="test files"] [BENCH_ARGS="--cases layers"] scripts/device_run.sh [all | no-tests] [bench | vllm-bench |
 #        vllm-bench-quick] [cli-bench]
-# Carried (see README): .carry/wheels/*.whl (FlashInfer 0.6.18.post1, apache-tvm-ffi and vLLM's
+# Carried (see docs/development.md): .carry/wheels/*.whl (FlashInfer 0.6.18.post1, apache-tvm-ffi and vLLM's
 # pure-Python dependencies missing from the image) and .carry/vllm-py.zip (vLLM 0.33.0's package
 # without its compiled parts); the older .whl/ folder is taken too.
 set -uo pipefail

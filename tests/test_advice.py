@@ -287,13 +287,18 @@ def test_make_install_resolves_dependencies_before_the_no_deps_installs():
     assert "$(FLASHINFER)" in pips[-1] and "$(VLLM)" in pips[-1]
 
 
-def test_makefile_points_to_readme_sections_that_exist():
-    headings = {
-        m.group(1).strip("`")
-        for m in re.finditer(r"^#+ (.+)$", (ROOT / "README.md").read_text(), re.M)
-    }
-    text = (ROOT / "Makefile").read_text()
-    cited = re.findall(r'README, "([^"]+)"', text)
-    assert cited
-    for name in cited:
-        assert name in headings, (name, sorted(headings))
+def test_makefile_scripts_and_tests_point_to_doc_sections_that_exist():
+    """A pointer to a section (see, then README or docs/<page>.md, then the heading in double
+    quotes) names a heading of that page."""
+    cited = [
+        (page, name)
+        for f in [ROOT / "Makefile", *ROOT.glob("scripts/*"), *ROOT.glob("tests/*.py")]
+        for page, name in re.findall(r'see (README|docs/[\w.-]+\.md), "([^"]+)"', f.read_text())
+    ]
+    assert ("docs/development.md", "Install and test") in cited
+    for page, name in cited:
+        path = ROOT / ("README.md" if page == "README" else page)
+        headings = {
+            m.group(1).strip("`") for m in re.finditer(r"^#+ (.+)$", path.read_text(), re.M)
+        }
+        assert name in headings, (page, name, sorted(headings))

@@ -1,7 +1,7 @@
 """The same conformance on CUDA (skipped without a GPU): conversion on the GPU, FlashInfer's
 reference on the GPU, and FlashInfer's CUDA-only scale swizzle against our index math.
 
-Run on an H200: `pytest -m gpu tests/test_gpu.py` (see README, "GPU tests").
+Run on an H200: `pytest -m gpu tests/test_gpu.py` (see docs/development.md, "GPU tests").
 """
 
 from __future__ import annotations
