@@ -302,3 +302,23 @@ def test_makefile_scripts_and_tests_point_to_doc_sections_that_exist():
             m.group(1).strip("`") for m in re.finditer(r"^#+ (.+)$", path.read_text(), re.M)
         }
         assert name in headings, (page, name, sorted(headings))
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor, as GitHub and the docs site (mkdocs' toc) make it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_point_to_pages_and_headings_that_exist():
+    """The docs site's strict build checks the pages' links; this checks README's."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+    assert "docs/converting.md#schemes" in targets
+    for target in targets:
+        if "://" in target:
+            continue
+        path, _, anchor = target.partition("#")
+        page = ROOT / path
+        assert page.is_file(), target
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+            assert anchor in {_slug(h) for h in headings}, (target, headings)
