@@ -292,7 +292,12 @@ def test_makefile_scripts_and_tests_point_to_doc_sections_that_exist():
     quotes) names a heading of that page."""
     cited = [
         (page, name)
-        for f in [ROOT / "Makefile", *ROOT.glob("scripts/*"), *ROOT.glob("tests/*.py")]
+        for f in [
+            ROOT / "Makefile",
+            *ROOT.glob("scripts/*"),
+            *ROOT.glob("tests/*.py"),
+            *ROOT.glob("examples/**/*.yml"),
+        ]
         for page, name in re.findall(r'see (README|docs/[\w.-]+\.md), "([^"]+)"', f.read_text())
     ]
     assert ("docs/development.md", "Install and test") in cited
