@@ -16,10 +16,13 @@ the exception goes on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,15 +266,10 @@ class BulkRead:
         n = min(self.threads, len(self._jobs))
         for _ in range(n):
             todo.put(None)
-        if self.staged and n:
-            self._buffers = self._given or HostBuffers(
-                n * DEPTH * self.chunk, pinned=self.device.type == "cuda"
-            ).allocate(background=True)  # pinned while the threads start
         ready = None
         if self.device.type == "cuda":  # destinations may reuse memory of pending work
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
-        self._t0 = time.perf_counter()
         self._threads = [
             threading.Thread(
                 target=self._work,
@@ -282,9 +280,15 @@ class BulkRead:
             for k in range(n)
         ]
         try:
-            for t in self._threads:
-                t.start()
-        except BaseException:  # Ctrl-C while they start: stop those started
+            with _signals_held():  # a Ctrl-C inside Thread.start would leave one unjoined
+                if self.staged and n:
+                    self._buffers = self._given or HostBuffers(
+                        n * DEPTH * self.chunk, pinned=self.device.type == "cuda"
+                    ).allocate(background=True)  # pinned while the threads start
+                self._t0 = time.perf_counter()
+                for t in self._threads:
+                    t.start()
+        except BaseException:  # Ctrl-C as they started (taken once all were): stop them
             self.abort()
             raise
 
@@ -469,6 +473,18 @@ class BulkRead:
                     "it again), then load again"
                 )
             done += n
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait (this thread's, and the threads it starts inherit the mask, so
+    only the caller's thread takes them) until the block ends, then are taken at once."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _bare(e: BaseException) -> BaseException:
