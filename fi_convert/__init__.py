@@ -23,9 +23,9 @@ from .errors import (  # noqa: E402
 from .names import Backend, SchemeName  # noqa: E402
 
 if TYPE_CHECKING:
-    from .loader import load_moe_layer
-    from .manifest import check_files
-    from .manifest import read as read_manifest
+    from .format.manifest import check_files
+    from .format.manifest import read as read_manifest
+    from .format.reader import load_moe_layer
     from .pipeline import Progress, Result, convert, run_plan
     from .plan import Options, Plan, make_plan
 
@@ -34,9 +34,9 @@ _LAZY = {
     "Result": ("pipeline", "Result"),
     "convert": ("pipeline", "convert"),
     "run_plan": ("pipeline", "run_plan"),
-    "load_moe_layer": ("loader", "load_moe_layer"),
-    "check_files": ("manifest", "check_files"),
-    "read_manifest": ("manifest", "read"),
+    "load_moe_layer": ("format.reader", "load_moe_layer"),
+    "check_files": ("format.manifest", "check_files"),
+    "read_manifest": ("format.manifest", "read"),
     "Options": ("plan", "Options"),
     "Plan": ("plan", "Plan"),
     "make_plan": ("plan", "make_plan"),

@@ -133,7 +133,7 @@ def _warn(notes: list[str], quiet: bool) -> None:
 
 
 def _render_plan(plan: Plan) -> None:
-    from .manifest import layer_groups
+    from .format.manifest import layer_groups
 
     s = plan.summary()
     how = "detected" if plan.detected else "requested"
@@ -293,8 +293,9 @@ def convert_cmd(
 ) -> None:
     """Convert MODEL_DIR (a folder, or a Hub repo id) into OUT_DIR (the default command)."""
     from . import hub
+    from .format.names import MANIFEST_NAME
     from .pipeline import preflight, run_plan
-    from .plan import MANIFEST_NAME, Options, make_plan
+    from .plan import Options, make_plan
 
     opts = Options(scheme, backend, tp_size, max_shard_size, max_memory, allow_unservable)
     if (private or base_model) and not push_to:

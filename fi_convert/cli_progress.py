@@ -273,7 +273,7 @@ def figures_text(f: dict, verb: str = "") -> str:
 
 def output_bytes(out_dir: Path) -> int:
     """The size of the files a finished output's manifest lists (0 without a readable one)."""
-    from .manifest import read  # the library, once a command ran
+    from .format.manifest import read  # the library, once a command ran
 
     try:
         return sum(int(m["size"]) for m in read(out_dir)["files"].values())

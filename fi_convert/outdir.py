@@ -34,11 +34,12 @@ from pathlib import Path
 from . import jsontext, served_config
 from . import manifest as mf
 from .errors import ManifestError, OutputError, SourceError
-from .plan import MANIFEST_NAME, STATE_DIR, Plan, ShardPlan, check_out_dir
-from .source import INDEX_NAME
-from .st_io import TMP_SUFFIX, DiskRoom, ShardWriter, sha256_file
+from .format import manifest as fm
+from .format.hashes import sha256_file
+from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
+from .plan import Plan, ShardPlan, check_out_dir
+from .st_io import TMP_SUFFIX, DiskRoom, ShardWriter
 
-CONFIG_NAME = "config.json"
 JOURNAL_NAME = "state.json"
 LOCK_NAME = "lock"
 RESUME = "run the same command again to resume"
@@ -197,7 +198,7 @@ def _differs(plan: Plan, m: dict, t: Target) -> str | None:
 
 def _finished(plan: Plan, root: Path, overwrite: bool, t: Target) -> Claim:
     try:
-        m = mf.read(root)
+        m = fm.read(root)
         why = _differs(plan, m, t)
     except ManifestError as e:
         why, m = f"whose manifest cannot be read ({e})", {}

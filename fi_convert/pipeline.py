@@ -20,10 +20,10 @@ import torch
 from . import dtypes, outdir
 from . import manifest as mf
 from .errors import OutputError
+from .format.names import INDEX_NAME, MANIFEST_NAME
 from .outdir import OutDir
-from .plan import MANIFEST_NAME, Item, Options, Plan, ShardPlan, make_plan
+from .plan import Item, Options, Plan, ShardPlan, make_plan
 from .schemes.base import Ctx, OutputTensor
-from .source import INDEX_NAME
 from .st_io import DiskRoom, ShardWriter, SourceFiles, TensorInfo
 
 COPY_CHUNK = 64 * 2**20  # largest piece of a carried-over tensor in flight

@@ -15,11 +15,11 @@ from pathlib import Path
 from . import __version__, jsontext, schemes, served_config
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
 from .families import Family, config_field
+from .format.names import INDEX_NAME, MANIFEST_NAME
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .paths import model_error, out_exists
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
 from .source import (
-    INDEX_NAME,
     PICKLE_SUFFIXES,
     Checkpoint,
     check_real_path,
@@ -29,10 +29,6 @@ from .source import (
     open_checkpoint,
 )
 from .st_io import OutEntry, TensorInfo
-
-MANIFEST_NAME = "fi-convert-manifest.json"
-STATE_DIR = ".fi-convert"
-
 
 MISSING_BACKENDS = {
     (SchemeName.MXFP8, Backend.CUTLASS): "vLLM 0.33 has no FlashInfer CUTLASS MXFP8 path",

@@ -65,3 +65,32 @@ def serve_command(where: str, scheme: str, backend: str, tp: int, ep: int = 0) -
     if (scheme, backend) == ("mxfp4", "cutlass"):
         cmd += " " + MXFP8_ACTIVATION
     return cmd
+
+
+# What an output targets: the vLLM and FlashInfer releases whose load-time processing gives its
+# bytes, and the GPUs where vLLM runs its backend.
+TARGET = {
+    "vllm": "0.33.0",
+    "flashinfer": "0.7.2.post1",
+    "flashinfer_layouts": "0.6.18-0.7.4",
+    # PEP 440 specifiers of the releases whose load-time processing gives these bytes: a
+    # loader refuses any other (a layout can change in any release, patch releases included)
+    "vllm_versions": "==0.33.0",
+    "flashinfer_versions": ">=0.6.18,<0.7.5",
+}
+# Where vLLM 0.33 runs each FlashInfer backend and scheme: TRT-LLM on the SM10x family only
+# (is_device_capability_family(100)); CUTLASS (FlashInferExperts._supports_current_device and
+# _supports_quant_scheme) on SM90, SM10x and SM12x, never SM11x: block FP8 on SM90 only, NVFP4
+# and MXFP4 x MXFP8 on SM100 and later ("sm100+": SM10x, SM12x), BF16 and static per-tensor
+# FP8 on SM90 and later ("sm90+": SM90, SM10x, SM12x). vLLM has no CUTLASS MXFP8 path.
+GPU_FAMILY = {
+    ("trtllm", None): "sm100",
+    ("cutlass", "fp8-block"): "sm90",
+    ("cutlass", "nvfp4"): "sm100+",
+    ("cutlass", "mxfp4"): "sm100+",  # FLASHINFER_CUTLASS_MXFP4_MXFP8
+    ("cutlass", None): "sm90+",  # bf16, fp8-tensor
+}
+
+
+def gpu_family_of(backend: str, scheme: str) -> str:
+    return GPU_FAMILY.get((backend, scheme)) or GPU_FAMILY[(backend, None)]

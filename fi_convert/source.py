@@ -29,10 +29,10 @@ from .families import (
     model_type,
     wrong_kind,
 )
+from .format.names import INDEX_NAME
 from .paths import MODEL_FIX, denied, model_error, model_exists
 from .st_io import SourceFiles, TensorInfo, read_header
 
-INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 ROLES = ("w1", "w3", "w2")
 # compressed-tensors calls packed FP4 weights `weight_packed`; schemes see them as `weight`

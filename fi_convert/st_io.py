@@ -13,7 +13,6 @@ import ctypes
 import errno
 import hashlib
 import json
-import mmap
 import os
 import queue
 import stat
@@ -29,6 +28,7 @@ from safetensors import safe_open
 
 from . import dtypes
 from .errors import OutputError, SourceError
+from .format.hashes import hash_mapped
 
 # the safetensors library's limits (its MAX_HEADER_SIZE, and u64 sizes): stricter would
 # refuse files it reads, looser would accept files it refuses
@@ -586,7 +586,7 @@ class ShardWriter:
 
     def hash_written(self, offset: int, nbytes: int) -> None:
         """Hash bytes [offset, offset + nbytes) of the file, already written."""
-        _hash_mapped(self.sha, self._fd, offset, nbytes)
+        hash_mapped(self.sha, self._fd, offset, nbytes)
 
     def hash_bytes(self, data: bytes | memoryview) -> None:
         self.sha.update(data)
@@ -641,28 +641,3 @@ class ShardWriter:
         if self.room is not None and self.taken:  # the file is gone: its bytes too
             self.room.give(self.taken)
             self.taken = 0
-
-
-def _hash_mapped(h: Any, fd: int, offset: int, nbytes: int) -> None:
-    """Add bytes [offset, offset + nbytes) of `fd` to the hash `h`, from the page cache
-    through `mmap` (no copy into this process)."""
-    start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    with mmap.mmap(
-        fd, offset + nbytes - start, flags=flags, prot=mmap.PROT_READ, offset=start
-    ) as m:
-        view = memoryview(m)
-        try:
-            h.update(view[offset - start :])
-        finally:
-            view.release()
-
-
-def sha256_file(path: Path, window: int = 1 << 28) -> str:
-    """SHA-256 of a file, hashed from the page cache a window at a time."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        for offset in range(0, size, window):
-            _hash_mapped(h, f.fileno(), offset, min(window, size - offset))
-    return h.hexdigest()

@@ -19,16 +19,18 @@ from . import __version__, dtypes, jsontext, served_config
 from . import manifest as mf
 from .errors import FiConvertError
 from .families import Family, Form, all_families, config_field, model_type
+from .format import manifest as fm
+from .format.hashes import sha256_file
+from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
 from .names import Backend, SchemeName
 from .pipeline import resolve_device
-from .plan import MANIFEST_NAME, STATE_DIR, Options, _layer_summary, make_plan
+from .plan import Options, _layer_summary, make_plan
 from .schemes import REGISTRY
 from .schemes.base import Ctx
 from .schemes.nvfp4 import Nvfp4Scheme
-from .source import INDEX_NAME, ROLES, ExpertLayer, open_checkpoint
-from .st_io import SourceFiles, TensorInfo, read_header, sha256_file
+from .source import ROLES, ExpertLayer, open_checkpoint
+from .st_io import SourceFiles, TensorInfo, read_header
 
-CONFIG_NAME = "config.json"
 # What a Hub download adds beside the files its manifest lists: the repo's .gitattributes,
 # and huggingface_hub's metadata of a `--local-dir` download.
 HUB_FILES = (".gitattributes",)
@@ -72,9 +74,9 @@ def verify(
     sample of experts (all with `full`) and compare bytes; `against_flashinfer` re-derives
     them with FlashInfer."""
     root = Path(out_dir)
-    m = mf.read(root)
+    m = fm.read(root)
     rep = Report()
-    rep.problems += mf.check_files(root, m)
+    rep.problems += fm.check_files(root, m)
     rep.count("files", len(m["files"]))
     _check_unlisted(root, m, rep)
     headers = check_index(root, m, rep)
@@ -140,7 +142,7 @@ def check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
         if shard not in m["files"]:
             rep.problems.append(f"{path}: names {shard}, which the manifest lacks")
             continue
-        if mf.bad_path(shard) or not (root / shard).is_file():
+        if fm.bad_path(shard) or not (root / shard).is_file():
             continue  # check_files said why
         try:
             infos = read_header(root / shard)[0]
@@ -223,7 +225,7 @@ def _config(root: Path, m: dict, rep: Report) -> dict | None:
     if CONFIG_NAME not in m["files"]:
         return {}
     p = root / CONFIG_NAME
-    if not p.is_file() or mf.bad_path(CONFIG_NAME):
+    if not p.is_file() or fm.bad_path(CONFIG_NAME):
         return None
     try:
         cfg = jsontext.loads(p.read_text())

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from fi_convert import manifest as mf
+from fi_convert import served_config
 from fi_convert.cli import app
 from fi_convert.plan import Options, choices, make_plan
 from fi_convert.synthetic import Spec, write_checkpoint
@@ -242,7 +243,7 @@ RUNS_ON = {  # the capabilities each family admits, of (8,9) (9,0) (10,0) (10,3)
 
 
 def test_gpu_family_of_every_scheme_and_backend():
-    got = {(s, b): mf.gpu_family_of(b, s) for s, b in GPU_FAMILIES}
+    got = {(s, b): served_config.gpu_family_of(b, s) for s, b in GPU_FAMILIES}
     assert got == GPU_FAMILIES
 
 

@@ -326,8 +326,9 @@ def test_a_file_written_while_it_is_read_is_refused(tmp_path, monkeypatch):
 
 
 def test_a_shard_replaced_between_its_header_and_its_open_is_refused(tmp_path, monkeypatch):
-    from fi_convert import Backend, Options, SchemeName, convert, loader
+    from fi_convert import Backend, Options, SchemeName, convert
     from fi_convert.errors import ManifestError
+    from fi_convert.format import reader as loader
     from fi_convert.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=4, shards=1))
@@ -351,7 +352,7 @@ def test_a_shard_replaced_between_its_header_and_its_open_is_refused(tmp_path, m
 
 CHILD = textwrap.dedent(
     """
-    import json, os, signal, sys, threading
+    import json, os, signal, sys, threading, time
     import torch
     from fi_convert import bulk_read
 
@@ -362,13 +363,24 @@ CHILD = textwrap.dedent(
     said = threading.Event()
 
     def held(self, job, offset, mv):  # the first read holds until the read is stopped
-        if not said.is_set():
+        if how != "while-starting" and not said.is_set():
             said.set()
             print("reading", flush=True)
             self._stop.wait()
         return real(self, job, offset, mv)
 
     bulk_read.BulkRead._read = held
+    if how == "while-starting":  # the signal comes while the second reader is being started
+        real_start = threading.Thread.start
+
+        def start(self):
+            if self.name == "fi-convert-read-1":
+                print("reading", flush=True)
+                while signal.SIGINT not in signal.sigpending():  # held until all have started
+                    time.sleep(0.001)
+            real_start(self)
+
+        threading.Thread.start = start
     fd = os.open(path, os.O_RDONLY)
     bulk = bulk_read.BulkRead("cpu", threads=4, chunk=1 << 20, staged=True)
     bulk.add(path, fd, 0, torch.empty(os.fstat(fd).st_size, dtype=torch.uint8))
@@ -387,6 +399,7 @@ CHILD = textwrap.dedent(
     ("sig", "how", "raised", "rc"),
     [
         (signal.SIGINT, "default", "KeyboardInterrupt", -signal.SIGINT),
+        (signal.SIGINT, "while-starting", "KeyboardInterrupt", -signal.SIGINT),
         (signal.SIGTERM, "term-handler", "SystemExit", 143),
         (signal.SIGTERM, "default", None, -signal.SIGTERM),
     ],

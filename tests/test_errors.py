@@ -528,7 +528,7 @@ def test_reading_experts_for_expert_parallelism(tmp_path):
     import torch
 
     from fi_convert import ManifestError, Options, SchemeName, convert, load_moe_layer
-    from fi_convert.loader import OutputReader
+    from fi_convert.format.reader import OutputReader
     from fi_convert.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=5, hidden=128))

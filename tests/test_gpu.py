@@ -115,8 +115,8 @@ def test_reads_into_cuda_equal_the_cpu_read(tmp_path):
     """The bulk read into a GPU (pinned buffers, each thread's own stream) gives the CPU
     read's bytes: a rank's slices (TP 2) and an EP rank's experts, every tensor of a layer in
     one read cut into 1 MiB chunks over 3 threads; then no pinned memory is held."""
-    from fi_convert import loader
     from fi_convert.bulk_read import MIN_CHUNK, BulkRead
+    from fi_convert.format import reader as loader
 
     spec = Spec("qwen3-moe", layers=1, experts=5, hidden=1024, intermediate=512)
     src = write_checkpoint(tmp_path / "src", spec)

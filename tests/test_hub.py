@@ -25,9 +25,9 @@ import yaml
 from typer.testing import CliRunner
 
 from fi_convert import Options, convert
-from fi_convert import manifest as mf
 from fi_convert.cli import app
 from fi_convert.errors import SourceError
+from fi_convert.format import manifest as mf
 from fi_convert.source import open_checkpoint
 from fi_convert.synthetic import Spec, write_checkpoint
 
@@ -539,7 +539,7 @@ def test_push_hashes_each_byte_once_and_a_repeated_push_commits_nothing(
     holds already sends and commits nothing, and says so."""
     import huggingface_hub.lfs
 
-    from fi_convert import manifest as fm
+    from fi_convert.format import manifest as fm
 
     hashed: list[str] = []
     real = fm.sha256_file

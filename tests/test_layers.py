@@ -32,3 +32,39 @@ def test_the_library_imports_neither_the_cli_toolkit_nor_vllm():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+# What the output format's package may import: itself, and the small shared modules below it
+# (errors, paths, JSON, sizes, dtypes, the safetensors header reader, the bulk read). A server
+# that reads an output (the vLLM plugin, a reader of its own) loads none of the converter.
+FORMAT_MAY_IMPORT = {
+    "fi_convert",
+    "fi_convert.errors",
+    "fi_convert.paths",
+    "fi_convert.jsontext",
+    "fi_convert.sizes",
+    "fi_convert.dtypes",
+    "fi_convert.st_io",
+    "fi_convert.bulk_read",
+    "fi_convert.names",
+}
+
+
+def test_the_format_imports_no_converter_code():
+    formats = sorted(
+        m.name
+        for m in pkgutil.walk_packages(fi_convert.__path__, "fi_convert.")
+        if m.name.startswith("fi_convert.format")
+    )
+    assert {"fi_convert.format.manifest", "fi_convert.format.reader"} <= set(formats)
+    code = (
+        "import importlib, sys\n"
+        f"for name in {formats!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('fi_convert')))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    loaded = set(eval(r.stdout.strip()))  # noqa: S307 (our own subprocess's list of names)
+    extra = {m for m in loaded if not m.startswith("fi_convert.format")} - FORMAT_MAY_IMPORT
+    assert extra == set(), f"fi_convert.format imports converter modules: {sorted(extra)}"

@@ -155,7 +155,7 @@ def test_every_bad_file_is_reported_in_manifest_order(made, tmp_path):
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 3 * 65536 + 7])
 def test_file_hash_across_windows(tmp_path, size):
-    from fi_convert.st_io import sha256_file
+    from fi_convert.format.hashes import sha256_file
 
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
     p = tmp_path / "f"

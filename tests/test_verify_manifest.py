@@ -487,7 +487,7 @@ def test_a_file_left_out_of_the_manifest_is_reported(outputs, tmp_path):
 
 @pytest.mark.parametrize("name", ["../outside.txt", "/etc/hostname", "a//b", ".hidden", MANIFEST])
 def test_a_file_name_outside_the_folder_is_never_read(outputs, tmp_path, name, monkeypatch):
-    from fi_convert import manifest as mf
+    from fi_convert.format import manifest as mf
 
     read: list = []
     real = mf.sha256_file

@@ -437,7 +437,7 @@ def test_the_core_never_imports_vllm():
     import sys
 
     code = (
-        "import sys, fi_convert, fi_convert.pipeline, fi_convert.loader, fi_convert.cli, "
+        "import sys, fi_convert, fi_convert.pipeline, fi_convert.format.reader, fi_convert.cli, "
         "fi_convert.verify, fi_convert.hub, fi_convert.vllm_plugin, fi_convert.vllm_plugin.checks\n"
         "print('vllm' in sys.modules)"
     )

@@ -326,7 +326,7 @@ def assert_holds_output_bytes(layer: torch.nn.Module, out: Path, prefix: str, ra
     """(a): every parameter vLLM holds after its processing is a tensor of the output, byte
     for byte, for this rank (and the output has no tensor vLLM does not hold). Under expert
     parallelism, the output's slices of the experts vLLM's expert map gives this rank."""
-    from fi_convert.loader import OutputReader
+    from fi_convert.format.reader import OutputReader
 
     local = layer._expert_map if layer.moe_config.moe_parallel_config.use_ep else None
     ids = None if local is None else [int(g) for g in torch.argsort(local)[(local < 0).sum() :]]
@@ -377,7 +377,7 @@ def plugin_layer(
 ) -> torch.nn.Module:
     """The plugin's path (call inside vllm_context): a fresh layer, the output's tensors read
     into it, kernel setup only."""
-    from fi_convert.loader import OutputReader
+    from fi_convert.format.reader import OutputReader
     from fi_convert.vllm_plugin import experts as plugin
 
     layer = make_layer(prefix, ckpt, tp, groups=groups)

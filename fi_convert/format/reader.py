@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from . import dtypes
+from .. import dtypes
+from ..bulk_read import BulkRead, HostBuffers
+from ..errors import ManifestError
+from ..st_io import SourceFiles, TensorInfo, read_header
 from . import manifest as mf
-from .bulk_read import BulkRead, HostBuffers
-from .errors import ManifestError
-from .source import INDEX_NAME
-from .st_io import SourceFiles, TensorInfo, read_header
+from .names import INDEX_NAME
 
 
 class OutputReader:

@@ -6,8 +6,8 @@ import hashlib
 import json
 import re
 
-from .. import manifest as mf
-from ..plan import MANIFEST_NAME
+from ..format import manifest as mf
+from ..format.names import MANIFEST_NAME
 from ..served_config import EP_SCHEMES, serve_command
 from .common import LIBRARY
 

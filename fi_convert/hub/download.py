@@ -16,8 +16,8 @@ from pathlib import Path
 
 from .. import __version__, jsontext
 from ..errors import HubError, SourceError
+from ..format.names import INDEX_NAME
 from ..paths import model_exists
-from ..source import INDEX_NAME
 from .common import (
     LIBRARY,
     brief,

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from .. import manifest as mf
 from ..errors import HubError, OutputError
-from ..plan import MANIFEST_NAME
+from ..format import manifest as mf
+from ..format.names import MANIFEST_NAME
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import (
     LIBRARY,

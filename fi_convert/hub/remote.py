@@ -28,7 +28,7 @@ import torch
 
 from .. import __version__, dtypes, jsontext
 from ..errors import HubError, SourceError
-from ..source import INDEX_NAME
+from ..format.names import INDEX_NAME
 from ..st_io import SourceFiles, TensorInfo, _as_bytes
 from .common import (
     LIBRARY,

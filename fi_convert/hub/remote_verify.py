@@ -15,9 +15,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .. import manifest as mf
-from ..plan import MANIFEST_NAME
-from ..st_io import sha256_file
+from ..format import manifest as mf
+from ..format.hashes import sha256_file
+from ..format.names import MANIFEST_NAME
 from ..verify import Report, check_index, check_manifest, check_source
 from . import remote
 

@@ -38,9 +38,9 @@ import torch
 from .. import __version__, jsontext, outdir
 from .. import manifest as mf
 from ..errors import HubError, OutputError
+from ..format.names import INDEX_NAME, MANIFEST_NAME
 from ..pipeline import ProgressFn, resolve_device, write_shards
-from ..plan import MANIFEST_NAME, Plan, ShardPlan
-from ..source import INDEX_NAME
+from ..plan import Plan, ShardPlan
 from ..st_io import DiskRoom, ShardWriter, SourceFiles, build_header
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import LIBRARY, endpoint, is_offline, is_repo_id

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..bulk_read import BulkRead
-from ..loader import OutputReader
+from ..format.reader import OutputReader
 from .checks import PluginError, backend_of
 
 # Where vLLM 0.33 keeps the checkpoint-shaped parameter and lets the kernel view the bytes
