@@ -547,3 +547,21 @@ def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypa
         "pinned memory freed: start the server again"
     )
     assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+
+
+def test_the_plugin_loads_no_converter_code():
+    """A vLLM worker imports the output format and the small leaves, none of the converter
+    (planning, schemes, layouts, the pipeline, the Hub)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fi_convert.vllm_plugin.loader, fi_convert.vllm_plugin.experts\n"
+        "print(sorted(m for m in sys.modules if m.startswith('fi_convert')))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    loaded = set(eval(r.stdout.strip().splitlines()[-1]))  # noqa: S307 (our subprocess's list)
+    converter = {"plan", "pipeline", "schemes", "layout", "source", "outdir", "verify", "hub"}
+    assert {m.split(".")[1] for m in loaded if "." in m} & converter == set(), sorted(loaded)
+    assert "fi_convert.format.reader" in loaded
