@@ -23,6 +23,8 @@ from fi_convert import FiConvertError, Options, SchemeName, SourceError, convert
 from fi_convert.st_io import read_header
 from fi_convert.synthetic import Spec, write_checkpoint
 
+from .paused import Paused
+
 MANIFEST = "fi-convert-manifest.json"
 
 
@@ -46,12 +48,24 @@ def _opts():  # small shards and chunks: many files and many writes to be killed
     return Options(SchemeName.FP8_BLOCK, tp_size=2, max_shard_bytes=600_000, max_memory=BUDGET)
 
 
+def _args(src: Path, out: Path, jobs: int = 0, tp: int = 2) -> list[str]:
+    """`fi-convert`'s arguments for the options of `_opts` (with `tp`)."""
+    args = [str(src), str(out), "--scheme", "fp8-block", "--tp-size", str(tp)]
+    return args + [
+        "--max-shard-size",
+        "600000",
+        "--max-memory",
+        str(BUDGET),
+        "--quiet",
+        "-j",
+        str(jobs),
+    ]
+
+
 def _run(
     src: Path, out: Path, env_extra: dict | None = None, jobs: int = 0, extra=(), **popen
 ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
-    cmd += ["--tp-size", "2", "--max-shard-size", "600000", "--max-memory", str(BUDGET), "--quiet"]
-    cmd += ["--jobs", str(jobs), *extra]
+    cmd = [sys.executable, "-m", "fi_convert", *_args(src, out, jobs), *extra]
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, **popen)
 
@@ -124,6 +138,82 @@ def test_second_run_into_same_out_dir_is_refused(src, tmp_path):
         holder.kill()
         holder.wait()
     assert _run(src, out).returncode == 0  # the lock of a dead process does not block
+
+
+def _busy(code: int, stderr: str, out: Path, pid: int) -> None:
+    """A run's exit status and stderr: refused, in one line, since run `pid` writes `out`."""
+    busy = f"error: {out}: another fi-convert (pid {pid}) is writing here; wait for it to finish"
+    assert code == 1 and stderr.strip().splitlines() == [busy], stderr
+
+
+def _snapshot(d: Path) -> dict[str, tuple[bytes, int] | None]:
+    """Everything under `d`, hidden too: each file's bytes and mtime, each folder's name."""
+    return {
+        p.relative_to(d).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
+        for p in sorted(d.rglob("*"))
+    }
+
+
+def test_a_refused_second_run_leaves_the_first_ones_work(src, reference_out, tmp_path):
+    """A second run into an out-dir another run is writing is refused, and touches nothing:
+    the first one's temporary file stays, and the first one finishes."""
+    out = tmp_path / "out"
+    with Paused(_args(src, out, jobs=1), {"write": "go"}) as first:
+        first.wait_for("at write")  # holds the lock, and a shard's temporary file
+        tmp = list(out.glob("*.fi-convert-tmp"))
+        assert len(tmp) == 1
+        r = _run(src, out)
+        _busy(r.returncode, r.stderr, out, first.pid)
+        assert tmp[0].exists(), "the refused run removed the first one's temporary file"
+        first.go("write")
+        code, _, stderr = first.finish()
+    assert code == 0, stderr
+    assert _files(out) == _files(reference_out)
+
+
+def test_two_runs_started_together_one_finishes(src, reference_out, tmp_path):
+    """Two runs that both found the out-dir empty: the one that takes the lock first finishes,
+    the other is refused without touching its files."""
+    out = tmp_path / "out"
+    args = _args(src, out, jobs=1)
+    with Paused(args, {"lock": "go", "write": "go"}) as a, Paused(args, {"lock": "go"}) as b:
+        a.wait_for("at lock")
+        b.wait_for("at lock")  # both looked at the out-dir: nothing there
+        a.go("lock")
+        a.wait_for("at write")
+        tmp = list(out.glob("*.fi-convert-tmp"))
+        b.go("lock")
+        code, _, stderr = b.finish()
+        _busy(code, stderr, out, a.pid)
+        assert len(tmp) == 1 and tmp[0].exists()
+        a.go("write")
+        code, _, stderr = a.finish()
+    assert code == 0, stderr
+    assert _files(out) == _files(reference_out)
+
+
+@pytest.mark.parametrize("tp", [2, 1])
+def test_a_run_that_waited_for_the_lock_judges_the_out_dir_anew(src, tmp_path, tp):
+    """A run that looked at the out-dir before another one finished there decides with the
+    lock held: the same conversion is up to date, another one is refused; neither writes."""
+    out = tmp_path / "out"
+    with (
+        Paused(_args(src, out), {"lock": "go"}) as a,
+        Paused(_args(src, out, tp=tp), {"lock": "go"}) as b,
+    ):
+        a.wait_for("at lock")
+        b.wait_for("at lock")
+        a.go("lock")
+        assert a.finish()[0] == 0
+        before = _snapshot(out)
+        b.go("lock")
+        code, stdout, stderr = b.finish()
+    if tp == 2:
+        assert code == 0 and stdout.startswith("up to date"), stderr
+    else:
+        assert code == 1 and "holds a finished fi-convert output with other options" in stderr
+        assert len(stderr.strip().splitlines()) == 1, stderr
+    assert _snapshot(out) == before
 
 
 def test_a_lock_naming_a_live_pid_that_holds_no_lock_does_not_block(src, tmp_path):
