@@ -9,7 +9,7 @@ import re
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,11 +161,14 @@ def run_plan(
 class ShardSink(Protocol):
     """Where finished shards go next (the Hub, for a streamed conversion): `before` is called
     before a shard is made (it may wait, for disk room; it returns the shard's meta instead
-    when the sink holds that shard already), `after` once it is complete."""
+    when the sink holds that shard already), `after` once it is complete; `abandon` when the
+    run stops, so that a worker waiting in it gives up."""
 
     def before(self, shard: ShardPlan) -> dict | None: ...
 
     def after(self, shard: ShardPlan, meta: dict) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 class ShardDir(Protocol):
@@ -346,15 +349,19 @@ class _Shards:
             self.slots.put(None)
 
     def run(self) -> dict[str, dict]:
+        """Every shard on a worker, one job too: this thread only hands them out and waits,
+        so a Ctrl-C lands here, and every worker stops (removing its temporary file) before
+        the out-dir's cleanup looks for any."""
         shards = self.plan.shards
-        if self.jobs == 1:
-            return {s.name: self._one(s) for s in shards}
         pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="fi-convert-shard")
-        futures = [pool.submit(self._one, s) for s in shards]
-        try:
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        futures: list[Future] = []
+        try:  # the first workers write while the last shards are handed out
+            with _signals_held():
+                for s in shards:
+                    futures.append(pool.submit(self._one, s))
+            done = _wait_first_error(futures)
             if any(f.exception() is not None for f in done):
-                self.cancel.set()
+                self._stop()
                 wait(futures)
             errors = [e for f in futures if f.done() and (e := f.exception()) is not None]
             real = [e for e in errors if not isinstance(e, _Cancelled)]
@@ -362,10 +369,16 @@ class _Shards:
                 raise (real or errors)[0]
             return {s.name: f.result() for s, f in zip(shards, futures, strict=True)}
         except BaseException:  # Ctrl-C included: stop the workers, let them clean up
-            self.cancel.set()
+            self._stop()
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def _stop(self) -> None:
+        """Tell the workers to stop, also those waiting for the sink (for disk room)."""
+        self.cancel.set()
+        if self.sink is not None:
+            self.sink.abandon()
 
     def _check_carried(self, shard: ShardPlan) -> None:
         """Read the scales of a shard carried over byte for byte, to check them."""
@@ -412,6 +425,51 @@ class _Shards:
             return meta
         finally:
             self.slots.put(slot)
+
+
+TAKE_SIGNALS_S = 0.25  # a signal that comes as the main thread starts to wait is taken in this
+
+
+def _wait_first_error(futures: list[Future]) -> set[Future]:
+    """`wait(futures, FIRST_EXCEPTION)`'s done set, waking now and then: a signal whose C
+    handler runs just before the thread blocks has its Python handler (Ctrl-C's
+    KeyboardInterrupt) run only when the thread next wakes, which may be a shard later."""
+    while True:
+        done, pending = wait(futures, TAKE_SIGNALS_S, FIRST_EXCEPTION)
+        if not pending or any(f.exception() is not None for f in done):
+            return done
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM that come in the block are taken after it: a KeyboardInterrupt
+    raised in `Thread.start` (as `ThreadPoolExecutor.submit` starts a worker) leaves that
+    worker out of the pool's threads, so shutting the pool down would not wait for it. Only
+    the main thread takes signals (and may set their handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {n: h for n in (signal.SIGINT, signal.SIGTERM) if (h := signal.getsignal(n)) is not None}
+    got: list[int] = []
+    holding = True
+
+    def take(signum: int, _frame: object) -> None:
+        if holding:
+            got.append(signum)
+        else:  # come while the handlers are set back: as if it came just after
+            signal.signal(signum, old[signal.Signals(signum)])
+            signal.raise_signal(signum)
+
+    for n in old:
+        signal.signal(n, take)
+    try:
+        yield
+    finally:
+        holding = False
+        for n, h in old.items():
+            signal.signal(n, h)
+        for signum in got:
+            signal.raise_signal(signum)  # to the handler that was there before
 
 
 def _new_stream(dev: torch.device) -> torch.cuda.Stream | None:
