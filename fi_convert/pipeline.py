@@ -10,9 +10,10 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Protocol
 
 import torch
@@ -349,30 +350,38 @@ class _Shards:
             self.slots.put(None)
 
     def run(self) -> dict[str, dict]:
-        """Every shard on a worker, one job too: this thread only hands them out and waits,
-        so a Ctrl-C lands here, and every worker stops (removing its temporary file) before
-        the out-dir's cleanup looks for any."""
+        """Every shard on a worker, one job too: this thread hands them out and waits, with
+        signals held (`_signals_held`) and taken between waits, so a Ctrl-C always stops
+        every worker (each removes its temporary file) before the out-dir's cleanup."""
         shards = self.plan.shards
         pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="fi-convert-shard")
-        futures: list[Future] = []
-        try:  # the first workers write while the last shards are handed out
-            with _signals_held():
-                for s in shards:
-                    futures.append(pool.submit(self._one, s))
-            done = _wait_first_error(futures)
-            if any(f.exception() is not None for f in done):
+        with _signals_held() as take:
+            try:
+                futures = [pool.submit(self._one, s) for s in shards]
+                self._wait(futures, take)
+                return {s.name: f.result() for s, f in zip(shards, futures, strict=True)}
+            except BaseException:  # Ctrl-C included: stop the workers, let them clean up
                 self._stop()
-                wait(futures)
-            errors = [e for f in futures if f.done() and (e := f.exception()) is not None]
-            real = [e for e in errors if not isinstance(e, _Cancelled)]
-            if errors:
-                raise (real or errors)[0]
-            return {s.name: f.result() for s, f in zip(shards, futures, strict=True)}
-        except BaseException:  # Ctrl-C included: stop the workers, let them clean up
-            self._stop()
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _wait(self, futures: list[Future], take: Callable[[], None]) -> None:
+        """Until every shard is done; after a failure, until the others stopped, then raises
+        the first error. Signals that came are taken every TAKE_SIGNALS_S."""
+        when = FIRST_EXCEPTION
+        while True:
+            done, pending = wait(futures, TAKE_SIGNALS_S, when)
+            take()
+            if not pending:
+                break
+            if when == FIRST_EXCEPTION and any(f.exception() is not None for f in done):
+                self._stop()
+                when = ALL_COMPLETED
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        real = [e for e in errors if not isinstance(e, _Cancelled)]
+        if errors:
+            raise (real or errors)[0]
 
     def _stop(self) -> None:
         """Tell the workers to stop, also those waiting for the sink (for disk room)."""
@@ -427,49 +436,43 @@ class _Shards:
             self.slots.put(slot)
 
 
-TAKE_SIGNALS_S = 0.25  # a signal that comes as the main thread starts to wait is taken in this
-
-
-def _wait_first_error(futures: list[Future]) -> set[Future]:
-    """`wait(futures, FIRST_EXCEPTION)`'s done set, waking now and then: a signal whose C
-    handler runs just before the thread blocks has its Python handler (Ctrl-C's
-    KeyboardInterrupt) run only when the thread next wakes, which may be a shard later."""
-    while True:
-        done, pending = wait(futures, TAKE_SIGNALS_S, FIRST_EXCEPTION)
-        if not pending or any(f.exception() is not None for f in done):
-            return done
+TAKE_SIGNALS_S = 0.25  # how long a signal held while the shards are converted may wait
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM that come in the block are taken after it: a KeyboardInterrupt
-    raised in `Thread.start` (as `ThreadPoolExecutor.submit` starts a worker) leaves that
-    worker out of the pool's threads, so shutting the pool down would not wait for it. Only
-    the main thread takes signals (and may set their handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {n: h for n in (signal.SIGINT, signal.SIGTERM) if (h := signal.getsignal(n)) is not None}
-    got: list[int] = []
+def _signals_held() -> Iterator[Callable[[], None]]:
+    """In the block, SIGINT and SIGTERM handlers of Python's only note that the signal came;
+    the block calls what it yields to run them where it is safe, and they run at its end.
+    A KeyboardInterrupt raised anywhere in concurrent.futures or threading can break them: in
+    `Thread.start` it leaves the worker out of the pool's threads (the shutdown does not wait
+    for it), and just after a `Condition` is entered it leaves that lock held (a worker
+    finishing its future then waits for it forever). Only the main thread takes signals."""
+    main = threading.current_thread() is threading.main_thread()
+    sigs = (signal.SIGINT, signal.SIGTERM) if main else ()
+    old = {n: h for n in sigs if callable(h := signal.getsignal(n))}
+    came: list[int] = []
     holding = True
 
-    def take(signum: int, _frame: object) -> None:
+    def note(signum: int, frame: FrameType | None) -> None:
         if holding:
-            got.append(signum)
-        else:  # come while the handlers are set back: as if it came just after
-            signal.signal(signum, old[signal.Signals(signum)])
-            signal.raise_signal(signum)
+            came.append(signum)
+        else:  # the block is over (its handlers being set back)
+            old[signal.Signals(signum)](signum, frame)
+
+    def take() -> None:
+        while came:
+            signum = came.pop(0)
+            old[signal.Signals(signum)](signum, None)
 
     for n in old:
-        signal.signal(n, take)
+        signal.signal(n, note)
     try:
-        yield
+        yield take
     finally:
         holding = False
         for n, h in old.items():
             signal.signal(n, h)
-        for signum in got:
-            signal.raise_signal(signum)  # to the handler that was there before
+        take()
 
 
 def _new_stream(dev: torch.device) -> torch.cuda.Stream | None:
