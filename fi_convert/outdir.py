@@ -7,7 +7,9 @@ is left exactly as it is; one of another source or other options is replaced onl
 --overwrite, and then entirely. Otherwise its manifest stays in place, so the output stays
 finished, until the run first replaces or removes one of its files.
 
-While a run writes, an flock on `.fi-convert/lock` keeps a second run out, and the journal
+A run looks, takes an flock on `.fi-convert/lock`, and looks again: what it does with the
+folder is decided with the lock held, and a run refused (another one writes there) touches
+nothing. While a run writes, the lock keeps a second run out, and the journal
 `.fi-convert/state.json` records each finished file (SHA-256 and size) under the plan's key
 and the source's identity (each source shard's size, mtime, ctime and inode): a rerun reuses
 only files made from the same source bytes, as far as those show. Every file is written under
@@ -155,20 +157,35 @@ def _placement(root: Path) -> None:
             return
 
 
-def survey(plan: Plan, root: Path, overwrite: bool, target: Target | None = None) -> Claim:
+def survey(
+    plan: Plan,
+    root: Path,
+    overwrite: bool,
+    target: Target | None = None,
+    *,
+    held: bool = False,
+    made_state: bool = False,
+) -> Claim:
     """What `root` holds and what a run of `plan` may do with it; raises when it may not be
-    written. Changes nothing."""
+    written, or while another run writes it. Changes nothing. `held`: this run holds the
+    lock (so no other run writes); `made_state`: it made the state folder to take it, which
+    then says nothing about the folder."""
     t = target or Target.of(plan)
     _placement(root)
     try:
         entries = list(root.iterdir()) if root.exists() else []
     except OSError as e:
         raise _error(root, "list the out-dir", e) from None
+    state = root / STATE_DIR
+    if made_state:
+        entries = [p for p in entries if p.name != STATE_DIR]
+    elif not held and state.is_dir():
+        _refuse_if_locked(root)  # the real cause first: what it holds is changing
     if not entries:
         return Claim("new")
     if (root / MANIFEST_NAME).is_file():
         return _finished(plan, root, overwrite, t)
-    if (root / STATE_DIR).is_dir():
+    if not made_state and state.is_dir():
         return _unfinished(plan, root, overwrite, t)
     if not overwrite:
         raise OutputError(
@@ -224,7 +241,6 @@ def _finished(plan: Plan, root: Path, overwrite: bool, t: Target) -> Claim:
             )
         return Claim("redo", m, note=f"{root}: the source changed since; converting again")
     if not stale:
-        _refuse_if_locked(root)
         return Claim("up_to_date", m)
     # this source, unchanged: its shards are reused where their SHA-256 still match
     files = m["files"] if same_shards else {}
@@ -357,7 +373,9 @@ class OutDir:
 
     def __enter__(self) -> OutDir:
         check_out_dir(self.plan, self.root)
-        claim = survey(self.plan, self.root, self.overwrite, self.target)
+        claim = survey(self.plan, self.root, self.overwrite, self.target)  # refuses early
+        if claim.kind != "up_to_date":
+            claim = self._claim()
         if claim.note:
             self.notes.append(claim.note)
         if claim.kind == "up_to_date":
@@ -365,9 +383,6 @@ class OutDir:
             self.syncer.shutdown()
             return self
         try:
-            self._mkdir(self.root)
-            self._mkdir(self.state_dir)
-            self._lock()
             if claim.kind == "wipe":
                 self._wipe()
             elif claim.kind == "redo":
@@ -384,13 +399,39 @@ class OutDir:
         if self.up_to_date:
             return
         if exc_type is None:
-            self._unlock()
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+            self._remove_state()
         else:
             self._cleanup()
 
+    def _claim(self) -> Claim:
+        """Take the lock, then survey the folder again: another run may have changed it since
+        the first look, and none can now. Nothing is touched before the lock is held; a run
+        refused now (or finding the output up to date) leaves it as it found it."""
+        made = self._lock()
+        try:
+            claim = survey(
+                self.plan, self.root, self.overwrite, self.target, held=True, made_state=made
+            )
+        except BaseException:
+            self._release(made)
+            raise
+        if claim.kind == "up_to_date":
+            self._release(made)
+        return claim
+
+    def _release(self, made: bool) -> None:
+        """Give up the lock without having written, and the state folder if this run made it
+        (unless another run has opened its lock there since)."""
+        self._unlock()
+        if made:
+            with contextlib.suppress(OSError):
+                self.state_dir.rmdir()
+
     def _cleanup(self) -> None:
-        """After a failure (Ctrl-C can land anywhere): no partial file, no lock."""
+        """After a failure (Ctrl-C can land anywhere): no partial file, no lock. Only while
+        this run holds the lock: the temporary files are then its own, else another run's."""
+        if self._lock_fd is None:
+            return
         try:
             for top, _, names in os.walk(self.root):
                 for name in names:
@@ -406,14 +447,18 @@ class OutDir:
         except OSError as e:
             raise _error(p, "create the folder", e) from None
 
-    def _lock(self) -> None:
+    def _lock(self) -> bool:
         """An flock on `.fi-convert/lock`, held for the whole run: the kernel releases it when
         this process dies, however it dies, so a dead run (a killed container's PID 1
-        included) never blocks the next one. The file names the holder's PID for the message."""
+        included) never blocks the next one. The file names the holder's PID for the message.
+        Returns whether this run made the state folder (a run that finished removes it)."""
         lock = self.state_dir / LOCK_NAME
         for _ in range(3):
+            made = self._make_state_dir()
             try:
                 fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+            except FileNotFoundError:  # the run that made it finished in between
+                continue
             except OSError as e:
                 raise _error(lock, "open the lock", e) from None
             try:
@@ -435,9 +480,29 @@ class OutDir:
                     os.pwrite(fd, str(os.getpid()).encode(), 0)
                 except OSError:
                     pass  # the PID is for messages only; the flock is held
-                return
+                return made
             os.close(fd)
         raise OutputError(f"{lock}: cannot take the lock; run again")
+
+    def _make_state_dir(self) -> bool:
+        """The out-dir and its state folder; whether this call made the state folder."""
+        self._mkdir(self.root)
+        try:
+            self.state_dir.mkdir()
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise _error(self.state_dir, "create the folder", e) from None
+        return True
+
+    def _remove_state(self) -> None:
+        """After success: the journal while the lock is held, then the lock, then the folder
+        (left to a run that has opened a lock file in it since)."""
+        with contextlib.suppress(OSError):
+            for p in self.state_dir.iterdir():
+                if p.name != LOCK_NAME:
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+        self._release(True)
 
     def _unlock(self) -> None:
         fd = self._lock_fd

@@ -9,10 +9,11 @@ import re
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator
+from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Protocol
 
 import torch
@@ -161,11 +162,14 @@ def run_plan(
 class ShardSink(Protocol):
     """Where finished shards go next (the Hub, for a streamed conversion): `before` is called
     before a shard is made (it may wait, for disk room; it returns the shard's meta instead
-    when the sink holds that shard already), `after` once it is complete."""
+    when the sink holds that shard already), `after` once it is complete; `abandon` when the
+    run stops, so that a worker waiting in it gives up."""
 
     def before(self, shard: ShardPlan) -> dict | None: ...
 
     def after(self, shard: ShardPlan, meta: dict) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 class ShardDir(Protocol):
@@ -346,26 +350,44 @@ class _Shards:
             self.slots.put(None)
 
     def run(self) -> dict[str, dict]:
+        """Every shard on a worker, one job too: this thread hands them out and waits, with
+        signals held (`_signals_held`) and taken between waits, so a Ctrl-C always stops
+        every worker (each removes its temporary file) before the out-dir's cleanup."""
         shards = self.plan.shards
-        if self.jobs == 1:
-            return {s.name: self._one(s) for s in shards}
         pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="fi-convert-shard")
-        futures = [pool.submit(self._one, s) for s in shards]
-        try:
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            if any(f.exception() is not None for f in done):
-                self.cancel.set()
-                wait(futures)
-            errors = [e for f in futures if f.done() and (e := f.exception()) is not None]
-            real = [e for e in errors if not isinstance(e, _Cancelled)]
-            if errors:
-                raise (real or errors)[0]
-            return {s.name: f.result() for s, f in zip(shards, futures, strict=True)}
-        except BaseException:  # Ctrl-C included: stop the workers, let them clean up
-            self.cancel.set()
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        with _signals_held() as take:
+            try:
+                futures = [pool.submit(self._one, s) for s in shards]
+                self._wait(futures, take)
+                return {s.name: f.result() for s, f in zip(shards, futures, strict=True)}
+            except BaseException:  # Ctrl-C included: stop the workers, let them clean up
+                self._stop()
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _wait(self, futures: list[Future], take: Callable[[], None]) -> None:
+        """Until every shard is done; after a failure, until the others stopped, then raises
+        the first error. Signals that came are taken every TAKE_SIGNALS_S."""
+        when = FIRST_EXCEPTION
+        while True:
+            done, pending = wait(futures, TAKE_SIGNALS_S, when)
+            take()
+            if not pending:
+                break
+            if when == FIRST_EXCEPTION and any(f.exception() is not None for f in done):
+                self._stop()
+                when = ALL_COMPLETED
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        real = [e for e in errors if not isinstance(e, _Cancelled)]
+        if errors:
+            raise (real or errors)[0]
+
+    def _stop(self) -> None:
+        """Tell the workers to stop, also those waiting for the sink (for disk room)."""
+        self.cancel.set()
+        if self.sink is not None:
+            self.sink.abandon()
 
     def _check_carried(self, shard: ShardPlan) -> None:
         """Read the scales of a shard carried over byte for byte, to check them."""
@@ -412,6 +434,45 @@ class _Shards:
             return meta
         finally:
             self.slots.put(slot)
+
+
+TAKE_SIGNALS_S = 0.25  # how long a signal held while the shards are converted may wait
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[Callable[[], None]]:
+    """In the block, SIGINT and SIGTERM handlers of Python's only note that the signal came;
+    the block calls what it yields to run them where it is safe, and they run at its end.
+    A KeyboardInterrupt raised anywhere in concurrent.futures or threading can break them: in
+    `Thread.start` it leaves the worker out of the pool's threads (the shutdown does not wait
+    for it), and just after a `Condition` is entered it leaves that lock held (a worker
+    finishing its future then waits for it forever). Only the main thread takes signals."""
+    main = threading.current_thread() is threading.main_thread()
+    sigs = (signal.SIGINT, signal.SIGTERM) if main else ()
+    old = {n: h for n in sigs if callable(h := signal.getsignal(n))}
+    came: list[int] = []
+    holding = True
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        if holding:
+            came.append(signum)
+        else:  # the block is over (its handlers being set back)
+            old[signal.Signals(signum)](signum, frame)
+
+    def take() -> None:
+        while came:
+            signum = came.pop(0)
+            old[signal.Signals(signum)](signum, None)
+
+    for n in old:
+        signal.signal(n, note)
+    try:
+        yield take
+    finally:
+        holding = False
+        for n, h in old.items():
+            signal.signal(n, h)
+        take()
 
 
 def _new_stream(dev: torch.device) -> torch.cuda.Stream | None:

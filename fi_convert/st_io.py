@@ -609,10 +609,17 @@ class ShardWriter:
             os.replace(self.tmp, self.path)
         except OSError as e:
             self.abort()
-            raise OutputError(
-                f"{self.path}: cannot finish ({e.strerror}); check the disk"
-            ) from None
+            raise self._unfinishable(e) from None
         return self.sha.hexdigest(), self.total
+
+    def _unfinishable(self, e: OSError) -> OutputError:
+        if isinstance(e, FileNotFoundError):  # the safetensors library's has no strerror
+            return OutputError(
+                f"{self.path}: cannot finish: {self.tmp.name} was deleted while it was written; "
+                "make sure no other program writes into the out-dir, then run the same command "
+                "again to resume"
+            )
+        return OutputError(f"{self.path}: cannot finish ({e.strerror or e}); check the disk")
 
     def _check_readable(self) -> None:
         """The safetensors library opens the finished file as a loader would (it parses the

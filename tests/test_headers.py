@@ -545,6 +545,23 @@ def test_the_writer_has_the_library_open_each_finished_shard(tmp_path, monkeypat
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_temporary_file_deleted_under_the_writer_is_named(tmp_path):
+    """Another program deleting the temporary file: finish() says so (the library's own
+    error has no strerror, once shown as "cannot finish (None)")."""
+    path = tmp_path / "x.safetensors"
+    w = ShardWriter(path, [OutEntry("a", "BF16", (4,))])
+    w.write(torch.zeros(4, dtype=torch.bfloat16))
+    w.tmp.unlink()
+    with pytest.raises(OutputError) as e:
+        w.finish()
+    assert str(e.value) == (
+        f"{path}: cannot finish: x.safetensors.fi-convert-tmp was deleted while it was "
+        "written; make sure no other program writes into the out-dir, then run the same "
+        "command again to resume"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_written_shards_open_in_the_library(tmp_path):
     t = {"a": torch.arange(6, dtype=torch.int32).reshape(2, 3), "b": torch.zeros(0, 4)}
     entries = [OutEntry(n, "I32" if n == "a" else "F32", tuple(v.shape)) for n, v in t.items()]

@@ -10,7 +10,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from hypothesis import strategies as st
 from fi_convert import FiConvertError, Options, SchemeName, SourceError, convert, make_plan
 from fi_convert.st_io import read_header
 from fi_convert.synthetic import Spec, write_checkpoint
+
+from .paused import Paused
 
 MANIFEST = "fi-convert-manifest.json"
 
@@ -46,12 +47,24 @@ def _opts():  # small shards and chunks: many files and many writes to be killed
     return Options(SchemeName.FP8_BLOCK, tp_size=2, max_shard_bytes=600_000, max_memory=BUDGET)
 
 
+def _args(src: Path, out: Path, jobs: int = 0, tp: int = 2) -> list[str]:
+    """`fi-convert`'s arguments for the options of `_opts` (with `tp`)."""
+    args = [str(src), str(out), "--scheme", "fp8-block", "--tp-size", str(tp)]
+    return args + [
+        "--max-shard-size",
+        "600000",
+        "--max-memory",
+        str(BUDGET),
+        "--quiet",
+        "-j",
+        str(jobs),
+    ]
+
+
 def _run(
     src: Path, out: Path, env_extra: dict | None = None, jobs: int = 0, extra=(), **popen
 ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
-    cmd += ["--tp-size", "2", "--max-shard-size", "600000", "--max-memory", str(BUDGET), "--quiet"]
-    cmd += ["--jobs", str(jobs), *extra]
+    cmd = [sys.executable, "-m", "fi_convert", *_args(src, out, jobs), *extra]
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, **popen)
 
@@ -124,6 +137,82 @@ def test_second_run_into_same_out_dir_is_refused(src, tmp_path):
         holder.kill()
         holder.wait()
     assert _run(src, out).returncode == 0  # the lock of a dead process does not block
+
+
+def _busy(code: int, stderr: str, out: Path, pid: int) -> None:
+    """A run's exit status and stderr: refused, in one line, since run `pid` writes `out`."""
+    busy = f"error: {out}: another fi-convert (pid {pid}) is writing here; wait for it to finish"
+    assert code == 1 and stderr.strip().splitlines() == [busy], stderr
+
+
+def _snapshot(d: Path) -> dict[str, tuple[bytes, int] | None]:
+    """Everything under `d`, hidden too: each file's bytes and mtime, each folder's name."""
+    return {
+        p.relative_to(d).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
+        for p in sorted(d.rglob("*"))
+    }
+
+
+def test_a_refused_second_run_leaves_the_first_ones_work(src, reference_out, tmp_path):
+    """A second run into an out-dir another run is writing is refused, and touches nothing:
+    the first one's temporary file stays, and the first one finishes."""
+    out = tmp_path / "out"
+    with Paused(_args(src, out, jobs=1), {"write": "go"}) as first:
+        first.wait_for("at write")  # holds the lock, and a shard's temporary file
+        tmp = list(out.glob("*.fi-convert-tmp"))
+        assert len(tmp) == 1
+        r = _run(src, out)
+        _busy(r.returncode, r.stderr, out, first.pid)
+        assert tmp[0].exists(), "the refused run removed the first one's temporary file"
+        first.go("write")
+        code, _, stderr = first.finish()
+    assert code == 0, stderr
+    assert _files(out) == _files(reference_out)
+
+
+def test_two_runs_started_together_one_finishes(src, reference_out, tmp_path):
+    """Two runs that both found the out-dir empty: the one that takes the lock first finishes,
+    the other is refused without touching its files."""
+    out = tmp_path / "out"
+    args = _args(src, out, jobs=1)
+    with Paused(args, {"lock": "go", "write": "go"}) as a, Paused(args, {"lock": "go"}) as b:
+        a.wait_for("at lock")
+        b.wait_for("at lock")  # both looked at the out-dir: nothing there
+        a.go("lock")
+        a.wait_for("at write")
+        tmp = list(out.glob("*.fi-convert-tmp"))
+        b.go("lock")
+        code, _, stderr = b.finish()
+        _busy(code, stderr, out, a.pid)
+        assert len(tmp) == 1 and tmp[0].exists()
+        a.go("write")
+        code, _, stderr = a.finish()
+    assert code == 0, stderr
+    assert _files(out) == _files(reference_out)
+
+
+@pytest.mark.parametrize("tp", [2, 1])
+def test_a_run_that_waited_for_the_lock_judges_the_out_dir_anew(src, tmp_path, tp):
+    """A run that looked at the out-dir before another one finished there decides with the
+    lock held: the same conversion is up to date, another one is refused; neither writes."""
+    out = tmp_path / "out"
+    with (
+        Paused(_args(src, out), {"lock": "go"}) as a,
+        Paused(_args(src, out, tp=tp), {"lock": "go"}) as b,
+    ):
+        a.wait_for("at lock")
+        b.wait_for("at lock")
+        a.go("lock")
+        assert a.finish()[0] == 0
+        before = _snapshot(out)
+        b.go("lock")
+        code, stdout, stderr = b.finish()
+    if tp == 2:
+        assert code == 0 and stdout.startswith("up to date"), stderr
+    else:
+        assert code == 1 and "holds a finished fi-convert output with other options" in stderr
+        assert len(stderr.strip().splitlines()) == 1, stderr
+    assert _snapshot(out) == before
 
 
 def test_a_lock_naming_a_live_pid_that_holds_no_lock_does_not_block(src, tmp_path):
@@ -314,48 +403,57 @@ def test_cli_jobs_and_no_fsync(src, reference_out, tmp_path):
     assert _files(out) == _files(reference_out)
 
 
-@pytest.mark.parametrize(
-    ("jobs", "sig", "code", "word"),
-    [
-        ("1", signal.SIGINT, 130, "interrupted"),
-        ("3", signal.SIGINT, 130, "interrupted"),
-        ("3", signal.SIGTERM, 143, "terminated"),  # docker stop, a cancelled CI job
-    ],
-)
-def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, jobs, sig, code, word):
-    """SIGINT (or SIGTERM) in the middle of writing: exit 130 (143), one line saying how to
-    resume, no manifest, no temporary files, no lock; the same command then finishes the job."""
+@pytest.fixture(scope="module")
+def larger(tmp_path_factory):  # shards that take many writes: a signal lands in one
     spec = Spec("deepseek-v3", layers=4, experts=16, hidden=512, intermediate=1024, shards=4)
-    src = write_checkpoint(tmp_path / "ds", spec)
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
-    cmd += ["--max-memory", "30000000", "--jobs", jobs, "--json"]
-    # slow each write down so that the signal lands while shards are being written
-    # a shell that starts a job in the background (as CI may) ignores SIGINT for it, and the
-    # child inherits that: give it Python's usual Ctrl-C handler, as a terminal would
-    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-    slow += "import time, fi_convert.st_io as s\n"
-    slow += "def slowly(f): return lambda *a, **k: (time.sleep(0.05), f(*a, **k))[1]\n"
-    slow += "s.ShardWriter.write_bytes = slowly(s.ShardWriter.write_bytes)\n"
-    slow += "s.ShardWriter.copy_from = slowly(s.ShardWriter.copy_from)\n"
-    slow += "from fi_convert.cli import main; main()\n"
-    p = subprocess.Popen([sys.executable, "-c", slow, *cmd[3:]], stderr=subprocess.PIPE, text=True)
-    for _ in range(6000):  # up to a minute: a loaded CI machine imports torch slowly
-        if list(out.glob("*.fi-convert-tmp")) or p.poll() is not None:
-            break
-        time.sleep(0.01)
-    p.send_signal(sig)
-    _, stderr = p.communicate(timeout=60)
-    assert p.returncode == code, stderr
+    return write_checkpoint(tmp_path_factory.mktemp("larger") / "ds", spec)
+
+
+def _larger_args(src: Path, out: Path, jobs: int) -> list[str]:
+    return [
+        str(src),
+        str(out),
+        "--scheme",
+        "fp8-block",
+        "--max-memory",
+        "30000000",
+        "-j",
+        str(jobs),
+    ]
+
+
+def _stopped_cleanly(code: int, stderr: str, out: Path, want: int = 130, word="interrupted"):
+    """Exit `want`, one line saying how to resume, no manifest, no temporary file, no lock."""
+    assert code == want, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "run the same command again to resume" in lines[0], stderr
     assert lines[0].startswith(word), stderr
     assert not (out / MANIFEST).exists()
-    assert not list(out.glob("*.fi-convert-tmp"))
+    assert not list(out.rglob("*.fi-convert-tmp"))
     assert not (out / ".fi-convert" / "lock").exists()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("jobs", "sig", "code", "word"),
+    [
+        (1, signal.SIGINT, 130, "interrupted"),
+        (3, signal.SIGINT, 130, "interrupted"),
+        (3, signal.SIGTERM, 143, "terminated"),  # docker stop, a cancelled CI job
+    ],
+)
+def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(larger, tmp_path, jobs, sig, code, word):
+    """SIGINT (or SIGTERM) in the middle of writing a shard: exit 130 (143), one line saying
+    how to resume, no manifest, no temporary files, no lock; the same command then finishes
+    the job."""
+    out = tmp_path / "out"
+    args = [*_larger_args(larger, out, jobs), "--json"]
+    with Paused(args, {"write": "stop"}) as run:
+        run.wait_for("at write")
+        run.interrupt(sig)
+        _stopped_cleanly(*run.finish()[::2], out, code, word)
+    r = subprocess.run([sys.executable, "-m", "fi_convert", *args], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["jobs"] == int(jobs)
+    assert json.loads(r.stdout)["jobs"] == jobs
     assert (out / MANIFEST).exists()
 
 
@@ -546,48 +644,40 @@ def test_reading_a_chunk_prefetches_the_next(tmp_path, monkeypatch, family):
     assert all(n == 64 * 128 * 2 for _, n in seen[0][0] + seen[0][1])
 
 
-@pytest.mark.parametrize("jobs", ["1", "3"])
-def test_more_ctrl_c_during_the_cleanup_give_no_traceback(tmp_path, jobs):
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_more_ctrl_c_during_the_cleanup_give_no_traceback(larger, tmp_path, jobs):
     """An impatient user presses Ctrl-C again and again while the first one's cleanup runs
-    (made slow here): still one line, exit 130, no temporary file, no lock; the rerun
-    resumes."""
-    spec = Spec("deepseek-v3", layers=4, experts=16, hidden=512, intermediate=1024, shards=4)
-    src = write_checkpoint(tmp_path / "ds", spec)
+    (while a shard's temporary file is removed, and while the out-dir's cleanup runs): still
+    one line, exit 130, no temporary file, no lock; the rerun resumes."""
     out = tmp_path / "out"
-    marker = tmp_path / "cleaning"
-    cmd = [sys.executable, "-m", "fi_convert", str(src), str(out), "--scheme", "fp8-block"]
-    cmd += ["--max-memory", "30000000", "--jobs", jobs, "--quiet"]
-    slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-    slow += "import pathlib, time, fi_convert.st_io as s\n"
-    slow += "def slowly(f): return lambda *a, **k: (time.sleep(0.05), f(*a, **k))[1]\n"
-    slow += "s.ShardWriter.write_bytes = slowly(s.ShardWriter.write_bytes)\n"
-    slow += "s.ShardWriter.copy_from = slowly(s.ShardWriter.copy_from)\n"
-    slow += "real = s.ShardWriter.abort\n"
-    slow += f"def abort(w): pathlib.Path({str(marker)!r}).touch(); time.sleep(0.5); real(w)\n"
-    slow += "s.ShardWriter.abort = abort\n"
-    slow += "from fi_convert.cli import main; main()\n"
-    p = subprocess.Popen([sys.executable, "-c", slow, *cmd[3:]], stderr=subprocess.PIPE, text=True)
-    for _ in range(6000):  # up to a minute: a loaded CI machine imports torch slowly
-        if list(out.glob("*.fi-convert-tmp")) or p.poll() is not None:
-            break
-        time.sleep(0.01)
-    p.send_signal(signal.SIGINT)
-    for _ in range(6000):  # up to a minute: a loaded CI machine imports torch slowly
-        if marker.exists() or p.poll() is not None:
-            break
-        time.sleep(0.01)
-    for _ in range(10):  # during the cleanup, and after it
-        if p.poll() is not None:
-            break
-        p.send_signal(signal.SIGINT)
-        time.sleep(0.1)
-    _, stderr = p.communicate(timeout=60)
-    # 130; or, for a Ctrl-C after Python restored the default handlers while exiting, killed
-    # by SIGINT (which a shell reports as 130 too)
-    assert p.returncode in (130, -signal.SIGINT), stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("interrupted"), stderr
-    assert not list(out.glob("*.fi-convert-tmp"))
-    assert not (out / ".fi-convert" / "lock").exists()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    args = [*_larger_args(larger, out, jobs), "--quiet"]
+    with Paused(args, {"write": "stop", "abort": "go", "cleanup": "go"}) as run:
+        run.wait_for("at write")
+        run.interrupt()
+        for point in ("abort", "cleanup"):
+            run.wait_for(f"at {point}")
+            run.interrupt()
+            run.interrupt()
+            run.go(point)
+        _stopped_cleanly(*run.finish()[::2], out)
+    assert "workers 0" in run.said  # every worker had stopped before the cleanup
+    r = subprocess.run([sys.executable, "-m", "fi_convert", *args], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_ctrl_c_while_the_workers_start_stops_every_worker(larger, tmp_path):
+    """Ctrl-C while the first shard worker is being started (inside `Thread.start`, before
+    its pool counts it), with that worker writing already: every worker stops and removes its
+    file before the out-dir's cleanup looks for temporary files (a worker left running made
+    new ones after it, or died in one at the exit)."""
+    out = tmp_path / "out"
+    points = {"started": "go", "write": "stop", "cleanup": "go"}
+    with Paused([*_larger_args(larger, out, 3), "--quiet"], points) as run:
+        run.wait_for("at started")
+        run.wait_for("at write")
+        run.interrupt()
+        run.go("started")
+        run.wait_for("at cleanup")
+        assert run.said[-2] == "workers 0"
+        run.go("cleanup")
+        _stopped_cleanly(*run.finish()[::2], out)
