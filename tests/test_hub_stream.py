@@ -570,3 +570,29 @@ def test_ctrl_c_while_uploads_are_under_way_stops_at_once_in_one_line(hub, big, 
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 2
     assert not list((tmp_path / "staging").glob("*.safetensors*"))  # nothing staged is left
     assert MANIFEST not in hub.files(TARGET)
+
+
+def test_a_second_streamed_run_into_the_same_staging_folder_is_refused(tmp_path):
+    """The staging folder is held (an flock) before anything in it is touched: a second
+    streamed run into it is refused in one line and deletes none of the first one's shards;
+    once the first is done, the folder can be claimed again."""
+    from fi_convert.errors import OutputError
+
+    root = tmp_path / "stage"
+    first = stream.Staging.claim(root, SourceFiles())
+    staged = root / "model-00001-of-00002.safetensors.fi-convert-tmp"
+    staged.write_bytes(b"the first run's shard, being written")
+    done = root / "model-00002-of-00002.safetensors"
+    done.write_bytes(b"the first run's shard, waiting for its upload")
+    with pytest.raises(OutputError) as e:
+        stream.Staging.claim(root, SourceFiles())
+    assert str(e.value) == (
+        f"{root}: another fi-convert is streaming through this staging folder; wait for it "
+        "to finish, or choose another out-dir"
+    )
+    assert staged.read_bytes() == b"the first run's shard, being written"
+    assert done.is_file()
+    first.remove()
+    again = stream.Staging.claim(root, SourceFiles())  # free again
+    assert list(root.glob("*.safetensors*")) == []
+    again.remove()

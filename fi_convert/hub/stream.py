@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -84,13 +85,17 @@ class Staging:
     """The staging folder: where a shard is written before its upload (a `ShardDir`). With
     `room`, every write draws on that disk budget."""
 
-    def __init__(self, root: Path, source: SourceFiles) -> None:
+    def __init__(self, root: Path, source: SourceFiles, lock_fd: int | None = None) -> None:
         self.root, self.source = root, source
         self.room: DiskRoom | None = None
         self.writeback = False  # uploaded from the page cache and removed: never synced
+        self._lock_fd = lock_fd
 
     @classmethod
     def claim(cls, root: Path, source: SourceFiles) -> Staging:
+        """The staging folder, held by this run (an flock on its mark file, which the kernel
+        releases when the run dies) before anything in it is touched: a second streamed run
+        into the same folder is refused and deletes none of the first one's shards."""
         if root.exists() and not root.is_dir():
             raise OutputError(f"{root}: exists and is not a folder; choose another out-dir")
         if root.is_dir() and any(root.iterdir()) and not (root / STAGING_MARK).is_file():
@@ -99,10 +104,12 @@ class Staging:
                 "removes them; choose an empty or new out-dir"
             )
         root.mkdir(parents=True, exist_ok=True)
-        (root / STAGING_MARK).write_text("shards staged for upload by fi-convert; safe to delete\n")
+        fd = _hold(root / STAGING_MARK)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"shards staged for upload by fi-convert; safe to delete\n", 0)
         for p in root.glob("*.safetensors*"):  # an interrupted run's: the Hub is the journal
             p.unlink()
-        return cls(root, source)
+        return cls(root, source, fd)
 
     def shard(self, shard: ShardPlan, write: Callable[[ShardPlan], ShardWriter]) -> dict:
         sha, size = write(shard).finish()
@@ -136,6 +143,26 @@ class Staging:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _hold(mark: Path) -> int:
+    """An exclusive flock on `mark` (made if missing); refused while another run holds it."""
+    try:
+        fd = os.open(mark, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as e:
+        raise OutputError(f"{mark}: cannot open ({e.strerror}); choose another out-dir") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OutputError(
+            f"{mark.parent}: another fi-convert is streaming through this staging folder; "
+            "wait for it to finish, or choose another out-dir"
+        ) from None
+    return fd
 
 
 class HubSink:
