@@ -447,46 +447,53 @@ def _streamed(
             f"{model_dir}: a local folder, and --revision applies only to a Hub repo id; "
             "drop --revision, or pass the repo id (org/name)"
         )
-    repo_id = commit = None
-    if local:
-        root, files = Path(model_dir), SourceFiles()
-    else:
-        if not hub.is_repo_id(model_dir):
-            raise SourceError(
-                f"{model_dir}: no such folder, and not a Hub repo id (org/name); pass a local "
-                "model folder or a repo id"
+    repo_id = commit = staging = None
+    try:
+        if local:
+            root, files = Path(model_dir), SourceFiles()
+        else:
+            if not hub.is_repo_id(model_dir):
+                raise SourceError(
+                    f"{model_dir}: no such folder, and not a Hub repo id (org/name); pass a local "
+                    "model folder or a repo id"
+                )
+            repo = remote.RemoteRepo.open(model_dir, revision)
+            repo_id, commit = repo.repo_id, repo.commit
+            if how != "off":
+                err.print(
+                    f"source: {repo_id} at {commit}, read by byte ranges (nothing downloaded)"
+                )
+            staging = stream.Staging.claim(out_dir, SourceFiles())
+            # small files and shard headers only: huggingface_hub's bars stay off (one display)
+            root = remote.mirror(repo, staging.root / ".source", progress=False)
+            files = remote.RemoteSourceFiles(repo, root)
+        plan = make_plan(root, opts)
+        plan.provenance = provenance(repo_id, commit, plan)
+        if plan.detected and how != "off":
+            err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
+        _warn(plan.notes, how == "off" and not as_json)
+        base = base_model or repo_id
+        summary = plan.summary()  # before the staging folder, the mirror in it included, goes
+        watch = Stopwatch()
+        with Display(err, how) as shown:
+            res = stream.stream_to_hub(
+                plan,
+                files,
+                out_dir,
+                push_to,
+                private=private,
+                max_disk=max_disk or stream.DEFAULT_MAX_DISK,
+                device=device,
+                jobs=jobs,
+                base_model=base,
+                base_revision=commit,
+                progress=shown.callback(),
+                part=part,
+                staging=staging,
             )
-        repo = remote.RemoteRepo.open(model_dir, revision)
-        repo_id, commit = repo.repo_id, repo.commit
-        if how != "off":
-            err.print(f"source: {repo_id} at {commit}, read by byte ranges (nothing downloaded)")
-        staging = stream.Staging.claim(out_dir, SourceFiles())
-        # small files and shard headers only: huggingface_hub's bars stay off (one display)
-        root = remote.mirror(repo, staging.root / ".source", progress=False)
-        files = remote.RemoteSourceFiles(repo, root)
-    plan = make_plan(root, opts)
-    plan.provenance = provenance(repo_id, commit, plan)
-    if plan.detected and how != "off":
-        err.print(f"scheme: detected [bold]{plan.scheme.value}[/bold]")
-    _warn(plan.notes, how == "off" and not as_json)
-    base = base_model or repo_id
-    summary = plan.summary()  # before the staging folder, the mirror in it included, goes
-    watch = Stopwatch()
-    with Display(err, how) as shown:
-        res = stream.stream_to_hub(
-            plan,
-            files,
-            out_dir,
-            push_to,
-            private=private,
-            max_disk=max_disk or stream.DEFAULT_MAX_DISK,
-            device=device,
-            jobs=jobs,
-            base_model=base,
-            base_revision=commit,
-            progress=shown.callback(),
-            part=part,
-        )
+    finally:
+        if staging is not None:  # let go of it, whatever happened (a failed run's stays)
+            staging.release()
     made = {s.name: s.nbytes for s in plan.shards}
     figures = watch.figures(sum(made.get(n, 0) for n in res.uploaded))
     if as_json:

@@ -143,6 +143,10 @@ class Staging:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the folder (what is staged stays, for a rerun); once."""
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -524,10 +528,12 @@ def stream_to_hub(
     base_revision: str | None = None,
     progress: ProgressFn | None = None,
     part: tuple[int, int] | None = None,
+    staging: Staging | None = None,
 ) -> StreamResult:
     """Convert `plan` shard by shard into `repo_id` (see the module's docstring). With
     `part` (K, N), only part K of N of the shards, and no index, card or manifest: a run
-    without `part` after all parts finds their shards on the target and writes those."""
+    without `part` after all parts finds their shards on the target and writes those.
+    `staging`: the folder `staging_dir` claimed already (a Hub source mirrored into it)."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     if not is_repo_id(repo_id):
@@ -559,91 +565,96 @@ def stream_to_hub(
                 operations=[CommitOperationDelete(MANIFEST_NAME)],
                 commit_message="Remove the old fi-convert manifest: a new conversion begins",
             )
-    staging = Staging.claim(staging_dir, source)
-    record = (
-        PROGRESS_NAME if part is None else f"{PROGRESS_DIR}progress-{part[0]}-of-{part[1]}.json"
-    )
-    mine = plan if part is None else part_of(plan, part)
-    # a source read over the link: one shard at a time (its reads run ahead in the
-    # background), so each is done and goes up as soon as it can; shards made at once
-    # would share the link and all finish late
-    jobs = jobs if jobs > 0 or source.local else 1
-    sink = HubSink(api, repo_id, revision, key, staging, max_disk, held, record, jobs == 1)
-    if sink.by_write:
-        staging.room = sink
+    if staging is None:
+        staging = Staging.claim(staging_dir, source)
+    staging.source = source
     try:
-        on_target = [s for s in mine.shards if s.name in held]  # an earlier run's: skipped
-        resume = len(on_target), sum(s.nbytes for s in on_target)
-        written = write_shards(mine, staging, source, dev, progress, jobs, sink, resume)
-        sink.drain()
-    except BaseException:
-        sink.abandon()
-        raise
-    if part is not None:  # the final run writes index, card and manifest
+        record = (
+            PROGRESS_NAME if part is None else f"{PROGRESS_DIR}progress-{part[0]}-of-{part[1]}.json"
+        )
+        mine = plan if part is None else part_of(plan, part)
+        # a source read over the link: one shard at a time (its reads run ahead in the
+        # background), so each is done and goes up as soon as it can; shards made at once
+        # would share the link and all finish late
+        jobs = jobs if jobs > 0 or source.local else 1
+        sink = HubSink(api, repo_id, revision, key, staging, max_disk, held, record, jobs == 1)
+        if sink.by_write:
+            staging.room = sink
+        try:
+            on_target = [s for s in mine.shards if s.name in held]  # an earlier run's: skipped
+            resume = len(on_target), sum(s.nbytes for s in on_target)
+            written = write_shards(mine, staging, source, dev, progress, jobs, sink, resume)
+            sink.drain()
+        except BaseException:
+            sink.abandon()
+            raise
+        if part is not None:  # the final run writes index, card and manifest
+            staging.remove()
+            return StreamResult(
+                repo_id,
+                url,
+                None,
+                len(written.files),
+                sorted(sink.uploaded),
+                sorted(sink.skipped),
+                sink.peak,
+                base_model,
+                written.warnings,
+            )
+        target = outdir.Target.of(plan)
+        files = dict(written.files)
+        final: list = []
+        source_card = None
+        for rel, src in target.side.items():
+            data = src if isinstance(src, bytes) else Path(src).read_bytes()
+            files[rel] = target.side_meta[rel]
+            if rel == CARD_NAME:  # the source's card: the model card takes its place
+                source_card = data.decode(errors="replace")
+            else:
+                final.append(CommitOperationAdd(rel, data))
+        files[INDEX_NAME] = {"sha256": _sha(target.index), "size": len(target.index)}
+        final.append(CommitOperationAdd(INDEX_NAME, target.index))
+        m = mf.build(plan, files)  # plan.provenance: the source repo, commit and command
+        card = model_card(
+            m,
+            repo_id=repo_id,
+            base_model=base_model,
+            base_revision=base_revision,
+            source_card=source_card,
+        ).encode()
+        manifest = upload_manifest(m, card)
+        keep = {*files, CARD_NAME, MANIFEST_NAME, ".gitattributes"}
+        final += [CommitOperationDelete(p) for p in sorted(remote) if _stale(p, keep)]
+        final += [
+            CommitOperationAdd(CARD_NAME, card),
+            CommitOperationAdd(PROGRESS_NAME, _progress_bytes(key, sink.done, complete=True)),
+            CommitOperationAdd(MANIFEST_NAME, manifest),
+        ]
+        what = f"{m['scheme']} ({m['backend']}, TP {m['tp_size']})"
+        # a rerun of a finished stream changes nothing: huggingface_hub then logs that it skips
+        # an empty commit, which the run's own line ("N already there") says already
+        with push_errors(repo_id), _quiet("huggingface_hub.hf_api"):
+            info = api.create_commit(
+                repo_id=repo_id,
+                repo_type="model",
+                revision=revision,
+                operations=final,
+                commit_message=f"Add the fi-convert manifest, index and model card ({what})",
+            )
         staging.remove()
         return StreamResult(
             repo_id,
             url,
-            None,
-            len(written.files),
+            info.oid,
+            len(files) + 2,
             sorted(sink.uploaded),
             sorted(sink.skipped),
             sink.peak,
             base_model,
             written.warnings,
         )
-    target = outdir.Target.of(plan)
-    files = dict(written.files)
-    final: list = []
-    source_card = None
-    for rel, src in target.side.items():
-        data = src if isinstance(src, bytes) else Path(src).read_bytes()
-        files[rel] = target.side_meta[rel]
-        if rel == CARD_NAME:  # the source's card: the model card takes its place
-            source_card = data.decode(errors="replace")
-        else:
-            final.append(CommitOperationAdd(rel, data))
-    files[INDEX_NAME] = {"sha256": _sha(target.index), "size": len(target.index)}
-    final.append(CommitOperationAdd(INDEX_NAME, target.index))
-    m = mf.build(plan, files)  # plan.provenance: the source repo, commit and command
-    card = model_card(
-        m,
-        repo_id=repo_id,
-        base_model=base_model,
-        base_revision=base_revision,
-        source_card=source_card,
-    ).encode()
-    manifest = upload_manifest(m, card)
-    keep = {*files, CARD_NAME, MANIFEST_NAME, ".gitattributes"}
-    final += [CommitOperationDelete(p) for p in sorted(remote) if _stale(p, keep)]
-    final += [
-        CommitOperationAdd(CARD_NAME, card),
-        CommitOperationAdd(PROGRESS_NAME, _progress_bytes(key, sink.done, complete=True)),
-        CommitOperationAdd(MANIFEST_NAME, manifest),
-    ]
-    what = f"{m['scheme']} ({m['backend']}, TP {m['tp_size']})"
-    # a rerun of a finished stream changes nothing: huggingface_hub then logs that it skips
-    # an empty commit, which the run's own line ("N already there") says already
-    with push_errors(repo_id), _quiet("huggingface_hub.hf_api"):
-        info = api.create_commit(
-            repo_id=repo_id,
-            repo_type="model",
-            revision=revision,
-            operations=final,
-            commit_message=f"Add the fi-convert manifest, index and model card ({what})",
-        )
-    staging.remove()
-    return StreamResult(
-        repo_id,
-        url,
-        info.oid,
-        len(files) + 2,
-        sorted(sink.uploaded),
-        sorted(sink.skipped),
-        sink.peak,
-        base_model,
-        written.warnings,
-    )
+    finally:
+        staging.release()  # a failed run's staged shards stay for the rerun
 
 
 @contextlib.contextmanager
