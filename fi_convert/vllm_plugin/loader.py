@@ -227,7 +227,8 @@ def _load_line(root: Path, n: int, split: Any, moe: _Clock, stats: ReadStats, de
     moe_s = moe.seconds + stats.seconds
     return (
         f"fi-convert: {who} loaded {n} MoE layers, {_gb(stats.bytes)} in {moe_s:.2f} s "
-        f"({stats.bytes / moe_s / 1e9 if moe_s else 0:.1f} GB/s, {stats.threads} threads, "
+        f"({stats.bytes / moe_s / 1e9 if moe_s else 0:.1f} GB/s, {stats.threads} thread"
+        f"{'s' if stats.threads != 1 else ''}, "
         f"{stats.pinned_peak / 2**20:.0f} MiB pinned); non-expert {_gb(dense.nbytes)} "
         f"in {dense.seconds:.2f} s, read beside them; from {root}"
     )
