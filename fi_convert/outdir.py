@@ -40,7 +40,7 @@ from .format import manifest as fm
 from .format.hashes import sha256_file
 from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
 from .plan import Plan, ShardPlan, check_out_dir
-from .st_io import TMP_SUFFIX, DiskRoom, ShardWriter
+from .st_io import TMP_SUFFIX, WRITEBACK, DiskRoom, ShardWriter
 
 JOURNAL_NAME = "state.json"
 LOCK_NAME = "lock"
@@ -396,6 +396,7 @@ class OutDir:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.syncer.shutdown(wait=True, cancel_futures=True)
+        WRITEBACK.drain()  # the run's files are closed everywhere when it ends
         if self.up_to_date:
             return
         if exc_type is None:

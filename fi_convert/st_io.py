@@ -414,7 +414,8 @@ class Writeback:
 
     def __init__(self) -> None:
         self.fn = _libc_sync_file_range()
-        self.jobs: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+        # (fd, offset, nbytes) ranges and closes; an Event is a barrier (`drain`)
+        self.jobs: queue.SimpleQueue[tuple[int, int, int] | threading.Event] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
@@ -439,9 +440,23 @@ class Writeback:
     def close(self, fd: int) -> None:
         self.jobs.put((fd, -1, 0))
 
+    def drain(self) -> None:
+        """Until every range and close handed in so far is done: no descriptor of a file
+        written before is held here then (a run does not end while this thread still holds
+        its files open, which would keep a deleted file's space in use)."""
+        if self.thread is None:
+            return
+        done = threading.Event()
+        self.jobs.put(done)
+        done.wait()
+
     def _run(self) -> None:
         while True:
-            fd, offset, nbytes = self.jobs.get()
+            job = self.jobs.get()
+            if isinstance(job, threading.Event):
+                job.set()
+                continue
+            fd, offset, nbytes = job
             if offset < 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)

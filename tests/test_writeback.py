@@ -4,6 +4,7 @@ or leaving a file descriptor open."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -124,3 +125,34 @@ def test_the_writers_never_wait_for_the_disk(tmp_path, monkeypatch):
     finally:
         gate.set()
     assert _settles(fds)
+
+
+def test_a_run_ends_with_none_of_its_files_held_open(src, tmp_path, monkeypatch):
+    """convert() returns only once the writeback thread has let go of every file the run wrote:
+    a descriptor it still held would keep a deleted output's space in use (a full tmpfs then
+    refused to shrink after the output was deleted, in test_outdir under load)."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def slow(fd: int, offset: int, nbytes: int, flags: int) -> int:
+        entered.set()
+        gate.wait()
+        return 0
+
+    monkeypatch.setattr(st_io.WRITEBACK, "fn", slow)
+    monkeypatch.setattr(Writeback, "STEP", 4096)
+    out, done = tmp_path / "out", threading.Event()
+    t = threading.Thread(target=lambda: (convert(src, out, Options(), device="cpu"), done.set()))
+    t.start()
+    try:
+        assert entered.wait(60)
+        # the writeback thread is held inside a range of one of the run's files
+        assert not done.wait(1.0), "convert() returned while its files were still held open"
+    finally:
+        gate.set()
+        t.join(120)
+    assert done.is_set()
+    held = []
+    for fd in _open_fds():
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    assert not [p for p in held if p.startswith(str(out))]

@@ -42,7 +42,7 @@ from ..errors import HubError, OutputError
 from ..format.names import INDEX_NAME, MANIFEST_NAME
 from ..pipeline import ProgressFn, resolve_device, write_shards
 from ..plan import Plan, ShardPlan
-from ..st_io import DiskRoom, ShardWriter, SourceFiles, build_header
+from ..st_io import WRITEBACK, DiskRoom, ShardWriter, SourceFiles, build_header
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import LIBRARY, endpoint, is_offline, is_repo_id
 from .push import push_errors
@@ -142,6 +142,7 @@ class Staging:
         return {"sha256": h.hexdigest(), "size": size}
 
     def remove(self) -> None:
+        WRITEBACK.drain()  # no descriptor of a staged shard outlives the run
         shutil.rmtree(self.root, ignore_errors=True)
         self.release()
 
