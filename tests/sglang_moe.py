@@ -94,6 +94,43 @@ def sglang_context(backend: str, tp_size: int, tp_rank: int) -> Iterator[None]:
         yield
 
 
+def _block_scale_interleave(sf: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """FlashInfer's `block_scale_interleave` (CUDA only) on CPU: the 128x4 swizzle of a
+    [M, K/16] (or [E, M, K/16]) scale tensor, M padded to 128 and K/16 to 4 with zeros, flat.
+    Built from fi_convert.layout's index, so SGLang's NVFP4 scale bytes here are checked up to
+    this swizzle; the swizzle itself is checked against FlashInfer's on the GPU machine."""
+    from fi_convert.layout import swizzle_128x4_index
+
+    e = sf.shape[0] if sf.ndim == 3 else 1
+    x = sf.reshape(e, sf.shape[-2], sf.shape[-1])
+    idx = swizzle_128x4_index(x.shape[1], x.shape[2])
+    flat = torch.cat([x.reshape(e, -1), torch.zeros(e, 1, dtype=x.dtype)], dim=1)
+    res = flat[:, idx].reshape(-1)
+    if out is not None:
+        return out.copy_(res)
+    return res
+
+
+@contextlib.contextmanager
+def blackwell() -> Iterator[None]:
+    """What SGLang's NVFP4 TRT-LLM path needs on CPU (call inside sglang_context): SGLang's own
+    test hook `override_platform` says SM100 (Blackwell), and FlashInfer's CUDA-only
+    `block_scale_interleave` is the CPU version above wherever SGLang or FlashInfer bound it."""
+    import sys
+
+    from sglang.srt.runtime_context import override_platform
+
+    with contextlib.ExitStack() as stack:
+        for name, module in list(sys.modules.items()):
+            if module is None or not name.startswith(("sglang", "flashinfer")):
+                continue
+            for attr in ("block_scale_interleave", "nvfp4_block_scale_interleave"):
+                if attr in vars(module) and callable(vars(module)[attr]):
+                    stack.enter_context(mock.patch.object(module, attr, _block_scale_interleave))
+        stack.enter_context(override_platform(is_blackwell=True, is_sm100=True))
+        yield
+
+
 def _restore_environ(environ: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(environ)
@@ -112,6 +149,10 @@ def quant_config(ckpt: Path):
         from sglang.srt.layers.quantization.fp8 import Fp8Config
 
         return Fp8Config.from_config(cfg)
+    if cfg["quant_method"] == "modelopt" and cfg.get("quant_algo") == "NVFP4":
+        from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
+
+        return ModelOptFp4Config.from_config(cfg)
     raise ValueError(f"{ckpt}: no SGLang config in these tests for {cfg['quant_method']}")
 
 
@@ -174,13 +215,19 @@ def load(layer, ckpt: Path, prefix: str) -> None:
             raise AssertionError(f"{name}: no SGLang parameter takes it")
 
 
+def _algo(ckpt: Path) -> str | None:
+    cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config") or {}
+    return cfg.get("quant_algo")
+
+
 def process(layer) -> None:
     layer.quant_method.process_weights_after_loading(layer)
 
 
 def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str):
     """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code."""
-    with sglang_context(backend, tp, rank):
+    nvfp4 = _algo(ckpt) == "NVFP4"
+    with sglang_context(backend, tp, rank), blackwell() if nvfp4 else contextlib.nullcontext():
         layer = make_layer(prefix, ckpt)
         assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)
         load(layer, ckpt, prefix)

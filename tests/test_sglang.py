@@ -46,8 +46,18 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512, shards=2),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt NVFP4; I per rank 384, 192, 96 (96: padded to 128 by both servers); H a multiple
+    # of 128 (SGLang's w2 scale shuffle asserts it: H=320 fails in FlashInfer's index helper)
+    "deepseek-nvfp4": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=5, hidden=256, intermediate=384, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
 }
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
+# (a) has an expectation of its own for these (NVFP4: (b) shows its weights and block scales
+# equal vLLM's where the sharding agrees, with the CPU stand-in of the scale swizzle)
+PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] != "nvfp4"]
 
 FP8_ALL = ["w13_weight", "w13_weight_scale_inv", "w2_weight", "w2_weight_scale_inv"]
 # (b): the tensors of SGLang 0.5.23 that differ from vLLM 0.33's (fi-convert's output), in
@@ -69,6 +79,24 @@ DIFFERS_FROM_VLLM = {
     ("deepseek-fp8-block", 4): FP8_ALL,
 }
 FP8_OTHER_RANKS = ["w13_weight", "w2_weight"]  # no scale below 1e-10 there
+# NVFP4: every scalar differs (SGLang keeps [E, 2] gate/up weight and input scales, the
+# per-expert w2 input scale, its own g1_scale_c, and holds five more: the alphas and the
+# inverse input scales); the weights and block scales agree at TP 1 and 2, not at TP 4
+NV_SCALARS = ["g1_scale_c", "w13_input_scale", "w13_weight_scale_2", "w2_input_scale"]
+NV_SCALARS += ["w2_weight_scale_2"]
+NV_SGLANG_ONLY = ["g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant"]
+NV_SGLANG_ONLY += ["w2_input_scale_quant"]
+NV_ALL = ["g1_scale_c", "w13_input_scale", "w13_weight", "w13_weight_scale"]
+NV_ALL += ["w13_weight_scale_2", "w2_input_scale", "w2_weight", "w2_weight_scale"]
+NV_ALL += ["w2_weight_scale_2"]
+DIFFERS_FROM_VLLM.update(
+    {
+        ("deepseek-nvfp4", 1): NV_SCALARS + NV_SGLANG_ONLY,
+        ("deepseek-nvfp4", 2): NV_SCALARS + NV_SGLANG_ONLY,
+        # I/TP = 96 padded to 128: SGLang shards by 128 (rank 3 holds zeros), vLLM by 96
+        ("deepseek-nvfp4", 4): NV_ALL + NV_SGLANG_ONLY,
+    }
+)
 
 
 def differs_from_vllm(case: str, tp: int, rank: int) -> list[str]:
@@ -200,7 +228,7 @@ def assert_same(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], 
 # ---- (a) ----
 
 
-@pytest.mark.parametrize(("case", "tp", "rank"), PARAMS)
+@pytest.mark.parametrize(("case", "tp", "rank"), PARAMS_A)
 def test_sglang_bytes_equal_the_expected_layout(case, tp, rank, checkpoints, sglang_layers):
     layer = sglang_layers(case, tp, rank)
     assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)  # SGLang played this rank
@@ -244,6 +272,29 @@ def test_fp8_block_vllm_is_sglang_shuffled_and_clamped(tp, sglang_layers, output
             derived[name] = theirs[name].clamp(min=1e-10)
         ours = load_moe_layer(outputs("deepseek-fp8-block", tp), prefix, tp_rank=rank)
         assert_same(derived, ours, "vLLM's")
+
+
+def test_nvfp4_scalars(checkpoints, sglang_layers, outputs):
+    """(b), how the NVFP4 scalars differ: SGLang's w2 alpha is vLLM's (g2_alphas is the bytes
+    of vLLM's w2_weight_scale_2); its w13 input scale holds, for each expert, the input scale
+    loaded last (up_proj, after gate_proj) in both columns, where vLLM takes the max over all
+    experts' gate and up input scales, so the two alphas differ when a checkpoint's gate and
+    up input scales differ (this synthetic one's do)."""
+    prefix = CASES["deepseek-nvfp4"][2]
+    src = raw(checkpoints["deepseek-nvfp4"], prefix)
+    for tp in (1, 2):
+        for rank in range(tp):
+            theirs = sm.params(sglang_layers("deepseek-nvfp4", tp, rank))
+            ours = load_moe_layer(outputs("deepseek-nvfp4", tp), prefix, tp_rank=rank)
+            name = "w2_weight_scale_2"
+            assert_same({name: theirs["g2_alphas"]}, {name: ours[name]}, "vLLM's w2 alpha")
+            a13 = theirs["w13_input_scale"]
+            up = src["up_proj.input_scale"].float().reshape(-1)
+            assert torch.equal(a13[:, 0], up) and torch.equal(a13[:, 1], up)
+            gate = src["gate_proj.input_scale"].float().reshape(-1)
+            assert not torch.equal(gate, up)  # the case where the two servers' alphas differ
+            vllm_a1 = torch.maximum(gate, up).max()
+            assert torch.equal(ours["w13_input_scale"], vllm_a1.expand(len(up)))
 
 
 def test_mixtral_tp4_high_ranks_hold_only_zeros(sglang_layers):
