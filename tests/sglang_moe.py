@@ -12,7 +12,11 @@ What is not SGLang's own: the stand-ins for triton, IPython and torchvision
 SGLang's parallel context is overridden with that rank and size (its own scoped `override`),
 with the check that the built groups have that size switched off (the one group here has one
 process). On this machine SGLang's `is_cuda()` and `is_cpu()` are both False, so it takes its
-generic (GPU) code paths. (shared/reference/sglang-0.5.23-in-tests.md has the facts.)
+generic (GPU) code paths. For NVFP4 and gpt-oss MXFP4 (`blackwell()`): SGLang's own
+`override_platform` hook says SM100, FlashInfer's CUDA-only scale swizzle is a CPU version,
+and for gpt-oss `Tensor.cuda` stays on CPU and two FlashInfer names SGLang binds only when
+FlashInfer finds CUDA are bound. gpt-oss experts load through SGLang's own
+`GptOssForCausalLM._load_mxfp4_experts_weights` (it splits the fused experts by TP rank). (shared/reference/sglang-0.5.23-in-tests.md has the facts.)
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ from safetensors import safe_open
 
 from tests import sglang_stubs
 
-BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
+BACKEND = {
+    "trtllm": "flashinfer_trtllm",
+    "cutlass": "flashinfer_cutlass",
+    # gpt-oss MXFP4 on FlashInfer's TRT-LLM kernels is SGLang's own backend name
+    "mxfp4-trtllm": "flashinfer_mxfp4",
+}
 MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 SHARD_IDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
@@ -112,7 +121,7 @@ def _block_scale_interleave(sf: torch.Tensor, *, out: torch.Tensor | None = None
 
 
 @contextlib.contextmanager
-def blackwell() -> Iterator[None]:
+def blackwell(cuda_noop: bool = False) -> Iterator[None]:
     """What SGLang's NVFP4 TRT-LLM path needs on CPU (call inside sglang_context): SGLang's own
     test hook `override_platform` says SM100 (Blackwell), and FlashInfer's CUDA-only
     `block_scale_interleave` is the CPU version above wherever SGLang or FlashInfer bound it."""
@@ -128,7 +137,24 @@ def blackwell() -> Iterator[None]:
                 if attr in vars(module) and callable(vars(module)[attr]):
                     stack.enter_context(mock.patch.object(module, attr, _block_scale_interleave))
         stack.enter_context(override_platform(is_blackwell=True, is_sm100=True))
+        if cuda_noop:
+            # gpt-oss MXFP4 moves its alphas and limits to the GPU with .cuda(), and binds two
+            # FlashInfer names into its module only where FlashInfer finds CUDA: the real
+            # (pure-Python) permute-index helper, and the CPU scale swizzle above
+            from flashinfer.fused_moe.core import get_w2_permute_indices_with_cache
+            from sglang.srt.layers.quantization import mxfp4
+
+            stack.enter_context(mock.patch.object(torch.Tensor, "cuda", _stay))
+            for attr, value in (
+                ("get_w2_permute_indices_with_cache", get_w2_permute_indices_with_cache),
+                ("nvfp4_block_scale_interleave", _block_scale_interleave),
+            ):
+                stack.enter_context(mock.patch.object(mxfp4, attr, value, create=True))
         yield
+
+
+def _stay(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    return self
 
 
 def _restore_environ(environ: dict[str, str]) -> None:
@@ -153,6 +179,10 @@ def quant_config(ckpt: Path):
         from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
 
         return ModelOptFp4Config.from_config(cfg)
+    if cfg["quant_method"] == "mxfp4":
+        from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+
+        return Mxfp4Config.from_config(cfg)
     raise ValueError(f"{ckpt}: no SGLang config in these tests for {cfg['quant_method']}")
 
 
@@ -163,7 +193,16 @@ def make_layer(prefix: str, ckpt: Path):
     cfg = json.loads((ckpt / "config.json").read_text())
     experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
     inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    # gpt-oss builds its experts so (models/gpt_oss.py GptOssSparseMoeBlock; transformers'
+    # GptOssConfig: hidden_act "silu", SGLang's default alpha 1.702)
+    oss = dict(
+        activation=cfg.get("hidden_act", "silu"),
+        gemm1_alpha=cfg.get("hidden_act_alpha", 1.702),
+        gemm1_clamp_limit=cfg.get("swiglu_limit"),
+        with_bias=True,
+    )
     return FusedMoE(
+        **(oss if cfg.get("model_type") == "gpt_oss" else {}),
         num_experts=experts,
         hidden_size=cfg["hidden_size"],
         intermediate_size=inter,
@@ -185,6 +224,38 @@ def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]
         e, proj, param = name[len(prefix) + 1 :].split(".", 2)
         with safe_open(ckpt / shard, framework="pt") as f:
             yield f"{e}.{MIXTRAL_NAMES.get(proj, proj)}.{param}", f.get_tensor(name)
+
+
+def load_gpt_oss(layer, ckpt: Path, prefix: str) -> None:
+    """SGLang's gpt-oss MXFP4 expert loader, `GptOssForCausalLM._load_mxfp4_experts_weights`
+    (it does the TP split of the fused experts), run on a stand-in model that holds only this
+    layer at its prefix and the config fields it reads."""
+    import types
+
+    from sglang.srt.models.gpt_oss import GptOssForCausalLM
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    model = torch.nn.Module()
+    parent = model
+    *path, last = prefix.split(".")
+    for part in path:
+        child = torch.nn.Module()
+        parent.add_module(part, child)
+        parent = child
+    parent.add_module(last, layer)
+    model.config = types.SimpleNamespace(
+        intermediate_size=cfg["intermediate_size"], num_local_experts=cfg["num_local_experts"]
+    )
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, shard in sorted(index.items()):
+            if name.startswith(prefix + "."):
+                with safe_open(ckpt / shard, framework="pt") as f:
+                    yield name, f.get_tensor(name)
+
+    loaded = GptOssForCausalLM._load_mxfp4_experts_weights(model, weights())
+    assert len(loaded) == 6, loaded
 
 
 def load(layer, ckpt: Path, prefix: str) -> None:
@@ -215,6 +286,10 @@ def load(layer, ckpt: Path, prefix: str) -> None:
             raise AssertionError(f"{name}: no SGLang parameter takes it")
 
 
+def _model_type(ckpt: Path) -> str | None:
+    return json.loads((ckpt / "config.json").read_text()).get("model_type")
+
+
 def _algo(ckpt: Path) -> str | None:
     cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config") or {}
     return cfg.get("quant_algo")
@@ -226,11 +301,15 @@ def process(layer) -> None:
 
 def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str):
     """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code."""
-    nvfp4 = _algo(ckpt) == "NVFP4"
-    with sglang_context(backend, tp, rank), blackwell() if nvfp4 else contextlib.nullcontext():
+    oss = _model_type(ckpt) == "gpt_oss"
+    fp4 = _algo(ckpt) == "NVFP4" or oss
+    with sglang_context(backend, tp, rank), blackwell(oss) if fp4 else contextlib.nullcontext():
         layer = make_layer(prefix, ckpt)
         assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)
-        load(layer, ckpt, prefix)
+        if _model_type(ckpt) == "gpt_oss":
+            load_gpt_oss(layer, ckpt, prefix)
+        else:
+            load(layer, ckpt, prefix)
         process(layer)
     return layer
 

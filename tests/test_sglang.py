@@ -23,6 +23,7 @@ from fi_convert import layout as L
 from fi_convert.synthetic import Spec, write_checkpoint
 from tests import sglang_moe as sm
 
+E4M3 = torch.float8_e4m3fn
 TILE = 128  # FlashInfer TRT-LLM's epilogue tile M for BF16 (SGLang and vLLM alike)
 BF16_BLOCK = 64  # BlockMajorK: 128 bytes of BF16
 FP8_BLOCK = 128  # DeepSeek's 128x128 weight blocks
@@ -53,11 +54,19 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=5, hidden=256, intermediate=384, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # gpt-oss MXFP4 (SGLang's --moe-runner-backend flashinfer_mxfp4); H 320 and I 192 padded
+    "gpt-oss-mxfp4": (
+        "mxfp4",
+        Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
+        "model.layers.1.mlp.experts",
+    ),
 }
+# SGLang's names for the parameters vLLM (and fi-convert) name otherwise
+SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
 # (a) has an expectation of its own for these (NVFP4: (b) shows its weights and block scales
 # equal vLLM's where the sharding agrees, with the CPU stand-in of the scale swizzle)
-PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] != "nvfp4"]
+PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] not in ("nvfp4", "mxfp4")]
 
 FP8_ALL = ["w13_weight", "w13_weight_scale_inv", "w2_weight", "w2_weight_scale_inv"]
 # (b): the tensors of SGLang 0.5.23 that differ from vLLM 0.33's (fi-convert's output), in
@@ -89,12 +98,19 @@ NV_SGLANG_ONLY += ["w2_input_scale_quant"]
 NV_ALL = ["g1_scale_c", "w13_input_scale", "w13_weight", "w13_weight_scale"]
 NV_ALL += ["w13_weight_scale_2", "w2_input_scale", "w2_weight", "w2_weight_scale"]
 NV_ALL += ["w2_weight_scale_2"]
+MX_DIFFERS = ["w13_weight_scale", "w2_weight_scale", "gemm1_alpha", "gemm1_beta"]
+MX_DIFFERS += ["gemm1_clamp_limit"]
 DIFFERS_FROM_VLLM.update(
     {
         ("deepseek-nvfp4", 1): NV_SCALARS + NV_SGLANG_ONLY,
         ("deepseek-nvfp4", 2): NV_SCALARS + NV_SGLANG_ONLY,
         # I/TP = 96 padded to 128: SGLang shards by 128 (rank 3 holds zeros), vLLM by 96
         ("deepseek-nvfp4", 4): NV_ALL + NV_SGLANG_ONLY,
+        # weights and biases are vLLM's byte for byte; the scales (UE8M0, viewed as
+        # float8_e4m3fn by both) only in their padding: SGLang fills it with 127 (2^0), vLLM
+        # with 0 (test_mxfp4_scales_differ_only_in_padding); SGLang holds its SwiGLU constants
+        # as parameters besides
+        **{("gpt-oss-mxfp4", tp): MX_DIFFERS for tp in (1, 2, 4)},
     }
 )
 
@@ -119,8 +135,9 @@ def sglang_layers(checkpoints):
     def get(case: str, tp: int, rank: int):
         key = (case, tp, rank)
         if key not in done:
-            _, _, prefix = CASES[case]
-            done[key] = sm.build("trtllm", tp, rank, checkpoints[case], prefix)
+            scheme, _, prefix = CASES[case]
+            backend = "mxfp4-trtllm" if scheme == "mxfp4" else "trtllm"
+            done[key] = sm.build(backend, tp, rank, checkpoints[case], prefix)
         return done[key]
 
     return get
@@ -208,10 +225,12 @@ def differing(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]) ->
     out = []
     for n in names:
         a, b = theirs.get(n), ours.get(n)
+        # both servers view MXFP4's UE8M0 scale bytes as float8_e4m3fn for the kernel
+        viewed = a is not None and b is not None and (b.dtype, a.dtype) == (torch.uint8, E4M3)
         same = (
             a is not None
             and b is not None
-            and a.dtype == b.dtype
+            and (a.dtype == b.dtype or viewed)
             and a.numel() == b.numel()
             and _bytes(a) == _bytes(b)
         )
@@ -242,7 +261,8 @@ def test_sglang_bytes_equal_the_expected_layout(case, tp, rank, checkpoints, sgl
 def test_sglang_against_vllm_target_output(case, tp, rank, sglang_layers, outputs):
     prefix = CASES[case][2]
     ours = load_moe_layer(outputs(case, tp), prefix, tp_rank=rank)
-    diff = differing(sm.params(sglang_layers(case, tp, rank)), ours)
+    theirs = sm.params(sglang_layers(case, tp, rank))
+    diff = differing({SGLANG_NAMES.get(n, n): t for n, t in theirs.items()}, ours)
     want = differs_from_vllm(case, tp, rank)
     assert diff == want, (
         f"SGLang vs fi-convert's vLLM-target output: differing {diff}, first "
@@ -295,6 +315,23 @@ def test_nvfp4_scalars(checkpoints, sglang_layers, outputs):
             assert not torch.equal(gate, up)  # the case where the two servers' alphas differ
             vllm_a1 = torch.maximum(gate, up).max()
             assert torch.equal(ours["w13_input_scale"], vllm_a1.expand(len(up)))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_mxfp4_scales_differ_only_in_padding(tp, sglang_layers, outputs):
+    """(b), how gpt-oss MXFP4 scales differ (H 320 padded to 512 by both servers, so scale
+    columns 10 -> 16): every differing byte is 127 (UE8M0 1.0) in SGLang's and 0 in vLLM's,
+    and there are such bytes on every rank."""
+    prefix = CASES["gpt-oss-mxfp4"][2]
+    for rank in range(tp):
+        theirs = sm.params(sglang_layers("gpt-oss-mxfp4", tp, rank))
+        ours = load_moe_layer(outputs("gpt-oss-mxfp4", tp), prefix, tp_rank=rank)
+        for name in ("w13_weight_scale", "w2_weight_scale"):
+            a, b = theirs[name].view(torch.uint8), ours[name]
+            assert a.shape == b.shape, name
+            d = a != b
+            assert bool(d.any()), name
+            assert bool((a[d] == 127).all()) and bool((b[d] == 0).all()), name
 
 
 def test_mixtral_tp4_high_ranks_hold_only_zeros(sglang_layers):
