@@ -13,6 +13,7 @@ TP rank r of N (tests/sglang_moe.py says what is not SGLang's own).
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -21,6 +22,7 @@ import torch
 from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
 from fi_convert import layout as L
 from fi_convert.synthetic import Spec, write_checkpoint
+from tests import hf_checkpoints
 from tests import sglang_moe as sm
 
 E4M3 = torch.float8_e4m3fn
@@ -54,6 +56,9 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=5, hidden=256, intermediate=384, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # transformers-written (tests/hf_checkpoints.py): H 64, I 128 (I per rank 128, 64, 32)
+    "hf-qwen3-moe": ("bf16", "qwen3_moe", "model.layers.0.mlp.experts"),
+    "hf-mixtral": ("bf16", "mixtral", "model.layers.0.block_sparse_moe.experts"),
     # gpt-oss MXFP4 (SGLang's --moe-runner-backend flashinfer_mxfp4); H 320 and I 192 padded
     "gpt-oss-mxfp4": (
         "mxfp4",
@@ -80,6 +85,14 @@ DIFFERS_FROM_VLLM = {
     # SGLang shards by the padded size: rank r holds rows [r*128, (r+1)*128) of I=192
     ("mixtral-bf16-7", 2): ["w13_weight", "w2_weight"],
     ("mixtral-bf16-7", 4): ["w13_weight", "w2_weight"],
+    # transformers-written, I 128: equal at TP 1; at TP 2 and 4 SGLang shards by 128, so rank
+    # 0 holds all of I and the other ranks only zeros
+    **{(c, 1): [] for c in ("hf-qwen3-moe", "hf-mixtral")},
+    **{
+        (c, tp): ["w13_weight", "w2_weight"]
+        for c in ("hf-qwen3-moe", "hf-mixtral")
+        for tp in (2, 4)
+    },
     # SGLang keeps MajorK [up; gate] unshuffled, vLLM shuffles into BlockMajorK; SGLang keeps
     # the scales as loaded, vLLM clamps them to >= 1e-10: the synthetic checkpoint's 1e-23 lies
     # in expert 0's first blocks of up and down, which rank 0 holds at every TP size
@@ -124,7 +137,14 @@ def differs_from_vllm(case: str, tp: int, rank: int) -> list[str]:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("sglang-src")
-    return {name: write_checkpoint(root / name, spec) for name, (_, spec, _) in CASES.items()}
+    return {
+        name: (
+            write_checkpoint(root / name, spec)
+            if isinstance(spec, Spec)
+            else hf_checkpoints.save(spec, root / name)
+        )
+        for name, (_, spec, _) in CASES.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +203,11 @@ def shard(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
 
 
 def expected(case: str, ckpt, tp: int, rank: int) -> dict[str, torch.Tensor]:
-    scheme, spec, prefix = CASES[case]
+    scheme, _, prefix = CASES[case]
     src = raw(ckpt, prefix)
-    i_p = L.round_up(spec.intermediate // tp, 128)  # FusedMoE pads I per rank on TRT-LLM
+    cfg = json.loads((ckpt / "config.json").read_text())
+    inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    i_p = L.round_up(inter // tp, 128)  # FusedMoE pads I per rank on TRT-LLM
     gate, up, down = (src[f"{p}.weight"] for p in ("gate_proj", "up_proj", "down_proj"))
     e, h = gate.shape[0], gate.shape[2]
     if scheme == "bf16":
