@@ -72,6 +72,10 @@ PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in ran
 # (a) has an expectation of its own for these (NVFP4: (b) shows its weights and block scales
 # equal vLLM's where the sharding agrees, with the CPU stand-in of the scale swizzle)
 PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] not in ("nvfp4", "mxfp4")]
+# (b) against fi-convert's output: every case on TRT-LLM; BF16 on FlashInfer CUTLASS too
+# (SGLang's FP8 block falls back to Triton there: test_fp8_block_cutlass_falls_back_to_triton)
+PARAMS_B = [(*p, "trtllm") for p in PARAMS]
+PARAMS_B += [(*p, "cutlass") for p in PARAMS if p[0] in ("qwen3-bf16", "mixtral-bf16-7")]
 
 FP8_ALL = ["w13_weight", "w13_weight_scale_inv", "w2_weight", "w2_weight_scale_inv"]
 # (b): the tensors of SGLang 0.5.23 that differ from vLLM 0.33's (fi-convert's output), in
@@ -152,12 +156,12 @@ def sglang_layers(checkpoints):
     """SGLang's processed layer for (case, tp, rank), each built once."""
     done: dict = {}
 
-    def get(case: str, tp: int, rank: int):
-        key = (case, tp, rank)
+    def get(case: str, tp: int, rank: int, backend: str = "trtllm"):
+        key = (case, tp, rank, backend)
         if key not in done:
             scheme, _, prefix = CASES[case]
-            backend = "mxfp4-trtllm" if scheme == "mxfp4" else "trtllm"
-            done[key] = sm.build(backend, tp, rank, checkpoints[case], prefix)
+            ours = "mxfp4-trtllm" if scheme == "mxfp4" else backend
+            done[key] = sm.build(ours, tp, rank, checkpoints[case], prefix)
         return done[key]
 
     return get
@@ -165,17 +169,18 @@ def sglang_layers(checkpoints):
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory, checkpoints):
-    """fi-convert's current (vLLM 0.33-target) output for (case, tp), TRT-LLM."""
+    """fi-convert's current (vLLM 0.33-target) output for (case, tp, backend)."""
     root = tmp_path_factory.mktemp("sglang-out")
     done: dict = {}
 
-    def get(case: str, tp: int):
-        if (case, tp) not in done:
-            out = root / f"{case}-{tp}"
-            opts = Options(scheme=SchemeName(CASES[case][0]), backend=Backend.TRTLLM, tp_size=tp)
+    def get(case: str, tp: int, backend: str = "trtllm"):
+        if (case, tp, backend) not in done:
+            out = root / f"{case}-{tp}-{backend}"
+            scheme = SchemeName(CASES[case][0])
+            opts = Options(scheme=scheme, backend=Backend(backend), tp_size=tp)
             convert(checkpoints[case], out, opts, device="cpu")
-            done[case, tp] = out
-        return done[case, tp]
+            done[case, tp, backend] = out
+        return done[case, tp, backend]
 
     return get
 
@@ -279,13 +284,17 @@ def test_sglang_bytes_equal_the_expected_layout(case, tp, rank, checkpoints, sgl
 # ---- (b), and (a) where the layouts coincide ----
 
 
-@pytest.mark.parametrize(("case", "tp", "rank"), PARAMS)
-def test_sglang_against_vllm_target_output(case, tp, rank, sglang_layers, outputs):
+@pytest.mark.parametrize(("case", "tp", "rank", "backend"), PARAMS_B)
+def test_sglang_against_vllm_target_output(case, tp, rank, backend, sglang_layers, outputs):
     prefix = CASES[case][2]
-    ours = load_moe_layer(outputs(case, tp), prefix, tp_rank=rank)
-    theirs = sm.params(sglang_layers(case, tp, rank))
+    ours = load_moe_layer(outputs(case, tp, backend), prefix, tp_rank=rank)
+    layer = sglang_layers(case, tp, rank, backend)
+    mx = CASES[case][0] == "mxfp4"
+    assert layer.runner_backend.value == sm.BACKEND["mxfp4-trtllm" if mx else backend]
+    theirs = sm.params(layer)
     diff = differing({SGLANG_NAMES.get(n, n): t for n, t in theirs.items()}, ours)
-    want = differs_from_vllm(case, tp, rank)
+    # BF16 on FlashInfer CUTLASS: [up; gate] MajorK, I/TP unpadded, as vLLM
+    want = [] if backend == "cutlass" else differs_from_vllm(case, tp, rank)
     assert diff == want, (
         f"SGLang vs fi-convert's vLLM-target output: differing {diff}, first "
         f"{diff[0] if diff else None}; expected {want}"
@@ -354,6 +363,25 @@ def test_mxfp4_scales_differ_only_in_padding(tp, sglang_layers, outputs):
             d = a != b
             assert bool(d.any()), name
             assert bool((a[d] == 127).all()) and bool((b[d] == 0).all()), name
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fp8_block_cutlass_falls_back_to_triton(tp, checkpoints, sglang_layers):
+    """SGLang 0.5.23 has no FlashInfer CUTLASS path for DeepSeek FP8 block: asked for
+    flashinfer_cutlass, it runs Triton, holding [gate; up] as loaded (an SGLang output must
+    refuse this case at plan time)."""
+    prefix = CASES["deepseek-fp8-block"][2]
+    src = raw(checkpoints["deepseek-fp8-block"], prefix)
+    for rank in range(tp):
+        layer = sglang_layers("deepseek-fp8-block", tp, rank, "cutlass")
+        assert layer.runner_backend.value == "triton"
+        i_r = src["gate_proj.weight"].shape[1] // tp
+        w13 = torch.cat(
+            [shard(src[f"{p}.weight"], 1, rank, i_r) for p in ("gate_proj", "up_proj")], 1
+        )
+        assert_same(
+            {"w13_weight": sm.params(layer)["w13_weight"]}, {"w13_weight": w13}, "[gate; up]"
+        )
 
 
 def test_mixtral_tp4_high_ranks_hold_only_zeros(sglang_layers):
