@@ -16,7 +16,8 @@ generic (GPU) code paths. For NVFP4 and gpt-oss MXFP4 (`blackwell()`): SGLang's 
 `override_platform` hook says SM100, FlashInfer's CUDA-only scale swizzle is a CPU version,
 and for gpt-oss `Tensor.cuda` stays on CPU and two FlashInfer names SGLang binds only when
 FlashInfer finds CUDA are bound. gpt-oss experts load through SGLang's own
-`GptOssForCausalLM._load_mxfp4_experts_weights` (it splits the fused experts by TP rank). (shared/reference/sglang-0.5.23-in-tests.md has the facts.)
+`GptOssForCausalLM._load_mxfp4_experts_weights` (it splits the fused experts by TP rank).
+(shared/reference/sglang-0.5.23-in-tests.md has the facts.)
 """
 
 from __future__ import annotations
@@ -351,9 +352,10 @@ def layer_state(layer) -> dict[str, object]:
             state[path] = type(v).__name__
 
     attrs = {**vars(layer), **layer._modules, **layer._buffers}
+    internals = set(vars(torch.nn.Module()))  # nn.Module's own bookkeeping
     for k, v in sorted(attrs.items()):
-        if k.startswith("_"):
-            continue
+        if k in internals or k.startswith("__"):
+            continue  # (single-underscore ones stay: processing leaves some, e.g. NVFP4's)
         if k in ("quant_method", "quant_config", "dispatcher"):
             state[f"layer.{k}"] = type(v).__name__
             continue
