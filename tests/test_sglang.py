@@ -14,6 +14,7 @@ TP rank r of N (tests/sglang_moe.py says what is not SGLang's own).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -430,3 +431,7 @@ def test_stand_ins_leave_no_trace(sglang_layers):
     import importlib.util
 
     assert importlib.util.find_spec("triton") is None
+    assert torch.get_default_dtype() == torch.float32
+    # SGLang's import points these caches at its own folder (setdefault): undone after
+    caches = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
+    assert "sglang" not in " ".join(os.environ.get(k, "") for k in caches).lower()
