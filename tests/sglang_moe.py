@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
@@ -56,15 +57,14 @@ def _init(backend: str) -> None:
 
     if _STATE.get("backend") == backend:
         return
-    for key, value in {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29632",
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-    }.items():
-        os.environ.setdefault(key, value)
     if not torch.distributed.is_initialized():
+        # a free port of this machine's loopback (a fixed one collides with another test run)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        )
         parallel_state.init_distributed_environment(
             world_size=1, rank=0, local_rank=0, backend="gloo"
         )

@@ -1,5 +1,6 @@
 """SGLang 0.5.23's own MoE code as a test authority (issue 26, step 1): real FusedMoE layers
-built by SGLang on CPU with `--moe-runner-backend flashinfer_trtllm`, the raw checkpoint
+built by SGLang on CPU with `--moe-runner-backend flashinfer_trtllm` (gpt-oss MXFP4:
+`flashinfer_mxfp4`; BF16 also `flashinfer_cutlass`), the raw checkpoint
 through SGLang's own weight loader and its `process_weights_after_loading`, one process playing
 TP rank r of N (tests/sglang_moe.py says what is not SGLang's own).
 
@@ -70,8 +71,8 @@ CASES = {
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
-# (a) has an expectation of its own for these (NVFP4: (b) shows its weights and block scales
-# equal vLLM's where the sharding agrees, with the CPU stand-in of the scale swizzle)
+# (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
+# block scales against vLLM's, with the CPU stand-in of the scale swizzle)
 PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] not in ("nvfp4", "mxfp4")]
 # (b) against fi-convert's output: every case on TRT-LLM; BF16 on FlashInfer CUTLASS too
 # (SGLang's FP8 block falls back to Triton there: test_fp8_block_cutlass_falls_back_to_triton)
@@ -391,6 +392,16 @@ def test_mixtral_tp4_high_ranks_hold_only_zeros(sglang_layers):
     for rank, zero in ((0, False), (1, False), (2, True), (3, True)):
         p = sm.params(sglang_layers("mixtral-bf16-7", 4, rank))
         assert all(bool((t == 0).all()) == zero for t in p.values()), rank
+
+
+def test_nvfp4_tp4_last_rank_holds_zero_weights(sglang_layers):
+    """NVFP4 I=384 at TP 4: I/TP 96 is padded to 128 and SGLang shards by it, so rank 3's
+    weights and block scales are all zeros (vLLM: 96 rows each, padded)."""
+    names = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
+    for rank in range(4):
+        p = sm.params(sglang_layers("deepseek-nvfp4", 4, rank))
+        zero = [bool((p[n].view(torch.uint8) == 0).all()) for n in names]
+        assert zero == [rank == 3] * 4, (rank, zero)
 
 
 def test_sglang_layer_state(sglang_layers):
