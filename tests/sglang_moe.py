@@ -1,0 +1,370 @@
+"""SGLang 0.5.23's own fused-MoE layers, built and processed on this CPU machine (test support).
+
+As SGLang's own layer tests set up (`sglang/test/layer_ut_utils.init_single_process_dist`,
+`test_utils.publish_build_topology`): a one-process gloo group, `ServerArgs` published with the
+`--moe-runner-backend` of the case, model parallel and the MoE config initialized. Then SGLang's
+`FusedMoE` with the checkpoint's quantization config as SGLang reads it, the raw checkpoint
+tensors through the layer's own `weight_loader` (named as SGLang's model classes name them), and
+the quant method's own `process_weights_after_loading`.
+
+What is not SGLang's own: the stand-ins for triton, IPython and torchvision
+(tests/sglang_stubs.py, live only while SGLang runs), and one process playing TP rank r of N:
+SGLang's parallel context is overridden with that rank and size (its own scoped `override`),
+with the check that the built groups have that size switched off (the one group here has one
+process). On this machine SGLang's `is_cuda()` and `is_cpu()` are both False, so it takes its
+generic (GPU) code paths. For NVFP4 and gpt-oss MXFP4 (`blackwell()`): SGLang's own
+`override_platform` hook says SM100, FlashInfer's CUDA-only scale swizzle is a CPU version,
+and for gpt-oss `Tensor.cuda` stays on CPU and two FlashInfer names SGLang binds only when
+FlashInfer finds CUDA are bound. gpt-oss experts load through SGLang's own
+`GptOssForCausalLM._load_mxfp4_experts_weights` (it splits the fused experts by TP rank).
+(shared/reference/sglang-0.5.23-in-tests.md has the facts.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import torch
+from safetensors import safe_open
+
+from tests import sglang_stubs
+
+BACKEND = {
+    "trtllm": "flashinfer_trtllm",
+    "cutlass": "flashinfer_cutlass",
+    # gpt-oss MXFP4 on FlashInfer's TRT-LLM kernels is SGLang's own backend name
+    "mxfp4-trtllm": "flashinfer_mxfp4",
+}
+MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+SHARD_IDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+_STATE: dict = {}
+
+
+def _init(backend: str) -> None:
+    """The one-process gloo world and model-parallel groups (once), and ServerArgs published
+    with `--moe-runner-backend` (again whenever the backend changes)."""
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.layers.moe.utils import initialize_moe_config
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    if _STATE.get("backend") == backend:
+        return
+    if not torch.distributed.is_initialized():
+        # a free port of this machine's loopback (a fixed one collides with another test run)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        )
+        parallel_state.init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo"
+        )
+    stamp = dict(get_parallel()._stamp)  # the groups built so far
+    reset_context()
+    args = ServerArgs(
+        model_path="dummy", tp_size=1, ep_size=1, pp_size=1, moe_runner_backend=BACKEND[backend]
+    )
+    publish(args, role="test", ranks=SpawnRanks(world_rank=0))
+    if stamp:
+        get_parallel().override_permanently(**stamp)
+    elif parallel_state._WORLD is not None:
+        get_parallel().override_permanently(world_group=parallel_state._WORLD)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(backend="gloo")
+    initialize_moe_config()
+    _STATE["backend"] = backend
+
+
+@contextlib.contextmanager
+def sglang_context(backend: str, tp_size: int, tp_rank: int) -> Iterator[None]:
+    """SGLang runs with --moe-runner-backend for fi-convert's `backend`, as rank `tp_rank` of
+    `tp_size` (MoE TP; no EP, no DP attention)."""
+    environ = dict(os.environ)  # SGLang's import sets cache-folder defaults; _init, gloo's
+    with sglang_stubs.installed(), contextlib.ExitStack() as stack:
+        stack.callback(_restore_environ, environ)
+        from sglang.srt import runtime_context
+
+        _init(backend)
+        stack.enter_context(mock.patch.object(runtime_context, "_validate_parallel", _no_check))
+        stack.enter_context(
+            runtime_context.get_parallel().override(
+                tp_size=tp_size, tp_rank=tp_rank, moe_tp_size=tp_size, moe_tp_rank=tp_rank
+            )
+        )
+        stack.enter_context(torch.device("cpu"))
+        yield
+
+
+def _block_scale_interleave(sf: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """FlashInfer's `block_scale_interleave` (CUDA only) on CPU: the 128x4 swizzle of a
+    [M, K/16] (or [E, M, K/16]) scale tensor, M padded to 128 and K/16 to 4 with zeros, flat.
+    Built from fi_convert.layout's index, so SGLang's NVFP4 scale bytes here are checked up to
+    this swizzle; the swizzle itself is checked against FlashInfer's on the GPU machine."""
+    from fi_convert.layout import swizzle_128x4_index
+
+    e = sf.shape[0] if sf.ndim == 3 else 1
+    x = sf.reshape(e, sf.shape[-2], sf.shape[-1])
+    idx = swizzle_128x4_index(x.shape[1], x.shape[2])
+    flat = torch.cat([x.reshape(e, -1), torch.zeros(e, 1, dtype=x.dtype)], dim=1)
+    res = flat[:, idx].reshape(-1)
+    if out is not None:
+        return out.copy_(res)
+    return res
+
+
+@contextlib.contextmanager
+def blackwell(cuda_noop: bool = False) -> Iterator[None]:
+    """What SGLang's NVFP4 TRT-LLM path needs on CPU (call inside sglang_context): SGLang's own
+    test hook `override_platform` says SM100 (Blackwell), and FlashInfer's CUDA-only
+    `block_scale_interleave` is the CPU version above wherever SGLang or FlashInfer bound it."""
+    import sys
+
+    from sglang.srt.runtime_context import override_platform
+
+    with contextlib.ExitStack() as stack:
+        for name, module in list(sys.modules.items()):
+            if module is None or not name.startswith(("sglang", "flashinfer")):
+                continue
+            for attr in ("block_scale_interleave", "nvfp4_block_scale_interleave"):
+                if attr in vars(module) and callable(vars(module)[attr]):
+                    stack.enter_context(mock.patch.object(module, attr, _block_scale_interleave))
+        stack.enter_context(override_platform(is_blackwell=True, is_sm100=True))
+        if cuda_noop:
+            # gpt-oss MXFP4 moves its alphas and limits to the GPU with .cuda(), and binds two
+            # FlashInfer names into its module only where FlashInfer finds CUDA: the real
+            # (pure-Python) permute-index helper, and the CPU scale swizzle above
+            from flashinfer.fused_moe.core import get_w2_permute_indices_with_cache
+            from sglang.srt.layers.quantization import mxfp4
+
+            stack.enter_context(mock.patch.object(torch.Tensor, "cuda", _stay))
+            for attr, value in (
+                ("get_w2_permute_indices_with_cache", get_w2_permute_indices_with_cache),
+                ("nvfp4_block_scale_interleave", _block_scale_interleave),
+            ):
+                stack.enter_context(mock.patch.object(mxfp4, attr, value, create=True))
+        yield
+
+
+def _stay(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    return self
+
+
+def _restore_environ(environ: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
+
+
+def _no_check(parallel, source: str) -> None:
+    """The built groups hold one process; the rank played is another (see the module doc)."""
+
+
+def quant_config(ckpt: Path):
+    """SGLang's quantization config of the checkpoint, from its own files as SGLang reads them."""
+    cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config")
+    if cfg is None:
+        return None
+    if cfg["quant_method"] == "fp8":
+        from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+        return Fp8Config.from_config(cfg)
+    if cfg["quant_method"] == "modelopt" and cfg.get("quant_algo") == "NVFP4":
+        from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
+
+        return ModelOptFp4Config.from_config(cfg)
+    if cfg["quant_method"] == "mxfp4":
+        from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+
+        return Mxfp4Config.from_config(cfg)
+    raise ValueError(f"{ckpt}: no SGLang config in these tests for {cfg['quant_method']}")
+
+
+def make_layer(prefix: str, ckpt: Path):
+    """SGLang's FusedMoE for `prefix` of the checkpoint (call inside sglang_context)."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
+    inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    # gpt-oss builds its experts so (models/gpt_oss.py GptOssSparseMoeBlock; transformers'
+    # GptOssConfig: hidden_act "silu", SGLang's default alpha 1.702)
+    oss = dict(
+        activation=cfg.get("hidden_act", "silu"),
+        gemm1_alpha=cfg.get("hidden_act_alpha", 1.702),
+        gemm1_clamp_limit=cfg.get("swiglu_limit"),
+        with_bias=True,
+    )
+    return FusedMoE(
+        **(oss if cfg.get("model_type") == "gpt_oss" else {}),
+        num_experts=experts,
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=inter,
+        layer_id=int(prefix.split(".")[2]),
+        top_k=2,
+        params_dtype=torch.bfloat16,
+        quant_config=quant_config(ckpt),
+        prefix=prefix,
+    )
+
+
+def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The layer's raw checkpoint tensors, named `e.{gate,up,down}_proj.param` (Mixtral's
+    w1/w3/w2 renamed, as SGLang's Mixtral maps them)."""
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    for name, shard in sorted(index.items()):
+        if not name.startswith(prefix + "."):
+            continue
+        e, proj, param = name[len(prefix) + 1 :].split(".", 2)
+        with safe_open(ckpt / shard, framework="pt") as f:
+            yield f"{e}.{MIXTRAL_NAMES.get(proj, proj)}.{param}", f.get_tensor(name)
+
+
+def load_gpt_oss(layer, ckpt: Path, prefix: str) -> None:
+    """SGLang's gpt-oss MXFP4 expert loader, `GptOssForCausalLM._load_mxfp4_experts_weights`
+    (it does the TP split of the fused experts), run on a stand-in model that holds only this
+    layer at its prefix and the config fields it reads."""
+    import types
+
+    from sglang.srt.models.gpt_oss import GptOssForCausalLM
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    model = torch.nn.Module()
+    parent = model
+    *path, last = prefix.split(".")
+    for part in path:
+        child = torch.nn.Module()
+        parent.add_module(part, child)
+        parent = child
+    parent.add_module(last, layer)
+    model.config = types.SimpleNamespace(
+        intermediate_size=cfg["intermediate_size"], num_local_experts=cfg["num_local_experts"]
+    )
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, shard in sorted(index.items()):
+            if name.startswith(prefix + "."):
+                with safe_open(ckpt / shard, framework="pt") as f:
+                    yield name, f.get_tensor(name)
+
+    loaded = GptOssForCausalLM._load_mxfp4_experts_weights(model, weights())
+    assert len(loaded) == 6, loaded
+
+
+def load(layer, ckpt: Path, prefix: str) -> None:
+    """The layer's own weight loader, called as SGLang's model classes call it: the checkpoint
+    name mapped through `FusedMoE.make_expert_params_mapping` to the parameter, with the
+    expert id and shard id it gives."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
+    mapping = FusedMoE.make_expert_params_mapping(
+        ckpt_gate_proj_name="gate_proj",
+        ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj",
+        num_experts=experts,
+    )
+    params = dict(layer.named_parameters())
+    for name, tensor in source_tensors(ckpt, prefix):
+        full = "experts." + name
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            if weight_name not in full:
+                continue
+            mapped = full.replace(weight_name, param_name)
+            param = params[mapped[len("experts.") :]]
+            param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
+            break
+        else:
+            raise AssertionError(f"{name}: no SGLang parameter takes it")
+
+
+def _model_type(ckpt: Path) -> str | None:
+    return json.loads((ckpt / "config.json").read_text()).get("model_type")
+
+
+def _algo(ckpt: Path) -> str | None:
+    cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config") or {}
+    return cfg.get("quant_algo")
+
+
+def process(layer) -> None:
+    layer.quant_method.process_weights_after_loading(layer)
+
+
+def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str):
+    """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code."""
+    oss = _model_type(ckpt) == "gpt_oss"
+    fp4 = _algo(ckpt) == "NVFP4" or oss
+    with sglang_context(backend, tp, rank), blackwell(oss) if fp4 else contextlib.nullcontext():
+        layer = make_layer(prefix, ckpt)
+        assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)
+        if _model_type(ckpt) == "gpt_oss":
+            load_gpt_oss(layer, ckpt, prefix)
+        else:
+            load(layer, ckpt, prefix)
+        process(layer)
+    return layer
+
+
+def params(layer) -> dict[str, torch.Tensor]:
+    return {n: p.data for n, p in layer.named_parameters(recurse=False)}
+
+
+def layer_state(layer) -> dict[str, object]:
+    """What SGLang's processing leaves on the layer and its runner, besides the parameters:
+    plain values as repr (enums, classes by name) and tensors as (dtype, shape, bytes), keyed
+    `layer.<attr>`, `layer.moe_runner_config.<field>`, `layer.runner.<attr>` ..."""
+    import enum
+
+    state: dict[str, object] = {}
+    skip = {"quant_config", "dispatcher", "layer"}
+
+    def collect(v: object, path: str, depth: int) -> None:
+        if isinstance(v, torch.nn.Parameter):
+            return  # params() has them
+        if isinstance(v, torch.Tensor):
+            state[path] = (str(v.dtype), tuple(v.shape), _bytes(v))
+        elif isinstance(v, enum.Enum):
+            state[path] = str(v)
+        elif isinstance(v, (int, float, str, bool, torch.dtype, type(None))):
+            state[path] = v
+        elif isinstance(v, (tuple, list)):
+            for i, x in enumerate(v):
+                collect(x, f"{path}[{i}]", depth)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                collect(x, f"{path}[{k!r}]", depth)
+        elif depth > 0 and hasattr(v, "__dict__") and not isinstance(v, torch.nn.Module):
+            state[path] = type(v).__name__
+            for k, x in sorted(vars(v).items()):
+                if k not in skip:
+                    collect(x, f"{path}.{k}", depth - 1)
+        else:
+            state[path] = type(v).__name__
+
+    attrs = {**vars(layer), **layer._modules, **layer._buffers}
+    internals = set(vars(torch.nn.Module()))  # nn.Module's own bookkeeping
+    for k, v in sorted(attrs.items()):
+        if k in internals or k.startswith("__"):
+            continue  # (single-underscore ones stay: processing leaves some, e.g. NVFP4's)
+        if k in ("quant_method", "quant_config", "dispatcher"):
+            state[f"layer.{k}"] = type(v).__name__
+            continue
+        collect(v, f"layer.{k}", 2)
+    for k, v in sorted(vars(layer.quant_method).items()):
+        if k not in skip and k != "runner":
+            collect(v, f"layer.quant_method.{k}", 2)
+    return state
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy())

@@ -1,0 +1,448 @@
+"""SGLang 0.5.23's own MoE code as a test authority (issue 26, step 1): real FusedMoE layers
+built by SGLang on CPU with `--moe-runner-backend flashinfer_trtllm` (gpt-oss MXFP4:
+`flashinfer_mxfp4`; BF16 also `flashinfer_cutlass`), the raw checkpoint
+through SGLang's own weight loader and its `process_weights_after_loading`, one process playing
+TP rank r of N (tests/sglang_moe.py says what is not SGLang's own).
+
+(a) SGLang's processed bytes equal an expectation built here from the raw checkpoint tensors
+    with fi_convert.layout's functions and SGLang's rules (sharding by the padded size, w13
+    as [up; gate], which transforms), for every TP rank; where SGLang's layout is vLLM's (BF16
+    TRT-LLM at I/TP a multiple of 128), they also equal fi-convert's current output.
+(b) Where SGLang's bytes are not vLLM 0.33's, the tensors that differ from fi-convert's current
+    (vLLM-target) output, first one first: the SGLang target's expected layouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
+from fi_convert import layout as L
+from fi_convert.synthetic import Spec, write_checkpoint
+from tests import hf_checkpoints
+from tests import sglang_moe as sm
+
+E4M3 = torch.float8_e4m3fn
+TILE = 128  # FlashInfer TRT-LLM's epilogue tile M for BF16 (SGLang and vLLM alike)
+BF16_BLOCK = 64  # BlockMajorK: 128 bytes of BF16
+FP8_BLOCK = 128  # DeepSeek's 128x128 weight blocks
+
+# (scheme, spec, layer prefix)
+CASES = {
+    # I per rank 512, 256, 128: a multiple of 128 at every TP size
+    "qwen3-bf16": (
+        "bf16",
+        Spec("qwen3-moe", layers=1, experts=6, hidden=128, intermediate=512, shards=1),
+        "model.layers.0.mlp.experts",
+    ),
+    # I per rank 192, 96, 48: padded to 256, 128, 128; an odd expert count
+    "mixtral-bf16-7": (
+        "bf16",
+        Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192, shards=1),
+        "model.layers.0.block_sparse_moe.experts",
+    ),
+    "deepseek-fp8-block": (
+        "fp8-block",
+        Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512, shards=2),
+        "model.layers.1.mlp.experts",
+    ),
+    # ModelOpt NVFP4; I per rank 384, 192, 96 (96: padded to 128 by both servers); H a multiple
+    # of 128 (SGLang's w2 scale shuffle asserts it: H=320 fails in FlashInfer's index helper)
+    "deepseek-nvfp4": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=5, hidden=256, intermediate=384, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # transformers-written (tests/hf_checkpoints.py): H 64, I 128 (I per rank 128, 64, 32)
+    "hf-qwen3-moe": ("bf16", "qwen3_moe", "model.layers.0.mlp.experts"),
+    "hf-mixtral": ("bf16", "mixtral", "model.layers.0.block_sparse_moe.experts"),
+    # gpt-oss MXFP4 (SGLang's --moe-runner-backend flashinfer_mxfp4); H 320 and I 192 padded
+    "gpt-oss-mxfp4": (
+        "mxfp4",
+        Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
+        "model.layers.1.mlp.experts",
+    ),
+}
+# SGLang's names for the parameters vLLM (and fi-convert) name otherwise
+SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
+PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
+# (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
+# block scales against vLLM's, with the CPU stand-in of the scale swizzle)
+PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] not in ("nvfp4", "mxfp4")]
+# (b) against fi-convert's output: every case on TRT-LLM; BF16 on FlashInfer CUTLASS too
+# (SGLang's FP8 block falls back to Triton there: test_fp8_block_cutlass_falls_back_to_triton)
+PARAMS_B = [(*p, "trtllm") for p in PARAMS]
+PARAMS_B += [(*p, "cutlass") for p in PARAMS if p[0] in ("qwen3-bf16", "mixtral-bf16-7")]
+
+FP8_ALL = ["w13_weight", "w13_weight_scale_inv", "w2_weight", "w2_weight_scale_inv"]
+# (b): the tensors of SGLang 0.5.23 that differ from vLLM 0.33's (fi-convert's output), in
+# the output's order, as measured with SGLang's own code; (case, tp) -> names
+DIFFERS_FROM_VLLM = {
+    ("qwen3-bf16", 1): [],
+    ("qwen3-bf16", 2): [],
+    ("qwen3-bf16", 4): [],
+    # TP 1: both pad each half 192 -> 256 (SGLang's one shard is the whole padded size)
+    ("mixtral-bf16-7", 1): [],
+    # SGLang shards by the padded size: rank r holds rows [r*128, (r+1)*128) of I=192
+    ("mixtral-bf16-7", 2): ["w13_weight", "w2_weight"],
+    ("mixtral-bf16-7", 4): ["w13_weight", "w2_weight"],
+    # transformers-written, I 128: equal at TP 1; at TP 2 and 4 SGLang shards by 128, so rank
+    # 0 holds all of I and the other ranks only zeros
+    **{(c, 1): [] for c in ("hf-qwen3-moe", "hf-mixtral")},
+    **{
+        (c, tp): ["w13_weight", "w2_weight"]
+        for c in ("hf-qwen3-moe", "hf-mixtral")
+        for tp in (2, 4)
+    },
+    # SGLang keeps MajorK [up; gate] unshuffled, vLLM shuffles into BlockMajorK; SGLang keeps
+    # the scales as loaded, vLLM clamps them to >= 1e-10: the synthetic checkpoint's 1e-23 lies
+    # in expert 0's first blocks of up and down, which rank 0 holds at every TP size
+    ("deepseek-fp8-block", 1): FP8_ALL,
+    ("deepseek-fp8-block", 2): FP8_ALL,
+    ("deepseek-fp8-block", 4): FP8_ALL,
+}
+FP8_OTHER_RANKS = ["w13_weight", "w2_weight"]  # no scale below 1e-10 there
+# NVFP4: every scalar differs (SGLang keeps [E, 2] gate/up weight and input scales, the
+# per-expert w2 input scale, its own g1_scale_c, and holds five more: the alphas and the
+# inverse input scales); the weights and block scales agree at TP 1 and 2, not at TP 4
+NV_SCALARS = ["g1_scale_c", "w13_input_scale", "w13_weight_scale_2", "w2_input_scale"]
+NV_SCALARS += ["w2_weight_scale_2"]
+NV_SGLANG_ONLY = ["g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant"]
+NV_SGLANG_ONLY += ["w2_input_scale_quant"]
+NV_ALL = ["g1_scale_c", "w13_input_scale", "w13_weight", "w13_weight_scale"]
+NV_ALL += ["w13_weight_scale_2", "w2_input_scale", "w2_weight", "w2_weight_scale"]
+NV_ALL += ["w2_weight_scale_2"]
+MX_DIFFERS = ["w13_weight_scale", "w2_weight_scale", "gemm1_alpha", "gemm1_beta"]
+MX_DIFFERS += ["gemm1_clamp_limit"]
+DIFFERS_FROM_VLLM.update(
+    {
+        ("deepseek-nvfp4", 1): NV_SCALARS + NV_SGLANG_ONLY,
+        ("deepseek-nvfp4", 2): NV_SCALARS + NV_SGLANG_ONLY,
+        # I/TP = 96 padded to 128: SGLang shards by 128 (rank 3 holds zeros), vLLM by 96
+        ("deepseek-nvfp4", 4): NV_ALL + NV_SGLANG_ONLY,
+        # weights and biases are vLLM's byte for byte; the scales (UE8M0, viewed as
+        # float8_e4m3fn by both) only in their padding: SGLang fills it with 127 (2^0), vLLM
+        # with 0 (test_mxfp4_scales_differ_only_in_padding); SGLang holds its SwiGLU constants
+        # as parameters besides
+        **{("gpt-oss-mxfp4", tp): MX_DIFFERS for tp in (1, 2, 4)},
+    }
+)
+
+
+def differs_from_vllm(case: str, tp: int, rank: int) -> list[str]:
+    if case == "deepseek-fp8-block" and rank > 0:
+        return FP8_OTHER_RANKS
+    return DIFFERS_FROM_VLLM[case, tp]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sglang-src")
+    return {
+        name: (
+            write_checkpoint(root / name, spec)
+            if isinstance(spec, Spec)
+            else hf_checkpoints.save(spec, root / name)
+        )
+        for name, (_, spec, _) in CASES.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def sglang_layers(checkpoints):
+    """SGLang's processed layer for (case, tp, rank), each built once."""
+    done: dict = {}
+
+    def get(case: str, tp: int, rank: int, backend: str = "trtllm"):
+        key = (case, tp, rank, backend)
+        if key not in done:
+            scheme, _, prefix = CASES[case]
+            ours = "mxfp4-trtllm" if scheme == "mxfp4" else backend
+            done[key] = sm.build(ours, tp, rank, checkpoints[case], prefix)
+        return done[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory, checkpoints):
+    """fi-convert's current (vLLM 0.33-target) output for (case, tp, backend)."""
+    root = tmp_path_factory.mktemp("sglang-out")
+    done: dict = {}
+
+    def get(case: str, tp: int, backend: str = "trtllm"):
+        if (case, tp, backend) not in done:
+            out = root / f"{case}-{tp}-{backend}"
+            scheme = SchemeName(CASES[case][0])
+            opts = Options(scheme=scheme, backend=Backend(backend), tp_size=tp)
+            convert(checkpoints[case], out, opts, device="cpu")
+            done[case, tp, backend] = out
+        return done[case, tp, backend]
+
+    return get
+
+
+# ---- the expectation: SGLang's rules, fi_convert.layout's transforms, the raw tensors ----
+
+
+def raw(ckpt, prefix: str) -> dict[str, torch.Tensor]:
+    """The layer's checkpoint tensors stacked over experts: {"gate_proj.weight": [E, ...], ...}."""
+    per: dict[str, dict[int, torch.Tensor]] = {}
+    for name, t in sm.source_tensors(ckpt, prefix):
+        e, rest = name.split(".", 1)
+        per.setdefault(rest, {})[int(e)] = t
+    return {k: torch.stack([v[e] for e in sorted(v)]) for k, v in per.items()}
+
+
+def shard(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    """SGLang's TP slice (`narrow_padded_param_and_loaded_weight`): `size` entries from
+    rank * size along `dim`, as many as the tensor holds, then zeros up to `size`."""
+    start = min(rank * size, t.shape[dim])
+    part = t.narrow(dim, start, min(size, t.shape[dim] - start))
+    pad = list(t.shape)
+    pad[dim] = size - part.shape[dim]
+    return torch.cat([part, torch.zeros(pad, dtype=t.dtype)], dim=dim)
+
+
+def expected(case: str, ckpt, tp: int, rank: int) -> dict[str, torch.Tensor]:
+    scheme, _, prefix = CASES[case]
+    src = raw(ckpt, prefix)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    i_p = L.round_up(inter // tp, 128)  # FusedMoE pads I per rank on TRT-LLM
+    gate, up, down = (src[f"{p}.weight"] for p in ("gate_proj", "up_proj", "down_proj"))
+    e, h = gate.shape[0], gate.shape[2]
+    if scheme == "bf16":
+        # [up; gate] (swapped at load), the gated interleave and the row shuffle of FlashInfer's
+        # w3/w1 permute indices, BlockMajorK of 128 bytes; w2 row shuffle and BlockMajorK
+        w13 = torch.cat([shard(up, 1, rank, i_p), shard(gate, 1, rank, i_p)], dim=1)
+        idx = L.compose(L.gated_interleave_index(2 * i_p), L.shuffle_row_index(2 * i_p, TILE))
+        out13 = torch.empty((e, h // BF16_BLOCK, 2 * i_p, BF16_BLOCK), dtype=torch.bfloat16)
+        w2 = shard(down, 2, rank, i_p).contiguous()
+        out2 = torch.empty((e, i_p // BF16_BLOCK, h, BF16_BLOCK), dtype=torch.bfloat16)
+        return {
+            "w13_weight": L.gather_rows_block_major(w13, idx, BF16_BLOCK, out13),
+            "w2_weight": L.gather_rows_block_major(
+                w2, L.shuffle_row_index(h, TILE), BF16_BLOCK, out2
+            ),
+        }
+    # fp8-block: [up; gate] weights and block scales as loaded, MajorK, nothing shuffled
+    sk = "weight_scale_inv"
+    gs, us, ds = (src[f"{p}.{sk}"] for p in ("gate_proj", "up_proj", "down_proj"))
+    b = i_p // FP8_BLOCK
+    return {
+        "w13_weight": torch.cat([shard(up, 1, rank, i_p), shard(gate, 1, rank, i_p)], dim=1),
+        "w2_weight": shard(down, 2, rank, i_p),
+        "w13_weight_scale_inv": torch.cat([shard(us, 1, rank, b), shard(gs, 1, rank, b)], dim=1),
+        "w2_weight_scale_inv": shard(ds, 2, rank, b),
+    }
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.detach().contiguous().view(-1).view(torch.uint8).numpy())
+
+
+def differing(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]) -> list[str]:
+    """Names (in `ours`' order) whose dtype, element count or bytes differ; a name missing on
+    either side differs."""
+    names = list(ours) + [n for n in theirs if n not in ours]
+    out = []
+    for n in names:
+        a, b = theirs.get(n), ours.get(n)
+        # both servers view MXFP4's UE8M0 scale bytes as float8_e4m3fn for the kernel
+        viewed = a is not None and b is not None and (b.dtype, a.dtype) == (torch.uint8, E4M3)
+        same = (
+            a is not None
+            and b is not None
+            and (a.dtype == b.dtype or viewed)
+            and a.numel() == b.numel()
+            and _bytes(a) == _bytes(b)
+        )
+        if not same:
+            out.append(n)
+    return out
+
+
+def assert_same(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], what: str) -> None:
+    diff = differing(theirs, ours)
+    assert not diff, f"{diff[0]} differs from {what} (all differing: {diff})"
+
+
+# ---- (a) ----
+
+
+@pytest.mark.parametrize(("case", "tp", "rank"), PARAMS_A)
+def test_sglang_bytes_equal_the_expected_layout(case, tp, rank, checkpoints, sglang_layers):
+    layer = sglang_layers(case, tp, rank)
+    assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)  # SGLang played this rank
+    assert_same(sm.params(layer), expected(case, checkpoints[case], tp, rank), "the expectation")
+
+
+# ---- (b), and (a) where the layouts coincide ----
+
+
+@pytest.mark.parametrize(("case", "tp", "rank", "backend"), PARAMS_B)
+def test_sglang_against_vllm_target_output(case, tp, rank, backend, sglang_layers, outputs):
+    prefix = CASES[case][2]
+    ours = load_moe_layer(outputs(case, tp, backend), prefix, tp_rank=rank)
+    layer = sglang_layers(case, tp, rank, backend)
+    mx = CASES[case][0] == "mxfp4"
+    assert layer.runner_backend.value == sm.BACKEND["mxfp4-trtllm" if mx else backend]
+    theirs = sm.params(layer)
+    diff = differing({SGLANG_NAMES.get(n, n): t for n, t in theirs.items()}, ours)
+    # BF16 on FlashInfer CUTLASS: [up; gate] MajorK, I/TP unpadded, as vLLM
+    want = [] if backend == "cutlass" else differs_from_vllm(case, tp, rank)
+    assert diff == want, (
+        f"SGLang vs fi-convert's vLLM-target output: differing {diff}, first "
+        f"{diff[0] if diff else None}; expected {want}"
+    )
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_fp8_block_vllm_is_sglang_shuffled_and_clamped(tp, sglang_layers, outputs):
+    """(b), how they differ: vLLM's FP8 block bytes are SGLang's with FlashInfer's row shuffle
+    (epilogue tile 64) and BlockMajorK (128 bytes) applied to the same [up; gate] weights, and
+    the same scales clamped to >= 1e-10: the rows, their order and the scale layout agree."""
+    prefix = CASES["deepseek-fp8-block"][2]
+    for rank in range(tp):
+        theirs = sm.params(sglang_layers("deepseek-fp8-block", tp, rank))
+        derived = {}
+        for name in ("w13_weight", "w2_weight"):
+            w = theirs[name].view(torch.uint8)
+            e, m, k = w.shape
+            out = torch.empty((e, k // FP8_BLOCK, m, FP8_BLOCK), dtype=torch.uint8)
+            idx = L.shuffle_row_index(m, 64)
+            derived[name] = L.gather_rows_block_major(w, idx, FP8_BLOCK, out).view(w.dtype)
+            derived[name] = derived[name].view(torch.float8_e4m3fn)
+        for name in ("w13_weight_scale_inv", "w2_weight_scale_inv"):
+            # the clamp matters on rank 0 (see DIFFERS_FROM_VLLM)
+            assert bool((theirs[name] < 1e-10).any()) == (rank == 0)
+            derived[name] = theirs[name].clamp(min=1e-10)
+        ours = load_moe_layer(outputs("deepseek-fp8-block", tp), prefix, tp_rank=rank)
+        assert_same(derived, ours, "vLLM's")
+
+
+def test_nvfp4_scalars(checkpoints, sglang_layers, outputs):
+    """(b), how the NVFP4 scalars differ: SGLang's w2 alpha is vLLM's (g2_alphas is the bytes
+    of vLLM's w2_weight_scale_2); its w13 input scale holds, for each expert, the input scale
+    loaded last (up_proj, after gate_proj) in both columns, where vLLM takes the max over all
+    experts' gate and up input scales, so the two alphas differ when a checkpoint's gate and
+    up input scales differ (this synthetic one's do)."""
+    prefix = CASES["deepseek-nvfp4"][2]
+    src = raw(checkpoints["deepseek-nvfp4"], prefix)
+    for tp in (1, 2):
+        for rank in range(tp):
+            theirs = sm.params(sglang_layers("deepseek-nvfp4", tp, rank))
+            ours = load_moe_layer(outputs("deepseek-nvfp4", tp), prefix, tp_rank=rank)
+            name = "w2_weight_scale_2"
+            assert_same({name: theirs["g2_alphas"]}, {name: ours[name]}, "vLLM's w2 alpha")
+            a13 = theirs["w13_input_scale"]
+            up = src["up_proj.input_scale"].float().reshape(-1)
+            assert torch.equal(a13[:, 0], up) and torch.equal(a13[:, 1], up)
+            gate = src["gate_proj.input_scale"].float().reshape(-1)
+            assert not torch.equal(gate, up)  # the case where the two servers' alphas differ
+            vllm_a1 = torch.maximum(gate, up).max()
+            assert torch.equal(ours["w13_input_scale"], vllm_a1.expand(len(up)))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_mxfp4_scales_differ_only_in_padding(tp, sglang_layers, outputs):
+    """(b), how gpt-oss MXFP4 scales differ (H 320 padded to 512 by both servers, so scale
+    columns 10 -> 16): every differing byte is 127 (UE8M0 1.0) in SGLang's and 0 in vLLM's,
+    and there are such bytes on every rank."""
+    prefix = CASES["gpt-oss-mxfp4"][2]
+    for rank in range(tp):
+        theirs = sm.params(sglang_layers("gpt-oss-mxfp4", tp, rank))
+        ours = load_moe_layer(outputs("gpt-oss-mxfp4", tp), prefix, tp_rank=rank)
+        for name in ("w13_weight_scale", "w2_weight_scale"):
+            a, b = theirs[name].view(torch.uint8), ours[name]
+            assert a.shape == b.shape, name
+            d = a != b
+            assert bool(d.any()), name
+            assert bool((a[d] == 127).all()) and bool((b[d] == 0).all()), name
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fp8_block_cutlass_falls_back_to_triton(tp, checkpoints, sglang_layers):
+    """SGLang 0.5.23 has no FlashInfer CUTLASS path for DeepSeek FP8 block: asked for
+    flashinfer_cutlass, it runs Triton, holding [gate; up] as loaded (an SGLang output must
+    refuse this case at plan time)."""
+    prefix = CASES["deepseek-fp8-block"][2]
+    src = raw(checkpoints["deepseek-fp8-block"], prefix)
+    for rank in range(tp):
+        layer = sglang_layers("deepseek-fp8-block", tp, rank, "cutlass")
+        assert layer.runner_backend.value == "triton"
+        i_r = src["gate_proj.weight"].shape[1] // tp
+        w13 = torch.cat(
+            [shard(src[f"{p}.weight"], 1, rank, i_r) for p in ("gate_proj", "up_proj")], 1
+        )
+        assert_same(
+            {"w13_weight": sm.params(layer)["w13_weight"]}, {"w13_weight": w13}, "[gate; up]"
+        )
+
+
+def test_mixtral_tp4_high_ranks_hold_only_zeros(sglang_layers):
+    """I=192 at TP 4: SGLang shards by the padded 128, so ranks 0 and 1 hold all of I and
+    ranks 2 and 3 only zeros (vLLM: 48 rows each, padded)."""
+    for rank, zero in ((0, False), (1, False), (2, True), (3, True)):
+        p = sm.params(sglang_layers("mixtral-bf16-7", 4, rank))
+        assert all(bool((t == 0).all()) == zero for t in p.values()), rank
+
+
+def test_nvfp4_tp4_last_rank_holds_zero_weights(sglang_layers):
+    """NVFP4 I=384 at TP 4: I/TP 96 is padded to 128 and SGLang shards by it, so rank 3's
+    weights and block scales are all zeros (vLLM: 96 rows each, padded)."""
+    names = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
+    for rank in range(4):
+        p = sm.params(sglang_layers("deepseek-nvfp4", 4, rank))
+        zero = [bool((p[n].view(torch.uint8) == 0).all()) for n in names]
+        assert zero == [rank == 3] * 4, (rank, zero)
+
+
+def test_sglang_layer_state(sglang_layers):
+    """What SGLang's processing leaves on the layer (the plugin must leave the same)."""
+    state = sm.layer_state(sglang_layers("mixtral-bf16-7", 2, 1))
+    assert state["layer.intermediate_size_per_partition"] == 128  # 96 padded
+    assert state["layer.moe_runner_config.intermediate_size_per_partition"] == 128
+    assert state["layer.hidden_size"] == 128
+    assert state["layer.runner_backend"] == "MoeRunnerBackend.FLASHINFER_TRTLLM"
+    assert state["layer.quant_method"] == "UnquantizedFusedMoEMethod"
+    fp8 = sm.layer_state(sglang_layers("deepseek-fp8-block", 2, 0))
+    assert fp8["layer.quant_method"] == "Fp8MoEMethod"
+    assert fp8["layer.intermediate_size_per_partition"] == 256
+
+
+# ---- negative controls: the comparisons can fail ----
+
+
+def test_control_another_rank_is_caught(checkpoints, sglang_layers):
+    theirs = sm.params(sglang_layers("qwen3-bf16", 2, 1))
+    with pytest.raises(AssertionError, match="w13_weight differs"):
+        assert_same(theirs, expected("qwen3-bf16", checkpoints["qwen3-bf16"], 2, 0), "rank 0")
+
+
+def test_control_one_byte_is_caught(checkpoints, sglang_layers):
+    theirs = {k: v.clone() for k, v in sm.params(sglang_layers("deepseek-fp8-block", 1, 0)).items()}
+    theirs["w2_weight"].view(torch.uint8).view(-1)[12345] ^= 1
+    want = expected("deepseek-fp8-block", checkpoints["deepseek-fp8-block"], 1, 0)
+    with pytest.raises(AssertionError, match=r"w2_weight differs .*\['w2_weight'\]"):
+        assert_same(theirs, want, "the expectation")
+
+
+def test_stand_ins_leave_no_trace(sglang_layers):
+    """After SGLang ran, this process has no triton, IPython or torchvision stand-in (vLLM's
+    tests in the same pytest process probe for Triton)."""
+    sglang_layers("qwen3-bf16", 1, 0)
+    assert not [n for n in sys.modules if n.split(".")[0] in ("triton", "IPython", "torchvision")]
+    import importlib.util
+
+    assert importlib.util.find_spec("triton") is None
+    assert torch.get_default_dtype() == torch.float32
+    # SGLang's import points these caches at its own folder (setdefault): undone after
+    caches = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
+    assert "sglang" not in " ".join(os.environ.get(k, "") for k in caches).lower()
