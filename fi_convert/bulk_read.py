@@ -112,8 +112,8 @@ class HostBuffers:
         self._free_asked = False
 
     def allocate(self, background: bool = False) -> HostBuffers:
-        if background:
-            threading.Thread(target=self._allocate, name="fi-convert-pin", daemon=True).start()
+        if background:  # not a daemon: torch code cut off at the interpreter's exit aborts it
+            threading.Thread(target=self._allocate, name="fi-convert-pin").start()
         else:
             self._allocate()
         return self
@@ -151,9 +151,8 @@ class HostBuffers:
         self._ready.wait()
         block, self._block = self._block, None
         if background:
-            threading.Thread(
-                target=self._drop, args=(block,), name="fi-convert-unpin", daemon=True
-            ).start()
+            # not a daemon: a tensor freed while the interpreter exits aborts the process
+            threading.Thread(target=self._drop, args=(block,), name="fi-convert-unpin").start()
         else:
             self._drop(block)
 
