@@ -66,22 +66,17 @@ def _threads(value: object, what: str) -> int:
     return n
 
 
-def _budget(value: int | str) -> int:
+def _budget(value: object, what: str) -> int:
     try:
-        return parse_size(value)
+        return parse_size(value)  # type: ignore[arg-type]
     except (ValueError, TypeError):
-        raise ReadError(f"host_memory={value!r}: not a size; {SIZE_HELP}") from None
+        raise ReadError(f"{what}={value!r}: not a size; {SIZE_HELP}") from None
 
 
 def default_host_memory() -> int:
     """`FI_CONVERT_HOST_MEMORY` (a size such as 512MiB), else DEFAULT_HOST_MEMORY."""
     env = os.environ.get(HOST_MEMORY_ENV)
-    if not env:
-        return DEFAULT_HOST_MEMORY
-    try:
-        return parse_size(env)
-    except ValueError:
-        raise ReadError(f"{HOST_MEMORY_ENV}={env!r}: not a size; {SIZE_HELP}") from None
+    return _budget(env, HOST_MEMORY_ENV) if env else DEFAULT_HOST_MEMORY
 
 
 def fit(threads: int, host_memory: int, chunk: int = CHUNK) -> tuple[int, int]:
@@ -196,10 +191,6 @@ class ReadStats:
     pinned_peak: int  # pinned host memory held at once
     alloc_s: float = 0.0  # time spent pinning it (ahead of the read, or in it)
 
-    @property
-    def gbps(self) -> float:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
-
 
 class BulkRead:
     """Requests added with `add`, then read at once by `run` (or `start` ... `wait`)."""
@@ -219,7 +210,9 @@ class BulkRead:
             self.device = torch.device("cuda", torch.cuda.current_device())
         # staged: through host buffers (always into a GPU; on the CPU only in tests)
         self.staged = self.device.type != "cpu" if staged is None else staged
-        budget = default_host_memory() if host_memory is None else _budget(host_memory)
+        budget = (
+            default_host_memory() if host_memory is None else _budget(host_memory, "host_memory")
+        )
         n = default_threads() if threads is None else _threads(threads, "threads")
         self.threads, self.chunk = fit(n, budget, chunk)
         # host buffers given (allocated ahead, freed by their owner) or this read's own
