@@ -51,7 +51,7 @@ MXFP8_ACTIVATION = """--quantization-config '{"moe": {"activation": "mxfp8"}}'""
 
 
 # Schemes whose experts fi-convert's vLLM plugin serves under expert parallelism, from a
-# --tp-size 1 output at any EP size (vllm_plugin.checks says why the others are refused).
+# --tp-size 1 output at any EP size (servers.vllm.checks says why the others are refused).
 EP_SCHEMES = ("bf16", "fp8-block")
 
 

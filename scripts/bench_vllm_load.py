@@ -43,7 +43,7 @@ from fi_convert import Backend, Options, SchemeName, convert, dtypes  # noqa: E4
 from fi_convert.bulk_read import host_buffers  # noqa: E402
 from fi_convert.format.reader import OutputReader  # noqa: E402
 from fi_convert.synthetic import Spec, write_checkpoint  # noqa: E402
-from fi_convert.vllm_plugin import experts as plugin  # noqa: E402
+from fi_convert.servers.vllm import experts as plugin  # noqa: E402
 from tests import vllm_moe as vm  # noqa: E402
 
 H, INTER = 7168, 2048
@@ -183,7 +183,7 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, dense
     post-load driver, which runs only the kernel setup for the MoE layers."""
     from vllm.config.load import LoadConfig
 
-    from fi_convert.vllm_plugin.loader import FiConvertModelLoader
+    from fi_convert.servers.vllm.loader import FiConvertModelLoader
 
     class Model(torch.nn.Module):
         def load_weights(self, weights):

@@ -18,7 +18,7 @@ from fi_convert import served_config
 from fi_convert.cli import app
 from fi_convert.plan import Options, choices, make_plan
 from fi_convert.synthetic import Spec, write_checkpoint
-from fi_convert.vllm_plugin.checks import PluginError, check_gpu, check_manifest
+from fi_convert.servers.vllm.checks import PluginError, check_gpu, check_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

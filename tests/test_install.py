@@ -63,12 +63,12 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
         info = next(n for n in names if n.endswith(".dist-info/entry_points.txt")).rsplit("/", 1)[0]
         entry_points = z.read(f"{info}/entry_points.txt").decode()
         metadata = z.read(f"{info}/METADATA").decode()
-    assert "[vllm.general_plugins]\nfi_convert = fi_convert.vllm_plugin:register" in entry_points
+    assert "[vllm.general_plugins]\nfi_convert = fi_convert.servers.vllm:register" in entry_points
     assert "[console_scripts]\nfi-convert = fi_convert.cli:main" in entry_points
     assert "Provides-Extra: vllm" in metadata
     assert 'Requires-Dist: vllm==0.33.0; extra == "vllm"' in metadata
     assert "fi_convert/families/deepseek_v3.json" in names
-    assert "fi_convert/vllm_plugin/__init__.py" in names
+    assert "fi_convert/servers/vllm/__init__.py" in names
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "docs/"))]
 
     venv = tmp_path / "venv"
@@ -117,4 +117,4 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
     assert r.returncode == 0, r.stderr
     where, eps = r.stdout.splitlines()
     assert Path(where).is_relative_to(venv), where  # the wheel's, not the checkout's
-    assert "('fi_convert', 'fi_convert.vllm_plugin:register')" in eps
+    assert "('fi_convert', 'fi_convert.servers.vllm:register')" in eps

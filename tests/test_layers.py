@@ -1,5 +1,5 @@
 """The project's layering: the library never imports typer or rich (only the CLI's modules
-do), and the core never imports vllm (only the plugin does)."""
+do), and the core never imports vllm or a server's package (only `fi_convert.servers.*` does)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _library_modules() -> list[str]:
     names = [
         m.name
         for m in pkgutil.walk_packages(fi_convert.__path__, "fi_convert.")
-        if m.name not in CLI and not m.name.startswith("fi_convert.vllm_plugin")
+        if m.name not in CLI and not m.name.startswith("fi_convert.servers")
     ]
     assert "fi_convert.pipeline" in names and "fi_convert.hub.stream" in names
     return names
@@ -37,7 +37,9 @@ def _loaded_after_importing(modules: list[str]) -> set[str]:
 
 def test_the_library_imports_neither_the_cli_toolkit_nor_vllm():
     loaded = _loaded_after_importing(_library_modules())
-    assert {"typer", "rich", "click", "vllm"} & loaded == set()
+    assert {"typer", "rich", "click", "vllm", "sglang"} & loaded == set()
+    servers = sorted(m for m in loaded if m.startswith("fi_convert.servers"))
+    assert servers == [], f"the core imports a server's package: {servers}"
 
 
 # What the output format's package may import: itself, and the small shared modules below it

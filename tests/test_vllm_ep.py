@@ -88,7 +88,7 @@ def test_the_slices_are_the_experts_not_the_first_rows(checkpoints, outputs):
     """The negative control: rank 1's layer read as if it held experts 0..2 holds other bytes
     than vLLM's own (so (b) above would catch a reader that ignored the expert map)."""
     from fi_convert.format.reader import OutputReader
-    from fi_convert.vllm_plugin import experts as plugin
+    from fi_convert.servers.vllm import experts as plugin
 
     case, backend, prefix = "qwen3-bf16", "cutlass", CASES["qwen3-bf16"][2]
     theirs = _vllm_layer(case, backend, 2, 1, "linear", checkpoints)

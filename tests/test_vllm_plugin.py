@@ -19,9 +19,9 @@ from vllm.model_executor.model_loader import get_model_loader
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.served_config import MXFP8_ACTIVATION
 from fi_convert.synthetic import Spec, write_checkpoint
-from fi_convert.vllm_plugin import checks, register
-from fi_convert.vllm_plugin.checks import PluginError
-from fi_convert.vllm_plugin.loader import FiConvertModelLoader
+from fi_convert.servers.vllm import checks, register
+from fi_convert.servers.vllm.checks import PluginError
+from fi_convert.servers.vllm.loader import FiConvertModelLoader
 from tests import vllm_moe as vm
 
 PREFIX = "model.layers.1.mlp.experts"
@@ -277,7 +277,7 @@ def out_tp1(tmp_path_factory, src):
 def test_loader_under_expert_parallelism_loads_the_ranks_experts(src, out_tp1, ep, rank):
     from unittest import mock
 
-    from fi_convert.vllm_plugin import loader
+    from fi_convert.servers.vllm import loader
 
     with vm.vllm_context("trtllm", ep, rank, ep="linear"):
         theirs = vm.make_layer(PREFIX, src, ep)
@@ -438,7 +438,7 @@ def test_the_core_never_imports_vllm():
 
     code = (
         "import sys, fi_convert, fi_convert.pipeline, fi_convert.format.reader, fi_convert.cli, "
-        "fi_convert.verify, fi_convert.hub, fi_convert.vllm_plugin, fi_convert.vllm_plugin.checks\n"
+        "fi_convert.verify, fi_convert.hub, fi_convert.servers.vllm, fi_convert.servers.vllm.checks\n"
         "print('vllm' in sys.modules)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -459,7 +459,7 @@ def test_the_gpu_family_comes_from_scheme_and_backend_not_the_manifests_claim(ma
 
 
 def test_an_expert_map_that_is_not_one_slot_per_local_expert_is_refused():
-    from fi_convert.vllm_plugin.experts import local_experts
+    from fi_convert.servers.vllm.experts import local_experts
 
     def layer(emap, n):
         mpc = types.SimpleNamespace(use_ep=True)
@@ -525,7 +525,7 @@ def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypa
     from unittest import mock
 
     from fi_convert import bulk_read
-    from fi_convert.vllm_plugin import loader
+    from fi_convert.servers.vllm import loader
 
     def interrupted(self):
         raise KeyboardInterrupt
@@ -556,7 +556,7 @@ def test_the_plugin_loads_no_converter_code():
     import sys
 
     code = (
-        "import sys, fi_convert.vllm_plugin.loader, fi_convert.vllm_plugin.experts\n"
+        "import sys, fi_convert.servers.vllm.loader, fi_convert.servers.vllm.experts\n"
         "print(sorted(m for m in sys.modules if m.startswith('fi_convert')))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

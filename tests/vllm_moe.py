@@ -378,7 +378,7 @@ def plugin_layer(
     """The plugin's path (call inside vllm_context): a fresh layer, the output's tensors read
     into it, kernel setup only."""
     from fi_convert.format.reader import OutputReader
-    from fi_convert.vllm_plugin import experts as plugin
+    from fi_convert.servers.vllm import experts as plugin
 
     layer = make_layer(prefix, ckpt, tp, groups=groups)
     with OutputReader(out) as reader:

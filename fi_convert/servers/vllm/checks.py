@@ -10,7 +10,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..served_config import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION
+from ...served_config import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION
 
 PREFIX = "fi-convert: "
 MOE_BACKEND = MOE_BACKEND_FLAG
@@ -237,7 +237,7 @@ def _family(manifest: dict) -> str:
     """The GPUs the output's scheme runs on with its backend, as this fi-convert knows them;
     the manifest's own `gpu_family` only for a pair it does not know. (An output written by an
     older fi-convert may claim too much: nvfp4 and mxfp4 on CUTLASS were once `sm90+`.)"""
-    from ..served_config import gpu_family_of
+    from ...served_config import gpu_family_of
 
     try:
         return gpu_family_of(manifest["backend"], manifest["scheme"])

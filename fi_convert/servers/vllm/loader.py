@@ -22,10 +22,10 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ..bulk_read import HostBuffers, ReadError, ReadStats, host_buffers
-from ..errors import FiConvertError
-from ..format import manifest as mf
-from ..format.reader import OutputReader
+from ...bulk_read import HostBuffers, ReadError, ReadStats, host_buffers
+from ...errors import FiConvertError
+from ...format import manifest as mf
+from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
 

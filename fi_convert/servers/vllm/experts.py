@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..bulk_read import BulkRead
-from ..format.reader import OutputReader
+from ...bulk_read import BulkRead
+from ...format.reader import OutputReader
 from .checks import PluginError, backend_of
 
 # Where vLLM 0.33 keeps the checkpoint-shaped parameter and lets the kernel view the bytes

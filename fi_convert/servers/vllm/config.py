@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import served_config
+from ... import served_config
 
 LOAD_FORMAT = "fi-convert"
 
@@ -69,8 +69,8 @@ def check_early(args: Any) -> None:
     loader runs them again, with the device checks, in every worker."""
     from pathlib import Path
 
-    from ..errors import FiConvertError
-    from ..format import manifest as mf
+    from ...errors import FiConvertError
+    from ...format import manifest as mf
     from . import checks
 
     root = Path(str(args.model))
