@@ -18,10 +18,10 @@ from vllm.model_executor.model_loader import get_model_loader
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.served_config import MXFP8_ACTIVATION
-from fi_convert.synthetic import Spec, write_checkpoint
 from fi_convert.servers.vllm import checks, register
 from fi_convert.servers.vllm.checks import PluginError
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
+from fi_convert.synthetic import Spec, write_checkpoint
 from tests import vllm_moe as vm
 
 PREFIX = "model.layers.1.mlp.experts"
@@ -438,7 +438,8 @@ def test_the_core_never_imports_vllm():
 
     code = (
         "import sys, fi_convert, fi_convert.pipeline, fi_convert.format.reader, fi_convert.cli, "
-        "fi_convert.verify, fi_convert.hub, fi_convert.servers.vllm, fi_convert.servers.vllm.checks\n"
+        "fi_convert.verify, fi_convert.hub, fi_convert.servers.vllm, "
+        "fi_convert.servers.vllm.checks\n"
         "print('vllm' in sys.modules)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
