@@ -434,7 +434,7 @@ def cases(dev: str, quick: bool, which: str) -> list[dict]:
         return out[:2]
     if which == "layers":
         return out
-    big = [one("fp8-block x256", "fp8-block", 256)]
+    big = [] if which == "model" else [one("fp8-block x256", "fp8-block", 256)]
     model = Spec(
         "deepseek-v3",
         layers=4,
@@ -455,7 +455,7 @@ def cases(dev: str, quick: bool, which: str) -> list[dict]:
             "model": True,
         }
     )
-    return big if which == "big" else out + big
+    return big if which in ("big", "model") else out + big
 
 
 def main() -> None:
@@ -466,9 +466,10 @@ def main() -> None:
     ap.add_argument("--tmp", default=None, help="where checkpoints are written")
     ap.add_argument(
         "--cases",
-        choices=["all", "layers", "big"],
+        choices=["all", "layers", "big", "model"],
         default="all",
-        help="layers: one layer per scheme; big: 256 experts and the whole model (CUDA)",
+        help="layers: one layer per scheme; big: 256 experts and the whole model (CUDA); "
+        "model: the whole model alone",
     )
     ap.add_argument(
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
