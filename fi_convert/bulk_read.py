@@ -105,6 +105,7 @@ class HostBuffers:
         self._ready = threading.Event()
         self._freed = threading.Event()
         self._free_asked = False
+        self.streams: list[Any] = []  # the CUDA streams that copied out of the block
 
     def allocate(self, background: bool = False) -> HostBuffers:
         if background:  # not a daemon: torch code cut off at the interpreter's exit aborts it
@@ -144,15 +145,21 @@ class HostBuffers:
             return
         self._free_asked = True
         self._ready.wait()
-        block, self._block = self._block, None
+        held = [self._block]  # the one reference, so that _drop can let go of it
+        self._block = None
         if background:
             # not a daemon: a tensor freed while the interpreter exits aborts the process
-            threading.Thread(target=self._drop, args=(block,), name="fi-convert-unpin").start()
+            threading.Thread(target=self._drop, args=(held,), name="fi-convert-unpin").start()
         else:
-            self._drop(block)
+            self._drop(held)
 
-    def _drop(self, block: torch.Tensor | None) -> None:
-        del block
+    def _drop(self, held: list) -> None:
+        held.clear()
+        # torch keeps a freed pinned block until an event it records now, on each stream that
+        # copied out of it, has passed: wait for those, so that emptying its cache frees it
+        for stream in self.streams:
+            stream.synchronize()
+        self.streams.clear()
         empty = getattr(torch._C, "_host_emptyCache", None)
         if self.pinned and empty is not None:
             empty()
@@ -420,6 +427,8 @@ class BulkRead:
         if stream is not None and ready is not None:
             stream.wait_event(ready)
         assert self._buffers is not None
+        if stream is not None:
+            self._buffers.streams.append(stream)
         mine = self._buffers.block()[k * DEPTH * self.chunk :][: DEPTH * self.chunk]
         bufs = [mine[b * self.chunk : (b + 1) * self.chunk] for b in range(DEPTH)]
         done: list[Any] = [None] * DEPTH

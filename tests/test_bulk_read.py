@@ -151,6 +151,24 @@ def test_buffers_given_ahead_set_the_threads_and_chunks(two_files, nbytes):
     assert ahead.held == 0
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_the_cache_is_emptied_once_nothing_holds_the_block(monkeypatch, background):
+    """torch's cache of pinned blocks is emptied when nothing holds the block any more, so the
+    memory goes back to the system (a reference kept by the freeing call, or by its thread's
+    arguments, kept it pinned in torch's cache for the server's life)."""
+    import weakref
+
+    ahead = bulk_read.HostBuffers(2 * MiB, pinned=False).allocate()
+    block = weakref.ref(ahead.block())
+    seen: list[bool] = []
+    empty = lambda: seen.append(block() is None)  # noqa: E731
+    monkeypatch.setattr(torch._C, "_host_emptyCache", empty, raising=False)
+    ahead.pinned = True  # (a CPU block, freed as a pinned one is)
+    ahead.free(background=background)
+    ahead.wait_freed()
+    assert seen == [True] and ahead.held == 0
+
+
 def test_the_environment_sets_threads_and_budget(monkeypatch):
     monkeypatch.setenv("FI_CONVERT_READ_THREADS", "3")
     monkeypatch.setenv("FI_CONVERT_HOST_MEMORY", "24MiB")
