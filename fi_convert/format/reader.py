@@ -79,13 +79,21 @@ class OutputReader:
         shard = self._weight_map.get(full)
         if shard is None:
             raise ManifestError(f"{self.root / INDEX_NAME}: does not list {full}; convert again")
-        if shard not in self._headers:
-            self._headers[shard] = self._open(self.root / shard)
-        info = self._headers[shard].get(full)
+        info = self.header(shard).get(full)
         shape = tuple(meta["shape_per_rank"])
         if info is None or info.dtype != meta["dtype"] or info.shape != (self.tp_size, *shape):
             raise ManifestError(f"{self.root / shard}: {full} disagrees with the manifest")
         return info, shape, dtypes.to_torch(info.dtype)
+
+    def header(self, shard: str) -> dict[str, TensorInfo]:
+        """The header of one of the output's shards (read once, from the file kept open)."""
+        if shard not in self._headers:
+            self._headers[shard] = self._open(self.root / shard)
+        return self._headers[shard]
+
+    def fd(self, path: Path) -> int:
+        """The open file of one of the output's shards."""
+        return self._files.fd(path)
 
     def _open(self, path: Path) -> dict[str, TensorInfo]:
         """The shard's header, read from the file that stays open for the reads (a file

@@ -1,6 +1,7 @@
 """`--load-format fi-convert`: a vLLM 0.33 model loader for fi-convert outputs.
 
-Non-expert tensors go through the model's own `load_weights`, as with vLLM's default loader.
+Non-expert tensors go through the model's own `load_weights`, as with vLLM's default loader
+(read ahead in batches by parallel threads, `format.dense`).
 The converted MoE tensors bypass it (its expert weight loader would TP-split them again): each
 layer's rank slice is read straight into the layer's parameters, and the layer's processing is
 replaced by kernel setup only. Every other module is processed by vLLM's own driver.
@@ -10,21 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
 from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ...bulk_read import HostBuffers, ReadError, ReadStats, host_buffers
+from ...bulk_read import HostBuffers, ReadStats, host_buffers
 from ...errors import FiConvertError
 from ...format import manifest as mf
+from ...format.dense import DenseTensors
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -145,7 +146,12 @@ class FiConvertModelLoader(DefaultModelLoader):
                     for p in experts.install(mod, reader, lp, rank, bulk):
                         loaded.add(f"{name}.{p}")
                 moe(bulk.start)  # the experts' bytes are read beside the dense tensors
-                loaded |= set(dense(lambda: model.load_weights(_dense_weights(reader, dense))))
+                others = DenseTensors(reader)  # read in batches, the next one meanwhile
+                try:
+                    loaded |= set(dense(lambda: model.load_weights(iter(others))))
+                finally:
+                    others.close()
+                dense.nbytes = others.nbytes
                 stats = bulk.wait()
             except FiConvertError as e:
                 bulk.abort()
@@ -171,26 +177,6 @@ class FiConvertModelLoader(DefaultModelLoader):
         logger.info("%s", _load_line(root, len(layers), split, moe, stats, dense))
         if model_config.quantization is None:
             self.track_weights_loading(model, loaded)
-
-
-def _dense_weights(reader: OutputReader, timed: _Clock) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the output that is not a converted expert tensor, shard by shard (as
-    vLLM's default loader reads them); their bytes are counted in `timed`."""
-    for shard in reader.shards():
-        path = reader.root / shard
-        try:
-            with safe_open(path, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if not reader.is_expert_tensor(name):
-                        t = f.get_tensor(name)
-                        timed.nbytes += t.numel() * t.element_size()
-                        yield name, t
-        except (SafetensorError, OSError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ReadError(
-                f"{path}: cannot be read ({first}): truncated or corrupt; restore the file "
-                "(convert or download it again), then load again"
-            ) from None
 
 
 class _Clock:
