@@ -489,6 +489,21 @@ def test_a_whole_model_equals_sglangs_default_load_of_the_source(
         )
 
 
+def test_a_weight_update_from_an_output_is_refused(registered):
+    """SGLang's update_weights_from_disk reads through the loader's _get_weights_iterator, then
+    DefaultModelLoader's processing, which would take the converted tensors for the source's."""
+    from fi_convert.servers.sglang.loader import FiConvertModelLoader
+
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.model_loader.loader import DefaultModelLoader
+
+        loader = FiConvertModelLoader(LoadConfig())
+        source = DefaultModelLoader.Source("OUT", None)
+        with pytest.raises(PluginError, match="fi-convert: OUT: updating weights from an"):
+            loader._get_weights_iterator(source)
+
+
 def test_a_whole_model_refusal_comes_before_anything_is_built(registered, outputs):
     from fi_convert.servers.sglang import loader
 

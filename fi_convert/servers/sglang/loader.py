@@ -117,6 +117,15 @@ class FiConvertModelLoader(DefaultModelLoader):
         self.counter_after_loading_weights = time.perf_counter()
         return model.eval()
 
+    def _get_weights_iterator(self, source: Any, **kwargs: Any) -> Iterator:
+        """SGLang's weight update from disk (`update_weights_from_disk`) reads through this,
+        then `load_weights_and_postprocess`, which would take the output's converted tensors
+        for checkpoint tensors: refused, before the model is touched."""
+        raise PluginError(
+            f"{source.model_or_path}: updating weights from an fi-convert output is not "
+            "supported; update from a source checkpoint with load_format 'auto'"
+        )
+
     def load_output(
         self, model: torch.nn.Module, root: Path, manifest: dict, target_device: torch.device
     ) -> None:
