@@ -46,6 +46,8 @@ CASES = {
     # I 192, 7 experts: I/TP 192 (TRT-LLM pads it to 256 at TP 1), 96, 48 (CUTLASS, unpadded)
     "mixtral": (Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192), MIXTRAL),
 }
+# transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
+HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
 # (case, backend, tp): where fi-convert's bytes are SGLang's (tests/test_sglang.py)
 LAYER_CASES = [
     ("qwen3", "trtllm", 1),
@@ -74,8 +76,8 @@ def sources(tmp_path_factory):
 
     def get(case: str) -> Path:
         if case not in done:
-            if case == "hf-qwen3":
-                done[case] = hf_checkpoints.save("qwen3_moe", root / case)
+            if case in HF:
+                done[case] = hf_checkpoints.save(HF[case], root / case)
             else:
                 done[case] = write_checkpoint(root / case, CASES[case][0])
         return done[case]
@@ -467,22 +469,25 @@ def _model(registered, path: Path, load_format: str, backend: str):
     return loader.load_model(model_config=mc, device_config=DeviceConfig("cpu"))
 
 
-@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+@pytest.mark.parametrize(
+    ("case", "backend"), [("hf-qwen3", "trtllm"), ("hf-qwen3", "cutlass"), ("hf-mixtral", "trtllm")]
+)
 def test_a_whole_model_equals_sglangs_default_load_of_the_source(
-    backend, registered, sources, outputs, monkeypatch
+    case, backend, registered, sources, outputs, monkeypatch
 ):
     monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")  # no GPU here: skip its checks
-    out = outputs("hf-qwen3", backend, 1)
+    out = outputs(case, backend, 1)
     with sm.sglang_context(backend, 1, 0):
         from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
         ours = _model(registered, out, "fi-convert", backend)
-        theirs = _model(registered, sources("hf-qwen3"), "auto", backend)
+        theirs = _model(registered, sources(case), "auto", backend)
     p, q = dict(ours.named_parameters()), dict(theirs.named_parameters())
     assert sorted(p) == sorted(q)
     assert differing(q, p) == []
     moe = [n for n, m in theirs.named_modules() if isinstance(m, FusedMoE)]
-    assert moe == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    mlp = "block_sparse_moe" if case == "hf-mixtral" else "mlp"
+    assert moe == [f"model.layers.{i}.{mlp}.experts" for i in (0, 1)]
     for name in moe:
         assert sm.layer_state(ours.get_submodule(name)) == sm.layer_state(
             theirs.get_submodule(name)
