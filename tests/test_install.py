@@ -3,7 +3,8 @@
 Built as the Makefile builds it and installed into a fresh venv with `--no-deps --no-index`
 (nothing is downloaded: the test venv's packages stand in for the dependencies), it runs
 `fi-convert --version`, and its metadata holds the vLLM plugin's entry point and the `vllm`
-extra that `pip install "dist/fi_convert-<version>-py3-none-any.whl[vllm]"` installs.
+extra that `pip install "dist/fi_convert-<version>-py3-none-any.whl[vllm]"` installs, and the
+SGLang plugin's entry point (found and loaded by SGLang's own discovery) and `sglang` extra.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
         metadata = z.read(f"{info}/METADATA").decode()
     assert "[vllm.general_plugins]\nfi_convert = fi_convert.servers.vllm:register" in entry_points
     assert "[console_scripts]\nfi-convert = fi_convert.cli:main" in entry_points
+    assert "[sglang.srt.plugins]\nfi_convert = fi_convert.servers.sglang:register" in entry_points
+    assert 'Requires-Dist: sglang==0.5.23; extra == "sglang"' in metadata
+    assert "fi_convert/servers/sglang/__init__.py" in names
     assert "Provides-Extra: vllm" in metadata
     assert 'Requires-Dist: vllm==0.33.0; extra == "vllm"' in metadata
     assert "fi_convert/families/deepseek_v3.json" in names
@@ -118,3 +122,23 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
     where, eps = r.stdout.splitlines()
     assert Path(where).is_relative_to(venv), where  # the wheel's, not the checkout's
     assert "('fi_convert', 'fi_convert.servers.vllm:register')" in eps
+
+    # SGLang's own plugin discovery (its import needs the tests' stand-in for triton) finds
+    # and loads the wheel's register
+    code = (
+        f"import sys; sys.path.append({str(ROOT)!r})\n"
+        "from tests import sglang_stubs\n"
+        "with sglang_stubs.installed():\n"
+        "    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group\n"
+        "    found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)\n"
+        "fn, dist = found['fi_convert']\n"
+        "print(GENERAL_PLUGINS_GROUP, fn.__module__, fn.__name__, dist, fn.__code__.co_filename)\n"
+    )
+    r = subprocess.run(
+        [str(py), "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    group, module, name, dist, where = r.stdout.splitlines()[-1].split()
+    want = ["sglang.srt.plugins", "fi_convert.servers.sglang", "register", "fi-convert"]
+    assert [group, module, name, dist] == want
+    assert Path(where).is_relative_to(venv), where  # the wheel's

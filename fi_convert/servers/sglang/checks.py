@@ -1,0 +1,222 @@
+"""The checks the SGLang plugin runs before it loads anything: pure functions of the manifest,
+of the server's arguments and of the layers SGLang built, tested without SGLang. Every refusal
+is one line that starts with "fi-convert: ", names the output and says what to do."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from ...errors import FiConvertError
+from ...format import manifest as mf
+from .target import (
+    GPU_FAMILY,
+    LOAD_FORMAT,
+    METHODS,
+    MOE_RUNNER_BACKEND,
+    SGLANG,
+    launch_command,
+    server_of,
+)
+
+PREFIX = "fi-convert: "
+
+
+class PluginError(ValueError):
+    """An fi-convert output that this SGLang must not load; the message is one line."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(PREFIX + msg)
+
+
+def installed(dist: str) -> str | None:
+    """The installed version of a distribution, or None."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def read_output(root: Path) -> dict:
+    """The output's manifest, read and checked for form (a refusal when it is not one)."""
+    try:
+        return mf.read(root)
+    except FiConvertError as e:
+        raise PluginError(str(e)) from None
+
+
+def _contains(spec: str, version: str, what: str, root: str) -> bool:
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion, TypeError):
+        raise PluginError(
+            f"{root}: the manifest's {what} range {spec!r} is unreadable; convert again"
+        ) from None
+
+
+def check_manifest(
+    manifest: dict,
+    root: str,
+    *,
+    tp_size: int,
+    moe_runner_backend: str,
+    sglang_version: str,
+    ep_size: int = 1,
+    eplb: bool = False,
+) -> None:
+    """The checks that need no GPU and no model: the output's server, what the plugin loads,
+    the SGLang version, the MoE runner backend flag, TP, EP and EPLB."""
+    server = server_of(manifest)
+    scheme, backend = manifest["scheme"], manifest["backend"]
+    if server != SGLANG:
+        raise PluginError(
+            f"{root}: converted for {server}, whose layouts differ from SGLang's; serve it with "
+            f"{server} (`vllm serve {root} --load-format {LOAD_FORMAT}`), or convert the source "
+            "again for SGLang (--server sglang)"
+        )
+    if (scheme, backend) not in METHODS:
+        ok = ", ".join(f"{s}/{b}" for s, b in sorted(METHODS))
+        raise PluginError(
+            f"{root}: the SGLang plugin does not load {scheme}/{backend} outputs yet (it loads "
+            f"{ok}); serve the source checkpoint with SGLang's own loader"
+        )
+    spec = manifest.get("target", {}).get("sglang_versions", "")
+    if not spec or not _contains(spec, sglang_version, "SGLang", root):
+        raise PluginError(
+            f"{root}: converted for SGLang {spec or '(no version range)'}, this is SGLang "
+            f"{sglang_version}, whose layouts may differ; install an SGLang in {spec or 'range'}"
+            " or convert again with an fi-convert that targets it"
+        )
+    want = MOE_RUNNER_BACKEND[backend]
+    if moe_runner_backend != want:
+        raise PluginError(
+            f"{root}: converted for FlashInfer {backend}, SGLang was started with "
+            f"--moe-runner-backend {moe_runner_backend}; pass --moe-runner-backend {want}"
+        )
+    check_expert_parallel(root, ep_size=ep_size, eplb=eplb)
+    if manifest["tp_size"] != tp_size:
+        raise PluginError(
+            f"{root}: converted for tensor-parallel size {manifest['tp_size']}, SGLang runs "
+            f"{tp_size}; pass --tp {manifest['tp_size']} or convert again with --tp-size {tp_size}"
+        )
+
+
+def check_expert_parallel(root: str, *, ep_size: int, eplb: bool) -> None:
+    """Expert parallelism is not proven against SGLang's own loading yet: refused."""
+    if eplb:
+        raise PluginError(
+            f"{root}: the SGLang plugin does not load redundant experts (EPLB); start SGLang "
+            "without --enable-eplb"
+        )
+    if ep_size != 1:
+        raise PluginError(
+            f"{root}: the SGLang plugin does not load experts under expert parallelism yet "
+            f"(--ep-size {ep_size}); start SGLang with --ep-size 1"
+        )
+
+
+def check_device(
+    manifest: dict,
+    root: str,
+    *,
+    flashinfer_version: str | None,
+    capability: tuple[int, int] | None,
+) -> None:
+    """The checks of the machine: a GPU of the backend's family, and FlashInfer's version."""
+    scheme, backend = manifest["scheme"], manifest["backend"]
+    family = GPU_FAMILY.get((scheme, backend), "")
+    check_gpu(family, backend, capability, root)
+    spec = manifest.get("target", {}).get("flashinfer_versions", "")
+    if flashinfer_version is None:
+        raise PluginError(
+            f"{root}: FlashInfer is not installed, and its MoE kernels run these layouts; "
+            f"install flashinfer-python in {spec}"
+        )
+    if not spec or not _contains(spec, flashinfer_version, "FlashInfer", root):
+        raise PluginError(
+            f"{root}: converted for FlashInfer {spec or '(no version range)'}, this is "
+            f"FlashInfer {flashinfer_version}; install flashinfer-python in {spec or 'range'}"
+        )
+
+
+def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, root: str) -> None:
+    if capability is None:
+        raise PluginError(
+            f"{root}: FlashInfer's MoE kernels need a CUDA GPU, and there is none here; serve "
+            f"this output on a GPU of the family {family}"
+        )
+    major, sm = capability[0], capability[0] * 10 + capability[1]
+    need = {
+        "sm100": (major == 10, "an SM100-family (Blackwell B200/GB200/B300) GPU"),
+        "sm90+": (sm == 90 or major in (10, 12), "an SM90, SM10x or SM12x GPU"),
+    }.get(family)
+    if need is not None and not need[0]:
+        raise PluginError(
+            f"{root}: {backend} outputs of this scheme need {need[1]} (gpu_family {family}), "
+            f"this GPU is SM{sm}; serve it there, or convert for another --backend"
+        )
+
+
+def check_layers(manifest: dict, root: str, layers: dict[str, Any]) -> None:
+    """The MoE layers SGLang built (keyed by checkpoint prefix) against the output's: the same
+    layers, each with the output's method, backend, experts, split and sizes."""
+    missing = sorted(set(manifest["layers"]) - set(layers))
+    extra = sorted(set(layers) - set(manifest["layers"]))
+    if missing or extra:
+        which = f"has no MoE layer {missing[0]}" if missing else f"has a MoE layer {extra[0]} not"
+        raise PluginError(
+            f"{root}: the model SGLang built {which} in the output; serve the output with its "
+            "own config.json (converted from another model?)"
+        )
+    for prefix, layer in layers.items():
+        check_layer(manifest, root, prefix, layer)
+
+
+def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
+    """One FusedMoE layer SGLang built against the output's description of it."""
+    scheme, backend = manifest["scheme"], manifest["backend"]
+    meta = manifest["layers"][prefix]
+    method = type(layer.quant_method).__name__
+    if method != METHODS[scheme, backend]:
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang built {method} for it, which does not load "
+            f"{scheme} outputs; keep the source's config.json and quantization config as "
+            "converted"
+        )
+    got = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    if got != MOE_RUNNER_BACKEND[backend]:
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang runs it on its {got} MoE runner, the output is "
+            f"for FlashInfer {backend}; pass --moe-runner-backend {MOE_RUNNER_BACKEND[backend]}"
+        )
+    if getattr(layer, "num_fused_shared_experts", 0):
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang fused {layer.num_fused_shared_experts} shared "
+            "expert(s) into it, which the output does not hold; start SGLang with "
+            "--disable-shared-experts-fusion"
+        )
+    if layer.num_experts != meta["num_experts"] or layer.num_local_experts != meta["num_experts"]:
+        raise PluginError(
+            f"{root}: layer {prefix} has {meta['num_experts']} experts in the output and "
+            f"{layer.num_experts} ({layer.num_local_experts} on this rank) in the model SGLang "
+            "built; serve the output with its own config.json (converted from another model?)"
+        )
+    check_expert_parallel(root, ep_size=layer.moe_ep_size, eplb=False)
+    if layer.moe_tp_size != manifest["tp_size"]:
+        raise PluginError(
+            f"{root}: converted for tensor-parallel size {manifest['tp_size']}, and SGLang "
+            f"split {prefix} over {layer.moe_tp_size} ranks; "
+            + launch_command(root, backend, manifest["tp_size"])
+        )
+    sizes = (layer.hidden_size, layer.intermediate_size_per_partition)
+    want = (meta["padded_hidden_size"], meta["padded_intermediate_size_per_rank"])
+    if sizes != want:
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang allocated hidden and intermediate sizes per rank "
+            f"{sizes}, the output holds {want} (converted for another server's padding?); "
+            "convert the source again for SGLang"
+        )

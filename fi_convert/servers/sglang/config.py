@@ -1,0 +1,106 @@
+"""The hooks the SGLang plugin puts into SGLang 0.5.23 (through its own `HookRegistry`), each a
+no-op unless the load format is fi-convert:
+
+- `LoadConfig._verify_load_format` turns the string `fi-convert` into the plugin's loader class
+  (SGLang's `get_model_loader` instantiates a class it finds there; its own check would refuse
+  a name that is not in its `LoadFormat` enum).
+- `ModelConfig.from_server_args` and `get_config`: the output's config.json names the
+  quantization method `fi-convert`, which stock SGLang refuses (served_config.py says why); with
+  `--load-format fi-convert`, and only then, SGLang is handed the source's own quantization
+  config, so that it builds exactly the model and MoE methods it builds for the source.
+- `ServerArgs.check_server_args`: the manifest checks that need no model and no GPU, in the
+  process that parses the arguments, before SGLang starts its scheduler processes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+from pathlib import Path
+from typing import Any
+
+from ... import served_config
+from .target import LOAD_FORMAT
+
+# set while ModelConfig.from_server_args builds the config of an fi-convert load
+_LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("fi_convert_sglang", default=False)
+
+HOOKS = (
+    # (SGLang's target, the hook in this module, SGLang's HookType name)
+    (
+        "sglang.srt.configs.load_config.LoadConfig._verify_load_format",
+        "verify_load_format",
+        "AROUND",
+    ),
+    ("sglang.srt.configs.model_config.ModelConfig.from_server_args", "model_config", "AROUND"),
+    ("sglang.srt.utils.hf_transformers.config.get_config", "get_config", "AROUND"),
+    ("sglang.srt.server_args.ServerArgs.check_server_args", "check_server_args", "AFTER"),
+)
+
+
+def is_fi_convert(load_format: Any) -> bool:
+    return isinstance(load_format, str) and load_format.lower() == LOAD_FORMAT
+
+
+def verify_load_format(original: Any, self: Any) -> None:
+    """AROUND LoadConfig._verify_load_format: `fi-convert` becomes the plugin's loader class."""
+    if is_fi_convert(self.load_format):
+        from .loader import FiConvertModelLoader
+
+        self.load_format = FiConvertModelLoader
+        return None
+    return original(self)
+
+
+def model_config(original: Any, server_args: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ModelConfig.from_server_args: the config of an fi-convert load is built with the
+    source's quantization config (get_config below)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    token = _LOADING.set(is_fi_convert(getattr(resolving_view(server_args), "load_format", "")))
+    try:
+        return original(server_args, *args, **kwargs)
+    finally:
+        _LOADING.reset(token)
+
+
+def get_config(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND get_config (cached: the cached object is never changed): inside an fi-convert
+    load, the config with the source's quantization config in place of fi-convert's marker."""
+    config = original(*args, **kwargs)
+    qc = getattr(config, "quantization_config", None)
+    if not _LOADING.get() or not isinstance(qc, dict) or not served_config.is_marked(qc):
+        return config
+    config = copy.deepcopy(config)
+    source = served_config.source_quantization_config(qc)
+    if source is None:
+        del config.quantization_config
+    else:
+        config.quantization_config = source
+    return config
+
+
+def check_server_args(result: Any, self: Any) -> None:
+    """AFTER ServerArgs.check_server_args: refuse a local output this SGLang cannot serve as
+    converted, before any process starts (the loader checks again, with the device and the
+    layers SGLang built, in every scheduler process)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    from . import checks
+
+    view = resolving_view(self)
+    if not is_fi_convert(getattr(view, "load_format", "")):
+        return None
+    root = Path(str(view.model_path))
+    if not root.is_dir():
+        return None
+    checks.check_manifest(
+        checks.read_output(root),
+        str(root),
+        tp_size=int(view.tp_size),
+        ep_size=int(getattr(view, "ep_size", 1) or 1),
+        eplb=bool(getattr(view, "enable_eplb", False)),
+        moe_runner_backend=str(view.moe_runner_backend),
+        sglang_version=checks.installed("sglang") or "0",
+    )
+    return None

@@ -1,0 +1,92 @@
+"""Put one rank's converted experts into an SGLang 0.5.23 FusedMoE layer, then set up its
+kernel only.
+
+SGLang allocates each expert parameter at its final (padded, per-rank) size, so each tensor is
+read from the shards (this rank's byte range) straight into the parameter's own storage, then
+viewed in the stored shape. SGLang has no "weights already processed" mode, and its
+`process_weights_after_loading` is not run: `finish` leaves the state it would leave on the
+layer and its method, with SGLang's own functions, and transforms nothing. The tests compare
+every parameter and every attribute with SGLang's own loading and processing of the source.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...bulk_read import BulkRead
+from ...format.reader import OutputReader
+from .checks import PluginError
+
+
+def install(
+    layer: Any, reader: OutputReader, prefix: str, tp_rank: int, bulk: BulkRead | None = None
+) -> list[str]:
+    """Read the layer's tensors for `tp_rank` into `layer`'s parameters (in place: no new
+    memory); returns their names. With `bulk`, the bytes are read when `bulk` runs (with every
+    other layer's); without, now."""
+    now = bulk or reader.bulk(next(layer.parameters()).device)
+    loaded = []
+    for name in reader.layer(prefix)["tensors"]:
+        param = layer._parameters.get(name)
+        if param is None:
+            raise PluginError(
+                f"{reader.root}: layer {prefix}: SGLang's {type(layer.quant_method).__name__} "
+                f"has no parameter {name}; convert the source again for SGLang"
+            )
+        _, shape, dtype = reader.info(prefix, name)
+        data = param.data
+        if data.dtype != dtype or data.numel() != math.prod(shape) or not data.is_contiguous():
+            raise PluginError(
+                f"{reader.root}: layer {prefix}: {name} is {dtype} {list(shape)} in the output, "
+                f"SGLang allocated {data.dtype} {list(data.shape)}; convert the source again "
+                "for SGLang"
+            )
+        reader.read_into(prefix, name, tp_rank, data, bulk=now)
+        param.data = data.view(shape)
+        loaded.append(name)
+    if bulk is None:
+        now.run()
+    return loaded
+
+
+def finish(layer: Any) -> None:
+    """Kernel setup only: the state the layer's method's `process_weights_after_loading` leaves
+    (SGLang 0.5.23), without its transforms. By method class name."""
+    method = layer.quant_method
+    setup = KERNEL_ONLY.get(type(method).__name__)
+    if setup is None:
+        raise PluginError(f"{layer.layer_name}: no kernel setup for {type(method).__name__}")
+    # SGLang's expert weight loader evaluates this (cached) property on its way: so do we
+    layer.use_padded_loading  # noqa: B018
+    setup(layer, method)
+
+
+def _unquantized(layer: Any, method: Any) -> None:
+    """UnquantizedFusedMoEMethod.process_weights_after_loading (SGLang 0.5.23, unquant.py:852)
+    on FlashInfer's runners, where its other branches (aiter, AMX, DeepEP/MORI dispatchers,
+    NPU, Triton's SwiGLU interleave) do not apply: CUTLASS's SwiGLU parameters, by SGLang's own
+    function; TRT-LLM's BlockMajorK weights are the output's as read (SGLang packs only weights
+    of the allocated canonical shape), and its cache of FlashInfer's row permutations, by its
+    own function, holds what its packing leaves there."""
+    if method.use_flashinfer_cutlass:
+        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
+            materialize_swiglu_params_for_cutlass,
+        )
+
+        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
+            layer.moe_runner_config, int(layer.num_local_experts), layer.w13_weight.device
+        )
+    if method.use_flashinfer_trtllm_moe:
+        method._cache_permute_indices.clear()
+        for name in ("w13_weight", "w2_weight"):
+            rows = method._canonical_expert_weight_shape(layer, name)[1]
+            # one expert's bytes as the [rows, bytes per row] tile SGLang permutes (a view)
+            tile = getattr(layer, name).data[0].view(torch.uint8).reshape(rows, -1)
+            method._trtllm_bf16_row_permutation(layer, name, tile)
+
+
+# SGLang 0.5.23 MoE methods the plugin sets up, by class name.
+KERNEL_ONLY = {"UnquantizedFusedMoEMethod": _unquantized}

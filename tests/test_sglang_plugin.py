@@ -1,0 +1,529 @@
+"""The SGLang plugin (fi_convert/servers/sglang/), with SGLang 0.5.23's own code as the authority
+on CPU (tests/sglang_moe.py: SGLang's FusedMoE, built, loaded and processed by SGLang).
+
+- Layers: SGLang's own layer loads the source through its own weight loader and processing; a
+  second SGLang layer gets the output through the plugin's path (experts.install + finish).
+  Every parameter and every attribute of the layer and its method must be equal, and the
+  plugin must fill the parameters SGLang allocated, in place. Negative controls: another
+  rank's bytes, and a layer without the kernel setup, are caught.
+- A whole tiny model through SGLang's `get_model_loader`, the plugin's loader for the output
+  against SGLang's default loader for the source.
+- Each refusal (one line starting "fi-convert: ", naming the fix), the registration of the
+  load format and hooks, and the entry point as pyproject.toml declares it.
+
+The outputs are fi-convert's current (vLLM-target) BF16 outputs, in the cases whose bytes equal
+SGLang's (tests/test_sglang.py), marked as SGLang's by `for_sglang` (the converter will write
+those fields with --server sglang: fi_convert/servers/sglang/target.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.format.names import MANIFEST_NAME
+from fi_convert.format.reader import OutputReader
+from fi_convert.servers.sglang import checks, target
+from fi_convert.servers.sglang.checks import PluginError
+from fi_convert.synthetic import Spec, write_checkpoint
+from tests import hf_checkpoints
+from tests import sglang_moe as sm
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = "model.layers.0.mlp.experts"
+MIXTRAL = "model.layers.0.block_sparse_moe.experts"
+CASES = {
+    # I 512: I/TP 512, 256, 128, a multiple of 128 at every TP
+    "qwen3": (Spec("qwen3-moe", layers=1, experts=6, hidden=128, intermediate=512, shards=1), QWEN),
+    # I 192, 7 experts: I/TP 192 (TRT-LLM pads it to 256 at TP 1), 96, 48 (CUTLASS, unpadded)
+    "mixtral": (Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192), MIXTRAL),
+}
+# transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
+HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
+# (case, backend, tp): where fi-convert's bytes are SGLang's (tests/test_sglang.py)
+LAYER_CASES = [
+    ("qwen3", "trtllm", 1),
+    ("qwen3", "trtllm", 2),
+    ("qwen3", "trtllm", 4),
+    ("mixtral", "trtllm", 1),
+    ("qwen3", "cutlass", 2),
+    ("mixtral", "cutlass", 4),
+]
+
+
+def for_sglang(out: Path) -> Path:
+    """Mark a converted output as SGLang's: the manifest fields the converter will write with
+    --server sglang (target.sglang_fields). Only for outputs whose bytes are proven SGLang's."""
+    path = out / MANIFEST_NAME
+    m = json.loads(path.read_text())
+    m.update(target.sglang_fields(m["scheme"], m["backend"]))
+    path.write_text(json.dumps(m, indent=2) + "\n")
+    return out
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sgl-plugin-src")
+    done: dict = {}
+
+    def get(case: str) -> Path:
+        if case not in done:
+            if case in HF:
+                done[case] = hf_checkpoints.save(HF[case], root / case)
+            else:
+                done[case] = write_checkpoint(root / case, CASES[case][0])
+        return done[case]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory, sources):
+    """fi-convert's bf16 output of (case, backend, tp), marked as SGLang's."""
+    root = tmp_path_factory.mktemp("sgl-plugin-out")
+    done: dict = {}
+
+    def get(case: str, backend: str, tp: int, sglang: bool = True) -> Path:
+        key = (case, backend, tp, sglang)
+        if key not in done:
+            out = root / "-".join(map(str, key))
+            opts = Options(scheme=SchemeName.BF16, backend=Backend(backend), tp_size=tp)
+            convert(sources(case), out, opts, device="cpu")
+            done[key] = for_sglang(out) if sglang else out
+        return done[key]
+
+    return get
+
+
+allocated: dict[int, dict[str, int]] = {}
+
+
+def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank: int, **kw):
+    """SGLang's FusedMoE for the rank, the output's experts installed by the plugin's path.
+    `read_rank` (negative control): the rank whose bytes are read; `finish`: kernel setup."""
+    from fi_convert.servers.sglang import experts
+
+    with sm.sglang_context(backend, tp, rank):
+        layer = sm.make_layer(prefix, ckpt)
+        before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
+        with OutputReader(out) as reader:
+            experts.install(layer, reader, prefix, kw.get("read_rank", rank))
+        if kw.get("finish", True):
+            experts.finish(layer)
+    allocated[id(layer)] = before  # where SGLang allocated each parameter
+    return layer
+
+
+def param_attrs(layer) -> dict:
+    """The attributes SGLang set on each parameter (weight_loader, quant_method, ...): by name,
+    plain values as they are, callables by qualified name."""
+    return {
+        n: {k: getattr(v, "__qualname__", v) for k, v in sorted(vars(p).items())}
+        for n, p in layer.named_parameters()
+    }
+
+
+def differing(theirs: dict, ours: dict) -> list[str]:
+    names = list(theirs) + [n for n in ours if n not in theirs]
+    return [
+        n
+        for n in names
+        if n not in theirs
+        or n not in ours
+        or (theirs[n].dtype, theirs[n].shape) != (ours[n].dtype, ours[n].shape)
+        or not torch.equal(theirs[n].view(torch.uint8), ours[n].view(torch.uint8))
+    ]
+
+
+# ---- the layer: the plugin's path against SGLang's own ----
+
+
+@pytest.mark.parametrize(("case", "backend", "tp"), LAYER_CASES)
+def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sources, outputs):
+    ckpt, prefix = sources(case), CASES[case][1]
+    out = outputs(case, backend, tp)
+    for rank in range(tp):
+        theirs = sm.build(backend, tp, rank, ckpt, prefix)
+        ours = plugin_layer(out, ckpt, prefix, backend, tp, rank)
+        assert ours.runner_backend.value == sm.BACKEND[backend]
+        assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
+        state, want = sm.layer_state(ours), sm.layer_state(theirs)
+        diff = sorted(k for k in set(state) | set(want) if state.get(k) != want.get(k))
+        assert diff == [], f"rank {rank}: attributes differ from SGLang's: {diff}"
+        assert param_attrs(ours) == param_attrs(theirs)
+        # read in place: the parameters SGLang allocated, no new memory
+        now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
+        assert now == allocated[id(ours)]
+
+
+def test_control_another_ranks_bytes_are_caught(sources, outputs):
+    ckpt, out = sources("qwen3"), outputs("qwen3", "trtllm", 2)
+    theirs = sm.build("trtllm", 2, 1, ckpt, QWEN)
+    ours = plugin_layer(out, ckpt, QWEN, "trtllm", 2, 1, read_rank=0)
+    assert differing(sm.params(theirs), sm.params(ours)) == ["w13_weight", "w2_weight"]
+    assert sm.layer_state(ours) == sm.layer_state(theirs)  # the state alone does not tell
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_control_a_layer_without_kernel_setup_is_caught(backend, sources, outputs):
+    ckpt, out = sources("qwen3"), outputs("qwen3", backend, 1)
+    theirs = sm.layer_state(sm.build(backend, 1, 0, ckpt, QWEN))
+    ours = sm.layer_state(plugin_layer(out, ckpt, QWEN, backend, 1, 0, finish=False))
+    diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+    want = {
+        "trtllm": ["layer.quant_method._cache_permute_indices", "layer.use_padded_loading"],
+        "cutlass": ["layer._cutlass_swiglu_params", "layer.use_padded_loading"],
+    }[backend]
+    assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
+
+
+def test_an_output_of_another_split_is_refused_at_install(sources, outputs):
+    ckpt, out = sources("qwen3"), outputs("qwen3", "trtllm", 1)
+    with pytest.raises(PluginError, match=r"w13_weight is torch.bfloat16 \[6, 2, 1024, 64\]"):
+        plugin_layer(out, ckpt, QWEN, "trtllm", 2, 0)
+
+
+# ---- the layers SGLang built, against the manifest ----
+
+
+def _layer(**kw):
+    method = type(kw.pop("method", "UnquantizedFusedMoEMethod"), (), {})()
+    attrs = dict(
+        quant_method=method,
+        runner_backend=types.SimpleNamespace(value="flashinfer_trtllm"),
+        num_fused_shared_experts=0,
+        num_experts=6,
+        num_local_experts=6,
+        moe_ep_size=1,
+        moe_tp_size=2,
+        hidden_size=128,
+        intermediate_size_per_partition=256,
+    )
+    return types.SimpleNamespace(**(attrs | kw))
+
+
+@pytest.fixture(scope="module")
+def manifest(outputs):
+    return json.loads((outputs("qwen3", "trtllm", 2) / MANIFEST_NAME).read_text())
+
+
+def test_the_layers_sglang_built_match(manifest):
+    checks.check_layers(manifest, "OUT", {QWEN: _layer()})  # the control
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (dict(method="Fp8MoEMethod"), "SGLang built Fp8MoEMethod for it"),
+        (
+            dict(runner_backend=types.SimpleNamespace(value="triton")),
+            "on its triton MoE runner, the output is for FlashInfer trtllm; pass "
+            "--moe-runner-backend flashinfer_trtllm",
+        ),
+        (dict(num_fused_shared_experts=1), "--disable-shared-experts-fusion"),
+        (dict(num_experts=8, num_local_experts=8), "has 6 experts in the output and 8"),
+        (dict(moe_ep_size=2), "start SGLang with --ep-size 1"),
+        (dict(moe_tp_size=4), "split model.layers.0.mlp.experts over 4 ranks"),
+        (dict(intermediate_size_per_partition=384), "convert the source again for SGLang"),
+    ],
+)
+def test_a_layer_unlike_the_outputs_is_refused(manifest, change, words):
+    with pytest.raises(PluginError) as e:
+        checks.check_layers(manifest, "OUT", {QWEN: _layer(**change)})
+    assert str(e.value).startswith("fi-convert: OUT: ") and "\n" not in str(e.value)
+    assert words in str(e.value)
+
+
+def test_moe_layers_not_the_outputs_are_refused(manifest):
+    with pytest.raises(PluginError, match="has no MoE layer model.layers.0.mlp.experts in"):
+        checks.check_layers(manifest, "OUT", {})
+    extra = {QWEN: _layer(), "model.layers.1.mlp.experts": _layer()}
+    with pytest.raises(PluginError, match="has a MoE layer model.layers.1.mlp.experts not in"):
+        checks.check_layers(manifest, "OUT", extra)
+
+
+# ---- the manifest, the arguments and the machine ----
+
+
+def _check(m, **kw):
+    args = dict(tp_size=2, moe_runner_backend="flashinfer_trtllm", sglang_version="0.5.23")
+    device = {k: kw.pop(k) for k in ("flashinfer_version", "capability") if k in kw}
+    checks.check_manifest(m, "OUT", **(args | kw))
+    checks.check_device(
+        m, "OUT", **(dict(flashinfer_version="0.7.2.post1", capability=(10, 0)) | device)
+    )
+
+
+def test_a_matching_runtime_passes(manifest):
+    _check(manifest)  # the control: every refusal below changes one fact
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (dict(tp_size=4), "tensor-parallel size 2, SGLang runs 4; pass --tp 2"),
+        (dict(sglang_version="0.5.24"), "this is SGLang 0.5.24, whose layouts may differ"),
+        (dict(sglang_version="0.5.22"), "install an SGLang in ==0.5.23"),
+        (
+            dict(moe_runner_backend="auto"),
+            "started with --moe-runner-backend auto; pass --moe-runner-backend flashinfer_trtllm",
+        ),
+        (dict(moe_runner_backend="flashinfer_cutlass"), "converted for FlashInfer trtllm"),
+        (dict(ep_size=2), "under expert parallelism yet (--ep-size 2)"),
+        (dict(eplb=True), "start SGLang without --enable-eplb"),
+        (dict(flashinfer_version=None), "FlashInfer is not installed"),
+        (dict(flashinfer_version="0.7.5"), "this is FlashInfer 0.7.5"),
+        (dict(capability=None), "need a CUDA GPU"),
+        (dict(capability=(9, 0)), "need an SM100-family"),
+        (dict(capability=(12, 0)), "this GPU is SM120"),
+    ],
+)
+def test_refusals_name_the_fix(manifest, change, words):
+    with pytest.raises(PluginError) as e:
+        _check(manifest, **change)
+    msg = str(e.value)
+    assert msg.startswith("fi-convert: OUT: ") and "\n" not in msg
+    assert words in msg
+
+
+def test_another_servers_output_is_refused(manifest):
+    vllm = {k: v for k, v in manifest.items() if k != target.SERVER_FIELD}  # today's outputs
+    for m in (vllm, manifest | {target.SERVER_FIELD: "vllm"}):
+        with pytest.raises(PluginError, match="OUT: converted for vllm, whose layouts differ"):
+            _check(m)
+    assert target.server_of(vllm) == "vllm"
+
+
+def test_cutlass_bf16_runs_on_sm90_sm10x_and_sm12x(outputs):
+    m = json.loads((outputs("qwen3", "cutlass", 2) / MANIFEST_NAME).read_text())
+    for cap in ((9, 0), (10, 0), (12, 0)):
+        _check(m, moe_runner_backend="flashinfer_cutlass", capability=cap)
+    with pytest.raises(PluginError, match="need an SM90, SM10x or SM12x GPU"):
+        _check(m, moe_runner_backend="flashinfer_cutlass", capability=(11, 0))
+
+
+def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
+    with pytest.raises(PluginError, match="does not load fp8-block/trtllm outputs yet"):
+        _check(manifest | {"scheme": "fp8-block"})
+
+
+@pytest.mark.parametrize(("spec", "words"), [("", "(no version range)"), ("0.5 or so", "range")])
+def test_a_missing_or_unreadable_version_range_is_refused(manifest, spec, words):
+    m = manifest | {"target": manifest["target"] | {"sglang_versions": spec}}
+    with pytest.raises(PluginError, match="convert again"):
+        _check(m)
+    with pytest.raises(PluginError) as e:
+        _check(m)
+    assert words in str(e.value)
+
+
+# ---- registration: the load format, the hooks, the entry point ----
+
+
+@pytest.fixture(scope="module")
+def registered():
+    """fi-convert's plugin registered and SGLang's hooks applied, as SGLang's `load_plugins`
+    does in every process (the hooks stay applied: each is a no-op for other load formats)."""
+    from fi_convert.servers.sglang import register
+
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        register()
+        register()  # SGLang may load plugins more than once per process: idempotent
+        HookRegistry.apply_hooks()
+    return HookRegistry
+
+
+def test_register_adds_the_load_format_and_its_loader(registered):
+    from fi_convert.servers.sglang import config
+    from fi_convert.servers.sglang.loader import FiConvertModelLoader
+
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.configs.load_config import LoadConfig, LoadFormat
+        from sglang.srt.model_loader import get_model_loader
+        from sglang.srt.model_loader.loader import DefaultModelLoader
+        from sglang.srt.server_args import LOAD_FORMAT_CHOICES
+
+        assert LOAD_FORMAT_CHOICES.count("fi-convert") == 1
+        ours = {h for hooks in registered._hooks.values() for _, h, _ in hooks}
+        assert [h for h in ours if h.__module__ == config.__name__] and len(ours) == len(
+            config.HOOKS
+        )
+        for name in ("fi-convert", "FI-CONVERT"):
+            lc = LoadConfig(load_format=name)
+            assert lc.load_format is FiConvertModelLoader
+            loader = get_model_loader(lc)
+            assert type(loader) is FiConvertModelLoader
+            assert loader.load_config.load_format == LoadFormat.SAFETENSORS
+        lc = LoadConfig(load_format="auto")  # other formats: SGLang's own, untouched
+        assert lc.load_format == LoadFormat.AUTO
+        assert type(get_model_loader(lc)) is DefaultModelLoader
+        with pytest.raises(ValueError, match="'not-a-format' is not a valid LoadFormat"):
+            LoadConfig(load_format="not-a-format")
+
+
+def test_the_launch_line_parses_and_is_checked_before_anything_starts(registered, outputs):
+    """SGLang's own argument parser and resolution, then its check_server_args (the launcher
+    and the engine run it before any scheduler process starts)."""
+    out = outputs("hf-qwen3", "trtllm", 1)
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.server_args import prepare_server_args
+
+        line = f"--model-path {out} --load-format fi-convert --device cpu"
+        ok = prepare_server_args([*line.split(), "--moe-runner-backend", "flashinfer_trtllm"])
+        assert ok.load_format == "fi-convert"
+        ok.resolve_once()
+        ok.check_server_args()
+        bad = prepare_server_args([*line.split(), "--moe-runner-backend", "flashinfer_cutlass"])
+        bad.resolve_once()
+        with pytest.raises(PluginError, match="pass --moe-runner-backend flashinfer_trtllm"):
+            bad.check_server_args()
+
+
+def test_stock_sglang_refuses_an_output_and_the_plugin_restores_the_source_config(
+    registered, outputs
+):
+    from fi_convert.servers.sglang import config
+
+    out = outputs("hf-qwen3", "trtllm", 1)
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.server_args import ServerArgs
+
+        # without --load-format fi-convert, the hooks leave the marker: SGLang refuses it
+        with pytest.raises(ValueError, match="Unknown quantization method: fi-convert"):
+            ModelConfig(model_path=str(out))
+        args = dict(model_path=str(out), moe_runner_backend="flashinfer_trtllm", device="cpu")
+        with pytest.raises(ValueError, match="Unknown quantization method: fi-convert"):
+            ModelConfig.from_server_args(ServerArgs(**args))
+        mc = ModelConfig.from_server_args(ServerArgs(**args, load_format="fi-convert"))
+        assert mc.quantization is None  # the source's: BF16
+        assert getattr(mc.hf_config, "quantization_config", None) is None
+    # a quantized source's config comes back, and get_config's cached object is not changed
+    source = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    cached = types.SimpleNamespace(
+        quantization_config={"quant_method": "fi-convert", "source_quantization_config": source}
+    )
+    token = config._LOADING.set(True)
+    try:
+        got = config.get_config(lambda: cached)
+    finally:
+        config._LOADING.reset(token)
+    assert got.quantization_config == source and got is not cached
+    assert cached.quantization_config["quant_method"] == "fi-convert"
+    assert config.get_config(lambda: cached) is cached  # outside an fi-convert load
+
+
+def test_the_entry_point_is_declared():
+    """pyproject.toml's entry point (what `pip install .[sglang]` installs) names `register`.
+    (The installed metadata is not checked here: this venv's fi-convert is another checkout.)"""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    eps = project["entry-points"][target.ENTRY_POINT_GROUP]
+    assert eps == {target.PLUGIN_NAME: "fi_convert.servers.sglang:register"}
+    import pkgutil
+
+    from fi_convert.servers.sglang import register
+
+    assert pkgutil.resolve_name(eps[target.PLUGIN_NAME]) is register
+    assert project["optional-dependencies"]["sglang"] == ["sglang==" + target.TARGET["sglang"]]
+
+
+def test_the_facts_and_the_checks_import_no_sglang():
+    code = (
+        "import sys\n"
+        "import fi_convert.servers.sglang, fi_convert.servers.sglang.target\n"
+        "import fi_convert.servers.sglang.checks, fi_convert.servers.sglang.config\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'vllm')))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ---- a whole model through SGLang's get_model_loader ----
+
+
+def _model(registered, path: Path, load_format: str, backend: str):
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import get_model_loader
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path=str(path), load_format=load_format, moe_runner_backend=sm.BACKEND[backend]
+    )
+    mc = ModelConfig.from_server_args(args)
+    loader = get_model_loader(LoadConfig(load_format=load_format), mc)
+    return loader.load_model(model_config=mc, device_config=DeviceConfig("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("case", "backend"), [("hf-qwen3", "trtllm"), ("hf-qwen3", "cutlass"), ("hf-mixtral", "trtllm")]
+)
+def test_a_whole_model_equals_sglangs_default_load_of_the_source(
+    case, backend, registered, sources, outputs, monkeypatch
+):
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")  # no GPU here: skip its checks
+    out = outputs(case, backend, 1)
+    with sm.sglang_context(backend, 1, 0):
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+        ours = _model(registered, out, "fi-convert", backend)
+        theirs = _model(registered, sources(case), "auto", backend)
+    p, q = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    assert sorted(p) == sorted(q)
+    assert differing(q, p) == []
+    moe = [n for n, m in theirs.named_modules() if isinstance(m, FusedMoE)]
+    mlp = "block_sparse_moe" if case == "hf-mixtral" else "mlp"
+    assert moe == [f"model.layers.{i}.{mlp}.experts" for i in (0, 1)]
+    for name in moe:
+        assert sm.layer_state(ours.get_submodule(name)) == sm.layer_state(
+            theirs.get_submodule(name)
+        )
+
+
+def test_a_weight_update_from_an_output_is_refused(registered):
+    """SGLang's update_weights_from_disk reads through the loader's _get_weights_iterator, then
+    DefaultModelLoader's processing, which would take the converted tensors for the source's."""
+    from fi_convert.servers.sglang.loader import FiConvertModelLoader
+
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.model_loader.loader import DefaultModelLoader
+
+        loader = FiConvertModelLoader(LoadConfig())
+        source = DefaultModelLoader.Source("OUT", None)
+        with pytest.raises(PluginError, match="fi-convert: OUT: updating weights from an"):
+            loader._get_weights_iterator(source)
+
+
+def test_a_whole_model_refusal_comes_before_anything_is_built(registered, outputs):
+    from fi_convert.servers.sglang import loader
+
+    out = outputs("hf-qwen3", "trtllm", 1, sglang=False)  # today's vLLM output
+    with (
+        sm.sglang_context("trtllm", 1, 0),
+        mock.patch.object(loader, "_initialize_model", side_effect=AssertionError("built")),
+        pytest.raises(PluginError, match="converted for vllm"),
+    ):
+        _model(registered, out, "fi-convert", "trtllm")
+    # an SGLang output on this machine (no CUDA GPU): refused before the model is built too
+    out = outputs("hf-qwen3", "trtllm", 1)
+    with (
+        sm.sglang_context("trtllm", 1, 0),
+        mock.patch.object(loader, "_initialize_model", side_effect=AssertionError("built")),
+        pytest.raises(PluginError, match="need a CUDA GPU"),
+    ):
+        _model(registered, out, "fi-convert", "trtllm")
