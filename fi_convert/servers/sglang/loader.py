@@ -2,11 +2,11 @@
 
 It builds the model as SGLang's `DefaultModelLoader.load_model` does (SGLang's own quantization
 config and model initialization). Non-expert tensors go through SGLang's own
-`load_weights_only` (the model's `load_weights`). The converted MoE tensors bypass it (its
-expert weight loader would TP-split and pad them again): each layer's rank slice is read with
-fi-convert's fast read path straight into the layer's parameters, and the layer gets kernel
-setup only (experts.finish). Every other module is processed by SGLang's own
-`process_weights_after_loading`, as its `postprocess_weights` does.
+`load_weights_only` (the model's `load_weights`), read ahead in batches (`format.dense`).
+The converted MoE tensors bypass it (its expert weight loader would TP-split and pad them
+again): each layer's rank slice is read with fi-convert's fast read path straight into the
+layer's parameters, and the layer gets kernel setup only (experts.finish). Every other module
+is processed by SGLang's own `process_weights_after_loading`, as its `postprocess_weights` does.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from sglang.srt.configs.load_config import LoadConfig, LoadFormat
 from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 from sglang.srt.model_loader.loader import (
@@ -31,8 +30,9 @@ from sglang.srt.model_loader.loader import (
 )
 from sglang.srt.model_loader.utils import set_default_torch_dtype
 
-from ...bulk_read import HostBuffers, ReadError, host_buffers
+from ...bulk_read import HostBuffers, host_buffers
 from ...errors import FiConvertError
+from ...format.dense import DenseTensors
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -139,7 +139,11 @@ class FiConvertModelLoader(DefaultModelLoader):
                 for prefix, layer in layers.items():
                     experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
                 bulk.start()  # the experts' bytes are read beside the dense tensors
-                DefaultModelLoader.load_weights_only(model, dense_weights(reader), target_device)
+                others = DenseTensors(reader)  # read in batches, the next one meanwhile
+                try:
+                    DefaultModelLoader.load_weights_only(model, iter(others), target_device)
+                finally:
+                    others.close()
                 stats = bulk.wait()
             except FiConvertError as e:
                 bulk.abort()
@@ -167,23 +171,6 @@ def postprocess(model: torch.nn.Module, converted: set, target_device: torch.dev
                 experts.finish(module)
             else:
                 quant_method.process_weights_after_loading(module)
-
-
-def dense_weights(reader: OutputReader) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the output that is not a converted expert tensor, shard by shard."""
-    for shard in reader.shards():
-        path = reader.root / shard
-        try:
-            with safe_open(path, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if not reader.is_expert_tensor(name):
-                        yield name, f.get_tensor(name)
-        except (SafetensorError, OSError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ReadError(
-                f"{path}: cannot be read ({first}): truncated or corrupt; restore the file "
-                "(convert or download it again), then load again"
-            ) from None
 
 
 def _device(layers: dict[str, Any]) -> torch.device:
