@@ -91,10 +91,6 @@ class OutputReader:
             self._headers[shard] = self._open(self.root / shard)
         return self._headers[shard]
 
-    def fd(self, path: Path) -> int:
-        """The open file of one of the output's shards."""
-        return self._files.fd(path)
-
     def _open(self, path: Path) -> dict[str, TensorInfo]:
         """The shard's header, read from the file that stays open for the reads (a file
         replaced in between would give other bytes than the header checked)."""

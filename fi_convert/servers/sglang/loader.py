@@ -2,7 +2,7 @@
 
 It builds the model as SGLang's `DefaultModelLoader.load_model` does (SGLang's own quantization
 config and model initialization). Non-expert tensors go through SGLang's own
-`load_weights_only` (the model's `load_weights`), read ahead in batches (`format.dense`).
+`load_weights_only` (the model's `load_weights`, `format.dense`).
 The converted MoE tensors bypass it (its expert weight loader would TP-split and pad them
 again): each layer's rank slice is read with fi-convert's fast read path straight into the
 layer's parameters, and the layer gets kernel setup only (experts.finish). Every other module
@@ -32,7 +32,7 @@ from sglang.srt.model_loader.utils import set_default_torch_dtype
 
 from ...bulk_read import HostBuffers, host_buffers
 from ...errors import FiConvertError
-from ...format.dense import DenseTensors
+from ...format.dense import OtherTensors
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -139,11 +139,8 @@ class FiConvertModelLoader(DefaultModelLoader):
                 for prefix, layer in layers.items():
                     experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
                 bulk.start()  # the experts' bytes are read beside the dense tensors
-                others = DenseTensors(reader)  # read in batches, the next one meanwhile
-                try:
-                    DefaultModelLoader.load_weights_only(model, iter(others), target_device)
-                finally:
-                    others.close()
+                others = OtherTensors(reader)
+                DefaultModelLoader.load_weights_only(model, iter(others), target_device)
                 stats = bulk.wait()
             except FiConvertError as e:
                 bulk.abort()

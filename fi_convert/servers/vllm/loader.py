@@ -1,7 +1,7 @@
 """`--load-format fi-convert`: a vLLM 0.33 model loader for fi-convert outputs.
 
 Non-expert tensors go through the model's own `load_weights`, as with vLLM's default loader
-(read ahead in batches by parallel threads, `format.dense`).
+(`format.dense`).
 The converted MoE tensors bypass it (its expert weight loader would TP-split them again): each
 layer's rank slice is read straight into the layer's parameters, and the layer's processing is
 replaced by kernel setup only. Every other module is processed by vLLM's own driver.
@@ -25,7 +25,7 @@ from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from ...bulk_read import HostBuffers, ReadStats, host_buffers
 from ...errors import FiConvertError
 from ...format import manifest as mf
-from ...format.dense import DenseTensors
+from ...format.dense import OtherTensors
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -146,11 +146,8 @@ class FiConvertModelLoader(DefaultModelLoader):
                     for p in experts.install(mod, reader, lp, rank, bulk):
                         loaded.add(f"{name}.{p}")
                 moe(bulk.start)  # the experts' bytes are read beside the dense tensors
-                others = DenseTensors(reader)  # read in batches, the next one meanwhile
-                try:
-                    loaded |= set(dense(lambda: model.load_weights(iter(others))))
-                finally:
-                    others.close()
+                others = OtherTensors(reader)
+                loaded |= set(dense(lambda: model.load_weights(iter(others))))
                 dense.nbytes = others.nbytes
                 stats = bulk.wait()
             except FiConvertError as e:
