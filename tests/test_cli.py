@@ -236,10 +236,10 @@ def test_the_process_exits_at_once_with_its_status_and_all_said(ckpts, tmp_path,
 def test_leave_now_exits_as_system_exit_would(tmp_path):
     code = (
         "import atexit, sys\n"
-        "from fi_convert import cli\n"
+        "from fi_convert.cli import _process\n"
         "atexit.register(lambda: sys.stdout.write('bye'))\n"
         "sys.stdout.write('unflushed ')\n"
-        "cli._leave_now(sys.argv[1] if sys.argv[1] != 'none' else None)\n"
+        "_process._leave_now(sys.argv[1] if sys.argv[1] != 'none' else None)\n"
     )
     for arg, status in (("none", 0), ("a message", 1)):
         r = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True)
@@ -278,12 +278,10 @@ def test_every_option_names_its_flags():
 
     import fi_convert.cli as cli
 
-    tree = ast.parse(Path(cli.__file__).read_text())
-    options = [
-        (n.arg, c)
-        for n in ast.walk(tree)
-        if isinstance(n, ast.arg) and n.annotation is not None
-        for c in ast.walk(n.annotation)
+    options = [  # every typer.Option(...) of the CLI's modules (in aliases and parameters)
+        (f"{f.name}:{c.lineno}", c)
+        for f in Path(cli.__file__).parent.glob("*.py")
+        for c in ast.walk(ast.parse(f.read_text()))
         if isinstance(c, ast.Call) and getattr(c.func, "attr", None) == "Option"
     ]
     assert len(options) > 20  # the walk found the commands' options

@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from fi_convert import cli_progress as cp
+from fi_convert.cli import _progress as cp
 from fi_convert.cli import app
 from fi_convert.pipeline import Progress
 from fi_convert.plan import grouped_notes
