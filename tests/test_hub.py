@@ -531,6 +531,37 @@ def test_convert_push_to_publishes_with_the_source_as_base_model(hub, src, tmp_p
     assert r.exit_code == 2  # a usage error: --private goes with --push-to
 
 
+def test_convert_source_is_the_command_for_a_python_caller(hub, src, ref_out, tmp_path):
+    """`fi_convert.convert_source` does what `fi-convert REPO OUT --push-to TARGET` does (the
+    command is one call of it), telling its listener the steps."""
+    import fi_convert
+    from fi_convert.hub.convert import Silent
+
+    commit = hub.add_repo(REPO, repo_files(src))
+    heard: list[tuple] = []
+
+    class Ear(Silent):
+        def source(self, repo_id, commit, path):
+            heard.append(("source", repo_id, commit, path is not None))
+
+        def planned(self, plan):
+            heard.append(("planned", plan.scheme.value))
+
+    out = tmp_path / "out"
+    done = fi_convert.convert_source(
+        REPO, out, Options(scheme="bf16"), device="cpu", push_to=TARGET, listener=Ear()
+    )
+    assert heard == [("source", REPO, commit, True), ("planned", "bf16")]
+    assert done.result is not None and done.pushed is not None
+    assert done.source.commit == commit and done.pushed.base_model == REPO
+    assert done.result.manifest["source"]["repo_id"] == REPO
+    assert shard_shas(out) == shard_shas(ref_out)
+    _check_pushed(hub, out)
+    dry = fi_convert.convert_source(REPO, tmp_path / "dry", dry_run=True)
+    assert dry.result is None and dry.plan.scheme.value == "bf16"
+    assert not (tmp_path / "dry").exists()
+
+
 def test_push_hashes_each_byte_once_and_a_repeated_push_commits_nothing(
     hub, ref_out, tmp_path, monkeypatch
 ):
