@@ -22,15 +22,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from fi_convert import Options, convert
-from fi_convert.cli import app
 from fi_convert.errors import SourceError
 from fi_convert.format import manifest as mf
 from fi_convert.source import open_checkpoint
 from fi_convert.synthetic import Spec, write_checkpoint
 
+from . import conftest
 from .hub_server import PROXIES as _PROXIES
 from .hub_server import TOKEN, FakeHub
 from .hub_server import hf_env as _hf_env
@@ -82,8 +81,8 @@ def repo_files(src: Path) -> dict[str, bytes]:
 
 
 def cli(*args):
-    """Run the CLI in-process; the token must never show in what it prints."""
-    res = CliRunner().invoke(app, [str(a) for a in args])
+    """The CLI in-process (conftest's); the token must never show in what it prints."""
+    res = conftest.cli(*args)
     assert TOKEN not in res.stdout + res.stderr
     return res
 
