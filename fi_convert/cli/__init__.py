@@ -22,7 +22,6 @@ from rich.markup import escape
 
 from .. import __version__
 from . import _process
-from ._options import device_name, parse_size
 from ._output import err, out
 from ._usage import one_line_group
 from .convert import convert_cmd
@@ -92,7 +91,4 @@ def main(argv: list[str] | None = None) -> None:
         raise
 
 
-__all__ = ["app", "device_name", "main", "parse_size"]
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+__all__ = ["app", "main"]
