@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from .. import __version__
 from . import _process
-from ._output import err, out
+from ._output import Output, err, out
 from ._usage import one_line_group
 from .convert import convert_cmd
 from .inspect import inspect_cmd
@@ -78,10 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     if first is not None and first not in COMMANDS:
         near = difflib.get_close_matches(first, sorted(COMMANDS), n=1)
         if near and "/" not in first and not os.path.exists(first):  # a mistyped command
-            err.print(
-                f"[red]error:[/red] no such command or folder {escape(repr(first))}; "
-                f"did you mean {near[0]}?"
-            )
+            line = f"no such command or folder {escape(repr(first))}; did you mean {near[0]}?"
+            Output().problem("error", line)
             raise SystemExit(2)
         args.insert(0, "convert")
     try:

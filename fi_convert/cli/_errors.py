@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import FiConvertError
-from ._output import err
+from ._output import Output, err
 from ._process import Terminated
 
 
@@ -25,12 +25,12 @@ def handled(debug: bool, stopped: str | Callable[[], str] | None = None) -> Iter
     except FiConvertError as e:
         if debug:
             err.print_exception()
-        err.print(f"[red]error:[/red] {escape(str(e))}")
+        Output().problem("error", escape(str(e)))
         raise typer.Exit(1) from None
     except KeyboardInterrupt as e:
         if stopped is None:
             raise
         state = stopped if isinstance(stopped, str) else stopped()
         term = isinstance(e, Terminated)
-        err.print(f"[red]{'terminated' if term else 'interrupted'}[/red]: {state}")
+        Output().problem("terminated" if term else "interrupted", state)
         raise typer.Exit(143 if term else 130) from None
