@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .format.manifest import check_files
     from .format.manifest import read as read_manifest
     from .format.reader import load_moe_layer
+    from .hub.convert import convert_source, stream_source
     from .pipeline import Progress, Result, convert, run_plan
     from .plan import Options, Plan, make_plan
 
@@ -33,6 +34,8 @@ _LAZY = {
     "Progress": ("pipeline", "Progress"),
     "Result": ("pipeline", "Result"),
     "convert": ("pipeline", "convert"),
+    "convert_source": ("hub.convert", "convert_source"),
+    "stream_source": ("hub.convert", "stream_source"),
     "run_plan": ("pipeline", "run_plan"),
     "load_moe_layer": ("format.reader", "load_moe_layer"),
     "check_files": ("format.manifest", "check_files"),
@@ -73,8 +76,10 @@ __all__ = [
     "__version__",
     "check_files",
     "convert",
+    "convert_source",
     "load_moe_layer",
     "make_plan",
     "read_manifest",
     "run_plan",
+    "stream_source",
 ]

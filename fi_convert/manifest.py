@@ -45,6 +45,20 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
     }
 
 
+def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
+    """The manifest's record of where a conversion's source came from (`Plan.provenance`): for
+    a Hub repo, its id and the exact commit, and the command that converts it (local paths
+    never appear); nothing for a local folder."""
+    if repo_id is None:
+        return {}
+    o = plan.options
+    cmd = f"fi-convert {repo_id} OUT_DIR --revision {commit} --scheme {plan.scheme.value} "
+    cmd += f"--backend {o.backend.value} --tp-size {o.tp_size}"
+    if o.max_shard_bytes:
+        cmd += f" --max-shard-size {o.max_shard_bytes}"
+    return {"repo_id": repo_id, "revision": commit, "command": cmd}
+
+
 def _ep_note(scheme: str, layers: dict) -> str:
     # FP8 per-tensor activation scales are a max over experts, which vLLM takes over a rank's
     # local experts under EP; NVFP4 on FlashInfer uses the global max (use_global_sf)

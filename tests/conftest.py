@@ -1,12 +1,33 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from click.testing import Result
+from typer.testing import CliRunner
+
+from fi_convert.synthetic import Spec, write_checkpoint
 
 from .hub_server import PROXIES, FakeHub, hf_env, loopback_only
+
+# The escape sequences of colours and styles, for comparing what the CLI printed.
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def cli(*args: object, env: dict[str, str] | None = None) -> Result:
+    """`fi-convert ARGS` run in-process through the typer app (`env`: variables set for the
+    run): the click Result, stdout and stderr apart. An exception other than the command's
+    exit is raised again, so that a test fails on it with its traceback."""
+    from fi_convert.cli import app
+
+    res = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,6 +59,19 @@ def _free_tmp_path(request):
     path = request.node.funcargs.get("tmp_path")
     if path is not None and request.node.stash.get(_PASSED, False):
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    """No test sees the FI_CONVERT_DEBUG of the shell that runs it (tracebacks on stderr)."""
+    monkeypatch.delenv("FI_CONVERT_DEBUG", raising=False)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    """A small DeepSeek-V3 checkpoint in three shards (a module may have a `src` of its own)."""
+    spec = Spec("deepseek-v3", layers=3, experts=8, hidden=256, intermediate=512, shards=3)
+    return write_checkpoint(tmp_path_factory.mktemp("src") / "ds", spec)
 
 
 @pytest.fixture

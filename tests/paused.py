@@ -26,6 +26,7 @@ CHILD = r"""
 import os, signal, sys, threading
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's, even in a CI job
 from fi_convert import cli, outdir, pipeline, st_io
+from fi_convert.cli import _process
 
 events = int(sys.argv[1])
 points = dict(p.split("=") for p in sys.argv[2].split(",") if p)
@@ -58,7 +59,7 @@ def pause(name):
         gates[name].wait()
 
 
-def on_signal(signum, frame, real=cli._on_signal):
+def on_signal(signum, frame, real=_process._on_signal):
     signals[0] += 1
     say(f"signal {signals[0]}")
     return real(signum, frame)
@@ -88,7 +89,7 @@ def cleanup(od, real=outdir.OutDir._cleanup):
     real(od)
 
 
-cli._on_signal = on_signal
+_process._on_signal = on_signal
 pipeline.ThreadPoolExecutor = Pool
 outdir.OutDir._cleanup = cleanup
 before(st_io.ShardWriter, "write_bytes", "write")

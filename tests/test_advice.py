@@ -11,28 +11,20 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
 from fi_convert import manifest as mf
 from fi_convert import served_config
-from fi_convert.cli import app
 from fi_convert.plan import Options, choices, make_plan
 from fi_convert.servers.vllm.checks import PluginError, check_gpu, check_manifest
 from fi_convert.synthetic import Spec, write_checkpoint
 
+from .conftest import ANSI_RE, cli
+
 ROOT = Path(__file__).resolve().parent.parent
-ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 UNSERVABLE = (
     "so the output has no static activation scales, which vLLM 0.33's FlashInfer FP8 "
     "per-tensor kernels need (fi-convert's vLLM plugin refuses such an output)"
 )
-
-
-def cli(*args):
-    res = CliRunner().invoke(app, [str(a) for a in args])
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    return res
 
 
 def lines(text: str) -> list[str]:

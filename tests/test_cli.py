@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from typer.testing import CliRunner
 
-from fi_convert.cli import app, main, parse_size
+from fi_convert.cli import app, main
+from fi_convert.cli._options import parse_size
 from fi_convert.synthetic import Spec, write_checkpoint
+
+from .conftest import ANSI_RE, cli
 
 # the installed console script (what `make install` puts in the venv); where the package is
 # only on PYTHONPATH (the GPU machine), the same entry point through `python -m fi_convert`
@@ -33,7 +35,6 @@ MANIFEST = "fi-convert-manifest.json"
 INDEX = "model.safetensors.index.json"
 SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json")
 SHARD_RE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
-ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 SPECS = {
     "deepseek-v3": Spec(
@@ -63,21 +64,8 @@ SCHEME = {
 # ----------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("FI_CONVERT_DEBUG", raising=False)
-
-
 def _clean(s: str) -> str:
     return ANSI_RE.sub("", s)
-
-
-def cli(*args: str):
-    """Run the typer app in-process; returns the click Result (stdout and stderr apart)."""
-    res = CliRunner().invoke(app, [str(a) for a in args])
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    return res
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
@@ -236,10 +224,10 @@ def test_the_process_exits_at_once_with_its_status_and_all_said(ckpts, tmp_path,
 def test_leave_now_exits_as_system_exit_would(tmp_path):
     code = (
         "import atexit, sys\n"
-        "from fi_convert import cli\n"
+        "from fi_convert.cli import _process\n"
         "atexit.register(lambda: sys.stdout.write('bye'))\n"
         "sys.stdout.write('unflushed ')\n"
-        "cli._leave_now(sys.argv[1] if sys.argv[1] != 'none' else None)\n"
+        "_process._leave_now(sys.argv[1] if sys.argv[1] != 'none' else None)\n"
     )
     for arg, status in (("none", 0), ("a message", 1)):
         r = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True)
@@ -278,12 +266,10 @@ def test_every_option_names_its_flags():
 
     import fi_convert.cli as cli
 
-    tree = ast.parse(Path(cli.__file__).read_text())
-    options = [
-        (n.arg, c)
-        for n in ast.walk(tree)
-        if isinstance(n, ast.arg) and n.annotation is not None
-        for c in ast.walk(n.annotation)
+    options = [  # every typer.Option(...) of the CLI's modules (in aliases and parameters)
+        (f"{f.name}:{c.lineno}", c)
+        for f in Path(cli.__file__).parent.glob("*.py")
+        for c in ast.walk(ast.parse(f.read_text()))
         if isinstance(c, ast.Call) and getattr(c.func, "attr", None) == "Option"
     ]
     assert len(options) > 20  # the walk found the commands' options
@@ -434,16 +420,14 @@ def test_device_cpu(ckpts, tmp_path):
 
 def test_invalid_scheme_is_usage_error(ckpts, tmp_path):
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["convert", str(ckpts["mixtral"]), str(out), "--scheme", "nope"])
+    res = cli("convert", ckpts["mixtral"], out, "--scheme", "nope")
     assert res.exit_code == 2
     assert "nope" in res.output
     assert not out.exists()
 
 
 def test_tp_size_zero_is_usage_error(ckpts, tmp_path):
-    res = CliRunner().invoke(
-        app, ["convert", str(ckpts["mixtral"]), str(tmp_path / "o"), "-tp", "0"]
-    )
+    res = cli("convert", ckpts["mixtral"], tmp_path / "o", "-tp", "0")
     assert res.exit_code == 2
     assert not (tmp_path / "o").exists()
 

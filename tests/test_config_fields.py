@@ -15,7 +15,8 @@ import pytest
 from fi_convert.families import FAMILY_DIR, SECTION_FIELDS, all_families
 from fi_convert.synthetic import FAMILIES, Spec, write_checkpoint
 
-from .test_errors import cli, error_line
+from .conftest import cli
+from .test_errors import error_line
 
 # a small checkpoint of each family file's family
 SPECS = {

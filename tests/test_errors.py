@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -14,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
 import fi_convert
 from fi_convert import (
@@ -27,15 +25,14 @@ from fi_convert import (
     SchemeName,
     SourceError,
 )
-from fi_convert.cli import app
 from fi_convert.schemes import REGISTRY
 from fi_convert.synthetic import Spec, write_checkpoint
 
+from .conftest import ANSI_RE, cli
 from .test_cli import FI_CONVERT
 
 MANIFEST = "fi-convert-manifest.json"
 INDEX = "model.safetensors.index.json"
-ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 DS = Spec(family="deepseek-v3", layers=3, dense_layers=1, experts=6, hidden=256, intermediate=256)
 MX = Spec(family="mixtral", layers=2, experts=4, hidden=128, intermediate=128)
@@ -45,11 +42,6 @@ MX_L = "model.layers.0.block_sparse_moe.experts"
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("FI_CONVERT_DEBUG", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +66,6 @@ def ckpt(pristine, tmp_path) -> Callable[[str], Path]:
         return dst
 
     return make
-
-
-def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def error_line(res, *needles: str, out: Path | None = None) -> str:
@@ -570,11 +558,8 @@ def test_reading_experts_for_expert_parallelism(tmp_path):
 
 
 def test_fp8_block_expert_count_warning(tmp_path):
-    from fi_convert.cli import app
-    from fi_convert.synthetic import Spec, write_checkpoint
-
     src = write_checkpoint(tmp_path / "src", Spec("deepseek-v3", layers=2, experts=6))
-    r = CliRunner().invoke(app, ["inspect", str(src)])
+    r = cli("inspect", src)
     assert r.exit_code == 0
     assert "multiple of 4" in r.output
 

@@ -23,11 +23,11 @@ from fi_convert.format.hashes import sha256_file
 from fi_convert.st_io import OutEntry, ShardWriter, build_header, read_header
 from fi_convert.synthetic import write_checkpoint
 
+from .conftest import cli
 from .test_errors import (
     MANIFEST,
     MX,
     MX_L,
-    cli,
     convert,
     error_line,
     load_index,
@@ -39,11 +39,6 @@ W1 = f"{MX_L}.0.w1.weight"
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("FI_CONVERT_DEBUG", raising=False)
 
 
 @pytest.fixture(scope="module")

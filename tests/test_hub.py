@@ -22,15 +22,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from fi_convert import Options, convert
-from fi_convert.cli import app
 from fi_convert.errors import SourceError
 from fi_convert.format import manifest as mf
 from fi_convert.source import open_checkpoint
 from fi_convert.synthetic import Spec, write_checkpoint
 
+from . import conftest
 from .hub_server import PROXIES as _PROXIES
 from .hub_server import TOKEN, FakeHub
 from .hub_server import hf_env as _hf_env
@@ -82,8 +81,8 @@ def repo_files(src: Path) -> dict[str, bytes]:
 
 
 def cli(*args):
-    """Run the CLI in-process; the token must never show in what it prints."""
-    res = CliRunner().invoke(app, [str(a) for a in args])
+    """The CLI in-process (conftest's); the token must never show in what it prints."""
+    res = conftest.cli(*args)
     assert TOKEN not in res.stdout + res.stderr
     return res
 
@@ -529,6 +528,37 @@ def test_convert_push_to_publishes_with_the_source_as_base_model(hub, src, tmp_p
 
     r = cli("convert", src, tmp_path / "other", "--private")
     assert r.exit_code == 2  # a usage error: --private goes with --push-to
+
+
+def test_convert_source_is_the_command_for_a_python_caller(hub, src, ref_out, tmp_path):
+    """`fi_convert.convert_source` does what `fi-convert REPO OUT --push-to TARGET` does (the
+    command is one call of it), telling its listener the steps."""
+    import fi_convert
+    from fi_convert.hub.convert import Silent
+
+    commit = hub.add_repo(REPO, repo_files(src))
+    heard: list[tuple] = []
+
+    class Ear(Silent):
+        def source(self, repo_id, commit, path):
+            heard.append(("source", repo_id, commit, path is not None))
+
+        def planned(self, plan):
+            heard.append(("planned", plan.scheme.value))
+
+    out = tmp_path / "out"
+    done = fi_convert.convert_source(
+        REPO, out, Options(scheme="bf16"), device="cpu", push_to=TARGET, listener=Ear()
+    )
+    assert heard == [("source", REPO, commit, True), ("planned", "bf16")]
+    assert done.result is not None and done.pushed is not None
+    assert done.source.commit == commit and done.pushed.base_model == REPO
+    assert done.result.manifest["source"]["repo_id"] == REPO
+    assert shard_shas(out) == shard_shas(ref_out)
+    _check_pushed(hub, out)
+    dry = fi_convert.convert_source(REPO, tmp_path / "dry", dry_run=True)
+    assert dry.result is None and dry.plan.scheme.value == "bf16"
+    assert not (tmp_path / "dry").exists()
 
 
 def test_push_hashes_each_byte_once_and_a_repeated_push_commits_nothing(

@@ -329,6 +329,19 @@ def test_the_cli_streams_a_hub_source_with_push_to(hub, big, local_out, tmp_path
     assert "No files have been modified" not in r.stdout + r.stderr
 
 
+def test_stream_source_is_the_streamed_command_for_a_python_caller(hub, big, local_out, tmp_path):
+    """`fi_convert.stream_source` does what `fi-convert SRC STAGING --push-to TARGET` does."""
+    import fi_convert
+
+    commit = hub.add_repo(SRC, repo_files(big))
+    done = fi_convert.stream_source(SRC, tmp_path / "staging", TARGET, OPTS, device="cpu")
+    assert _target_shards(hub) == _shards(local_out)
+    assert sorted(done.result.uploaded) == sorted(_shards(local_out))
+    source = json.loads(hub.files(TARGET)[MANIFEST])["source"]
+    assert (source["repo_id"], source["revision"]) == (SRC, commit)
+    assert done.summary["scheme"] == "bf16" and not (tmp_path / "staging").exists()
+
+
 def test_a_push_target_that_cannot_be_written_fails_before_any_work(hub, big, tmp_path):
     hub.add_repo(SRC, repo_files(big))
     hub.account["orgs"] = ["other"]

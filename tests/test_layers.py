@@ -9,16 +9,26 @@ import sys
 
 import fi_convert
 
-CLI = {"fi_convert.__main__", "fi_convert.cli", "fi_convert.cli_progress", "fi_convert.cli_usage"}
+
+def _is_cli(name: str) -> bool:
+    """The command line: `python -m fi_convert` and the `fi_convert.cli` package."""
+    return (
+        name == "fi_convert.__main__"
+        or name == "fi_convert.cli"
+        or name.startswith("fi_convert.cli.")
+    )
 
 
 def _library_modules() -> list[str]:
     names = [
         m.name
         for m in pkgutil.walk_packages(fi_convert.__path__, "fi_convert.")
-        if m.name not in CLI and not m.name.startswith("fi_convert.servers")
+        if not _is_cli(m.name) and not m.name.startswith("fi_convert.servers")
     ]
     assert "fi_convert.pipeline" in names and "fi_convert.hub.stream" in names
+    assert "fi_convert.hub.convert" in names and not any(
+        n.startswith("fi_convert.cli") for n in names
+    )
     return names
 
 

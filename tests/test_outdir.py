@@ -21,7 +21,8 @@ from fi_convert.format import manifest as mf
 from fi_convert.st_io import TMP_SUFFIX, SourceFiles, read_header
 from fi_convert.synthetic import Spec, write_checkpoint
 
-from .test_errors import cli, error_line
+from .conftest import cli
+from .test_errors import error_line
 
 MANIFEST = "fi-convert-manifest.json"
 FP8 = ["--scheme", "fp8-block", "--max-shard-size", "300000", "--quiet"]

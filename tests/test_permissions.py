@@ -23,7 +23,7 @@ import pytest
 import fi_convert
 from fi_convert.synthetic import Spec, write_checkpoint
 
-from .test_errors import ANSI_RE
+from .conftest import ANSI_RE
 
 NOBODY = 65534
 SETPRIV = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
@@ -265,7 +265,6 @@ def test_a_permission_error_no_command_says_better_is_one_line(monkeypatch, tmp_
         raise PermissionError(13, "Permission denied", str(where))
 
     monkeypatch.setattr(plan, "make_plan", refuse)
-    monkeypatch.delenv("FI_CONVERT_DEBUG", raising=False)
     res = CliRunner().invoke(app, ["inspect", str(tmp_path)])
     one_error(
         subprocess.CompletedProcess([], res.exit_code, res.stdout, res.stderr),

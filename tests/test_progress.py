@@ -16,13 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
-from fi_convert import cli_progress as cp
-from fi_convert.cli import app
+from fi_convert.cli import _progress as cp
 from fi_convert.pipeline import Progress
 from fi_convert.plan import grouped_notes
 from fi_convert.synthetic import Spec, write_checkpoint
+
+from .conftest import cli
 
 MANIFEST = "fi-convert-manifest.json"
 SIZE = r"\d+(\.\d\d)? [KMGT]?B"
@@ -35,21 +35,7 @@ FP8 = ["--scheme", "fp8-block", "--max-shard-size", "600000", "--device", "cpu"]
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch):
-    monkeypatch.delenv("FI_CONVERT_DEBUG", raising=False)
     monkeypatch.delenv(cp.SECONDS_ENV, raising=False)
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory) -> Path:
-    spec = Spec("deepseek-v3", layers=3, experts=8, hidden=256, intermediate=512, shards=3)
-    return write_checkpoint(tmp_path_factory.mktemp("src") / "ds", spec)
-
-
-def cli(*args: str, env: dict | None = None):
-    res = CliRunner().invoke(app, [str(a) for a in args], env=env)
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    return res
 
 
 def progress_lines(stderr: str) -> list[tuple[str, int]]:

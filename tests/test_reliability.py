@@ -28,12 +28,6 @@ MANIFEST = "fi-convert-manifest.json"
 
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    spec = Spec("deepseek-v3", layers=3, experts=8, hidden=256, intermediate=512, shards=3)
-    return write_checkpoint(tmp_path_factory.mktemp("src") / "ds", spec)
-
-
-@pytest.fixture(scope="module")
 def reference_out(src, tmp_path_factory):
     out = tmp_path_factory.mktemp("ref") / "out"
     convert(src, out, _opts(), device="cpu")

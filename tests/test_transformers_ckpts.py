@@ -9,27 +9,18 @@ without config.json, an fi-convert output, a dense model.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from fi_convert.cli import app
 
 from . import hf_checkpoints as hf
+from .conftest import ANSI_RE, cli
 
-ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MANIFEST = "fi-convert-manifest.json"
 # our family name for each transformers model, and its first MoE layer
 FAMILY = {"qwen3_moe": "qwen3-moe", "mixtral": "mixtral", "deepseek_v3": "deepseek-v3"}
 CASES = [(kind, scheme, tp) for kind in FAMILY for scheme in ("bf16", "mxfp8") for tp in (1, 2)]
-
-
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("FI_CONVERT_DEBUG", raising=False)
 
 
 @pytest.fixture(scope="session")
@@ -44,10 +35,6 @@ def hf_ckpt(tmp_path_factory):
         return made[kind]
 
     return get
-
-
-def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def the_error(res) -> str:

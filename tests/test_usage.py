@@ -13,24 +13,18 @@ import subprocess
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import fi_convert
 from fi_convert import ManifestError, load_moe_layer
-from fi_convert.cli import app, main
+from fi_convert.cli import main
 from fi_convert.synthetic import Spec, write_checkpoint
 
+from .conftest import ANSI_RE, cli
 from .test_cli import FI_CONVERT
 
-ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MX = Spec(family="mixtral", layers=2, experts=4, hidden=128, intermediate=128)
 SCHEMES = "auto, bf16, fp8-tensor, fp8-block, mxfp8, nvfp4, mxfp4"
 CONVERT_USAGE = "fi-convert convert [OPTIONS] MODEL_DIR OUT_DIR"
-
-
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("FI_CONVERT_DEBUG", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +35,7 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def output(model, tmp_path_factory):
     out = tmp_path_factory.mktemp("usage-out") / "out"
-    res = CliRunner().invoke(app, ["convert", str(model), str(out), "--device", "cpu"])
+    res = cli("convert", model, out, "--device", "cpu")
     assert res.exit_code == 0, res.output
     return out
 
@@ -163,7 +157,7 @@ def test_a_mistyped_command_is_not_taken_for_a_model_folder(capsys, tmp_path, mo
 
 def test_the_app_itself_names_an_unknown_command_in_one_line():
     """Without the entry point's default command (the app as tests and `python -m` drive it)."""
-    res = CliRunner().invoke(app, ["pusj", "out", "org/name"])
+    res = cli("pusj", "out", "org/name")
     assert res.exit_code == 2
     assert res.stdout == ""
     assert res.stderr == "error: no such command 'pusj'; did you mean push?\n"

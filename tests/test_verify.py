@@ -8,13 +8,13 @@ import json
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
 from fi_convert import FiConvertError, Options, SchemeName, convert
-from fi_convert.cli import app
 from fi_convert.st_io import read_header
 from fi_convert.synthetic import Spec, write_checkpoint
 from fi_convert.verify import verify
+
+from .conftest import cli
 
 MANIFEST = "fi-convert-manifest.json"
 
@@ -55,9 +55,7 @@ def _tamper(out, name: str, rank: int = 0):
 @pytest.mark.parametrize("args", [[], ["--full"], ["--against-flashinfer"], ["--full", "--json"]])
 def test_verify_with_source_ok(made, args):
     src, out = made
-    r = CliRunner().invoke(
-        app, ["verify", str(out), "--source", str(src), "--device", "cpu", *args]
-    )
+    r = cli("verify", out, "--source", src, "--device", "cpu", *args)
     assert r.exit_code == 0, r.output
     if "--json" in args:
         d = json.loads(r.stdout)
@@ -124,9 +122,7 @@ def test_against_flashinfer_without_flashinfer(made, monkeypatch):
     monkeypatch.delitem(sys.modules, "fi_convert.oracle", raising=False)
     with pytest.raises(FiConvertError, match=r"`pip install flashinfer-python==0\.7\.2\.post1`"):
         verify(made[1], source=made[0], against_flashinfer=True)
-    r = CliRunner().invoke(
-        app, ["verify", str(made[1]), "--source", str(made[0]), "--against-flashinfer"]
-    )
+    r = cli("verify", made[1], "--source", made[0], "--against-flashinfer")
     assert r.exit_code == 1 and "error: --against-flashinfer needs FlashInfer" in r.output
 
 
@@ -208,7 +204,7 @@ def test_a_damaged_manifest_is_one_line_not_a_traceback(made, tmp_path, edit, wo
     m = json.loads(path.read_text())
     edit(m)
     path.write_text(json.dumps(m))
-    r = CliRunner().invoke(app, ["verify", str(out)])
+    r = cli("verify", out)
     assert r.exit_code == 1, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -224,7 +220,7 @@ def test_a_missing_or_garbled_index_is_a_mismatch_not_a_traceback(made, tmp_path
         index.unlink()
     else:
         index.write_text("{ nope" if damage == "not json" else '{"metadata": {}}')
-    r = CliRunner().invoke(app, ["verify", str(out)])
+    r = cli("verify", out)
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "model.safetensors.index.json: " in r.stderr
 

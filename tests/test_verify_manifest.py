@@ -12,14 +12,14 @@ import random
 import shutil
 
 import pytest
-from typer.testing import CliRunner
 
 from fi_convert import Options, convert
-from fi_convert.cli import app
 from fi_convert.families import all_families
 from fi_convert.schemes import REGISTRY
 from fi_convert.synthetic import Spec, write_checkpoint
 from fi_convert.verify import STAND_INS, verify
+
+from .conftest import cli
 
 MANIFEST = "fi-convert-manifest.json"
 INDEX = "model.safetensors.index.json"
@@ -142,7 +142,7 @@ def _write(dst, m) -> None:
 
 
 def _cli(out):
-    r = CliRunner().invoke(app, ["verify", str(out)])
+    r = cli("verify", out)
     assert "Traceback" not in r.output, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -319,7 +319,7 @@ def test_a_source_bound_field_edited_fails_only_with_source(outputs, tmp_path, f
     where[key] = _source_bound_edit(key, where[key])
     _write(dst, m)
     assert verify(dst).ok  # the files cannot prove it
-    r = CliRunner().invoke(app, ["verify", str(dst), "--source", str(out.parent / "src")])
+    r = cli("verify", dst, "--source", out.parent / "src")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.exit_code == 1 and len(lines) == 1, r.output
     assert lines[0].startswith(f"mismatch: {dst / MANIFEST}: {field} is "), lines
@@ -481,7 +481,7 @@ def test_a_file_left_out_of_the_manifest_is_reported(outputs, tmp_path):
     assert verify(dst).unlisted == [line]
     r, lines = _cli(dst)
     assert r.exit_code == 1 and lines == [f"mismatch: {line}"]
-    r = CliRunner().invoke(app, ["verify", str(dst), "--json"])
+    r = cli("verify", dst, "--json")
     assert r.exit_code == 1 and json.loads(r.stdout)["problems"] == [line]
 
 

@@ -5,7 +5,9 @@ HF_HUB_CACHE), the token (HF_TOKEN, or the one `hf auth login` stored; it is nev
 offline mode (HF_HUB_OFFLINE=1) and the endpoint (HF_ENDPOINT, read when called). Failures
 become `HubError`s with one-line messages that name the repo and the fix.
 
-Modules: `download` (a repo id as the source), `remote` (a repo read by byte ranges), `stream`
+Modules: `convert` (what the command line's `convert` does: `convert_source` converts a folder
+or repo id and may push the result, `stream_source` converts straight to a repo), `download` (a
+repo id as the source), `remote` (a repo read by byte ranges), `stream`
 (converting straight to a repo within a disk budget), `push` (publishing a folder), `preflight`
 (what a push needs, checked in seconds), `card` (the model card), `common` (endpoint, offline
 mode, error messages).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import LIBRARY, endpoint, is_offline, is_repo_id
+from .convert import Conversion, Listener, Streamed, convert_source, stream_source
 from .download import IGNORE_PATTERNS, Source, download, resolve_source
 from .preflight import check_target
 from .push import PushResult, check_out_dir, push
@@ -23,10 +26,14 @@ __all__ = [
     "CARD_NAME",
     "IGNORE_PATTERNS",
     "LIBRARY",
+    "Conversion",
+    "Listener",
     "PushResult",
     "Source",
+    "Streamed",
     "check_out_dir",
     "check_target",
+    "convert_source",
     "download",
     "endpoint",
     "is_offline",
@@ -34,5 +41,6 @@ __all__ = [
     "model_card",
     "push",
     "resolve_source",
+    "stream_source",
     "upload_manifest",
 ]

@@ -76,20 +76,27 @@ def resolve_source(
 ) -> Source:
     """A local folder as it is; a repo id (`org/name`, where no such local path exists) is
     downloaded into the Hugging Face cache first (or taken from it when offline)."""
-    path = Path(source)
-    if model_exists(path):
+    if is_local(source, revision):
+        return Source(Path(source))
+    return download(str(source), revision=revision, progress=progress)
+
+
+def is_local(source: str | Path, revision: str | None = None) -> bool:
+    """Whether `source` is a local model folder (else it is a Hub repo id); a SourceError when
+    it is neither, or when a local folder is given a `revision`."""
+    if model_exists(Path(source)):
         if revision is not None:
             raise SourceError(
                 f"{source}: a local folder, and --revision applies only to a Hub repo id; "
                 "drop --revision, or pass the repo id (org/name)"
             )
-        return Source(path)
+        return True
     if not is_repo_id(str(source)):
         raise SourceError(
             f"{source}: no such folder, and not a Hub repo id (org/name); pass a local model "
             "folder or a repo id"
         )
-    return download(str(source), revision=revision, progress=progress)
+    return False
 
 
 def download(

@@ -36,8 +36,8 @@ from rich.progress import (
 )
 
 if TYPE_CHECKING:
-    from .pipeline import Progress as LibProgress
-    from .pipeline import Result
+    from ..pipeline import Progress as LibProgress
+    from ..pipeline import Result
 
 PLAIN_EVERY_PCT = 5.0
 PLAIN_MIN_SECONDS = 10.0
@@ -257,10 +257,15 @@ class Stopwatch:
 
     def __init__(self, clock: Clock = time.monotonic) -> None:
         self.clock, self.t0 = clock, clock()
+        self.t1: float | None = None
+
+    def stop(self) -> None:
+        """The end of what is timed (the figures are of the time until now)."""
+        self.t1 = self.clock()
 
     def figures(self, nbytes: int, key: str = "bytes") -> dict:
         """`elapsed_s`, `key` (bytes) and `throughput_bps` (None for an instant)."""
-        t = self.clock() - self.t0
+        t = (self.clock() if self.t1 is None else self.t1) - self.t0
         return {"elapsed_s": round(t, 3), key: nbytes, "throughput_bps": nbytes / t if t else None}
 
 
@@ -273,7 +278,7 @@ def figures_text(f: dict, verb: str = "") -> str:
 
 def output_bytes(out_dir: Path) -> int:
     """The size of the files a finished output's manifest lists (0 without a readable one)."""
-    from .format.manifest import read  # the library, once a command ran
+    from ..format.manifest import read  # the library, once a command ran
 
     try:
         return sum(int(m["size"]) for m in read(out_dir)["files"].values())

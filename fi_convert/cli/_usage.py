@@ -21,7 +21,7 @@ from typer._click import exceptions as click_errors
 from typer._click.core import Context
 from typer.core import TyperArgument, TyperGroup
 
-from .paths import denied
+from ..paths import denied
 
 PERMISSION_FIX = "run as a user who may use these paths, or change their permissions"
 
