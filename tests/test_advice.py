@@ -13,11 +13,12 @@ import pytest
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from fi_convert import FiConvertError
 from fi_convert import manifest as mf
-from fi_convert import served_config
 from fi_convert.cli import app
 from fi_convert.plan import Options, choices, make_plan
 from fi_convert.servers.vllm.checks import PluginError, check_gpu, check_manifest
+from fi_convert.servers.vllm.target import VLLM
 from fi_convert.synthetic import Spec, write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,8 +244,14 @@ RUNS_ON = {  # the capabilities each family admits, of (8,9) (9,0) (10,0) (10,3)
 
 
 def test_gpu_family_of_every_scheme_and_backend():
-    got = {(s, b): served_config.gpu_family_of(b, s) for s, b in GPU_FAMILIES}
+    got = {(s, b): VLLM.gpu_family(b, s) for s, b in GPU_FAMILIES}
     assert got == GPU_FAMILIES
+
+
+def test_the_options_name_a_server_whose_facts_the_registry_holds():
+    assert Options().server == "vllm" and Options().target is VLLM
+    with pytest.raises(FiConvertError, match=r"^server 'nope' is not one fi-convert converts "):
+        _ = Options(server="nope").target
 
 
 def test_gpu_family_in_the_manifest(ckpts):

@@ -8,7 +8,7 @@ import re
 
 from ..format import manifest as mf
 from ..format.names import MANIFEST_NAME
-from ..served_config import EP_SCHEMES, serve_command
+from ..target import of_manifest
 from .common import LIBRARY
 
 CARD_NAME = "README.md"
@@ -78,6 +78,7 @@ def model_card(
 def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str | None) -> str:
     scheme, backend, tp = m["scheme"], m["backend"], m["tp_size"]
     t, s = m["target"], m["source"]
+    server = of_manifest(m)
     layers: dict = m["layers"]
     first = next(iter(layers)) if layers else "model.layers.N.mlp.experts"
     src = f"[{base_model}](/{base_model})" if base_model else "a Mixture-of-Experts checkpoint"
@@ -164,7 +165,7 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         f'"dist/fi_convert-{m["fi_convert_version"]}-py3-none-any.whl[vllm]"`), then:',
         "",
         "```",
-        serve_command(repo_id, scheme, backend, tp),
+        server.serve_command(repo_id, scheme, backend, tp),
         "```",
         "",
         *(
@@ -173,11 +174,11 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
                 "here 8):",
                 "",
                 "```",
-                serve_command(repo_id, scheme, backend, tp, ep=8),
+                server.serve_command(repo_id, scheme, backend, tp, ep=8),
                 "```",
                 "",
             ]
-            if tp == 1 and scheme in EP_SCHEMES
+            if tp == 1 and scheme in server.ep_schemes
             else []
         ),
         f"The plugin refuses, before loading anything, a vLLM outside {t.get('vllm_versions')}, "

@@ -21,9 +21,13 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    Scheme,
     SchemeName,
+    Synthetic,
+    compressed_tensors,
     flat_swizzled_index,
     layer_plan,
+    modelopt,
     per_rank,
     quant_algo,
     refuse_other_format,
@@ -47,9 +51,29 @@ def _is_mx_source(layer: ExpertLayer) -> bool:
     return weight_dtype(layer) == "F8_E4M3" and any(t.dtype in ("U8", "F8_E8M0") for t in scales)
 
 
-class Mxfp8Scheme:
+def synthetic_mxfp8(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A synthetic MXFP8 linear: E4M3 weights, a UE8M0 scale per 32."""
+    w = (torch.randn(shape, generator=g) * 2).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.randint(110, 130, (shape[0], shape[1] // 32), generator=g, dtype=torch.uint8)
+    return {"weight": w, "weight_scale": s}
+
+
+_CT_MXFP8 = compressed_tensors(
+    "mxfp8-quantized",
+    {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32},
+    {"num_bits": 8, "type": "float", "dynamic": True},
+)
+
+
+class Mxfp8Scheme(Scheme):
     name = SchemeName.MXFP8
-    backends: tuple[Backend, ...] = (Backend.TRTLLM,)
+    backends: tuple[Backend, ...] = (Backend.TRTLLM,)  # CUTLASS: its servers have none
+    source_label = "MXFP8"
+    stand_ins = (("F8_E4M3", False), ("BF16", False))  # BF16 experts: quantized on conversion
+    synthetic = {
+        "mxfp8": Synthetic(synthetic_mxfp8, modelopt("MXFP8")),
+        "mxfp8-ct": Synthetic(synthetic_mxfp8, _CT_MXFP8),
+    }
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return _is_mx_source(layers[0]) or quant_algo(ckpt) in ("MXFP8",)
