@@ -19,7 +19,7 @@ from fi_convert.cli import app
 from fi_convert.plan import Options, choices, make_plan
 from fi_convert.servers.vllm.checks import PluginError, check_gpu, check_manifest
 from fi_convert.servers.vllm.target import VLLM
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

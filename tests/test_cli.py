@@ -23,7 +23,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from fi_convert.cli import app, main, parse_size
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 # the installed console script (what `make install` puts in the venv); where the package is
 # only on PYTHONPATH (the GPU machine), the same entry point through `python -m fi_convert`

@@ -29,7 +29,7 @@ from fi_convert import (
 )
 from fi_convert.cli import app
 from fi_convert.schemes import REGISTRY
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .test_cli import FI_CONVERT
 
@@ -502,7 +502,7 @@ def test_library_manifest_error(tmp_path):
 
 def test_load_moe_layer_checks_scheme_backend_and_rank(tmp_path):
     from fi_convert import ManifestError, Options, SchemeName, convert, load_moe_layer
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=2, hidden=128))
     out = tmp_path / "out"
@@ -529,7 +529,7 @@ def test_reading_experts_for_expert_parallelism(tmp_path):
 
     from fi_convert import ManifestError, Options, SchemeName, convert, load_moe_layer
     from fi_convert.format.reader import OutputReader
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=5, hidden=128))
     prefix = "model.layers.0.mlp.experts"
@@ -571,7 +571,7 @@ def test_reading_experts_for_expert_parallelism(tmp_path):
 
 def test_fp8_block_expert_count_warning(tmp_path):
     from fi_convert.cli import app
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("deepseek-v3", layers=2, experts=6))
     r = CliRunner().invoke(app, ["inspect", str(src)])

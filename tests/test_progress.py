@@ -22,7 +22,7 @@ from fi_convert import cli_progress as cp
 from fi_convert.cli import app
 from fi_convert.pipeline import Progress
 from fi_convert.plan import grouped_notes
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 MANIFEST = "fi-convert-manifest.json"
 SIZE = r"\d+(\.\d\d)? [KMGT]?B"

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import fi_convert
 from fi_convert import ManifestError, load_moe_layer
 from fi_convert.cli import app, main
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .test_cli import FI_CONVERT
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from fi_convert import FiConvertError, Options, SchemeName, convert
 from fi_convert.cli import app
 from fi_convert.st_io import read_header
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 from fi_convert.verify import verify
 
 MANIFEST = "fi-convert-manifest.json"
@@ -121,7 +121,7 @@ def test_other_source_is_reported(made, tmp_path):
 
 def test_against_flashinfer_without_flashinfer(made, monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", None)
-    monkeypatch.delitem(sys.modules, "fi_convert.oracle", raising=False)
+    monkeypatch.delitem(sys.modules, "fi_convert.verify.flashinfer_reference", raising=False)
     with pytest.raises(FiConvertError, match=r"`pip install flashinfer-python==0\.7\.2\.post1`"):
         verify(made[1], source=made[0], against_flashinfer=True)
     r = CliRunner().invoke(

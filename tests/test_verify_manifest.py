@@ -18,7 +18,7 @@ from fi_convert import Options, convert
 from fi_convert.cli import app
 from fi_convert.families import all_families
 from fi_convert.schemes import REGISTRY
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 from fi_convert.verify import verify
 
 MANIFEST = "fi-convert-manifest.json"

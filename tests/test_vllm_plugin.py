@@ -21,7 +21,7 @@ from fi_convert.servers.vllm import checks, register
 from fi_convert.servers.vllm.checks import PluginError
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
 from fi_convert.servers.vllm.target import MXFP8_ACTIVATION
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import vllm_moe as vm
 
 PREFIX = "model.layers.1.mlp.experts"

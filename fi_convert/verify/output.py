@@ -14,20 +14,20 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, dtypes, jsontext, served_config
-from . import manifest as mf
-from .errors import FiConvertError
-from .families import Family, all_families, config_field, model_type
-from .format import manifest as fm
-from .format.hashes import sha256_file
-from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
-from .names import Backend, SchemeName
-from .pipeline import resolve_device
-from .plan import Options, _layer_summary, make_plan
-from .schemes import REGISTRY
-from .schemes.base import Ctx
-from .source import open_checkpoint
-from .st_io import SourceFiles, TensorInfo, read_header
+from .. import __version__, dtypes, jsontext, served_config
+from .. import manifest as mf
+from ..errors import FiConvertError
+from ..families import Family, all_families, config_field, model_type
+from ..format import manifest as fm
+from ..format.hashes import sha256_file
+from ..format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
+from ..names import Backend, SchemeName
+from ..pipeline import resolve_device
+from ..plan import Options, _layer_summary, make_plan
+from ..schemes import REGISTRY
+from ..schemes.base import Ctx
+from ..source import open_checkpoint
+from ..st_io import SourceFiles, TensorInfo, read_header
 
 # What a Hub download adds beside the files its manifest lists: the repo's .gitattributes,
 # and huggingface_hub's metadata of a `--local-dir` download.
@@ -414,7 +414,7 @@ def check_source(
         if full:
             _carried(plan, tensors, files, rep)
         if against_flashinfer:
-            _against_oracle(plan, tensors, files, full, dev, rep)
+            _against_flashinfer(plan, tensors, files, full, dev, rep)
         else:
             _against_ours(plan, tensors, files, full, dev, rep)
     finally:
@@ -547,9 +547,9 @@ def _against_ours(plan, tensors, files, full, dev, rep) -> None:
         rep.count("experts_rederived", len(experts) * tp)
 
 
-def _against_oracle(plan, tensors, files, full, dev, rep) -> None:
+def _against_flashinfer(plan, tensors, files, full, dev, rep) -> None:
     try:
-        oracle = importlib.import_module("fi_convert.oracle")
+        reference = importlib.import_module("fi_convert.verify.flashinfer_reference")
     except ImportError as e:
         raise FiConvertError(
             f"--against-flashinfer needs FlashInfer ({e.name} is missing); install it with "
@@ -559,7 +559,7 @@ def _against_oracle(plan, tensors, files, full, dev, rep) -> None:
     layers = plan.layers if full else [plan.layers[0], plan.layers[-1]]
     for lp in {id(x): x for x in layers}.values():
         for rank in range(tp):
-            want = oracle.expected(
+            want = reference.expected(
                 plan.ckpt.root,
                 lp.prefix,
                 lp.info["num_experts"],

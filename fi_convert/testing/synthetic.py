@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .schemes import REGISTRY
-from .schemes.base import Synthetic
-from .schemes.bf16 import synthetic_bf16 as _bf16
+from ..schemes import REGISTRY
+from ..schemes.base import Synthetic
+from ..schemes.bf16 import synthetic_bf16 as _bf16
 
 FAMILIES = ("deepseek-v3", "qwen3-moe", "qwen3-moe-fused", "mixtral", "gpt-oss")
 
