@@ -72,6 +72,10 @@ class ServerTarget(Protocol):
         that many GPUs with expert parallelism."""
         ...
 
+    def card_section(self, m: Mapping, repo_id: str) -> list[str]:
+        """The model card's lines on serving the output (manifest `m`) from the Hub repo."""
+        ...
+
 
 def resolve(name: str = DEFAULT) -> ServerTarget:
     """The registered server target called `name` (`fi_convert.servers.get`)."""

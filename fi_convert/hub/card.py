@@ -78,7 +78,6 @@ def model_card(
 def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str | None) -> str:
     scheme, backend, tp = m["scheme"], m["backend"], m["tp_size"]
     t, s = m["target"], m["source"]
-    server = of_manifest(m)
     layers: dict = m["layers"]
     first = next(iter(layers)) if layers else "model.layers.N.mlp.experts"
     src = f"[{base_model}](/{base_model})" if base_model else "a Mixture-of-Experts checkpoint"
@@ -156,35 +155,6 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "t['w13_weight'].shape  # as vLLM holds it after process_weights_after_loading",
         "```",
         "",
-        f"**vLLM.** The expert bytes are those vLLM {t.get('vllm')} with FlashInfer "
-        f"{t.get('flashinfer')} holds after `process_weights_after_loading`. Serve it with "
-        "fi-convert's vLLM plugin, which loads them straight into the MoE layers and runs "
-        "kernel setup only. fi-convert is not on PyPI: install fi-convert "
-        f"{m['fi_convert_version']} with its `vllm` extra from a clone of its repository "
-        '(`pip install ".[vllm]"`) or from its wheel (`make wheel`, then `pip install '
-        f'"dist/fi_convert-{m["fi_convert_version"]}-py3-none-any.whl[vllm]"`), then:',
-        "",
-        "```",
-        server.serve_command(repo_id, scheme, backend, tp),
-        "```",
-        "",
-        *(
-            [
-                "With expert parallelism (each GPU holds whole experts; any number of GPUs, "
-                "here 8):",
-                "",
-                "```",
-                server.serve_command(repo_id, scheme, backend, tp, ep=8),
-                "```",
-                "",
-            ]
-            if tp == 1 and scheme in server.ep_schemes
-            else []
-        ),
-        f"The plugin refuses, before loading anything, a vLLM outside {t.get('vllm_versions')}, "
-        f"another TP size, another MoE backend, or a GPU outside the {t.get('gpu_family')} "
-        "family. Stock `vllm serve` without `--load-format fi-convert` must not be used on this "
-        "repo.",
-        "",
+        *of_manifest(m).card_section(m, repo_id),
     ]
     return "\n".join(lines)

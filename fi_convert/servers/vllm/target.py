@@ -116,5 +116,42 @@ class VllmTarget:
             cmd += " " + MXFP8_ACTIVATION
         return cmd
 
+    def card_section(self, m: Mapping, repo_id: str) -> list[str]:
+        """The model card's lines on serving the output (a Hub repo) with fi-convert's plugin."""
+        scheme, backend, tp, t = m["scheme"], m["backend"], m["tp_size"], m["target"]
+        version = m["fi_convert_version"]
+        lines = [
+            f"**vLLM.** The expert bytes are those vLLM {t.get('vllm')} with FlashInfer "
+            f"{t.get('flashinfer')} holds after `process_weights_after_loading`. Serve it with "
+            "fi-convert's vLLM plugin, which loads them straight into the MoE layers and runs "
+            f"kernel setup only. fi-convert is not on PyPI: install fi-convert {version} with "
+            'its `vllm` extra from a clone of its repository (`pip install ".[vllm]"`) or '
+            "from its wheel (`make wheel`, then `pip install "
+            f'"dist/fi_convert-{version}-py3-none-any.whl[vllm]"`), then:',
+            "",
+            "```",
+            self.serve_command(repo_id, scheme, backend, tp),
+            "```",
+            "",
+        ]
+        if tp == 1 and scheme in self.ep_schemes:
+            lines += [
+                "With expert parallelism (each GPU holds whole experts; any number of GPUs, "
+                "here 8):",
+                "",
+                "```",
+                self.serve_command(repo_id, scheme, backend, tp, ep=8),
+                "```",
+                "",
+            ]
+        return [
+            *lines,
+            "The plugin refuses, before loading anything, a vLLM outside "
+            f"{t.get('vllm_versions')}, another TP size, another MoE backend, or a GPU outside "
+            f"the {t.get('gpu_family')} family. Stock `vllm serve` without `--load-format "
+            "fi-convert` must not be used on this repo.",
+            "",
+        ]
+
 
 VLLM = VllmTarget()
