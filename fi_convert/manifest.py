@@ -24,15 +24,16 @@ from .target import of_manifest
 
 def build(plan: Plan, files: dict[str, dict]) -> dict:
     layers = plan.summary()["layers"]
+    scheme, backend, server = plan.scheme.value, plan.options.backend.value, plan.target
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "fi_convert_version": __version__,
-        "scheme": plan.scheme.value,
-        "backend": plan.options.backend.value,
+        "scheme": scheme,
+        "backend": backend,
         "tp_size": plan.options.tp_size,
-        "target": {**plan.target.versions, "gpu_family": gpu_family(plan)},
-        "expert_parallel": plan.target.ep_note(plan.scheme.value, layers),
+        "target": {**server.versions, "gpu_family": server.gpu_family(backend, scheme)},
+        "expert_parallel": server.ep_note(scheme, layers),
         "source": {
             "model_type": plan.ckpt.model_type,
             "family": plan.family.name,
@@ -43,10 +44,6 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "layers": layers,
         "files": {k: files[k] for k in sorted(files)},
     }
-
-
-def gpu_family(plan: Plan) -> str:
-    return plan.target.gpu_family(plan.options.backend.value, plan.scheme.value)
 
 
 def write(out_dir: Path, manifest: dict) -> None:
