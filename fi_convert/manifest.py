@@ -18,8 +18,8 @@ from .format.names import FORMAT, FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME
 from .names import Backend
 from .plan import Plan
 from .schemes import REGISTRY
+from .server_lookup import of_manifest
 from .st_io import TMP_SUFFIX
-from .target import of_manifest
 
 
 def build(plan: Plan, files: dict[str, dict]) -> dict:

@@ -19,6 +19,7 @@ from .format.names import INDEX_NAME, MANIFEST_NAME
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .paths import model_error, out_exists
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
+from .server_lookup import resolve
 from .source import (
     PICKLE_SUFFIXES,
     Checkpoint,
@@ -29,7 +30,7 @@ from .source import (
     open_checkpoint,
 )
 from .st_io import OutEntry, TensorInfo
-from .target import DEFAULT, Refusal, ServerTarget, resolve
+from .target import DEFAULT, Refusal, ServerTarget
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     plan = Plan(ckpt, family, name, detected, options, lps, shards, side)
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
     plan.notes = skipped + grouped_notes(lps)
-    refusal = target.unservable(name.value, options.backend.value, lps)
+    refusal = target.unservable(name.value, options.backend.value, [lp.info for lp in lps])
     if refusal and not options.allow_unservable:
         raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, refusal))
     return plan
@@ -260,7 +261,7 @@ def _why_not(ckpt: Checkpoint, layers: list, name: SchemeName, backend: Backend,
             lps.append(scheme.plan_layer(layer, backend, options.tp_size))
     except FiConvertError as e:
         return str(e), False
-    refusal = target.unservable(name.value, backend.value, lps)
+    refusal = target.unservable(name.value, backend.value, [lp.info for lp in lps])
     return (refusal.why, True) if refusal else (None, False)
 
 

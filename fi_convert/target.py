@@ -5,18 +5,13 @@ the GPUs it runs each backend on, what it cannot serve and why, its serve line) 
 server's package, in a facts module that imports no server (`fi_convert/servers/<name>/
 target.py`), registered by name in `fi_convert/servers/__init__.py`. The core takes a
 `ServerTarget` object (`Options.server` names it, `Plan.target` holds it) and never imports a
-server's package: `resolve` looks the name up in the registry when it is asked, the one place
-where the core reaches the servers, by name only (tests/test_layers.py).
+server's package: `fi_convert.server_lookup` looks the name up in the registry when asked.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
-
-if TYPE_CHECKING:
-    from .schemes.base import LayerPlan
+from typing import NamedTuple, Protocol
 
 DEFAULT = "vllm"
 
@@ -55,8 +50,9 @@ class ServerTarget(Protocol):
         """Why it has no path for a backend the scheme does not implement."""
         ...
 
-    def unservable(self, scheme: str, backend: str, lps: Sequence[LayerPlan]) -> Refusal | None:
-        """Why it cannot serve this output as planned (a scheme and backend it has), or None."""
+    def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:
+        """Why it cannot serve this output as planned (a scheme and backend it has; each
+        layer's entry in the manifest, `LayerPlan.info`), or None."""
         ...
 
     def gpu_family(self, backend: str, scheme: str) -> str:
@@ -75,16 +71,3 @@ class ServerTarget(Protocol):
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output (manifest `m`) from the Hub repo."""
         ...
-
-
-def resolve(name: str = DEFAULT) -> ServerTarget:
-    """The registered server target called `name` (`fi_convert.servers.get`)."""
-    servers = importlib.import_module("fi_convert.servers")
-    target: ServerTarget = servers.get(name)
-    return target
-
-
-def of_manifest(manifest: Mapping) -> ServerTarget:
-    """The server an output is for. Every output so far is vLLM's (its manifest's `target`
-    names vLLM's releases): no manifest names another yet."""
-    return resolve(DEFAULT)

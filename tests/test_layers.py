@@ -1,6 +1,6 @@
 """The project's layering: the library never imports typer or rich (only the CLI's modules
 do), and the core never imports vllm or a server's package (only `fi_convert.servers.*` does):
-it names a server, whose facts `fi_convert.target.resolve` looks up when asked."""
+it names a server, whose facts `fi_convert.server_lookup.resolve` looks up when asked."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_the_library_imports_neither_the_cli_toolkit_nor_vllm():
 
 def test_the_servers_facts_import_no_server():
     """The registry of servers and each server's facts module (what the converter asks of a
-    server, through `fi_convert.target.resolve`) import no server, no CLI toolkit and no torch;
+    server, through `fi_convert.server_lookup`) import no server, no CLI toolkit and no torch;
     only a server's plugin modules import the server, at run time."""
     from fi_convert import servers
 

@@ -8,7 +8,7 @@ import re
 
 from ..format import manifest as mf
 from ..format.names import MANIFEST_NAME
-from ..target import of_manifest
+from ..server_lookup import of_manifest
 from .common import LIBRARY
 
 CARD_NAME = "README.md"

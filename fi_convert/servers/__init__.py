@@ -3,7 +3,7 @@ every vLLM fact), and the registry of their facts by name.
 
 A server's package holds a facts module (`<name>/target.py`, a `fi_convert.target.
 ServerTarget`) that imports no server, and the server's plugin, which imports it at run time.
-The core never imports this package: it names a server, and `fi_convert.target.resolve` looks
+The core never imports this package: it names a server, and `fi_convert.server_lookup` looks
 it up here. A server's package imports the core's `format/`, `target` and leaf modules only.
 """
 

@@ -6,12 +6,8 @@ plugin beside it imports it."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ...target import Refusal
-
-if TYPE_CHECKING:
-    from ...schemes.base import LayerPlan
 
 NOTE = (
     "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert: serve with "
@@ -72,16 +68,16 @@ class VllmTarget:
     def no_path(self, scheme: str, backend: str) -> str:
         return NO_PATH.get((scheme, backend), "vLLM has no such path")
 
-    def unservable(self, scheme: str, backend: str, lps: Sequence[LayerPlan]) -> Refusal | None:
+    def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:
         """Why vLLM 0.33 cannot serve this output as planned (fi-convert's plugin refuses it),
         or None. FP8 per-tensor experts without static activation scales: vLLM's FlashInfer FP8
         per-tensor kernels (TRT-LLM and CUTLASS) take only static ones."""
         if scheme != "fp8-tensor":
             return None
-        dynamic = [lp for lp in lps if lp.info.get("activation_scheme") == "dynamic"]
+        dynamic = [lay for lay in layers if lay.get("activation_scheme") == "dynamic"]
         if not dynamic:
             return None
-        bf16 = str(dynamic[0].info.get("source_format", "")).startswith("bf16")
+        bf16 = str(dynamic[0].get("source_format", "")).startswith("bf16")
         src = "the experts are BF16" if bf16 else "the experts have no input_scale"
         why = (
             f"{src}, so the output has no static activation scales, which vLLM 0.33's "
