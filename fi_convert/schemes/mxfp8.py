@@ -67,7 +67,7 @@ _CT_MXFP8 = compressed_tensors(
 
 class Mxfp8Scheme(Scheme):
     name = SchemeName.MXFP8
-    backends: tuple[Backend, ...] = (Backend.TRTLLM,)  # CUTLASS: its servers have none
+    backends: tuple[Backend, ...] = (Backend.TRTLLM,)  # no CUTLASS layout: vLLM has no path
     source_label = "MXFP8"
     stand_ins = (("F8_E4M3", False), ("BF16", False))  # BF16 experts: quantized on conversion
     synthetic = {
