@@ -93,12 +93,7 @@ TENSOR_VALUES: dict[str, tuple] = {
 # ... and a layer entry's keys that have a closed set of values
 LAYER_VALUES: dict[str, tuple] = {
     "activation_scheme": ("static", "dynamic"),
-    "source_format": (
-        "fp8 per-tensor",
-        "bf16, quantized per tensor",
-        "mxfp8",
-        "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)",
-    ),
+    "source_format": tuple(f for s in REGISTRY.values() for f in s.source_formats),
 }
 _HEX = frozenset("0123456789abcdef")
 

@@ -163,6 +163,8 @@ class Scheme:
     # What of the source a plan depends on besides sizes, as (expert weight dtype, static
     # activation scales): one stand-in layer of each (`stand_in_layers`)
     stand_ins: tuple[tuple[str, bool], ...] = ()
+    # the layer entry's `source_format` values it writes, where it records one
+    source_formats: tuple[str, ...] = ()
     # Synthetic sources of its format by `Spec.quant` name (a variant: "fp8-tensor-ct")
     synthetic: ClassVar[dict[str, Synthetic]] = {}
 

@@ -75,6 +75,7 @@ class Fp8TensorScheme(Scheme):
     source_label = "FP8"
     # static activation scales, none (dynamic), or BF16 experts quantized on conversion
     stand_ins = (("F8_E4M3", True), ("F8_E4M3", False), ("BF16", False))
+    source_formats = ("fp8 per-tensor", "bf16, quantized per tensor")
     synthetic = {
         "fp8-tensor": Synthetic(synthetic_fp8_tensor, modelopt("FP8")),
         "fp8-tensor-ct": Synthetic(
@@ -142,7 +143,8 @@ class Fp8TensorScheme(Scheme):
                 "written; vLLM's FlashInfer FP8 per-tensor kernels take static scales - the "
                 "server must supply calibrated ones"
             )
-        fmt = "bf16, quantized per tensor" if weight_dtype(layer) == "BF16" else "fp8 per-tensor"
+        fp8, bf16 = self.source_formats
+        fmt = bf16 if weight_dtype(layer) == "BF16" else fp8
         return layer_plan(
             layer,
             outs,

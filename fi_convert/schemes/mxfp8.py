@@ -70,6 +70,7 @@ class Mxfp8Scheme(Scheme):
     backends: tuple[Backend, ...] = (Backend.TRTLLM,)  # no CUTLASS layout: vLLM has no path
     source_label = "MXFP8"
     stand_ins = (("F8_E4M3", False), ("BF16", False))  # BF16 experts: quantized on conversion
+    source_formats = ("mxfp8", "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)")
     synthetic = {
         "mxfp8": Synthetic(synthetic_mxfp8, modelopt("MXFP8")),
         "mxfp8-ct": Synthetic(synthetic_mxfp8, _CT_MXFP8),
@@ -109,7 +110,8 @@ class Mxfp8Scheme(Scheme):
         i_p, h_p = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H)
         quantize = weight_dtype(layer) == "BF16"
         outs = _outputs(layer, e, h, h_p, i_r, i_p, quantize)
-        fmt = "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)" if quantize else "mxfp8"
+        mxfp8, bf16 = self.source_formats
+        fmt = bf16 if quantize else mxfp8
         return layer_plan(layer, outs, i_r, i_p, h_p=h_p, source_format=fmt)
 
 
