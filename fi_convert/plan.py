@@ -172,6 +172,7 @@ def make_plan(source: str | Path, options: Options) -> Plan:
 
 
 def _make_plan(source: str | Path, options: Options) -> Plan:
+    target = options.target  # an unknown server fails before any reading
     ckpt = open_checkpoint(source)
     _refuse_an_output(ckpt.root, ckpt.config)
     family, layers = find_family(ckpt)
@@ -184,7 +185,6 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     detected = options.scheme is SchemeName.AUTO
     name = schemes.detect(ckpt, layers) if detected else options.scheme
     scheme = schemes.get(name)
-    target = options.target
     if options.backend not in scheme.backends:
         why = target.no_path(name.value, options.backend.value)
         raise SchemeMismatchError(

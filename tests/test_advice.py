@@ -248,10 +248,11 @@ def test_gpu_family_of_every_scheme_and_backend():
     assert got == GPU_FAMILIES
 
 
-def test_the_options_name_a_server_whose_facts_the_registry_holds():
+def test_the_options_name_a_server_whose_facts_the_registry_holds(ckpts):
     assert Options().server == "vllm" and Options().target is VLLM
+    assert make_plan(ckpts["qwen3"], Options("bf16")).target is VLLM
     with pytest.raises(FiConvertError, match=r"^server 'nope' is not one fi-convert converts "):
-        _ = Options(server="nope").target
+        make_plan(ckpts["qwen3"], Options("bf16", server="nope"))
 
 
 def test_gpu_family_in_the_manifest(ckpts):
