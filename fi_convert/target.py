@@ -68,6 +68,11 @@ class ServerTarget(Protocol):
         that many GPUs with expert parallelism."""
         ...
 
+    def card_rows(self, target: Mapping) -> list[str]:
+        """The model card's table rows of the releases the output targets (the manifest's
+        `target`)."""
+        ...
+
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output (manifest `m`) from the Hub repo."""
         ...

@@ -78,6 +78,7 @@ def model_card(
 def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str | None) -> str:
     scheme, backend, tp = m["scheme"], m["backend"], m["tp_size"]
     t, s = m["target"], m["source"]
+    server = of_manifest(m)
     layers: dict = m["layers"]
     first = next(iter(layers)) if layers else "model.layers.N.mlp.experts"
     src = f"[{base_model}](/{base_model})" if base_model else "a Mixture-of-Experts checkpoint"
@@ -113,8 +114,7 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         f"| backend | `{backend}` (GPU family `{t.get('gpu_family')}`) |",
         f"| tensor-parallel size | {tp} (every rank's tensors are stored) |",
         f"| expert parallelism | {m.get('expert_parallel', '')} |",
-        f"| target vLLM | {t.get('vllm')} |",
-        f"| target FlashInfer | {t.get('flashinfer')} (layouts of {t.get('flashinfer_layouts')}) |",
+        *server.card_rows(t),
         f"| source | model type `{s.get('model_type')}`, family `{s.get('family')}`, "
         f"{s.get('shards')} shard(s), fingerprint `{str(s.get('fingerprint'))[:16]}` |",
         "",
@@ -155,6 +155,6 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "t['w13_weight'].shape  # as vLLM holds it after process_weights_after_loading",
         "```",
         "",
-        *of_manifest(m).card_section(m, repo_id),
+        *server.card_section(m, repo_id),
     ]
     return "\n".join(lines)

@@ -112,6 +112,14 @@ class VllmTarget:
             cmd += " " + MXFP8_ACTIVATION
         return cmd
 
+    def card_rows(self, target: Mapping) -> list[str]:
+        t = target
+        return [
+            f"| target vLLM | {t.get('vllm')} |",
+            f"| target FlashInfer | {t.get('flashinfer')} (layouts of "
+            f"{t.get('flashinfer_layouts')}) |",
+        ]
+
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output (a Hub repo) with fi-convert's plugin."""
         scheme, backend, tp, t = m["scheme"], m["backend"], m["tp_size"], m["target"]
