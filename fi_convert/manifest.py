@@ -18,21 +18,22 @@ from .format.names import FORMAT, FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME
 from .names import Backend
 from .plan import Plan
 from .schemes import REGISTRY
-from .served_config import TARGET, gpu_family_of
+from .server_lookup import of_manifest
 from .st_io import TMP_SUFFIX
 
 
 def build(plan: Plan, files: dict[str, dict]) -> dict:
     layers = plan.summary()["layers"]
+    scheme, backend, server = plan.scheme.value, plan.options.backend.value, plan.target
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "fi_convert_version": __version__,
-        "scheme": plan.scheme.value,
-        "backend": plan.options.backend.value,
+        "scheme": scheme,
+        "backend": backend,
         "tp_size": plan.options.tp_size,
-        "target": {**TARGET, "gpu_family": gpu_family(plan)},
-        "expert_parallel": _ep_note(plan.scheme.value, layers),
+        "target": {**server.versions, "gpu_family": server.gpu_family(backend, scheme)},
+        "expert_parallel": server.ep_note(scheme, layers),
         "source": {
             "model_type": plan.ckpt.model_type,
             "family": plan.family.name,
@@ -57,22 +58,6 @@ def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
     if o.max_shard_bytes:
         cmd += f" --max-shard-size {o.max_shard_bytes}"
     return {"repo_id": repo_id, "revision": commit, "command": cmd}
-
-
-def _ep_note(scheme: str, layers: dict) -> str:
-    # FP8 per-tensor activation scales are a max over experts, which vLLM takes over a rank's
-    # local experts under EP; NVFP4 on FlashInfer uses the global max (use_global_sf)
-    static = any(lay.get("activation_scheme") == "static" for lay in layers.values())
-    if scheme == "fp8-tensor" and static:
-        return (
-            "EP size 1: activation scales are the max over all experts; under EP vLLM takes "
-            "the max over a rank's local experts"
-        )
-    return "any EP size: ranks take whole experts, whose bytes do not change"
-
-
-def gpu_family(plan: Plan) -> str:
-    return gpu_family_of(plan.options.backend.value, plan.scheme.value)
 
 
 def write(out_dir: Path, manifest: dict) -> None:
@@ -122,12 +107,7 @@ TENSOR_VALUES: dict[str, tuple] = {
 # ... and a layer entry's keys that have a closed set of values
 LAYER_VALUES: dict[str, tuple] = {
     "activation_scheme": ("static", "dynamic"),
-    "source_format": (
-        "fp8 per-tensor",
-        "bf16, quantized per tensor",
-        "mxfp8",
-        "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)",
-    ),
+    "source_format": tuple(f for s in REGISTRY.values() for f in s.source_formats),
 }
 _HEX = frozenset("0123456789abcdef")
 
@@ -159,6 +139,7 @@ def check_fields(m: dict) -> list[str]:
     """What in the manifest's own fields (all but `layers`, which `verify` re-plans) is not a
     value this fi-convert writes: one line per field, `[]` when all are. `m` passed `read`."""
     out: list[str] = []
+    server = of_manifest(m)
 
     def bad(field: str, value: object, want: str) -> None:
         out.append(f"{field} is {show(value)}, {want}")
@@ -179,7 +160,7 @@ def check_fields(m: dict) -> list[str]:
         have = ", ".join(b.value for b in REGISTRY[scheme].backends)
         bad("backend", m["backend"], f"which scheme {scheme.value} has not (it has {have})")
     if scheme is not None and backend is not None:
-        want = {**TARGET, "gpu_family": gpu_family_of(backend.value, scheme.value)}
+        want = {**server.versions, "gpu_family": server.gpu_family(backend.value, scheme.value)}
         target = m.get("target")
         if not isinstance(target, dict):
             bad("target", target, f"not {show(want)}")
@@ -195,7 +176,7 @@ def check_fields(m: dict) -> list[str]:
                         target[key],
                         f"{scheme.value}/{backend.value} needs {show(want[key])}",
                     )
-    note = _ep_note(m["scheme"], m["layers"])
+    note = server.ep_note(m["scheme"], m["layers"])
     if not same(m.get("expert_parallel"), note):
         bad("expert_parallel", m.get("expert_parallel"), f"the layers give {show(note)}")
     out += _source_problems(m.get("source"))

@@ -19,6 +19,7 @@ from .format.names import INDEX_NAME, MANIFEST_NAME
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .paths import model_error, out_exists
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
+from .server_lookup import resolve
 from .source import (
     PICKLE_SUFFIXES,
     Checkpoint,
@@ -29,10 +30,7 @@ from .source import (
     open_checkpoint,
 )
 from .st_io import OutEntry, TensorInfo
-
-MISSING_BACKENDS = {
-    (SchemeName.MXFP8, Backend.CUTLASS): "vLLM 0.33 has no FlashInfer CUTLASS MXFP8 path",
-}
+from .target import DEFAULT, Refusal, ServerTarget
 
 
 @dataclass(frozen=True)
@@ -42,12 +40,18 @@ class Options:
     tp_size: int = 1
     max_shard_bytes: int = DEFAULT_SHARD_BYTES  # 0: the source's largest shard
     max_memory: int = DEFAULT_MAX_MEMORY
-    # plan an output that vLLM 0.33 cannot serve (`unservable`); refused otherwise
+    # plan an output that its server cannot serve (`ServerTarget.unservable`); refused otherwise
     allow_unservable: bool = False
+    server: str = DEFAULT  # the server the output is for (`fi_convert.servers`)
 
     def __post_init__(self) -> None:  # accept plain strings from library callers
         object.__setattr__(self, "scheme", SchemeName(self.scheme))
         object.__setattr__(self, "backend", Backend(self.backend))
+
+    @property
+    def target(self) -> ServerTarget:
+        """The facts of the server the output is for."""
+        return resolve(self.server)
 
 
 @dataclass
@@ -86,6 +90,10 @@ class Plan:
     # where the source came from, for the manifest's `source` (a Hub repo id and its commit,
     # the command); set by the caller, not part of what the plan produces
     provenance: dict = field(default_factory=dict)
+
+    @property
+    def target(self) -> ServerTarget:
+        return self.options.target
 
     @property
     def bytes_to_write(self) -> int:
@@ -164,6 +172,7 @@ def make_plan(source: str | Path, options: Options) -> Plan:
 
 
 def _make_plan(source: str | Path, options: Options) -> Plan:
+    target = options.target  # an unknown server fails before any reading
     ckpt = open_checkpoint(source)
     _refuse_an_output(ckpt.root, ckpt.config)
     family, layers = find_family(ckpt)
@@ -177,7 +186,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     name = schemes.detect(ckpt, layers) if detected else options.scheme
     scheme = schemes.get(name)
     if options.backend not in scheme.backends:
-        why = MISSING_BACKENDS.get((name, options.backend), "vLLM has no such path")
+        why = target.no_path(name.value, options.backend.value)
         raise SchemeMismatchError(
             f"--scheme {name.value} --backend {options.backend.value}: {why}; "
             f"use --backend {scheme.backends[0].value}"
@@ -200,7 +209,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     plan = Plan(ckpt, family, name, detected, options, lps, shards, side)
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
     plan.notes = skipped + grouped_notes(lps)
-    refusal = unservable(name, lps)
+    refusal = target.unservable(name.value, options.backend.value, [lp.info for lp in lps])
     if refusal and not options.allow_unservable:
         raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, refusal))
     return plan
@@ -208,27 +217,17 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
 
 # ---------------------------------------------------------------- what else a checkpoint takes
 
-# what `inspect` calls each scheme's source format
-SOURCE_LABELS = {
-    SchemeName.BF16: "BF16",
-    SchemeName.FP8_BLOCK: "FP8",
-    SchemeName.FP8_TENSOR: "FP8",
-    SchemeName.MXFP8: "MXFP8",
-    SchemeName.NVFP4: "NVFP4",
-    SchemeName.MXFP4: "MXFP4",
-}
-
 
 @dataclass(frozen=True)
 class Choice:
-    """One scheme x backend for a checkpoint: whether it plans and vLLM 0.33 serves the
+    """One scheme x backend for a checkpoint: whether it plans and its server serves the
     output (`why_not` None), and what it does to the source's precision."""
 
     scheme: SchemeName
     backend: Backend
     why_not: str | None
     precision: str | None  # None where it does not plan
-    unservable: bool = False  # it plans, but vLLM 0.33 cannot serve it (--allow-unservable)
+    unservable: bool = False  # it plans, but its server cannot serve it (--allow-unservable)
 
     def summary(self) -> dict:
         return {
@@ -241,23 +240,6 @@ class Choice:
         }
 
 
-def unservable(scheme: SchemeName, lps: list[LayerPlan]) -> str | None:
-    """Why vLLM 0.33 cannot serve this output as planned (fi-convert's plugin refuses it),
-    or None. FP8 per-tensor experts without static activation scales: vLLM's FlashInfer FP8
-    per-tensor kernels (TRT-LLM and CUTLASS) take only static ones."""
-    if scheme is not SchemeName.FP8_TENSOR:
-        return None
-    dynamic = [lp for lp in lps if lp.info.get("activation_scheme") == "dynamic"]
-    if not dynamic:
-        return None
-    bf16 = str(dynamic[0].info.get("source_format", "")).startswith("bf16")
-    src = "the experts are BF16" if bf16 else "the experts have no input_scale"
-    return (
-        f"{src}, so the output has no static activation scales, which vLLM 0.33's FlashInfer "
-        "FP8 per-tensor kernels need (fi-convert's vLLM plugin refuses such an output)"
-    )
-
-
 def source_scheme(ckpt: Checkpoint, layers: list) -> SchemeName | None:
     """The scheme whose source format the checkpoint holds (None: no scheme reads it)."""
     try:
@@ -266,46 +248,35 @@ def source_scheme(ckpt: Checkpoint, layers: list) -> SchemeName | None:
         return None
 
 
-def precision(source: SchemeName | None, scheme: SchemeName) -> str:
-    """What converting a `source`-format checkpoint to `scheme` does to its values."""
-    src = SOURCE_LABELS.get(source, "the source") if source else "the source"
-    if source is SchemeName.BF16 and scheme is not SchemeName.BF16:
-        return f"{src} -> {scheme.value} quantizes: loses precision"
-    if source is SchemeName.FP8_TENSOR and scheme is SchemeName.FP8_TENSOR:
-        return (
-            f"{src} -> {scheme.value} requantizes w13 to one scale per expert (gate and up "
-            "share it), as vLLM does when it loads the source"
-        )
-    return f"{src} -> {scheme.value} keeps the source's bytes"
-
-
-def _why_not(ckpt: Checkpoint, layers: list, name: SchemeName, backend: Backend, tp: int):
+def _why_not(ckpt: Checkpoint, layers: list, name: SchemeName, backend: Backend, options: Options):
     """(why this scheme x backend cannot take the checkpoint or None, whether the reason is
-    only that vLLM 0.33 cannot serve the output)."""
-    scheme = schemes.get(name)
+    only that its server cannot serve the output)."""
+    scheme, target = schemes.get(name), options.target
     if backend not in scheme.backends:
-        return MISSING_BACKENDS.get((name, backend), "vLLM has no such path"), False
+        return target.no_path(name.value, backend.value), False
     try:
         lps = []
         for layer in layers:
             scheme.check(ckpt, layer)
-            lps.append(scheme.plan_layer(layer, backend, tp))
+            lps.append(scheme.plan_layer(layer, backend, options.tp_size))
     except FiConvertError as e:
         return str(e), False
-    why = unservable(name, lps)
-    return why, why is not None
+    refusal = target.unservable(name.value, backend.value, [lp.info for lp in lps])
+    return (refusal.why, True) if refusal else (None, False)
 
 
-def _choices(ckpt: Checkpoint, layers: list, tp: int) -> list[Choice]:
+def _choices(ckpt: Checkpoint, layers: list, options: Options) -> list[Choice]:
+    """Every registered scheme x backend for the checkpoint, for the options' TP size and
+    server."""
     src = source_scheme(ckpt, layers)
+    source = schemes.get(src) if src else None
     out = []
-    for name in schemes.REGISTRY:
+    for name, scheme in schemes.REGISTRY.items():
         for backend in Backend:
-            why, unserv = _why_not(ckpt, layers, name, backend, tp)
+            why, unserv = _why_not(ckpt, layers, name, backend, options)
             planned = why is None or unserv
-            out.append(
-                Choice(name, backend, why, precision(src, name) if planned else None, unserv)
-            )
+            precision = scheme.precision(source) if planned else None
+            out.append(Choice(name, backend, why, precision, unserv))
     return out
 
 
@@ -313,7 +284,7 @@ def choices(plan: Plan) -> list[Choice]:
     """Every registered scheme x backend for the plan's checkpoint at its TP size: which
     plan and serve, why the others cannot, and which quantize."""
     _, layers = find_family(plan.ckpt)
-    return _choices(plan.ckpt, layers, plan.options.tp_size)
+    return _choices(plan.ckpt, layers, plan.options)
 
 
 def servable_list(cs: list[Choice]) -> str:
@@ -326,14 +297,13 @@ def servable_list(cs: list[Choice]) -> str:
 
 
 def _unservable_line(
-    ckpt: Checkpoint, layers: list, name: SchemeName, options: Options, why: str
+    ckpt: Checkpoint, layers: list, name: SchemeName, options: Options, refusal: Refusal
 ) -> str:
-    ok = servable_list(_choices(ckpt, layers, options.tp_size))
-    static = "a source with static activation scales (ModelOpt FP8)"
-    alts = f"--scheme {ok}, or {static}" if ok else static
+    ok = servable_list(_choices(ckpt, layers, options))
+    alts = f"--scheme {ok}, or {refusal.instead}" if ok else refusal.instead
     return (
-        f"--scheme {name.value} --backend {options.backend.value}: {why}; servable instead: "
-        f"{alts}; --allow-unservable converts it anyway"
+        f"--scheme {name.value} --backend {options.backend.value}: {refusal.why}; "
+        f"servable instead: {alts}; --allow-unservable converts it anyway"
     )
 
 

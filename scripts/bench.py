@@ -31,7 +31,7 @@ import torch
 
 from fi_convert import Options, SchemeName, convert, make_plan
 from fi_convert import layout as L
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 H, INTER = 7168, 2048
 FULL_LAYER = 256  # DeepSeek-V3's routed experts per layer

@@ -48,7 +48,7 @@ def measure(root: Path, experts: int, args) -> dict:
     from bench import cpu_seconds, ds_spec
 
     from fi_convert.names import DEFAULT_MAX_MEMORY
-    from fi_convert.synthetic import write_checkpoint
+    from fi_convert.testing.synthetic import write_checkpoint
 
     # shards of about 2 GB: each is made in memory
     spec = ds_spec(args.layers, experts, shards=max(4, experts // 4))

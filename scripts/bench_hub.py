@@ -111,7 +111,7 @@ def main() -> None:
     from fi_convert import Options, convert
     from fi_convert.hub import remote, stream
     from fi_convert.plan import make_plan
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
 
     opts = Options(scheme="bf16", max_shard_bytes=SHARD)
     api = HfApi()

@@ -43,7 +43,7 @@ from fi_convert import Backend, Options, SchemeName, convert, dtypes  # noqa: E4
 from fi_convert.bulk_read import host_buffers  # noqa: E402
 from fi_convert.format.reader import OutputReader  # noqa: E402
 from fi_convert.servers.vllm import experts as plugin  # noqa: E402
-from fi_convert.synthetic import Spec, write_checkpoint  # noqa: E402
+from fi_convert.testing.synthetic import Spec, write_checkpoint  # noqa: E402
 from tests import vllm_moe as vm  # noqa: E402
 
 H, INTER = 7168, 2048

@@ -1,13 +1,13 @@
 """Write a small synthetic MoE checkpoint: `python scripts/make_checkpoint.py FAMILY OUT [k=v ...]`.
 
 FAMILY is one of deepseek-v3, qwen3-moe, qwen3-moe-fused, mixtral, gpt-oss; k=v set fields of
-`fi_convert.synthetic.Spec` (layers, experts, hidden, intermediate, shards, seed, and quant:
+`fi_convert.testing.synthetic.Spec` (layers, experts, hidden, intermediate, shards, seed, and quant:
 bf16, fp8-block, fp8-tensor, fp8-tensor-ct, mxfp8, nvfp4, nvfp4-ct).
 """
 
 import sys
 
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:

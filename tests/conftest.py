@@ -10,7 +10,7 @@ import torch
 from click.testing import Result
 from typer.testing import CliRunner
 
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .hub_server import PROXIES, FakeHub, hf_env, loopback_only
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
+from fi_convert import FiConvertError
 from fi_convert import manifest as mf
-from fi_convert import served_config
 from fi_convert.plan import Options, choices, make_plan
 from fi_convert.servers.vllm.checks import PluginError, check_gpu, check_manifest
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.servers.vllm.target import VLLM
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .conftest import ANSI_RE, cli
 
@@ -235,8 +236,15 @@ RUNS_ON = {  # the capabilities each family admits, of (8,9) (9,0) (10,0) (10,3)
 
 
 def test_gpu_family_of_every_scheme_and_backend():
-    got = {(s, b): served_config.gpu_family_of(b, s) for s, b in GPU_FAMILIES}
+    got = {(s, b): VLLM.gpu_family(b, s) for s, b in GPU_FAMILIES}
     assert got == GPU_FAMILIES
+
+
+def test_the_options_name_a_server_whose_facts_the_registry_holds(ckpts):
+    assert Options().server == "vllm" and Options().target is VLLM
+    assert make_plan(ckpts["qwen3"], Options("bf16")).target is VLLM
+    with pytest.raises(FiConvertError, match=r"^server 'nope' is not one fi-convert converts "):
+        make_plan(ckpts["qwen3"], Options("bf16", server="nope"))
 
 
 def test_gpu_family_in_the_manifest(ckpts):

@@ -200,7 +200,7 @@ def test_the_environment_sets_threads_and_budget(monkeypatch):
 )
 def test_load_moe_layer_settings_that_make_no_sense_are_one_line(tmp_path, kw, words):
     from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=2, shards=1))
     convert(src, tmp_path / "out", Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
@@ -347,7 +347,7 @@ def test_a_shard_replaced_between_its_header_and_its_open_is_refused(tmp_path, m
     from fi_convert import Backend, Options, SchemeName, convert
     from fi_convert.errors import ManifestError
     from fi_convert.format import reader as loader
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=4, shards=1))
     out = tmp_path / "out"

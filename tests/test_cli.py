@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 from fi_convert.cli import app, main
 from fi_convert.cli._options import parse_size
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .conftest import ANSI_RE, cli
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fi_convert.families import FAMILY_DIR, SECTION_FIELDS, all_families
-from fi_convert.synthetic import FAMILIES, Spec, write_checkpoint
+from fi_convert.testing.synthetic import FAMILIES, Spec, write_checkpoint
 
 from .conftest import cli
 from .test_errors import error_line

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
-from fi_convert import oracle as ref
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
+from fi_convert.verify import flashinfer_reference as ref
 
 CASES = {
     # name: (spec, scheme)

@@ -10,7 +10,7 @@ from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.bulk_read import ReadError
 from fi_convert.format.dense import OtherTensors
 from fi_convert.format.reader import OutputReader
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 SPEC = Spec("deepseek-v3", layers=3, dense_layers=1, experts=8, quant="fp8-block", vocab=512)
 

@@ -26,7 +26,7 @@ from fi_convert import (
     SourceError,
 )
 from fi_convert.schemes import REGISTRY
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .conftest import ANSI_RE, cli
 from .test_cli import FI_CONVERT
@@ -490,7 +490,7 @@ def test_library_manifest_error(tmp_path):
 
 def test_load_moe_layer_checks_scheme_backend_and_rank(tmp_path):
     from fi_convert import ManifestError, Options, SchemeName, convert, load_moe_layer
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=2, hidden=128))
     out = tmp_path / "out"
@@ -517,7 +517,7 @@ def test_reading_experts_for_expert_parallelism(tmp_path):
 
     from fi_convert import ManifestError, Options, SchemeName, convert, load_moe_layer
     from fi_convert.format.reader import OutputReader
-    from fi_convert.synthetic import Spec, write_checkpoint
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
 
     src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=5, hidden=128))
     prefix = "model.layers.0.mlp.experts"

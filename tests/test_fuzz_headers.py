@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 from fi_convert import FiConvertError, dtypes
 from fi_convert.st_io import MAX_HEADER, read_header
-from fi_convert.synthetic import write_checkpoint
+from fi_convert.testing.synthetic import write_checkpoint
 
 from .test_errors import MX, convert, error_line, shard_of
 from .test_headers import W1, Hang, join, output_files, split, time_limit

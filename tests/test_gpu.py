@@ -11,8 +11,8 @@ import torch
 
 from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
 from fi_convert import layout as L
-from fi_convert import oracle as ref
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
+from fi_convert.verify import flashinfer_reference as ref
 
 pytestmark = pytest.mark.gpu
 

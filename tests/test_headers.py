@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from fi_convert import OutputError, SourceError, st_io
 from fi_convert.format.hashes import sha256_file
 from fi_convert.st_io import OutEntry, ShardWriter, build_header, read_header
-from fi_convert.synthetic import write_checkpoint
+from fi_convert.testing.synthetic import write_checkpoint
 
 from .conftest import cli
 from .test_errors import (

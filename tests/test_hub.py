@@ -27,7 +27,7 @@ from fi_convert import Options, convert
 from fi_convert.errors import SourceError
 from fi_convert.format import manifest as mf
 from fi_convert.source import open_checkpoint
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from . import conftest
 from .hub_server import PROXIES as _PROXIES

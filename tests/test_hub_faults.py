@@ -13,7 +13,7 @@ import pytest
 
 from fi_convert.errors import HubError
 from fi_convert.hub import remote
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .test_hub import MANIFEST, TARGET, cli, repo_files
 

@@ -16,7 +16,7 @@ from fi_convert import Options
 from fi_convert.hub import remote, stream
 from fi_convert.plan import make_plan
 from fi_convert.st_io import SourceFiles
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .test_hub import MANIFEST, TARGET, cli, repo_files
 

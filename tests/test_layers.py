@@ -1,5 +1,6 @@
 """The project's layering: the library never imports typer or rich (only the CLI's modules
-do), and the core never imports vllm or a server's package (only `fi_convert.servers.*` does)."""
+do), and the core never imports vllm or a server's package (only `fi_convert.servers.*` does):
+it names a server, whose facts `fi_convert.server_lookup.resolve` looks up when asked."""
 
 from __future__ import annotations
 
@@ -50,6 +51,21 @@ def test_the_library_imports_neither_the_cli_toolkit_nor_vllm():
     assert {"typer", "rich", "click", "vllm", "sglang"} & loaded == set()
     servers = sorted(m for m in loaded if m.startswith("fi_convert.servers"))
     assert servers == [], f"the core imports a server's package: {servers}"
+
+
+def test_the_servers_facts_import_no_server():
+    """The registry of servers and each server's facts module (what the converter asks of a
+    server, through `fi_convert.server_lookup`) import no server, no CLI toolkit and no torch;
+    only a server's plugin modules import the server, at run time."""
+    from fi_convert import servers
+
+    facts = ["fi_convert.servers", *(f"fi_convert.servers.{n}.target" for n in servers.TARGETS)]
+    loaded = _loaded_after_importing(facts)
+    assert {"typer", "rich", "click", "vllm", "sglang", "torch"} & loaded == set()
+    plugin = {"checks", "experts", "loader"}
+    assert not [
+        m for m in loaded if m.startswith("fi_convert.servers.") and m.split(".")[-1] in plugin
+    ]
 
 
 # What the output format's package may import: itself, and the small shared modules below it

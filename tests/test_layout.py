@@ -12,7 +12,7 @@ from flashinfer.fused_moe.core import (
 )
 
 from fi_convert import layout as L
-from fi_convert.oracle import pad_contiguous_seed, pad_per_half, same_bytes
+from fi_convert.verify.flashinfer_reference import pad_contiguous_seed, pad_per_half, same_bytes
 
 
 def _rand(m: int, k: int, seed: int = 0) -> torch.Tensor:

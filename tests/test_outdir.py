@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from fi_convert import FiConvertError, Options, OutputError, SchemeName, convert
 from fi_convert.format import manifest as mf
 from fi_convert.st_io import TMP_SUFFIX, SourceFiles, read_header
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .conftest import cli
 from .test_errors import error_line

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import fi_convert
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .conftest import ANSI_RE
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from fi_convert.cli import _progress as cp
 from fi_convert.pipeline import Progress
 from fi_convert.plan import grouped_notes
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .conftest import cli
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fi_convert import Options, SchemeMismatchError, SchemeName, make_plan
-from fi_convert import oracle as ref
 from fi_convert.quant import E4M3_MAX, fp8_dequantize_f16, fp8_quantize_static, mx_quantize
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
+from fi_convert.verify import flashinfer_reference as ref
 
 
 def _blocks(*rows: list[float]) -> torch.Tensor:

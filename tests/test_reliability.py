@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fi_convert import FiConvertError, Options, SchemeName, SourceError, convert, make_plan
 from fi_convert.st_io import read_header
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .paused import Paused
 

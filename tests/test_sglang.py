@@ -23,7 +23,7 @@ import torch
 
 from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
 from fi_convert import layout as L
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import hf_checkpoints
 from tests import sglang_moe as sm
 

@@ -33,7 +33,7 @@ from fi_convert.format.names import MANIFEST_NAME
 from fi_convert.format.reader import OutputReader
 from fi_convert.servers.sglang import checks, target
 from fi_convert.servers.sglang.checks import PluginError
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import hf_checkpoints
 from tests import sglang_moe as sm
 

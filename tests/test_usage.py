@@ -17,7 +17,7 @@ import torch
 import fi_convert
 from fi_convert import ManifestError, load_moe_layer
 from fi_convert.cli import main
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .conftest import ANSI_RE, cli
 from .test_cli import FI_CONVERT

@@ -11,7 +11,7 @@ import pytest
 
 from fi_convert import FiConvertError, Options, SchemeName, convert
 from fi_convert.st_io import read_header
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 from fi_convert.verify import verify
 
 from .conftest import cli
@@ -119,7 +119,7 @@ def test_other_source_is_reported(made, tmp_path):
 
 def test_against_flashinfer_without_flashinfer(made, monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", None)
-    monkeypatch.delitem(sys.modules, "fi_convert.oracle", raising=False)
+    monkeypatch.delitem(sys.modules, "fi_convert.verify.flashinfer_reference", raising=False)
     with pytest.raises(FiConvertError, match=r"`pip install flashinfer-python==0\.7\.2\.post1`"):
         verify(made[1], source=made[0], against_flashinfer=True)
     r = cli("verify", made[1], "--source", made[0], "--against-flashinfer")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from fi_convert import Backend, Options, SchemeName, convert
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import vllm_moe as vm
 
 # (scheme, spec, layer prefix): sizes that need padding (I per rank 96 or 48 -> 128 on TRT-LLM)

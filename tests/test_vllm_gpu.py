@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from fi_convert import Backend, Options, SchemeName, convert
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 pytestmark = pytest.mark.gpu
 

@@ -17,11 +17,11 @@ from vllm.config.load import LoadConfig
 from vllm.model_executor.model_loader import get_model_loader
 
 from fi_convert import Backend, Options, SchemeName, convert
-from fi_convert.served_config import MXFP8_ACTIVATION
 from fi_convert.servers.vllm import checks, register
 from fi_convert.servers.vllm.checks import PluginError
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.servers.vllm.target import MXFP8_ACTIVATION
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import vllm_moe as vm
 
 PREFIX = "model.layers.1.mlp.experts"

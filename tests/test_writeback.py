@@ -15,7 +15,7 @@ import pytest
 
 from fi_convert import Options, SchemeName, convert, st_io
 from fi_convert.st_io import ShardWriter, Writeback
-from fi_convert.synthetic import Spec, write_checkpoint
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from .test_reliability import _files
 

@@ -8,7 +8,7 @@ import re
 
 from ..format import manifest as mf
 from ..format.names import MANIFEST_NAME
-from ..served_config import EP_SCHEMES, serve_command
+from ..server_lookup import of_manifest
 from .common import LIBRARY
 
 CARD_NAME = "README.md"
@@ -78,6 +78,7 @@ def model_card(
 def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str | None) -> str:
     scheme, backend, tp = m["scheme"], m["backend"], m["tp_size"]
     t, s = m["target"], m["source"]
+    server = of_manifest(m)
     layers: dict = m["layers"]
     first = next(iter(layers)) if layers else "model.layers.N.mlp.experts"
     src = f"[{base_model}](/{base_model})" if base_model else "a Mixture-of-Experts checkpoint"
@@ -113,8 +114,7 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         f"| backend | `{backend}` (GPU family `{t.get('gpu_family')}`) |",
         f"| tensor-parallel size | {tp} (every rank's tensors are stored) |",
         f"| expert parallelism | {m.get('expert_parallel', '')} |",
-        f"| target vLLM | {t.get('vllm')} |",
-        f"| target FlashInfer | {t.get('flashinfer')} (layouts of {t.get('flashinfer_layouts')}) |",
+        *server.card_rows(t),
         f"| source | model type `{s.get('model_type')}`, family `{s.get('family')}`, "
         f"{s.get('shards')} shard(s), fingerprint `{str(s.get('fingerprint'))[:16]}` |",
         "",
@@ -155,35 +155,6 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "t['w13_weight'].shape  # as vLLM holds it after process_weights_after_loading",
         "```",
         "",
-        f"**vLLM.** The expert bytes are those vLLM {t.get('vllm')} with FlashInfer "
-        f"{t.get('flashinfer')} holds after `process_weights_after_loading`. Serve it with "
-        "fi-convert's vLLM plugin, which loads them straight into the MoE layers and runs "
-        "kernel setup only. fi-convert is not on PyPI: install fi-convert "
-        f"{m['fi_convert_version']} with its `vllm` extra from a clone of its repository "
-        '(`pip install ".[vllm]"`) or from its wheel (`make wheel`, then `pip install '
-        f'"dist/fi_convert-{m["fi_convert_version"]}-py3-none-any.whl[vllm]"`), then:',
-        "",
-        "```",
-        serve_command(repo_id, scheme, backend, tp),
-        "```",
-        "",
-        *(
-            [
-                "With expert parallelism (each GPU holds whole experts; any number of GPUs, "
-                "here 8):",
-                "",
-                "```",
-                serve_command(repo_id, scheme, backend, tp, ep=8),
-                "```",
-                "",
-            ]
-            if tp == 1 and scheme in EP_SCHEMES
-            else []
-        ),
-        f"The plugin refuses, before loading anything, a vLLM outside {t.get('vllm_versions')}, "
-        f"another TP size, another MoE backend, or a GPU outside the {t.get('gpu_family')} "
-        "family. Stock `vllm serve` without `--load-format fi-convert` must not be used on this "
-        "repo.",
-        "",
+        *server.card_section(m, repo_id),
     ]
     return "\n".join(lines)

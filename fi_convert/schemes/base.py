@@ -4,23 +4,33 @@ A scheme names the source tensors it needs, checks a layer against them, and pla
 the output tensors (vLLM's fused-MoE parameter names), their per-rank shapes, and for each a
 `produce` function that fills one chunk of experts of one tensor-parallel rank. The executor
 (`fi_convert.pipeline`) owns reading order, chunking, devices and writing.
+
+A scheme also holds every other fact about itself (`Scheme`'s attributes): what `inspect`
+calls its source format, what converting to it does to a source's precision, the stand-in
+layers `verify` plans a manifest's sizes with, and the synthetic sources of the tests. Adding
+a scheme is adding its module and its line in `schemes/__init__.py`; what a server serves of
+it is the server's fact (`fi_convert/servers/<name>/target.py`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from .. import dtypes
 from .. import layout as L
 from ..errors import LayoutError, SchemeMismatchError, SourceError
+from ..families import Form
+from ..format.names import MANIFEST_NAME
 from ..names import Backend, SchemeName
 from ..source import ROLES, Checkpoint, ExpertLayer
-from ..st_io import SourceFiles
+from ..st_io import SourceFiles, TensorInfo
 
 
 @dataclass
@@ -106,19 +116,100 @@ class LayerPlan:
     notes: list[str] = field(default_factory=list)  # warnings for the user; not errors
 
 
-class Scheme(Protocol):
+# make(shape, generator): one synthetic linear's tensors ({"weight": ..., "weight_scale": ...})
+Maker = Callable[[tuple[int, int], torch.Generator], dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Synthetic:
+    """A synthetic source of a scheme's format (`fi_convert.testing.synthetic`): each expert
+    linear's tensors, and config.json's `quantization_config`."""
+
+    make: Maker | None  # None: the family makes the experts (gpt-oss's fused MXFP4 ones)
+    quantization_config: dict | None = None
+    dense_too: bool = False  # the other linears (attention, dense MLPs) in the format too
+
+
+def compressed_tensors(format: str, weights: dict, activations: dict) -> dict:
+    """A compressed-tensors `quantization_config` of one group over every Linear."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": format,
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": weights,
+                "input_activations": activations,
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+def modelopt(algo: str) -> dict:
+    """A ModelOpt `quantization_config` (the synthetic writer adds its hf_quant_config.json)."""
+    return {"quant_method": "modelopt", "quant_algo": algo}
+
+
+class Scheme:
+    """A scheme: its layouts (`plan_layer`) and every fact about it. Subclasses set `name`,
+    `backends` (the FlashInfer backends it writes a layout for), `source_label`, `stand_ins`
+    and `synthetic`, and implement `matches`, `check` and `plan_layer`."""
+
     name: SchemeName
     backends: tuple[Backend, ...]
+    source_label: str  # what `inspect` calls its source format ("FP8")
+    quantized = True  # its source format is quantized: converting BF16 to it quantizes
+    # What of the source a plan depends on besides sizes, as (expert weight dtype, static
+    # activation scales): one stand-in layer of each (`stand_in_layers`)
+    stand_ins: tuple[tuple[str, bool], ...] = ()
+    # the layer entry's `source_format` values it writes, where it records one
+    source_formats: tuple[str, ...] = ()
+    # Synthetic sources of its format by `Spec.quant` name (a variant: "fp8-tensor-ct")
+    synthetic: ClassVar[dict[str, Synthetic]] = {}
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         """Whether this scheme's source format is what the checkpoint holds (for `auto`)."""
-        ...
+        raise NotImplementedError
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         """Raise a one-line error when the layer does not fit this scheme."""
-        ...
+        raise NotImplementedError
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan: ...
+    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        raise NotImplementedError
+
+    def precision(self, source: Scheme | None) -> str:
+        """What converting a checkpoint in `source`'s format to this scheme does to its values."""
+        src = source.source_label if source else "the source"
+        if source is not None and not source.quantized and self.quantized:
+            return f"{src} -> {self.name.value} quantizes: loses precision"
+        return f"{src} -> {self.name.value} keeps the source's bytes"
+
+    def stand_in_layers(self, prefix: str, e: int, h: int, i: int) -> list[ExpertLayer]:
+        """Layers as `find_family` gives them, one for each source format of `stand_ins`:
+        names and dtypes of the experts' tensors, no data (`plan_stand_in` reads none)."""
+        per_expert = Form("per_expert", re.compile(""), {})
+        layers = []
+        for dtype, act in self.stand_ins:
+            params = {}
+            for x in range(e):
+                for r in ROLES:
+                    params[(r, "weight", x)] = stand_in(prefix, f"{x}.{r}.weight", dtype)
+                    if act:
+                        name = f"{x}.{r}.input_scale"
+                        params[(r, "input_scale", x)] = stand_in(prefix, name, "F32")
+            layers.append(ExpertLayer(prefix, per_expert, e, h, i, params))
+        return layers
+
+    def plan_stand_in(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        """`plan_layer` of a stand-in layer, which has no data to read."""
+        return self.plan_layer(layer, backend, tp)
+
+
+def stand_in(prefix: str, name: str, dtype: str) -> TensorInfo:
+    """A stand-in layer's tensor: a name and a dtype, no data."""
+    return TensorInfo(f"{prefix}.{name}", dtype, (), 0, 0, Path(MANIFEST_NAME))
 
 
 # ---------------------------------------------------------------- shared checks and helpers

@@ -18,7 +18,9 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    Scheme,
     SchemeName,
+    Synthetic,
     layer_plan,
     per_rank,
     refuse_other_format,
@@ -34,9 +36,18 @@ PAD_I = 128
 BLOCK_K = 64  # elements: 128 bytes of bf16
 
 
-class Bf16Scheme:
+def synthetic_bf16(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A synthetic BF16 linear (`fi_convert.testing.synthetic`)."""
+    return {"weight": (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)}
+
+
+class Bf16Scheme(Scheme):
     name = SchemeName.BF16
     backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
+    source_label = "BF16"
+    quantized = False
+    stand_ins = (("BF16", False),)
+    synthetic = {"bf16": Synthetic(synthetic_bf16)}
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return weight_dtype(layers[0]) == "BF16"

@@ -18,7 +18,9 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    Scheme,
     SchemeName,
+    Synthetic,
     layer_plan,
     per_rank,
     refuse_other_format,
@@ -38,9 +40,33 @@ MIN_SCALE = 1e-10
 SCALE = "weight_scale_inv"
 
 
-class Fp8BlockScheme:
+def synthetic_fp8_block(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A synthetic DeepSeek FP8 linear: 128x128 `weight_scale_inv` blocks (one near zero, as
+    dead experts have in real checkpoints)."""
+    # random E4M3 bytes, never NaN (0x7F/0xFF): fast enough for multi-GB benchmark checkpoints
+    w = torch.randint(0, 0x7F, shape, generator=g, dtype=torch.uint8)
+    w |= torch.randint(0, 2, shape, generator=g, dtype=torch.uint8) << 7
+    w = w.view(torch.float8_e4m3fn)
+    sb = (-(-shape[0] // 128), -(-shape[1] // 128))
+    s = torch.rand(sb, generator=g) * 1e-3 + 1e-5
+    s.view(-1)[0] = 1e-23  # a dead block: clamped to 1e-10 on conversion
+    return {"weight": w, "weight_scale_inv": s}
+
+
+DEEPSEEK_FP8 = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}
+
+
+class Fp8BlockScheme(Scheme):
     name = SchemeName.FP8_BLOCK
     backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
+    source_label = "FP8"
+    stand_ins = (("F8_E4M3", False),)
+    synthetic = {"fp8-block": Synthetic(synthetic_fp8_block, DEEPSEEK_FP8, dense_too=True)}
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return weight_dtype(layers[0]) == "F8_E4M3" and SCALE in layers[0].param_names()

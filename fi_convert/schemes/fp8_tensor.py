@@ -28,9 +28,13 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    Scheme,
     SchemeName,
+    Synthetic,
+    compressed_tensors,
     expert_scalars,
     layer_plan,
+    modelopt,
     per_rank,
     refuse_other_format,
     require_dtype,
@@ -53,9 +57,42 @@ def _is_per_tensor(layer: ExpertLayer) -> bool:
     )
 
 
-class Fp8TensorScheme:
+def synthetic_fp8_tensor(shape: tuple[int, int], g: torch.Generator, ct: bool = False) -> dict:
+    """A synthetic ModelOpt FP8 linear (compressed-tensors, `ct`: its scales shaped [1])."""
+    w = (torch.randn(shape, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+    dim = (1,) if ct else ()
+    s = (torch.rand(dim, generator=g) * 1e-3 + 1e-4).float()
+    a = (torch.rand(dim, generator=g) * 0.05 + 0.01).float()
+    return {"weight": w, "weight_scale": s, "input_scale": a}
+
+
+_CT_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True}
+
+
+class Fp8TensorScheme(Scheme):
     name = SchemeName.FP8_TENSOR
     backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
+    source_label = "FP8"
+    # static activation scales, none (dynamic), or BF16 experts quantized on conversion
+    stand_ins = (("F8_E4M3", True), ("F8_E4M3", False), ("BF16", False))
+    source_formats = ("fp8 per-tensor", "bf16, quantized per tensor")
+    synthetic = {
+        "fp8-tensor": Synthetic(synthetic_fp8_tensor, modelopt("FP8")),
+        "fp8-tensor-ct": Synthetic(
+            lambda shape, g: synthetic_fp8_tensor(shape, g, ct=True),
+            compressed_tensors(
+                "float-quantized", {**_CT_FP8, "dynamic": False}, {**_CT_FP8, "dynamic": False}
+            ),
+        ),
+    }
+
+    def precision(self, source: Scheme | None) -> str:
+        if source is self:
+            return (
+                f"{source.source_label} -> {self.name.value} requantizes w13 to one scale per "
+                "expert (gate and up share it), as vLLM does when it loads the source"
+            )
+        return super().precision(source)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return _is_per_tensor(layers[0])
@@ -106,7 +143,8 @@ class Fp8TensorScheme:
                 "written; vLLM's FlashInfer FP8 per-tensor kernels take static scales - the "
                 "server must supply calibrated ones"
             )
-        fmt = "bf16, quantized per tensor" if weight_dtype(layer) == "BF16" else "fp8 per-tensor"
+        fp8, bf16 = self.source_formats
+        fmt = bf16 if weight_dtype(layer) == "BF16" else fp8
         return layer_plan(
             layer,
             outs,

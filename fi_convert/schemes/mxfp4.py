@@ -19,12 +19,14 @@ interleaves weights with a CUDA op and is not produced.)
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
 from .. import dtypes
 from .. import layout as L
 from ..errors import LayoutError, SchemeMismatchError, SourceError
+from ..families import Form
 from ..source import Checkpoint, ExpertLayer, expert_rows, read_rows_into
 from ..st_io import TensorInfo
 from .base import (
@@ -32,11 +34,14 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    Scheme,
     SchemeName,
+    Synthetic,
     flat_swizzled_index,
     layer_plan,
     quant_algo,
     refuse_other_format,
+    stand_in,
 )
 
 TILE = 128
@@ -60,9 +65,38 @@ def _read(
         read_rows_into(ctx.files, flat, e * per + rows[0], rows[1] - rows[0], cols, dst[i])
 
 
-class Mxfp4Scheme:
+# gpt-oss's own config (the experts are the gpt-oss family's: `fi_convert.testing.synthetic`)
+GPT_OSS_MXFP4 = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+}
+BIAS_DTYPES = ("BF16", "F16", "F32")
+
+
+class Mxfp4Scheme(Scheme):
     name = SchemeName.MXFP4
     backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
+    source_label = "MXFP4"
+    synthetic = {"mxfp4": Synthetic(None, GPT_OSS_MXFP4)}
+
+    def stand_in_layers(self, prefix: str, e: int, h: int, i: int) -> list[ExpertLayer]:
+        """gpt-oss's fused experts, with biases of each float dtype (CUTLASS keeps them)."""
+        fused = Form("fused", re.compile(""), {})
+        out = []
+        for b13 in BIAS_DTYPES:
+            for b2 in BIAS_DTYPES:
+                params = {
+                    (r, q, -1): stand_in(prefix, f"{r}_{q}", b if q == "bias" else "U8")
+                    for r, b in (("w13", b13), ("w2", b2))
+                    for q in ("blocks", "scales", "bias")
+                }
+                out.append(ExpertLayer(prefix, fused, e, h, i, params))
+        return out
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return ("w13", "blocks", -1) in layers[0].params or quant_algo(ckpt) == "MXFP4"

@@ -21,9 +21,13 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    Scheme,
     SchemeName,
+    Synthetic,
+    compressed_tensors,
     flat_swizzled_index,
     layer_plan,
+    modelopt,
     per_rank,
     quant_algo,
     refuse_other_format,
@@ -47,9 +51,30 @@ def _is_mx_source(layer: ExpertLayer) -> bool:
     return weight_dtype(layer) == "F8_E4M3" and any(t.dtype in ("U8", "F8_E8M0") for t in scales)
 
 
-class Mxfp8Scheme:
+def synthetic_mxfp8(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A synthetic MXFP8 linear: E4M3 weights, a UE8M0 scale per 32."""
+    w = (torch.randn(shape, generator=g) * 2).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.randint(110, 130, (shape[0], shape[1] // 32), generator=g, dtype=torch.uint8)
+    return {"weight": w, "weight_scale": s}
+
+
+_CT_MXFP8 = compressed_tensors(
+    "mxfp8-quantized",
+    {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32},
+    {"num_bits": 8, "type": "float", "dynamic": True},
+)
+
+
+class Mxfp8Scheme(Scheme):
     name = SchemeName.MXFP8
-    backends: tuple[Backend, ...] = (Backend.TRTLLM,)
+    backends: tuple[Backend, ...] = (Backend.TRTLLM,)  # no CUTLASS layout: vLLM has no path
+    source_label = "MXFP8"
+    stand_ins = (("F8_E4M3", False), ("BF16", False))  # BF16 experts: quantized on conversion
+    source_formats = ("mxfp8", "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)")
+    synthetic = {
+        "mxfp8": Synthetic(synthetic_mxfp8, modelopt("MXFP8")),
+        "mxfp8-ct": Synthetic(synthetic_mxfp8, _CT_MXFP8),
+    }
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return _is_mx_source(layers[0]) or quant_algo(ckpt) in ("MXFP8",)
@@ -85,7 +110,8 @@ class Mxfp8Scheme:
         i_p, h_p = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H)
         quantize = weight_dtype(layer) == "BF16"
         outs = _outputs(layer, e, h, h_p, i_r, i_p, quantize)
-        fmt = "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)" if quantize else "mxfp8"
+        mxfp8, bf16 = self.source_formats
+        fmt = bf16 if quantize else mxfp8
         return layer_plan(layer, outs, i_r, i_p, h_p=h_p, source_format=fmt)
 
 

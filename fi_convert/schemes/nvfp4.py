@@ -27,10 +27,14 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    Scheme,
     SchemeName,
+    Synthetic,
+    compressed_tensors,
     expert_scalars,
     flat_swizzled_index,
     layer_plan,
+    modelopt,
     per_rank,
     refuse_other_format,
     require_dtype,
@@ -61,9 +65,45 @@ def _pick(layer: ExpertLayer, names: tuple[str, str]) -> tuple[str, bool]:
     return names[0], False
 
 
-class Nvfp4Scheme:
+def synthetic_nvfp4(shape: tuple[int, int], g: torch.Generator, ct: bool = False) -> dict:
+    """A synthetic ModelOpt NVFP4 linear (or compressed-tensors, `ct`): packed E2M1 pairs,
+    E4M3 scales per 16."""
+    n, k = shape
+    w = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+    s = torch.randint(0x20, 0x58, (n, k // 16), generator=g, dtype=torch.uint8)
+    s2 = (torch.rand((), generator=g) * 1e-3 + 1e-4).float()
+    a = (torch.rand((), generator=g) * 0.05 + 0.01).float()
+    if ct:  # compressed-tensors keeps the reciprocals of the global scales, shaped [1]
+        return {
+            "weight_packed": w,
+            "weight_scale": s.view(torch.float8_e4m3fn),
+            "weight_global_scale": (1.0 / s2).reshape(1),
+            "input_global_scale": (1.0 / a).reshape(1),
+        }
+    return {
+        "weight": w,
+        "weight_scale": s.view(torch.float8_e4m3fn),
+        "weight_scale_2": s2,
+        "input_scale": a,
+    }
+
+
+_CT_NVFP4 = compressed_tensors(
+    "nvfp4-pack-quantized",
+    {"num_bits": 4, "type": "float", "group_size": 16},
+    {"num_bits": 4, "type": "float", "group_size": 16},
+)
+
+
+class Nvfp4Scheme(Scheme):
     name = SchemeName.NVFP4
     backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
+    source_label = "NVFP4"
+    stand_ins = (("U8", True),)
+    synthetic = {
+        "nvfp4": Synthetic(synthetic_nvfp4, modelopt("NVFP4")),
+        "nvfp4-ct": Synthetic(lambda shape, g: synthetic_nvfp4(shape, g, ct=True), _CT_NVFP4),
+    }
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         scales = [t for (_, p, _), t in layers[0].params.items() if p == SCALE]
@@ -85,6 +125,9 @@ class Nvfp4Scheme:
             raise LayoutError(f"{layer.prefix}: H {h} and I {i} must be multiples of {SF}")
         require_shapes(layer, "weight", (i, h // 2), (h, i // 2))
         require_shapes(layer, SCALE, (i, h // SF), (h, i // SF))
+
+    def plan_stand_in(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+        return self.plan_layer(layer, backend, tp, differ=[])  # no source data to read
 
     def plan_layer(
         self, layer: ExpertLayer, backend: Backend, tp: int, differ: list[int] | None = None

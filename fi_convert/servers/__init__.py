@@ -1,6 +1,24 @@
 """The servers that load fi-convert's outputs, one package each (`vllm/`: the vLLM plugin and
-every vLLM fact).
+every vLLM fact), and the registry of their facts by name.
 
-The core never imports a server's package; a server's package imports the core's `format/` and
-leaf modules only.
+A server's package holds a facts module (`<name>/target.py`, a `fi_convert.target.
+ServerTarget`) that imports no server, and the server's plugin, which imports it at run time.
+The core never imports this package: it names a server, and `fi_convert.server_lookup` looks
+it up here. A server's package imports the core's `format/`, `target` and leaf modules only.
 """
+
+from __future__ import annotations
+
+from ..errors import FiConvertError
+from ..target import ServerTarget
+from .vllm.target import VLLM
+
+TARGETS: dict[str, ServerTarget] = {"vllm": VLLM}
+
+
+def get(name: str) -> ServerTarget:
+    if name not in TARGETS:
+        raise FiConvertError(
+            f"server {name!r} is not one fi-convert converts for (available: {', '.join(TARGETS)})"
+        )
+    return TARGETS[name]

@@ -10,7 +10,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ...served_config import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION
+from .target import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION, VLLM
 
 PREFIX = "fi-convert: "
 MOE_BACKEND = MOE_BACKEND_FLAG
@@ -160,7 +160,7 @@ def check_manifest(
 
 def check_expert_parallel(manifest: dict, root: str, *, eplb: bool) -> None:
     """Refuse what the plugin cannot serve under --enable-expert-parallel. It serves
-    EP_SCHEMES (served_config): each expert's layout is its own, so a rank's experts are whole
+    EP_SCHEMES (target.py): each expert's layout is its own, so a rank's experts are whole
     slices of a --tp-size 1 output, as vLLM's own EP path holds them (tests/test_vllm_ep.py).
     Not (yet) the others: vLLM's FP8 per-tensor activation scale under EP is the max over each
     rank's own experts, which differs by rank from the one value an output holds; NVFP4's
@@ -237,10 +237,8 @@ def _family(manifest: dict) -> str:
     """The GPUs the output's scheme runs on with its backend, as this fi-convert knows them;
     the manifest's own `gpu_family` only for a pair it does not know. (An output written by an
     older fi-convert may claim too much: nvfp4 and mxfp4 on CUTLASS were once `sm90+`.)"""
-    from ...served_config import gpu_family_of
-
     try:
-        return gpu_family_of(manifest["backend"], manifest["scheme"])
+        return VLLM.gpu_family(manifest["backend"], manifest["scheme"])
     except (KeyError, TypeError):
         return manifest.get("target", {}).get("gpu_family", "")
 

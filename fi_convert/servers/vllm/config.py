@@ -1,8 +1,8 @@
 """The output's config.json names the quantization method `fi-convert`, which stock vLLM
-refuses (fi_convert/served_config.py says why). With `--load-format fi-convert`, and only
-then, the plugin hands vLLM the source's own quantization config back, through vLLM's
-`hf_overrides` hook, so that vLLM builds exactly the model and MoE methods it builds for the
-source checkpoint."""
+refuses (fi_convert/served_config.py says why; target.py holds its note). With
+`--load-format fi-convert`, and only then, the plugin hands vLLM the source's own
+quantization config back, through vLLM's `hf_overrides` hook, so that vLLM builds exactly the
+model and MoE methods it builds for the source checkpoint."""
 
 from __future__ import annotations
 

@@ -8,28 +8,26 @@ import hashlib
 import importlib
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import __version__, dtypes, jsontext, served_config
-from . import manifest as mf
-from .errors import FiConvertError
-from .families import Family, Form, all_families, config_field, model_type
-from .format import manifest as fm
-from .format.hashes import sha256_file
-from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
-from .names import Backend, SchemeName
-from .pipeline import resolve_device
-from .plan import Options, _layer_summary, make_plan
-from .schemes import REGISTRY
-from .schemes.base import Ctx
-from .schemes.nvfp4 import Nvfp4Scheme
-from .source import ROLES, ExpertLayer, open_checkpoint
-from .st_io import SourceFiles, TensorInfo, read_header
+from .. import __version__, dtypes, jsontext, served_config
+from .. import manifest as mf
+from ..errors import FiConvertError
+from ..families import Family, all_families, config_field, model_type
+from ..format import manifest as fm
+from ..format.hashes import sha256_file
+from ..format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
+from ..names import Backend, SchemeName
+from ..pipeline import resolve_device
+from ..plan import Options, _layer_summary, make_plan
+from ..schemes import REGISTRY
+from ..schemes.base import Ctx
+from ..source import open_checkpoint
+from ..st_io import SourceFiles, TensorInfo, read_header
 
 # What a Hub download adds beside the files its manifest lists: the repo's .gitattributes,
 # and huggingface_hub's metadata of a `--local-dir` download.
@@ -341,53 +339,6 @@ def _diff(got: dict, want: dict, label: str) -> Iterator[tuple[str, str]]:
                 yield from field_lines(f"{pname}.{key}", gt[pname], wt[pname], key)
 
 
-# What of the source a scheme's plan depends on besides sizes, as (weight dtype, static
-# activation scales): fp8-tensor and mxfp8 plan BF16 experts otherwise; mxfp4's biases are
-# stand-ins of each float dtype (CUTLASS keeps it).
-STAND_INS: dict[SchemeName, list[tuple[str, bool]]] = {
-    SchemeName.BF16: [("BF16", False)],
-    SchemeName.FP8_BLOCK: [("F8_E4M3", False)],
-    SchemeName.FP8_TENSOR: [("F8_E4M3", True), ("F8_E4M3", False), ("BF16", False)],
-    SchemeName.MXFP8: [("F8_E4M3", False), ("BF16", False)],
-    SchemeName.NVFP4: [("U8", True)],
-    SchemeName.MXFP4: [("U8", False)],
-}
-BIAS_DTYPES = ("BF16", "F16", "F32")
-
-
-def _stand_ins(scheme: SchemeName, prefix: str, e: int, h: int, i: int) -> list[ExpertLayer]:
-    """Layers as `find_family` gives them, for each source format `scheme` reads: names and
-    dtypes of the experts' tensors, no data (no scheme reads data to plan, given nvfp4's
-    `differ`)."""
-
-    def info(name: str, dtype: str) -> TensorInfo:
-        return TensorInfo(f"{prefix}.{name}", dtype, (), 0, 0, Path(MANIFEST_NAME))
-
-    if scheme is SchemeName.MXFP4:
-        fused = Form("fused", re.compile(""), {})
-        out = []
-        for b13 in BIAS_DTYPES:
-            for b2 in BIAS_DTYPES:
-                params = {
-                    (r, q, -1): info(f"{r}_{q}", b if q == "bias" else "U8")
-                    for r, b in (("w13", b13), ("w2", b2))
-                    for q in ("blocks", "scales", "bias")
-                }
-                out.append(ExpertLayer(prefix, fused, e, h, i, params))
-        return out
-    per_expert = Form("per_expert", re.compile(""), {})
-    layers = []
-    for dtype, act in STAND_INS[scheme]:
-        params = {}
-        for x in range(e):
-            for r in ROLES:
-                params[(r, "weight", x)] = info(f"{x}.{r}.weight", dtype)
-                if act:
-                    params[(r, "input_scale", x)] = info(f"{x}.{r}.input_scale", "F32")
-        layers.append(ExpertLayer(prefix, per_expert, e, h, i, params))
-    return layers
-
-
 @dataclass
 class _Planner:
     """Plans layers as `convert` does, from a manifest entry's recorded sizes: the scheme's own
@@ -421,11 +372,8 @@ class _Planner:
         scheme = REGISTRY[self.scheme]
         out = []
         try:
-            for layer in _stand_ins(self.scheme, prefix, e, h, i):
-                if isinstance(scheme, Nvfp4Scheme):
-                    lp = scheme.plan_layer(layer, self.backend, self.tp, differ=[])
-                else:
-                    lp = scheme.plan_layer(layer, self.backend, self.tp)
+            for layer in scheme.stand_in_layers(prefix, e, h, i):
+                lp = scheme.plan_stand_in(layer, self.backend, self.tp)
                 out.append(json.loads(json.dumps(_layer_summary(lp))))
         except FiConvertError as err:
             return str(err).removeprefix(f"{prefix}: ")
@@ -466,7 +414,7 @@ def check_source(
         if full:
             _carried(plan, tensors, files, rep)
         if against_flashinfer:
-            _against_oracle(plan, tensors, files, full, dev, rep)
+            _against_flashinfer(plan, tensors, files, full, dev, rep)
         else:
             _against_ours(plan, tensors, files, full, dev, rep)
     finally:
@@ -502,7 +450,8 @@ def _side_files(plan, m: dict, card_replaced: bool, rep: Report) -> None:
         if meta is None or (rel == "README.md" and card_replaced):  # a Hub card replaced it
             continue
         if rel == "config.json":
-            sha = hashlib.sha256(served_config.mark(plan.ckpt.config)).hexdigest()
+            marked = served_config.mark(plan.ckpt.config, plan.target.marker_note)
+            sha = hashlib.sha256(marked).hexdigest()
         else:
             sha = sha256_file(plan.ckpt.root / rel)
         if sha != meta["sha256"]:
@@ -598,9 +547,9 @@ def _against_ours(plan, tensors, files, full, dev, rep) -> None:
         rep.count("experts_rederived", len(experts) * tp)
 
 
-def _against_oracle(plan, tensors, files, full, dev, rep) -> None:
+def _against_flashinfer(plan, tensors, files, full, dev, rep) -> None:
     try:
-        oracle = importlib.import_module("fi_convert.oracle")
+        reference = importlib.import_module("fi_convert.verify.flashinfer_reference")
     except ImportError as e:
         raise FiConvertError(
             f"--against-flashinfer needs FlashInfer ({e.name} is missing); install it with "
@@ -610,7 +559,7 @@ def _against_oracle(plan, tensors, files, full, dev, rep) -> None:
     layers = plan.layers if full else [plan.layers[0], plan.layers[-1]]
     for lp in {id(x): x for x in layers}.values():
         for rank in range(tp):
-            want = oracle.expected(
+            want = reference.expected(
                 plan.ckpt.root,
                 lp.prefix,
                 lp.info["num_experts"],

@@ -1,4 +1,4 @@
-"""The oracle: vLLM 0.33's load-time MoE pipeline, step by step, with FlashInfer's functions.
+"""The reference: vLLM 0.33's load-time MoE pipeline, step by step, with FlashInfer's functions.
 
 It mirrors what vLLM runs in `process_weights_after_loading` (per expert, in a Python loop,
 calling FlashInfer), starting from the checkpoint as read by the `safetensors` library. The
@@ -21,7 +21,7 @@ from flashinfer.fused_moe.core import (
 from flashinfer.utils import get_shuffle_matrix_sf_a_row_indices
 from safetensors import safe_open
 
-from .dtypes import same_bytes  # noqa: F401  (the tests compare with it)
+from ..dtypes import same_bytes  # noqa: F401  (the tests compare with it)
 
 NAMES = {
     "per_expert": ("gate_proj", "up_proj", "down_proj"),

@@ -1,12 +1,14 @@
 """Synthetic checkpoints that are real in form: tensor names, dtypes and config files of
 DeepSeek-V3, Qwen3-MoE (per-expert and fused), and Mixtral, at small sizes.
 
-Used by `make demo`, `make bench` and the tests. Weights are random; FP8 weights come with
-128x128 `weight_scale_inv` blocks (a few near-zero, as dead experts have in real checkpoints).
+Used by `make demo`, `make bench` and the tests. Weights are random; each scheme makes its
+own format's tensors and quantization config (`Scheme.synthetic`), this module the families'
+names, configs and files.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -15,6 +17,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from ..schemes import REGISTRY
+from ..schemes.base import Synthetic
+from ..schemes.bf16 import synthetic_bf16 as _bf16
 
 FAMILIES = ("deepseek-v3", "qwen3-moe", "qwen3-moe-fused", "mixtral", "gpt-oss")
 
@@ -30,71 +36,16 @@ class Spec:
     shards: int = 3
     vocab: int = 64
     seed: int = 0
-    # weight format: "bf16", "fp8-block" (DeepSeek), "mxfp8" / "fp8-tensor" (ModelOpt),
-    # "fp8-tensor-ct" (compressed-tensors); default: fp8-block for DeepSeek, bf16 otherwise
+    # weight format, a key of SOURCES (each scheme's `synthetic`): "bf16", "fp8-block"
+    # (DeepSeek), "mxfp8" / "fp8-tensor" / "nvfp4" (ModelOpt), "fp8-tensor-ct" and the other
+    # "-ct" (compressed-tensors), "mxfp4" (gpt-oss); default: fp8-block for DeepSeek, mxfp4
+    # for gpt-oss, bf16 otherwise
     quant: str | None = None
 
 
-def _fp8_block(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
-    # random E4M3 bytes, never NaN (0x7F/0xFF): fast enough for multi-GB benchmark checkpoints
-    w = torch.randint(0, 0x7F, shape, generator=g, dtype=torch.uint8)
-    w |= torch.randint(0, 2, shape, generator=g, dtype=torch.uint8) << 7
-    w = w.view(torch.float8_e4m3fn)
-    sb = (-(-shape[0] // 128), -(-shape[1] // 128))
-    s = torch.rand(sb, generator=g) * 1e-3 + 1e-5
-    s.view(-1)[0] = 1e-23  # a dead block: clamped to 1e-10 on conversion
-    return {"weight": w, "weight_scale_inv": s}
-
-
-def _bf16(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
-    return {"weight": (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)}
-
-
-def _mxfp8(shape: tuple[int, int], g: torch.Generator) -> dict[str, torch.Tensor]:
-    w = (torch.randn(shape, generator=g) * 2).clamp(-448, 448).to(torch.float8_e4m3fn)
-    s = torch.randint(110, 130, (shape[0], shape[1] // 32), generator=g, dtype=torch.uint8)
-    return {"weight": w, "weight_scale": s}
-
-
-def _fp8_tensor(shape: tuple[int, int], g: torch.Generator, ct: bool = False) -> dict:
-    w = (torch.randn(shape, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
-    dim = (1,) if ct else ()
-    s = (torch.rand(dim, generator=g) * 1e-3 + 1e-4).float()
-    a = (torch.rand(dim, generator=g) * 0.05 + 0.01).float()
-    return {"weight": w, "weight_scale": s, "input_scale": a}
-
-
-def _nvfp4(shape: tuple[int, int], g: torch.Generator, ct: bool = False) -> dict:
-    """ModelOpt NVFP4 (or compressed-tensors, `ct`): packed E2M1 pairs, E4M3 scales per 16."""
-    n, k = shape
-    w = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
-    s = torch.randint(0x20, 0x58, (n, k // 16), generator=g, dtype=torch.uint8)
-    s2 = (torch.rand((), generator=g) * 1e-3 + 1e-4).float()
-    a = (torch.rand((), generator=g) * 0.05 + 0.01).float()
-    if ct:  # compressed-tensors keeps the reciprocals of the global scales, shaped [1]
-        return {
-            "weight_packed": w,
-            "weight_scale": s.view(torch.float8_e4m3fn),
-            "weight_global_scale": (1.0 / s2).reshape(1),
-            "input_global_scale": (1.0 / a).reshape(1),
-        }
-    return {
-        "weight": w,
-        "weight_scale": s.view(torch.float8_e4m3fn),
-        "weight_scale_2": s2,
-        "input_scale": a,
-    }
-
-
-MAKERS = {
-    "bf16": _bf16,
-    "fp8-block": _fp8_block,
-    "mxfp8": _mxfp8,
-    "mxfp8-ct": _mxfp8,
-    "fp8-tensor": _fp8_tensor,
-    "fp8-tensor-ct": lambda shape, g: _fp8_tensor(shape, g, ct=True),
-    "nvfp4": _nvfp4,
-    "nvfp4-ct": lambda shape, g: _nvfp4(shape, g, ct=True),
+# each scheme's synthetic sources (`Scheme.synthetic`), by `Spec.quant` name
+SOURCES: dict[str, Synthetic] = {
+    quant: made for scheme in REGISTRY.values() for quant, made in scheme.synthetic.items()
 }
 
 
@@ -158,71 +109,9 @@ def _config(spec: Spec, quant: str) -> dict:
             "norm_topk_prob": True,
             **base,
         }
-    if quant == "mxfp4":
-        cfg["quantization_config"] = {
-            "quant_method": "mxfp4",
-            "modules_to_not_convert": [
-                "model.layers.*.self_attn",
-                "model.layers.*.mlp.router",
-                "model.embed_tokens",
-                "lm_head",
-            ],
-        }
-    elif quant == "mxfp8-ct":
-        cfg["quantization_config"] = {
-            "quant_method": "compressed-tensors",
-            "format": "mxfp8-quantized",
-            "config_groups": {
-                "group_0": {
-                    "targets": ["Linear"],
-                    "weights": {
-                        "num_bits": 8,
-                        "type": "float",
-                        "strategy": "group",
-                        "group_size": 32,
-                    },
-                    "input_activations": {"num_bits": 8, "type": "float", "dynamic": True},
-                }
-            },
-            "ignore": ["lm_head"],
-        }
-    elif quant in ("nvfp4-ct",):
-        cfg["quantization_config"] = {
-            "quant_method": "compressed-tensors",
-            "format": "nvfp4-pack-quantized",
-            "config_groups": {
-                "group_0": {
-                    "targets": ["Linear"],
-                    "weights": {"num_bits": 4, "type": "float", "group_size": 16},
-                    "input_activations": {"num_bits": 4, "type": "float", "group_size": 16},
-                }
-            },
-            "ignore": ["lm_head"],
-        }
-    elif quant == "fp8-tensor-ct":
-        scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True}
-        cfg["quantization_config"] = {
-            "quant_method": "compressed-tensors",
-            "format": "float-quantized",
-            "config_groups": {
-                "group_0": {
-                    "targets": ["Linear"],
-                    "weights": {**scheme, "dynamic": False},
-                    "input_activations": {**scheme, "dynamic": False},
-                }
-            },
-            "ignore": ["lm_head"],
-        }
-    elif quant in ("mxfp8", "fp8-tensor", "nvfp4"):
-        algo = {"mxfp8": "MXFP8", "fp8-tensor": "FP8", "nvfp4": "NVFP4"}[quant]
-        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": algo}
-    elif quant == "fp8-block":
-        cfg["quantization_config"] = {
-            "quant_method": "fp8",
-            "fmt": "e4m3",
-            "activation_scheme": "dynamic",
-            "weight_block_size": [128, 128],
-        }
+    made = SOURCES.get(quant)
+    if made is not None and made.quantization_config is not None:
+        cfg["quantization_config"] = copy.deepcopy(made.quantization_config)
     return cfg
 
 
@@ -230,8 +119,9 @@ def _tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors in order, made one layer (or one expert) at a time."""
     g = torch.Generator().manual_seed(spec.seed)
     h, i, e = spec.hidden, spec.intermediate, spec.experts
-    expert = MAKERS.get(quant, _bf16)
-    mk = _fp8_block if quant == "fp8-block" else _bf16  # non-expert linears
+    made = SOURCES.get(quant)
+    expert = made.make if made is not None and made.make is not None else _bf16
+    mk = expert if made is not None and made.dense_too else _bf16  # non-expert linears
     bf = lambda *s: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731
 
     def parts(prefix: str, made: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -323,8 +213,8 @@ def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
         raise ValueError(f"unknown family {spec.family!r}; one of {', '.join(FAMILIES)}")
     default = {"deepseek-v3": "fp8-block", "gpt-oss": "mxfp4"}
     quant = spec.quant or default.get(spec.family, "bf16")
-    if quant not in MAKERS and quant != "mxfp4":
-        raise ValueError(f"unknown quant {quant!r}; one of {', '.join(MAKERS)}")
+    if quant not in SOURCES:
+        raise ValueError(f"unknown quant {quant!r}; one of {', '.join(SOURCES)}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     # the names first, from the same spec at a tiny size (the names do not depend on it), so

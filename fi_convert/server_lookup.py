@@ -1,0 +1,24 @@
+"""The server an output is for, looked up by name: the one place where the core reaches
+`fi_convert.servers` (the registry of the servers' facts), when it is asked and never at import
+(tests/test_layers.py). A server's facts import no server; its plugin is never looked up here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from .target import DEFAULT, ServerTarget
+
+
+def resolve(name: str = DEFAULT) -> ServerTarget:
+    """The registered server target called `name` (`fi_convert.servers.get`)."""
+    servers = importlib.import_module("fi_convert.servers")
+    target: ServerTarget = servers.get(name)
+    return target
+
+
+def of_manifest(manifest: Mapping) -> ServerTarget:
+    """The server an output is for. Every output so far is vLLM's (its manifest's `target`
+    names vLLM's releases): no manifest names another yet."""
+    return resolve(DEFAULT)

@@ -1,0 +1,161 @@
+"""Every fact about vLLM that the converter needs: the releases an output targets, where vLLM
+runs each backend, what it cannot serve and why, and its serve line. It imports no vLLM, and
+only the core's `target` interface: the converter reads it through `fi_convert.servers`, the
+plugin beside it imports it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ...target import Refusal
+
+NOTE = (
+    "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert: serve with "
+    "`vllm serve DIR --load-format fi-convert` (fi-convert's vLLM plugin: fi-convert installed "
+    "with its vllm extra)"
+)
+
+MOE_BACKEND_FLAG = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
+# mxfp4/cutlass is vLLM's MXFP8-activation CUTLASS path, which vLLM picks from this override
+MXFP8_ACTIVATION = """--quantization-config '{"moe": {"activation": "mxfp8"}}'"""
+
+
+# Schemes whose experts fi-convert's vLLM plugin serves under expert parallelism, from a
+# --tp-size 1 output at any EP size (servers.vllm.checks says why the others are refused).
+EP_SCHEMES = ("bf16", "fp8-block")
+
+
+# What an output targets: the vLLM and FlashInfer releases whose load-time processing gives its
+# bytes, and the GPUs where vLLM runs its backend.
+TARGET = {
+    "vllm": "0.33.0",
+    "flashinfer": "0.7.2.post1",
+    "flashinfer_layouts": "0.6.18-0.7.4",
+    # PEP 440 specifiers of the releases whose load-time processing gives these bytes: a
+    # loader refuses any other (a layout can change in any release, patch releases included)
+    "vllm_versions": "==0.33.0",
+    "flashinfer_versions": ">=0.6.18,<0.7.5",
+}
+# Where vLLM 0.33 runs each FlashInfer backend and scheme: TRT-LLM on the SM10x family only
+# (is_device_capability_family(100)); CUTLASS (FlashInferExperts._supports_current_device and
+# _supports_quant_scheme) on SM90, SM10x and SM12x, never SM11x: block FP8 on SM90 only, NVFP4
+# and MXFP4 x MXFP8 on SM100 and later ("sm100+": SM10x, SM12x), BF16 and static per-tensor
+# FP8 on SM90 and later ("sm90+": SM90, SM10x, SM12x). vLLM has no CUTLASS MXFP8 path.
+GPU_FAMILY = {
+    ("trtllm", None): "sm100",
+    ("cutlass", "fp8-block"): "sm90",
+    ("cutlass", "nvfp4"): "sm100+",
+    ("cutlass", "mxfp4"): "sm100+",  # FLASHINFER_CUTLASS_MXFP4_MXFP8
+    ("cutlass", None): "sm90+",  # bf16, fp8-tensor
+}
+
+
+# The backends vLLM 0.33 has no FlashInfer path for, by (scheme, backend), where a scheme has
+# none of that layout for it; any other such pair: "vLLM has no such path".
+NO_PATH = {
+    ("mxfp8", "cutlass"): "vLLM 0.33 has no FlashInfer CUTLASS MXFP8 path",
+}
+
+
+class VllmTarget:
+    """vLLM 0.33 as a `fi_convert.target.ServerTarget`."""
+
+    name = "vllm"
+    versions = TARGET
+    ep_schemes = EP_SCHEMES
+    marker_note = NOTE
+
+    def no_path(self, scheme: str, backend: str) -> str:
+        return NO_PATH.get((scheme, backend), "vLLM has no such path")
+
+    def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:
+        """Why vLLM 0.33 cannot serve this output as planned (fi-convert's plugin refuses it),
+        or None. FP8 per-tensor experts without static activation scales: vLLM's FlashInfer FP8
+        per-tensor kernels (TRT-LLM and CUTLASS) take only static ones."""
+        if scheme != "fp8-tensor":
+            return None
+        dynamic = [lay for lay in layers if lay.get("activation_scheme") == "dynamic"]
+        if not dynamic:
+            return None
+        bf16 = str(dynamic[0].get("source_format", "")).startswith("bf16")
+        src = "the experts are BF16" if bf16 else "the experts have no input_scale"
+        why = (
+            f"{src}, so the output has no static activation scales, which vLLM 0.33's "
+            "FlashInfer FP8 per-tensor kernels need (fi-convert's vLLM plugin refuses such an "
+            "output)"
+        )
+        return Refusal(why, "a source with static activation scales (ModelOpt FP8)")
+
+    def gpu_family(self, backend: str, scheme: str) -> str:
+        return GPU_FAMILY.get((backend, scheme)) or GPU_FAMILY[(backend, None)]
+
+    def ep_note(self, scheme: str, layers: Mapping[str, dict]) -> str:
+        # FP8 per-tensor activation scales are a max over experts, which vLLM takes over a
+        # rank's local experts under EP; NVFP4 on FlashInfer uses the global max (use_global_sf)
+        static = any(lay.get("activation_scheme") == "static" for lay in layers.values())
+        if scheme == "fp8-tensor" and static:
+            return (
+                "EP size 1: activation scales are the max over all experts; under EP vLLM "
+                "takes the max over a rank's local experts"
+            )
+        return "any EP size: ranks take whole experts, whose bytes do not change"
+
+    def serve_command(self, where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
+        """The `vllm serve` line for an output (a folder or a Hub repo id) with fi-convert's
+        plugin; with `ep`, on that many GPUs with expert parallelism (a tp 1 output of
+        `ep_schemes`)."""
+        cmd = f"vllm serve {where} --load-format fi-convert -tp {ep or tp} "
+        if ep:
+            cmd += "--enable-expert-parallel "
+        cmd += f"--moe-backend {MOE_BACKEND_FLAG.get(backend, backend)}"
+        if (scheme, backend) == ("mxfp4", "cutlass"):
+            cmd += " " + MXFP8_ACTIVATION
+        return cmd
+
+    def card_rows(self, target: Mapping) -> list[str]:
+        t = target
+        return [
+            f"| target vLLM | {t.get('vllm')} |",
+            f"| target FlashInfer | {t.get('flashinfer')} (layouts of "
+            f"{t.get('flashinfer_layouts')}) |",
+        ]
+
+    def card_section(self, m: Mapping, repo_id: str) -> list[str]:
+        """The model card's lines on serving the output (a Hub repo) with fi-convert's plugin."""
+        scheme, backend, tp, t = m["scheme"], m["backend"], m["tp_size"], m["target"]
+        version = m["fi_convert_version"]
+        lines = [
+            f"**vLLM.** The expert bytes are those vLLM {t.get('vllm')} with FlashInfer "
+            f"{t.get('flashinfer')} holds after `process_weights_after_loading`. Serve it with "
+            "fi-convert's vLLM plugin, which loads them straight into the MoE layers and runs "
+            f"kernel setup only. fi-convert is not on PyPI: install fi-convert {version} with "
+            'its `vllm` extra from a clone of its repository (`pip install ".[vllm]"`) or '
+            "from its wheel (`make wheel`, then `pip install "
+            f'"dist/fi_convert-{version}-py3-none-any.whl[vllm]"`), then:',
+            "",
+            "```",
+            self.serve_command(repo_id, scheme, backend, tp),
+            "```",
+            "",
+        ]
+        if tp == 1 and scheme in self.ep_schemes:
+            lines += [
+                "With expert parallelism (each GPU holds whole experts; any number of GPUs, "
+                "here 8):",
+                "",
+                "```",
+                self.serve_command(repo_id, scheme, backend, tp, ep=8),
+                "```",
+                "",
+            ]
+        return [
+            *lines,
+            "The plugin refuses, before loading anything, a vLLM outside "
+            f"{t.get('vllm_versions')}, another TP size, another MoE backend, or a GPU outside "
+            f"the {t.get('gpu_family')} family. Stock `vllm serve` without `--load-format "
+            "fi-convert` must not be used on this repo.",
+            "",
+        ]
+
+
+VLLM = VllmTarget()

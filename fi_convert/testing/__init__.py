@@ -1,0 +1,2 @@
+"""What the tests, `make demo` and `make bench` build on: synthetic checkpoints real in form
+(`synthetic`)."""
