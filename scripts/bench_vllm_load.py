@@ -471,6 +471,7 @@ def main() -> None:
         help="layers: one layer per scheme; big: 256 experts and the whole model (CUDA); "
         "model: the whole model alone",
     )
+    ap.add_argument("--only", default=None, help="only the cases whose name starts with this")
     ap.add_argument(
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
     )
@@ -484,6 +485,8 @@ def main() -> None:
     limit = None
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         for case in cases(dev, a.quick, a.cases):
+            if a.only and not case["name"].startswith(a.only):
+                continue
             src, out = make_case(
                 case["name"].split()[0], case["scheme"], case["spec"], Path(tmp), dev
             )
