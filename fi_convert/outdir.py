@@ -33,9 +33,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import jsontext, served_config
+from . import jsontext
 from . import manifest as mf
 from .errors import ManifestError, OutputError, SourceError
+from .format import config_marker
 from .format import manifest as fm
 from .format.hashes import sha256_file
 from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
@@ -116,7 +117,7 @@ class Target:
         for rel in plan.side_files:
             p = plan.ckpt.root / rel
             if rel == CONFIG_NAME:  # marked so that no server loads it as the source
-                side[rel] = served_config.mark(plan.ckpt.config, plan.target.marker_note)
+                side[rel] = config_marker.mark(plan.ckpt.config, plan.target.marker_note)
                 meta[rel] = _meta(side[rel])  # type: ignore[arg-type]
                 continue
             side[rel] = p

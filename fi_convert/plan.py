@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, jsontext, schemes, served_config
+from . import __version__, jsontext, schemes
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
 from .families import Family, config_field
+from .format import config_marker
 from .format.names import INDEX_NAME, MANIFEST_NAME
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .paths import model_error, out_exists
@@ -149,7 +150,7 @@ def _layer_summary(lp: LayerPlan) -> dict:
 def _refuse_an_output(root: Path, config: dict) -> None:
     """An fi-convert output is no source: its experts are already in kernel layouts."""
     qc = config.get("quantization_config")
-    if (root / MANIFEST_NAME).is_file() or served_config.is_marked(qc):
+    if (root / MANIFEST_NAME).is_file() or config_marker.is_marked(qc):
         what = ""
         try:
             m = jsontext.loads((root / MANIFEST_NAME).read_text())

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, dtypes, jsontext, served_config
+from .. import __version__, dtypes, jsontext
 from .. import manifest as mf
 from ..errors import FiConvertError
 from ..families import Family, all_families, config_field, model_type
+from ..format import config_marker
 from ..format import manifest as fm
 from ..format.hashes import sha256_file
 from ..format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
@@ -194,7 +195,7 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
                 f"{where}: source.model_type is {mf.show(src['model_type'])}, {CONFIG_NAME} "
                 f"says {mf.show(model_type(config))}"
             )
-        if CONFIG_NAME in m["files"] and not served_config.is_marked(
+        if CONFIG_NAME in m["files"] and not config_marker.is_marked(
             config.get("quantization_config")
         ):
             rep.problems.append(
@@ -450,7 +451,7 @@ def _side_files(plan, m: dict, card_replaced: bool, rep: Report) -> None:
         if meta is None or (rel == "README.md" and card_replaced):  # a Hub card replaced it
             continue
         if rel == "config.json":
-            marked = served_config.mark(plan.ckpt.config, plan.target.marker_note)
+            marked = config_marker.mark(plan.ckpt.config, plan.target.marker_note)
             sha = hashlib.sha256(marked).hexdigest()
         else:
             sha = sha256_file(plan.ckpt.root / rel)

