@@ -627,3 +627,20 @@ def test_the_card_installs_fi_convert_as_it_can_be_installed(ref_out):
     assert 'pip install ".[vllm]"' in card
     v = m["fi_convert_version"]
     assert f'pip install "dist/fi_convert-{v}-py3-none-any.whl[vllm]"' in card
+
+
+def test_what_push_and_stream_delete_and_add_last():
+    """fi_convert/hub/publish.py, shared by push and stream: the files an older output left
+    (never the repo's hidden ones; a push of a folder deletes only shards), and the last
+    commit's files, the manifest last."""
+    from fi_convert.hub.publish import last_operations, stale_files
+
+    held = ["model-1.safetensors", "old-1.safetensors", "notes.md", ".gitattributes"]
+    held += [".fi-convert/progress.json", "README.md", "sub/.hidden/x.json"]
+    keep = {"model-1.safetensors", "README.md"}
+    assert stale_files(held, keep) == ["notes.md", "old-1.safetensors"]
+    assert stale_files(held, keep, shards_only=True) == ["old-1.safetensors"]
+    ops = last_operations(b"card", b"{}", record=(".fi-convert/progress.json", b"{}"))
+    assert [op.path_in_repo for op in ops] == ["README.md", ".fi-convert/progress.json", MANIFEST]
+    ops = last_operations(b"card", b"{}", unchanged=["README.md"])
+    assert [op.path_in_repo for op in ops] == [MANIFEST]
