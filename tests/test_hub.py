@@ -1,4 +1,5 @@
-"""The Hugging Face Hub: a repo id as the source, offline mode, errors, and publishing.
+"""fi_convert/hub/ (download, push, publish, card, preflight, convert), the Hugging Face Hub: a
+repo id as the source, offline mode, errors, and publishing.
 
 The real huggingface_hub client runs against `tests.hub_server.FakeHub`, a Hub look-alike on
 127.0.0.1 (random port) started per test. Nothing leaves the machine: the client is pointed at

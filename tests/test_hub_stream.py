@@ -1,6 +1,6 @@
-"""Streaming conversions to the Hub within a disk budget (fi_convert.hub.stream), from a local
-folder and from a Hub repo read by byte ranges (fi_convert.hub.remote), against the loopback
-Hub look-alike with the real huggingface_hub client (see tests/test_hub.py)."""
+"""fi_convert/hub/stream.py: streaming conversions to the Hub within a disk budget, from a local
+folder and from a Hub repo read by byte ranges (fi_convert.hub.remote), against the loopback Hub
+look-alike with the real huggingface_hub client (see tests/test_hub.py)."""
 
 from __future__ import annotations
 

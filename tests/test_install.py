@@ -1,4 +1,5 @@
-"""The wheel a server image installs (`make wheel`; fi-convert is not on PyPI).
+"""pyproject.toml and the Makefile's `make wheel`: the wheel a server image installs (fi-convert is
+not on PyPI).
 
 Built as the Makefile builds it and installed into a fresh venv with `--no-deps --no-index`
 (nothing is downloaded: the test venv's packages stand in for the dependencies), it runs
