@@ -88,18 +88,24 @@ def cli(*args):
     return res
 
 
-def run_cli(hub: FakeHub, home: Path, *args, **extra_env) -> subprocess.CompletedProcess:
-    """Run the CLI in a subprocess (environment read at import, as for a user)."""
+def cli_env(hub: FakeHub, home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a CLI subprocess: this one's without its Hub settings and proxies,
+    pointed at the fake Hub (`home`: HF_HOME) and at this checkout."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
     }
-    env.update(_hf_env(hub, home), PYTHONPATH=str(ROOT), **extra_env)
+    env.update(_hf_env(hub, home), PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def run_cli(hub: FakeHub, home: Path, *args, **extra_env) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess (environment read at import, as for a user)."""
     proc = subprocess.run(
         [sys.executable, "-c", LAUNCH, *map(str, args)],
         cwd=ROOT,
-        env=env,
+        env=cli_env(hub, home, **extra_env),
         capture_output=True,
         text=True,
         timeout=300,
@@ -134,12 +140,7 @@ def shard_shas(out: Path) -> set[str]:
 def interrupt_cli(hub, tmp_path: Path, args: list, hold, settle: float = 0.5):
     """Run the CLI in a process of its own until `hold` holds one of its requests, then
     SIGINT it: (exit code, stderr, seconds it took to stop)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
-    }
-    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    env = cli_env(hub, tmp_path / "hf")
     # a shell that starts a job in the background ignores SIGINT for it: undo that
     slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     proc = subprocess.Popen(
@@ -425,12 +426,7 @@ def test_a_killed_push_resumes_and_skips_what_was_uploaded(hub, src, tmp_path):
     shards = shard_shas(out)
     assert len(shards) >= 4
     hold = hub.hold("PUT", r"^/lfs-upload/", after=2)  # the third upload never finishes
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
-    }
-    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    env = cli_env(hub, tmp_path / "hf")
     args = ["push", out, TARGET, "--base-model", REPO]
     proc = subprocess.Popen(
         [sys.executable, "-c", LAUNCH, *map(str, args)],
