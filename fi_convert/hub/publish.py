@@ -99,9 +99,9 @@ def stale_files(
     held: Iterable[str], keep: Collection[str], *, shards_only: bool = False
 ) -> list[str]:
     """The files an older output left on the target (`held`) that the new one (`keep`) does
-    not have, sorted. Hidden files are the repo's own (`.gitattributes`, fi-convert's progress
-    records) and stay. With `shards_only` (a push of a folder, which leaves a repo's other
-    files alone), only `.safetensors` files count."""
+    not have, sorted: every one but the hidden ones, which are the repo's own (`.gitattributes`,
+    fi-convert's progress records); with `shards_only` (a push of a folder, which leaves a
+    repo's other files alone), the `.safetensors` files only."""
     if shards_only:
         return sorted(p for p in held if p.endswith(".safetensors") and p not in keep)
     return sorted(p for p in held if p not in keep and not _hidden(p))
