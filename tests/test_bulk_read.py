@@ -222,20 +222,31 @@ def _ends_clean(bulk: BulkRead) -> None:
     assert bulk.pinned_bytes == 0
 
 
-@pytest.mark.parametrize("staged", [False, True])
-def test_a_file_shorter_than_its_ranges_is_refused_before_reading(tmp_path, staged):
+def _opened(tmp_path: Path, file_size: int, staged: bool) -> tuple[Path, int, BulkRead]:
+    """A file of `file_size` bytes, open, and the read of its first 6 MiB as one tensor."""
     path = tmp_path / "model-00001-of-00002.safetensors"
-    _file(path, 5 * MiB)
+    _file(path, file_size)
     fd = os.open(path, os.O_RDONLY)
-    bulk = _one_tensor(path, fd, staged)
-    with pytest.raises(ReadError) as e:
+    return path, fd, _one_tensor(path, fd, staged)
+
+
+def _refusal(bulk: BulkRead, fd: int, match: str | None = None) -> str:
+    """The line the read fails with, once the file is closed, the threads stopped and the
+    buffers freed."""
+    with pytest.raises(ReadError, match=match) as e:
         bulk.run()
     os.close(fd)
-    assert str(e.value) == (
+    _ends_clean(bulk)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_file_shorter_than_its_ranges_is_refused_before_reading(tmp_path, staged):
+    path, fd, bulk = _opened(tmp_path, 5 * MiB, staged)
+    assert _refusal(bulk, fd) == (
         f"{path}: {5 * MiB} bytes, but its tensors reach byte {6 * MiB}: the file is "
         "truncated; restore it (convert or download it again)"
     )
-    _ends_clean(bulk)
 
 
 def _faulty(monkeypatch, after: int, fault) -> None:
@@ -253,39 +264,27 @@ def _faulty(monkeypatch, after: int, fault) -> None:
 
 @pytest.mark.parametrize("staged", [False, True])
 def test_a_file_that_shrinks_while_it_is_read_is_one_line(tmp_path, monkeypatch, staged):
-    path = tmp_path / "model-00001-of-00002.safetensors"
-    _file(path, 6 * MiB)
-    fd = os.open(path, os.O_RDONLY)
-    bulk = _one_tensor(path, fd, staged)
+    path, fd, bulk = _opened(tmp_path, 6 * MiB, staged)
     _faulty(monkeypatch, 2, lambda fd, bufs, offset: 0)  # end of file: it shrank
-    with pytest.raises(ReadError) as e:
-        bulk.run()
-    os.close(fd)
-    assert str(e.value).startswith(f"{path}: ends at byte ")
-    assert str(e.value).endswith(
+    line = _refusal(bulk, fd)
+    assert line.startswith(f"{path}: ends at byte ")
+    assert line.endswith(
         "(truncated while it was loaded?); restore the file (convert or download it again), "
         "then load again"
     )
-    _ends_clean(bulk)
 
 
 @pytest.mark.parametrize("staged", [False, True])
 def test_an_io_error_is_one_line(tmp_path, monkeypatch, staged):
-    path = tmp_path / "model-00001-of-00002.safetensors"
-    _file(path, 6 * MiB)
-    fd = os.open(path, os.O_RDONLY)
-    bulk = _one_tensor(path, fd, staged)
+    path, fd, bulk = _opened(tmp_path, 6 * MiB, staged)
 
     def eio(fd, bufs, offset):
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     _faulty(monkeypatch, 1, eio)
-    with pytest.raises(ReadError, match=r"read failed at byte \d+ \(Input/output error\)") as e:
-        bulk.run()
-    os.close(fd)
-    assert str(e.value).startswith(f"{path}: ")
-    assert str(e.value).endswith("; check the disk, then load again")
-    _ends_clean(bulk)
+    line = _refusal(bulk, fd, r"read failed at byte \d+ \(Input/output error\)")
+    assert line.startswith(f"{path}: ")
+    assert line.endswith("; check the disk, then load again")
 
 
 @pytest.mark.parametrize("fault", ["eio", "short"])
@@ -295,10 +294,7 @@ def test_after_a_fault_nothing_holds_the_host_buffers(tmp_path, monkeypatch, fau
     import gc
     import weakref
 
-    path = tmp_path / "model-00001-of-00002.safetensors"
-    _file(path, 6 * MiB)
-    fd = os.open(path, os.O_RDONLY)
-    bulk = _one_tensor(path, fd, True)
+    _, fd, bulk = _opened(tmp_path, 6 * MiB, True)
     seen = []
     real_block = bulk_read.HostBuffers.block
 
@@ -321,10 +317,7 @@ def test_after_a_fault_nothing_holds_the_host_buffers(tmp_path, monkeypatch, fau
 
 
 def test_a_file_written_while_it_is_read_is_refused(tmp_path, monkeypatch):
-    path = tmp_path / "model-00001-of-00002.safetensors"
-    _file(path, 6 * MiB)
-    fd = os.open(path, os.O_RDONLY)
-    bulk = _one_tensor(path, fd, True)
+    path, fd, bulk = _opened(tmp_path, 6 * MiB, True)
     real = os.preadv
 
     def touch_then_read(fd, bufs, offset):
@@ -333,14 +326,10 @@ def test_a_file_written_while_it_is_read_is_refused(tmp_path, monkeypatch):
         return real(fd, bufs, offset)
 
     _faulty(monkeypatch, 1, touch_then_read)
-    with pytest.raises(ReadError) as e:
-        bulk.run()
-    os.close(fd)
-    assert str(e.value) == (
+    assert _refusal(bulk, fd) == (
         f"{path}: changed while it was loaded; load again, and do not write an output while "
         "a server loads it"
     )
-    _ends_clean(bulk)
 
 
 def test_a_shard_replaced_between_its_header_and_its_open_is_refused(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
-"""Every config.json field fi-convert reads, given a value of the wrong kind (a string where a
-number is, a list where a map is; in config.json or nested in its text_config), is one error
-line naming the field and the file, never a traceback. The fields come from the family files
-(fi_convert/families/*.json), so a field a new family file reads is covered by being added."""
+"""fi_convert/source.py and fi_convert/families.py (with families/*.json): every config.json field
+fi-convert reads, given a value of the wrong kind (a string where a number is, a list where a
+map is; in config.json or nested in its text_config), is one error line naming the field and the
+file, never a traceback. The fields come from the family files (fi_convert/families/*.json), so
+a field a new family file reads is covered by being added."""
 
 from __future__ import annotations
 

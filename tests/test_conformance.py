@@ -1,4 +1,6 @@
-"""Converted layers, byte for byte, against vLLM 0.33's pipeline run with FlashInfer's functions.
+"""fi_convert/schemes/ and fi_convert/layout.py (through `convert`) against
+fi_convert/verify/flashinfer_reference.py: converted layers, byte for byte, against vLLM 0.33's
+pipeline run with FlashInfer's functions.
 
 Shapes: an expert count that is not a power of two, I that needs padding (bf16), TP 1/2/4,
 both backends, every model family form, experts of one layer split across shards.

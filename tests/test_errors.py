@@ -1,5 +1,6 @@
-"""User errors: exit code 1, one `error:` line on stderr naming the culprit, no traceback,
-and never a manifest in the out-dir. Plus the library's exception classes for a few cases."""
+"""fi_convert/errors.py and the command's one error mapping (fi_convert/cli/_errors.py): each user
+error is exit code 1, one `error:` line on stderr naming the culprit, no traceback, and never a
+manifest in the out-dir. Plus the library's exception classes for a few cases."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Seeded random corruptions of a real shard's header: the reader answers each with a one-line
-FiConvertError naming the file, or reads exactly what the safetensors library reads; never a
-traceback, a hang, or tensors other than the library's. A few conversions through the CLI
-end in one error line or in exactly the clean run's bytes.
+"""fi_convert/st_io.py (the safetensors header reader), under seeded random corruptions of a real
+shard's header: the reader answers each with a one-line FiConvertError naming the file, or reads
+exactly what the safetensors library reads; never a traceback, a hang, or tensors other than the
+library's. A few conversions through the CLI end in one error line or in exactly the clean run's
+bytes.
 
 `make test` runs a few hundred cases; `make fuzz` (FI_CONVERT_FUZZ=5000) a few thousand.
 FI_CONVERT_FUZZ_SEED shifts the seeds; a failure names its case's seed and mutations.

@@ -1,5 +1,7 @@
-"""The same conformance on CUDA (skipped without a GPU): conversion on the GPU, FlashInfer's
-reference on the GPU, and FlashInfer's CUDA-only scale swizzle against our index math.
+"""fi_convert/schemes/, fi_convert/layout.py, fi_convert/bulk_read.py and
+fi_convert/format/reader.py: the same conformance on CUDA (skipped without a GPU): conversion on
+the GPU, FlashInfer's reference on the GPU, and FlashInfer's CUDA-only scale swizzle against our
+index math.
 
 Run on an H200: `pytest -m gpu tests/test_gpu.py` (see docs/development.md, "GPU tests").
 """

@@ -1,6 +1,7 @@
-"""Corrupt safetensors headers: each corruption the safetensors library refuses is refused
-too (exit 1, one `error:` line naming the shard, no traceback, no manifest), headers it
-reads are read as it reads them, and no output shard is one it would refuse."""
+"""fi_convert/st_io.py (header reader and shard writer), on corrupt safetensors headers: each
+corruption the safetensors library refuses is refused too (exit 1, one `error:` line naming the
+shard, no traceback, no manifest), headers it reads are read as it reads them, and no output
+shard is one it would refuse."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The Hugging Face Hub: a repo id as the source, offline mode, errors, and publishing.
+"""fi_convert/hub/ (download, push, publish, card, preflight, convert), the Hugging Face Hub: a
+repo id as the source, offline mode, errors, and publishing.
 
 The real huggingface_hub client runs against `tests.hub_server.FakeHub`, a Hub look-alike on
 127.0.0.1 (random port) started per test. Nothing leaves the machine: the client is pointed at
@@ -87,18 +88,24 @@ def cli(*args):
     return res
 
 
-def run_cli(hub: FakeHub, home: Path, *args, **extra_env) -> subprocess.CompletedProcess:
-    """Run the CLI in a subprocess (environment read at import, as for a user)."""
+def cli_env(hub: FakeHub, home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a CLI subprocess: this one's without its Hub settings and proxies,
+    pointed at the fake Hub (`home`: HF_HOME) and at this checkout."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
     }
-    env.update(_hf_env(hub, home), PYTHONPATH=str(ROOT), **extra_env)
+    env.update(_hf_env(hub, home), PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def run_cli(hub: FakeHub, home: Path, *args, **extra_env) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess (environment read at import, as for a user)."""
     proc = subprocess.run(
         [sys.executable, "-c", LAUNCH, *map(str, args)],
         cwd=ROOT,
-        env=env,
+        env=cli_env(hub, home, **extra_env),
         capture_output=True,
         text=True,
         timeout=300,
@@ -133,12 +140,7 @@ def shard_shas(out: Path) -> set[str]:
 def interrupt_cli(hub, tmp_path: Path, args: list, hold, settle: float = 0.5):
     """Run the CLI in a process of its own until `hold` holds one of its requests, then
     SIGINT it: (exit code, stderr, seconds it took to stop)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
-    }
-    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    env = cli_env(hub, tmp_path / "hf")
     # a shell that starts a job in the background ignores SIGINT for it: undo that
     slow = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     proc = subprocess.Popen(
@@ -424,12 +426,7 @@ def test_a_killed_push_resumes_and_skips_what_was_uploaded(hub, src, tmp_path):
     shards = shard_shas(out)
     assert len(shards) >= 4
     hold = hub.hold("PUT", r"^/lfs-upload/", after=2)  # the third upload never finishes
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HF_", "HUGGING")) and k.lower() not in _PROXIES
-    }
-    env.update(_hf_env(hub, tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    env = cli_env(hub, tmp_path / "hf")
     args = ["push", out, TARGET, "--base-model", REPO]
     proc = subprocess.Popen(
         [sys.executable, "-c", LAUNCH, *map(str, args)],
@@ -627,3 +624,20 @@ def test_the_card_installs_fi_convert_as_it_can_be_installed(ref_out):
     assert 'pip install ".[vllm]"' in card
     v = m["fi_convert_version"]
     assert f'pip install "dist/fi_convert-{v}-py3-none-any.whl[vllm]"' in card
+
+
+def test_what_push_and_stream_delete_and_add_last():
+    """fi_convert/hub/publish.py, shared by push and stream: the files an older output left
+    (never the repo's hidden ones; a push of a folder deletes only shards), and the last
+    commit's files, the manifest last."""
+    from fi_convert.hub.publish import last_operations, stale_files
+
+    held = ["model-1.safetensors", "old-1.safetensors", "notes.md", ".gitattributes"]
+    held += [".fi-convert/progress.json", "README.md", "sub/.hidden/x.json"]
+    keep = {"model-1.safetensors", "README.md"}
+    assert stale_files(held, keep) == ["notes.md", "old-1.safetensors"]
+    assert stale_files(held, keep, shards_only=True) == ["old-1.safetensors"]
+    ops = last_operations(b"card", b"{}", record=(".fi-convert/progress.json", b"{}"))
+    assert [op.path_in_repo for op in ops] == ["README.md", ".fi-convert/progress.json", MANIFEST]
+    ops = last_operations(b"card", b"{}", unchanged=["README.md"])
+    assert [op.path_in_repo for op in ops] == [MANIFEST]

@@ -1,8 +1,8 @@
-"""Faults on the link while a Hub repo is read by byte ranges (fi_convert.hub.remote), through
+"""fi_convert/hub/remote.py: faults on the link while a Hub repo is read by byte ranges, through
 the loopback Hub look-alike: a connection that drops mid-read is retried, backing off; a
 Content-Range for other bytes than those asked for is refused, never taken; an expired CDN
-address is resolved again at the Hub. What cannot be survived is one line naming the repo,
-the file and the fix, and the target is left without a manifest."""
+address is resolved again at the Hub. What cannot be survived is one line naming the repo, the
+file and the fix, and the target is left without a manifest."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Streaming conversions to the Hub within a disk budget (fi_convert.hub.stream), from a local
-folder and from a Hub repo read by byte ranges (fi_convert.hub.remote), against the loopback
-Hub look-alike with the real huggingface_hub client (see tests/test_hub.py)."""
+"""fi_convert/hub/stream.py: streaming conversions to the Hub within a disk budget, from a local
+folder and from a Hub repo read by byte ranges (fi_convert.hub.remote), against the loopback Hub
+look-alike with the real huggingface_hub client (see tests/test_hub.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from fi_convert import Options
 from fi_convert.hub import remote, stream
+from fi_convert.hub.publish import TargetRepo
 from fi_convert.plan import make_plan
 from fi_convert.st_io import SourceFiles
 from fi_convert.testing.synthetic import Spec, write_checkpoint
@@ -179,7 +180,8 @@ def test_a_write_waiting_for_room_gets_it_fails_with_the_run_or_gives_up_when_st
     from fi_convert.errors import HubError
 
     def sink():
-        return stream.HubSink(None, TARGET, "main", "k", None, 100, {}, by_write=True)
+        repo = TargetRepo(None, TARGET, "main", "")
+        return stream.HubSink(repo, "k", None, 100, {}, by_write=True)
 
     def waiting(s, n, stop):
         out: list = []

@@ -1,4 +1,5 @@
-"""The wheel a server image installs (`make wheel`; fi-convert is not on PyPI).
+"""pyproject.toml and the Makefile's `make wheel`: the wheel a server image installs (fi-convert is
+not on PyPI).
 
 Built as the Makefile builds it and installed into a fresh venv with `--no-deps --no-index`
 (nothing is downloaded: the test venv's packages stand in for the dependencies), it runs
@@ -28,6 +29,15 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 
+def _run(cmd: list, cwd: Path | None = None, timeout: int = 300) -> str:
+    """`cmd` run without the tests' PYTHONPATH (`_env`); its stdout, once it has succeeded."""
+    r = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
 def _build_wheel(tmp: Path) -> Path:
     # from a copy of the sources: a build writes build/ and *.egg-info beside them
     src = tmp / "src"
@@ -37,15 +47,7 @@ def _build_wheel(tmp: Path) -> Path:
     shutil.copytree(
         ROOT / "fi_convert", src / "fi_convert", ignore=shutil.ignore_patterns("__pycache__")
     )
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", *WHEEL_ARGS],
-        cwd=src,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    _run([sys.executable, "-m", "pip", *WHEEL_ARGS], cwd=src)
     wheels = list((src / "dist").glob("*.whl"))
     assert [w.name for w in wheels] == [f"fi_convert-{fi_convert.__version__}-py3-none-any.whl"]
     return wheels[0]
@@ -78,36 +80,14 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-         "--no-index", f"{whl}[vllm]"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
+    _run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", "--no-index",
+          f"{whl}[vllm]"])  # fmt: skip
     # the dependencies (typer, rich, torch, ...) from the test venv, after the fresh venv's own
     # site-packages; a plain path, so the test venv's editable install of fi-convert stays out
-    fresh = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    fresh = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
     (Path(fresh) / "test-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
 
-    r = subprocess.run(
-        [str(venv / "bin" / "fi-convert"), "--version"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert fi_convert.__version__ in r.stdout
+    assert fi_convert.__version__ in _run([venv / "bin" / "fi-convert", "--version"], tmp_path, 120)
 
     code = (
         "import importlib.metadata as md, fi_convert\n"
@@ -115,11 +95,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
         "eps = md.entry_points(group='vllm.general_plugins')\n"
         "print([(e.name, e.value) for e in eps])\n"
     )
-    r = subprocess.run(
-        [str(py), "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr
-    where, eps = r.stdout.splitlines()
+    where, eps = _run([py, "-c", code], tmp_path).splitlines()
     assert Path(where).is_relative_to(venv), where  # the wheel's, not the checkout's
     assert "('fi_convert', 'fi_convert.servers.vllm:register')" in eps
 
@@ -134,11 +110,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
         "fn, dist = found['fi_convert']\n"
         "print(GENERAL_PLUGINS_GROUP, fn.__module__, fn.__name__, dist, fn.__code__.co_filename)\n"
     )
-    r = subprocess.run(
-        [str(py), "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr
-    group, module, name, dist, where = r.stdout.splitlines()[-1].split()
+    group, module, name, dist, where = _run([py, "-c", code], tmp_path).splitlines()[-1].split()
     want = ["sglang.srt.plugins", "fi_convert.servers.sglang", "register", "fi-convert"]
     assert [group, module, name, dist] == want
     assert Path(where).is_relative_to(venv), where  # the wheel's

@@ -1,6 +1,7 @@
-"""The project's layering: the library never imports typer or rich (only the CLI's modules
-do), and the core never imports vllm or a server's package (only `fi_convert.servers.*` does):
-it names a server, whose facts `fi_convert.server_lookup.resolve` looks up when asked."""
+"""fi_convert/ as a whole, by its imports, the project's layering: the library never imports typer
+or rich (only the CLI's modules do), and the core never imports vllm or a server's package (only
+`fi_convert.servers.*` does): it names a server, whose facts `fi_convert.server_lookup.resolve`
+looks up when asked."""
 
 from __future__ import annotations
 

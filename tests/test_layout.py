@@ -1,4 +1,5 @@
-"""Each layout function against FlashInfer's own (CPU), on shapes that need care."""
+"""fi_convert/layout.py: each layout function against FlashInfer's own (CPU), on shapes that need
+care."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The out-dir transaction: a resume never keeps files of an older source, a finished output
-stays finished until it is really replaced (and is left alone when up to date), another
-conversion is never replaced without --overwrite, and filesystem faults are one line."""
+"""fi_convert/outdir.py (and what fi_convert/pipeline.py writes through it): the out-dir
+transaction: a resume never keeps files of an older source, a finished output stays finished
+until it is really replaced (and is left alone when up to date), another conversion is never
+replaced without --overwrite, and filesystem faults are one line."""
 
 from __future__ import annotations
 

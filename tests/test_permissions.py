@@ -1,5 +1,6 @@
-"""Paths this user may not read or write, as an unprivileged user meets them: each is one
-`error:` line naming the path (and the folder in the way) and the fix, exit 1, no traceback.
+"""fi_convert/paths.py, source.py, outdir.py and the command's error mapping (fi_convert/cli/):
+paths this user may not read or write, as an unprivileged user meets them, each one `error:`
+line naming the path (and the folder in the way) and the fix, exit 1, no traceback.
 
 CI runs as root, and root reads everything: these run the CLI in a subprocess as uid 65534
 (`setpriv`), on folders made for it and owned by it, that it is then denied by their modes. Not

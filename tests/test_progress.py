@@ -1,6 +1,7 @@
-"""Progress and results: plain progress lines in CI logs, an ETA only once it means something,
-the summary's time, size and throughput, resumes that say so and reach 100 %, one display for
-Hub downloads, each warning once, and --quiet."""
+"""fi_convert/pipeline.py's `Progress` and fi_convert/cli/_progress.py, progress and results: plain
+progress lines in CI logs, an ETA only once it means something, the summary's time, size and
+throughput, resumes that say so and reach 100 %, one display for Hub downloads, each warning
+once, and --quiet."""
 
 from __future__ import annotations
 

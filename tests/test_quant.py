@@ -1,5 +1,5 @@
-"""Quantization arithmetic: edge cases against independent implementations, detection and
-refusals for the quantized schemes."""
+"""fi_convert/quant.py and the quantized schemes (fi_convert/schemes/): the arithmetic's edge cases
+against independent implementations, detection and refusals for the quantized schemes."""
 
 from __future__ import annotations
 

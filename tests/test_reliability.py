@@ -1,4 +1,5 @@
-"""Interrupted runs resume to the same bytes; locks; write failures; hostile headers; links."""
+"""fi_convert/pipeline.py, fi_convert/outdir.py and fi_convert/st_io.py: interrupted runs resume to
+the same bytes; locks; write failures; hostile headers; links."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Checkpoints no one here wrote: transformers' own `save_pretrained` of the real model classes
-(tests/hf_checkpoints.py), converted with the CLI at TP 1 and 2 and checked with
-`verify --source --full --against-flashinfer` (every expert re-derived with FlashInfer's own
-functions). Plus what fi-convert says to the inputs it does not convert: BF16 gpt-oss (and the
-vLLM 0.33 facts behind that refusal), a config.json that contradicts its tensors, a folder
-without config.json, an fi-convert output, a dense model.
-"""
+"""fi_convert/source.py and fi_convert/families.py, through the command and `verify`, on
+checkpoints no one here wrote: transformers' own `save_pretrained` of the real model classes
+(tests/hf_checkpoints.py), converted with the CLI at TP 1 and 2 and checked with `verify
+--source --full --against-flashinfer` (every expert re-derived with FlashInfer's own functions).
+Plus what fi-convert says to the inputs it does not convert: BF16 gpt-oss (and the vLLM 0.33
+facts behind that refusal), a config.json that contradicts its tensors, a folder without
+config.json, an fi-convert output, a dense model."""
 
 from __future__ import annotations
 

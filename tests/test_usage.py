@@ -1,6 +1,7 @@
-"""Usage errors of the `fi-convert` command: each is one line on stderr (`error: ...`, with a
-did-you-mean where a name is close), exit code 2, nothing on stdout and no traceback; plus
-`--version`, the help's examples and metavars, and the reader's device errors.
+"""fi_convert/cli/ (`main`, `_usage`, `_options`): usage errors of the `fi-convert` command, each
+is one line on stderr (`error: ...`, with a did-you-mean where a name is close), exit code 2,
+nothing on stdout and no traceback; plus `--version`, the help's examples and metavars, and the
+reader's device errors.
 
 Most run `fi_convert.cli.main` (the console script's entry point, which also inserts the
 default `convert` command) in-process; one runs the installed script."""

@@ -1,5 +1,5 @@
-"""`fi-convert verify`: files, index, manifest; bytes re-derived from the source (ours and
-FlashInfer's); clear failures."""
+"""fi_convert/verify/ (output.py, flashinfer_reference.py), `fi-convert verify`: files, index,
+manifest; bytes re-derived from the source (ours and FlashInfer's); clear failures."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""`fi-convert verify` proves the manifest itself: each field a loader sets its kernels up from
-against the values fi-convert writes, the shards, config.json and the scheme's own plan for the
-recorded sizes; files the manifest does not list are reported; no edit of the manifest or the
-index makes it crash."""
+"""fi_convert/verify/output.py and fi_convert/manifest.py: `fi-convert verify` proves the manifest
+itself: each field a loader sets its kernels up from against the values fi-convert writes, the
+shards, config.json and the scheme's own plan for the recorded sizes; files the manifest does
+not list are reported; no edit of the manifest or the index makes it crash."""
 
 from __future__ import annotations
 

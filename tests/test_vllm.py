@@ -1,7 +1,8 @@
-"""vLLM 0.33's own MoE code is the authority: real FusedMoE layers from vLLM's factory with a
-FlashInfer backend, raw checkpoint tensors through vLLM's `load_weights` and its
-`process_weights_after_loading`, on CPU (tests/vllm_moe.py says what is patched: device checks
-and the TP rank, and for FP8 per-tensor the one compiled op vLLM's requantization calls).
+"""fi_convert/schemes/ and the vLLM plugin (fi_convert/servers/vllm/), with vLLM 0.33's own MoE
+code as the authority: real FusedMoE layers from vLLM's factory with a FlashInfer backend, raw
+checkpoint tensors through vLLM's `load_weights` and its `process_weights_after_loading`, on CPU
+(tests/vllm_moe.py says what is patched: device checks and the TP rank, and for FP8 per-tensor
+the one compiled op vLLM's requantization calls).
 
 (a) the parameters vLLM holds equal fi-convert's bytes;
 (b) the plugin's path (the artifact's tensors into the layer, kernel setup only) leaves the layer

@@ -1,5 +1,6 @@
-"""Expert parallelism against vLLM 0.33's own code (tests/vllm_moe.py: its FusedMoE layers on
-CPU, the MoE's EP rank played as vLLM makes it from the TP rank without data parallelism).
+"""fi_convert/servers/vllm/experts.py and fi_convert/format/reader.py: expert parallelism against
+vLLM 0.33's own code (tests/vllm_moe.py: its FusedMoE layers on CPU, the MoE's EP rank played as
+vLLM makes it from the TP rank without data parallelism).
 
 A `--tp-size 1` output serves every EP size: each rank takes whole experts, the ones vLLM's own
 expert map gives it (linear placement, and round-robin). For each rank:

@@ -1,7 +1,8 @@
-"""vLLM 0.33's own MoE processing where it calls CUDA-only FlashInfer ops (the NVFP4 and MXFP8
-scale swizzles): the same tier as tests/test_vllm.py, with the layers on a CUDA GPU (marker
-`gpu`, skipped without one). vLLM's Python code is enough: no kernel runs, its compiled `_C`
-is not needed (scripts/device_run.sh carries it as a zip).
+"""fi_convert/schemes/ and the vLLM plugin (fi_convert/servers/vllm/), with vLLM 0.33's own MoE
+processing where it calls CUDA-only FlashInfer ops (the NVFP4 and MXFP8 scale swizzles): the
+same tier as tests/test_vllm.py, with the layers on a CUDA GPU (marker `gpu`, skipped without
+one). vLLM's Python code is enough: no kernel runs, its compiled `_C` is not needed
+(scripts/device_run.sh carries it as a zip).
 
 (a) vLLM's parameters equal fi-convert's bytes, for nvfp4 (both backends), mxfp8 (TRT-LLM) and
 mxfp4 (gpt-oss, both backends; vLLM's gpt-oss loader does the TP split), TP 1, 2 and 4, every

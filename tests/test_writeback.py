@@ -1,6 +1,6 @@
-"""Early writeback: the disk starts writing a durable output's bytes behind the writes
-(`st_io.Writeback`, `sync_file_range`), never in the writers' way, and without changing a byte
-or leaving a file descriptor open."""
+"""fi_convert/st_io.py (`Writeback`), early writeback: the disk starts writing a durable output's
+bytes behind the writes (`st_io.Writeback`, `sync_file_range`), never in the writers' way, and
+without changing a byte or leaving a file descriptor open."""
 
 from __future__ import annotations
 

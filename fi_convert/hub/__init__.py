@@ -8,9 +8,11 @@ become `HubError`s with one-line messages that name the repo and the fix.
 Modules: `convert` (what the command line's `convert` does: `convert_source` converts a folder
 or repo id and may push the result, `stream_source` converts straight to a repo), `download` (a
 repo id as the source), `remote` (a repo read by byte ranges), `stream`
-(converting straight to a repo within a disk budget), `push` (publishing a folder), `preflight`
-(what a push needs, checked in seconds), `card` (the model card), `common` (endpoint, offline
-mode, error messages).
+(converting straight to a repo within a disk budget), `push` (publishing a folder), `publish`
+(what `push` and `stream` share: the target repo opened and listed, the files an older output
+left, the last commit with the model card and the manifest, upload errors), `preflight` (what a
+push needs, checked in seconds), `card` (the model card), `common` (endpoint, offline mode,
+error messages).
 """
 
 from __future__ import annotations

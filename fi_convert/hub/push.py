@@ -4,28 +4,25 @@ complete one, as on disk."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..errors import HubError, OutputError
 from ..format import manifest as mf
 from ..format.names import MANIFEST_NAME
-from .card import CARD_NAME, model_card, upload_manifest
-from .common import (
-    LIBRARY,
-    brief,
-    cause,
-    endpoint,
-    http_message,
-    hub_url,
-    is_repo_id,
-    progress_bars,
-    transport_errors,
-)
+from .card import CARD_NAME
+from .common import is_repo_id, progress_bars
 from .preflight import check_target
+from .publish import (
+    RemoteFile,
+    TargetRepo,
+    card_and_manifest,
+    commit_last,
+    describe,
+    last_operations,
+    stale_files,
+    upload_errors,
+)
 
 
 @dataclass
@@ -100,116 +97,66 @@ def push(
         base_model, base_revision = src["repo_id"], base_revision or src.get("revision")
     if base_model is not None and not is_repo_id(base_model):
         raise HubError(f"--base-model {base_model}: not a Hub repo id (org/name)")
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub import CommitOperationDelete
     from huggingface_hub.utils.sha import git_hash
 
     source_card = root / CARD_NAME if CARD_NAME in m["files"] else None
-    card = model_card(
+    card, manifest = card_and_manifest(
         m,
-        repo_id=repo_id,
+        repo_id,
         base_model=base_model,
         base_revision=base_revision,
         source_card=source_card.read_text(errors="replace") if source_card else None,
-    ).encode()
-    manifest = upload_manifest(m, card)
+    )
     names = [n for n in m["files"] if n not in (MANIFEST_NAME, CARD_NAME)]
-    api = HfApi(endpoint=endpoint(), library_name=LIBRARY, library_version=__version__)
-    with progress_bars(progress), push_errors(repo_id):
-        url = str(api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model"))
-        if revision != "main":
-            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-        remote = _remote_top_level(api, repo_id, revision)
-        adds = []
-        for name in names:
-            if not _held(remote.get(name), root / name, m["files"][name]["sha256"]):
-                op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(root / name))
-                op.upload_info.sha256 = bytes.fromhex(m["files"][name]["sha256"])  # proved
-                adds.append(op)
+    with progress_bars(progress), upload_errors(repo_id):
+        repo = TargetRepo.open(repo_id, private=private, revision=revision)
+        remote = repo.files()
+        adds = _additions(root, m, names, remote)
         # a manifest from an earlier push goes in the same commit: it must not vouch for a
         # half-new repo
-        stale = [p for p in remote if p.endswith(".safetensors") and p not in m["files"]]
-        if MANIFEST_NAME in remote and remote[MANIFEST_NAME][0] != git_hash(manifest):
-            stale.append(MANIFEST_NAME)
-        what = f"{m['scheme']} ({m['backend']}, TP {m['tp_size']})"
+        stale = stale_files(remote, m["files"], shards_only=True)
+        if MANIFEST_NAME in remote and remote[MANIFEST_NAME].blob_id != git_hash(manifest):
+            stale = sorted([*stale, MANIFEST_NAME])
         if adds or stale:
-            api.create_commit(
-                repo_id=repo_id,
-                repo_type="model",
-                revision=revision,
-                operations=[*adds, *(CommitOperationDelete(p) for p in sorted(stale))],
-                commit_message=f"Upload {what} weights, converted by fi-convert "
-                f"{m['fi_convert_version']}",
+            repo.commit(
+                [*adds, *(CommitOperationDelete(p) for p in stale)],
+                f"Upload {describe(m)} weights, converted by fi-convert {m['fi_convert_version']}",
             )
-        last = [
-            CommitOperationAdd(path_in_repo=name, path_or_fileobj=data)
+        unchanged = [
+            name
             for name, data in ((CARD_NAME, card), (MANIFEST_NAME, manifest))
-            if remote.get(name, ("",))[0] != git_hash(data) or name in stale
+            if name in remote and remote[name].blob_id == git_hash(data) and name not in stale
         ]
+        last = last_operations(card, manifest, unchanged=unchanged)
         commit = None
         if adds or stale or last:
-            info = api.create_commit(
-                repo_id=repo_id,
-                repo_type="model",
-                revision=revision,
-                operations=last,
-                commit_message=f"Add the fi-convert manifest and model card ({what})",
-            )
-            commit = info.oid
+            commit = commit_last(repo, m, last).oid
     uploaded = len(adds) + len(last)
-    return PushResult(repo_id, revision, url, commit, len(names) + 2, base_model, uploaded)
+    return PushResult(repo_id, revision, repo.url, commit, len(names) + 2, base_model, uploaded)
 
 
-def _held(remote: tuple[str, str | None] | None, path: Path, sha256: str) -> bool:
+def _additions(root: Path, m: dict, names: list[str], remote: dict[str, RemoteFile]) -> list:
+    """The files `names` of the folder `root` (manifest `m`) that the target lacks, to add:
+    each with the SHA-256 that verify proved, so that huggingface_hub hashes none again."""
+    from huggingface_hub import CommitOperationAdd
+
+    adds = []
+    for name in names:
+        if not _held(remote.get(name), root / name, m["files"][name]["sha256"]):
+            op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(root / name))
+            op.upload_info.sha256 = bytes.fromhex(m["files"][name]["sha256"])  # proved
+            adds.append(op)
+    return adds
+
+
+def _held(remote: RemoteFile | None, path: Path, sha256: str) -> bool:
     """Whether the target holds the file `path` (of SHA-256 `sha256`) already: an LFS file
     by its SHA-256, a small one by its git blob id."""
     if remote is None:
         return False
-    blob, lfs = remote
-    if lfs is not None:
-        return lfs == sha256
+    if remote.lfs_sha256 is not None:
+        return remote.lfs_sha256 == sha256
     from huggingface_hub.utils.sha import git_hash
 
-    return path.stat().st_size < 10 << 20 and blob == git_hash(path.read_bytes())
-
-
-def _remote_top_level(api, repo_id: str, revision: str) -> dict[str, tuple[str, str | None]]:
-    """Top-level files of the repo at `revision`: path -> (git blob id, LFS SHA-256)."""
-    from huggingface_hub.hf_api import RepoFile
-
-    return {
-        f.path: (f.blob_id, f.lfs.sha256 if f.lfs else None)
-        for f in api.list_repo_tree(repo_id, revision=revision, repo_type="model", recursive=True)
-        if isinstance(f, RepoFile)
-    }
-
-
-@contextmanager
-def push_errors(repo_id: str) -> Iterator[None]:
-    from huggingface_hub import errors as he
-
-    try:
-        yield
-    except Exception as exc:
-        e = cause(exc)
-        if isinstance(e, he.RepositoryNotFoundError):
-            raise HubError(
-                f"{repo_id}: the Hub has no such repo for this token and would not create it; "
-                "check the name and use a token with write access to its namespace "
-                "(`hf auth login` or HF_TOKEN)"
-            ) from None
-        if isinstance(e, he.RevisionNotFoundError):
-            raise HubError(
-                f"{repo_id}: no such branch and it could not be created; push to an existing "
-                "branch with --revision"
-            ) from None
-        if isinstance(e, he.HfHubHTTPError):
-            raise HubError(http_message(repo_id, e, "upload")) from None
-        if isinstance(e, transport_errors()):
-            raise HubError(
-                f"{repo_id}: lost the connection to the Hub at {hub_url(repo_id)} "
-                f"({type(e).__name__}: {brief(e)}); run the same push again - it resumes, "
-                "skipping what is already uploaded"
-            ) from None
-        if isinstance(e, ValueError):
-            raise HubError(f"{repo_id}: the Hub refused the upload ({brief(e)})") from None
-        raise
+    return path.stat().st_size < 10 << 20 and remote.blob_id == git_hash(path.read_bytes())

@@ -40,12 +40,19 @@ from .. import __version__, jsontext, outdir
 from .. import manifest as mf
 from ..errors import HubError, OutputError
 from ..format.names import INDEX_NAME, MANIFEST_NAME
-from ..pipeline import ProgressFn, resolve_device, write_shards
+from ..pipeline import ProgressFn, Written, resolve_device, write_shards
 from ..plan import Plan, ShardPlan
 from ..st_io import WRITEBACK, DiskRoom, ShardWriter, SourceFiles, build_header
-from .card import CARD_NAME, model_card, upload_manifest
-from .common import LIBRARY, endpoint, is_offline, is_repo_id
-from .push import push_errors
+from .card import CARD_NAME
+from .common import endpoint, is_offline, is_repo_id
+from .publish import (
+    TargetRepo,
+    card_and_manifest,
+    commit_last,
+    last_operations,
+    stale_files,
+    upload_errors,
+)
 
 PROGRESS_NAME = ".fi-convert/progress.json"
 PROGRESS_DIR = ".fi-convert/"  # and progress-K-of-N.json, one per part of a split run
@@ -186,10 +193,10 @@ class HubSink:
     `Relay`), and each commit, small, is made on a thread of its own, so the link is not idle
     between shards."""
 
-    def __init__(self, api, repo_id: str, revision: str, key: str, staging: Staging,
-                 max_disk: int, held: dict[str, dict], record: str = PROGRESS_NAME,
+    def __init__(self, repo: TargetRepo, key: str, staging: Staging, max_disk: int,
+                 held: dict[str, dict], record: str = PROGRESS_NAME,
                  by_write: bool = False) -> None:  # fmt: skip
-        self.api, self.repo_id, self.revision, self.key = api, repo_id, revision, key
+        self.repo, self.key = repo, key
         self.by_write = by_write
         self.record = record  # where this run's progress goes on the target
         self.staging, self.max_disk = staging, max_disk
@@ -261,9 +268,14 @@ class HubSink:
             path = str(self.staging.root / name)
             op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=path)
             op.upload_info.sha256 = bytes.fromhex(meta["sha256"])  # hashed while written
-            with self.relay.turn(meta["size"], lambda: self.failed), push_errors(self.repo_id):
-                self.api.preupload_lfs_files(
-                    self.repo_id, [op], repo_type="model", revision=self.revision, num_threads=1
+            turn = self.relay.turn(meta["size"], lambda: self.failed)
+            with turn, upload_errors(self.repo.repo_id):
+                self.repo.api.preupload_lfs_files(
+                    self.repo.repo_id,
+                    [op],
+                    repo_type="model",
+                    revision=self.repo.revision,
+                    num_threads=1,
                 )
         except BaseException as e:
             self._fail(e, name, meta)
@@ -286,13 +298,10 @@ class HubSink:
                 raise self.failed
             self.done[name] = meta
             progress = _progress_bytes(self.key, self.done, complete=False)
-            with push_errors(self.repo_id):
-                self.api.create_commit(
-                    repo_id=self.repo_id,
-                    repo_type="model",
-                    revision=self.revision,
-                    operations=[op, CommitOperationAdd(self.record, progress)],
-                    commit_message=f"Upload {name} (fi-convert {__version__})",
+            with upload_errors(self.repo.repo_id):
+                self.repo.commit(
+                    [op, CommitOperationAdd(self.record, progress)],
+                    f"Upload {name} (fi-convert {__version__})",
                 )
             self.uploaded.append(name)
         except BaseException as e:
@@ -457,22 +466,18 @@ def _progress_bytes(key: str, files: dict[str, dict], complete: bool) -> bytes:
     return (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _remote_state(api, repo_id: str, revision: str) -> tuple[dict[str, str | None], list[dict]]:
+def _remote_state(repo: TargetRepo) -> tuple[dict[str, str | None], list[dict]]:
     """The target's files (path -> LFS SHA-256, or None for a regular file) and its progress
     records (the run's, and one per part of a split run; unreadable ones left out)."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.hf_api import RepoFile
 
-    files: dict[str, str | None] = {}
-    for f in api.list_repo_tree(repo_id, revision=revision, repo_type="model", recursive=True):
-        if isinstance(f, RepoFile):
-            files[f.path] = f.lfs.sha256 if f.lfs else None
+    files = {path: f.lfs_sha256 for path, f in repo.files().items()}
     records = []
     for name in sorted(files):
         if not (name.startswith(PROGRESS_DIR + "progress") and name.endswith(".json")):
             continue
         try:
-            got = hf_hub_download(repo_id, name, revision=revision, endpoint=endpoint())
+            got = hf_hub_download(repo.repo_id, name, revision=repo.revision, endpoint=endpoint())
             d = jsontext.loads(Path(got).read_text())
         except (OSError, ValueError):
             continue
@@ -535,37 +540,10 @@ def stream_to_hub(
     `part` (K, N), only part K of N of the shards, and no index, card or manifest: a run
     without `part` after all parts finds their shards on the target and writes those.
     `staging`: the folder `staging_dir` claimed already (a Hub source mirrored into it)."""
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
-
-    if not is_repo_id(repo_id):
-        raise HubError(f"{repo_id}: not a Hub repo id; push to org/name")
-    if is_offline():
-        raise HubError(f"{repo_id}: HF_HUB_OFFLINE=1 forbids uploading; run without it")
-    largest = max((_file_size(s) for s in plan.shards), default=0)
-    if largest > max_disk:
-        raise OutputError(
-            f"--max-disk {_size(max_disk)} is less than the largest output shard "
-            f"({_size(largest)}); raise --max-disk or lower --max-shard-size"
-        )
+    _check(plan, repo_id, max_disk)
     dev = resolve_device(device)
     key = plan.key()
-    api = HfApi(endpoint=endpoint(), library_name=LIBRARY, library_version=__version__)
-    with push_errors(repo_id):
-        url = str(api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model"))
-        if revision != "main":
-            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-        remote, records = _remote_state(api, repo_id, revision)
-        held = held_shards(plan, key, remote, records)
-        ours = any(r.get("plan_key") == key for r in records)
-        if MANIFEST_NAME in remote and not ours:
-            # an older output's manifest goes first: it must not vouch for a half-new repo
-            api.create_commit(
-                repo_id=repo_id,
-                repo_type="model",
-                revision=revision,
-                operations=[CommitOperationDelete(MANIFEST_NAME)],
-                commit_message="Remove the old fi-convert manifest: a new conversion begins",
-            )
+    repo, remote, held = _open_target(plan, key, repo_id, private=private, revision=revision)
     if staging is None:
         staging = Staging.claim(staging_dir, source)
     staging.source = source
@@ -578,76 +556,17 @@ def stream_to_hub(
         # background), so each is done and goes up as soon as it can; shards made at once
         # would share the link and all finish late
         jobs = jobs if jobs > 0 or source.local else 1
-        sink = HubSink(api, repo_id, revision, key, staging, max_disk, held, record, jobs == 1)
-        if sink.by_write:
-            staging.room = sink
-        try:
-            on_target = [s for s in mine.shards if s.name in held]  # an earlier run's: skipped
-            resume = len(on_target), sum(s.nbytes for s in on_target)
-            written = write_shards(mine, staging, source, dev, progress, jobs, sink, resume)
-            sink.drain()
-        except BaseException:
-            sink.abandon()
-            raise
-        if part is not None:  # the final run writes index, card and manifest
-            staging.remove()
-            return StreamResult(
-                repo_id,
-                url,
-                None,
-                len(written.files),
-                sorted(sink.uploaded),
-                sorted(sink.skipped),
-                sink.peak,
-                base_model,
-                written.warnings,
-            )
-        target = outdir.Target.of(plan)
-        files = dict(written.files)
-        final: list = []
-        source_card = None
-        for rel, src in target.side.items():
-            data = src if isinstance(src, bytes) else Path(src).read_bytes()
-            files[rel] = target.side_meta[rel]
-            if rel == CARD_NAME:  # the source's card: the model card takes its place
-                source_card = data.decode(errors="replace")
-            else:
-                final.append(CommitOperationAdd(rel, data))
-        files[INDEX_NAME] = {"sha256": _sha(target.index), "size": len(target.index)}
-        final.append(CommitOperationAdd(INDEX_NAME, target.index))
-        m = mf.build(plan, files)  # plan.provenance: the source repo, commit and command
-        card = model_card(
-            m,
-            repo_id=repo_id,
-            base_model=base_model,
-            base_revision=base_revision,
-            source_card=source_card,
-        ).encode()
-        manifest = upload_manifest(m, card)
-        keep = {*files, CARD_NAME, MANIFEST_NAME, ".gitattributes"}
-        final += [CommitOperationDelete(p) for p in sorted(remote) if _stale(p, keep)]
-        final += [
-            CommitOperationAdd(CARD_NAME, card),
-            CommitOperationAdd(PROGRESS_NAME, _progress_bytes(key, sink.done, complete=True)),
-            CommitOperationAdd(MANIFEST_NAME, manifest),
-        ]
-        what = f"{m['scheme']} ({m['backend']}, TP {m['tp_size']})"
-        # a rerun of a finished stream changes nothing: huggingface_hub then logs that it skips
-        # an empty commit, which the run's own line ("N already there") says already
-        with push_errors(repo_id), _quiet("huggingface_hub.hf_api"):
-            info = api.create_commit(
-                repo_id=repo_id,
-                repo_type="model",
-                revision=revision,
-                operations=final,
-                commit_message=f"Add the fi-convert manifest, index and model card ({what})",
-            )
+        sink = HubSink(repo, key, staging, max_disk, held, record, jobs == 1)
+        written = _write_and_upload(mine, staging, source, dev, progress, jobs, sink)
+        commit, files = None, len(written.files)
+        if part is None:  # a part leaves the index, card and manifest to the final run
+            commit, files = _finish(repo, plan, written, remote, sink, base_model, base_revision)
         staging.remove()
         return StreamResult(
             repo_id,
-            url,
-            info.oid,
-            len(files) + 2,
+            repo.url,
+            commit,
+            files,
             sorted(sink.uploaded),
             sorted(sink.skipped),
             sink.peak,
@@ -656,6 +575,111 @@ def stream_to_hub(
         )
     finally:
         staging.release()  # a failed run's staged shards stay for the rerun
+
+
+def _check(plan: Plan, repo_id: str, max_disk: int) -> None:
+    """What a stream into `repo_id` needs before any request: a repo id, online, and a disk
+    budget that holds the largest output shard."""
+    if not is_repo_id(repo_id):
+        raise HubError(f"{repo_id}: not a Hub repo id; push to org/name")
+    if is_offline():
+        raise HubError(f"{repo_id}: HF_HUB_OFFLINE=1 forbids uploading; run without it")
+    largest = max((_file_size(s) for s in plan.shards), default=0)
+    if largest > max_disk:
+        raise OutputError(
+            f"--max-disk {_size(max_disk)} is less than the largest output shard "
+            f"({_size(largest)}); raise --max-disk or lower --max-shard-size"
+        )
+
+
+def _open_target(
+    plan: Plan, key: str, repo_id: str, *, private: bool, revision: str
+) -> tuple[TargetRepo, dict[str, str | None], dict[str, dict]]:
+    """The target repo (created when missing), its files (path -> LFS SHA-256) and the
+    shards of `plan` it holds already. An older output's manifest goes at once, in a commit of
+    its own: it must not vouch for a half-new repo."""
+    from huggingface_hub import CommitOperationDelete
+
+    with upload_errors(repo_id):
+        repo = TargetRepo.open(repo_id, private=private, revision=revision)
+        remote, records = _remote_state(repo)
+        if MANIFEST_NAME in remote and not any(r.get("plan_key") == key for r in records):
+            repo.commit(
+                [CommitOperationDelete(MANIFEST_NAME)],
+                "Remove the old fi-convert manifest: a new conversion begins",
+            )
+    return repo, remote, held_shards(plan, key, remote, records)
+
+
+def _write_and_upload(
+    plan: Plan,
+    staging: Staging,
+    source: SourceFiles,
+    dev: torch.device,
+    progress: ProgressFn | None,
+    jobs: int,
+    sink: HubSink,
+) -> Written:
+    """The shards of `plan` the target does not hold, written to `staging` and uploaded by
+    `sink`, every upload and commit waited for; on any failure, those not begun dropped."""
+    if sink.by_write:
+        staging.room = sink
+    try:
+        on_target = [s for s in plan.shards if s.name in sink.held]  # an earlier run's: skipped
+        resume = len(on_target), sum(s.nbytes for s in on_target)
+        written = write_shards(plan, staging, source, dev, progress, jobs, sink, resume)
+        sink.drain()
+    except BaseException:
+        sink.abandon()
+        raise
+    return written
+
+
+def _finish(
+    repo: TargetRepo,
+    plan: Plan,
+    written: Written,
+    remote: dict[str, str | None],
+    sink: HubSink,
+    base_model: str | None,
+    base_revision: str | None,
+) -> tuple[str, int]:
+    """The last commit of a whole run: the index, the side files, the model card, the
+    complete progress record and the manifest, and what an older output left on the target
+    deleted. Its id, and how many files the output has on the target."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    target = outdir.Target.of(plan)
+    files = dict(written.files)
+    first: list = []
+    source_card = None
+    for rel, src in target.side.items():
+        data = src if isinstance(src, bytes) else Path(src).read_bytes()
+        files[rel] = target.side_meta[rel]
+        if rel == CARD_NAME:  # the source's card: the model card takes its place
+            source_card = data.decode(errors="replace")
+        else:
+            first.append(CommitOperationAdd(rel, data))
+    files[INDEX_NAME] = {"sha256": _sha(target.index), "size": len(target.index)}
+    first.append(CommitOperationAdd(INDEX_NAME, target.index))
+    m = mf.build(plan, files)  # plan.provenance: the source repo, commit and command
+    card, manifest = card_and_manifest(
+        m,
+        repo.repo_id,
+        base_model=base_model,
+        base_revision=base_revision,
+        source_card=source_card,
+    )
+    keep = {*files, CARD_NAME, MANIFEST_NAME, ".gitattributes"}
+    first += [CommitOperationDelete(p) for p in stale_files(remote, keep)]
+    record = (PROGRESS_NAME, _progress_bytes(sink.key, sink.done, complete=True))
+    # a rerun of a finished stream changes nothing: huggingface_hub then logs that it skips
+    # an empty commit, which the run's own line ("N already there") says already
+    with upload_errors(repo.repo_id), _quiet("huggingface_hub.hf_api"):
+        info = commit_last(
+            repo, m, [*first, *last_operations(card, manifest, record=record)], index=True
+        )
+    return info.oid, len(files) + 2
 
 
 @contextlib.contextmanager
@@ -670,11 +694,6 @@ def _quiet(name: str):
         yield
     finally:
         log.setLevel(level)
-
-
-def _stale(path: str, keep: set[str]) -> bool:
-    """A file an older output left on the target (hidden files are the repo's own)."""
-    return path not in keep and not any(part.startswith(".") for part in path.split("/"))
 
 
 def _sha(data: bytes) -> str:
