@@ -1,4 +1,5 @@
-"""What fi-convert tells a user before any long work: the output vLLM 0.33 cannot serve is
+"""fi_convert/plan.py (choices, unservable outputs), fi_convert/servers/vllm/ (checks, target):
+what fi-convert tells a user before any long work: the output vLLM 0.33 cannot serve is
 refused at plan time (unless asked for), `inspect` lists what else a checkpoint takes and
 which schemes quantize, the manifest's GPU families are vLLM's, and `make install` says a
 successful install is one."""

@@ -1,4 +1,4 @@
-"""End-to-end tests of the `fi-convert` command on small synthetic checkpoints.
+"""fi_convert/cli/: end-to-end tests of the `fi-convert` command on small synthetic checkpoints.
 
 A few tests run the installed console script as a real subprocess (the exact user-facing
 form `fi-convert MODEL_DIR OUT_DIR --scheme ...`); the rest drive `fi_convert.cli.app`

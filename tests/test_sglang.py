@@ -1,8 +1,8 @@
-"""SGLang 0.5.23's own MoE code as a test authority (issue 26, step 1): real FusedMoE layers
-built by SGLang on CPU with `--moe-runner-backend flashinfer_trtllm` (gpt-oss MXFP4:
-`flashinfer_mxfp4`; BF16 also `flashinfer_cutlass`), the raw checkpoint
-through SGLang's own weight loader and its `process_weights_after_loading`, one process playing
-TP rank r of N (tests/sglang_moe.py says what is not SGLang's own).
+"""fi_convert's outputs against SGLang 0.5.23's own MoE code, a test authority (issue 26,
+step 1): real FusedMoE layers built by SGLang on CPU with `--moe-runner-backend
+flashinfer_trtllm` (gpt-oss MXFP4: `flashinfer_mxfp4`; BF16 also `flashinfer_cutlass`), the raw
+checkpoint through SGLang's own weight loader and its `process_weights_after_loading`, one
+process playing TP rank r of N (tests/sglang_moe.py says what is not SGLang's own).
 
 (a) SGLang's processed bytes equal an expectation built here from the raw checkpoint tensors
     with fi_convert.layout's functions and SGLang's rules (sharding by the padded size, w13

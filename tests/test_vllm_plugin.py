@@ -1,5 +1,6 @@
-"""The vLLM plugin: its refusals (each one line, naming the fix), its entry point, and its
-loader on a model holding vLLM 0.33's own MoE layer, processed by vLLM's own post-load driver."""
+"""fi_convert/servers/vllm/: the vLLM plugin: its refusals (each one line, naming the fix),
+its entry point, and its loader on a model holding vLLM 0.33's own MoE layer, processed by
+vLLM's own post-load driver."""
 
 from __future__ import annotations
 
