@@ -13,12 +13,20 @@ import os
 from pathlib import Path
 
 from . import __version__
+from .errors import FiConvertError
 from .families import all_families
-from .format.names import FORMAT, FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME
+from .format.names import (
+    DEFAULT_SERVER,
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    SERVER_FIELD,
+)
 from .names import Backend
 from .plan import Plan
 from .schemes import REGISTRY
-from .server_lookup import of_manifest
+from .server_lookup import of_manifest, resolve
 from .st_io import TMP_SUFFIX
 
 
@@ -32,6 +40,7 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "scheme": scheme,
         "backend": backend,
         "tp_size": plan.options.tp_size,
+        SERVER_FIELD: server.name,
         "target": {**server.versions, "gpu_family": server.gpu_family(backend, scheme)},
         "expert_parallel": server.ep_note(scheme, layers),
         "source": {
@@ -55,6 +64,8 @@ def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
     o = plan.options
     cmd = f"fi-convert {repo_id} OUT_DIR --revision {commit} --scheme {plan.scheme.value} "
     cmd += f"--backend {o.backend.value} --tp-size {o.tp_size}"
+    if o.server != DEFAULT_SERVER:
+        cmd += f" --server {o.server}"
     if o.max_shard_bytes:
         cmd += f" --max-shard-size {o.max_shard_bytes}"
     return {"repo_id": repo_id, "revision": commit, "command": cmd}
@@ -139,10 +150,17 @@ def check_fields(m: dict) -> list[str]:
     """What in the manifest's own fields (all but `layers`, which `verify` re-plans) is not a
     value this fi-convert writes: one line per field, `[]` when all are. `m` passed `read`."""
     out: list[str] = []
-    server = of_manifest(m)
 
     def bad(field: str, value: object, want: str) -> None:
         out.append(f"{field} is {show(value)}, {want}")
+
+    try:
+        server = of_manifest(m)
+    except FiConvertError as e:  # a server this fi-convert does not know: checked as vLLM's
+        bad(SERVER_FIELD, m.get(SERVER_FIELD), str(e))
+        server = resolve(DEFAULT_SERVER)
+    if SERVER_FIELD in m and not isinstance(m[SERVER_FIELD], str):
+        bad(SERVER_FIELD, m[SERVER_FIELD], "not a server's name")
 
     out += [f"{key!r} is missing" for key in FIELDS if key not in m]
     if type(m.get("format_version")) is not int:
@@ -160,6 +178,9 @@ def check_fields(m: dict) -> list[str]:
         have = ", ".join(b.value for b in REGISTRY[scheme].backends)
         bad("backend", m["backend"], f"which scheme {scheme.value} has not (it has {have})")
     if scheme is not None and backend is not None:
+        refused = server.refuses(scheme.value, backend.value)
+        if refused:
+            bad("scheme", m["scheme"], f"with backend {backend.value} for {server.name}: {refused}")
         want = {**server.versions, "gpu_family": server.gpu_family(backend.value, scheme.value)}
         target = m.get("target")
         if not isinstance(target, dict):

@@ -11,9 +11,8 @@ on CPU (tests/sglang_moe.py: SGLang's FusedMoE, built, loaded and processed by S
 - Each refusal (one line starting "fi-convert: ", naming the fix), the registration of the
   load format and hooks, and the entry point as pyproject.toml declares it.
 
-The outputs are fi-convert's current (vLLM-target) BF16 outputs, in the cases whose bytes equal
-SGLang's (tests/test_sglang.py), marked as SGLang's by `for_sglang` (the converter will write
-those fields with --server sglang: fi_convert/servers/sglang/target.py).
+The outputs are fi-convert's BF16 outputs converted with --server sglang (tests/test_sglang.py
+proves their bytes against SGLang's own at every TP rank).
 """
 
 from __future__ import annotations
@@ -48,25 +47,17 @@ CASES = {
 }
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
-# (case, backend, tp): where fi-convert's bytes are SGLang's (tests/test_sglang.py)
+# (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
 LAYER_CASES = [
     ("qwen3", "trtllm", 1),
     ("qwen3", "trtllm", 2),
     ("qwen3", "trtllm", 4),
     ("mixtral", "trtllm", 1),
+    ("mixtral", "trtllm", 2),
+    ("mixtral", "trtllm", 4),
     ("qwen3", "cutlass", 2),
     ("mixtral", "cutlass", 4),
 ]
-
-
-def for_sglang(out: Path) -> Path:
-    """Mark a converted output as SGLang's: the manifest fields the converter will write with
-    --server sglang (target.sglang_fields). Only for outputs whose bytes are proven SGLang's."""
-    path = out / MANIFEST_NAME
-    m = json.loads(path.read_text())
-    m.update(target.sglang_fields(m["scheme"], m["backend"]))
-    path.write_text(json.dumps(m, indent=2) + "\n")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +78,8 @@ def sources(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory, sources):
-    """fi-convert's bf16 output of (case, backend, tp), marked as SGLang's."""
+    """fi-convert's output (scheme detected: bf16, or fp8-block for DeepSeek) of (case,
+    backend, tp) for SGLang (--server sglang), or for vLLM (`sglang=False`)."""
     root = tmp_path_factory.mktemp("sgl-plugin-out")
     done: dict = {}
 
@@ -95,9 +87,10 @@ def outputs(tmp_path_factory, sources):
         key = (case, backend, tp, sglang)
         if key not in done:
             out = root / "-".join(map(str, key))
-            opts = Options(scheme=SchemeName.BF16, backend=Backend(backend), tp_size=tp)
+            server = "sglang" if sglang else "vllm"
+            opts = Options(SchemeName.AUTO, Backend(backend), tp, server=server)
             convert(sources(case), out, opts, device="cpu")
-            done[key] = for_sglang(out) if sglang else out
+            done[key] = out
         return done[key]
 
     return get
@@ -143,6 +136,12 @@ def differing(theirs: dict, ours: dict) -> list[str]:
     ]
 
 
+def state_diff(ours: dict, theirs: dict) -> list[str]:
+    """The attributes (`sm.layer_state` keys) set on one side only, or to other values."""
+    keys = set(ours) | set(theirs)
+    return sorted(k for k in keys if k not in ours or k not in theirs or ours[k] != theirs[k])
+
+
 # ---- the layer: the plugin's path against SGLang's own ----
 
 
@@ -155,8 +154,7 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         ours = plugin_layer(out, ckpt, prefix, backend, tp, rank)
         assert ours.runner_backend.value == sm.BACKEND[backend]
         assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
-        state, want = sm.layer_state(ours), sm.layer_state(theirs)
-        diff = sorted(k for k in set(state) | set(want) if state.get(k) != want.get(k))
+        diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
         assert diff == [], f"rank {rank}: attributes differ from SGLang's: {diff}"
         assert param_attrs(ours) == param_attrs(theirs)
         # read in place: the parameters SGLang allocated, no new memory
@@ -172,17 +170,18 @@ def test_control_another_ranks_bytes_are_caught(sources, outputs):
     assert sm.layer_state(ours) == sm.layer_state(theirs)  # the state alone does not tell
 
 
-@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
-def test_control_a_layer_without_kernel_setup_is_caught(backend, sources, outputs):
-    ckpt, out = sources("qwen3"), outputs("qwen3", backend, 1)
-    theirs = sm.layer_state(sm.build(backend, 1, 0, ckpt, QWEN))
-    ours = sm.layer_state(plugin_layer(out, ckpt, QWEN, backend, 1, 0, finish=False))
-    diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+@pytest.mark.parametrize(("case", "backend"), [("qwen3", "trtllm"), ("qwen3", "cutlass")])
+def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, outputs):
+    ckpt, out, prefix = sources(case), outputs(case, backend, 1), CASES[case][1]
+    theirs = sm.layer_state(sm.build(backend, 1, 0, ckpt, prefix))
+    ours = sm.layer_state(plugin_layer(out, ckpt, prefix, backend, 1, 0, finish=False))
+    diff = state_diff(ours, theirs)
     want = {
-        "trtllm": ["layer.quant_method._cache_permute_indices", "layer.use_padded_loading"],
-        "cutlass": ["layer._cutlass_swiglu_params", "layer.use_padded_loading"],
-    }[backend]
+        ("qwen3", "trtllm"): ["layer.quant_method._cache_permute_indices"],
+        ("qwen3", "cutlass"): ["layer._cutlass_swiglu_params"],
+    }[case, backend] + ["layer.use_padded_loading"]
     assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
+    assert any(d.startswith(want[0]) for d in diff), diff
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):
@@ -294,12 +293,24 @@ def test_refusals_name_the_fix(manifest, change, words):
     assert words in msg
 
 
-def test_another_servers_output_is_refused(manifest):
-    vllm = {k: v for k, v in manifest.items() if k != target.SERVER_FIELD}  # today's outputs
-    for m in (vllm, manifest | {target.SERVER_FIELD: "vllm"}):
+def test_another_servers_output_is_refused(manifest, outputs):
+    assert manifest[target.SERVER_FIELD] == "sglang"  # as the converter wrote it
+    vllm = {k: v for k, v in manifest.items() if k != target.SERVER_FIELD}  # older outputs
+    converted = json.loads(
+        (outputs("qwen3", "trtllm", 2, sglang=False) / MANIFEST_NAME).read_text()
+    )
+    assert converted[target.SERVER_FIELD] == "vllm"
+    for m in (vllm, manifest | {target.SERVER_FIELD: "vllm"}, converted):
         with pytest.raises(PluginError, match="OUT: converted for vllm, whose layouts differ"):
             _check(m)
     assert target.server_of(vllm) == "vllm"
+
+
+def test_the_manifest_is_sglangs(manifest):
+    """What --server sglang writes: SGLang's target (the helper gives the same fields)."""
+    assert {k: manifest[k] for k in ("server", "target")} == target.sglang_fields("bf16", "trtllm")
+    assert manifest["target"]["sglang_versions"] == "==0.5.23"
+    assert "tp_split" not in manifest["layers"][QWEN]  # I/TP 256: SGLang's split is vLLM's
 
 
 def test_cutlass_bf16_runs_on_sm90_sm10x_and_sm12x(outputs):
@@ -512,7 +523,7 @@ def test_a_weight_update_from_an_output_is_refused(registered):
 def test_a_whole_model_refusal_comes_before_anything_is_built(registered, outputs):
     from fi_convert.servers.sglang import loader
 
-    out = outputs("hf-qwen3", "trtllm", 1, sglang=False)  # today's vLLM output
+    out = outputs("hf-qwen3", "trtllm", 1, sglang=False)  # a vLLM output
     with (
         sm.sglang_context("trtllm", 1, 0),
         mock.patch.object(loader, "_initialize_model", side_effect=AssertionError("built")),

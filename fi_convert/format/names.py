@@ -10,3 +10,13 @@ MANIFEST_NAME = "fi-convert-manifest.json"  # written last: no manifest, no fini
 STATE_DIR = ".fi-convert"  # a run's journal and lock, inside the out-dir
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
+
+# The manifest's top-level field naming the server whose load-time result the bytes are
+# ("vllm", "sglang"). A manifest without it was written before it existed, for vLLM.
+SERVER_FIELD = "server"
+DEFAULT_SERVER = "vllm"
+
+
+def server_of(manifest: dict) -> str:
+    """The server an output is for (a manifest without the field: vLLM's)."""
+    return str(manifest.get(SERVER_FIELD, DEFAULT_SERVER))

@@ -9,6 +9,7 @@ import re
 from ..format import manifest as mf
 from ..format.names import MANIFEST_NAME
 from ..server_lookup import of_manifest
+from ..target import DEFAULT
 from .common import LIBRARY
 
 CARD_NAME = "README.md"
@@ -102,7 +103,7 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "",
         "```",
         f"fi-convert {source_arg}{rev} OUT_DIR --scheme {scheme} --backend {backend} "
-        f"--tp-size {tp}",
+        f"--tp-size {tp}" + (f" --server {server.name}" if server.name != DEFAULT else ""),
         "fi-convert verify OUT_DIR",
         f"fi-convert push OUT_DIR {repo_id}",
         "```",
@@ -152,7 +153,7 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "manifest = read_manifest(path)  # scheme, backend, tp_size, padded sizes per layer",
         f't = load_moe_layer(path, "{first}", tp_rank=0, device="cuda",',
         f'                   scheme="{scheme}", backend="{backend}")',
-        "t['w13_weight'].shape  # as vLLM holds it after process_weights_after_loading",
+        f"t['w13_weight'].shape  # as {server.label} holds it after process_weights_after_loading",
         "```",
         "",
         *server.card_section(m, repo_id),

@@ -13,6 +13,7 @@ import torch
 from .. import layout as L
 from ..errors import SchemeMismatchError
 from ..source import Checkpoint, ExpertLayer
+from ..target import VLLM_LAYOUT, Layout
 from .base import (
     Backend,
     Ctx,
@@ -89,7 +90,9 @@ class Fp8BlockScheme(Scheme):
         ib, hb = -(-i // BLOCK), -(-h // BLOCK)
         require_shapes(layer, SCALE, (ib, hb), (hb, ib))
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_layer(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
         require_multiples(

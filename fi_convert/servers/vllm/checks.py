@@ -10,6 +10,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from ...format.names import server_of
 from .target import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION, VLLM
 
 PREFIX = "fi-convert: "
@@ -119,6 +120,13 @@ def check_manifest(
     MoE layers too)."""
     scheme, backend = manifest["scheme"], manifest["backend"]
     target = manifest.get("target", {})
+    server = server_of(manifest)
+    if server != VLLM.name:
+        raise PluginError(
+            f"{root}: converted for {server}, whose layouts differ from vLLM's; serve it with "
+            f"{server} and fi-convert's {server} plugin, or convert the source again for vLLM "
+            "(--server vllm)"
+        )
     if (scheme, backend) not in SUPPORTED:
         ok = ", ".join(f"{s}/{b}" for s, b in sorted(SUPPORTED))
         raise PluginError(
