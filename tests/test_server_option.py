@@ -211,3 +211,27 @@ def test_inspect_shows_what_each_server_gets(ckpts):
     servers = {s["server"]: s for s in json.loads(cut.stdout)["servers"]}
     assert servers["sglang"]["layout"] == "the same bytes as for vllm"
     assert servers["sglang"]["serve"].endswith("--moe-runner-backend flashinfer_cutlass --tp 2")
+
+
+def test_fp8_block_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """DeepSeek FP8 block on TRT-LLM for SGLang: MajorK, unshuffled, unclamped scales (the
+    manifest says so, and verify re-plans it so); its bytes are proven in test_sglang.py."""
+    out = tmp_path / "out"
+    res = cli("convert", ckpts["ds"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    lay = manifest(out)["layers"]["model.layers.1.mlp.experts"]["tensors"]
+    assert lay["w13_weight"]["layout"] == "MajorK" and lay["w13_weight"]["shape_per_rank"] == [
+        8,
+        512,
+        256,
+    ]
+    assert "min" not in lay["w13_weight_scale_inv"]
+    res = cli("verify", out, "--source", ckpts["ds"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    t = load_moe_layer(out, "model.layers.1.mlp.experts", tp_rank=0)
+    assert float(t["w13_weight_scale_inv"].min()) < 1e-10  # the source's 1e-23, kept
+    res = cli("inspect", ckpts["ds"], "--tp-size", "2")
+    got = lines(res.stdout)
+    (line,) = [x for x in got if x.startswith("  sglang: ")]
+    first = 'w13_weight: layout (the element order) is "BlockMajorK" for vllm, "MajorK" for sglang'
+    assert f"other bytes, first model.layers.1.mlp.experts.{first}" in line

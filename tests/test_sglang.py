@@ -423,10 +423,11 @@ def test_sglang_layer_state(sglang_layers):
 
 # Every TP size and rank. BF16 on both backends: Qwen3-MoE (I/TP a multiple of 128), Mixtral
 # with 7 experts and I 192 (I/TP 192, 96, 48: padded, and sharded by the padded size on
-# TRT-LLM), the transformers-written ones (I/TP 128, 64, 32) on TRT-LLM.
+# TRT-LLM), the transformers-written ones (I/TP 128, 64, 32) on TRT-LLM. DeepSeek FP8 block on
+# TRT-LLM (MajorK, unshuffled, unclamped: rank 0 holds a scale of 1e-23)
 SGLANG_CASES = [
     (case, tp, rank, backend)
-    for case in ("qwen3-bf16", "mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral")
+    for case in ("qwen3-bf16", "mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral", "deepseek-fp8-block")
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
     for rank in range(tp)

@@ -44,6 +44,11 @@ CASES = {
     "qwen3": (Spec("qwen3-moe", layers=1, experts=6, hidden=128, intermediate=512, shards=1), QWEN),
     # I 192, 7 experts: I/TP 192 (TRT-LLM pads it to 256 at TP 1), 96, 48 (CUTLASS, unpadded)
     "mixtral": (Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192), MIXTRAL),
+    # DeepSeek FP8 128x128 block (fp8-block): I/TP 512, 256, 128
+    "deepseek": (
+        Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512, shards=2),
+        "model.layers.1.mlp.experts",
+    ),
 }
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
@@ -57,6 +62,9 @@ LAYER_CASES = [
     ("mixtral", "trtllm", 4),
     ("qwen3", "cutlass", 2),
     ("mixtral", "cutlass", 4),
+    ("deepseek", "trtllm", 1),
+    ("deepseek", "trtllm", 2),
+    ("deepseek", "trtllm", 4),
 ]
 
 
@@ -170,7 +178,9 @@ def test_control_another_ranks_bytes_are_caught(sources, outputs):
     assert sm.layer_state(ours) == sm.layer_state(theirs)  # the state alone does not tell
 
 
-@pytest.mark.parametrize(("case", "backend"), [("qwen3", "trtllm"), ("qwen3", "cutlass")])
+@pytest.mark.parametrize(
+    ("case", "backend"), [("qwen3", "trtllm"), ("qwen3", "cutlass"), ("deepseek", "trtllm")]
+)
 def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, outputs):
     ckpt, out, prefix = sources(case), outputs(case, backend, 1), CASES[case][1]
     theirs = sm.layer_state(sm.build(backend, 1, 0, ckpt, prefix))
@@ -179,6 +189,8 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
     want = {
         ("qwen3", "trtllm"): ["layer.quant_method._cache_permute_indices"],
         ("qwen3", "cutlass"): ["layer._cutlass_swiglu_params"],
+        # Fp8MoEMethod's TRT-LLM SwiGLU parameters (None for DeepSeek's plain SiLU)
+        ("deepseek", "trtllm"): ["layer._flashinfer_trtllm_gemm1_"],
     }[case, backend] + ["layer.use_padded_loading"]
     assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
     assert any(d.startswith(want[0]) for d in diff), diff
@@ -239,6 +251,16 @@ def test_a_layer_unlike_the_outputs_is_refused(manifest, change, words):
         checks.check_layers(manifest, "OUT", {QWEN: _layer(**change)})
     assert str(e.value).startswith("fi-convert: OUT: ") and "\n" not in str(e.value)
     assert words in str(e.value)
+
+
+def test_a_per_tensor_fp8_layer_is_refused_for_an_fp8_block_output(manifest):
+    m = manifest | {"scheme": "fp8-block"}
+    layer = _layer(method="Fp8MoEMethod")
+    layer.quant_method.block_quant = False
+    with pytest.raises(PluginError, match="SGLang built per-tensor FP8 for it, the output is"):
+        checks.check_layers(m, "OUT", {QWEN: layer})
+    layer.quant_method.block_quant = True  # the control
+    checks.check_layers(m, "OUT", {QWEN: layer})
 
 
 def test_moe_layers_not_the_outputs_are_refused(manifest):
@@ -322,8 +344,10 @@ def test_cutlass_bf16_runs_on_sm90_sm10x_and_sm12x(outputs):
 
 
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
-    with pytest.raises(PluginError, match="does not load fp8-block/trtllm outputs yet"):
-        _check(manifest | {"scheme": "fp8-block"})
+    with pytest.raises(PluginError, match="does not load nvfp4/trtllm outputs yet"):
+        _check(manifest | {"scheme": "nvfp4"})
+    with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
+        _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 
 
 @pytest.mark.parametrize(("spec", "words"), [("", "(no version range)"), ("0.5 or so", "range")])

@@ -187,6 +187,11 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{scheme} outputs; keep the source's config.json and quantization config as "
             "converted"
         )
+    if scheme == "fp8-block" and not getattr(layer.quant_method, "block_quant", True):
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang built per-tensor FP8 for it, the output is "
+            "fp8-block; keep the source's quantization config (weight_block_size) as converted"
+        )
     got = str(getattr(layer.runner_backend, "value", layer.runner_backend))
     if got != MOE_RUNNER_BACKEND[backend]:
         raise PluginError(

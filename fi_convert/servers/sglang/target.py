@@ -46,10 +46,12 @@ MOE_RUNNER_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutl
 # What fi-convert writes for SGLang, by (scheme, backend): the layout variant SGLang 0.5.23's
 # processing gives (tests/test_sglang.py proves each against SGLang's own, every TP rank).
 # BF16 on TRT-LLM: SGLang pads I per rank to 128 and shards I by the padded size; on CUTLASS
-# its bytes are vLLM's.
+# its bytes are vLLM's. DeepSeek FP8 block on TRT-LLM: [up; gate] MajorK, unshuffled, the
+# block scales as loaded (unclamped).
 LAYOUTS = {
     ("bf16", "trtllm"): Layout(shard_padded=True),
     ("bf16", "cutlass"): Layout(),
+    ("fp8-block", "trtllm"): Layout(shard_padded=True, shuffled=False, clamped=False),
 }
 
 # Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
@@ -65,6 +67,7 @@ NO_FLASHINFER = {
 METHODS = {
     ("bf16", "trtllm"): "UnquantizedFusedMoEMethod",
     ("bf16", "cutlass"): "UnquantizedFusedMoEMethod",
+    ("fp8-block", "trtllm"): "Fp8MoEMethod",
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
@@ -72,6 +75,7 @@ METHODS = {
 GPU_FAMILY = {
     ("bf16", "trtllm"): "sm100",
     ("bf16", "cutlass"): "sm90+",
+    ("fp8-block", "trtllm"): "sm100",
 }
 
 NOTE = (
