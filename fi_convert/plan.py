@@ -43,16 +43,29 @@ class Options:
     max_memory: int = DEFAULT_MAX_MEMORY
     # plan an output that its server cannot serve (`ServerTarget.unservable`); refused otherwise
     allow_unservable: bool = False
-    server: str = DEFAULT  # the server the output is for (`fi_convert.servers`)
+    # the server the output is for (`fi_convert.servers`), or several, comma-separated, where
+    # their bytes are the same ("vllm,sglang"): the first is the manifest's `server`
+    server: str = DEFAULT
 
     def __post_init__(self) -> None:  # accept plain strings from library callers
         object.__setattr__(self, "scheme", SchemeName(self.scheme))
         object.__setattr__(self, "backend", Backend(self.backend))
+        names = [n.strip() for n in str(self.server).split(",")]
+        object.__setattr__(self, "server", ",".join(dict.fromkeys(names)))
+
+    @property
+    def server_names(self) -> tuple[str, ...]:
+        return tuple(self.server.split(","))
 
     @property
     def target(self) -> ServerTarget:
-        """The facts of the server the output is for."""
-        return resolve(self.server)
+        """The facts of the server the output is for (the first, of several)."""
+        return resolve(self.server_names[0])
+
+    @property
+    def targets(self) -> list[ServerTarget]:
+        """The facts of every server the output is for."""
+        return [resolve(n) for n in self.server_names]
 
 
 @dataclass
@@ -102,6 +115,11 @@ class Plan:
         return self.scheme.value, self.options.backend.value, self.options.tp_size
 
     @property
+    def marker_note(self) -> str:
+        """config.json's note: how each server the output is for serves it."""
+        return " | ".join(t.marker_note(*self.serving) for t in self.options.targets)
+
+    @property
     def bytes_to_write(self) -> int:
         return sum(s.nbytes for s in self.shards)
 
@@ -132,6 +150,7 @@ class Plan:
             "backend": self.options.backend.value,
             "tp_size": self.options.tp_size,
             "server": self.options.server,
+            "servers": list(self.options.server_names),
             "moe_layers": len(self.layers),
             "num_experts": self.layers[0].info["num_experts"],
             "layers": {lp.prefix: _layer_summary(lp) for lp in self.layers},
@@ -180,7 +199,7 @@ def make_plan(source: str | Path, options: Options) -> Plan:
 
 
 def _make_plan(source: str | Path, options: Options) -> Plan:
-    target = options.target  # an unknown server fails before any reading
+    target = options.targets[0]  # an unknown server fails before any reading
     ckpt = open_checkpoint(source)
     _refuse_an_output(ckpt.root, ckpt.config)
     family, layers = find_family(ckpt)
@@ -224,7 +243,34 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     refusal = target.unservable(name.value, options.backend.value, [lp.info for lp in lps])
     if refusal and not options.allow_unservable:
         raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, refusal))
+    for other in options.server_names[1:]:
+        _same_for(ckpt, layers, name, options, lps, other)
     return plan
+
+
+def _same_for(
+    ckpt: Checkpoint,
+    layers: list,
+    name: SchemeName,
+    options: Options,
+    lps: list[LayerPlan],
+    other: str,
+) -> None:
+    """One output for several servers (`--server vllm,sglang`) only where each one's plan
+    gives the first one's bytes: refused otherwise, naming the first tensor that differs."""
+    first = options.server_names[0]
+    head = f"--scheme {name.value} --backend {options.backend.value} --server {options.server}"
+    why, unservable, theirs = _plan_layers(
+        ckpt, layers, name, options.backend, replace(options, server=other)
+    )
+    if why is not None and not (unservable and options.allow_unservable):
+        raise SchemeMismatchError(f"{head}: not for {other}: {why}; convert for {first} alone")
+    diff = first_difference(lps, theirs, (first, other))
+    if diff:
+        raise SchemeMismatchError(
+            f"{head}: {first} and {other} hold other bytes of this checkpoint (first {diff}); "
+            f"convert once for each (--server {first}, --server {other})"
+        )
 
 
 # ---------------------------------------------------------------- what else a checkpoint takes
@@ -365,17 +411,19 @@ class ServerChoice:
 def servers(plan: Plan) -> list[ServerChoice]:
     """Each registered server's `ServerChoice` for the plan's scheme, backend and TP size."""
     _, layers = find_family(plan.ckpt)
-    own = plan.options.server
+    own = plan.options.server_names[0]
     out = []
     for name in server_names():
         opts = replace(plan.options, server=name)
         why, _, lps = _plan_layers(plan.ckpt, layers, plan.scheme, plan.options.backend, opts)
         note = ""
-        if why is None and name == own:
+        if why is None and name in plan.options.server_names:
             note = "this plan"
         elif why is None:
             diff = first_difference(plan.layers, lps, (own, name))
             note = f"other bytes, first {diff}" if diff else f"the same bytes as for {own}"
+            if not diff:
+                note += f" (one output serves both: --server {own},{name})"
         out.append(ServerChoice(name, why, note, opts.target.serve_command("OUT", *plan.serving)))
     return out
 

@@ -143,7 +143,8 @@ def test_inspect_bf16_qwen3_lists_what_it_takes(ckpts):
     assert got[servers + 1 :] == [
         "  vllm: this plan; serve with `vllm serve OUT --load-format fi-convert -tp 1 "
         "--moe-backend flashinfer_trtllm`",
-        "  sglang: the same bytes as for vllm; serve with `python -m sglang.launch_server "
+        "  sglang: the same bytes as for vllm (one output serves both: --server vllm,sglang); "
+        "serve with `python -m sglang.launch_server "
         "--model-path OUT --load-format fi-convert --moe-runner-backend flashinfer_trtllm`",
     ]
 

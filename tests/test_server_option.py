@@ -89,7 +89,7 @@ def test_the_manifest_names_the_server_and_its_releases(converted):
 def test_config_json_and_the_card_say_how_to_serve_it(converted):
     qc = json.loads((converted["sglang"] / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == "fi-convert"
-    assert LAUNCH in qc["note"] and "not for vLLM" in qc["note"]
+    assert LAUNCH in qc["note"] and "vllm serve" not in qc["note"]
     card = model_card(manifest(converted["sglang"]), repo_id="org/mixtral-sglang")
     assert LAUNCH.replace("DIR", "LOCAL_DIR") in card
     assert "--tp-size 2 --server sglang" in card
@@ -209,7 +209,9 @@ def test_inspect_shows_what_each_server_gets(ckpts):
     assert got[at + 2].startswith("  sglang: this plan; serve with `python -m sglang.launch_")
     cut = cli("inspect", ckpts["mixtral"], "--tp-size", "2", "--backend", "cutlass", "--json")
     servers = {s["server"]: s for s in json.loads(cut.stdout)["servers"]}
-    assert servers["sglang"]["layout"] == "the same bytes as for vllm"
+    assert servers["sglang"]["layout"] == (
+        "the same bytes as for vllm (one output serves both: --server vllm,sglang)"
+    )
     assert servers["sglang"]["serve"].endswith("--moe-runner-backend flashinfer_cutlass --tp 2")
 
 
@@ -235,3 +237,88 @@ def test_fp8_block_for_sglang_converts_and_verifies(ckpts, tmp_path):
     (line,) = [x for x in got if x.startswith("  sglang: ")]
     first = 'w13_weight: layout (the element order) is "BlockMajorK" for vllm, "MajorK" for sglang'
     assert f"other bytes, first model.layers.1.mlp.experts.{first}" in line
+
+
+# ---- one output for both servers, where their bytes are the same ----
+
+
+@pytest.mark.parametrize(("backend", "tp"), [("cutlass", 2), ("trtllm", 1)])
+def test_one_output_for_both_servers(ckpts, tmp_path, backend, tp):
+    """BF16 on CUTLASS at any TP, on TRT-LLM at TP 1: both servers' plans give the same layer
+    entries, so one output declares both; its bytes are each server's own output's (each
+    proven against that server in test_sglang.py / test_vllm.py), and each plugin accepts it."""
+    from fi_convert.servers.sglang import checks as sglang_checks
+
+    outs = {}
+    for server in ("vllm,sglang", "vllm", "sglang"):
+        outs[server] = tmp_path / server
+        args = ["--backend", backend, "--tp-size", str(tp), "--server", server]
+        res = cli("convert", ckpts["mixtral"], outs[server], *args)
+        assert res.exit_code == 0, res.stderr
+    m = manifest(outs["vllm,sglang"])
+    assert (m["server"], m["servers"]) == ("vllm", ["vllm", "sglang"])
+    assert m["target"] == manifest(outs["vllm"])["target"]
+    assert m["targets"] == {s: manifest(outs[s])["target"] for s in ("vllm", "sglang")}
+    assert m["layers"] == manifest(outs["vllm"])["layers"] == manifest(outs["sglang"])["layers"]
+    for rank in range(tp):
+        both = load_moe_layer(outs["vllm,sglang"], MIXTRAL, tp_rank=rank)
+        for server in ("vllm", "sglang"):
+            one = load_moe_layer(outs[server], MIXTRAL, tp_rank=rank)
+            assert all(both[n].equal(one[n]) for n in one) and both.keys() == one.keys()
+    res = cli("verify", outs["vllm,sglang"], "--source", ckpts["mixtral"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    qc = json.loads((outs["vllm,sglang"] / "config.json").read_text())["quantization_config"]
+    assert "vllm serve DIR" in qc["note"] and "sglang.launch_server" in qc["note"]
+    card = model_card(m, repo_id="org/both")
+    assert "vllm serve org/both" in card and "sglang.launch_server" in card
+    assert "| target vLLM | 0.33.0 |" in card and "| target SGLang | 0.5.23 |" in card
+    assert "--server vllm,sglang" in card
+    vllm_checks.check_manifest(m, "OUT", tp_size=tp, use_ep=False, vllm_version="0.33.0")
+    vllm_checks.check_device(m, "OUT", flashinfer_version="0.7.2.post1", capability=(10, 0))
+    flag = f"flashinfer_{backend}"
+    sglang_checks.check_manifest(
+        m, "OUT", tp_size=tp, moe_runner_backend=flag, sglang_version="0.5.23"
+    )
+    sglang_checks.check_device(m, "OUT", flashinfer_version="0.7.2", capability=(10, 0))
+    with pytest.raises(sglang_checks.PluginError, match="converted for SGLang ==0.5.23"):
+        sglang_checks.check_manifest(
+            m, "OUT", tp_size=tp, moe_runner_backend=flag, sglang_version="0.5.24"
+        )
+
+
+def test_both_servers_are_refused_where_their_bytes_differ(ckpts, tmp_path):
+    res = cli("convert", ckpts["mixtral"], tmp_path / "o", "--server", "vllm,sglang", "-tp", "2")
+    assert res.exit_code == 1
+    (line,) = lines(res.stderr)
+    assert line == (
+        "error: --scheme bf16 --backend trtllm --server vllm,sglang: vllm and sglang hold other "
+        "bytes of this checkpoint (first model.layers.0.block_sparse_moe.experts.w13_weight: "
+        'tp_split (the rows of I each TP rank holds) is absent for vllm, "padded" for sglang); '
+        "convert once for each (--server vllm, --server sglang)"
+    )
+    res = cli("convert", ckpts["ds"], tmp_path / "o", "--server", "sglang,vllm", "-tp", "2")
+    assert res.exit_code == 1
+    assert "first model.layers.1.mlp.experts.w13_weight: layout" in res.stderr
+    res = cli("convert", ckpts["ds"], tmp_path / "o", "--server", "vllm,sglang", "-b", "cutlass")
+    assert res.exit_code == 1
+    assert "not for sglang: SGLang 0.5.23 has no FlashInfer CUTLASS path" in res.stderr
+
+
+def test_verify_catches_a_second_server_whose_bytes_differ(converted, tmp_path):
+    """A vLLM output (TRT-LLM, TP 2, I/TP padded) edited to declare SGLang too, with SGLang's
+    target: verify re-plans the layer for SGLang and finds other bytes."""
+    from fi_convert.servers.sglang.target import SGLANG_TARGET
+
+    out = tmp_path / "out"
+    shutil.copytree(converted["vllm"], out)
+    m = manifest(out)
+    m["servers"] = ["vllm", "sglang"]
+    m["targets"] = {"vllm": m["target"], "sglang": SGLANG_TARGET.target_fields("bf16", "trtllm")}
+    (out / MANIFEST_NAME).write_text(json.dumps(m))
+    res = cli("verify", out)
+    assert res.exit_code == 1
+    assert "declared for sglang too, which holds other bytes" in res.stdout + res.stderr
+    m["servers"] = ["vllm"]  # a list of one: not an output for several
+    (out / MANIFEST_NAME).write_text(json.dumps(m))
+    res = cli("verify", out)
+    assert "not two or more servers starting with vllm" in res.stdout + res.stderr

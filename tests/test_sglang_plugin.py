@@ -91,11 +91,11 @@ def outputs(tmp_path_factory, sources):
     root = tmp_path_factory.mktemp("sgl-plugin-out")
     done: dict = {}
 
-    def get(case: str, backend: str, tp: int, sglang: bool = True) -> Path:
-        key = (case, backend, tp, sglang)
+    def get(case: str, backend: str, tp: int, sglang: bool = True, server: str = "") -> Path:
+        server = server or ("sglang" if sglang else "vllm")
+        key = (case, backend, tp, server)
         if key not in done:
-            out = root / "-".join(map(str, key))
-            server = "sglang" if sglang else "vllm"
+            out = root / "-".join(map(str, key)).replace(",", "+")
             opts = Options(SchemeName.AUTO, Backend(backend), tp, server=server)
             convert(sources(case), out, opts, device="cpu")
             done[key] = out
@@ -168,6 +168,24 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         # read in place: the parameters SGLang allocated, no new memory
         now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
         assert now == allocated[id(ours)]
+
+
+@pytest.mark.parametrize(
+    ("case", "backend", "tp"), [("mixtral", "trtllm", 1), ("qwen3", "cutlass", 2)]
+)
+def test_an_output_for_both_servers_loads_as_sglangs_own(case, backend, tp, sources, outputs):
+    """`--server vllm,sglang` (where both servers' bytes are the same): the plugin loads it,
+    every parameter and attribute equal to SGLang's own loading and processing."""
+    ckpt, prefix = sources(case), CASES[case][1]
+    out = outputs(case, backend, tp, server="vllm,sglang")
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    assert m["servers"] == ["vllm", "sglang"]
+    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[backend])
+    for rank in range(tp):
+        theirs = sm.build(backend, tp, rank, ckpt, prefix)
+        ours = plugin_layer(out, ckpt, prefix, backend, tp, rank)
+        assert differing(sm.params(theirs), sm.params(ours)) == []
+        assert state_diff(sm.layer_state(ours), sm.layer_state(theirs)) == []
 
 
 def test_control_another_ranks_bytes_are_caught(sources, outputs):

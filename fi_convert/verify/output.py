@@ -27,13 +27,14 @@ from ..format.names import (
     MANIFEST_NAME,
     STATE_DIR,
     server_of,
+    servers_of,
 )
 from ..names import Backend, SchemeName
 from ..pipeline import resolve_device
-from ..plan import Options, _layer_summary, make_plan
+from ..plan import Options, _layer_summary, first_difference, make_plan
 from ..schemes import REGISTRY
 from ..schemes.base import Ctx
-from ..server_lookup import of_manifest
+from ..server_lookup import resolve
 from ..source import open_checkpoint
 from ..st_io import SourceFiles, TensorInfo, read_header
 from ..target import VLLM_LAYOUT, Layout
@@ -304,7 +305,8 @@ def _layer_problems(
             )
     diffs = [list(_diff(lay, {**want, **extra}, planner.label)) for want in planned]
     best = min(diffs, key=len)  # the source format this layer came from: the closest plan
-    return out + [line for path, line in best if path not in flagged]
+    out += [line for path, line in best if path not in flagged]
+    return out + planner.others_differ(prefix, e, h, i)
 
 
 def _experts_list(v: object, e: int) -> bool:
@@ -360,6 +362,9 @@ class _Planner:
     tp: int
     server: str = DEFAULT_SERVER
     layout: Layout = VLLM_LAYOUT
+    # the other servers an output for several declares, with their layouts: each must plan
+    # the same layer entries (`others_differ`)
+    others: tuple[tuple[str, Layout], ...] = ()
     cache: dict[tuple[int, int, int], list[dict]] = field(default_factory=dict)
 
     @classmethod
@@ -372,13 +377,27 @@ class _Planner:
             return None
         assert backend is not None
         try:
-            server = of_manifest(m)
+            servers = [resolve(n) for n in servers_of(m)]
         except FiConvertError:
             return None
-        if server.refuses(scheme.value, backend.value):
+        if any(t.refuses(scheme.value, backend.value) for t in servers):
             return None
-        layout = server.layout(scheme.value, backend.value)
-        return cls(scheme, backend, m["tp_size"], server.name, layout)
+        layouts = [(t.name, t.layout(scheme.value, backend.value)) for t in servers]
+        return cls(scheme, backend, m["tp_size"], *layouts[0], tuple(layouts[1:]))
+
+    def others_differ(self, prefix: str, e: int, h: int, i: int) -> list[str]:
+        """For an output declared for several servers: the line for each other server whose
+        layout gives this layer other bytes than the first's (their plans differ)."""
+        scheme, out = REGISTRY[self.scheme], []
+        for name, layout in self.others:
+            for layer in scheme.stand_in_layers(prefix, e, h, i):
+                a = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
+                b = scheme.plan_stand_in(layer, self.backend, self.tp, layout=layout)
+                diff = first_difference([a], [b], (self.server, name))
+                if diff:
+                    out.append(f"declared for {name} too, which holds other bytes: {diff}")
+                    break
+        return out
 
     @property
     def label(self) -> str:
@@ -428,9 +447,8 @@ def check_source(
         )
         return
     # the output exists: re-derive it even where vLLM cannot serve it (--allow-unservable)
-    opts = Options(
-        m["scheme"], m["backend"], m["tp_size"], allow_unservable=True, server=server_of(m)
-    )
+    servers = ",".join(servers_of(m))
+    opts = Options(m["scheme"], m["backend"], m["tp_size"], allow_unservable=True, server=servers)
     plan = make_plan(source, opts)
     rep.problems += [f"{where}: {line}" for line in _source_bound(m, plan)]
     dev = resolve_device(device)
@@ -476,7 +494,7 @@ def _side_files(plan, m: dict, card_replaced: bool, rep: Report) -> None:
         if meta is None or (rel == "README.md" and card_replaced):  # a Hub card replaced it
             continue
         if rel == "config.json":
-            marked = served_config.mark(plan.ckpt.config, plan.target.marker_note(*plan.serving))
+            marked = served_config.mark(plan.ckpt.config, plan.marker_note)
             sha = hashlib.sha256(marked).hexdigest()
         else:
             sha = sha256_file(plan.ckpt.root / rel)
@@ -577,7 +595,7 @@ def refuse_against_flashinfer(root: Path, m: dict) -> None:
     """`--against-flashinfer` re-derives the bytes with vLLM 0.33's load-time pipeline
     (`flashinfer_reference`): another server's output is refused, not compared with it."""
     server = server_of(m)
-    if server != DEFAULT_SERVER:
+    if DEFAULT_SERVER not in servers_of(m):
         raise FiConvertError(
             f"{root}: an output for {server}, and --against-flashinfer re-derives vLLM 0.33's "
             f"load-time pipeline, not {server}'s; verify it against the source without "

@@ -81,7 +81,7 @@ GPU_FAMILY = {
 NOTE = (
     "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert for SGLang "
     "{sglang}: serve with `{launch}` (fi-convert's SGLang plugin: fi-convert installed with its "
-    "sglang extra); not for vLLM"
+    "sglang extra)"
 )
 EP_NOTE = "EP size 1: fi-convert's SGLang plugin does not load experts under expert parallelism yet"
 
