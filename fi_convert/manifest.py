@@ -13,18 +13,42 @@ import os
 from pathlib import Path
 
 from . import __version__
+from .errors import FiConvertError
 from .families import all_families
-from .format.names import FORMAT, FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME
+from .format.names import (
+    DEFAULT_SERVER,
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    SERVER_FIELD,
+    SERVERS_FIELD,
+    TARGETS_FIELD,
+)
 from .names import Backend
 from .plan import Plan
 from .schemes import REGISTRY
-from .server_lookup import of_manifest
+from .server_lookup import of_manifest, resolve
 from .st_io import TMP_SUFFIX
+from .target import ServerTarget
+
+
+def target_fields(server: ServerTarget, scheme: str, backend: str) -> dict:
+    """A server's `target`: the releases an output's bytes are, and where it runs them."""
+    return {**server.versions, "gpu_family": server.gpu_family(backend, scheme)}
 
 
 def build(plan: Plan, files: dict[str, dict]) -> dict:
     layers = plan.summary()["layers"]
     scheme, backend, server = plan.scheme.value, plan.options.backend.value, plan.target
+    several = {}
+    if len(plan.options.targets) > 1:
+        several = {
+            SERVERS_FIELD: list(plan.options.server_names),
+            TARGETS_FIELD: {
+                t.name: target_fields(t, scheme, backend) for t in plan.options.targets
+            },
+        }
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -32,7 +56,9 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "scheme": scheme,
         "backend": backend,
         "tp_size": plan.options.tp_size,
-        "target": {**server.versions, "gpu_family": server.gpu_family(backend, scheme)},
+        SERVER_FIELD: server.name,
+        **several,
+        "target": target_fields(server, scheme, backend),
         "expert_parallel": server.ep_note(scheme, layers),
         "source": {
             "model_type": plan.ckpt.model_type,
@@ -55,6 +81,8 @@ def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
     o = plan.options
     cmd = f"fi-convert {repo_id} OUT_DIR --revision {commit} --scheme {plan.scheme.value} "
     cmd += f"--backend {o.backend.value} --tp-size {o.tp_size}"
+    if o.server != DEFAULT_SERVER:
+        cmd += f" --server {o.server}"
     if o.max_shard_bytes:
         cmd += f" --max-shard-size {o.max_shard_bytes}"
     return {"repo_id": repo_id, "revision": commit, "command": cmd}
@@ -139,10 +167,19 @@ def check_fields(m: dict) -> list[str]:
     """What in the manifest's own fields (all but `layers`, which `verify` re-plans) is not a
     value this fi-convert writes: one line per field, `[]` when all are. `m` passed `read`."""
     out: list[str] = []
-    server = of_manifest(m)
 
     def bad(field: str, value: object, want: str) -> None:
         out.append(f"{field} is {show(value)}, {want}")
+
+    try:
+        server = of_manifest(m)
+    except FiConvertError as e:  # a server this fi-convert does not know: checked as vLLM's
+        bad(SERVER_FIELD, m.get(SERVER_FIELD), str(e))
+        server = resolve(DEFAULT_SERVER)
+    if SERVER_FIELD in m and not isinstance(m[SERVER_FIELD], str):
+        bad(SERVER_FIELD, m[SERVER_FIELD], "not a server's name")
+    others = _several_problems(m, server.name)
+    out += others
 
     out += [f"{key!r} is missing" for key in FIELDS if key not in m]
     if type(m.get("format_version")) is not int:
@@ -160,6 +197,9 @@ def check_fields(m: dict) -> list[str]:
         have = ", ".join(b.value for b in REGISTRY[scheme].backends)
         bad("backend", m["backend"], f"which scheme {scheme.value} has not (it has {have})")
     if scheme is not None and backend is not None:
+        refused = server.refuses(scheme.value, backend.value)
+        if refused:
+            bad("scheme", m["scheme"], f"with backend {backend.value} for {server.name}: {refused}")
         want = {**server.versions, "gpu_family": server.gpu_family(backend.value, scheme.value)}
         target = m.get("target")
         if not isinstance(target, dict):
@@ -187,6 +227,35 @@ def check_fields(m: dict) -> list[str]:
         out.append(f"files does not list {INDEX_NAME}")
     if not m["layers"]:
         out.append("layers is empty: an output has at least one converted MoE layer")
+    return out
+
+
+def _several_problems(m: dict, first: str) -> list[str]:
+    """An output for several servers: `servers` lists two or more known servers, the first
+    being `server`, and `targets` holds each one's target (checked with the fields, below)."""
+    names, targets = m.get(SERVERS_FIELD), m.get(TARGETS_FIELD)
+    if names is None and targets is None:
+        return []
+    if names is None:
+        return [f"{TARGETS_FIELD} is there without {SERVERS_FIELD}"]
+    ok = isinstance(names, list) and len(names) >= 2 and len(set(map(str, names))) == len(names)
+    if not ok or names[0] != first:
+        return [f"{SERVERS_FIELD} is {show(names)}, not two or more servers starting with {first}"]
+    if not isinstance(targets, dict) or sorted(targets) != sorted(names):
+        return [f"{TARGETS_FIELD} is {show(targets)}, not one target for each of {show(names)}"]
+    out = []
+    for name in names:
+        try:
+            server = resolve(name)
+        except FiConvertError as e:
+            out.append(f"{SERVERS_FIELD} names {show(name)}: {e}")
+            continue
+        want = target_fields(server, str(m.get("scheme")), str(m.get("backend")))
+        if not same(targets[name], want):
+            out.append(f"{TARGETS_FIELD}.{name} is {show(targets[name])}, not {show(want)}")
+        refused = server.refuses(str(m.get("scheme")), str(m.get("backend")))
+        if refused:
+            out.append(f"{SERVERS_FIELD} names {name}, for which {refused}")
     return out
 
 

@@ -117,7 +117,7 @@ class Target:
         for rel in plan.side_files:
             p = plan.ckpt.root / rel
             if rel == CONFIG_NAME:  # marked so that no server loads it as the source
-                side[rel] = config_marker.mark(plan.ckpt.config, plan.target.marker_note)
+                side[rel] = config_marker.mark(plan.ckpt.config, plan.marker_note)
                 meta[rel] = _meta(side[rel])  # type: ignore[arg-type]
                 continue
             side[rel] = p

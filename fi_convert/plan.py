@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import __version__, jsontext, schemes
@@ -20,6 +20,7 @@ from .format.names import INDEX_NAME, MANIFEST_NAME
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .paths import model_error, out_exists
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
+from .server_lookup import names as server_names
 from .server_lookup import resolve
 from .source import (
     PICKLE_SUFFIXES,
@@ -31,7 +32,7 @@ from .source import (
     open_checkpoint,
 )
 from .st_io import OutEntry, TensorInfo
-from .target import DEFAULT, Refusal, ServerTarget
+from .target import DEFAULT, Layout, Refusal, ServerTarget
 
 
 @dataclass(frozen=True)
@@ -43,16 +44,29 @@ class Options:
     max_memory: int = DEFAULT_MAX_MEMORY
     # plan an output that its server cannot serve (`ServerTarget.unservable`); refused otherwise
     allow_unservable: bool = False
-    server: str = DEFAULT  # the server the output is for (`fi_convert.servers`)
+    # the server the output is for (`fi_convert.servers`), or several, comma-separated, where
+    # their bytes are the same ("vllm,sglang"): the first is the manifest's `server`
+    server: str = DEFAULT
 
     def __post_init__(self) -> None:  # accept plain strings from library callers
         object.__setattr__(self, "scheme", SchemeName(self.scheme))
         object.__setattr__(self, "backend", Backend(self.backend))
+        names = [n.strip() for n in str(self.server).split(",")]
+        object.__setattr__(self, "server", ",".join(dict.fromkeys(names)))
+
+    @property
+    def server_names(self) -> tuple[str, ...]:
+        return tuple(self.server.split(","))
 
     @property
     def target(self) -> ServerTarget:
-        """The facts of the server the output is for."""
-        return resolve(self.server)
+        """The facts of the server the output is for (the first, of several)."""
+        return resolve(self.server_names[0])
+
+    @property
+    def targets(self) -> list[ServerTarget]:
+        """The facts of every server the output is for."""
+        return [resolve(n) for n in self.server_names]
 
 
 @dataclass
@@ -97,6 +111,16 @@ class Plan:
         return self.options.target
 
     @property
+    def serving(self) -> tuple[str, str, int]:
+        """(scheme, backend, tp size): what a server's facts take to say how to serve it."""
+        return self.scheme.value, self.options.backend.value, self.options.tp_size
+
+    @property
+    def marker_note(self) -> str:
+        """config.json's note: how each server the output is for serves it."""
+        return " | ".join(t.marker_note(*self.serving) for t in self.options.targets)
+
+    @property
     def bytes_to_write(self) -> int:
         return sum(s.nbytes for s in self.shards)
 
@@ -112,6 +136,7 @@ class Plan:
             "scheme": self.scheme.value,
             "backend": self.options.backend.value,
             "tp": self.options.tp_size,
+            **({"server": self.options.server} if self.options.server != DEFAULT else {}),
             "shards": [[s.name, [i.entry.name for i in s.items]] for s in self.shards],
         }
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
@@ -125,6 +150,8 @@ class Plan:
             "scheme_detected": self.detected,
             "backend": self.options.backend.value,
             "tp_size": self.options.tp_size,
+            "server": self.options.server,
+            "servers": list(self.options.server_names),
             "moe_layers": len(self.layers),
             "num_experts": self.layers[0].info["num_experts"],
             "layers": {lp.prefix: _layer_summary(lp) for lp in self.layers},
@@ -173,7 +200,7 @@ def make_plan(source: str | Path, options: Options) -> Plan:
 
 
 def _make_plan(source: str | Path, options: Options) -> Plan:
-    target = options.target  # an unknown server fails before any reading
+    target = options.targets[0]  # an unknown server fails before any reading
     ckpt = open_checkpoint(source)
     _refuse_an_output(ckpt.root, ckpt.config)
     family, layers = find_family(ckpt)
@@ -192,10 +219,14 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
             f"--scheme {name.value} --backend {options.backend.value}: {why}; "
             f"use --backend {scheme.backends[0].value}"
         )
+    refused = target.refuses(name.value, options.backend.value)
+    if refused:
+        raise SchemeMismatchError(_refused_line(ckpt, layers, name, options, refused))
+    layout = layout_of(target, scheme, options.backend)
     lps = []
     for layer in layers:
         scheme.check(ckpt, layer)
-        lp = scheme.plan_layer(layer, options.backend, options.tp_size)
+        lp = scheme.plan_layer(layer, options.backend, options.tp_size, layout=layout)
         for key in family.manifest_keys:
             lp.info[key] = config_field(ckpt.config, key)
         lps.append(lp)
@@ -213,7 +244,34 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     refusal = target.unservable(name.value, options.backend.value, [lp.info for lp in lps])
     if refusal and not options.allow_unservable:
         raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, refusal))
+    for other in options.server_names[1:]:
+        _same_for(ckpt, layers, name, options, lps, other)
     return plan
+
+
+def _same_for(
+    ckpt: Checkpoint,
+    layers: list,
+    name: SchemeName,
+    options: Options,
+    lps: list[LayerPlan],
+    other: str,
+) -> None:
+    """One output for several servers (`--server vllm,sglang`) only where each one's plan
+    gives the first one's bytes: refused otherwise, naming the first tensor that differs."""
+    first = options.server_names[0]
+    head = f"--scheme {name.value} --backend {options.backend.value} --server {options.server}"
+    why, unservable, theirs = _plan_layers(
+        ckpt, layers, name, options.backend, replace(options, server=other)
+    )
+    if why is not None and not (unservable and options.allow_unservable):
+        raise SchemeMismatchError(f"{head}: not for {other}: {why}; convert for {first} alone")
+    diff = first_difference(lps, theirs, (first, other))
+    if diff:
+        raise SchemeMismatchError(
+            f"{head}: {first} and {other} hold other bytes of this checkpoint (first {diff}); "
+            f"convert once for each (--server {first}, --server {other})"
+        )
 
 
 # ---------------------------------------------------------------- what else a checkpoint takes
@@ -252,18 +310,60 @@ def source_scheme(ckpt: Checkpoint, layers: list) -> SchemeName | None:
 def _why_not(ckpt: Checkpoint, layers: list, name: SchemeName, backend: Backend, options: Options):
     """(why this scheme x backend cannot take the checkpoint or None, whether the reason is
     only that its server cannot serve the output)."""
+    why, unservable, _ = _plan_layers(ckpt, layers, name, backend, options)
+    return why, unservable
+
+
+def _plan_layers(
+    ckpt: Checkpoint, layers: list, name: SchemeName, backend: Backend, options: Options
+) -> tuple[str | None, bool, list[LayerPlan]]:
+    """`_why_not`, and the layers' plans (empty where it does not plan)."""
     scheme, target = schemes.get(name), options.target
     if backend not in scheme.backends:
-        return target.no_path(name.value, backend.value), False
+        return target.no_path(name.value, backend.value), False, []
+    refused = target.refuses(name.value, backend.value)
+    if refused:
+        return refused, False, []
     try:
+        layout = layout_of(target, scheme, backend)
         lps = []
         for layer in layers:
             scheme.check(ckpt, layer)
-            lps.append(scheme.plan_layer(layer, backend, options.tp_size))
+            lps.append(scheme.plan_layer(layer, backend, options.tp_size, layout=layout))
     except FiConvertError as e:
-        return str(e), False
+        return str(e), False, []
     refusal = target.unservable(name.value, backend.value, [lp.info for lp in lps])
-    return (refusal.why, True) if refusal else (None, False)
+    return (refusal.why, True, lps) if refusal else (None, False, lps)
+
+
+# What a field of a layer entry (or of a tensor's) that differs between servers changes
+WHY = {"tp_split": "the rows of I each TP rank holds", "layout": "the element order"}
+FIRST = ("dtype", "layout")  # a tensor's fields said first where they differ
+
+
+def first_difference(a: list[LayerPlan], b: list[LayerPlan], names: tuple[str, str]) -> str | None:
+    """Where two plans of one checkpoint (the same scheme, backend and TP size, for the two
+    servers `names`) give other bytes: the first tensor whose entry (dtype, shape, layout)
+    differs, or whose layer's entry does (`tp_split`), and how; None when every layer entry
+    is the same, which fixes every byte (docs/FORMAT.md)."""
+
+    def line(where: str, key: str, x: object, y: object) -> str:
+        why = f" ({WHY[key]})" if key in WHY else ""
+        x, y = ("absent" if v is None else json.dumps(v) for v in (x, y))
+        return f"{where}: {key}{why} is {x} for {names[0]}, {y} for {names[1]}"
+
+    for p, q in zip(a, b, strict=True):
+        sp, sq = _layer_summary(p), _layer_summary(q)
+        for name in sp["tensors"]:
+            tp, tq = sp["tensors"][name], sq["tensors"].get(name, {})
+            for key in sorted(set(tp) | set(tq), key=lambda k: (k not in FIRST, k)):
+                if tp.get(key) != tq.get(key):
+                    return line(f"{p.prefix}.{name}", key, tp.get(key), tq.get(key))
+        for key in sorted((set(sp) | set(sq)) - {"tensors"}):
+            if sp.get(key) != sq.get(key):
+                first = f"{p.prefix}.{next(iter(sp['tensors']))}"
+                return line(first, key, sp.get(key), sq.get(key))
+    return None
 
 
 def _choices(ckpt: Checkpoint, layers: list, options: Options) -> list[Choice]:
@@ -288,6 +388,47 @@ def choices(plan: Plan) -> list[Choice]:
     return _choices(plan.ckpt, layers, plan.options)
 
 
+@dataclass(frozen=True)
+class ServerChoice:
+    """What one server (`--server`) would get of a plan's scheme, backend and TP size: why
+    fi-convert writes no output of it for that server (None: it writes one), how its layout
+    compares with the plan's server's, and its serve line."""
+
+    server: str
+    why_not: str | None
+    layout_note: str
+    serve: str
+
+    def summary(self) -> dict:
+        return {
+            "server": self.server,
+            "ok": self.why_not is None,
+            "why_not": self.why_not,
+            "layout": self.layout_note,
+            "serve": self.serve,
+        }
+
+
+def servers(plan: Plan) -> list[ServerChoice]:
+    """Each registered server's `ServerChoice` for the plan's scheme, backend and TP size."""
+    _, layers = find_family(plan.ckpt)
+    own = plan.options.server_names[0]
+    out = []
+    for name in server_names():
+        opts = replace(plan.options, server=name)
+        why, _, lps = _plan_layers(plan.ckpt, layers, plan.scheme, plan.options.backend, opts)
+        note = ""
+        if why is None and name in plan.options.server_names:
+            note = "this plan"
+        elif why is None:
+            diff = first_difference(plan.layers, lps, (own, name))
+            note = f"other bytes, first {diff}" if diff else f"the same bytes as for {own}"
+            if not diff:
+                note += f" (one output serves both: --server {own},{name})"
+        out.append(ServerChoice(name, why, note, opts.target.serve_command("OUT", *plan.serving)))
+    return out
+
+
 def servable_list(cs: list[Choice]) -> str:
     """'bf16 (trtllm, cutlass), mxfp8 (trtllm)': the schemes that plan and serve."""
     by: dict[SchemeName, list[str]] = {}
@@ -305,6 +446,31 @@ def _unservable_line(
     return (
         f"--scheme {name.value} --backend {options.backend.value}: {refusal.why}; "
         f"servable instead: {alts}; --allow-unservable converts it anyway"
+    )
+
+
+def layout_of(target: ServerTarget, scheme: schemes.Scheme, backend: Backend) -> Layout:
+    """The layout variant the server needs for the scheme on the backend, which the scheme
+    must implement (`Scheme.variants`)."""
+    layout = target.layout(scheme.name.value, backend.value)
+    missing = sorted(layout.variants() - scheme.variants)
+    if missing:
+        raise SchemeMismatchError(
+            f"--scheme {scheme.name.value} --backend {backend.value} --server {target.name}: "
+            f"the scheme does not implement the server's layout ({', '.join(missing)}); use "
+            "--server vllm"
+        )
+    return layout
+
+
+def _refused_line(
+    ckpt: Checkpoint, layers: list, name: SchemeName, options: Options, why: str
+) -> str:
+    ok = servable_list(_choices(ckpt, layers, options))
+    alts = f"; servable for {options.server} instead: --scheme {ok}" if ok else ""
+    return (
+        f"--scheme {name.value} --backend {options.backend.value} --server {options.server}: "
+        f"{why}{alts}; or convert for vLLM (--server vllm)"
     )
 
 

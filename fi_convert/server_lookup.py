@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 
+from .format.names import server_of
 from .target import DEFAULT, ServerTarget
 
 
@@ -18,7 +19,13 @@ def resolve(name: str = DEFAULT) -> ServerTarget:
     return target
 
 
+def names() -> list[str]:
+    """Every registered server's name, the default first."""
+    servers = importlib.import_module("fi_convert.servers")
+    return list(servers.TARGETS)
+
+
 def of_manifest(manifest: Mapping) -> ServerTarget:
-    """The server an output is for. Every output so far is vLLM's (its manifest's `target`
-    names vLLM's releases): no manifest names another yet."""
-    return resolve(DEFAULT)
+    """The server an output is for: its manifest's `server` (a manifest without it: vLLM's).
+    A name this fi-convert does not know is a FiConvertError that names the known ones."""
+    return resolve(server_of(dict(manifest)))

@@ -11,9 +11,39 @@ server's package: `fi_convert.server_lookup` looks the name up in the registry w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import NamedTuple, Protocol
 
 DEFAULT = "vllm"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where servers lay out a scheme's bytes differently, as the variant one server's
+    load-time processing gives: the server states which variant it needs for a scheme and
+    backend (`ServerTarget.layout`), the scheme implements the mechanics of each (a scheme
+    lists the variants it implements in `Scheme.variants`; planning refuses any other).
+    The defaults are vLLM 0.33's."""
+
+    # How the intermediate size I is split over TP ranks where it is padded per rank to I_p:
+    # False, split evenly (I/TP rows each) and then padded (vLLM); True, rank r takes rows
+    # [r*I_p, (r+1)*I_p) of I, as many as there are, and zeros after (SGLang on TRT-LLM)
+    shard_padded: bool = False
+    # fp8-block on TRT-LLM: row shuffle (tile 64) and BlockMajorK (vLLM); False: MajorK as
+    # loaded (SGLang)
+    shuffled: bool = True
+    # fp8-block: block scales clamped to >= 1e-10 (vLLM); False: as loaded (SGLang)
+    clamped: bool = True
+
+    def variants(self) -> frozenset[str]:
+        """The fields that differ from vLLM's layout: what the scheme must implement."""
+        base = Layout()
+        return frozenset(
+            f.name for f in fields(self) if getattr(self, f.name) != getattr(base, f.name)
+        )
+
+
+VLLM_LAYOUT = Layout()
 
 
 class Refusal(NamedTuple):
@@ -31,6 +61,11 @@ class ServerTarget(Protocol):
         ...
 
     @property
+    def label(self) -> str:
+        """Its name as people write it ("vLLM")."""
+        ...
+
+    @property
     def versions(self) -> Mapping[str, str]:
         """The manifest's `target` (beside `gpu_family`): the releases whose load-time
         processing gives the output's bytes, and the version specifiers a loader accepts."""
@@ -41,13 +76,21 @@ class ServerTarget(Protocol):
         """The schemes it serves from a tp 1 output at any EP size."""
         ...
 
-    @property
-    def marker_note(self) -> str:
+    def marker_note(self, scheme: str, backend: str, tp: int) -> str:
         """The output config.json's note: how to serve the output."""
         ...
 
     def no_path(self, scheme: str, backend: str) -> str:
         """Why it has no path for a backend the scheme does not implement."""
+        ...
+
+    def refuses(self, scheme: str, backend: str) -> str | None:
+        """Why fi-convert writes no output of this scheme and backend (one the scheme has) for
+        it: no FlashInfer path of its own, or a layout not done yet; None when it writes one."""
+        ...
+
+    def layout(self, scheme: str, backend: str) -> Layout:
+        """The layout variant its load-time processing gives the scheme on the backend."""
         ...
 
     def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:

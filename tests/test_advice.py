@@ -128,7 +128,8 @@ def test_inspect_bf16_qwen3_lists_what_it_takes(ckpts):
         "  mxfp8 (trtllm): BF16 -> mxfp8 quantizes: loses precision",
         "and cannot take:",
     ]
-    cannot = got[start + 5 :]
+    servers = got.index("servers (--server; bf16, trtllm, tp 1):")
+    cannot = got[start + 5 : servers]
     assert (
         f"  fp8-tensor (trtllm, cutlass): the experts are BF16, {UNSERVABLE}; "
         "--allow-unservable converts it anyway"
@@ -139,6 +140,14 @@ def test_inspect_bf16_qwen3_lists_what_it_takes(ckpts):
         (line,) = [x for x in cannot if x.startswith(f"  {scheme} (trtllm, cutlass): ")]
         assert "BF16" in line or "gpt-oss" in line, line
     assert len(cannot) == 5
+    # what each server would get: at TP 1 SGLang's BF16 bytes are vLLM's
+    assert got[servers + 1 :] == [
+        "  vllm: this plan; serve with `vllm serve OUT --load-format fi-convert -tp 1 "
+        "--moe-backend flashinfer_trtllm`",
+        "  sglang: the same bytes as for vllm (one output serves both: --server vllm,sglang); "
+        "serve with `python -m sglang.launch_server "
+        "--model-path OUT --load-format fi-convert --moe-runner-backend flashinfer_trtllm`",
+    ]
 
 
 def test_inspect_fp8_deepseek_keeps_the_bytes(ckpts):
@@ -151,7 +160,8 @@ def test_inspect_fp8_deepseek_keeps_the_bytes(ckpts):
         "  fp8-block (trtllm, cutlass): FP8 -> fp8-block keeps the source's bytes",
         "and cannot take:",
     ]
-    cannot = got[start + 4 :]
+    servers = got.index("servers (--server; fp8-block, trtllm, tp 2):")
+    cannot = got[start + 4 : servers]
     assert [x.split(":")[0] for x in cannot] == [
         "  bf16 (trtllm, cutlass)",
         "  fp8-tensor (trtllm, cutlass)",

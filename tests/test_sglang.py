@@ -171,18 +171,20 @@ def sglang_layers(checkpoints):
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory, checkpoints):
-    """fi-convert's current (vLLM 0.33-target) output for (case, tp, backend)."""
+    """fi-convert's output for (case, tp, backend, server): the vLLM 0.33-target one by
+    default, SGLang's with server "sglang"."""
     root = tmp_path_factory.mktemp("sglang-out")
     done: dict = {}
 
-    def get(case: str, tp: int, backend: str = "trtllm"):
-        if (case, tp, backend) not in done:
-            out = root / f"{case}-{tp}-{backend}"
+    def get(case: str, tp: int, backend: str = "trtllm", server: str = "vllm"):
+        key = (case, tp, backend, server)
+        if key not in done:
+            out = root / "-".join(map(str, key))
             scheme = SchemeName(CASES[case][0])
-            opts = Options(scheme=scheme, backend=Backend(backend), tp_size=tp)
+            opts = Options(scheme=scheme, backend=Backend(backend), tp_size=tp, server=server)
             convert(checkpoints[case], out, opts, device="cpu")
-            done[case, tp, backend] = out
-        return done[case, tp, backend]
+            done[key] = out
+        return done[key]
 
     return get
 
@@ -415,6 +417,56 @@ def test_sglang_layer_state(sglang_layers):
     fp8 = sm.layer_state(sglang_layers("deepseek-fp8-block", 2, 0))
     assert fp8["layer.quant_method"] == "Fp8MoEMethod"
     assert fp8["layer.intermediate_size_per_partition"] == 256
+
+
+# ---- (c) fi-convert's --server sglang output: SGLang's own bytes ----
+
+# Every TP size and rank. BF16 on both backends: Qwen3-MoE (I/TP a multiple of 128), Mixtral
+# with 7 experts and I 192 (I/TP 192, 96, 48: padded, and sharded by the padded size on
+# TRT-LLM), the transformers-written ones (I/TP 128, 64, 32) on TRT-LLM. DeepSeek FP8 block on
+# TRT-LLM (MajorK, unshuffled, unclamped: rank 0 holds a scale of 1e-23)
+SGLANG_CASES = [
+    (case, tp, rank, backend)
+    for case in ("qwen3-bf16", "mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral", "deepseek-fp8-block")
+    for backend in ("trtllm", "cutlass")
+    for tp in (1, 2, 4)
+    for rank in range(tp)
+    if backend == "trtllm" or case in ("qwen3-bf16", "mixtral-bf16-7")
+]
+
+
+@pytest.mark.parametrize(("case", "tp", "rank", "backend"), SGLANG_CASES)
+def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_layers, outputs):
+    """`--server sglang`: every tensor of the rank is the bytes SGLang's own FusedMoE holds
+    after its weight loading and processing of the source (names, dtypes, sizes, bytes)."""
+    prefix = CASES[case][2]
+    out = outputs(case, tp, backend, "sglang")
+    ours = load_moe_layer(out, prefix, tp_rank=rank)
+    layer = sglang_layers(case, tp, rank, backend)
+    assert layer.runner_backend.value == sm.BACKEND[backend]
+    assert_same(sm.params(layer), ours, "SGLang's own")
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert m["server"] == "sglang" and m["target"]["sglang"] == "0.5.23"
+    # recorded where SGLang's split is not the even one: I/TP padded (Mixtral at TP 2 and 4,
+    # the transformers-written ones at TP 2 and 4), on TRT-LLM
+    split = m["layers"][prefix].get("tp_split")
+    padded = (
+        backend == "trtllm" and tp > 1 and case in ("mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral")
+    )
+    assert split == ("padded" if padded else None)
+
+
+def test_sglang_output_control_vllm_split_differs(outputs, sglang_layers):
+    """The control: where SGLang shards by the padded size (Mixtral I 192 at TP 2), the vLLM
+    output's rank 1 is not SGLang's, the SGLang output's is; and rank 0's SGLang bytes are
+    not rank 1's."""
+    prefix = CASES["mixtral-bf16-7"][2]
+    theirs = sm.params(sglang_layers("mixtral-bf16-7", 2, 1))
+    vllm = load_moe_layer(outputs("mixtral-bf16-7", 2), prefix, tp_rank=1)
+    assert differing(theirs, vllm) == ["w13_weight", "w2_weight"]
+    sgl = outputs("mixtral-bf16-7", 2, "trtllm", "sglang")
+    assert differing(theirs, load_moe_layer(sgl, prefix, tp_rank=1)) == []
+    assert differing(theirs, load_moe_layer(sgl, prefix, tp_rank=0)) == ["w13_weight", "w2_weight"]
 
 
 # ---- negative controls: the comparisons can fail ----

@@ -11,9 +11,8 @@ on CPU (tests/sglang_moe.py: SGLang's FusedMoE, built, loaded and processed by S
 - Each refusal (one line starting "fi-convert: ", naming the fix), the registration of the
   load format and hooks, and the entry point as pyproject.toml declares it.
 
-The outputs are fi-convert's current (vLLM-target) BF16 outputs, in the cases whose bytes equal
-SGLang's (tests/test_sglang.py), marked as SGLang's by `for_sglang` (the converter will write
-those fields with --server sglang: fi_convert/servers/sglang/target.py).
+The outputs are fi-convert's BF16 outputs converted with --server sglang (tests/test_sglang.py
+proves their bytes against SGLang's own at every TP rank).
 """
 
 from __future__ import annotations
@@ -45,28 +44,28 @@ CASES = {
     "qwen3": (Spec("qwen3-moe", layers=1, experts=6, hidden=128, intermediate=512, shards=1), QWEN),
     # I 192, 7 experts: I/TP 192 (TRT-LLM pads it to 256 at TP 1), 96, 48 (CUTLASS, unpadded)
     "mixtral": (Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192), MIXTRAL),
+    # DeepSeek FP8 128x128 block (fp8-block): I/TP 512, 256, 128
+    "deepseek": (
+        Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512, shards=2),
+        "model.layers.1.mlp.experts",
+    ),
 }
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
-# (case, backend, tp): where fi-convert's bytes are SGLang's (tests/test_sglang.py)
+# (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
 LAYER_CASES = [
     ("qwen3", "trtllm", 1),
     ("qwen3", "trtllm", 2),
     ("qwen3", "trtllm", 4),
     ("mixtral", "trtllm", 1),
+    ("mixtral", "trtllm", 2),
+    ("mixtral", "trtllm", 4),
     ("qwen3", "cutlass", 2),
     ("mixtral", "cutlass", 4),
+    ("deepseek", "trtllm", 1),
+    ("deepseek", "trtllm", 2),
+    ("deepseek", "trtllm", 4),
 ]
-
-
-def for_sglang(out: Path) -> Path:
-    """Mark a converted output as SGLang's: the manifest fields the converter will write with
-    --server sglang (target.sglang_fields). Only for outputs whose bytes are proven SGLang's."""
-    path = out / MANIFEST_NAME
-    m = json.loads(path.read_text())
-    m.update(target.sglang_fields(m["scheme"], m["backend"]))
-    path.write_text(json.dumps(m, indent=2) + "\n")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +86,19 @@ def sources(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory, sources):
-    """fi-convert's bf16 output of (case, backend, tp), marked as SGLang's."""
+    """fi-convert's output (scheme detected: bf16, or fp8-block for DeepSeek) of (case,
+    backend, tp) for SGLang (--server sglang), or for vLLM (`sglang=False`)."""
     root = tmp_path_factory.mktemp("sgl-plugin-out")
     done: dict = {}
 
-    def get(case: str, backend: str, tp: int, sglang: bool = True) -> Path:
-        key = (case, backend, tp, sglang)
+    def get(case: str, backend: str, tp: int, sglang: bool = True, server: str = "") -> Path:
+        server = server or ("sglang" if sglang else "vllm")
+        key = (case, backend, tp, server)
         if key not in done:
-            out = root / "-".join(map(str, key))
-            opts = Options(scheme=SchemeName.BF16, backend=Backend(backend), tp_size=tp)
+            out = root / "-".join(map(str, key)).replace(",", "+")
+            opts = Options(SchemeName.AUTO, Backend(backend), tp, server=server)
             convert(sources(case), out, opts, device="cpu")
-            done[key] = for_sglang(out) if sglang else out
+            done[key] = out
         return done[key]
 
     return get
@@ -143,6 +144,12 @@ def differing(theirs: dict, ours: dict) -> list[str]:
     ]
 
 
+def state_diff(ours: dict, theirs: dict) -> list[str]:
+    """The attributes (`sm.layer_state` keys) set on one side only, or to other values."""
+    keys = set(ours) | set(theirs)
+    return sorted(k for k in keys if k not in ours or k not in theirs or ours[k] != theirs[k])
+
+
 # ---- the layer: the plugin's path against SGLang's own ----
 
 
@@ -155,13 +162,30 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         ours = plugin_layer(out, ckpt, prefix, backend, tp, rank)
         assert ours.runner_backend.value == sm.BACKEND[backend]
         assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
-        state, want = sm.layer_state(ours), sm.layer_state(theirs)
-        diff = sorted(k for k in set(state) | set(want) if state.get(k) != want.get(k))
+        diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
         assert diff == [], f"rank {rank}: attributes differ from SGLang's: {diff}"
         assert param_attrs(ours) == param_attrs(theirs)
         # read in place: the parameters SGLang allocated, no new memory
         now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
         assert now == allocated[id(ours)]
+
+
+@pytest.mark.parametrize(
+    ("case", "backend", "tp"), [("mixtral", "trtllm", 1), ("qwen3", "cutlass", 2)]
+)
+def test_an_output_for_both_servers_loads_as_sglangs_own(case, backend, tp, sources, outputs):
+    """`--server vllm,sglang` (where both servers' bytes are the same): the plugin loads it,
+    every parameter and attribute equal to SGLang's own loading and processing."""
+    ckpt, prefix = sources(case), CASES[case][1]
+    out = outputs(case, backend, tp, server="vllm,sglang")
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    assert m["servers"] == ["vllm", "sglang"]
+    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[backend])
+    for rank in range(tp):
+        theirs = sm.build(backend, tp, rank, ckpt, prefix)
+        ours = plugin_layer(out, ckpt, prefix, backend, tp, rank)
+        assert differing(sm.params(theirs), sm.params(ours)) == []
+        assert state_diff(sm.layer_state(ours), sm.layer_state(theirs)) == []
 
 
 def test_control_another_ranks_bytes_are_caught(sources, outputs):
@@ -172,17 +196,22 @@ def test_control_another_ranks_bytes_are_caught(sources, outputs):
     assert sm.layer_state(ours) == sm.layer_state(theirs)  # the state alone does not tell
 
 
-@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
-def test_control_a_layer_without_kernel_setup_is_caught(backend, sources, outputs):
-    ckpt, out = sources("qwen3"), outputs("qwen3", backend, 1)
-    theirs = sm.layer_state(sm.build(backend, 1, 0, ckpt, QWEN))
-    ours = sm.layer_state(plugin_layer(out, ckpt, QWEN, backend, 1, 0, finish=False))
-    diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+@pytest.mark.parametrize(
+    ("case", "backend"), [("qwen3", "trtllm"), ("qwen3", "cutlass"), ("deepseek", "trtllm")]
+)
+def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, outputs):
+    ckpt, out, prefix = sources(case), outputs(case, backend, 1), CASES[case][1]
+    theirs = sm.layer_state(sm.build(backend, 1, 0, ckpt, prefix))
+    ours = sm.layer_state(plugin_layer(out, ckpt, prefix, backend, 1, 0, finish=False))
+    diff = state_diff(ours, theirs)
     want = {
-        "trtllm": ["layer.quant_method._cache_permute_indices", "layer.use_padded_loading"],
-        "cutlass": ["layer._cutlass_swiglu_params", "layer.use_padded_loading"],
-    }[backend]
+        ("qwen3", "trtllm"): ["layer.quant_method._cache_permute_indices"],
+        ("qwen3", "cutlass"): ["layer._cutlass_swiglu_params"],
+        # Fp8MoEMethod's TRT-LLM SwiGLU parameters (None for DeepSeek's plain SiLU)
+        ("deepseek", "trtllm"): ["layer._flashinfer_trtllm_gemm1_"],
+    }[case, backend] + ["layer.use_padded_loading"]
     assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
+    assert any(d.startswith(want[0]) for d in diff), diff
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):
@@ -242,6 +271,16 @@ def test_a_layer_unlike_the_outputs_is_refused(manifest, change, words):
     assert words in str(e.value)
 
 
+def test_a_per_tensor_fp8_layer_is_refused_for_an_fp8_block_output(manifest):
+    m = manifest | {"scheme": "fp8-block"}
+    layer = _layer(method="Fp8MoEMethod")
+    layer.quant_method.block_quant = False
+    with pytest.raises(PluginError, match="SGLang built per-tensor FP8 for it, the output is"):
+        checks.check_layers(m, "OUT", {QWEN: layer})
+    layer.quant_method.block_quant = True  # the control
+    checks.check_layers(m, "OUT", {QWEN: layer})
+
+
 def test_moe_layers_not_the_outputs_are_refused(manifest):
     with pytest.raises(PluginError, match="has no MoE layer model.layers.0.mlp.experts in"):
         checks.check_layers(manifest, "OUT", {})
@@ -294,12 +333,24 @@ def test_refusals_name_the_fix(manifest, change, words):
     assert words in msg
 
 
-def test_another_servers_output_is_refused(manifest):
-    vllm = {k: v for k, v in manifest.items() if k != target.SERVER_FIELD}  # today's outputs
-    for m in (vllm, manifest | {target.SERVER_FIELD: "vllm"}):
+def test_another_servers_output_is_refused(manifest, outputs):
+    assert manifest[target.SERVER_FIELD] == "sglang"  # as the converter wrote it
+    vllm = {k: v for k, v in manifest.items() if k != target.SERVER_FIELD}  # older outputs
+    converted = json.loads(
+        (outputs("qwen3", "trtllm", 2, sglang=False) / MANIFEST_NAME).read_text()
+    )
+    assert converted[target.SERVER_FIELD] == "vllm"
+    for m in (vllm, manifest | {target.SERVER_FIELD: "vllm"}, converted):
         with pytest.raises(PluginError, match="OUT: converted for vllm, whose layouts differ"):
             _check(m)
     assert target.server_of(vllm) == "vllm"
+
+
+def test_the_manifest_is_sglangs(manifest):
+    """What --server sglang writes: SGLang's target (the helper gives the same fields)."""
+    assert {k: manifest[k] for k in ("server", "target")} == target.sglang_fields("bf16", "trtllm")
+    assert manifest["target"]["sglang_versions"] == "==0.5.23"
+    assert "tp_split" not in manifest["layers"][QWEN]  # I/TP 256: SGLang's split is vLLM's
 
 
 def test_cutlass_bf16_runs_on_sm90_sm10x_and_sm12x(outputs):
@@ -311,8 +362,10 @@ def test_cutlass_bf16_runs_on_sm90_sm10x_and_sm12x(outputs):
 
 
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
-    with pytest.raises(PluginError, match="does not load fp8-block/trtllm outputs yet"):
-        _check(manifest | {"scheme": "fp8-block"})
+    with pytest.raises(PluginError, match="does not load nvfp4/trtllm outputs yet"):
+        _check(manifest | {"scheme": "nvfp4"})
+    with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
+        _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 
 
 @pytest.mark.parametrize(("spec", "words"), [("", "(no version range)"), ("0.5 or so", "range")])
@@ -512,7 +565,7 @@ def test_a_weight_update_from_an_output_is_refused(registered):
 def test_a_whole_model_refusal_comes_before_anything_is_built(registered, outputs):
     from fi_convert.servers.sglang import loader
 
-    out = outputs("hf-qwen3", "trtllm", 1, sglang=False)  # today's vLLM output
+    out = outputs("hf-qwen3", "trtllm", 1, sglang=False)  # a vLLM output
     with (
         sm.sglang_context("trtllm", 1, 0),
         mock.patch.object(loader, "_initialize_model", side_effect=AssertionError("built")),

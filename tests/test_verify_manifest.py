@@ -548,6 +548,9 @@ UNPROVABLE = [
     ("fi_convert_version",),
     ("source", "shards"),
     ("layers", "*", "w13_scale_2_differs_for_experts"),
+    # removed (or renamed) from a vLLM output, it is an output without the field: vLLM's, the
+    # same output (docs/FORMAT.md); any other value fails
+    ("server",),
 ]
 VALUES = [None, True, False, 0, -1, 7, 2.5, 1e308, 2**70, "", "x", [], [0], [1, "a"], {}, {"k": 1}]
 

@@ -71,8 +71,18 @@ UnservableOpt = Annotated[
     bool,
     typer.Option(
         "--allow-unservable",
-        help="Convert even when vLLM 0.33 cannot serve the output (fp8-tensor without static "
-        "activation scales, e.g. from BF16); refused otherwise.",
+        help="Convert even when the server cannot serve the output (vLLM 0.33: fp8-tensor "
+        "without static activation scales, e.g. from BF16); refused otherwise.",
+    ),
+]
+ServerOpt = Annotated[
+    str,
+    typer.Option(
+        "--server",
+        metavar="SERVER",
+        help="The server the output is for: vllm (vLLM 0.33) or sglang (SGLang 0.5.23). Their "
+        "layouts differ for several schemes, so an output is loaded only by its server's "
+        "fi-convert plugin.",
     ),
 ]
 DebugOpt = Annotated[

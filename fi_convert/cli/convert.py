@@ -20,6 +20,7 @@ from ._options import (
     JsonOpt,
     QuietOpt,
     SchemeOpt,
+    ServerOpt,
     TpOpt,
     UnservableOpt,
     device_option,
@@ -159,6 +160,7 @@ def convert_cmd(
     scheme: SchemeOpt = SchemeName.AUTO,
     backend: BackendOpt = Backend.TRTLLM,
     tp_size: TpOpt = 1,
+    server: ServerOpt = "vllm",
     revision: RevisionOpt = None,
     push_to: PushToOpt = None,
     private: PrivateOpt = False,
@@ -182,7 +184,9 @@ def convert_cmd(
     from ..hub import convert_source, stream_source
     from ..plan import Options
 
-    opts = Options(scheme, backend, tp_size, max_shard_size, max_memory, allow_unservable)
+    opts = Options(
+        scheme, backend, tp_size, max_shard_size, max_memory, allow_unservable, server=server
+    )
     parts = _check_flags(push_to, private, base_model, stream, max_disk, part)
     how = progress_mode(err, quiet, as_json)
     stream = _streams(model_dir, push_to, stream, max_disk, parts, debug)
@@ -356,7 +360,7 @@ def _render(shown: Shown, done: Conversion, out_dir: Path) -> None:
     o.result(
         f"[green]done[/green]: {s['moe_layers']} MoE layers x {s['num_experts']} experts -> "
         f"{escape(str(res.out_dir))} ({s['scheme']}, {s['backend']}, tp {s['tp_size']}, "
-        f"on {s['device']}); "
+        f"for {s['server']}, on {s['device']}); "
         f"{s['files']} files{reused}, {convert_text(figures)}, manifest {s['manifest']}"
     )
     if pushed:

@@ -10,12 +10,12 @@ from rich.markup import escape
 
 from ..names import Backend, SchemeName
 from ._errors import handled
-from ._options import BackendOpt, DebugOpt, JsonOpt, SchemeOpt, TpOpt, UnservableOpt
+from ._options import BackendOpt, DebugOpt, JsonOpt, SchemeOpt, ServerOpt, TpOpt, UnservableOpt
 from ._output import Output
 from ._progress import size
 
 if TYPE_CHECKING:
-    from ..plan import Choice, Plan
+    from ..plan import Choice, Plan, ServerChoice
 
 
 def inspect_cmd(
@@ -23,6 +23,7 @@ def inspect_cmd(
     scheme: SchemeOpt = SchemeName.AUTO,
     backend: BackendOpt = Backend.TRTLLM,
     tp_size: TpOpt = 1,
+    server: ServerOpt = "vllm",
     allow_unservable: UnservableOpt = False,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
@@ -30,24 +31,33 @@ def inspect_cmd(
     """Print MODEL_DIR's conversion plan (writes nothing) and the other schemes it takes.
 
     Of the other schemes and backends, it lists those that plan, says why the rest do not,
-    and which of them quantize.
+    and which of them quantize; and what each server (--server) would get.
     """
-    from ..plan import Options, choices, make_plan
+    from ..plan import Options, choices, make_plan, servers
 
     o = Output(as_json=as_json)
     with handled(debug):
-        opts = Options(scheme, backend, tp_size, allow_unservable=allow_unservable)
+        opts = Options(scheme, backend, tp_size, allow_unservable=allow_unservable, server=server)
         plan = make_plan(model_dir, opts)
         cs = choices(plan)
+        ss = servers(plan)
     for note in plan.notes:
         o.warning(note)
     here = next(c.precision or "" for c in cs if c.scheme is plan.scheme)
     if as_json:
-        o.json(plan.summary() | {"precision": here, "choices": [c.summary() for c in cs]})
+        o.json(
+            plan.summary()
+            | {
+                "precision": here,
+                "choices": [c.summary() for c in cs],
+                "servers": [x.summary() for x in ss],
+            }
+        )
         return
     render_plan(o, plan)
     o.result(f"precision: {escape(here)}")
     _render_choices(o, plan, cs)
+    _render_servers(o, plan, ss)
 
 
 def render_plan(o: Output, plan: Plan) -> None:
@@ -60,7 +70,8 @@ def render_plan(o: Output, plan: Plan) -> None:
     o.result(
         f"[bold]{escape(str(plan.ckpt.root))}[/bold]: family {s['family']} "
         f"(model_type {s['model_type']}), "
-        f"scheme [bold]{s['scheme']}[/bold] ({how}), backend {s['backend']}, tp {s['tp_size']}"
+        f"scheme [bold]{s['scheme']}[/bold] ({how}), backend {s['backend']}, tp {s['tp_size']}, "
+        f"server {s['server']}"
     )
     for names, count, lay in layer_groups(s["layers"]):
         o.result(
@@ -107,3 +118,16 @@ def _render_choices(o: Output, plan: Plan, cs: list[Choice]) -> None:
         o.result("and cannot take:")
     for (name, why), backends in cannot.items():
         o.result(f"  {name} ({', '.join(backends)}): {escape(why)}")
+
+
+def _render_servers(o: Output, plan: Plan, ss: list[ServerChoice]) -> None:
+    """For each server (--server): what it would get of this scheme, backend and TP size."""
+    o.result(
+        f"servers (--server; {plan.scheme.value}, {plan.options.backend.value}, tp "
+        f"{plan.options.tp_size}):"
+    )
+    for x in ss:
+        if x.why_not is not None:
+            o.result(f"  {x.server}: cannot: {escape(x.why_not)}")
+        else:
+            o.result(f"  {x.server}: {escape(x.layout_note)}; serve with `{escape(x.serve)}`")

@@ -7,8 +7,9 @@ import json
 import re
 
 from ..format import manifest as mf
-from ..format.names import MANIFEST_NAME
-from ..server_lookup import of_manifest
+from ..format.names import MANIFEST_NAME, servers_of, target_of
+from ..server_lookup import resolve
+from ..target import DEFAULT
 from .common import LIBRARY
 
 CARD_NAME = "README.md"
@@ -78,7 +79,9 @@ def model_card(
 def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str | None) -> str:
     scheme, backend, tp = m["scheme"], m["backend"], m["tp_size"]
     t, s = m["target"], m["source"]
-    server = of_manifest(m)
+    servers = [resolve(n) for n in servers_of(m)]
+    named = [x.name for x in servers]
+    held = " and ".join(x.label for x in servers) + (" holds" if len(servers) == 1 else " hold")
     layers: dict = m["layers"]
     first = next(iter(layers)) if layers else "model.layers.N.mlp.experts"
     src = f"[{base_model}](/{base_model})" if base_model else "a Mixture-of-Experts checkpoint"
@@ -102,7 +105,7 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "",
         "```",
         f"fi-convert {source_arg}{rev} OUT_DIR --scheme {scheme} --backend {backend} "
-        f"--tp-size {tp}",
+        f"--tp-size {tp}" + (f" --server {','.join(named)}" if named != [DEFAULT] else ""),
         "fi-convert verify OUT_DIR",
         f"fi-convert push OUT_DIR {repo_id}",
         "```",
@@ -114,7 +117,7 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         f"| backend | `{backend}` (GPU family `{t.get('gpu_family')}`) |",
         f"| tensor-parallel size | {tp} (every rank's tensors are stored) |",
         f"| expert parallelism | {m.get('expert_parallel', '')} |",
-        *server.card_rows(t),
+        *(row for x in servers for row in x.card_rows(target_of(m, x.name))),
         f"| source | model type `{s.get('model_type')}`, family `{s.get('family')}`, "
         f"{s.get('shards')} shard(s), fingerprint `{str(s.get('fingerprint'))[:16]}` |",
         "",
@@ -152,9 +155,13 @@ def _card_body(m: dict, repo_id: str, base_model: str | None, base_revision: str
         "manifest = read_manifest(path)  # scheme, backend, tp_size, padded sizes per layer",
         f't = load_moe_layer(path, "{first}", tp_rank=0, device="cuda",',
         f'                   scheme="{scheme}", backend="{backend}")',
-        "t['w13_weight'].shape  # as vLLM holds it after process_weights_after_loading",
+        f"t['w13_weight'].shape  # as {held} it after process_weights_after_loading",
         "```",
         "",
-        *server.card_section(m, repo_id),
+        *(
+            line
+            for x in servers
+            for line in x.card_section({**m, "target": target_of(m, x.name)}, repo_id)
+        ),
     ]
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from ..format.names import MANIFEST_NAME
 from ..names import Backend, SchemeName
 from ..source import ROLES, Checkpoint, ExpertLayer
 from ..st_io import SourceFiles, TensorInfo
+from ..target import VLLM_LAYOUT, Layout
 
 
 @dataclass
@@ -167,6 +168,9 @@ class Scheme:
     source_formats: tuple[str, ...] = ()
     # Synthetic sources of its format by `Spec.quant` name (a variant: "fp8-tensor-ct")
     synthetic: ClassVar[dict[str, Synthetic]] = {}
+    # The server layout variants it implements (`fi_convert.target.Layout` fields that a
+    # server may ask to differ from vLLM's): `plan_layer` gets the server's `layout`
+    variants: ClassVar[frozenset[str]] = frozenset()
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         """Whether this scheme's source format is what the checkpoint holds (for `auto`)."""
@@ -176,7 +180,9 @@ class Scheme:
         """Raise a one-line error when the layer does not fit this scheme."""
         raise NotImplementedError
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_layer(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         raise NotImplementedError
 
     def precision(self, source: Scheme | None) -> str:
@@ -202,9 +208,11 @@ class Scheme:
             layers.append(ExpertLayer(prefix, per_expert, e, h, i, params))
         return layers
 
-    def plan_stand_in(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_stand_in(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         """`plan_layer` of a stand-in layer, which has no data to read."""
-        return self.plan_layer(layer, backend, tp)
+        return self.plan_layer(layer, backend, tp, layout=layout)
 
 
 def stand_in(prefix: str, name: str, dtype: str) -> TensorInfo:
@@ -324,6 +332,34 @@ def layer_plan(
     )
 
 
+@dataclass(frozen=True)
+class RankRows:
+    """Which rows of the intermediate size I (of w1/w3; columns of w2) each TP rank holds,
+    before the rank's tensors are padded to `padded` rows (`fi_convert.target.Layout.
+    shard_padded`): split evenly, rank r holding [r*I/TP, (r+1)*I/TP) (vLLM); or by the padded
+    size, rank r holding [r*padded, (r+1)*padded) of I, as many rows as there are (SGLang on
+    TRT-LLM: the last ranks may hold fewer, or none)."""
+
+    size: int  # I
+    tp: int
+    padded: int  # the rows a rank holds after padding
+    by_padded: bool = False
+
+    def span(self, rank: int) -> tuple[int, int]:
+        """(first row, row count) of rank `rank`."""
+        if not self.by_padded:
+            return rank * (self.size // self.tp), self.size // self.tp
+        first = min(rank * self.padded, self.size)
+        return first, min(self.padded, self.size - first)
+
+    def info(self) -> dict:
+        """The layer entry's record of the split: `tp_split` "padded" only where some rank's
+        rows are not the even split's (never at TP 1, nor where I/TP needs no padding)."""
+        even = RankRows(self.size, self.tp, self.padded)
+        differs = any(self.span(r) != even.span(r) for r in range(self.tp))
+        return {"tp_split": "padded"} if differs else {}
+
+
 def per_rank(size: int, tp: int, what: str) -> int:
     if size % tp:
         raise LayoutError(
@@ -357,15 +393,18 @@ def stage_w13(
     *,
     cols: int | None = None,
     pad: float = 0,
+    start: int | None = None,
 ) -> torch.Tensor:
     """[n, 2*rows + 1, cols] on ctx.device: this rank's gate rows, its up rows, one pad row.
 
+    The rank's rows start at `rank * rows` (an even split), or at `start` (`RankRows`).
     Columns past the checkpoint's K (when `cols` is larger) and the last row hold `pad`.
     """
     k = layer.proj_shape("w1", param)[1]
     cols = cols or k
     buf = ctx.stage((len(experts), 2 * rows + 1, cols), torch_dtype)
-    span = (rank * rows, (rank + 1) * rows)
+    first = rank * rows if start is None else start
+    span = (first, first + rows)
     layer.read(ctx.files, "w1", param, experts, span, None, buf[:, :rows, :k])
     layer.read(ctx.files, "w3", param, experts, span, None, buf[:, rows : 2 * rows, :k])
     buf[:, 2 * rows].fill_(pad)
@@ -386,12 +425,16 @@ def stage_w2(
     *,
     padded_rows: int | None = None,
     pad: float = 0,
+    start: int | None = None,
 ) -> torch.Tensor:
-    """[n, padded_rows, padded_cols] on ctx.device: this rank's columns of w2, padded with `pad`."""
+    """[n, padded_rows, padded_cols] on ctx.device: this rank's columns of w2, padded with `pad`.
+
+    The rank's columns start at `rank * cols` (an even split), or at `start` (`RankRows`)."""
     h, k = layer.proj_shape("w2", param)
     rows = padded_rows or h
     buf = ctx.stage((len(experts), rows, padded_cols), torch_dtype)
-    span = None if k == cols else (rank * cols, (rank + 1) * cols)
+    first = rank * cols if start is None else start
+    span = None if (first, cols) == (0, k) else (first, first + cols)
     layer.read(ctx.files, "w2", param, experts, (0, h), span, buf[:, :h, :cols])
     if padded_cols > cols:
         buf[:, :, cols:].fill_(pad)

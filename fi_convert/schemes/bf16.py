@@ -4,20 +4,27 @@ TRT-LLM (vLLM `convert_moe_weights_to_flashinfer_trtllm_block_layout`): I per ra
 128 per half; w13 = [up; gate] gated-interleaved, row-shuffled (tile 128) and in BlockMajorK
 with 128-byte blocks (64 bf16 values); w2 row-shuffled (tile 128), BlockMajorK. Held as
 [E, K/64, M, 64]. CUTLASS: w13 = [up; gate], w2 as is.
+
+SGLang on TRT-LLM (`Layout.shard_padded`): the same transforms, but rank r holds rows
+[r*I_p, (r+1)*I_p) of I, as many as there are, and zeros after (`RankRows`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from .. import layout as L
 from ..errors import LayoutError
 from ..source import Checkpoint, ExpertLayer
+from ..target import VLLM_LAYOUT, Layout
 from .base import (
     Backend,
     Ctx,
     LayerPlan,
     OutputTensor,
+    RankRows,
     Scheme,
     SchemeName,
     Synthetic,
@@ -47,6 +54,7 @@ class Bf16Scheme(Scheme):
     source_label = "BF16"
     quantized = False
     stand_ins = (("BF16", False),)
+    variants = frozenset({"shard_padded"})  # SGLang on TRT-LLM
     synthetic = {"bf16": Synthetic(synthetic_bf16)}
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
@@ -58,7 +66,9 @@ class Bf16Scheme(Scheme):
         i, h = layer.intermediate_size, layer.hidden_size
         require_shapes(layer, "weight", (i, h), (h, i))
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_layer(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
         if backend is Backend.CUTLASS:
@@ -72,25 +82,40 @@ class Bf16Scheme(Scheme):
                     "use --backend cutlass"
                 )
             i_p = L.round_up(i_r, PAD_I)
-            outs = _trtllm_outputs(layer, e, h, i_r, i_p)
+            rows = RankRows(layer.intermediate_size, tp, i_p, layout.shard_padded)
+            outs = _trtllm_outputs(layer, e, h, rows)
+            return layer_plan(layer, outs, i_r, i_p, **rows.info())
         return layer_plan(layer, outs, i_r, i_p)
 
 
-def _trtllm_outputs(layer: ExpertLayer, e: int, h: int, i_r: int, i_p: int) -> list[OutputTensor]:
-    w13_idx = L.compose(
-        L.pad_halves_index(i_r, i_p, zero_row=2 * i_r),
-        L.swap_halves_index(2 * i_p),
-        L.gated_interleave_index(2 * i_p),
-        L.shuffle_row_index(2 * i_p, TILE),
-    )
+def _trtllm_outputs(layer: ExpertLayer, e: int, h: int, rows: RankRows) -> list[OutputTensor]:
+    i_p = rows.padded
+
+    @functools.cache
+    def w13_idx(n: int) -> torch.Tensor:  # a rank holding n rows of I
+        return L.compose(
+            L.pad_halves_index(n, i_p, zero_row=2 * n),
+            L.swap_halves_index(2 * i_p),
+            L.gated_interleave_index(2 * i_p),
+            L.shuffle_row_index(2 * i_p, TILE),
+        )
+
     w2_idx = L.shuffle_row_index(h, TILE)
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.bfloat16)
-        L.gather_rows_block_major(src, w13_idx, BLOCK_K, out)
+        first, n = rows.span(rank)
+        if n == 0:  # a rank past I (sharded by the padded size): only padding
+            out.zero_()
+            return
+        src = stage_w13(ctx, layer, "weight", rank, experts, n, torch.bfloat16, start=first)
+        L.gather_rows_block_major(src, w13_idx(n), BLOCK_K, out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_p, torch.bfloat16)
+        first, n = rows.span(rank)
+        if n == 0:
+            out.zero_()
+            return
+        src = stage_w2(ctx, layer, "weight", rank, experts, n, i_p, torch.bfloat16, start=first)
         L.gather_rows_block_major(src, w2_idx, BLOCK_K, out)
 
     lay = {

@@ -4,6 +4,10 @@ TRT-LLM (vLLM `_shuffle_deepseek_fp8_moe_weights`): w13 = [up; gate] on weights 
 padding; weights row-shuffled with epilogue tile 64 and in BlockMajorK (128-byte blocks), held
 as [E, K/128, M, 128]; scales not shuffled. Both backends clamp scales to >= 1e-10. CUTLASS:
 [up; gate] on weights and scales, weights MajorK.
+
+SGLang on TRT-LLM (`Layout(shuffled=False, clamped=False)`): [up; gate] weights MajorK, no
+shuffle, and the scales as loaded (no clamp). Its split of I by the padded size is the even
+one here: I/TP must be a multiple of 128 (`shard_padded` changes nothing).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 from .. import layout as L
 from ..errors import SchemeMismatchError
 from ..source import Checkpoint, ExpertLayer
+from ..target import VLLM_LAYOUT, Layout
 from .base import (
     Backend,
     Ctx,
@@ -67,6 +72,8 @@ class Fp8BlockScheme(Scheme):
     source_label = "FP8"
     stand_ins = (("F8_E4M3", False),)
     synthetic = {"fp8-block": Synthetic(synthetic_fp8_block, DEEPSEEK_FP8, dense_too=True)}
+    # SGLang on TRT-LLM; shard_padded holds as the even split (I/TP a multiple of 128)
+    variants = frozenset({"shard_padded", "shuffled", "clamped"})
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return weight_dtype(layers[0]) == "F8_E4M3" and SCALE in layers[0].param_names()
@@ -89,7 +96,9 @@ class Fp8BlockScheme(Scheme):
         ib, hb = -(-i // BLOCK), -(-h // BLOCK)
         require_shapes(layer, SCALE, (ib, hb), (hb, ib))
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_layer(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
         require_multiples(
@@ -99,7 +108,7 @@ class Fp8BlockScheme(Scheme):
             "the 128x128 scale blocks cannot be split (vLLM 0.33 pads such shards only for "
             "some kernels, not FlashInfer's) - use a --tp-size that keeps I/tp a multiple of 128",
         )
-        outs = _outputs(layer, e, h, i_r, backend)
+        outs = _outputs(layer, e, h, i_r, backend, layout)
         notes = []
         if backend is Backend.TRTLLM and (e % 4 or e > 512):
             notes.append(
@@ -110,19 +119,21 @@ class Fp8BlockScheme(Scheme):
         return layer_plan(layer, outs, i_r, i_r, notes=notes, weight_block_size=[BLOCK, BLOCK])
 
 
-def _scale_producers(layer: ExpertLayer, i_r: int):
+def _scale_producers(layer: ExpertLayer, i_r: int, clamped: bool):
     sb = i_r // BLOCK
     swap = L.swap_halves_index(2 * sb)
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w13(ctx, layer, SCALE, rank, experts, sb, _scale_dtype(layer))
         L.gather_rows(src.float(), swap, out)
-        out.clamp_(min=MIN_SCALE)
+        if clamped:
+            out.clamp_(min=MIN_SCALE)
 
     def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w2(ctx, layer, SCALE, rank, experts, sb, sb, _scale_dtype(layer))
         out.copy_(src)
-        out.clamp_(min=MIN_SCALE)
+        if clamped:
+            out.clamp_(min=MIN_SCALE)
 
     return w13_s, w2_s
 
@@ -131,8 +142,10 @@ def _scale_dtype(layer: ExpertLayer) -> torch.dtype:
     return torch.bfloat16 if layer.tensor("w1", SCALE, 0).dtype == "BF16" else torch.float32
 
 
-def _outputs(layer: ExpertLayer, e: int, h: int, i_r: int, backend: Backend) -> list[OutputTensor]:
-    trt = backend is Backend.TRTLLM
+def _outputs(
+    layer: ExpertLayer, e: int, h: int, i_r: int, backend: Backend, layout: Layout
+) -> list[OutputTensor]:
+    trt = backend is Backend.TRTLLM and layout.shuffled  # row shuffle + BlockMajorK
     w13_shape: tuple[int, ...]
     w2_shape: tuple[int, ...]
     w13_idx = L.swap_halves_index(2 * i_r)
@@ -157,7 +170,7 @@ def _outputs(layer: ExpertLayer, e: int, h: int, i_r: int, backend: Backend) -> 
         src = stage_w2(ctx, layer, "weight", rank, experts, i_r, i_r, torch.uint8)
         place(src, w2_idx, out.view(torch.uint8))
 
-    w13_s, w2_s = _scale_producers(layer, i_r)
+    w13_s, w2_s = _scale_producers(layer, i_r, layout.clamped)
     if trt:
         lay = {"layout": "BlockMajorK", "block_k_bytes": BLOCK_K, "epilogue_tile_m": TILE}
         w13_shape = (e, h // BLOCK_K, 2 * i_r, BLOCK_K)
@@ -165,7 +178,9 @@ def _outputs(layer: ExpertLayer, e: int, h: int, i_r: int, backend: Backend) -> 
     else:
         lay = {"layout": "MajorK"}
         w13_shape, w2_shape = (e, 2 * i_r, h), (e, h, i_r)
-    s_lay = {"layout": "row_major_blocks", "block": [BLOCK, BLOCK], "min": MIN_SCALE}
+    s_lay: dict = {"layout": "row_major_blocks", "block": [BLOCK, BLOCK]}
+    if layout.clamped:
+        s_lay["min"] = MIN_SCALE
     sb, hb = i_r // BLOCK, h // BLOCK
     return [
         OutputTensor("w13_weight", "F8_E4M3", w13_shape, w13, {**lay, "row_order": "up_gate"}),

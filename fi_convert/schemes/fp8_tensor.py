@@ -23,6 +23,7 @@ from .. import layout as L
 from ..errors import LayoutError, SchemeMismatchError, SourceError
 from ..quant import F32_TINY, fp8_dequantize_f16, fp8_dynamic_scale, fp8_quantize_static
 from ..source import Checkpoint, ExpertLayer
+from ..target import VLLM_LAYOUT, Layout
 from .base import (
     Backend,
     Ctx,
@@ -124,7 +125,9 @@ class Fp8TensorScheme(Scheme):
                     f"{list(info.shape)}; this is not a per-tensor FP8 checkpoint"
                 )
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_layer(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
         i_p = L.round_up(i_r, PAD_I)

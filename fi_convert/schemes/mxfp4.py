@@ -29,6 +29,7 @@ from ..errors import LayoutError, SchemeMismatchError, SourceError
 from ..families import Form
 from ..source import Checkpoint, ExpertLayer, expert_rows, read_rows_into
 from ..st_io import TensorInfo
+from ..target import VLLM_LAYOUT, Layout
 from .base import (
     Backend,
     Ctx,
@@ -136,7 +137,9 @@ class Mxfp4Scheme(Scheme):
         if i % MX or h % MX:
             raise LayoutError(f"{layer.prefix}: H {h} and I {i} must be multiples of {MX}")
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_layer(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         e, h, i = layer.num_experts, layer.hidden_size, layer.intermediate_size
         i_r = math.ceil(i / MX / tp) * MX
         pad_h = PAD_H if backend is Backend.TRTLLM else PAD_I  # CUTLASS rounds both to 128

@@ -16,6 +16,7 @@ from .. import layout as L
 from ..errors import SchemeMismatchError
 from ..quant import MX_BLOCK, UE8M0_ONE, mx_quantize
 from ..source import Checkpoint, ExpertLayer
+from ..target import VLLM_LAYOUT, Layout
 from .base import (
     Backend,
     Ctx,
@@ -98,7 +99,9 @@ class Mxfp8Scheme(Scheme):
         require_shapes(layer, "weight", (i, h), (h, i))
         require_shapes(layer, SCALE, (i, h // MX_BLOCK), (h, i // MX_BLOCK))
 
-    def plan_layer(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_layer(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
         require_multiples(

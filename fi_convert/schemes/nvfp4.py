@@ -22,6 +22,7 @@ from .. import layout as L
 from ..errors import LayoutError, SourceError
 from ..source import Checkpoint, ExpertLayer
 from ..st_io import SourceFiles
+from ..target import VLLM_LAYOUT, Layout
 from .base import (
     Backend,
     Ctx,
@@ -126,11 +127,19 @@ class Nvfp4Scheme(Scheme):
         require_shapes(layer, "weight", (i, h // 2), (h, i // 2))
         require_shapes(layer, SCALE, (i, h // SF), (h, i // SF))
 
-    def plan_stand_in(self, layer: ExpertLayer, backend: Backend, tp: int) -> LayerPlan:
+    def plan_stand_in(
+        self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
+    ) -> LayerPlan:
         return self.plan_layer(layer, backend, tp, differ=[])  # no source data to read
 
     def plan_layer(
-        self, layer: ExpertLayer, backend: Backend, tp: int, differ: list[int] | None = None
+        self,
+        layer: ExpertLayer,
+        backend: Backend,
+        tp: int,
+        differ: list[int] | None = None,
+        *,
+        layout: Layout = VLLM_LAYOUT,
     ) -> LayerPlan:
         """`differ`: the experts whose w1 and w3 global scales differ, read from the source
         when not given (`verify` re-plans a layer from its manifest entry, without the source)."""

@@ -1,5 +1,5 @@
 """The servers that load fi-convert's outputs, one package each (`vllm/`: the vLLM plugin and
-every vLLM fact), and the registry of their facts by name.
+every vLLM fact; `sglang/`: the same for SGLang), and the registry of their facts by name.
 
 A server's package holds a facts module (`<name>/target.py`, a `fi_convert.target.
 ServerTarget`) that imports no server, and the server's plugin, which imports it at run time.
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from ..errors import FiConvertError
 from ..target import ServerTarget
+from .sglang.target import SGLANG_TARGET
 from .vllm.target import VLLM
 
-TARGETS: dict[str, ServerTarget] = {"vllm": VLLM}
+TARGETS: dict[str, ServerTarget] = {"vllm": VLLM, "sglang": SGLANG_TARGET}
 
 
 def get(name: str) -> ServerTarget:

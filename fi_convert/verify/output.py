@@ -21,14 +21,24 @@ from ..families import Family, all_families, config_field, model_type
 from ..format import config_marker
 from ..format import manifest as fm
 from ..format.hashes import sha256_file
-from ..format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
+from ..format.names import (
+    CONFIG_NAME,
+    DEFAULT_SERVER,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    STATE_DIR,
+    server_of,
+    servers_of,
+)
 from ..names import Backend, SchemeName
 from ..pipeline import resolve_device
-from ..plan import Options, _layer_summary, make_plan
+from ..plan import Options, _layer_summary, first_difference, make_plan
 from ..schemes import REGISTRY
 from ..schemes.base import Ctx
+from ..server_lookup import resolve
 from ..source import open_checkpoint
 from ..st_io import SourceFiles, TensorInfo, read_header
+from ..target import VLLM_LAYOUT, Layout
 
 # What a Hub download adds beside the files its manifest lists: the repo's .gitattributes,
 # and huggingface_hub's metadata of a `--local-dir` download.
@@ -74,6 +84,8 @@ def verify(
     them with FlashInfer."""
     root = Path(out_dir)
     m = fm.read(root)
+    if against_flashinfer and source is not None:
+        refuse_against_flashinfer(root, m)
     rep = Report()
     rep.problems += fm.check_files(root, m)
     rep.count("files", len(m["files"]))
@@ -294,7 +306,8 @@ def _layer_problems(
             )
     diffs = [list(_diff(lay, {**want, **extra}, planner.label)) for want in planned]
     best = min(diffs, key=len)  # the source format this layer came from: the closest plan
-    return out + [line for path, line in best if path not in flagged]
+    out += [line for path, line in best if path not in flagged]
+    return out + planner.others_differ(prefix, e, h, i)
 
 
 def _experts_list(v: object, e: int) -> bool:
@@ -348,21 +361,49 @@ class _Planner:
     scheme: SchemeName
     backend: Backend
     tp: int
+    server: str = DEFAULT_SERVER
+    layout: Layout = VLLM_LAYOUT
+    # the other servers an output for several declares, with their layouts: each must plan
+    # the same layer entries (`others_differ`)
+    others: tuple[tuple[str, Layout], ...] = ()
     cache: dict[tuple[int, int, int], list[dict]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, m: dict) -> _Planner | None:
-        """None when the manifest's scheme, backend or TP size is not one to plan with."""
+        """None when the manifest's scheme, backend, TP size or server is not one to plan
+        with (`check_fields` says why)."""
         scheme = next((s for s in REGISTRY if s.value == m["scheme"]), None)
         backend = next((b for b in Backend if b.value == m["backend"]), None)
         if scheme is None or backend not in REGISTRY[scheme].backends or m["tp_size"] > MAX_TP:
             return None
         assert backend is not None
-        return cls(scheme, backend, m["tp_size"])
+        try:
+            servers = [resolve(n) for n in servers_of(m)]
+        except FiConvertError:
+            return None
+        if any(t.refuses(scheme.value, backend.value) for t in servers):
+            return None
+        layouts = [(t.name, t.layout(scheme.value, backend.value)) for t in servers]
+        return cls(scheme, backend, m["tp_size"], *layouts[0], tuple(layouts[1:]))
+
+    def others_differ(self, prefix: str, e: int, h: int, i: int) -> list[str]:
+        """For an output declared for several servers: the line for each other server whose
+        layout gives this layer other bytes than the first's (their plans differ)."""
+        scheme, out = REGISTRY[self.scheme], []
+        for name, layout in self.others:
+            for layer in scheme.stand_in_layers(prefix, e, h, i):
+                a = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
+                b = scheme.plan_stand_in(layer, self.backend, self.tp, layout=layout)
+                diff = first_difference([a], [b], (self.server, name))
+                if diff:
+                    out.append(f"declared for {name} too, which holds other bytes: {diff}")
+                    break
+        return out
 
     @property
     def label(self) -> str:
-        return f"{self.scheme.value}/{self.backend.value} at tp {self.tp}"
+        label = f"{self.scheme.value}/{self.backend.value} at tp {self.tp}"
+        return label if self.server == DEFAULT_SERVER else f"{label} for {self.server}"
 
     def summaries(self, prefix: str, e: int, h: int, i: int) -> list[dict] | str:
         """The layer entry of each source format (JSON, as in the manifest), or why the scheme
@@ -374,7 +415,7 @@ class _Planner:
         out = []
         try:
             for layer in scheme.stand_in_layers(prefix, e, h, i):
-                lp = scheme.plan_stand_in(layer, self.backend, self.tp)
+                lp = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
                 out.append(json.loads(json.dumps(_layer_summary(lp))))
         except FiConvertError as err:
             return str(err).removeprefix(f"{prefix}: ")
@@ -396,6 +437,8 @@ def check_source(
     reading both through `files` (local files by default; a remote verify reads the Hub);
     and the manifest's fields that only the source proves."""
     where = root / MANIFEST_NAME
+    if against_flashinfer:
+        refuse_against_flashinfer(root, m)
     fingerprint = open_checkpoint(source).fingerprint
     if fingerprint != m["source"]["fingerprint"]:
         rep.problems.append(
@@ -405,7 +448,8 @@ def check_source(
         )
         return
     # the output exists: re-derive it even where vLLM cannot serve it (--allow-unservable)
-    opts = Options(m["scheme"], m["backend"], m["tp_size"], allow_unservable=True)
+    servers = ",".join(servers_of(m))
+    opts = Options(m["scheme"], m["backend"], m["tp_size"], allow_unservable=True, server=servers)
     plan = make_plan(source, opts)
     rep.problems += [f"{where}: {line}" for line in _source_bound(m, plan)]
     dev = resolve_device(device)
@@ -451,7 +495,7 @@ def _side_files(plan, m: dict, card_replaced: bool, rep: Report) -> None:
         if meta is None or (rel == "README.md" and card_replaced):  # a Hub card replaced it
             continue
         if rel == "config.json":
-            marked = config_marker.mark(plan.ckpt.config, plan.target.marker_note)
+            marked = config_marker.mark(plan.ckpt.config, plan.marker_note)
             sha = hashlib.sha256(marked).hexdigest()
         else:
             sha = sha256_file(plan.ckpt.root / rel)
@@ -546,6 +590,19 @@ def _against_ours(plan, tensors, files, full, dev, rep) -> None:
                         break
                 rep.count("rank_tensors_rederived")
         rep.count("experts_rederived", len(experts) * tp)
+
+
+def refuse_against_flashinfer(root: Path, m: dict) -> None:
+    """`--against-flashinfer` re-derives the bytes with vLLM 0.33's load-time pipeline
+    (`flashinfer_reference`): another server's output is refused, not compared with it."""
+    server = server_of(m)
+    if DEFAULT_SERVER not in servers_of(m):
+        raise FiConvertError(
+            f"{root}: an output for {server}, and --against-flashinfer re-derives vLLM 0.33's "
+            f"load-time pipeline, not {server}'s; verify it against the source without "
+            "--against-flashinfer (its layouts are proven against SGLang's own processing in "
+            "fi-convert's tests)"
+        )
 
 
 def _against_flashinfer(plan, tensors, files, full, dev, rep) -> None:

@@ -13,6 +13,7 @@ from packaging.version import InvalidVersion, Version
 
 from ...errors import FiConvertError
 from ...format import manifest as mf
+from ...format.names import servers_of, target_of
 from .target import (
     GPU_FAMILY,
     LOAD_FORMAT,
@@ -72,7 +73,7 @@ def check_manifest(
     the SGLang version, the MoE runner backend flag, TP, EP and EPLB."""
     server = server_of(manifest)
     scheme, backend = manifest["scheme"], manifest["backend"]
-    if server != SGLANG:
+    if SGLANG not in servers_of(manifest):
         raise PluginError(
             f"{root}: converted for {server}, whose layouts differ from SGLang's; serve it with "
             f"{server} (`vllm serve {root} --load-format {LOAD_FORMAT}`), or convert the source "
@@ -84,7 +85,7 @@ def check_manifest(
             f"{root}: the SGLang plugin does not load {scheme}/{backend} outputs yet (it loads "
             f"{ok}); serve the source checkpoint with SGLang's own loader"
         )
-    spec = manifest.get("target", {}).get("sglang_versions", "")
+    spec = target_of(manifest, SGLANG).get("sglang_versions", "")
     if not spec or not _contains(spec, sglang_version, "SGLang", root):
         raise PluginError(
             f"{root}: converted for SGLang {spec or '(no version range)'}, this is SGLang "
@@ -130,7 +131,7 @@ def check_device(
     scheme, backend = manifest["scheme"], manifest["backend"]
     family = GPU_FAMILY.get((scheme, backend), "")
     check_gpu(family, backend, capability, root)
-    spec = manifest.get("target", {}).get("flashinfer_versions", "")
+    spec = target_of(manifest, SGLANG).get("flashinfer_versions", "")
     if flashinfer_version is None:
         raise PluginError(
             f"{root}: FlashInfer is not installed, and its MoE kernels run these layouts; "
@@ -186,6 +187,11 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{root}: layer {prefix}: SGLang built {method} for it, which does not load "
             f"{scheme} outputs; keep the source's config.json and quantization config as "
             "converted"
+        )
+    if scheme == "fp8-block" and not getattr(layer.quant_method, "block_quant", True):
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang built per-tensor FP8 for it, the output is "
+            "fp8-block; keep the source's quantization config (weight_block_size) as converted"
         )
     got = str(getattr(layer.runner_backend, "value", layer.runner_backend))
     if got != MOE_RUNNER_BACKEND[backend]:

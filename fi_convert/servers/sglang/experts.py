@@ -88,5 +88,28 @@ def _unquantized(layer: Any, method: Any) -> None:
             method._trtllm_bf16_row_permutation(layer, name, tile)
 
 
+def _fp8_block(layer: Any, method: Any) -> None:
+    """Fp8MoEMethod.process_weights_after_loading (SGLang 0.5.23, fp8.py:2610) for DeepSeek
+    block FP8 on FlashInfer TRT-LLM, where `process_weights_after_loading_block_quant`
+    transforms nothing (its DeepGEMM UE8M0 requantization is for the DeepGEMM runner only; the
+    AMD, FP4-expert and MXFP8 branches do not apply): the TRT-LLM SwiGLU parameters, by its own
+    function, and the dispatcher's quantization config, as it sets them."""
+    from sglang.srt.layers.moe.utils import get_moe_runner_backend
+
+    if not method.block_quant:
+        raise PluginError(f"{layer.layer_name}: Fp8MoEMethod is not block-quantized here")
+    backend = get_moe_runner_backend()
+    trtllm = backend.is_flashinfer_trtllm() or backend.is_flashinfer_trtllm_routed()
+    if trtllm and method._owns_moe_runner:
+        method._prepare_flashinfer_trtllm_activation_params(layer)
+    if hasattr(layer, "dispatcher"):
+        quant = getattr(getattr(layer, "w13_kernel", None), "DISPATCHER_QUANT_CONFIG", None)
+        layer.dispatcher.set_quant_config(
+            quant
+            if quant is not None
+            else {"weight_dtype": layer.w13_weight.dtype, "use_mxfp8": method.use_mxfp8}
+        )
+
+
 # SGLang 0.5.23 MoE methods the plugin sets up, by class name.
-KERNEL_ONLY = {"UnquantizedFusedMoEMethod": _unquantized}
+KERNEL_ONLY = {"UnquantizedFusedMoEMethod": _unquantized, "Fp8MoEMethod": _fp8_block}

@@ -1,23 +1,27 @@
-"""What an SGLang output is, as facts: the manifest field that names an output's server, the
-SGLang and FlashInfer releases whose bytes an SGLang output holds, the flags that serve it, and
-what the plugin loads today. It imports no SGLang (the converter and the tests read it without
-SGLang installed).
+"""Every fact about SGLang 0.5.23 that the converter needs (`SglangTarget`, a
+`fi_convert.target.ServerTarget` registered as "sglang"): the releases whose bytes an SGLang
+output holds, the layout variant its load-time processing gives each scheme and backend, what
+fi-convert does not write for it and why, where it runs, and its launch line. It imports no
+SGLang (the converter and the tests read it without SGLang installed), and only the core's
+`target` interface and format names.
 
-An output is for one server: the manifest's top-level `server` field ("vllm" or "sglang").
-A manifest without it was written before the field existed, by the vLLM-only converter: it is
-a vLLM output (`server_of`). The converter writes `server` and SGLang's `target` below once it
-has `--server sglang`; until then the tests mark a converted output as SGLang's themselves
-(`sglang_fields`), only in the cases whose bytes are proven equal to SGLang's own
-(tests/test_sglang.py: BF16 on FlashInfer CUTLASS at every TP, on TRT-LLM where I/TP is a
-multiple of 128).
+An output is for one server: the manifest's top-level `server` field ("vllm" or "sglang",
+`fi_convert.format.names.server_of`; a manifest without it was written for vLLM). Each
+variant here is proven against SGLang's own loading and processing on CPU
+(tests/test_sglang.py).
 """
 
 from __future__ import annotations
 
-SERVER_FIELD = "server"  # the manifest's top-level field naming the output's server
+from collections.abc import Mapping, Sequence
+
+from ...format.names import DEFAULT_SERVER, SERVER_FIELD, server_of
+from ...target import Layout, Refusal
+
+__all__ = ["DEFAULT_SERVER", "SERVER_FIELD", "SGLANG", "SGLANG_TARGET", "VLLM", "server_of"]
+
 SGLANG = "sglang"
 VLLM = "vllm"
-DEFAULT_SERVER = VLLM  # a manifest without SERVER_FIELD: written before it existed, for vLLM
 
 LOAD_FORMAT = "fi-convert"  # python -m sglang.launch_server ... --load-format fi-convert
 ENTRY_POINT_GROUP = "sglang.srt.plugins"  # SGLang's general-plugin entry points
@@ -39,31 +43,53 @@ TARGET = {
 # --moe-runner-backend for each fi-convert backend
 MOE_RUNNER_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
 
+# What fi-convert writes for SGLang, by (scheme, backend): the layout variant SGLang 0.5.23's
+# processing gives (tests/test_sglang.py proves each against SGLang's own, every TP rank).
+# BF16 on TRT-LLM: SGLang pads I per rank to 128 and shards I by the padded size; on CUTLASS
+# its bytes are vLLM's. DeepSeek FP8 block on TRT-LLM: [up; gate] MajorK, unshuffled, the
+# block scales as loaded (unclamped).
+LAYOUTS = {
+    ("bf16", "trtllm"): Layout(shard_padded=True),
+    ("bf16", "cutlass"): Layout(),
+    ("fp8-block", "trtllm"): Layout(shard_padded=True, shuffled=False, clamped=False),
+}
+
+# Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
+NO_FLASHINFER = {
+    ("fp8-block", "cutlass"): (
+        "SGLang 0.5.23 has no FlashInfer CUTLASS path for block FP8 (asked for "
+        "flashinfer_cutlass, it runs its Triton MoE runner on the weights as loaded)"
+    ),
+}
+
 # What the plugin loads, by (scheme, backend): the SGLang MoE method whose end state it builds
 # (class name), each proven against SGLang's own processing (tests/test_sglang_plugin.py).
 METHODS = {
     ("bf16", "trtllm"): "UnquantizedFusedMoEMethod",
     ("bf16", "cutlass"): "UnquantizedFusedMoEMethod",
+    ("fp8-block", "trtllm"): "Fp8MoEMethod",
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
 # TRT-LLM-gen on the SM10x family only; CUTLASS BF16 on SM90, SM10x and SM12x.
-GPU_FAMILY = {("bf16", "trtllm"): "sm100", ("bf16", "cutlass"): "sm90+"}
+GPU_FAMILY = {
+    ("bf16", "trtllm"): "sm100",
+    ("bf16", "cutlass"): "sm90+",
+    ("fp8-block", "trtllm"): "sm100",
+}
 
-
-def server_of(manifest: dict) -> str:
-    """The server an output is for (a manifest without the field: vLLM's)."""
-    return str(manifest.get(SERVER_FIELD, DEFAULT_SERVER))
+NOTE = (
+    "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert for SGLang "
+    "{sglang}: serve with `{launch}` (fi-convert's SGLang plugin: fi-convert installed with its "
+    "sglang extra)"
+)
+EP_NOTE = "EP size 1: fi-convert's SGLang plugin does not load experts under expert parallelism yet"
 
 
 def sglang_fields(scheme: str, backend: str) -> dict:
-    """The manifest fields that make an output SGLang's: `server` and `target` (the converter
-    writes them with --server sglang; today the tests add them to a converted output)."""
-    target = dict(TARGET)
-    family = GPU_FAMILY.get((scheme, backend))
-    if family is not None:
-        target["gpu_family"] = family
-    return {SERVER_FIELD: SGLANG, "target": target}
+    """The manifest fields that make an output SGLang's: `server` and `target` (as the
+    converter writes them with --server sglang)."""
+    return {SERVER_FIELD: SGLANG, "target": SGLANG_TARGET.target_fields(scheme, backend)}
 
 
 def launch_command(where: str, backend: str, tp: int) -> str:
@@ -71,3 +97,79 @@ def launch_command(where: str, backend: str, tp: int) -> str:
     cmd = f"python -m sglang.launch_server --model-path {where} --load-format {LOAD_FORMAT} "
     cmd += f"--moe-runner-backend {MOE_RUNNER_BACKEND.get(backend, backend)}"
     return cmd + (f" --tp {tp}" if tp != 1 else "")
+
+
+class SglangTarget:
+    """SGLang 0.5.23 as a `fi_convert.target.ServerTarget`."""
+
+    name = SGLANG
+    label = "SGLang"
+    versions = TARGET
+    ep_schemes: tuple[str, ...] = ()  # the plugin refuses --ep-size > 1 (not proven yet)
+
+    def marker_note(self, scheme: str, backend: str, tp: int) -> str:
+        return NOTE.format(sglang=TARGET["sglang"], launch=launch_command("DIR", backend, tp))
+
+    def no_path(self, scheme: str, backend: str) -> str:
+        return NO_FLASHINFER.get((scheme, backend), "fi-convert has no such layout of it")
+
+    def refuses(self, scheme: str, backend: str) -> str | None:
+        if (scheme, backend) in LAYOUTS:
+            return None
+        if (scheme, backend) in NO_FLASHINFER:
+            return NO_FLASHINFER[scheme, backend]
+        return f"fi-convert does not write SGLang {TARGET['sglang']}'s layout of it yet"
+
+    def layout(self, scheme: str, backend: str) -> Layout:
+        return LAYOUTS[scheme, backend]
+
+    def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:
+        return None  # `refuses` keeps every output the plugin cannot load from being planned
+
+    def gpu_family(self, backend: str, scheme: str) -> str:
+        return GPU_FAMILY.get((scheme, backend), "")
+
+    def target_fields(self, scheme: str, backend: str) -> dict:
+        return {**TARGET, "gpu_family": self.gpu_family(backend, scheme)}
+
+    def ep_note(self, scheme: str, layers: Mapping[str, dict]) -> str:
+        return EP_NOTE
+
+    def serve_command(self, where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
+        return launch_command(where, backend, tp)
+
+    def card_rows(self, target: Mapping) -> list[str]:
+        t = target
+        return [
+            f"| target SGLang | {t.get('sglang')} |",
+            f"| target FlashInfer | {t.get('flashinfer')} (layouts of "
+            f"{t.get('flashinfer_layouts')}) |",
+        ]
+
+    def card_section(self, m: Mapping, repo_id: str) -> list[str]:
+        """The model card's lines on serving the output with fi-convert's SGLang plugin."""
+        backend, tp, t = m["backend"], m["tp_size"], m["target"]
+        version = m["fi_convert_version"]
+        return [
+            f"**SGLang.** The expert bytes are those SGLang {t.get('sglang')} with FlashInfer "
+            f"{t.get('flashinfer')} holds after `process_weights_after_loading` (not vLLM's: "
+            "the two servers' layouts differ for several schemes). Serve it with fi-convert's "
+            "SGLang plugin, which loads them straight into the MoE layers and runs kernel setup "
+            f"only. fi-convert is not on PyPI: install fi-convert {version} with its `sglang` "
+            'extra from a clone of its repository (`pip install ".[sglang]"`) or from its wheel '
+            f'(`make wheel`, then `pip install "dist/fi_convert-{version}-py3-none-any.whl'
+            '[sglang]"`), then (a local download of this repo):',
+            "",
+            "```",
+            launch_command("LOCAL_DIR", backend, tp),
+            "```",
+            "",
+            "The plugin refuses, before loading anything, an SGLang outside "
+            f"{t.get('sglang_versions')}, another TP size, another `--moe-runner-backend`, "
+            f"expert parallelism, or a GPU outside the {t.get('gpu_family')} family. Stock "
+            "SGLang without `--load-format fi-convert`, and vLLM, must not be used on this repo.",
+            "",
+        ]
+
+
+SGLANG_TARGET = SglangTarget()

@@ -10,6 +10,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from ...format.names import server_of, servers_of, target_of
 from .target import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION, VLLM
 
 PREFIX = "fi-convert: "
@@ -118,7 +119,14 @@ def check_manifest(
     (`dp_size`: data-parallel x prefill-context-parallel size, over which vLLM splits the
     MoE layers too)."""
     scheme, backend = manifest["scheme"], manifest["backend"]
-    target = manifest.get("target", {})
+    target = target_of(manifest, VLLM.name)
+    server = server_of(manifest)
+    if VLLM.name not in servers_of(manifest):
+        raise PluginError(
+            f"{root}: converted for {server}, whose layouts differ from vLLM's; serve it with "
+            f"{server} and fi-convert's {server} plugin, or convert the source again for vLLM "
+            "(--server vllm)"
+        )
     if (scheme, backend) not in SUPPORTED:
         ok = ", ".join(f"{s}/{b}" for s, b in sorted(SUPPORTED))
         raise PluginError(
@@ -218,7 +226,7 @@ def check_device(
     capability: tuple[int, int] | None,
 ) -> None:
     """The checks of the machine: a GPU of the backend's family, and FlashInfer's version."""
-    backend, target = manifest["backend"], manifest.get("target", {})
+    backend, target = manifest["backend"], target_of(manifest, VLLM.name)
     check_gpu(_family(manifest), backend, capability, root)
     fspec = target.get("flashinfer_versions", "")
     if flashinfer_version is None:
@@ -240,7 +248,7 @@ def _family(manifest: dict) -> str:
     try:
         return VLLM.gpu_family(manifest["backend"], manifest["scheme"])
     except (KeyError, TypeError):
-        return manifest.get("target", {}).get("gpu_family", "")
+        return target_of(manifest, VLLM.name).get("gpu_family", "")
 
 
 def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, root: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ...target import Refusal
+from ...target import VLLM_LAYOUT, Layout, Refusal
 
 NOTE = (
     "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert: serve with "
@@ -61,12 +61,21 @@ class VllmTarget:
     """vLLM 0.33 as a `fi_convert.target.ServerTarget`."""
 
     name = "vllm"
+    label = "vLLM"
     versions = TARGET
     ep_schemes = EP_SCHEMES
-    marker_note = NOTE
+
+    def marker_note(self, scheme: str, backend: str, tp: int) -> str:
+        return NOTE
 
     def no_path(self, scheme: str, backend: str) -> str:
         return NO_PATH.get((scheme, backend), "vLLM has no such path")
+
+    def refuses(self, scheme: str, backend: str) -> str | None:
+        return None  # every scheme's layout on each of its backends is vLLM's
+
+    def layout(self, scheme: str, backend: str) -> Layout:
+        return VLLM_LAYOUT
 
     def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:
         """Why vLLM 0.33 cannot serve this output as planned (fi-convert's plugin refuses it),

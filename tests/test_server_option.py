@@ -1,0 +1,324 @@
+"""`--server`: an output for SGLang (`fi-convert SRC OUT --server sglang`) against one for vLLM
+(the default), through the command line: what the manifest, config.json, the card and
+`inspect` say, what `verify` proves of it, and the one-line refusals. Its bytes are proven
+against SGLang's own processing in tests/test_sglang.py, its loading in
+tests/test_sglang_plugin.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fi_convert import load_moe_layer
+from fi_convert.format.names import MANIFEST_NAME
+from fi_convert.hub.card import model_card
+from fi_convert.plan import Options, make_plan
+from fi_convert.servers.vllm import checks as vllm_checks
+from fi_convert.testing.synthetic import Spec, write_checkpoint
+
+from .conftest import ANSI_RE, cli
+
+MIXTRAL = "model.layers.0.block_sparse_moe.experts"
+LAUNCH = (
+    "python -m sglang.launch_server --model-path DIR --load-format fi-convert "
+    "--moe-runner-backend flashinfer_trtllm --tp 2"
+)
+
+
+def lines(text: str) -> list[str]:
+    return ANSI_RE.sub("", text).splitlines()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    # I 192: I/TP 96 at TP 2, padded to 128, which SGLang shards by on TRT-LLM
+    mixtral = Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192, shards=1)
+    ds = Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512)
+    return {
+        "mixtral": write_checkpoint(root / "mixtral", mixtral),
+        "ds": write_checkpoint(root / "ds", ds),
+    }
+
+
+@pytest.fixture(scope="module")
+def converted(ckpts, tmp_path_factory):
+    """The Mixtral checkpoint converted at TP 2 for each server, by the command line."""
+    root = tmp_path_factory.mktemp("server-out")
+    outs = {}
+    for server in ("vllm", "sglang"):
+        out = root / server
+        args = [ckpts["mixtral"], out, "--tp-size", "2", "--device", "cpu", "--json"]
+        res = cli("convert", *args, *(["--server", server] if server != "vllm" else []))
+        assert res.exit_code == 0, res.stderr
+        assert json.loads(res.stdout)["server"] == server
+        outs[server] = out
+    return outs
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / MANIFEST_NAME).read_text())
+
+
+def test_the_manifest_names_the_server_and_its_releases(converted):
+    m = manifest(converted["sglang"])
+    assert m["server"] == "sglang"
+    assert m["target"] == {
+        "sglang": "0.5.23",
+        "sglang_versions": "==0.5.23",
+        "flashinfer": "0.7.2",
+        "flashinfer_layouts": "0.6.18-0.7.4",
+        "flashinfer_versions": ">=0.6.18,<0.7.5",
+        "gpu_family": "sm100",
+    }
+    assert m["layers"][MIXTRAL]["tp_split"] == "padded"
+    assert m["expert_parallel"].startswith("EP size 1")
+    v = manifest(converted["vllm"])
+    assert v["server"] == "vllm" and v["target"]["vllm"] == "0.33.0"
+    assert "tp_split" not in v["layers"][MIXTRAL]
+    # the same shapes, other bytes: rank 1 holds I rows 128-191 for SGLang, 96-191 for vLLM
+    a = load_moe_layer(converted["sglang"], MIXTRAL, tp_rank=1)
+    b = load_moe_layer(converted["vllm"], MIXTRAL, tp_rank=1)
+    assert a["w13_weight"].shape == b["w13_weight"].shape
+    assert not a["w13_weight"].equal(b["w13_weight"])
+
+
+def test_config_json_and_the_card_say_how_to_serve_it(converted):
+    qc = json.loads((converted["sglang"] / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "fi-convert"
+    assert LAUNCH in qc["note"] and "vllm serve" not in qc["note"]
+    card = model_card(manifest(converted["sglang"]), repo_id="org/mixtral-sglang")
+    assert LAUNCH.replace("DIR", "LOCAL_DIR") in card
+    assert "--tp-size 2 --server sglang" in card
+    assert "| target SGLang | 0.5.23 |" in card and "vllm serve" not in card
+    vcard = model_card(manifest(converted["vllm"]), repo_id="org/mixtral")
+    assert "vllm serve org/mixtral" in vcard and "--server" not in vcard
+
+
+def test_verify_proves_an_sglang_output(converted, ckpts):
+    res = cli("verify", converted["sglang"], "--source", ckpts["mixtral"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+
+
+def _tampered(converted, tmp_path, edit) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(converted["sglang"], out)
+    m = manifest(out)
+    edit(m)
+    (out / MANIFEST_NAME).write_text(json.dumps(m))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        # an SGLang output's manifest claiming vLLM: vLLM's target and split are not these
+        (lambda m: m.update(server="vllm"), "target.sglang is not a field of the target"),
+        (lambda m: m.pop("server"), "target.sglang is not a field of the target"),
+        (lambda m: m.update(server="tgi"), "server is \"tgi\", server 'tgi' is not one"),
+        (lambda m: m["layers"][MIXTRAL].pop("tp_split"), "tp_split is missing"),
+    ],
+)
+def test_verify_catches_a_manifest_of_another_server(converted, tmp_path, edit, words):
+    res = cli("verify", _tampered(converted, tmp_path, edit))
+    assert res.exit_code == 1
+    assert words in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_verify_against_flashinfer_refuses_an_sglang_output(converted, ckpts):
+    res = cli("verify", converted["sglang"], "--source", ckpts["mixtral"], "--against-flashinfer")
+    assert res.exit_code == 1
+    (line,) = lines(res.stderr)
+    assert "an output for sglang, and --against-flashinfer re-derives vLLM 0.33's" in line
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+def test_each_plugin_refuses_the_other_servers_output(converted):
+    with pytest.raises(vllm_checks.PluginError, match="converted for sglang, whose layouts"):
+        vllm_checks.check_manifest(
+            manifest(converted["sglang"]), "OUT", tp_size=2, use_ep=False, vllm_version="0.33.0"
+        )
+    vllm_checks.check_manifest(  # the control
+        manifest(converted["vllm"]), "OUT", tp_size=2, use_ep=False, vllm_version="0.33.0"
+    )
+
+
+def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
+    """The server is part of what a conversion is: an out-dir done for vLLM is not up to date
+    for SGLang (the plan's key differs): it is kept unless --overwrite replaces it."""
+    a = make_plan(ckpts["mixtral"], Options(tp_size=2))
+    b = make_plan(ckpts["mixtral"], Options(tp_size=2, server="sglang"))
+    assert a.key() != b.key()
+    out = tmp_path / "out"
+    shutil.copytree(converted["vllm"], out)
+    args = ["convert", ckpts["mixtral"], out, "--tp-size", "2", "--server", "sglang"]
+    res = cli(*args)
+    assert res.exit_code == 1
+    assert "holds a finished fi-convert output with other options" in res.stderr
+    res = cli(*args, "--overwrite")
+    assert res.exit_code == 0, res.stderr
+    assert manifest(out)["server"] == "sglang"
+    assert (out / MANIFEST_NAME).read_bytes() == (converted["sglang"] / MANIFEST_NAME).read_bytes()
+
+
+# ---- refusals: one line, exit code 1, the fix named ----
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "words"),
+    [
+        ("mixtral", ["--server", "tgi"], "server 'tgi' is not one fi-convert converts for"),
+        (
+            "mixtral",
+            ["--server", "sglang", "--scheme", "mxfp8"],
+            "--scheme mxfp8 --backend trtllm --server sglang: fi-convert does not write SGLang "
+            "0.5.23's layout of it yet; servable for sglang instead: --scheme bf16 (trtllm, "
+            "cutlass); or convert for vLLM (--server vllm)",
+        ),
+        (
+            "ds",
+            ["--server", "sglang", "--backend", "cutlass"],
+            "--scheme fp8-block --backend cutlass --server sglang: SGLang 0.5.23 has no "
+            "FlashInfer CUTLASS path for block FP8 (asked for flashinfer_cutlass, it runs its "
+            "Triton MoE runner",
+        ),
+    ],
+)
+def test_refusals(ckpts, tmp_path, case, args, words):
+    res = cli("convert", ckpts[case], tmp_path / "out", *args, "--device", "cpu")
+    assert res.exit_code == 1, res.stdout
+    (line,) = lines(res.stderr)
+    assert words in line
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_inspect_shows_what_each_server_gets(ckpts):
+    res = cli("inspect", ckpts["mixtral"], "--tp-size", "2", "--server", "sglang")
+    assert res.exit_code == 0, res.stderr
+    got = lines(res.stdout)
+    assert got[0].endswith("backend trtllm, tp 2, server sglang")
+    at = got.index("servers (--server; bf16, trtllm, tp 2):")
+    assert got[at + 1].startswith("  vllm: other bytes, first model.layers.0.block_sparse_moe")
+    assert (
+        'tp_split (the rows of I each TP rank holds) is "padded" for sglang, absent for vllm'
+        in (got[at + 1])
+    )
+    assert got[at + 2].startswith("  sglang: this plan; serve with `python -m sglang.launch_")
+    cut = cli("inspect", ckpts["mixtral"], "--tp-size", "2", "--backend", "cutlass", "--json")
+    servers = {s["server"]: s for s in json.loads(cut.stdout)["servers"]}
+    assert servers["sglang"]["layout"] == (
+        "the same bytes as for vllm (one output serves both: --server vllm,sglang)"
+    )
+    assert servers["sglang"]["serve"].endswith("--moe-runner-backend flashinfer_cutlass --tp 2")
+
+
+def test_fp8_block_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """DeepSeek FP8 block on TRT-LLM for SGLang: MajorK, unshuffled, unclamped scales (the
+    manifest says so, and verify re-plans it so); its bytes are proven in test_sglang.py."""
+    out = tmp_path / "out"
+    res = cli("convert", ckpts["ds"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    lay = manifest(out)["layers"]["model.layers.1.mlp.experts"]["tensors"]
+    assert lay["w13_weight"]["layout"] == "MajorK" and lay["w13_weight"]["shape_per_rank"] == [
+        8,
+        512,
+        256,
+    ]
+    assert "min" not in lay["w13_weight_scale_inv"]
+    res = cli("verify", out, "--source", ckpts["ds"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    t = load_moe_layer(out, "model.layers.1.mlp.experts", tp_rank=0)
+    assert float(t["w13_weight_scale_inv"].min()) < 1e-10  # the source's 1e-23, kept
+    res = cli("inspect", ckpts["ds"], "--tp-size", "2")
+    got = lines(res.stdout)
+    (line,) = [x for x in got if x.startswith("  sglang: ")]
+    first = 'w13_weight: layout (the element order) is "BlockMajorK" for vllm, "MajorK" for sglang'
+    assert f"other bytes, first model.layers.1.mlp.experts.{first}" in line
+
+
+# ---- one output for both servers, where their bytes are the same ----
+
+
+@pytest.mark.parametrize(("backend", "tp"), [("cutlass", 2), ("trtllm", 1)])
+def test_one_output_for_both_servers(ckpts, tmp_path, backend, tp):
+    """BF16 on CUTLASS at any TP, on TRT-LLM at TP 1: both servers' plans give the same layer
+    entries, so one output declares both; its bytes are each server's own output's (each
+    proven against that server in test_sglang.py / test_vllm.py), and each plugin accepts it."""
+    from fi_convert.servers.sglang import checks as sglang_checks
+
+    outs = {}
+    for server in ("vllm,sglang", "vllm", "sglang"):
+        outs[server] = tmp_path / server
+        args = ["--backend", backend, "--tp-size", str(tp), "--server", server]
+        res = cli("convert", ckpts["mixtral"], outs[server], *args)
+        assert res.exit_code == 0, res.stderr
+    m = manifest(outs["vllm,sglang"])
+    assert (m["server"], m["servers"]) == ("vllm", ["vllm", "sglang"])
+    assert m["target"] == manifest(outs["vllm"])["target"]
+    assert m["targets"] == {s: manifest(outs[s])["target"] for s in ("vllm", "sglang")}
+    assert m["layers"] == manifest(outs["vllm"])["layers"] == manifest(outs["sglang"])["layers"]
+    for rank in range(tp):
+        both = load_moe_layer(outs["vllm,sglang"], MIXTRAL, tp_rank=rank)
+        for server in ("vllm", "sglang"):
+            one = load_moe_layer(outs[server], MIXTRAL, tp_rank=rank)
+            assert all(both[n].equal(one[n]) for n in one) and both.keys() == one.keys()
+    res = cli("verify", outs["vllm,sglang"], "--source", ckpts["mixtral"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    qc = json.loads((outs["vllm,sglang"] / "config.json").read_text())["quantization_config"]
+    assert "vllm serve DIR" in qc["note"] and "sglang.launch_server" in qc["note"]
+    card = model_card(m, repo_id="org/both")
+    assert "vllm serve org/both" in card and "sglang.launch_server" in card
+    assert "| target vLLM | 0.33.0 |" in card and "| target SGLang | 0.5.23 |" in card
+    assert "--server vllm,sglang" in card
+    vllm_checks.check_manifest(m, "OUT", tp_size=tp, use_ep=False, vllm_version="0.33.0")
+    vllm_checks.check_device(m, "OUT", flashinfer_version="0.7.2.post1", capability=(10, 0))
+    flag = f"flashinfer_{backend}"
+    sglang_checks.check_manifest(
+        m, "OUT", tp_size=tp, moe_runner_backend=flag, sglang_version="0.5.23"
+    )
+    sglang_checks.check_device(m, "OUT", flashinfer_version="0.7.2", capability=(10, 0))
+    with pytest.raises(sglang_checks.PluginError, match="converted for SGLang ==0.5.23"):
+        sglang_checks.check_manifest(
+            m, "OUT", tp_size=tp, moe_runner_backend=flag, sglang_version="0.5.24"
+        )
+
+
+def test_both_servers_are_refused_where_their_bytes_differ(ckpts, tmp_path):
+    res = cli("convert", ckpts["mixtral"], tmp_path / "o", "--server", "vllm,sglang", "-tp", "2")
+    assert res.exit_code == 1
+    (line,) = lines(res.stderr)
+    assert line == (
+        "error: --scheme bf16 --backend trtllm --server vllm,sglang: vllm and sglang hold other "
+        "bytes of this checkpoint (first model.layers.0.block_sparse_moe.experts.w13_weight: "
+        'tp_split (the rows of I each TP rank holds) is absent for vllm, "padded" for sglang); '
+        "convert once for each (--server vllm, --server sglang)"
+    )
+    res = cli("convert", ckpts["ds"], tmp_path / "o", "--server", "sglang,vllm", "-tp", "2")
+    assert res.exit_code == 1
+    assert "first model.layers.1.mlp.experts.w13_weight: layout" in res.stderr
+    res = cli("convert", ckpts["ds"], tmp_path / "o", "--server", "vllm,sglang", "-b", "cutlass")
+    assert res.exit_code == 1
+    assert "not for sglang: SGLang 0.5.23 has no FlashInfer CUTLASS path" in res.stderr
+
+
+def test_verify_catches_a_second_server_whose_bytes_differ(converted, tmp_path):
+    """A vLLM output (TRT-LLM, TP 2, I/TP padded) edited to declare SGLang too, with SGLang's
+    target: verify re-plans the layer for SGLang and finds other bytes."""
+    from fi_convert.servers.sglang.target import SGLANG_TARGET
+
+    out = tmp_path / "out"
+    shutil.copytree(converted["vllm"], out)
+    m = manifest(out)
+    m["servers"] = ["vllm", "sglang"]
+    m["targets"] = {"vllm": m["target"], "sglang": SGLANG_TARGET.target_fields("bf16", "trtllm")}
+    (out / MANIFEST_NAME).write_text(json.dumps(m))
+    res = cli("verify", out)
+    assert res.exit_code == 1
+    assert "declared for sglang too, which holds other bytes" in res.stdout + res.stderr
+    m["servers"] = ["vllm"]  # a list of one: not an output for several
+    (out / MANIFEST_NAME).write_text(json.dumps(m))
+    res = cli("verify", out)
+    assert "not two or more servers starting with vllm" in res.stdout + res.stderr
