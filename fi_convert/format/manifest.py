@@ -8,6 +8,9 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from .. import jsontext
 from ..errors import ManifestError
 from ..paths import OUTPUT_FIX, denied, exists
@@ -122,3 +125,14 @@ def layer_groups(layers: dict) -> list[tuple[str, int, dict]]:
         (p[0] if len(p) == 1 else f"{p[0]} ... {p[-1]}", len(p), json.loads(key))
         for key, p in groups.items()
     ]
+
+
+def version_in(spec: str, version: str, what: str, root: str, error: type[Exception]) -> bool:
+    """Whether the release `version` is in the manifest's PEP 440 range `spec` (prereleases
+    too); an unreadable range is `error`, one line naming the output."""
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion, TypeError):
+        raise error(
+            f"{root}: the manifest's {what} range {spec!r} is unreadable; convert again"
+        ) from None

@@ -8,9 +8,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.names import servers_of, target_of
@@ -50,15 +47,6 @@ def read_output(root: Path) -> dict:
         raise PluginError(str(e)) from None
 
 
-def _contains(spec: str, version: str, what: str, root: str) -> bool:
-    try:
-        return SpecifierSet(spec).contains(Version(version), prereleases=True)
-    except (InvalidSpecifier, InvalidVersion, TypeError):
-        raise PluginError(
-            f"{root}: the manifest's {what} range {spec!r} is unreadable; convert again"
-        ) from None
-
-
 def check_manifest(
     manifest: dict,
     root: str,
@@ -86,7 +74,7 @@ def check_manifest(
             f"{ok}); serve the source checkpoint with SGLang's own loader"
         )
     spec = target_of(manifest, SGLANG).get("sglang_versions", "")
-    if not spec or not _contains(spec, sglang_version, "SGLang", root):
+    if not spec or not mf.version_in(spec, sglang_version, "SGLang", root, PluginError):
         raise PluginError(
             f"{root}: converted for SGLang {spec or '(no version range)'}, this is SGLang "
             f"{sglang_version}, whose layouts may differ; install an SGLang in {spec or 'range'}"
@@ -137,7 +125,7 @@ def check_device(
             f"{root}: FlashInfer is not installed, and its MoE kernels run these layouts; "
             f"install flashinfer-python in {spec}"
         )
-    if not spec or not _contains(spec, flashinfer_version, "FlashInfer", root):
+    if not spec or not mf.version_in(spec, flashinfer_version, "FlashInfer", root, PluginError):
         raise PluginError(
             f"{root}: converted for FlashInfer {spec or '(no version range)'}, this is "
             f"FlashInfer {flashinfer_version}; install flashinfer-python in {spec or 'range'}"

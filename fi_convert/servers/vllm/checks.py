@@ -7,9 +7,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
-
+from ...format import manifest as mf
 from ...format.names import server_of, servers_of, target_of
 from .target import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION, VLLM
 
@@ -67,15 +65,6 @@ class PluginError(ValueError):
 
     def __init__(self, msg: str) -> None:
         super().__init__(PREFIX + msg)
-
-
-def _contains(spec: str, version: str, what: str, root: str) -> bool:
-    try:
-        return SpecifierSet(spec).contains(Version(version), prereleases=True)
-    except (InvalidSpecifier, InvalidVersion, TypeError):
-        raise PluginError(
-            f"{root}: the manifest's {what} range {spec!r} is unreadable; convert again"
-        ) from None
 
 
 def check_output(
@@ -143,7 +132,7 @@ def check_manifest(
             "fp8-block"
         )
     vspec = target.get("vllm_versions", "")
-    if not _contains(vspec, vllm_version, "vLLM", root):
+    if not mf.version_in(vspec, vllm_version, "vLLM", root, PluginError):
         raise PluginError(
             f"{root}: converted for vLLM {vspec}, this is vLLM {vllm_version}, whose layouts may "
             f"differ; install a vLLM in {vspec} or convert again with an fi-convert that targets it"
@@ -234,7 +223,7 @@ def check_device(
             f"{root}: FlashInfer is not installed, and its MoE kernels run these layouts; "
             "install flashinfer-python in " + fspec
         )
-    if not _contains(fspec, flashinfer_version, "FlashInfer", root):
+    if not mf.version_in(fspec, flashinfer_version, "FlashInfer", root, PluginError):
         raise PluginError(
             f"{root}: converted for FlashInfer {fspec}, this is FlashInfer {flashinfer_version}; "
             f"install flashinfer-python in {fspec}"
