@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
-
 from .errors import (  # noqa: E402
     FiConvertError,
     HubError,
@@ -21,6 +19,7 @@ from .errors import (  # noqa: E402
     SourceError,
 )
 from .names import Backend, SchemeName  # noqa: E402
+from .version import __version__
 
 if TYPE_CHECKING:
     from .format.manifest import check_files

@@ -12,7 +12,6 @@ import json
 import os
 from pathlib import Path
 
-from . import __version__
 from .errors import FiConvertError
 from .families import all_families
 from .format.names import (
@@ -31,6 +30,7 @@ from .schemes import REGISTRY
 from .server_lookup import of_manifest, resolve
 from .st_io import TMP_SUFFIX
 from .target import ServerTarget
+from .version import __version__
 
 
 def target_fields(server: ServerTarget, scheme: str, backend: str) -> dict:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import __version__, jsontext, schemes
+from . import jsontext, schemes
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
 from .families import Family, config_field
 from .format import config_marker
@@ -33,6 +33,7 @@ from .source import (
 )
 from .st_io import OutEntry, TensorInfo
 from .target import DEFAULT, Layout, Refusal, ServerTarget
+from .version import __version__
 
 
 @dataclass(frozen=True)

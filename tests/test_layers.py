@@ -82,6 +82,7 @@ FORMAT_MAY_IMPORT = {
     "fi_convert.st_io",
     "fi_convert.bulk_read",
     "fi_convert.names",
+    "fi_convert.version",
 }
 
 

@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from .. import __version__
+from ..version import __version__
 from . import _process
 from ._output import Output, err, out
 from ._usage import one_line_group

@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__, jsontext
+from .. import jsontext
 from ..errors import HubError, SourceError
 from ..format.names import INDEX_NAME
 from ..paths import model_exists
+from ..version import __version__
 from .common import (
     LIBRARY,
     brief,

@@ -4,8 +4,8 @@ account may write to the target's namespace. Each failure is one line naming the
 
 from __future__ import annotations
 
-from .. import __version__
 from ..errors import HubError
+from ..version import __version__
 from .common import LIBRARY, brief, endpoint, hub_url, is_offline, is_repo_id, transport_errors
 
 # Token roles that cannot write (fine-grained tokens are checked by the Hub at upload)

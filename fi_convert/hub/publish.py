@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .. import __version__
 from ..errors import HubError
 from ..format.names import MANIFEST_NAME
+from ..version import __version__
 from .card import CARD_NAME, model_card, upload_manifest
 from .common import LIBRARY, brief, cause, endpoint, http_message, hub_url, transport_errors
 

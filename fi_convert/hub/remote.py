@@ -26,10 +26,11 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, dtypes, jsontext
+from .. import dtypes, jsontext
 from ..errors import HubError, SourceError
 from ..format.names import INDEX_NAME
 from ..st_io import SourceFiles, TensorInfo, _as_bytes
+from ..version import __version__
 from .common import (
     LIBRARY,
     brief,

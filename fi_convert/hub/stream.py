@@ -36,13 +36,14 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, jsontext, outdir
+from .. import jsontext, outdir
 from .. import manifest as mf
 from ..errors import HubError, OutputError
 from ..format.names import INDEX_NAME, MANIFEST_NAME
 from ..pipeline import ProgressFn, Written, resolve_device, write_shards
 from ..plan import Plan, ShardPlan
 from ..st_io import WRITEBACK, DiskRoom, ShardWriter, SourceFiles, build_header
+from ..version import __version__
 from .card import CARD_NAME
 from .common import endpoint, is_offline, is_repo_id
 from .publish import (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, dtypes, jsontext
+from .. import dtypes, jsontext
 from .. import manifest as mf
 from ..errors import FiConvertError
 from ..families import Family, all_families, config_field, model_type
@@ -39,6 +39,7 @@ from ..server_lookup import resolve
 from ..source import open_checkpoint
 from ..st_io import SourceFiles, TensorInfo, read_header
 from ..target import VLLM_LAYOUT, Layout
+from ..version import __version__
 
 # What a Hub download adds beside the files its manifest lists: the repo's .gitattributes,
 # and huggingface_hub's metadata of a `--local-dir` download.
