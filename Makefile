@@ -87,6 +87,7 @@ demo: install
 bench: install
 	$(PY) scripts/bench.py --out bench-out
 	$(PY) scripts/bench_vllm_load.py --out bench-out
+	$(PY) scripts/bench_sglang_load.py --out bench-out
 	$(PY) scripts/bench_hub.py --out bench-out
 	$(PY) scripts/bench_cli_sync.py --out bench-out
 
