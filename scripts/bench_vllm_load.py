@@ -230,11 +230,13 @@ def _ranges(out: Path, prefixes: list[str], dense: bool) -> list[tuple[str, int,
     return spans
 
 
-def limit_path(spans: list, dev: str, threads: int, chunk: int) -> dict:
+def limit_path(spans: list, dev: str, threads: int, chunk: int, fresh: bool = False) -> dict:
     """Plain parallel reads of `spans` into preallocated pinned buffers, copied to one
-    preallocated device buffer on each thread's own stream (into host memory on CPU)."""
+    preallocated device buffer on each thread's own stream (into host memory on CPU). With
+    `fresh` (host memory), into pages never touched, as a layer's new parameters are: their
+    first touch is part of the time."""
     total = sum(s for *_, s in spans)
-    dst = torch.zeros(total, dtype=torch.uint8, device=dev)  # its pages are there already
+    dst = (torch.empty if fresh else torch.zeros)(total, dtype=torch.uint8, device=dev)
     jobs, pos = [], 0
     for path, off, size in spans:
         for at in range(0, size, chunk):
