@@ -230,6 +230,9 @@ class BulkRead:
             self.threads = max(1, min(self.threads, buffers.nbytes // (DEPTH * self.chunk)))
         self._requests: list[tuple[Path, int, int, torch.Tensor]] = []
         self._threads: list[threading.Thread] = []
+        # set by each thread as its last act: Thread.join and is_alive cannot be trusted once
+        # a join was interrupted (CPython 3.11 then marks a running thread stopped, gh-90882)
+        self._done: list[threading.Event] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._error: BaseException | None = None
@@ -269,6 +272,7 @@ class BulkRead:
         if self.device.type == "cuda":  # destinations may reuse memory of pending work
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
+        self._done = [threading.Event() for _ in range(n)]
         self._threads = [
             threading.Thread(
                 target=self._work,
@@ -294,7 +298,9 @@ class BulkRead:
     def wait(self) -> ReadStats:
         """Wait for the threads; raise the first fault. Interrupted, stop them first."""
         try:
-            for t in self._threads:
+            for done in self._done:
+                done.wait()
+            for t in self._threads:  # past their last act: gone at once
                 t.join()
         except BaseException:
             self.abort()
@@ -320,19 +326,31 @@ class BulkRead:
         freed as they end). A second Ctrl-C meanwhile does not cut this short: a thread left
         inside torch at the interpreter's exit would abort the process."""
         self._stop.set()
-        for t in self._threads:
-            while t.ident is not None and t.is_alive():
+        for t, done in zip(self._threads, self._done, strict=True):
+            while t.ident is not None and not done.is_set():  # (started: it will set it)
+                try:
+                    done.wait()
+                except BaseException:  # noqa: S112 (they stop within one chunk's read)
+                    continue
+        for t in self._threads:  # past their last act (a join cut short may leave one
+            while t.ident is not None and t.is_alive():  # marked stopped early: harmless now)
                 try:
                     t.join()
-                except BaseException:  # noqa: S112 (they stop within one chunk's read)
+                except BaseException:  # noqa: S112
                     continue
         self._free()
 
     def _free(self) -> None:
         """This read's own host buffers go back (in the background) once no thread runs."""
         own = self._buffers if self._buffers is not self._given else None
-        if own is not None and not any(t.is_alive() for t in self._threads):
+        if own is not None and not self._running():
             own.free()
+
+    def _running(self) -> bool:
+        return any(
+            t.ident is not None and not done.is_set()
+            for t, done in zip(self._threads, self._done, strict=True)
+        )
 
     def wait_freed(self) -> None:
         """Until this read's own host buffers are given back (tests)."""
@@ -415,6 +433,7 @@ class BulkRead:
             self._stop.set()
         finally:
             self._ends.append(time.perf_counter())
+            self._done[k].set()  # its last act: nothing of torch runs in it after this
 
     def _work_direct(self, todo: queue.SimpleQueue[_Job | None]) -> None:
         while not self._stop.is_set() and (job := todo.get()) is not None:

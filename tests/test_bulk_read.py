@@ -169,6 +169,38 @@ def test_the_cache_is_emptied_once_nothing_holds_the_block(monkeypatch, backgrou
     assert seen == [True] and ahead.held == 0
 
 
+@pytest.mark.parametrize("staged", [False, True])
+def test_abort_waits_for_readers_that_a_cut_join_marked_stopped(two_files, monkeypatch, staged):
+    """CPython 3.11: a `Thread.join` cut short by Ctrl-C can mark a thread that still runs as
+    stopped (gh-90882; then `is_alive()` is False and `join()` returns at once). The read must
+    still wait for each reader's last act: one left inside torch at the interpreter's exit
+    aborts the process ('terminate called without an active exception', seen under load)."""
+    data, fds = two_files
+    path, fd = next(iter(fds.items()))
+    bulk = BulkRead("cpu", threads=2, chunk=MiB, staged=staged, host_memory="8MiB")
+    bulk.add(path, fd, 0, torch.empty(len(data[path]), dtype=torch.uint8))
+    inside = threading.Event()
+    real = BulkRead._read
+
+    def held(self, job, offset, mv):  # every read waits for the stop, then reads
+        inside.set()
+        self._stop.wait()
+        return real(self, job, offset, mv)
+
+    monkeypatch.setattr(BulkRead, "_read", held)
+    bulk.start()
+    inside.wait()
+    for t in bulk._threads:  # as the cut join leaves them
+        monkeypatch.setattr(t, "is_alive", lambda: False)
+        monkeypatch.setattr(t, "join", lambda *a, **k: None)
+    bulk.abort()
+    assert len(bulk._ends) == len(bulk._threads)  # every reader got to its end
+    assert bulk.pinned_bytes == 0
+    monkeypatch.undo()
+    for t in bulk._threads:  # (gone before the next test looks for readers)
+        t.join()
+
+
 def test_the_environment_sets_threads_and_budget(monkeypatch):
     monkeypatch.setenv("FI_CONVERT_READ_THREADS", "3")
     monkeypatch.setenv("FI_CONVERT_HOST_MEMORY", "24MiB")
