@@ -34,6 +34,12 @@ class Layout:
     shuffled: bool = True
     # fp8-block: block scales clamped to >= 1e-10 (vLLM); False: as loaded (SGLang)
     clamped: bool = True
+    # mxfp4: the scale padding (rows and columns past the checkpoint's) holds UE8M0 1.0 (byte
+    # 127: SGLang allocates its scales so and loads into them); False: 0 (vLLM)
+    unit_scale_pad: bool = False
+    # mxfp4: the biases are named as the server's parameters are: w13_weight_bias and
+    # w2_weight_bias (SGLang); False: w13_bias and w2_bias (vLLM)
+    weight_bias_names: bool = False
 
     def variants(self) -> frozenset[str]:
         """The fields that differ from vLLM's layout: what the scheme must implement."""

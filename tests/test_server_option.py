@@ -38,9 +38,11 @@ def ckpts(tmp_path_factory):
     # I 192: I/TP 96 at TP 2, padded to 128, which SGLang shards by on TRT-LLM
     mixtral = Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192, shards=1)
     ds = Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512)
+    oss = Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192)
     return {
         "mixtral": write_checkpoint(root / "mixtral", mixtral),
         "ds": write_checkpoint(root / "ds", ds),
+        "oss": write_checkpoint(root / "oss", oss),
     }
 
 
@@ -185,6 +187,13 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "FlashInfer CUTLASS path for block FP8 (asked for flashinfer_cutlass, it runs its "
             "Triton MoE runner",
         ),
+        (
+            "oss",
+            ["--server", "sglang", "--backend", "cutlass"],
+            "--scheme mxfp4 --backend cutlass --server sglang: fi-convert does not write "
+            "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme mxfp4 "
+            "(trtllm)",
+        ),
     ],
 )
 def test_refusals(ckpts, tmp_path, case, args, words):
@@ -322,3 +331,35 @@ def test_verify_catches_a_second_server_whose_bytes_differ(converted, tmp_path):
     (out / MANIFEST_NAME).write_text(json.dumps(m))
     res = cli("verify", out)
     assert "not two or more servers starting with vllm" in res.stdout + res.stderr
+
+
+def test_mxfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """gpt-oss MXFP4 on TRT-LLM for SGLang (its flashinfer_mxfp4 runner): vLLM's bytes but the
+    scale padding (127, UE8M0 1.0) and the biases' names; verify re-plans it so; its bytes are
+    proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["oss"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    m = manifest(out)
+    lay = m["layers"][prefix]["tensors"]
+    assert lay["w13_weight_scale"]["pad"] == 127 and "w13_weight_bias" in lay
+    res = cli("verify", out, "--source", ckpts["oss"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert "--moe-runner-backend flashinfer_mxfp4 --tp 2" in qc["note"]
+    card = model_card(m, repo_id="org/oss")
+    assert "--moe-runner-backend flashinfer_mxfp4 --tp 2" in card
+    vllm = tmp_path / "vllm"
+    assert cli("convert", ckpts["oss"], vllm, "--tp-size", "2").exit_code == 0
+    for rank in range(2):
+        a, b = load_moe_layer(out, prefix, tp_rank=rank), load_moe_layer(vllm, prefix, tp_rank=rank)
+        for name in ("w13_weight", "w2_weight"):
+            assert a[name].equal(b[name])
+        for ours, theirs in (("w13_weight_bias", "w13_bias"), ("w2_weight_bias", "w2_bias")):
+            assert a[ours].equal(b[theirs])
+        for name in ("w13_weight_scale", "w2_weight_scale"):
+            d = a[name] != b[name]
+            assert bool(d.any()) and bool((a[name][d] == 127).all()) and not b[name][d].any()
+    res = cli("convert", ckpts["oss"], tmp_path / "o", "--server", "vllm,sglang")
+    assert res.exit_code == 1
+    assert "first model.layers.0.mlp.experts.w13_weight_scale" in res.stderr

@@ -28,6 +28,7 @@ def install(
     memory); returns their names. With `bulk`, the bytes are read when `bulk` runs (with every
     other layer's); without, now."""
     now = bulk or reader.bulk(next(layer.parameters()).device)
+    retyped = RETYPED.get(type(layer.quant_method).__name__, ())
     loaded = []
     for name in reader.layer(prefix)["tensors"]:
         param = layer._parameters.get(name)
@@ -38,6 +39,10 @@ def install(
             )
         _, shape, dtype = reader.info(prefix, name)
         data = param.data
+        if name in retyped and data.dtype != dtype and data.numel() == math.prod(shape):
+            # processing gives it another dtype, in new storage: the output holds it in that
+            # dtype, read into new storage of it (the allocated one is dropped)
+            data = torch.empty(data.shape, dtype=dtype, device=data.device)
         if data.dtype != dtype or data.numel() != math.prod(shape) or not data.is_contiguous():
             raise PluginError(
                 f"{reader.root}: layer {prefix}: {name} is {dtype} {list(shape)} in the output, "
@@ -59,9 +64,13 @@ def finish(layer: Any) -> None:
     setup = KERNEL_ONLY.get(type(method).__name__)
     if setup is None:
         raise PluginError(f"{layer.layer_name}: no kernel setup for {type(method).__name__}")
-    # SGLang's expert weight loader evaluates this (cached) property on its way: so do we
-    layer.use_padded_loading  # noqa: B018
     setup(layer, method)
+
+
+def _as_loaded(layer: Any) -> None:
+    """What SGLang's expert weight loader (`FusedMoE.weight_loader`) leaves on its way: this
+    cached property, evaluated."""
+    layer.use_padded_loading  # noqa: B018
 
 
 def _unquantized(layer: Any, method: Any) -> None:
@@ -71,6 +80,7 @@ def _unquantized(layer: Any, method: Any) -> None:
     function; TRT-LLM's BlockMajorK weights are the output's as read (SGLang packs only weights
     of the allocated canonical shape), and its cache of FlashInfer's row permutations, by its
     own function, holds what its packing leaves there."""
+    _as_loaded(layer)
     if method.use_flashinfer_cutlass:
         from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
             materialize_swiglu_params_for_cutlass,
@@ -98,6 +108,7 @@ def _fp8_block(layer: Any, method: Any) -> None:
 
     if not method.block_quant:
         raise PluginError(f"{layer.layer_name}: Fp8MoEMethod is not block-quantized here")
+    _as_loaded(layer)
     backend = get_moe_runner_backend()
     trtllm = backend.is_flashinfer_trtllm() or backend.is_flashinfer_trtllm_routed()
     if trtllm and method._owns_moe_runner:
@@ -111,5 +122,52 @@ def _fp8_block(layer: Any, method: Any) -> None:
         )
 
 
+def _mxfp4(layer: Any, method: Any) -> None:
+    """Mxfp4MoEMethod.process_weights_after_loading (SGLang 0.5.23, mxfp4.py:635) for gpt-oss
+    MXFP4 on `flashinfer_mxfp4` on SM100 (FlashInfer TRT-LLM), without its transforms (the
+    pair swap, row shuffles and scale swizzle are the output's bytes): the SwiGLU constants it
+    makes from the layer's config, one per local expert, as it makes them (inline code there,
+    no function of its own to call); each expert parameter replaced, as it replaces them, by a
+    new Parameter (without the loader's attributes) on the same bytes, the scales viewed as
+    float8_e4m3fn; the biases are float32 already (`install` read them so). (SGLang's gpt-oss
+    loader, `GptOssForCausalLM._load_mxfp4_experts_weights`, copies into the parameters
+    itself: `use_padded_loading` stays unevaluated.)"""
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+
+    if method._fi_kernel != "trtllm_sm100" or method.use_marlin or method.use_mega_moe:
+        raise PluginError(
+            f"{layer.layer_name}: Mxfp4MoEMethod does not run FlashInfer TRT-LLM here (SM100, "
+            "--moe-runner-backend flashinfer_mxfp4, no Marlin or MegaMoE)"
+        )
+    if get_moe_a2a_backend().is_mori() and hasattr(layer, "dispatcher"):
+        layer.dispatcher.set_quant_config({})
+    e, cfg = layer.num_local_experts, layer.moe_runner_config
+    device = layer.w13_weight.device
+    constants = {
+        "gemm1_alpha": getattr(cfg, "gemm1_alpha", None) or 1.702,
+        "gemm1_beta": 1.0,
+        "gemm1_clamp_limit": getattr(cfg, "gemm1_clamp_limit", None) or 7.0,
+    }
+    for name, value in constants.items():
+        t = torch.tensor([value] * e, dtype=torch.float32, device=device)
+        setattr(layer, name, torch.nn.Parameter(t, requires_grad=False))
+    layer._situ_routing_bias_bf16 = None
+    for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"):
+        data = getattr(layer, name).data
+        if name.endswith("scale"):
+            data = data.view(torch.float8_e4m3fn)
+        setattr(layer, name, torch.nn.Parameter(data, requires_grad=False))
+    for name in ("w13_weight_bias", "w2_weight_bias"):
+        data = getattr(layer, name).data.reshape(e, -1)
+        setattr(layer, name, torch.nn.Parameter(data, requires_grad=False))
+
+
 # SGLang 0.5.23 MoE methods the plugin sets up, by class name.
-KERNEL_ONLY = {"UnquantizedFusedMoEMethod": _unquantized, "Fp8MoEMethod": _fp8_block}
+KERNEL_ONLY = {
+    "UnquantizedFusedMoEMethod": _unquantized,
+    "Fp8MoEMethod": _fp8_block,
+    "Mxfp4MoEMethod": _mxfp4,
+}
+# The parameters whose dtype a method's processing changes (new storage there too): the output
+# holds them in their final dtype
+RETYPED = {"Mxfp4MoEMethod": ("w13_weight_bias", "w2_weight_bias")}
