@@ -40,6 +40,13 @@ class Layout:
     # mxfp4: the biases are named as the server's parameters are: w13_weight_bias and
     # w2_weight_bias (SGLang); False: w13_bias and w2_bias (vLLM)
     weight_bias_names: bool = False
+    # nvfp4 on TRT-LLM: H padded to 256 (vLLM); False: H as is (SGLang)
+    hidden_padded: bool = True
+    # nvfp4: the global and input scales as vLLM holds them (w1's global scale, the input
+    # scales' max, folded into the weight scales); True: as SGLang holds them (gate and up
+    # global scales kept apart, each expert's input scales as loaded, the alphas and the
+    # inverse input scales beside them)
+    split_scales: bool = False
 
     def variants(self) -> frozenset[str]:
         """The fields that differ from vLLM's layout: what the scheme must implement."""

@@ -39,7 +39,13 @@ def ckpts(tmp_path_factory):
     mixtral = Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192, shards=1)
     ds = Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512)
     oss = Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192)
+    nv = Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4")
+    nv320 = Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=192, quant="nvfp4")
+    ct = Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, quant="nvfp4-ct")
     return {
+        "nv": write_checkpoint(root / "nv", nv),
+        "nv320": write_checkpoint(root / "nv320", nv320),
+        "ct": write_checkpoint(root / "ct", ct),
         "mixtral": write_checkpoint(root / "mixtral", mixtral),
         "ds": write_checkpoint(root / "ds", ds),
         "oss": write_checkpoint(root / "oss", oss),
@@ -193,6 +199,23 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "--scheme mxfp4 --backend cutlass --server sglang: fi-convert does not write "
             "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme mxfp4 "
             "(trtllm)",
+        ),
+        (
+            "nv320",
+            ["--server", "sglang"],
+            "model.layers.1.mlp.experts: hidden size 320 is not a multiple of 128; SGLang 0.5.23 "
+            "does not pad H for NVFP4 on FlashInfer TRT-LLM",
+        ),
+        (
+            "ct",
+            ["--server", "sglang"],
+            "compressed-tensors NVFP4: SGLang loads it with a method of its own",
+        ),
+        (
+            "nv",
+            ["--server", "sglang", "--backend", "cutlass"],
+            "--scheme nvfp4 --backend cutlass --server sglang: fi-convert does not write SGLang "
+            "0.5.23's layout of it yet",
         ),
     ],
 )
@@ -363,3 +386,23 @@ def test_mxfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
     res = cli("convert", ckpts["oss"], tmp_path / "o", "--server", "vllm,sglang")
     assert res.exit_code == 1
     assert "first model.layers.0.mlp.experts.w13_weight_scale" in res.stderr
+
+
+def test_nvfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt NVFP4 on TRT-LLM for SGLang: H 384 unpadded (vLLM pads it to 512), I/TP 96
+    padded to 128 and sharded by it, SGLang's scalars; verify re-plans it so; its bytes are
+    proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["nv"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["tp_split"] == "padded" and entry["padded_hidden_size"] == 384
+    lay = entry["tensors"]
+    assert lay["w13_weight"]["shape_per_rank"] == [3, 256, 192]
+    assert lay["w13_weight_scale_2"]["shape_per_rank"] == [3, 2]
+    assert lay["w13_input_scale_quant"]["shape_per_rank"] == []
+    res = cli("verify", out, "--source", ckpts["nv"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["nv"], tmp_path / "o", "--server", "vllm,sglang")
+    assert res.exit_code == 1
+    assert "vllm and sglang hold other bytes" in res.stderr

@@ -58,6 +58,14 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=5, hidden=256, intermediate=384, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt NVFP4, 3 experts, H 384 (a multiple of 128, not of 256: vLLM pads it, SGLang
+    # does not), I 192: I per rank 192, 96, 48, padded to 192, 128, 64 and sharded by it
+    # (TP 2: rank 1 holds 64 rows; TP 4: rank 3 none)
+    "deepseek-nvfp4-h384": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
     # transformers-written (tests/hf_checkpoints.py): H 64, I 128 (I per rank 128, 64, 32)
     "hf-qwen3-moe": ("bf16", "qwen3_moe", "model.layers.0.mlp.experts"),
     "hf-mixtral": ("bf16", "mixtral", "model.layers.0.block_sparse_moe.experts"),
@@ -71,6 +79,7 @@ CASES = {
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
+PARAMS = [p for p in PARAMS if p[0] != "deepseek-nvfp4-h384"]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
 PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] not in ("nvfp4", "mxfp4")]
@@ -426,7 +435,9 @@ def test_sglang_layer_state(sglang_layers):
 # TRT-LLM), the transformers-written ones (I/TP 128, 64, 32) on TRT-LLM. DeepSeek FP8 block on
 # TRT-LLM (MajorK, unshuffled, unclamped: rank 0 holds a scale of 1e-23). gpt-oss MXFP4 on
 # TRT-LLM (SGLang's flashinfer_mxfp4), 3 experts, H 320 and I 192: I/TP 192, 96, 64 padded to
-# 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding)
+# 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding). ModelOpt
+# NVFP4 on TRT-LLM: H 256 I 384 (I/TP 96 padded to 128, sharded by it) and H 384 I 192 (H not
+# padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing
 SGLANG_CASES = [
     (case, tp, rank, backend)
     for case in (
@@ -436,6 +447,8 @@ SGLANG_CASES = [
         "hf-mixtral",
         "deepseek-fp8-block",
         "gpt-oss-mxfp4",
+        "deepseek-nvfp4",
+        "deepseek-nvfp4-h384",
     )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
@@ -446,6 +459,7 @@ SGLANG_CASES = [
 # the output, the plugin's kernel setup sets them (tests/test_sglang_plugin.py): gpt-oss
 # MXFP4's SwiGLU constants, one per expert
 FROM_CONFIG = {"gemm1_alpha", "gemm1_beta", "gemm1_clamp_limit"}
+PADDED_SPLIT = ("mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral")
 
 
 @pytest.mark.parametrize(("case", "tp", "rank", "backend"), SGLANG_CASES)
@@ -463,11 +477,12 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     m = json.loads((out / "fi-convert-manifest.json").read_text())
     assert m["server"] == "sglang" and m["target"]["sglang"] == "0.5.23"
     # recorded where SGLang's split is not the even one: I/TP padded (Mixtral at TP 2 and 4,
-    # the transformers-written ones at TP 2 and 4), on TRT-LLM
+    # the transformers-written ones at TP 2 and 4; NVFP4 I/TP 96 and 48 padded to 64s), on
+    # TRT-LLM
     split = m["layers"][prefix].get("tp_split")
-    padded = (
-        backend == "trtllm" and tp > 1 and case in ("mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral")
-    )
+    padded = backend == "trtllm" and tp > 1 and case in PADDED_SPLIT
+    padded |= (case, tp) in (("deepseek-nvfp4", 4), ("deepseek-nvfp4-h384", 2))
+    padded |= (case, tp) == ("deepseek-nvfp4-h384", 4)
     assert split == ("padded" if padded else None)
 
 

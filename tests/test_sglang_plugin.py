@@ -56,8 +56,20 @@ CASES = {
         Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt NVFP4, 5 experts, H 256, I 384: I/TP 384, 192, 96 (padded to 128, sharded by
+    # it: rank 3 of 4 holds none of I)
+    "nvfp4": (
+        Spec("deepseek-v3", layers=2, experts=5, hidden=256, intermediate=384, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ... 3 experts, H 384 (vLLM pads it, SGLang does not), I 192: I/TP 192, 96, 48
+    "nvfp4-h384": (
+        Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
 }
 OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
+FP4 = OSS | {"nvfp4", "nvfp4-h384"}  # on SM100 (sm.blackwell)
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
 # (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
@@ -76,6 +88,11 @@ LAYER_CASES = [
     ("gpt-oss", "trtllm", 1),
     ("gpt-oss", "trtllm", 2),
     ("gpt-oss", "trtllm", 4),
+    ("nvfp4", "trtllm", 1),
+    ("nvfp4", "trtllm", 2),
+    ("nvfp4", "trtllm", 4),
+    ("nvfp4-h384", "trtllm", 2),
+    ("nvfp4-h384", "trtllm", 4),
 ]
 
 
@@ -86,7 +103,7 @@ def sgl(case: str, backend: str) -> str:
 
 def platform(case: str):
     """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`)."""
-    return sm.blackwell(cuda_noop=True) if case in OSS else contextlib.nullcontext()
+    return sm.blackwell(cuda_noop=case in OSS) if case in FP4 else contextlib.nullcontext()
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +146,9 @@ allocated: dict[int, dict[str, int]] = {}
 # gpt-oss MXFP4: the float32 biases (bfloat16 as allocated) and the SwiGLU constants
 NEW_STORAGE = {"w13_weight_bias", "w2_weight_bias", "gemm1_alpha", "gemm1_beta"}
 NEW_STORAGE |= {"gemm1_clamp_limit"}
+# NVFP4: what SGLang's processing makes from the scalars (new parameters on both sides)
+NVFP4_DERIVED = {"g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant"}
+NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c"}
 
 
 def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank: int, **kw):
@@ -165,8 +185,12 @@ def differing(theirs: dict, ours: dict) -> list[str]:
         if n not in theirs
         or n not in ours
         or (theirs[n].dtype, theirs[n].shape) != (ours[n].dtype, ours[n].shape)
-        or not torch.equal(theirs[n].view(torch.uint8), ours[n].view(torch.uint8))
+        or not torch.equal(_u8(theirs[n]), _u8(ours[n]))
     ]
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)  # (0-dim ones too: NVFP4's inverse input scales)
 
 
 def state_diff(ours: dict, theirs: dict) -> list[str]:
@@ -197,7 +221,7 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         # processing makes a tensor of another dtype: gpt-oss's float32 biases; and where it
         # makes a parameter from the config: gpt-oss's SwiGLU constants)
         now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
-        fresh = NEW_STORAGE if case in OSS else set()
+        fresh = NEW_STORAGE if case in OSS else NVFP4_DERIVED if case in FP4 else set()
         assert {n: v for n, v in now.items() if n not in fresh} == {
             n: v for n, v in allocated[id(ours)].items() if n not in fresh
         }
@@ -232,7 +256,13 @@ def test_control_another_ranks_bytes_are_caught(sources, outputs):
 
 @pytest.mark.parametrize(
     ("case", "backend"),
-    [("qwen3", "trtllm"), ("qwen3", "cutlass"), ("deepseek", "trtllm"), ("gpt-oss", "trtllm")],
+    [
+        ("qwen3", "trtllm"),
+        ("qwen3", "cutlass"),
+        ("deepseek", "trtllm"),
+        ("gpt-oss", "trtllm"),
+        ("nvfp4", "trtllm"),
+    ],
 )
 def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, outputs):
     ckpt, out, prefix = sources(case), outputs(case, backend, 1), CASES[case][1]
@@ -248,7 +278,9 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
         ("deepseek", "trtllm"): ["layer._flashinfer_trtllm_gemm1_"],
         # Mxfp4MoEMethod's routing-bias cache (its SwiGLU constants are parameters: below)
         ("gpt-oss", "trtllm"): ["layer._situ_routing_bias_bf16"],
-    }[case, backend] + ["layer.use_padded_loading"]
+        # the block-scale aliases TRT-LLM reads (None until set), the hidden padding record
+        ("nvfp4", "trtllm"): ["layer.w13_blockscale_swizzled", "layer.w2_blockscale_swizzled"],
+    }[case, backend] + ["layer.use_padded_loading", "layer.trtllm_padded_hidden_size"]
     assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
     assert any(d.startswith(want[0]) for d in diff), diff
     if case in OSS:  # the constants missing, the scales not viewed as float8_e4m3fn
@@ -405,8 +437,10 @@ def test_cutlass_bf16_runs_on_sm90_sm10x_and_sm12x(outputs):
 
 
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
-    with pytest.raises(PluginError, match="does not load nvfp4/trtllm outputs yet"):
-        _check(manifest | {"scheme": "nvfp4"})
+    with pytest.raises(PluginError, match="does not load nvfp4/cutlass outputs yet"):
+        _check(manifest | {"scheme": "nvfp4", "backend": "cutlass"})
+    with pytest.raises(PluginError, match="does not load mxfp8/trtllm outputs yet"):
+        _check(manifest | {"scheme": "mxfp8"})
     with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
         _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 

@@ -28,10 +28,18 @@ def install(
     memory); returns their names. With `bulk`, the bytes are read when `bulk` runs (with every
     other layer's); without, now."""
     now = bulk or reader.bulk(next(layer.parameters()).device)
-    retyped = RETYPED.get(type(layer.quant_method).__name__, ())
+    method = type(layer.quant_method).__name__
+    retyped, derived = RETYPED.get(method, ()), DERIVED.get(method, ())
     loaded = []
     for name in reader.layer(prefix)["tensors"]:
         param = layer._parameters.get(name)
+        if param is None and name in derived and not hasattr(layer, name):
+            # what processing makes from the loaded scalars: a new parameter (as there), of
+            # the output's size, read into
+            _, shape, dtype = reader.info(prefix, name)
+            device = next(layer.parameters()).device
+            param = torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device), False)
+            layer.register_parameter(name, param)
         if param is None:
             raise PluginError(
                 f"{reader.root}: layer {prefix}: SGLang's {type(layer.quant_method).__name__} "
@@ -162,12 +170,66 @@ def _mxfp4(layer: Any, method: Any) -> None:
         setattr(layer, name, torch.nn.Parameter(data, requires_grad=False))
 
 
+def _nvfp4(layer: Any, method: Any) -> None:
+    """ModelOptNvFp4FusedMoEMethod.process_weights_after_loading (SGLang 0.5.23,
+    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM, gated (SwiGLU without
+    a clamp limit or alpha: DeepSeek, Qwen3), static input scales, without its transforms
+    (the weights and block scales are the output's, reordered, shuffled and swizzled; its
+    scalars, the alphas, the inverse input scales and g1_scale_c, are the output's, `install`
+    made their parameters): the dispatcher's quantization config, as it sets it (with its own
+    functions deciding FP4 dispatch), the block-scale aliases TRT-LLM reads, and the padded
+    sizes it records."""
+    from sglang.srt.layers.moe.utils import should_use_flashinfer_cutlass_moe_fp4_allgather
+    from sglang.srt.layers.quantization.modelopt_quant import _use_nvfp4_dispatch
+
+    cfg = layer.moe_runner_config
+    plain = (
+        method.use_flashinfer_trtllm_weight_layout
+        and cfg.is_gated
+        and cfg.activation == "silu"
+        and cfg.gemm1_alpha is None
+        and not (cfg.gemm1_clamp_limit or cfg.swiglu_limit)
+        and not method.quant_config.use_per_token_activation
+        and not getattr(layer, "inference_moe_w13_interleaved", False)
+    )
+    if not plain:
+        raise PluginError(
+            f"{layer.layer_name}: the SGLang plugin loads NVFP4 on FlashInfer TRT-LLM for gated "
+            "SiLU experts with static input scales and no SwiGLU clamp only; serve the source "
+            "with SGLang's own loader"
+        )
+    _as_loaded(layer)
+    fp4_dispatch = _use_nvfp4_dispatch() or should_use_flashinfer_cutlass_moe_fp4_allgather()
+    layer.dispatcher.set_quant_config(
+        {"input_global_scale": layer.w13_input_scale_quant if fp4_dispatch else None}
+    )
+    layer.trtllm_padded_hidden_size = None  # SGLang pads H only for per-token non-gated
+    layer.w13_blockscale_swizzled = layer.w13_weight_scale
+    layer.w2_blockscale_swizzled = layer.w2_weight_scale
+    layer.intermediate_size_per_partition = layer.w2_weight.shape[2] * 2
+
+
+# The parameters whose dtype a method's processing changes (new storage there too): the output
+# holds them in their final dtype
+RETYPED = {"Mxfp4MoEMethod": ("w13_weight_bias", "w2_weight_bias")}
+# The parameters a method's processing makes (from the loaded scalars): the output holds them,
+# `install` makes each a new parameter and reads it
+DERIVED = {
+    "ModelOptNvFp4FusedMoEMethod": (
+        "g1_alphas",
+        "g1_alphas_up",
+        "g2_alphas",
+        "w13_input_scale_quant",
+        "w2_input_scale_quant",
+        "g1_scale_c",
+    )
+}
+
+
 # SGLang 0.5.23 MoE methods the plugin sets up, by class name.
 KERNEL_ONLY = {
     "UnquantizedFusedMoEMethod": _unquantized,
     "Fp8MoEMethod": _fp8_block,
     "Mxfp4MoEMethod": _mxfp4,
+    "ModelOptNvFp4FusedMoEMethod": _nvfp4,
 }
-# The parameters whose dtype a method's processing changes (new storage there too): the output
-# holds them in their final dtype
-RETYPED = {"Mxfp4MoEMethod": ("w13_weight_bias", "w2_weight_bias")}

@@ -64,6 +64,8 @@ LAYOUTS = {
     # gpt-oss MXFP4 on flashinfer_mxfp4: vLLM's bytes, the scale padding UE8M0 1.0 (127),
     # the biases under SGLang's names
     ("mxfp4", "trtllm"): Layout(unit_scale_pad=True, weight_bias_names=True),
+    # ModelOpt NVFP4 on TRT-LLM: I/TP padded to 64 and sharded by it, H as is, SGLang's scalars
+    ("nvfp4", "trtllm"): Layout(shard_padded=True, hidden_padded=False, split_scales=True),
 }
 
 # Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
@@ -81,6 +83,7 @@ METHODS = {
     ("bf16", "cutlass"): "UnquantizedFusedMoEMethod",
     ("fp8-block", "trtllm"): "Fp8MoEMethod",
     ("mxfp4", "trtllm"): "Mxfp4MoEMethod",
+    ("nvfp4", "trtllm"): "ModelOptNvFp4FusedMoEMethod",
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
@@ -90,6 +93,7 @@ GPU_FAMILY = {
     ("bf16", "cutlass"): "sm90+",
     ("fp8-block", "trtllm"): "sm100",
     ("mxfp4", "trtllm"): "sm100",
+    ("nvfp4", "trtllm"): "sm100",
 }
 
 NOTE = (
