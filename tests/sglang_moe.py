@@ -217,9 +217,11 @@ def make_layer(prefix: str, ckpt: Path):
 
 def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The layer's raw checkpoint tensors, named `e.{gate,up,down}_proj.param` (Mixtral's
-    w1/w3/w2 renamed, as SGLang's Mixtral maps them)."""
+    w1/w3/w2 renamed, as SGLang's Mixtral maps them), in the order SGLang's default loader
+    reads them: the shards in sorted order, each shard's tensors by sorted name (it matters
+    where SGLang keeps the last of two values: NVFP4's w13 input scale)."""
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
-    for name, shard in sorted(index.items()):
+    for name, shard in sorted(index.items(), key=lambda kv: (kv[1], kv[0])):
         if not name.startswith(prefix + "."):
             continue
         e, proj, param = name[len(prefix) + 1 :].split(".", 2)

@@ -21,6 +21,9 @@ it reads the shards in sorted order, the names in each sorted) and w2_input_scal
 a13 = max(w13_input_scale), a2 = max(w2_input_scale); g1_alphas = a13 * s2(w1),
 g1_alphas_up = a13 * s2(w3), g2_alphas = a2 * s2(w2), w13_input_scale_quant = 1 / a13 and
 w2_input_scale_quant = 1 / a2 (0-dim), g1_scale_c = w2_input_scale_quant * g1_alphas_up.
+On CUTLASS (`flashinfer_cutlass`): vLLM's weights and swizzled block scales ([up; gate], its
+`swizzle_blockscale` in place, which needs no padding: H a multiple of 128, refused
+otherwise), SGLang's scalars without g1_scale_c.
 """
 
 from __future__ import annotations
@@ -171,8 +174,9 @@ class Nvfp4Scheme(Scheme):
             # scale rows to 128, and the weights cannot follow ("Intermediate size padding for
             # w1 and w3 ... not currently supported"), so vLLM cannot serve such an output
             raise LayoutError(
-                f"{layer.prefix}: intermediate size per rank {i_r}: vLLM 0.33's FlashInfer "
-                "CUTLASS NVFP4 path needs 2*I/tp to be a multiple of 128 and refuses to pad it; "
+                f"{layer.prefix}: intermediate size per rank {i_r}: the FlashInfer CUTLASS NVFP4 "
+                "paths of vLLM 0.33 and SGLang 0.5.23 need 2*I/tp to be a multiple of 128 and "
+                "refuse to pad it; "
                 "use --backend trtllm or a --tp-size that keeps I/tp a multiple of 64"
             )
         i_p = L.round_up(i_r, PAD_I) if trt else i_r
@@ -183,6 +187,12 @@ class Nvfp4Scheme(Scheme):
                 "not pad H for NVFP4 on FlashInfer TRT-LLM and its scale shuffle needs it, so "
                 "SGLang cannot serve this checkpoint on flashinfer_trtllm"
             )
+        if not trt and layout.split_scales and h % TILE:
+            raise LayoutError(
+                f"{layer.prefix}: hidden size {h} is not a multiple of {TILE}; SGLang 0.5.23's "
+                "FlashInfer CUTLASS NVFP4 processing then pads its swizzled scales into "
+                "parameters of their own, which fi-convert does not write yet"
+            )
         sc = _Scales(layer)
         if layout.split_scales and (sc.g_inv or sc.a_inv):
             raise LayoutError(
@@ -192,7 +202,7 @@ class Nvfp4Scheme(Scheme):
         differ = sc.w1_w3_differ() if differ is None else differ
         rows = RankRows(layer.intermediate_size, tp, i_p, layout.shard_padded)
         outs = _trtllm(layer, e, h_p, rows) if trt else _cutlass(layer, e, h, h_p, i_r, i_p)
-        outs += sc.sglang_outputs(e) if layout.split_scales else sc.outputs(e, backend)
+        outs += sc.sglang_outputs(e, trt) if layout.split_scales else sc.outputs(e, backend)
         notes = []
         if differ and not layout.split_scales:
             notes.append(
@@ -420,9 +430,9 @@ class _Scales:
         up = [order("w3", x) > order("w1", x) for x in range(self.layer.num_experts)]
         return torch.where(torch.tensor(up), w3, w1)
 
-    def sglang_outputs(self, e: int) -> list[OutputTensor]:
-        """The scalars as SGLang 0.5.23's ModelOpt NVFP4 method holds them on TRT-LLM (module
-        doc), in the order its processing makes them."""
+    def sglang_outputs(self, e: int, trt: bool) -> list[OutputTensor]:
+        """The scalars as SGLang 0.5.23's ModelOpt NVFP4 method holds them (module doc), in the
+        order its processing makes them; g1_scale_c on TRT-LLM only."""
         s = self
         f32 = torch.float32
         a13 = lambda c: s.last_loaded(c).unsqueeze(1).expand(e, 2)  # noqa: E731
@@ -444,8 +454,9 @@ class _Scales:
             "g2_alphas": (lambda c: (a2_max(c) * s.scale_2(c, "w2")).to(f32), (e,)),
             "w13_input_scale_quant": (lambda c: (1 / a13_max(c)).to(f32), ()),
             "w2_input_scale_quant": (a2_quant, ()),
-            "g1_scale_c": (lambda c: (a2_quant(c) * g1_up(c)).to(f32), (e,)),
         }
+        if trt:
+            fns["g1_scale_c"] = (lambda c: (a2_quant(c) * g1_up(c)).to(f32), (e,))
 
         def make(fn: Callable[[Ctx], torch.Tensor]):
             def produce(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:

@@ -144,6 +144,7 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
     need = {
         "sm100": (major == 10, "an SM100-family (Blackwell B200/GB200/B300) GPU"),
         "sm90+": (sm == 90 or major in (10, 12), "an SM90, SM10x or SM12x GPU"),
+        "sm100+": (major in (10, 12), "an SM10x or SM12x (Blackwell) GPU"),
     }.get(family)
     if need is not None and not need[0]:
         raise PluginError(

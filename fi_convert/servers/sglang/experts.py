@@ -172,19 +172,22 @@ def _mxfp4(layer: Any, method: Any) -> None:
 
 def _nvfp4(layer: Any, method: Any) -> None:
     """ModelOptNvFp4FusedMoEMethod.process_weights_after_loading (SGLang 0.5.23,
-    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM, gated (SwiGLU without
-    a clamp limit or alpha: DeepSeek, Qwen3), static input scales, without its transforms
-    (the weights and block scales are the output's, reordered, shuffled and swizzled; its
-    scalars, the alphas, the inverse input scales and g1_scale_c, are the output's, `install`
-    made their parameters): the dispatcher's quantization config, as it sets it (with its own
-    functions deciding FP4 dispatch), the block-scale aliases TRT-LLM reads, and the padded
-    sizes it records."""
+    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated (SwiGLU
+    without a clamp limit or alpha: DeepSeek, Qwen3), static input scales, without its
+    transforms (the weights and block scales are the output's, reordered, shuffled and
+    swizzled; its scalars, the alphas, the inverse input scales and TRT-LLM's g1_scale_c, are
+    the output's, `install` made their parameters): CUTLASS's SwiGLU parameters, by its own
+    function; the dispatcher's quantization config, as it sets it (with its own functions
+    deciding FP4 dispatch); the block-scale aliases the kernels read (CUTLASS: the swizzle it
+    writes in place, aliased as TRT-LLM's is); TRT-LLM's padded sizes."""
     from sglang.srt.layers.moe.utils import should_use_flashinfer_cutlass_moe_fp4_allgather
     from sglang.srt.layers.quantization.modelopt_quant import _use_nvfp4_dispatch
 
     cfg = layer.moe_runner_config
+    trtllm = method.use_flashinfer_trtllm_weight_layout
+    cutlass = method.enable_flashinfer_cutlass_moe and not method.enable_flashinfer_cutedsl_moe
     plain = (
-        method.use_flashinfer_trtllm_weight_layout
+        (trtllm or cutlass)
         and cfg.is_gated
         and cfg.activation == "silu"
         and cfg.gemm1_alpha is None
@@ -194,19 +197,30 @@ def _nvfp4(layer: Any, method: Any) -> None:
     )
     if not plain:
         raise PluginError(
-            f"{layer.layer_name}: the SGLang plugin loads NVFP4 on FlashInfer TRT-LLM for gated "
+            f"{layer.layer_name}: the SGLang plugin loads NVFP4 on FlashInfer TRT-LLM and "
+            "CUTLASS for gated "
             "SiLU experts with static input scales and no SwiGLU clamp only; serve the source "
             "with SGLang's own loader"
         )
     _as_loaded(layer)
+    if cutlass:
+        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
+            materialize_swiglu_params_for_cutlass,
+        )
+
+        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
+            cfg, int(layer.num_local_experts), layer.w13_weight.device
+        )
     fp4_dispatch = _use_nvfp4_dispatch() or should_use_flashinfer_cutlass_moe_fp4_allgather()
     layer.dispatcher.set_quant_config(
         {"input_global_scale": layer.w13_input_scale_quant if fp4_dispatch else None}
     )
-    layer.trtllm_padded_hidden_size = None  # SGLang pads H only for per-token non-gated
+    if trtllm:
+        layer.trtllm_padded_hidden_size = None  # SGLang pads H only for per-token non-gated
+        layer.intermediate_size_per_partition = layer.w2_weight.shape[2] * 2
+    # the placeholders SGLang allocated for CUTLASS are dropped, as its processing drops them
     layer.w13_blockscale_swizzled = layer.w13_weight_scale
     layer.w2_blockscale_swizzled = layer.w2_weight_scale
-    layer.intermediate_size_per_partition = layer.w2_weight.shape[2] * 2
 
 
 # The parameters whose dtype a method's processing changes (new storage there too): the output

@@ -66,6 +66,8 @@ LAYOUTS = {
     ("mxfp4", "trtllm"): Layout(unit_scale_pad=True, weight_bias_names=True),
     # ModelOpt NVFP4 on TRT-LLM: I/TP padded to 64 and sharded by it, H as is, SGLang's scalars
     ("nvfp4", "trtllm"): Layout(shard_padded=True, hidden_padded=False, split_scales=True),
+    # ... on CUTLASS: vLLM's weights and swizzled block scales, SGLang's scalars
+    ("nvfp4", "cutlass"): Layout(split_scales=True),
 }
 
 # Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
@@ -84,6 +86,7 @@ METHODS = {
     ("fp8-block", "trtllm"): "Fp8MoEMethod",
     ("mxfp4", "trtllm"): "Mxfp4MoEMethod",
     ("nvfp4", "trtllm"): "ModelOptNvFp4FusedMoEMethod",
+    ("nvfp4", "cutlass"): "ModelOptNvFp4FusedMoEMethod",
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
@@ -94,6 +97,7 @@ GPU_FAMILY = {
     ("fp8-block", "trtllm"): "sm100",
     ("mxfp4", "trtllm"): "sm100",
     ("nvfp4", "trtllm"): "sm100",
+    ("nvfp4", "cutlass"): "sm100+",  # FlashInfer's CUTLASS FP4 MoE: SM10x and SM12x
 }
 
 NOTE = (
