@@ -40,8 +40,14 @@ class Layout:
     # mxfp4: the biases are named as the server's parameters are: w13_weight_bias and
     # w2_weight_bias (SGLang); False: w13_bias and w2_bias (vLLM)
     weight_bias_names: bool = False
-    # nvfp4 on TRT-LLM: H padded to 256 (vLLM); False: H as is (SGLang)
+    # nvfp4 and mxfp8 on TRT-LLM: H padded to 256 (vLLM); False: H as is (SGLang)
     hidden_padded: bool = True
+    # mxfp8: the scale padding holds 0 (SGLang allocates its scales zero-filled); False: UE8M0
+    # 1.0, byte 127 (vLLM)
+    zero_scale_pad: bool = False
+    # mxfp8: the block scales named w13_weight_scale_inv and w2_weight_scale_inv (SGLang's
+    # block-FP8 method's names); False: w13_weight_scale and w2_weight_scale (vLLM)
+    scale_inv_names: bool = False
     # nvfp4: the global and input scales as vLLM holds them (w1's global scale, the input
     # scales' max, folded into the weight scales); True: as SGLang holds them (gate and up
     # global scales kept apart, each expert's input scales as loaded, the alphas and the

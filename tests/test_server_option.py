@@ -42,7 +42,9 @@ def ckpts(tmp_path_factory):
     nv = Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4")
     nv320 = Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=192, quant="nvfp4")
     ct = Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, quant="nvfp4-ct")
+    mx8 = Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8")
     return {
+        "mx8": write_checkpoint(root / "mx8", mx8),
         "nv": write_checkpoint(root / "nv", nv),
         "nv320": write_checkpoint(root / "nv320", nv320),
         "ct": write_checkpoint(root / "ct", ct),
@@ -181,10 +183,10 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
         ("mixtral", ["--server", "tgi"], "server 'tgi' is not one fi-convert converts for"),
         (
             "mixtral",
-            ["--server", "sglang", "--scheme", "mxfp8"],
-            "--scheme mxfp8 --backend trtllm --server sglang: fi-convert does not write SGLang "
-            "0.5.23's layout of it yet; servable for sglang instead: --scheme bf16 (trtllm, "
-            "cutlass); or convert for vLLM (--server vllm)",
+            ["--server", "sglang", "--scheme", "fp8-tensor"],
+            "--scheme fp8-tensor --backend trtllm --server sglang: fi-convert does not write "
+            "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme bf16 "
+            "(trtllm, cutlass); or convert for vLLM (--server vllm)",
         ),
         (
             "ds",
@@ -199,6 +201,11 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "--scheme mxfp4 --backend cutlass --server sglang: fi-convert does not write "
             "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme mxfp4 "
             "(trtllm)",
+        ),
+        (
+            "mixtral",
+            ["--server", "sglang", "--scheme", "mxfp8"],
+            "BF16 experts: SGLang quantizes them to MXFP8 on the GPU at load",
         ),
         (
             "nv320",
@@ -404,5 +411,23 @@ def test_nvfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
     res = cli("verify", out, "--source", ckpts["nv"], "--full")
     assert res.exit_code == 0, res.stdout + res.stderr
     res = cli("convert", ckpts["nv"], tmp_path / "o", "--server", "vllm,sglang")
+    assert res.exit_code == 1
+    assert "vllm and sglang hold other bytes" in res.stderr
+
+
+def test_mxfp8_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt MXFP8 on TRT-LLM for SGLang: H 384 unpadded, I/TP 160 padded to 256 and
+    sharded by it, the scale padding 0, SGLang's scale names; verify re-plans it so; its bytes
+    are proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.0.mlp.experts"
+    res = cli("convert", ckpts["mx8"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["tp_split"] == "padded" and entry["padded_hidden_size"] == 384
+    lay = entry["tensors"]
+    assert lay["w13_weight_scale_inv"]["pad"] == 0 and "w13_weight_scale" not in lay
+    res = cli("verify", out, "--source", ckpts["mx8"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["mx8"], tmp_path / "o", "--server", "vllm,sglang")
     assert res.exit_code == 1
     assert "vllm and sglang hold other bytes" in res.stderr

@@ -66,6 +66,21 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt MXFP8 (SGLang's native mxfp8 method), 3 experts, H 384 (vLLM pads it to 512,
+    # SGLang does not), I 320: I per rank 320, 160 padded to 384 and 256 (scales padded with
+    # 0 by SGLang, 127 by vLLM) and sharded by it (TP 2: rank 1 holds 64 rows)
+    "qwen3-mxfp8": (
+        "mxfp8",
+        Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8"),
+        "model.layers.0.mlp.experts",
+    ),
+    # ... 5 experts, H 256, I 256: I per rank 256, 128, 64 (padded to 128, sharded by it: at
+    # TP 4 ranks 2 and 3 hold none of I)
+    "qwen3-mxfp8-5": (
+        "mxfp8",
+        Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
+        "model.layers.0.mlp.experts",
+    ),
     # transformers-written (tests/hf_checkpoints.py): H 64, I 128 (I per rank 128, 64, 32)
     "hf-qwen3-moe": ("bf16", "qwen3_moe", "model.layers.0.mlp.experts"),
     "hf-mixtral": ("bf16", "mixtral", "model.layers.0.block_sparse_moe.experts"),
@@ -79,7 +94,8 @@ CASES = {
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
-PARAMS = [p for p in PARAMS if p[0] != "deepseek-nvfp4-h384"]  # (c) only
+ONLY_C = ("deepseek-nvfp4-h384", "qwen3-mxfp8", "qwen3-mxfp8-5")
+PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
 PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] not in ("nvfp4", "mxfp4")]
@@ -449,11 +465,13 @@ SGLANG_CASES = [
         "gpt-oss-mxfp4",
         "deepseek-nvfp4",
         "deepseek-nvfp4-h384",
+        "qwen3-mxfp8",
+        "qwen3-mxfp8-5",
     )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
     for rank in range(tp)
-    if backend == "trtllm"
+    if (backend == "trtllm" and (case, tp) != ("qwen3-mxfp8", 4))  # I/TP 80: not MX blocks
     or case in ("qwen3-bf16", "mixtral-bf16-7")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
     or (case, tp) in (("deepseek-nvfp4", 1), ("deepseek-nvfp4", 2), ("deepseek-nvfp4-h384", 1))
@@ -485,7 +503,7 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     split = m["layers"][prefix].get("tp_split")
     padded = backend == "trtllm" and tp > 1 and case in PADDED_SPLIT
     padded |= (case, tp) in (("deepseek-nvfp4", 4), ("deepseek-nvfp4-h384", 2))
-    padded |= (case, tp) == ("deepseek-nvfp4-h384", 4)
+    padded |= (case, tp) in (("deepseek-nvfp4-h384", 4), ("qwen3-mxfp8", 2), ("qwen3-mxfp8-5", 4))
     assert split == ("padded" if padded else None)
 
 

@@ -67,9 +67,21 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt MXFP8 (SGLang's native mxfp8 method): H 384 (unpadded), I 320 (I/TP 320, 160
+    # padded to 384 and 256, sharded by it); H 256, I 256, 5 experts (I/TP 64 padded to 128 at
+    # TP 4: ranks 2 and 3 hold none of I)
+    "mxfp8": (
+        Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8"),
+        QWEN,
+    ),
+    "mxfp8-5": (
+        Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
+        QWEN,
+    ),
 }
+MX8 = {"mxfp8", "mxfp8-5"}
 OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
-FP4 = OSS | {"nvfp4", "nvfp4-h384"}  # on SM100 (sm.blackwell)
+FP4 = OSS | {"nvfp4", "nvfp4-h384"} | MX8  # on SM100 (sm.blackwell)
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
 # (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
@@ -96,6 +108,9 @@ LAYER_CASES = [
     ("nvfp4", "cutlass", 1),
     ("nvfp4", "cutlass", 2),
     ("nvfp4-h384", "cutlass", 1),
+    ("mxfp8", "trtllm", 1),
+    ("mxfp8", "trtllm", 2),
+    ("mxfp8-5", "trtllm", 4),
 ]
 
 
@@ -106,7 +121,12 @@ def sgl(case: str, backend: str) -> str:
 
 def platform(case: str):
     """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`)."""
-    return sm.blackwell(cuda_noop=case in OSS) if case in FP4 else contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    if case in FP4:
+        stack.enter_context(sm.blackwell(cuda_noop=case in OSS))
+    if case in MX8:
+        stack.enter_context(sm.cuda_gate())
+    return stack
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +247,7 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         # makes a parameter from the config or the scalars: gpt-oss's SwiGLU constants,
         # NVFP4's alphas; where it aliases: NVFP4's swizzled scales, placeholders dropped)
         now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
-        fresh = NEW_STORAGE if case in OSS else NVFP4_DERIVED if case in FP4 else set()
+        fresh = NEW_STORAGE if case in OSS else NVFP4_DERIVED if case in FP4 - MX8 else set()
         assert {n: v for n, v in now.items() if n not in fresh} == {
             n: v for n, v in allocated[id(ours)].items() if n not in fresh
         }
@@ -269,6 +289,7 @@ def test_control_another_ranks_bytes_are_caught(sources, outputs):
         ("gpt-oss", "trtllm"),
         ("nvfp4", "trtllm"),
         ("nvfp4", "cutlass"),
+        ("mxfp8", "trtllm"),
     ],
 )
 def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, outputs):
@@ -288,6 +309,7 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
         # the block-scale aliases TRT-LLM reads (None until set), the hidden padding record
         ("nvfp4", "trtllm"): ["layer.w13_blockscale_swizzled", "layer.w2_blockscale_swizzled"],
         ("nvfp4", "cutlass"): ["layer._cutlass_swiglu_params"],
+        ("mxfp8", "trtllm"): ["layer._flashinfer_trtllm_gemm1_"],  # as for FP8 block
     }[case, backend] + ["layer.use_padded_loading", "layer.trtllm_padded_hidden_size"]
     assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
     assert any(d.startswith(want[0]) for d in diff), diff
@@ -457,8 +479,8 @@ def test_cutlass_nvfp4_runs_on_sm10x_and_sm12x(manifest):
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
     with pytest.raises(PluginError, match="does not load mxfp4/cutlass outputs yet"):
         _check(manifest | {"scheme": "mxfp4", "backend": "cutlass"})
-    with pytest.raises(PluginError, match="does not load mxfp8/trtllm outputs yet"):
-        _check(manifest | {"scheme": "mxfp8"})
+    with pytest.raises(PluginError, match="does not load fp8-tensor/trtllm outputs yet"):
+        _check(manifest | {"scheme": "fp8-tensor"})
     with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
         _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 

@@ -179,6 +179,11 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{scheme} outputs; keep the source's config.json and quantization config as "
             "converted"
         )
+    if scheme == "mxfp8" and not getattr(layer.quant_method, "use_mxfp8", True):
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang built block or per-tensor FP8 for it, the output is "
+            "mxfp8; keep the source's quantization config (MXFP8) as converted"
+        )
     if scheme == "fp8-block" and not getattr(layer.quant_method, "block_quant", True):
         raise PluginError(
             f"{root}: layer {prefix}: SGLang built per-tensor FP8 for it, the output is "

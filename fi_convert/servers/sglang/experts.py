@@ -119,6 +119,19 @@ def _fp8_block(layer: Any, method: Any) -> None:
     _as_loaded(layer)
     backend = get_moe_runner_backend()
     trtllm = backend.is_flashinfer_trtllm() or backend.is_flashinfer_trtllm_routed()
+    if method.use_mxfp8:
+        # _process_mxfp8_moe_weights for an MXFP8 checkpoint on TRT-LLM: the weights and
+        # scales are the output's (interleaved, shuffled, swizzled), in the parameters SGLang
+        # allocated; what it leaves besides
+        if not trtllm or not method.quant_config.is_checkpoint_fp8_serialized:
+            raise PluginError(
+                f"{layer.layer_name}: the SGLang plugin loads MXFP8 checkpoints on FlashInfer "
+                "TRT-LLM only"
+            )
+        layer.w13_weight_scale_inv.format_ue8m0 = True
+        layer.w2_weight_scale_inv.format_ue8m0 = True
+        layer.w13_input_scale = None
+        layer.w2_input_scale = None
     if trtllm and method._owns_moe_runner:
         method._prepare_flashinfer_trtllm_activation_params(layer)
     if hasattr(layer, "dispatcher"):

@@ -68,6 +68,11 @@ LAYOUTS = {
     ("nvfp4", "trtllm"): Layout(shard_padded=True, hidden_padded=False, split_scales=True),
     # ... on CUTLASS: vLLM's weights and swizzled block scales, SGLang's scalars
     ("nvfp4", "cutlass"): Layout(split_scales=True),
+    # ModelOpt MXFP8 (SGLang's native mxfp8 method): I/TP padded to 128 and sharded by it, H as
+    # is, the scale padding 0, its scale names
+    ("mxfp8", "trtllm"): Layout(
+        shard_padded=True, hidden_padded=False, zero_scale_pad=True, scale_inv_names=True
+    ),
 }
 
 # Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
@@ -87,6 +92,7 @@ METHODS = {
     ("mxfp4", "trtllm"): "Mxfp4MoEMethod",
     ("nvfp4", "trtllm"): "ModelOptNvFp4FusedMoEMethod",
     ("nvfp4", "cutlass"): "ModelOptNvFp4FusedMoEMethod",
+    ("mxfp8", "trtllm"): "Fp8MoEMethod",
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
@@ -98,6 +104,7 @@ GPU_FAMILY = {
     ("mxfp4", "trtllm"): "sm100",
     ("nvfp4", "trtllm"): "sm100",
     ("nvfp4", "cutlass"): "sm100+",  # FlashInfer's CUTLASS FP4 MoE: SM10x and SM12x
+    ("mxfp8", "trtllm"): "sm100",
 }
 
 NOTE = (
