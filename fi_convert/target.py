@@ -34,6 +34,25 @@ class Layout:
     shuffled: bool = True
     # fp8-block: block scales clamped to >= 1e-10 (vLLM); False: as loaded (SGLang)
     clamped: bool = True
+    # mxfp4: the scale padding (rows and columns past the checkpoint's) holds UE8M0 1.0 (byte
+    # 127: SGLang allocates its scales so and loads into them); False: 0 (vLLM)
+    unit_scale_pad: bool = False
+    # mxfp4: the biases are named as the server's parameters are: w13_weight_bias and
+    # w2_weight_bias (SGLang); False: w13_bias and w2_bias (vLLM)
+    weight_bias_names: bool = False
+    # nvfp4 and mxfp8 on TRT-LLM: H padded to 256 (vLLM); False: H as is (SGLang)
+    hidden_padded: bool = True
+    # mxfp8: the scale padding holds 0 (SGLang allocates its scales zero-filled); False: UE8M0
+    # 1.0, byte 127 (vLLM)
+    zero_scale_pad: bool = False
+    # mxfp8: the block scales named w13_weight_scale_inv and w2_weight_scale_inv (SGLang's
+    # block-FP8 method's names); False: w13_weight_scale and w2_weight_scale (vLLM)
+    scale_inv_names: bool = False
+    # nvfp4: the global and input scales as vLLM holds them (w1's global scale, the input
+    # scales' max, folded into the weight scales); True: as SGLang holds them (gate and up
+    # global scales kept apart, each expert's input scales as loaded, the alphas and the
+    # inverse input scales beside them)
+    split_scales: bool = False
 
     def variants(self) -> frozenset[str]:
         """The fields that differ from vLLM's layout: what the scheme must implement."""

@@ -12,7 +12,7 @@ What is not SGLang's own: the stand-ins for triton, IPython and torchvision
 SGLang's parallel context is overridden with that rank and size (its own scoped `override`),
 with the check that the built groups have that size switched off (the one group here has one
 process). On this machine SGLang's `is_cuda()` and `is_cpu()` are both False, so it takes its
-generic (GPU) code paths. For NVFP4 and gpt-oss MXFP4 (`blackwell()`): SGLang's own
+generic (GPU) code paths. For NVFP4, MXFP8 and gpt-oss MXFP4 (`blackwell()`): SGLang's own
 `override_platform` hook says SM100, FlashInfer's CUDA-only scale swizzle is a CPU version,
 and for gpt-oss `Tensor.cuda` stays on CPU and two FlashInfer names SGLang binds only when
 FlashInfer finds CUDA are bound. gpt-oss experts load through SGLang's own
@@ -154,6 +154,16 @@ def blackwell(cuda_noop: bool = False) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def cuda_gate() -> Iterator[None]:
+    """SGLang's MXFP8 MoE processing runs only where its `fp8._is_cuda` flag (set at import)
+    says CUDA: set here (call inside sglang_context), as SGLang sets it on a CUDA machine."""
+    from sglang.srt.layers.quantization import fp8
+
+    with mock.patch.object(fp8, "_is_cuda", True):
+        yield
+
+
 def _stay(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     return self
 
@@ -176,6 +186,12 @@ def quant_config(ckpt: Path):
         from sglang.srt.layers.quantization.fp8 import Fp8Config
 
         return Fp8Config.from_config(cfg)
+    if cfg["quant_method"] == "modelopt" and cfg.get("quant_algo") == "MXFP8":
+        # SGLang's ModelConfig turns it into its native mxfp8 config, by this function
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+        return Fp8Config.from_config(ModelConfig._parse_modelopt_quant_config(None, cfg))
     if cfg["quant_method"] == "modelopt" and cfg.get("quant_algo") == "NVFP4":
         from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
 
@@ -217,9 +233,11 @@ def make_layer(prefix: str, ckpt: Path):
 
 def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The layer's raw checkpoint tensors, named `e.{gate,up,down}_proj.param` (Mixtral's
-    w1/w3/w2 renamed, as SGLang's Mixtral maps them)."""
+    w1/w3/w2 renamed, as SGLang's Mixtral maps them), in the order SGLang's default loader
+    reads them: the shards in sorted order, each shard's tensors by sorted name (it matters
+    where SGLang keeps the last of two values: NVFP4's w13 input scale)."""
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
-    for name, shard in sorted(index.items()):
+    for name, shard in sorted(index.items(), key=lambda kv: (kv[1], kv[0])):
         if not name.startswith(prefix + "."):
             continue
         e, proj, param = name[len(prefix) + 1 :].split(".", 2)
@@ -274,7 +292,11 @@ def load(layer, ckpt: Path, prefix: str) -> None:
         num_experts=experts,
     )
     params = dict(layer.named_parameters())
+    # DefaultModelLoader.load_weights_and_postprocess renames MXFP8 scales so
+    mxfp8 = _algo(ckpt) == "MXFP8"
     for name, tensor in source_tensors(ckpt, prefix):
+        if mxfp8 and name.endswith(".weight_scale"):
+            name += "_inv"
         full = "experts." + name
         for param_name, weight_name, expert_id, shard_id in mapping:
             if weight_name not in full:
@@ -303,8 +325,12 @@ def process(layer) -> None:
 def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str):
     """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code."""
     oss = _model_type(ckpt) == "gpt_oss"
-    fp4 = _algo(ckpt) == "NVFP4" or oss
-    with sglang_context(backend, tp, rank), blackwell(oss) if fp4 else contextlib.nullcontext():
+    fp4 = _algo(ckpt) in ("NVFP4", "MXFP8") or oss
+    with (
+        sglang_context(backend, tp, rank),
+        blackwell(oss) if fp4 else contextlib.nullcontext(),
+        cuda_gate() if _algo(ckpt) == "MXFP8" else contextlib.nullcontext(),
+    ):
         layer = make_layer(prefix, ckpt)
         assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)
         if _model_type(ckpt) == "gpt_oss":

@@ -38,9 +38,19 @@ def ckpts(tmp_path_factory):
     # I 192: I/TP 96 at TP 2, padded to 128, which SGLang shards by on TRT-LLM
     mixtral = Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192, shards=1)
     ds = Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512)
+    oss = Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192)
+    nv = Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4")
+    nv320 = Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=192, quant="nvfp4")
+    ct = Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, quant="nvfp4-ct")
+    mx8 = Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8")
     return {
+        "mx8": write_checkpoint(root / "mx8", mx8),
+        "nv": write_checkpoint(root / "nv", nv),
+        "nv320": write_checkpoint(root / "nv320", nv320),
+        "ct": write_checkpoint(root / "ct", ct),
         "mixtral": write_checkpoint(root / "mixtral", mixtral),
         "ds": write_checkpoint(root / "ds", ds),
+        "oss": write_checkpoint(root / "oss", oss),
     }
 
 
@@ -173,10 +183,10 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
         ("mixtral", ["--server", "tgi"], "server 'tgi' is not one fi-convert converts for"),
         (
             "mixtral",
-            ["--server", "sglang", "--scheme", "mxfp8"],
-            "--scheme mxfp8 --backend trtllm --server sglang: fi-convert does not write SGLang "
-            "0.5.23's layout of it yet; servable for sglang instead: --scheme bf16 (trtllm, "
-            "cutlass); or convert for vLLM (--server vllm)",
+            ["--server", "sglang", "--scheme", "fp8-tensor"],
+            "--scheme fp8-tensor --backend trtllm --server sglang: fi-convert does not write "
+            "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme bf16 "
+            "(trtllm, cutlass); or convert for vLLM (--server vllm)",
         ),
         (
             "ds",
@@ -184,6 +194,35 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "--scheme fp8-block --backend cutlass --server sglang: SGLang 0.5.23 has no "
             "FlashInfer CUTLASS path for block FP8 (asked for flashinfer_cutlass, it runs its "
             "Triton MoE runner",
+        ),
+        (
+            "oss",
+            ["--server", "sglang", "--backend", "cutlass"],
+            "--scheme mxfp4 --backend cutlass --server sglang: fi-convert does not write "
+            "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme mxfp4 "
+            "(trtllm)",
+        ),
+        (
+            "mixtral",
+            ["--server", "sglang", "--scheme", "mxfp8"],
+            "BF16 experts: SGLang quantizes them to MXFP8 on the GPU at load",
+        ),
+        (
+            "nv320",
+            ["--server", "sglang"],
+            "model.layers.1.mlp.experts: hidden size 320 is not a multiple of 128; SGLang 0.5.23 "
+            "does not pad H for NVFP4 on FlashInfer TRT-LLM",
+        ),
+        (
+            "ct",
+            ["--server", "sglang"],
+            "compressed-tensors NVFP4: SGLang loads it with a method of its own",
+        ),
+        (
+            "nv320",
+            ["--server", "sglang", "--backend", "cutlass"],
+            "hidden size 320 is not a multiple of 128; SGLang 0.5.23's FlashInfer CUTLASS NVFP4 "
+            "processing then pads its swizzled scales",
         ),
     ],
 )
@@ -322,3 +361,73 @@ def test_verify_catches_a_second_server_whose_bytes_differ(converted, tmp_path):
     (out / MANIFEST_NAME).write_text(json.dumps(m))
     res = cli("verify", out)
     assert "not two or more servers starting with vllm" in res.stdout + res.stderr
+
+
+def test_mxfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """gpt-oss MXFP4 on TRT-LLM for SGLang (its flashinfer_mxfp4 runner): vLLM's bytes but the
+    scale padding (127, UE8M0 1.0) and the biases' names; verify re-plans it so; its bytes are
+    proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["oss"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    m = manifest(out)
+    lay = m["layers"][prefix]["tensors"]
+    assert lay["w13_weight_scale"]["pad"] == 127 and "w13_weight_bias" in lay
+    res = cli("verify", out, "--source", ckpts["oss"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert "--moe-runner-backend flashinfer_mxfp4 --tp 2" in qc["note"]
+    card = model_card(m, repo_id="org/oss")
+    assert "--moe-runner-backend flashinfer_mxfp4 --tp 2" in card
+    vllm = tmp_path / "vllm"
+    assert cli("convert", ckpts["oss"], vllm, "--tp-size", "2").exit_code == 0
+    for rank in range(2):
+        a, b = load_moe_layer(out, prefix, tp_rank=rank), load_moe_layer(vllm, prefix, tp_rank=rank)
+        for name in ("w13_weight", "w2_weight"):
+            assert a[name].equal(b[name])
+        for ours, theirs in (("w13_weight_bias", "w13_bias"), ("w2_weight_bias", "w2_bias")):
+            assert a[ours].equal(b[theirs])
+        for name in ("w13_weight_scale", "w2_weight_scale"):
+            d = a[name] != b[name]
+            assert bool(d.any()) and bool((a[name][d] == 127).all()) and not b[name][d].any()
+    res = cli("convert", ckpts["oss"], tmp_path / "o", "--server", "vllm,sglang")
+    assert res.exit_code == 1
+    assert "first model.layers.0.mlp.experts.w13_weight_scale" in res.stderr
+
+
+def test_nvfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt NVFP4 on TRT-LLM for SGLang: H 384 unpadded (vLLM pads it to 512), I/TP 96
+    padded to 128 and sharded by it, SGLang's scalars; verify re-plans it so; its bytes are
+    proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["nv"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["tp_split"] == "padded" and entry["padded_hidden_size"] == 384
+    lay = entry["tensors"]
+    assert lay["w13_weight"]["shape_per_rank"] == [3, 256, 192]
+    assert lay["w13_weight_scale_2"]["shape_per_rank"] == [3, 2]
+    assert lay["w13_input_scale_quant"]["shape_per_rank"] == []
+    res = cli("verify", out, "--source", ckpts["nv"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["nv"], tmp_path / "o", "--server", "vllm,sglang")
+    assert res.exit_code == 1
+    assert "vllm and sglang hold other bytes" in res.stderr
+
+
+def test_mxfp8_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt MXFP8 on TRT-LLM for SGLang: H 384 unpadded, I/TP 160 padded to 256 and
+    sharded by it, the scale padding 0, SGLang's scale names; verify re-plans it so; its bytes
+    are proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.0.mlp.experts"
+    res = cli("convert", ckpts["mx8"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["tp_split"] == "padded" and entry["padded_hidden_size"] == 384
+    lay = entry["tensors"]
+    assert lay["w13_weight_scale_inv"]["pad"] == 0 and "w13_weight_scale" not in lay
+    res = cli("verify", out, "--source", ckpts["mx8"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["mx8"], tmp_path / "o", "--server", "vllm,sglang")
+    assert res.exit_code == 1
+    assert "vllm and sglang hold other bytes" in res.stderr

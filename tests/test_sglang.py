@@ -58,6 +58,29 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=5, hidden=256, intermediate=384, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt NVFP4, 3 experts, H 384 (a multiple of 128, not of 256: vLLM pads it, SGLang
+    # does not), I 192: I per rank 192, 96, 48, padded to 192, 128, 64 and sharded by it
+    # (TP 2: rank 1 holds 64 rows; TP 4: rank 3 none)
+    "deepseek-nvfp4-h384": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ModelOpt MXFP8 (SGLang's native mxfp8 method), 3 experts, H 384 (vLLM pads it to 512,
+    # SGLang does not), I 320: I per rank 320, 160 padded to 384 and 256 (scales padded with
+    # 0 by SGLang, 127 by vLLM) and sharded by it (TP 2: rank 1 holds 64 rows)
+    "qwen3-mxfp8": (
+        "mxfp8",
+        Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8"),
+        "model.layers.0.mlp.experts",
+    ),
+    # ... 5 experts, H 256, I 256: I per rank 256, 128, 64 (padded to 128, sharded by it: at
+    # TP 4 ranks 2 and 3 hold none of I)
+    "qwen3-mxfp8-5": (
+        "mxfp8",
+        Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
+        "model.layers.0.mlp.experts",
+    ),
     # transformers-written (tests/hf_checkpoints.py): H 64, I 128 (I per rank 128, 64, 32)
     "hf-qwen3-moe": ("bf16", "qwen3_moe", "model.layers.0.mlp.experts"),
     "hf-mixtral": ("bf16", "mixtral", "model.layers.0.block_sparse_moe.experts"),
@@ -71,6 +94,8 @@ CASES = {
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
+ONLY_C = ("deepseek-nvfp4-h384", "qwen3-mxfp8", "qwen3-mxfp8-5")
+PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
 PARAMS_A = [p for p in PARAMS if CASES[p[0]][0] not in ("nvfp4", "mxfp4")]
@@ -424,15 +449,38 @@ def test_sglang_layer_state(sglang_layers):
 # Every TP size and rank. BF16 on both backends: Qwen3-MoE (I/TP a multiple of 128), Mixtral
 # with 7 experts and I 192 (I/TP 192, 96, 48: padded, and sharded by the padded size on
 # TRT-LLM), the transformers-written ones (I/TP 128, 64, 32) on TRT-LLM. DeepSeek FP8 block on
-# TRT-LLM (MajorK, unshuffled, unclamped: rank 0 holds a scale of 1e-23)
+# TRT-LLM (MajorK, unshuffled, unclamped: rank 0 holds a scale of 1e-23). gpt-oss MXFP4 on
+# TRT-LLM (SGLang's flashinfer_mxfp4), 3 experts, H 320 and I 192: I/TP 192, 96, 64 padded to
+# 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding). ModelOpt
+# NVFP4 on TRT-LLM: H 256 I 384 (I/TP 96 padded to 128, sharded by it) and H 384 I 192 (H not
+# padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing
 SGLANG_CASES = [
     (case, tp, rank, backend)
-    for case in ("qwen3-bf16", "mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral", "deepseek-fp8-block")
+    for case in (
+        "qwen3-bf16",
+        "mixtral-bf16-7",
+        "hf-qwen3-moe",
+        "hf-mixtral",
+        "deepseek-fp8-block",
+        "gpt-oss-mxfp4",
+        "deepseek-nvfp4",
+        "deepseek-nvfp4-h384",
+        "qwen3-mxfp8",
+        "qwen3-mxfp8-5",
+    )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
     for rank in range(tp)
-    if backend == "trtllm" or case in ("qwen3-bf16", "mixtral-bf16-7")
+    if (backend == "trtllm" and (case, tp) != ("qwen3-mxfp8", 4))  # I/TP 80: not MX blocks
+    or case in ("qwen3-bf16", "mixtral-bf16-7")
+    # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
+    or (case, tp) in (("deepseek-nvfp4", 1), ("deepseek-nvfp4", 2), ("deepseek-nvfp4-h384", 1))
 ]
+# What SGLang's processing makes from the layer's config alone, not from the checkpoint: not in
+# the output, the plugin's kernel setup sets them (tests/test_sglang_plugin.py): gpt-oss
+# MXFP4's SwiGLU constants, one per expert
+FROM_CONFIG = {"gemm1_alpha", "gemm1_beta", "gemm1_clamp_limit"}
+PADDED_SPLIT = ("mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral")
 
 
 @pytest.mark.parametrize(("case", "tp", "rank", "backend"), SGLANG_CASES)
@@ -443,16 +491,19 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     out = outputs(case, tp, backend, "sglang")
     ours = load_moe_layer(out, prefix, tp_rank=rank)
     layer = sglang_layers(case, tp, rank, backend)
-    assert layer.runner_backend.value == sm.BACKEND[backend]
-    assert_same(sm.params(layer), ours, "SGLang's own")
+    runner = "mxfp4-trtllm" if CASES[case][0] == "mxfp4" else backend
+    assert layer.runner_backend.value == sm.BACKEND[runner]
+    theirs = {n: t for n, t in sm.params(layer).items() if n not in FROM_CONFIG}
+    assert_same(theirs, ours, "SGLang's own")
     m = json.loads((out / "fi-convert-manifest.json").read_text())
     assert m["server"] == "sglang" and m["target"]["sglang"] == "0.5.23"
     # recorded where SGLang's split is not the even one: I/TP padded (Mixtral at TP 2 and 4,
-    # the transformers-written ones at TP 2 and 4), on TRT-LLM
+    # the transformers-written ones at TP 2 and 4; NVFP4 I/TP 96 and 48 padded to 64s), on
+    # TRT-LLM
     split = m["layers"][prefix].get("tp_split")
-    padded = (
-        backend == "trtllm" and tp > 1 and case in ("mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral")
-    )
+    padded = backend == "trtllm" and tp > 1 and case in PADDED_SPLIT
+    padded |= (case, tp) in (("deepseek-nvfp4", 4), ("deepseek-nvfp4-h384", 2))
+    padded |= (case, tp) in (("deepseek-nvfp4-h384", 4), ("qwen3-mxfp8", 2), ("qwen3-mxfp8-5", 4))
     assert split == ("padded" if padded else None)
 
 

@@ -11,12 +11,13 @@ on CPU (tests/sglang_moe.py: SGLang's FusedMoE, built, loaded and processed by S
 - Each refusal (one line starting "fi-convert: ", naming the fix), the registration of the
   load format and hooks, and the entry point as pyproject.toml declares it.
 
-The outputs are fi-convert's BF16 outputs converted with --server sglang (tests/test_sglang.py
-proves their bytes against SGLang's own at every TP rank).
+The outputs are fi-convert's BF16, DeepSeek FP8 block and gpt-oss MXFP4 outputs converted with
+--server sglang (tests/test_sglang.py proves their bytes against SGLang's own at every TP rank).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -49,7 +50,38 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512, shards=2),
         "model.layers.1.mlp.experts",
     ),
+    # gpt-oss MXFP4 (flashinfer_mxfp4), 3 experts, H 320 (padded to 512), I 192: I/TP 192, 96,
+    # 64, padded to 256 and 128; rank 3 of 4 holds none of I
+    "gpt-oss": (
+        Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
+        "model.layers.1.mlp.experts",
+    ),
+    # ModelOpt NVFP4, 5 experts, H 256, I 384: I/TP 384, 192, 96 (padded to 128, sharded by
+    # it: rank 3 of 4 holds none of I)
+    "nvfp4": (
+        Spec("deepseek-v3", layers=2, experts=5, hidden=256, intermediate=384, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ... 3 experts, H 384 (vLLM pads it, SGLang does not), I 192: I/TP 192, 96, 48
+    "nvfp4-h384": (
+        Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ModelOpt MXFP8 (SGLang's native mxfp8 method): H 384 (unpadded), I 320 (I/TP 320, 160
+    # padded to 384 and 256, sharded by it); H 256, I 256, 5 experts (I/TP 64 padded to 128 at
+    # TP 4: ranks 2 and 3 hold none of I)
+    "mxfp8": (
+        Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8"),
+        QWEN,
+    ),
+    "mxfp8-5": (
+        Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
+        QWEN,
+    ),
 }
+MX8 = {"mxfp8", "mxfp8-5"}
+OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
+FP4 = OSS | {"nvfp4", "nvfp4-h384"} | MX8  # on SM100 (sm.blackwell)
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
 # (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
@@ -65,7 +97,36 @@ LAYER_CASES = [
     ("deepseek", "trtllm", 1),
     ("deepseek", "trtllm", 2),
     ("deepseek", "trtllm", 4),
+    ("gpt-oss", "trtllm", 1),
+    ("gpt-oss", "trtllm", 2),
+    ("gpt-oss", "trtllm", 4),
+    ("nvfp4", "trtllm", 1),
+    ("nvfp4", "trtllm", 2),
+    ("nvfp4", "trtllm", 4),
+    ("nvfp4-h384", "trtllm", 2),
+    ("nvfp4-h384", "trtllm", 4),
+    ("nvfp4", "cutlass", 1),
+    ("nvfp4", "cutlass", 2),
+    ("nvfp4-h384", "cutlass", 1),
+    ("mxfp8", "trtllm", 1),
+    ("mxfp8", "trtllm", 2),
+    ("mxfp8-5", "trtllm", 4),
 ]
+
+
+def sgl(case: str, backend: str) -> str:
+    """tests/sglang_moe.py's name of the SGLang runner for the case on fi-convert's backend."""
+    return "mxfp4-trtllm" if case in OSS else backend
+
+
+def platform(case: str):
+    """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`)."""
+    stack = contextlib.ExitStack()
+    if case in FP4:
+        stack.enter_context(sm.blackwell(cuda_noop=case in OSS))
+    if case in MX8:
+        stack.enter_context(sm.cuda_gate())
+    return stack
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +166,14 @@ def outputs(tmp_path_factory, sources):
 
 
 allocated: dict[int, dict[str, int]] = {}
+# gpt-oss MXFP4: the float32 biases (bfloat16 as allocated) and the SwiGLU constants
+NEW_STORAGE = {"w13_weight_bias", "w2_weight_bias", "gemm1_alpha", "gemm1_beta"}
+NEW_STORAGE |= {"gemm1_clamp_limit"}
+# NVFP4: what SGLang's processing makes from the scalars (new parameters on both sides)
+NVFP4_DERIVED = {"g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant"}
+NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c"}
+# ... and the CUTLASS scale-swizzle placeholders SGLang allocates, aliased to the scales after
+NVFP4_DERIVED |= {"w13_blockscale_swizzled", "w2_blockscale_swizzled"}
 
 
 def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank: int, **kw):
@@ -112,7 +181,8 @@ def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank
     `read_rank` (negative control): the rank whose bytes are read; `finish`: kernel setup."""
     from fi_convert.servers.sglang import experts
 
-    with sm.sglang_context(backend, tp, rank):
+    case = kw.get("case", "")
+    with sm.sglang_context(sgl(case, backend), tp, rank), platform(case):
         layer = sm.make_layer(prefix, ckpt)
         before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
         with OutputReader(out) as reader:
@@ -140,8 +210,12 @@ def differing(theirs: dict, ours: dict) -> list[str]:
         if n not in theirs
         or n not in ours
         or (theirs[n].dtype, theirs[n].shape) != (ours[n].dtype, ours[n].shape)
-        or not torch.equal(theirs[n].view(torch.uint8), ours[n].view(torch.uint8))
+        or not torch.equal(_u8(theirs[n]), _u8(ours[n]))
     ]
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)  # (0-dim ones too: NVFP4's inverse input scales)
 
 
 def state_diff(ours: dict, theirs: dict) -> list[str]:
@@ -157,17 +231,27 @@ def state_diff(ours: dict, theirs: dict) -> list[str]:
 def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sources, outputs):
     ckpt, prefix = sources(case), CASES[case][1]
     out = outputs(case, backend, tp)
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[sgl(case, backend)])
     for rank in range(tp):
-        theirs = sm.build(backend, tp, rank, ckpt, prefix)
-        ours = plugin_layer(out, ckpt, prefix, backend, tp, rank)
-        assert ours.runner_backend.value == sm.BACKEND[backend]
+        theirs = sm.build(sgl(case, backend), tp, rank, ckpt, prefix)
+        ours = plugin_layer(out, ckpt, prefix, backend, tp, rank, case=case)
+        assert ours.runner_backend.value == sm.BACKEND[sgl(case, backend)]
+        checks.check_layer(m, str(out), prefix, ours)  # the plugin's checks pass it
         assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
         diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
         assert diff == [], f"rank {rank}: attributes differ from SGLang's: {diff}"
         assert param_attrs(ours) == param_attrs(theirs)
-        # read in place: the parameters SGLang allocated, no new memory
+        # read in place: the parameters SGLang allocated, no new memory (but where SGLang's
+        # processing makes a tensor of another dtype: gpt-oss's float32 biases; where it
+        # makes a parameter from the config or the scalars: gpt-oss's SwiGLU constants,
+        # NVFP4's alphas; where it aliases: NVFP4's swizzled scales, placeholders dropped)
         now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
-        assert now == allocated[id(ours)]
+        fresh = NEW_STORAGE if case in OSS else NVFP4_DERIVED if case in FP4 - MX8 else set()
+        assert {n: v for n, v in now.items() if n not in fresh} == {
+            n: v for n, v in allocated[id(ours)].items() if n not in fresh
+        }
+        assert set(now) - set(allocated[id(ours)]) <= fresh
 
 
 @pytest.mark.parametrize(
@@ -197,21 +281,42 @@ def test_control_another_ranks_bytes_are_caught(sources, outputs):
 
 
 @pytest.mark.parametrize(
-    ("case", "backend"), [("qwen3", "trtllm"), ("qwen3", "cutlass"), ("deepseek", "trtllm")]
+    ("case", "backend"),
+    [
+        ("qwen3", "trtllm"),
+        ("qwen3", "cutlass"),
+        ("deepseek", "trtllm"),
+        ("gpt-oss", "trtllm"),
+        ("nvfp4", "trtllm"),
+        ("nvfp4", "cutlass"),
+        ("mxfp8", "trtllm"),
+    ],
 )
 def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, outputs):
     ckpt, out, prefix = sources(case), outputs(case, backend, 1), CASES[case][1]
-    theirs = sm.layer_state(sm.build(backend, 1, 0, ckpt, prefix))
-    ours = sm.layer_state(plugin_layer(out, ckpt, prefix, backend, 1, 0, finish=False))
+    layer = sm.build(sgl(case, backend), 1, 0, ckpt, prefix)
+    theirs = sm.layer_state(layer)
+    ours_layer = plugin_layer(out, ckpt, prefix, backend, 1, 0, finish=False, case=case)
+    ours = sm.layer_state(ours_layer)
     diff = state_diff(ours, theirs)
     want = {
         ("qwen3", "trtllm"): ["layer.quant_method._cache_permute_indices"],
         ("qwen3", "cutlass"): ["layer._cutlass_swiglu_params"],
         # Fp8MoEMethod's TRT-LLM SwiGLU parameters (None for DeepSeek's plain SiLU)
         ("deepseek", "trtllm"): ["layer._flashinfer_trtllm_gemm1_"],
-    }[case, backend] + ["layer.use_padded_loading"]
+        # Mxfp4MoEMethod's routing-bias cache (its SwiGLU constants are parameters: below)
+        ("gpt-oss", "trtllm"): ["layer._situ_routing_bias_bf16"],
+        # the block-scale aliases TRT-LLM reads (None until set), the hidden padding record
+        ("nvfp4", "trtllm"): ["layer.w13_blockscale_swizzled", "layer.w2_blockscale_swizzled"],
+        ("nvfp4", "cutlass"): ["layer._cutlass_swiglu_params"],
+        ("mxfp8", "trtllm"): ["layer._flashinfer_trtllm_gemm1_"],  # as for FP8 block
+    }[case, backend] + ["layer.use_padded_loading", "layer.trtllm_padded_hidden_size"]
     assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
     assert any(d.startswith(want[0]) for d in diff), diff
+    if case in OSS:  # the constants missing, the scales not viewed as float8_e4m3fn
+        want_p = ["w13_weight_scale", "w2_weight_scale", "gemm1_alpha", "gemm1_beta"]
+        want_p += ["gemm1_clamp_limit"]
+        assert differing(sm.params(layer), sm.params(ours_layer)) == want_p
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):
@@ -361,9 +466,21 @@ def test_cutlass_bf16_runs_on_sm90_sm10x_and_sm12x(outputs):
         _check(m, moe_runner_backend="flashinfer_cutlass", capability=(11, 0))
 
 
+def test_cutlass_nvfp4_runs_on_sm10x_and_sm12x(manifest):
+    m = manifest | {"scheme": "nvfp4", "backend": "cutlass"}
+    m = m | {"target": target.SGLANG_TARGET.target_fields("nvfp4", "cutlass")}
+    assert m["target"]["gpu_family"] == "sm100+"
+    for cap in ((10, 0), (12, 0)):
+        _check(m, moe_runner_backend="flashinfer_cutlass", capability=cap)
+    with pytest.raises(PluginError, match=r"need an SM10x or SM12x \(Blackwell\) GPU"):
+        _check(m, moe_runner_backend="flashinfer_cutlass", capability=(9, 0))
+
+
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
-    with pytest.raises(PluginError, match="does not load nvfp4/trtllm outputs yet"):
-        _check(manifest | {"scheme": "nvfp4"})
+    with pytest.raises(PluginError, match="does not load mxfp4/cutlass outputs yet"):
+        _check(manifest | {"scheme": "mxfp4", "backend": "cutlass"})
+    with pytest.raises(PluginError, match="does not load fp8-tensor/trtllm outputs yet"):
+        _check(manifest | {"scheme": "fp8-tensor"})
     with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
         _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 

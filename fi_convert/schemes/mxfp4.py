@@ -14,6 +14,11 @@ CUTLASS (vLLM's FLASHINFER_CUTLASS_MXFP4_MXFP8, SM100): the same TP split, paddi
 128; w13 de-interleaved into [up; gate] halves (weights, scales, bias), scales 128x4-swizzled,
 w2 as loaded, biases in their checkpoint dtype. (vLLM's SM90 BF16-activation variant
 interleaves weights with a CUDA op and is not produced.)
+
+SGLang 0.5.23 on TRT-LLM (`--moe-runner-backend flashinfer_mxfp4`, `Mxfp4MoEMethod`): vLLM's
+bytes, but for two layout variants: the scale padding holds UE8M0 1.0 (byte 127, the fill of
+SGLang's scale parameters) where vLLM's holds 0 (`unit_scale_pad`), and the biases are named
+w13_weight_bias and w2_weight_bias, as SGLang's parameters are (`weight_bias_names`).
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ TILE = 128
 PAD_I = 128
 PAD_H = 256
 MX = 32  # values per scale
+UE8M0_ONE = 127  # UE8M0 1.0: SGLang's scale fill
 PARAMS = ("blocks", "scales", "bias")
+BIASES = ("w13_bias", "w2_bias")  # vLLM's parameter names
 
 
 def _read(
@@ -84,6 +91,7 @@ class Mxfp4Scheme(Scheme):
     backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
     source_label = "MXFP4"
     synthetic = {"mxfp4": Synthetic(None, GPT_OSS_MXFP4)}
+    variants = frozenset({"unit_scale_pad", "weight_bias_names"})  # SGLang on TRT-LLM
 
     def stand_in_layers(self, prefix: str, e: int, h: int, i: int) -> list[ExpertLayer]:
         """gpt-oss's fused experts, with biases of each float dtype (CUTLASS keeps them)."""
@@ -144,15 +152,16 @@ class Mxfp4Scheme(Scheme):
         i_r = math.ceil(i / MX / tp) * MX
         pad_h = PAD_H if backend is Backend.TRTLLM else PAD_I  # CUTLASS rounds both to 128
         i_a, h_a = L.round_up(i_r, PAD_I), L.round_up(h, pad_h)
-        outs = _outputs(layer, e, h, i, i_r, i_a, h_a, backend)
+        outs = _outputs(layer, e, h, i, i_r, i_a, h_a, backend, layout)
         rows = [max(0, min(i, (r + 1) * i_r) - r * i_r) for r in range(tp)]
         return layer_plan(layer, outs, i_r, i_a, h_p=h_a, rows_per_rank=rows, group_size=MX)
 
 
-def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend) -> list[OutputTensor]:
+def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend, layout: Layout) -> list[OutputTensor]:
     """TRT-LLM: pair swap + row shuffle on w13 (rows13), row shuffle on w2 (rows2), float32
     biases. CUTLASS (vLLM's FLASHINFER_CUTLASS_MXFP4_MXFP8): w13 de-interleaved into
-    [up; gate] halves, w2 as loaded, scales 128x4-swizzled, biases kept in their dtype."""
+    [up; gate] halves, w2 as loaded, scales 128x4-swizzled, biases kept in their dtype.
+    `layout`: the scale padding's byte, the biases' names."""
     trt = backend is Backend.TRTLLM
     if trt:
         pairs = torch.arange(2 * i_a) ^ 1  # [gate, up] pairs -> [up, gate]
@@ -169,9 +178,14 @@ def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend) -> list[OutputTens
         start = rank * i_r
         return start, max(start, min(i, start + i_r))
 
+    pad = UE8M0_ONE if layout.unit_scale_pad else 0
+
     def stage(n: int, rows: int, cols: int | None, dtype=torch.uint8) -> torch.Tensor:
         shape = (n, rows) if cols is None else (n, rows, cols)
         return torch.zeros(shape, dtype=dtype)
+
+    def stage_s(n: int, rows: int, cols: int) -> torch.Tensor:
+        return torch.full((n, rows, cols), pad, dtype=torch.uint8)
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         s, t = span(rank)
@@ -181,7 +195,7 @@ def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend) -> list[OutputTens
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         s, t = span(rank)
-        src = stage(len(experts), 2 * i_a, h_a // MX)
+        src = stage_s(len(experts), 2 * i_a, h_a // MX)
         _read(ctx, p[("w13", "scales")], experts, (2 * s, 2 * t), None, src)
         L.gather_flat(ctx.to_device(src), sf13, out)
 
@@ -199,7 +213,7 @@ def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend) -> list[OutputTens
 
     def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         s, t = span(rank)
-        src = stage(len(experts), h_a, i_a // MX)
+        src = stage_s(len(experts), h_a, i_a // MX)
         _read(ctx, p[("w2", "scales")], experts, (0, h), (s // MX, t // MX), src)
         L.gather_flat(ctx.to_device(src), sf2, out)
 
@@ -211,7 +225,7 @@ def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend) -> list[OutputTens
 
     tile = {"epilogue_tile_m": TILE} if trt else {}
     lay = {"layout": "MajorK", "packing": "e2m1x2", **tile}
-    s_lay = {"layout": "swizzled_128x4", "block": [1, MX], "pad": 0, **tile}
+    s_lay = {"layout": "swizzled_128x4", "block": [1, MX], "pad": pad, **tile}
     b_lay = {"layout": "rows", **tile}
     inter = (
         {"row_order": "up_gate_pairs", "gated_interleave": True}
@@ -219,14 +233,15 @@ def _outputs(layer, e, h, i, i_r, i_a, h_a, backend: Backend) -> list[OutputTens
         else {"row_order": "up_gate"}
     )
     bias_dt = "F32" if trt else p[("w13", "bias")].dtype
+    b13, b2 = ("w13_weight_bias", "w2_weight_bias") if layout.weight_bias_names else BIASES
     return [
         OutputTensor("w13_weight", "U8", (e, 2 * i_a, h_a // 2), w13, {**lay, **inter}),
         OutputTensor("w13_weight_scale", "U8", (e, 2 * i_a, h_a // MX), w13_s, {**s_lay, **inter}),
-        OutputTensor("w13_bias", bias_dt, (e, 2 * i_a), w13_b, {**b_lay, **inter}),
+        OutputTensor(b13, bias_dt, (e, 2 * i_a), w13_b, {**b_lay, **inter}),
         OutputTensor("w2_weight", "U8", (e, h_a, i_a // 2), w2, lay),
         OutputTensor("w2_weight_scale", "U8", (e, h_a, i_a // MX), w2_s, s_lay),
         OutputTensor(
-            "w2_bias",
+            b2,
             "F32" if trt else p[("w2", "bias")].dtype,
             (e, h_a),
             w2_b,

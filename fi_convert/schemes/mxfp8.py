@@ -6,14 +6,23 @@ TRT-LLM only (vLLM has no FlashInfer CUTLASS MXFP8 path), as vLLM 0.33's
 (each half) and H to 256, weights with 0 and scales with 127 (2**0); [up; gate]; gated
 interleave + row shuffle (tile 128) on weights; the same rows on scales, then the 128x4 swizzle.
 Scales are held swizzled, reshaped to [E, M, K/32].
+
+SGLang 0.5.23 (its native `mxfp8` method, `Fp8MoEMethod`, on `flashinfer_trtllm`; MXFP8
+sources only): the same transforms, but I per rank padded to 128 by its FusedMoE and sharded
+by the padded size (`shard_padded`), H not padded (`hidden_padded` False; its processing needs
+H a multiple of 128), the scale padding 0 (`zero_scale_pad`: its scales are allocated
+zero-filled), and the scales named w13_weight_scale_inv, w2_weight_scale_inv
+(`scale_inv_names`).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import layout as L
-from ..errors import SchemeMismatchError
+from ..errors import LayoutError, SchemeMismatchError
 from ..quant import MX_BLOCK, UE8M0_ONE, mx_quantize
 from ..source import Checkpoint, ExpertLayer
 from ..target import VLLM_LAYOUT, Layout
@@ -22,6 +31,7 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    RankRows,
     Scheme,
     SchemeName,
     Synthetic,
@@ -72,6 +82,7 @@ class Mxfp8Scheme(Scheme):
     source_label = "MXFP8"
     stand_ins = (("F8_E4M3", False), ("BF16", False))  # BF16 experts: quantized on conversion
     source_formats = ("mxfp8", "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)")
+    variants = frozenset({"shard_padded", "hidden_padded", "zero_scale_pad", "scale_inv_names"})
     synthetic = {
         "mxfp8": Synthetic(synthetic_mxfp8, modelopt("MXFP8")),
         "mxfp8-ct": Synthetic(synthetic_mxfp8, _CT_MXFP8),
@@ -110,27 +121,54 @@ class Mxfp8Scheme(Scheme):
             MX_BLOCK,
             "an MX scale covers 32 values - use a --tp-size that keeps I/tp a multiple of 32",
         )
-        i_p, h_p = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H)
+        i_p = L.round_up(i_r, PAD_I)
+        h_p = L.round_up(h, PAD_H) if layout.hidden_padded else h
         quantize = weight_dtype(layer) == "BF16"
-        outs = _outputs(layer, e, h, h_p, i_r, i_p, quantize)
+        if not layout.hidden_padded and h % TILE:
+            raise LayoutError(
+                f"{layer.prefix}: hidden size {h} is not a multiple of {TILE}; SGLang 0.5.23 does "
+                "not pad H for MXFP8 on FlashInfer TRT-LLM and its scale shuffle needs it, so "
+                "SGLang cannot serve this checkpoint on flashinfer_trtllm"
+            )
+        if quantize and layout.scale_inv_names:
+            raise LayoutError(
+                f"{layer.prefix}: BF16 experts: SGLang quantizes them to MXFP8 on the GPU at "
+                "load, with its own kernels, whose bytes fi-convert does not write yet; convert "
+                "an MXFP8 checkpoint, or for vLLM (--server vllm)"
+            )
+        rows = RankRows(layer.intermediate_size, tp, i_p, layout.shard_padded)
+        outs = _outputs(layer, e, h, h_p, rows, quantize, layout)
         mxfp8, bf16 = self.source_formats
         fmt = bf16 if quantize else mxfp8
-        return layer_plan(layer, outs, i_r, i_p, h_p=h_p, source_format=fmt)
+        return layer_plan(layer, outs, i_r, i_p, h_p=h_p, source_format=fmt, **rows.info())
 
 
-def _staged(ctx, layer, which, part, rank, experts, i_r, i_p, h_p, quantize):
+def _staged(ctx, layer, which, part, rank, experts, span, i_p, h_p, quantize, s_pad):
     """The padded uint8 weights (`part` "w") or scales ("s") of w13 ([gate; up; pad row]) or
-    w2. An MXFP8 source reads only that part; a BF16 source is read and quantized (the scales
-    come with the weights)."""
+    w2, of the rank's `span` (first row, rows) of I. An MXFP8 source reads only that part; a
+    BF16 source is read and quantized (the scales come with the weights; an even split)."""
+    first, n = span
     if quantize:
-        return _quantized(ctx, layer, which, rank, experts, i_r, i_p, h_p)["ws".index(part)]
+        return _quantized(ctx, layer, which, rank, experts, n, i_p, h_p)["ws".index(part)]
     scale = part == "s"
-    param, pad = (SCALE, UE8M0_ONE) if scale else ("weight", 0)
+    param, pad = (SCALE, s_pad) if scale else ("weight", 0)
     k = MX_BLOCK if scale else 1
     if which == "w13":
-        return stage_w13(ctx, layer, param, rank, experts, i_r, torch.uint8, cols=h_p // k, pad=pad)
+        return stage_w13(
+            ctx, layer, param, rank, experts, n, torch.uint8, cols=h_p // k, pad=pad, start=first
+        )
     return stage_w2(
-        ctx, layer, param, rank, experts, i_r // k, i_p // k, torch.uint8, padded_rows=h_p, pad=pad
+        ctx,
+        layer,
+        param,
+        rank,
+        experts,
+        n // k,
+        i_p // k,
+        torch.uint8,
+        padded_rows=h_p,
+        pad=pad,
+        start=first // k,
     )
 
 
@@ -159,43 +197,72 @@ def _pad(t: torch.Tensor, value: int, cols: int, rows: int | None = None, last_r
     return out
 
 
-def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
-    w13_rows = L.compose(
-        L.pad_halves_index(i_r, i_p, zero_row=2 * i_r),
-        L.swap_halves_index(2 * i_p),
-        L.gated_interleave_index(2 * i_p),
-        L.shuffle_row_index(2 * i_p, TILE),
-    )
+def _outputs(layer, e, h, h_p, rows: RankRows, quantize, layout: Layout) -> list[OutputTensor]:
+    """`rows`: the rows of I each rank holds (a rank past I holds only padding)."""
+    i_p = rows.padded
+    s_pad = 0 if layout.zero_scale_pad else UE8M0_ONE
+
+    @functools.cache
+    def w13_rows(n: int) -> torch.Tensor:  # a rank holding n rows of I
+        return L.compose(
+            L.pad_halves_index(n, i_p, zero_row=2 * n),
+            L.swap_halves_index(2 * i_p),
+            L.gated_interleave_index(2 * i_p),
+            L.shuffle_row_index(2 * i_p, TILE),
+        )
+
     w2_rows = L.shuffle_row_index(h_p, TILE)
     ks13, ks2 = h_p // MX_BLOCK, i_p // MX_BLOCK
-    w13_sf = flat_swizzled_index(w13_rows, ks13)
+
+    @functools.cache
+    def w13_sf(n: int) -> torch.Tensor:
+        return flat_swizzled_index(w13_rows(n), ks13)
+
     w2_sf = flat_swizzled_index(w2_rows, ks2)
 
+    def staged(which: str, part: str, ctx: Ctx, rank: int, experts: range) -> torch.Tensor:
+        span = rows.span(rank)
+        return _staged(ctx, layer, which, part, rank, experts, span, i_p, h_p, quantize, s_pad)
+
+    def empty(rank: int, out: torch.Tensor, fill: int) -> bool:
+        if rows.span(rank)[1]:
+            return False
+        out.view(torch.uint8).fill_(fill)  # a rank past I (sharded by the padded size)
+        return True
+
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        w = _staged(ctx, layer, "w13", "w", rank, experts, i_r, i_p, h_p, quantize)
-        L.gather_rows(w, w13_rows, out.view(torch.uint8))
+        if not empty(rank, out, 0):
+            n = rows.span(rank)[1]
+            L.gather_rows(
+                staged("w13", "w", ctx, rank, experts), w13_rows(n), out.view(torch.uint8)
+            )
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        s = _staged(ctx, layer, "w13", "s", rank, experts, i_r, i_p, h_p, quantize)
-        L.gather_flat(s, w13_sf, out)
+        if not empty(rank, out, s_pad):
+            n = rows.span(rank)[1]
+            L.gather_flat(staged("w13", "s", ctx, rank, experts), w13_sf(n), out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        w = _staged(ctx, layer, "w2", "w", rank, experts, i_r, i_p, h_p, quantize)
-        L.gather_rows(w, w2_rows, out.view(torch.uint8))
+        if not empty(rank, out, 0):
+            L.gather_rows(staged("w2", "w", ctx, rank, experts), w2_rows, out.view(torch.uint8))
 
     def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        s = _staged(ctx, layer, "w2", "s", rank, experts, i_r, i_p, h_p, quantize)
-        L.gather_flat(s, w2_sf, out)
+        if not empty(rank, out, s_pad):
+            L.gather_flat(staged("w2", "s", ctx, rank, experts), w2_sf, out)
 
     # scales of a BF16 source are made from its weights: chunk by the BF16 staging
+    i_r = rows.span(0)[1]
     w13_stage = (2 * i_r + 1) * h * 2 if quantize else 0
     w2_stage = h * i_r * 2 if quantize else 0
+    s13, s2 = ("w13_weight_scale", "w2_weight_scale")
+    if layout.scale_inv_names:
+        s13, s2 = s13 + "_inv", s2 + "_inv"
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE}
     s_lay = {
         "layout": "swizzled_128x4",
         "epilogue_tile_m": TILE,
         "block": [1, MX_BLOCK],
-        "pad": UE8M0_ONE,
+        "pad": s_pad,
     }
     return [
         OutputTensor(
@@ -207,7 +274,7 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
         ),
         OutputTensor("w2_weight", "F8_E4M3", (e, h_p, i_p), w2, {**lay, "row_order": "rows"}),
         OutputTensor(
-            "w13_weight_scale",
+            s13,
             "U8",
             (e, 2 * i_p, ks13),
             w13_s,
@@ -215,7 +282,7 @@ def _outputs(layer, e, h, h_p, i_r, i_p, quantize) -> list[OutputTensor]:
             stage_nbytes=w13_stage,
         ),
         OutputTensor(
-            "w2_weight_scale",
+            s2,
             "U8",
             (e, h_p, ks2),
             w2_s,

@@ -10,10 +10,25 @@ vLLM does, with a warning); activation scales reduced to one max per layer and f
 w13_weight_scale_2 = s2(w1) * a13, w2_weight_scale_2 = s2(w2) * a2, g1_scale_c = that * (1 / a2).
 CUTLASS: [up; gate], per-expert 128x4 swizzle of the scales (`swizzle_blockscale`), no row
 shuffle and no padding; the kernel's scale products are written beside the weights.
+
+SGLang 0.5.23 on TRT-LLM (`ModelOptNvFp4FusedMoEMethod`, `flashinfer_trtllm`): the same
+weight and block-scale transforms, but I per rank padded to 64 and sharded by the padded size
+(`shard_padded`), H not padded (`hidden_padded` False; SGLang's processing then needs H a
+multiple of 128), and SGLang's scalars (`split_scales`): w13_weight_scale_2 [E, 2] (gate, up)
+and w2_weight_scale_2 as loaded; w13_input_scale [E, 2] holding, per expert, the input scale
+of w1 or w3 that SGLang's loader reads last (its loader writes one value into both columns;
+it reads the shards in sorted order, the names in each sorted) and w2_input_scale [E];
+a13 = max(w13_input_scale), a2 = max(w2_input_scale); g1_alphas = a13 * s2(w1),
+g1_alphas_up = a13 * s2(w3), g2_alphas = a2 * s2(w2), w13_input_scale_quant = 1 / a13 and
+w2_input_scale_quant = 1 / a2 (0-dim), g1_scale_c = w2_input_scale_quant * g1_alphas_up.
+On CUTLASS (`flashinfer_cutlass`): vLLM's weights and swizzled block scales ([up; gate], its
+`swizzle_blockscale` in place, which needs no padding: H a multiple of 128, refused
+otherwise), SGLang's scalars without g1_scale_c.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -28,6 +43,7 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    RankRows,
     Scheme,
     SchemeName,
     Synthetic,
@@ -105,6 +121,7 @@ class Nvfp4Scheme(Scheme):
         "nvfp4": Synthetic(synthetic_nvfp4, modelopt("NVFP4")),
         "nvfp4-ct": Synthetic(lambda shape, g: synthetic_nvfp4(shape, g, ct=True), _CT_NVFP4),
     }
+    variants = frozenset({"shard_padded", "hidden_padded", "split_scales"})  # SGLang, TRT-LLM
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         scales = [t for (_, p, _), t in layers[0].params.items() if p == SCALE]
@@ -130,7 +147,8 @@ class Nvfp4Scheme(Scheme):
     def plan_stand_in(
         self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
     ) -> LayerPlan:
-        return self.plan_layer(layer, backend, tp, differ=[])  # no source data to read
+        # no source data to read
+        return self.plan_layer(layer, backend, tp, differ=[], layout=layout)
 
     def plan_layer(
         self,
@@ -156,17 +174,37 @@ class Nvfp4Scheme(Scheme):
             # scale rows to 128, and the weights cannot follow ("Intermediate size padding for
             # w1 and w3 ... not currently supported"), so vLLM cannot serve such an output
             raise LayoutError(
-                f"{layer.prefix}: intermediate size per rank {i_r}: vLLM 0.33's FlashInfer "
-                "CUTLASS NVFP4 path needs 2*I/tp to be a multiple of 128 and refuses to pad it; "
+                f"{layer.prefix}: intermediate size per rank {i_r}: the FlashInfer CUTLASS NVFP4 "
+                "paths of vLLM 0.33 and SGLang 0.5.23 need 2*I/tp to be a multiple of 128 and "
+                "refuse to pad it; "
                 "use --backend trtllm or a --tp-size that keeps I/tp a multiple of 64"
             )
         i_p = L.round_up(i_r, PAD_I) if trt else i_r
-        h_p = L.round_up(h, PAD_H) if trt else h
+        h_p = L.round_up(h, PAD_H) if trt and layout.hidden_padded else h
+        if trt and not layout.hidden_padded and h % TILE:
+            raise LayoutError(
+                f"{layer.prefix}: hidden size {h} is not a multiple of {TILE}; SGLang 0.5.23 does "
+                "not pad H for NVFP4 on FlashInfer TRT-LLM and its scale shuffle needs it, so "
+                "SGLang cannot serve this checkpoint on flashinfer_trtllm"
+            )
+        if not trt and layout.split_scales and h % TILE:
+            raise LayoutError(
+                f"{layer.prefix}: hidden size {h} is not a multiple of {TILE}; SGLang 0.5.23's "
+                "FlashInfer CUTLASS NVFP4 processing then pads its swizzled scales into "
+                "parameters of their own, which fi-convert does not write yet"
+            )
         sc = _Scales(layer)
+        if layout.split_scales and (sc.g_inv or sc.a_inv):
+            raise LayoutError(
+                f"{layer.prefix}: compressed-tensors NVFP4: SGLang loads it with a method of its "
+                "own, whose layout fi-convert does not write yet (it writes ModelOpt NVFP4's)"
+            )
         differ = sc.w1_w3_differ() if differ is None else differ
-        outs = (_trtllm if trt else _cutlass)(layer, e, h, h_p, i_r, i_p) + sc.outputs(e, backend)
+        rows = RankRows(layer.intermediate_size, tp, i_p, layout.shard_padded)
+        outs = _trtllm(layer, e, h_p, rows) if trt else _cutlass(layer, e, h, h_p, i_r, i_p)
+        outs += sc.sglang_outputs(e, trt) if layout.split_scales else sc.outputs(e, backend)
         notes = []
-        if differ:
+        if differ and not layout.split_scales:
             notes.append(
                 f"{layer.prefix}: w1 and w3 global scales (weight_scale_2) differ for some "
                 "experts; using w1's, as vLLM does"
@@ -181,35 +219,84 @@ class Nvfp4Scheme(Scheme):
             group_size=SF,
             activation_scheme="static",
             w13_scale_2_differs_for_experts=differ,
+            **(rows.info() if trt else {}),
         )
 
 
-def _trtllm(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
-    rows13 = L.compose(
-        L.pad_halves_index(i_r, i_p, zero_row=2 * i_r),
-        L.swap_halves_index(2 * i_p),
-        L.gated_interleave_index(2 * i_p),
-        L.shuffle_row_index(2 * i_p, TILE),
-    )
+def _trtllm(layer, e, h_p, rows: RankRows) -> list[OutputTensor]:
+    """`rows`: the rows of I each rank holds, padded to `rows.padded` (a rank past I holds
+    only padding: zeros)."""
+    i_p = rows.padded
+
+    @functools.cache
+    def rows13(n: int) -> torch.Tensor:  # a rank holding n rows of I
+        return L.compose(
+            L.pad_halves_index(n, i_p, zero_row=2 * n),
+            L.swap_halves_index(2 * i_p),
+            L.gated_interleave_index(2 * i_p),
+            L.shuffle_row_index(2 * i_p, TILE),
+        )
+
+    @functools.cache
+    def sf13(n: int) -> torch.Tensor:
+        return flat_swizzled_index(rows13(n), h_p // SF)
+
     rows2 = L.shuffle_row_index(h_p, TILE)
-    sf13 = flat_swizzled_index(rows13, h_p // SF)
     sf2 = flat_swizzled_index(rows2, i_p // SF)
     u8 = torch.uint8
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w13(ctx, layer, "weight", rank, experts, i_r, u8, cols=h_p // 2)
-        L.gather_rows(src, rows13, out)
+        first, n = rows.span(rank)
+        if n == 0:
+            out.zero_()
+            return
+        src = stage_w13(ctx, layer, "weight", rank, experts, n, u8, cols=h_p // 2, start=first)
+        L.gather_rows(src, rows13(n), out)
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w13(ctx, layer, SCALE, rank, experts, i_r, u8, cols=h_p // SF)
-        L.gather_flat(src, sf13, out)
+        first, n = rows.span(rank)
+        if n == 0:
+            out.zero_()
+            return
+        src = stage_w13(ctx, layer, SCALE, rank, experts, n, u8, cols=h_p // SF, start=first)
+        L.gather_flat(src, sf13(n), out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_p // 2, u8, padded_rows=h_p)
+        first, n = rows.span(rank)
+        if n == 0:
+            out.zero_()
+            return
+        src = stage_w2(
+            ctx,
+            layer,
+            "weight",
+            rank,
+            experts,
+            n // 2,
+            i_p // 2,
+            u8,
+            padded_rows=h_p,
+            start=first // 2,
+        )
         L.gather_rows(src, rows2, out)
 
     def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w2(ctx, layer, SCALE, rank, experts, i_r // SF, i_p // SF, u8, padded_rows=h_p)
+        first, n = rows.span(rank)
+        if n == 0:
+            out.zero_()
+            return
+        src = stage_w2(
+            ctx,
+            layer,
+            SCALE,
+            rank,
+            experts,
+            n // SF,
+            i_p // SF,
+            u8,
+            padded_rows=h_p,
+            start=first // SF,
+        )
         L.gather_flat(src, sf2, out)
 
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "packing": "e2m1x2"}
@@ -328,6 +415,66 @@ class _Scales:
 
         lay = {"layout": "per_expert", "row_order": None}
         return [OutputTensor(n, "F32", (e,), make(f), lay, chunked=False) for n, f in fns.items()]
+
+    def last_loaded(self, ctx: Ctx) -> torch.Tensor:
+        """[E]: each expert's w1 or w3 input scale, whichever SGLang's loader reads last (it
+        writes each into both columns of its w13_input_scale): it reads the shards in sorted
+        order, each shard's tensors by sorted name."""
+        w1 = self._read(ctx, "w1", self.a_name, self.a_inv)
+        w3 = self._read(ctx, "w3", self.a_name, self.a_inv)
+
+        def order(role: str, x: int) -> tuple[str, str]:
+            info = self.layer.tensor(role, self.a_name, x)
+            return str(info.file), info.name
+
+        up = [order("w3", x) > order("w1", x) for x in range(self.layer.num_experts)]
+        return torch.where(torch.tensor(up), w3, w1)
+
+    def sglang_outputs(self, e: int, trt: bool) -> list[OutputTensor]:
+        """The scalars as SGLang 0.5.23's ModelOpt NVFP4 method holds them (module doc), in the
+        order its processing makes them; g1_scale_c on TRT-LLM only."""
+        s = self
+        f32 = torch.float32
+        a13 = lambda c: s.last_loaded(c).unsqueeze(1).expand(e, 2)  # noqa: E731
+        a2 = lambda c: s._read(c, "w2", s.a_name, s.a_inv)  # noqa: E731
+        a13_max = lambda c: a13(c).max().to(f32)  # noqa: E731
+        a2_max = lambda c: a2(c).max().to(f32)  # noqa: E731
+        g1_up = lambda c: (a13_max(c) * s.scale_2(c, "w3")).to(f32)  # noqa: E731
+        a2_quant = lambda c: (1 / a2_max(c)).to(f32)  # noqa: E731
+        fns: dict[str, tuple[Callable[[Ctx], torch.Tensor], tuple[int, ...]]] = {
+            "w13_weight_scale_2": (
+                lambda c: torch.stack([s.scale_2(c, "w1"), s.scale_2(c, "w3")], dim=1),
+                (e, 2),
+            ),
+            "w2_weight_scale_2": (lambda c: s.scale_2(c, "w2"), (e,)),
+            "w13_input_scale": (a13, (e, 2)),
+            "w2_input_scale": (a2, (e,)),
+            "g1_alphas": (lambda c: (a13_max(c) * s.scale_2(c, "w1")).to(f32), (e,)),
+            "g1_alphas_up": (g1_up, (e,)),
+            "g2_alphas": (lambda c: (a2_max(c) * s.scale_2(c, "w2")).to(f32), (e,)),
+            "w13_input_scale_quant": (lambda c: (1 / a13_max(c)).to(f32), ()),
+            "w2_input_scale_quant": (a2_quant, ()),
+        }
+        if trt:
+            fns["g1_scale_c"] = (lambda c: (a2_quant(c) * g1_up(c)).to(f32), (e,))
+
+        def make(fn: Callable[[Ctx], torch.Tensor]):
+            def produce(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+                out.copy_(fn(ctx))
+
+            return produce
+
+        return [
+            OutputTensor(
+                n,
+                "F32",
+                shape,
+                make(f),
+                {"layout": "per_expert" if shape else "scalar", "row_order": None},
+                chunked=False,
+            )
+            for n, (f, shape) in fns.items()
+        ]
 
     def w1_w3_differ(self) -> list[int]:
         """Experts whose w1 and w3 global scales differ (read now, at planning)."""

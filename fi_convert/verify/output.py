@@ -393,8 +393,15 @@ class _Planner:
         scheme, out = REGISTRY[self.scheme], []
         for name, layout in self.others:
             for layer in scheme.stand_in_layers(prefix, e, h, i):
-                a = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
-                b = scheme.plan_stand_in(layer, self.backend, self.tp, layout=layout)
+                try:
+                    a = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
+                except FiConvertError:
+                    continue  # a source format the first server's layout refuses
+                try:
+                    b = scheme.plan_stand_in(layer, self.backend, self.tp, layout=layout)
+                except FiConvertError as err:
+                    out.append(f"declared for {name} too, which cannot hold it: {err}")
+                    break
                 diff = first_difference([a], [b], (self.server, name))
                 if diff:
                     out.append(f"declared for {name} too, which holds other bytes: {diff}")
@@ -413,15 +420,19 @@ class _Planner:
         if key in self.cache:
             return self.cache[key]
         scheme = REGISTRY[self.scheme]
-        out = []
+        out, refused = [], []
         try:
             for layer in scheme.stand_in_layers(prefix, e, h, i):
-                lp = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
+                try:
+                    lp = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
+                except FiConvertError as err:  # this source format only (e.g. BF16 for SGLang)
+                    refused.append(err)
+                    continue
                 out.append(json.loads(json.dumps(_layer_summary(lp))))
-        except FiConvertError as err:
-            return str(err).removeprefix(f"{prefix}: ")
         except (ValueError, RuntimeError, ArithmeticError) as err:  # sizes no checkpoint has
             return f"{type(err).__name__}: {err}"
+        if not out and refused:
+            return str(refused[0]).removeprefix(f"{prefix}: ")
         self.cache[key] = out
         return out
 

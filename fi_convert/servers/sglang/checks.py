@@ -15,10 +15,12 @@ from .target import (
     GPU_FAMILY,
     LOAD_FORMAT,
     METHODS,
-    MOE_RUNNER_BACKEND,
     SGLANG,
     launch_command,
     server_of,
+)
+from .target import (
+    moe_runner_backend as runner_for,
 )
 
 PREFIX = "fi-convert: "
@@ -80,7 +82,7 @@ def check_manifest(
             f"{sglang_version}, whose layouts may differ; install an SGLang in {spec or 'range'}"
             " or convert again with an fi-convert that targets it"
         )
-    want = MOE_RUNNER_BACKEND[backend]
+    want = runner_for(scheme, backend)
     if moe_runner_backend != want:
         raise PluginError(
             f"{root}: converted for FlashInfer {backend}, SGLang was started with "
@@ -142,6 +144,7 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
     need = {
         "sm100": (major == 10, "an SM100-family (Blackwell B200/GB200/B300) GPU"),
         "sm90+": (sm == 90 or major in (10, 12), "an SM90, SM10x or SM12x GPU"),
+        "sm100+": (major in (10, 12), "an SM10x or SM12x (Blackwell) GPU"),
     }.get(family)
     if need is not None and not need[0]:
         raise PluginError(
@@ -176,16 +179,21 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{scheme} outputs; keep the source's config.json and quantization config as "
             "converted"
         )
+    if scheme == "mxfp8" and not getattr(layer.quant_method, "use_mxfp8", True):
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang built block or per-tensor FP8 for it, the output is "
+            "mxfp8; keep the source's quantization config (MXFP8) as converted"
+        )
     if scheme == "fp8-block" and not getattr(layer.quant_method, "block_quant", True):
         raise PluginError(
             f"{root}: layer {prefix}: SGLang built per-tensor FP8 for it, the output is "
             "fp8-block; keep the source's quantization config (weight_block_size) as converted"
         )
     got = str(getattr(layer.runner_backend, "value", layer.runner_backend))
-    if got != MOE_RUNNER_BACKEND[backend]:
+    if got != runner_for(scheme, backend):
         raise PluginError(
             f"{root}: layer {prefix}: SGLang runs it on its {got} MoE runner, the output is "
-            f"for FlashInfer {backend}; pass --moe-runner-backend {MOE_RUNNER_BACKEND[backend]}"
+            f"for FlashInfer {backend}; pass --moe-runner-backend {runner_for(scheme, backend)}"
         )
     if getattr(layer, "num_fused_shared_experts", 0):
         raise PluginError(
@@ -204,9 +212,9 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
         raise PluginError(
             f"{root}: converted for tensor-parallel size {manifest['tp_size']}, and SGLang "
             f"split {prefix} over {layer.moe_tp_size} ranks; "
-            + launch_command(root, backend, manifest["tp_size"])
+            + launch_command(root, scheme, backend, manifest["tp_size"])
         )
-    sizes = (layer.hidden_size, layer.intermediate_size_per_partition)
+    sizes = allocated_sizes(layer)
     want = (meta["padded_hidden_size"], meta["padded_intermediate_size_per_rank"])
     if sizes != want:
         raise PluginError(
@@ -214,3 +222,16 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{sizes}, the output holds {want} (converted for another server's padding?); "
             "convert the source again for SGLang"
         )
+
+
+# Methods that pad the sizes FusedMoE gives them again, and allocate by their own: SGLang's
+# MXFP4 method pads I per rank to 128 on flashinfer_mxfp4 (FusedMoE keeps it unpadded)
+OWN_SIZES = ("Mxfp4MoEMethod",)
+
+
+def allocated_sizes(layer: Any) -> tuple[int, int]:
+    """The hidden size and intermediate size per rank SGLang allocated the layer's experts by."""
+    if type(layer.quant_method).__name__ in OWN_SIZES:
+        method = layer.quant_method
+        return method.hidden_size, method.intermediate_size_per_partition
+    return layer.hidden_size, layer.intermediate_size_per_partition

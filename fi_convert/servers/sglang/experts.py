@@ -28,9 +28,18 @@ def install(
     memory); returns their names. With `bulk`, the bytes are read when `bulk` runs (with every
     other layer's); without, now."""
     now = bulk or reader.bulk(next(layer.parameters()).device)
+    method = type(layer.quant_method).__name__
+    retyped, derived = RETYPED.get(method, ()), DERIVED.get(method, ())
     loaded = []
     for name in reader.layer(prefix)["tensors"]:
         param = layer._parameters.get(name)
+        if param is None and name in derived and not hasattr(layer, name):
+            # what processing makes from the loaded scalars: a new parameter (as there), of
+            # the output's size, read into
+            _, shape, dtype = reader.info(prefix, name)
+            device = next(layer.parameters()).device
+            param = torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device), False)
+            layer.register_parameter(name, param)
         if param is None:
             raise PluginError(
                 f"{reader.root}: layer {prefix}: SGLang's {type(layer.quant_method).__name__} "
@@ -38,6 +47,10 @@ def install(
             )
         _, shape, dtype = reader.info(prefix, name)
         data = param.data
+        if name in retyped and data.dtype != dtype and data.numel() == math.prod(shape):
+            # processing gives it another dtype, in new storage: the output holds it in that
+            # dtype, read into new storage of it (the allocated one is dropped)
+            data = torch.empty(data.shape, dtype=dtype, device=data.device)
         if data.dtype != dtype or data.numel() != math.prod(shape) or not data.is_contiguous():
             raise PluginError(
                 f"{reader.root}: layer {prefix}: {name} is {dtype} {list(shape)} in the output, "
@@ -59,9 +72,13 @@ def finish(layer: Any) -> None:
     setup = KERNEL_ONLY.get(type(method).__name__)
     if setup is None:
         raise PluginError(f"{layer.layer_name}: no kernel setup for {type(method).__name__}")
-    # SGLang's expert weight loader evaluates this (cached) property on its way: so do we
-    layer.use_padded_loading  # noqa: B018
     setup(layer, method)
+
+
+def _as_loaded(layer: Any) -> None:
+    """What SGLang's expert weight loader (`FusedMoE.weight_loader`) leaves on its way: this
+    cached property, evaluated."""
+    layer.use_padded_loading  # noqa: B018
 
 
 def _unquantized(layer: Any, method: Any) -> None:
@@ -71,6 +88,7 @@ def _unquantized(layer: Any, method: Any) -> None:
     function; TRT-LLM's BlockMajorK weights are the output's as read (SGLang packs only weights
     of the allocated canonical shape), and its cache of FlashInfer's row permutations, by its
     own function, holds what its packing leaves there."""
+    _as_loaded(layer)
     if method.use_flashinfer_cutlass:
         from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
             materialize_swiglu_params_for_cutlass,
@@ -98,8 +116,22 @@ def _fp8_block(layer: Any, method: Any) -> None:
 
     if not method.block_quant:
         raise PluginError(f"{layer.layer_name}: Fp8MoEMethod is not block-quantized here")
+    _as_loaded(layer)
     backend = get_moe_runner_backend()
     trtllm = backend.is_flashinfer_trtllm() or backend.is_flashinfer_trtllm_routed()
+    if method.use_mxfp8:
+        # _process_mxfp8_moe_weights for an MXFP8 checkpoint on TRT-LLM: the weights and
+        # scales are the output's (interleaved, shuffled, swizzled), in the parameters SGLang
+        # allocated; what it leaves besides
+        if not trtllm or not method.quant_config.is_checkpoint_fp8_serialized:
+            raise PluginError(
+                f"{layer.layer_name}: the SGLang plugin loads MXFP8 checkpoints on FlashInfer "
+                "TRT-LLM only"
+            )
+        layer.w13_weight_scale_inv.format_ue8m0 = True
+        layer.w2_weight_scale_inv.format_ue8m0 = True
+        layer.w13_input_scale = None
+        layer.w2_input_scale = None
     if trtllm and method._owns_moe_runner:
         method._prepare_flashinfer_trtllm_activation_params(layer)
     if hasattr(layer, "dispatcher"):
@@ -111,5 +143,120 @@ def _fp8_block(layer: Any, method: Any) -> None:
         )
 
 
+def _mxfp4(layer: Any, method: Any) -> None:
+    """Mxfp4MoEMethod.process_weights_after_loading (SGLang 0.5.23, mxfp4.py:635) for gpt-oss
+    MXFP4 on `flashinfer_mxfp4` on SM100 (FlashInfer TRT-LLM), without its transforms (the
+    pair swap, row shuffles and scale swizzle are the output's bytes): the SwiGLU constants it
+    makes from the layer's config, one per local expert, as it makes them (inline code there,
+    no function of its own to call); each expert parameter replaced, as it replaces them, by a
+    new Parameter (without the loader's attributes) on the same bytes, the scales viewed as
+    float8_e4m3fn; the biases are float32 already (`install` read them so). (SGLang's gpt-oss
+    loader, `GptOssForCausalLM._load_mxfp4_experts_weights`, copies into the parameters
+    itself: `use_padded_loading` stays unevaluated.)"""
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+
+    if method._fi_kernel != "trtllm_sm100" or method.use_marlin or method.use_mega_moe:
+        raise PluginError(
+            f"{layer.layer_name}: Mxfp4MoEMethod does not run FlashInfer TRT-LLM here (SM100, "
+            "--moe-runner-backend flashinfer_mxfp4, no Marlin or MegaMoE)"
+        )
+    if get_moe_a2a_backend().is_mori() and hasattr(layer, "dispatcher"):
+        layer.dispatcher.set_quant_config({})
+    e, cfg = layer.num_local_experts, layer.moe_runner_config
+    device = layer.w13_weight.device
+    constants = {
+        "gemm1_alpha": getattr(cfg, "gemm1_alpha", None) or 1.702,
+        "gemm1_beta": 1.0,
+        "gemm1_clamp_limit": getattr(cfg, "gemm1_clamp_limit", None) or 7.0,
+    }
+    for name, value in constants.items():
+        t = torch.tensor([value] * e, dtype=torch.float32, device=device)
+        setattr(layer, name, torch.nn.Parameter(t, requires_grad=False))
+    layer._situ_routing_bias_bf16 = None
+    for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"):
+        data = getattr(layer, name).data
+        if name.endswith("scale"):
+            data = data.view(torch.float8_e4m3fn)
+        setattr(layer, name, torch.nn.Parameter(data, requires_grad=False))
+    for name in ("w13_weight_bias", "w2_weight_bias"):
+        data = getattr(layer, name).data.reshape(e, -1)
+        setattr(layer, name, torch.nn.Parameter(data, requires_grad=False))
+
+
+def _nvfp4(layer: Any, method: Any) -> None:
+    """ModelOptNvFp4FusedMoEMethod.process_weights_after_loading (SGLang 0.5.23,
+    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated (SwiGLU
+    without a clamp limit or alpha: DeepSeek, Qwen3), static input scales, without its
+    transforms (the weights and block scales are the output's, reordered, shuffled and
+    swizzled; its scalars, the alphas, the inverse input scales and TRT-LLM's g1_scale_c, are
+    the output's, `install` made their parameters): CUTLASS's SwiGLU parameters, by its own
+    function; the dispatcher's quantization config, as it sets it (with its own functions
+    deciding FP4 dispatch); the block-scale aliases the kernels read (CUTLASS: the swizzle it
+    writes in place, aliased as TRT-LLM's is); TRT-LLM's padded sizes."""
+    from sglang.srt.layers.moe.utils import should_use_flashinfer_cutlass_moe_fp4_allgather
+    from sglang.srt.layers.quantization.modelopt_quant import _use_nvfp4_dispatch
+
+    cfg = layer.moe_runner_config
+    trtllm = method.use_flashinfer_trtllm_weight_layout
+    cutlass = method.enable_flashinfer_cutlass_moe and not method.enable_flashinfer_cutedsl_moe
+    plain = (
+        (trtllm or cutlass)
+        and cfg.is_gated
+        and cfg.activation == "silu"
+        and cfg.gemm1_alpha is None
+        and not (cfg.gemm1_clamp_limit or cfg.swiglu_limit)
+        and not method.quant_config.use_per_token_activation
+        and not getattr(layer, "inference_moe_w13_interleaved", False)
+    )
+    if not plain:
+        raise PluginError(
+            f"{layer.layer_name}: the SGLang plugin loads NVFP4 on FlashInfer TRT-LLM and "
+            "CUTLASS for gated "
+            "SiLU experts with static input scales and no SwiGLU clamp only; serve the source "
+            "with SGLang's own loader"
+        )
+    _as_loaded(layer)
+    if cutlass:
+        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
+            materialize_swiglu_params_for_cutlass,
+        )
+
+        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
+            cfg, int(layer.num_local_experts), layer.w13_weight.device
+        )
+    fp4_dispatch = _use_nvfp4_dispatch() or should_use_flashinfer_cutlass_moe_fp4_allgather()
+    layer.dispatcher.set_quant_config(
+        {"input_global_scale": layer.w13_input_scale_quant if fp4_dispatch else None}
+    )
+    if trtllm:
+        layer.trtllm_padded_hidden_size = None  # SGLang pads H only for per-token non-gated
+        layer.intermediate_size_per_partition = layer.w2_weight.shape[2] * 2
+    # the placeholders SGLang allocated for CUTLASS are dropped, as its processing drops them
+    layer.w13_blockscale_swizzled = layer.w13_weight_scale
+    layer.w2_blockscale_swizzled = layer.w2_weight_scale
+
+
+# The parameters whose dtype a method's processing changes (new storage there too): the output
+# holds them in their final dtype
+RETYPED = {"Mxfp4MoEMethod": ("w13_weight_bias", "w2_weight_bias")}
+# The parameters a method's processing makes (from the loaded scalars): the output holds them,
+# `install` makes each a new parameter and reads it
+DERIVED = {
+    "ModelOptNvFp4FusedMoEMethod": (
+        "g1_alphas",
+        "g1_alphas_up",
+        "g2_alphas",
+        "w13_input_scale_quant",
+        "w2_input_scale_quant",
+        "g1_scale_c",
+    )
+}
+
+
 # SGLang 0.5.23 MoE methods the plugin sets up, by class name.
-KERNEL_ONLY = {"UnquantizedFusedMoEMethod": _unquantized, "Fp8MoEMethod": _fp8_block}
+KERNEL_ONLY = {
+    "UnquantizedFusedMoEMethod": _unquantized,
+    "Fp8MoEMethod": _fp8_block,
+    "Mxfp4MoEMethod": _mxfp4,
+    "ModelOptNvFp4FusedMoEMethod": _nvfp4,
+}

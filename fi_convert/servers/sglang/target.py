@@ -42,6 +42,15 @@ TARGET = {
 
 # --moe-runner-backend for each fi-convert backend
 MOE_RUNNER_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
+# ... where a scheme runs FlashInfer's kernels on a runner of its own: gpt-oss MXFP4 on
+# TRT-LLM is SGLang's `flashinfer_mxfp4` (SM100; on SM90 and SM120 that name runs CUTLASS)
+OWN_RUNNER = {("mxfp4", "trtllm"): "flashinfer_mxfp4"}
+
+
+def moe_runner_backend(scheme: str, backend: str) -> str:
+    """The --moe-runner-backend that runs the scheme with fi-convert's `backend`."""
+    return OWN_RUNNER.get((scheme, backend)) or MOE_RUNNER_BACKEND.get(backend, backend)
+
 
 # What fi-convert writes for SGLang, by (scheme, backend): the layout variant SGLang 0.5.23's
 # processing gives (tests/test_sglang.py proves each against SGLang's own, every TP rank).
@@ -52,6 +61,18 @@ LAYOUTS = {
     ("bf16", "trtllm"): Layout(shard_padded=True),
     ("bf16", "cutlass"): Layout(),
     ("fp8-block", "trtllm"): Layout(shard_padded=True, shuffled=False, clamped=False),
+    # gpt-oss MXFP4 on flashinfer_mxfp4: vLLM's bytes, the scale padding UE8M0 1.0 (127),
+    # the biases under SGLang's names
+    ("mxfp4", "trtllm"): Layout(unit_scale_pad=True, weight_bias_names=True),
+    # ModelOpt NVFP4 on TRT-LLM: I/TP padded to 64 and sharded by it, H as is, SGLang's scalars
+    ("nvfp4", "trtllm"): Layout(shard_padded=True, hidden_padded=False, split_scales=True),
+    # ... on CUTLASS: vLLM's weights and swizzled block scales, SGLang's scalars
+    ("nvfp4", "cutlass"): Layout(split_scales=True),
+    # ModelOpt MXFP8 (SGLang's native mxfp8 method): I/TP padded to 128 and sharded by it, H as
+    # is, the scale padding 0, its scale names
+    ("mxfp8", "trtllm"): Layout(
+        shard_padded=True, hidden_padded=False, zero_scale_pad=True, scale_inv_names=True
+    ),
 }
 
 # Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
@@ -68,6 +89,10 @@ METHODS = {
     ("bf16", "trtllm"): "UnquantizedFusedMoEMethod",
     ("bf16", "cutlass"): "UnquantizedFusedMoEMethod",
     ("fp8-block", "trtllm"): "Fp8MoEMethod",
+    ("mxfp4", "trtllm"): "Mxfp4MoEMethod",
+    ("nvfp4", "trtllm"): "ModelOptNvFp4FusedMoEMethod",
+    ("nvfp4", "cutlass"): "ModelOptNvFp4FusedMoEMethod",
+    ("mxfp8", "trtllm"): "Fp8MoEMethod",
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
@@ -76,6 +101,10 @@ GPU_FAMILY = {
     ("bf16", "trtllm"): "sm100",
     ("bf16", "cutlass"): "sm90+",
     ("fp8-block", "trtllm"): "sm100",
+    ("mxfp4", "trtllm"): "sm100",
+    ("nvfp4", "trtllm"): "sm100",
+    ("nvfp4", "cutlass"): "sm100+",  # FlashInfer's CUTLASS FP4 MoE: SM10x and SM12x
+    ("mxfp8", "trtllm"): "sm100",
 }
 
 NOTE = (
@@ -92,10 +121,10 @@ def sglang_fields(scheme: str, backend: str) -> dict:
     return {SERVER_FIELD: SGLANG, "target": SGLANG_TARGET.target_fields(scheme, backend)}
 
 
-def launch_command(where: str, backend: str, tp: int) -> str:
+def launch_command(where: str, scheme: str, backend: str, tp: int) -> str:
     """The SGLang line that serves an output (a folder or a Hub repo id)."""
     cmd = f"python -m sglang.launch_server --model-path {where} --load-format {LOAD_FORMAT} "
-    cmd += f"--moe-runner-backend {MOE_RUNNER_BACKEND.get(backend, backend)}"
+    cmd += f"--moe-runner-backend {moe_runner_backend(scheme, backend)}"
     return cmd + (f" --tp {tp}" if tp != 1 else "")
 
 
@@ -108,7 +137,9 @@ class SglangTarget:
     ep_schemes: tuple[str, ...] = ()  # the plugin refuses --ep-size > 1 (not proven yet)
 
     def marker_note(self, scheme: str, backend: str, tp: int) -> str:
-        return NOTE.format(sglang=TARGET["sglang"], launch=launch_command("DIR", backend, tp))
+        return NOTE.format(
+            sglang=TARGET["sglang"], launch=launch_command("DIR", scheme, backend, tp)
+        )
 
     def no_path(self, scheme: str, backend: str) -> str:
         return NO_FLASHINFER.get((scheme, backend), "fi-convert has no such layout of it")
@@ -136,7 +167,7 @@ class SglangTarget:
         return EP_NOTE
 
     def serve_command(self, where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
-        return launch_command(where, backend, tp)
+        return launch_command(where, scheme, backend, tp)
 
     def card_rows(self, target: Mapping) -> list[str]:
         t = target
@@ -148,7 +179,7 @@ class SglangTarget:
 
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output with fi-convert's SGLang plugin."""
-        backend, tp, t = m["backend"], m["tp_size"], m["target"]
+        scheme, backend, tp, t = m["scheme"], m["backend"], m["tp_size"], m["target"]
         version = m["fi_convert_version"]
         return [
             f"**SGLang.** The expert bytes are those SGLang {t.get('sglang')} with FlashInfer "
@@ -161,7 +192,7 @@ class SglangTarget:
             '[sglang]"`), then (a local download of this repo):',
             "",
             "```",
-            launch_command("LOCAL_DIR", backend, tp),
+            launch_command("LOCAL_DIR", scheme, backend, tp),
             "```",
             "",
             "The plugin refuses, before loading anything, an SGLang outside "
