@@ -175,6 +175,18 @@ def _layer_summary(lp: LayerPlan) -> dict:
     }
 
 
+def quant_method(ckpt: Checkpoint) -> str | None:
+    """The source's quantization method (`quantization_config.quant_method`; a ModelOpt
+    `hf_quant_config.json` says "modelopt"), or None for an unquantized one."""
+    qc = ckpt.quant_config
+    if not isinstance(qc, dict):
+        return None
+    method = qc.get("quant_method")
+    if method is None and isinstance(qc.get("producer"), dict):
+        method = qc["producer"].get("name")
+    return str(method) if method is not None else None
+
+
 def _refuse_an_output(root: Path, config: dict) -> None:
     """An fi-convert output is no source: its experts are already in kernel layouts."""
     qc = config.get("quantization_config")
@@ -220,7 +232,9 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
             f"--scheme {name.value} --backend {options.backend.value}: {why}; "
             f"use --backend {scheme.backends[0].value}"
         )
-    refused = target.refuses(name.value, options.backend.value)
+    refused = target.refuses(name.value, options.backend.value) or target.refuses_source(
+        name.value, options.backend.value, quant_method(ckpt)
+    )
     if refused:
         raise SchemeMismatchError(_refused_line(ckpt, layers, name, options, refused))
     layout = layout_of(target, scheme, options.backend)
@@ -322,7 +336,9 @@ def _plan_layers(
     scheme, target = schemes.get(name), options.target
     if backend not in scheme.backends:
         return target.no_path(name.value, backend.value), False, []
-    refused = target.refuses(name.value, backend.value)
+    refused = target.refuses(name.value, backend.value) or target.refuses_source(
+        name.value, backend.value, quant_method(ckpt)
+    )
     if refused:
         return refused, False, []
     try:

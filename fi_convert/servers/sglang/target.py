@@ -76,6 +76,10 @@ LAYOUTS = {
 }
 
 # Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
+# Source formats (their `quant_method`) of a scheme that SGLang reads with another MoE method
+# than the one proven here (tests/test_sglang.py measured ModelOpt MXFP8, not these)
+SOURCES_NOT_PROVEN = {"mxfp8": ("compressed-tensors",)}
+
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
         "SGLang 0.5.23 has no FlashInfer CUTLASS path for block FP8 (asked for "
@@ -150,6 +154,15 @@ class SglangTarget:
         if (scheme, backend) in NO_FLASHINFER:
             return NO_FLASHINFER[scheme, backend]
         return f"fi-convert does not write SGLang {TARGET['sglang']}'s layout of it yet"
+
+    def refuses_source(self, scheme: str, backend: str, quant_method: str | None) -> str | None:
+        if quant_method in SOURCES_NOT_PROVEN.get(scheme, ()):
+            return (
+                f"a {quant_method} {scheme.upper()} source: SGLang {TARGET['sglang']} reads it "
+                "with a method of its own, whose layout fi-convert has not proven yet (it has "
+                "proven ModelOpt's)"
+            )
+        return None
 
     def layout(self, scheme: str, backend: str) -> Layout:
         return LAYOUTS[scheme, backend]
