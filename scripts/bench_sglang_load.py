@@ -44,7 +44,7 @@ from scripts.bench_vllm_load import (  # noqa: E402
     best_limit,
     drop_caches,
     limit_path,
-    med,
+    summary,
 )
 from tests import sglang_moe as sm  # noqa: E402
 
@@ -147,23 +147,7 @@ def measure(src: Path, out: Path, backend: str, limit: tuple, cold: bool, r: int
                 runs[side].append(plugin_path(out, src, backend))
             else:
                 runs[side].append(limit_path(spans, "cpu", *limit, fresh=True))
-    d = med(runs["sglang"], "read_s") + med(runs["sglang"], "process_s")
-    p = med(runs["plugin"], "read_s") + med(runs["plugin"], "setup_s")
-    lim = med(runs["limit"], "read_s")
-    nbytes = runs["limit"][0]["bytes"]
-    return {
-        "cache": "cold" if cold else "warm",
-        "bytes": nbytes,
-        "default_read_s": med(runs["sglang"], "read_s"),
-        "default_process_s": med(runs["sglang"], "process_s"),
-        "plugin_read_s": med(runs["plugin"], "read_s"),
-        "plugin_setup_s": med(runs["plugin"], "setup_s"),
-        "limit_s": lim,
-        "default_s": d,
-        "plugin_s": p,
-        "default_over_plugin": d / p,
-        "plugin_over_limit": p / lim,
-        "gbps": {k: nbytes / s / 1e9 for k, s in (("sglang", d), ("plugin", p), ("limit", lim))},
+    return summary(runs, "sglang", "default", cold) | {
         "runs": {"default": runs["sglang"], "plugin": runs["plugin"], "limit": runs["limit"]},
     }
 

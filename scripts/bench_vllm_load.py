@@ -385,23 +385,7 @@ def measure(case: dict, src: Path, out: Path, dev: str, limit: tuple, cold: bool
                 runs[side].append(limit_path(spans, dev, *limit))
             if dev == "cuda":
                 torch.cuda.empty_cache()
-    v = med(runs["vllm"], "read_s") + med(runs["vllm"], "process_s")
-    p = med(runs["plugin"], "read_s") + med(runs["plugin"], "setup_s")
-    lim = med(runs["limit"], "read_s")
-    nbytes = runs["limit"][0]["bytes"]
-    return {
-        "cache": "cold" if cold else "warm",
-        "bytes": nbytes,
-        "vllm_read_s": med(runs["vllm"], "read_s"),
-        "vllm_process_s": med(runs["vllm"], "process_s"),
-        "plugin_read_s": med(runs["plugin"], "read_s"),
-        "plugin_setup_s": med(runs["plugin"], "setup_s"),
-        "limit_s": lim,
-        "vllm_s": v,
-        "plugin_s": p,
-        "vllm_over_plugin": v / p,
-        "plugin_over_limit": p / lim,
-        "gbps": {"vllm": nbytes / v / 1e9, "plugin": nbytes / p / 1e9, "limit": nbytes / lim / 1e9},
+    return summary(runs, "vllm", "vllm", cold) | {
         "extra_gpu": {
             "vllm": max(r["extra_bytes"] for r in runs["vllm"]),
             "plugin": max(r["extra_bytes"] for r in runs["plugin"]),
@@ -411,6 +395,29 @@ def measure(case: dict, src: Path, out: Path, dev: str, limit: tuple, cold: bool
         if "alloc_s" in runs["plugin"][0]
         else None,
         "runs": runs,
+    }
+
+
+def summary(runs: dict[str, list[dict]], side: str, key: str, cold: bool) -> dict:
+    """One case's medians: the server's default path (`runs[side]`, reported as `key`) against
+    the plugin against the limit, their ratios and GB/s (bench_sglang_load.py shares it)."""
+    d = med(runs[side], "read_s") + med(runs[side], "process_s")
+    p = med(runs["plugin"], "read_s") + med(runs["plugin"], "setup_s")
+    lim = med(runs["limit"], "read_s")
+    nbytes = runs["limit"][0]["bytes"]
+    return {
+        "cache": "cold" if cold else "warm",
+        "bytes": nbytes,
+        f"{key}_read_s": med(runs[side], "read_s"),
+        f"{key}_process_s": med(runs[side], "process_s"),
+        "plugin_read_s": med(runs["plugin"], "read_s"),
+        "plugin_setup_s": med(runs["plugin"], "setup_s"),
+        "limit_s": lim,
+        f"{key}_s": d,
+        "plugin_s": p,
+        f"{key}_over_plugin": d / p,
+        "plugin_over_limit": p / lim,
+        "gbps": {k: nbytes / t / 1e9 for k, t in ((side, d), ("plugin", p), ("limit", lim))},
     }
 
 
