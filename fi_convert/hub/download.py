@@ -199,22 +199,27 @@ def _offline_fix(repo_id: str, revision: str | None) -> str:
     return f"run without HF_HUB_OFFLINE, or `hf download {repo_id}{rev}` first"
 
 
-def _not_cached(repo_id: str, revision: str | None) -> str:
+def _not_cached(repo_id: str, revision: str | None, cache: str) -> str:
     return (
-        f"{repo_id}: no such local folder, and not in the Hugging Face cache ({cache_dir()}), "
+        f"{repo_id}: no such local folder, and not in the Hugging Face cache ({cache}), "
         f"which HF_HUB_OFFLINE=1 keeps to; {_offline_fix(repo_id, revision)}"
     )
 
 
 @contextmanager
-def download_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[None]:
+def download_errors(
+    repo_id: str, revision: str | None, offline: bool, cache: str | None = None
+) -> Iterator[None]:
+    """huggingface_hub's and the network's errors as one-line HubErrors naming `repo_id` and
+    the fix; `cache`: the cache folder the download goes to (None: the user's)."""
     from huggingface_hub import errors as he
 
     incomplete = getattr(he, "IncompleteSnapshotError", None)
+    cache = cache or cache_dir()
     try:
         yield
     except he.OfflineModeIsEnabled:
-        raise HubError(_not_cached(repo_id, revision)) from None
+        raise HubError(_not_cached(repo_id, revision, cache)) from None
     except he.GatedRepoError:
         raise HubError(
             f"{repo_id}: a gated repo; accept its conditions at {hub_url(repo_id)} and log in "
@@ -234,11 +239,11 @@ def download_errors(repo_id: str, revision: str | None, offline: bool) -> Iterat
     except he.LocalEntryNotFoundError as e:
         if offline and incomplete is not None and isinstance(e, incomplete):
             raise HubError(
-                f"{repo_id}: the cached copy in {cache_dir()} is incomplete and HF_HUB_OFFLINE=1 "
+                f"{repo_id}: the cached copy in {cache} is incomplete and HF_HUB_OFFLINE=1 "
                 f"forbids downloading the rest; {_offline_fix(repo_id, revision)}"
             ) from None
         if offline:
-            raise HubError(_not_cached(repo_id, revision)) from None
+            raise HubError(_not_cached(repo_id, revision, cache)) from None
         raise HubError(
             f"{repo_id}: no such local folder, and cannot reach the Hub at {hub_url(repo_id)} "
             f"({brief(e)}) to download it; check the network and proxy (or the path), then "
@@ -256,6 +261,6 @@ def download_errors(repo_id: str, revision: str | None, offline: bool) -> Iterat
         ) from None
     except OSError as e:
         raise HubError(
-            f"{repo_id}: cannot store the download in {cache_dir()} ({e.strerror or brief(e)}); "
+            f"{repo_id}: cannot store the download in {cache} ({e.strerror or brief(e)}); "
             "free disk space or point HF_HUB_CACHE elsewhere, then run again"
         ) from None

@@ -49,6 +49,27 @@ def read_output(root: Path) -> dict:
         raise PluginError(str(e)) from None
 
 
+def local_output(
+    model_path: str, *, revision: str | None, cache: str | None, manifest_only: bool = False
+) -> Path:
+    """`model_path` when it is a folder; else the Hub repo it names, fetched (the manifest, and
+    unless `manifest_only` the files it lists, at `revision`, into `cache` (SGLang's
+    --download-dir) or the Hugging Face cache; hub/fetch.py)."""
+    if Path(model_path).is_dir():
+        return Path(model_path)
+    from ...hub.fetch import fetch_output
+
+    try:
+        return fetch_output(model_path, revision=revision, cache=cache, manifest_only=manifest_only)
+    except FiConvertError as e:
+        raise PluginError(str(e)) from None
+
+
+def output_name(model_path: str, root: Path) -> str:
+    """How refusals name the output: its folder, or the repo id it was fetched from."""
+    return str(root) if Path(model_path).is_dir() else model_path
+
+
 def check_manifest(
     manifest: dict,
     root: str,

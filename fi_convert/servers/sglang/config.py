@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextvars
 import copy
-from pathlib import Path
 from typing import Any
 
 from ...format import config_marker
@@ -82,9 +81,10 @@ def get_config(original: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def check_server_args(result: Any, self: Any) -> None:
-    """AFTER ServerArgs.check_server_args: refuse a local output this SGLang cannot serve as
+    """AFTER ServerArgs.check_server_args: refuse an output this SGLang cannot serve as
     converted, before any process starts (the loader checks again, with the device and the
-    layers SGLang built, in every scheduler process)."""
+    layers SGLang built, in every scheduler process). For a Hub repo id, only its manifest is
+    fetched here (the scheduler processes fetch the rest)."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
     from . import checks
@@ -92,12 +92,16 @@ def check_server_args(result: Any, self: Any) -> None:
     view = resolving_view(self)
     if not is_fi_convert(getattr(view, "load_format", "")):
         return None
-    root = Path(str(view.model_path))
-    if not root.is_dir():
-        return None
+    path = str(view.model_path)
+    root = checks.local_output(
+        path,
+        revision=getattr(view, "revision", None),
+        cache=getattr(view, "download_dir", None),
+        manifest_only=True,
+    )
     checks.check_manifest(
         checks.read_output(root),
-        str(root),
+        checks.output_name(path, root),
         tp_size=int(view.tp_size),
         ep_size=int(getattr(view, "ep_size", 1) or 1),
         eplb=bool(getattr(view, "enable_eplb", False)),

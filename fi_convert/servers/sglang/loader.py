@@ -92,15 +92,21 @@ class FiConvertModelLoader(DefaultModelLoader):
         super().__init__(dataclasses.replace(load_config, load_format=LoadFormat.SAFETENSORS))
         self._buffers: HostBuffers | None = None
 
+    def download_model(self, model_config: Any) -> None:
+        self._root(model_config)
+
+    def _root(self, model_config: Any) -> Path:
+        """The output folder: --model-path, or the snapshot of the Hub repo it names."""
+        return checks.local_output(
+            str(model_config.model_path),
+            revision=getattr(model_config, "revision", None),
+            cache=self.load_config.download_dir,
+        )
+
     def load_model(self, *, model_config: Any, device_config: Any) -> torch.nn.Module:
-        root = Path(model_config.model_path)
-        if not root.is_dir():
-            raise PluginError(
-                f"{model_config.model_path}: not a local folder; download the output first "
-                "(hf download REPO --local-dir DIR) and serve the folder"
-            )
+        root = self._root(model_config)
         manifest = checks.read_output(root)
-        check_output(manifest, str(root))
+        check_output(manifest, checks.output_name(str(model_config.model_path), root))
         target_device = torch.device(device_config.device)
         if target_device.type == "cuda":  # pinned while SGLang builds the model
             self._buffers = host_buffers().allocate(background=True)

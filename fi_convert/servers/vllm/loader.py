@@ -71,23 +71,16 @@ class FiConvertModelLoader(DefaultModelLoader):
         local = Path(model_config.model)
         if local.is_dir():
             return local
-        from huggingface_hub import snapshot_download
+        from ...hub.fetch import fetch_output  # a Hub repo id: its snapshot, fetched once
 
         try:
-            return Path(
-                snapshot_download(
-                    model_config.model,
-                    revision=model_config.revision,
-                    cache_dir=self.load_config.download_dir,
-                    allow_patterns=["*.safetensors", "*.json"],
-                )
+            return fetch_output(
+                model_config.model,
+                revision=model_config.revision,
+                cache=self.load_config.download_dir,
             )
-        except Exception as e:  # huggingface_hub's errors: missing repo, token, offline...
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PluginError(
-                f"{model_config.model}: not a local folder, and the Hub download failed "
-                f"({first}); check the repo id, HF_TOKEN and the network"
-            ) from None
+        except FiConvertError as e:
+            raise PluginError(f"{e}") from None
 
     def download_model(self, model_config: ModelConfig) -> None:
         self._output(model_config)
