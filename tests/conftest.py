@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,5 +104,13 @@ def hub(tmp_path, monkeypatch):
         "HF_HUB_DISABLE_TELEMETRY": True,
     }.items():
         monkeypatch.setattr(constants, name, value)
+    # shared HfApi objects take the endpoint when they are made: huggingface_hub's module-level
+    # one (behind `list_repo_files`, `model_info`, ..., which SGLang calls) at its import, and
+    # transformers' (`transformers.utils.hub.hf_api()`) at its first use, made again here
+    from huggingface_hub import hf_api
+
+    monkeypatch.setattr(hf_api.api, "endpoint", server.url)
+    if "transformers.utils.hub" in sys.modules:
+        monkeypatch.setattr(sys.modules["transformers.utils.hub"], "_hf_api", None)
     yield server
     server.stop()

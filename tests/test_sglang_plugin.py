@@ -624,18 +624,32 @@ def test_the_facts_and_the_checks_import_no_sglang():
 # ---- a whole model through SGLang's get_model_loader ----
 
 
-def _model(registered, path: Path, load_format: str, backend: str):
+def _model(
+    registered,
+    path: Path | str,
+    load_format: str,
+    backend: str,
+    revision: str | None = None,
+    download_dir: Path | None = None,
+):
+    """SGLang's ModelConfig and get_model_loader for `path`, as its scheduler loads a model
+    (`download_dir`: --download-dir, into the LoadConfig, as SGLang's model runner does)."""
     from sglang.srt.configs.device_config import DeviceConfig
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_loader import get_model_loader
     from sglang.srt.server_args import ServerArgs
 
+    dl = str(download_dir) if download_dir else None
     args = ServerArgs(
-        model_path=str(path), load_format=load_format, moe_runner_backend=sm.BACKEND[backend]
+        model_path=str(path),
+        load_format=load_format,
+        moe_runner_backend=sm.BACKEND[backend],
+        revision=revision,
+        download_dir=dl,
     )
     mc = ModelConfig.from_server_args(args)
-    loader = get_model_loader(LoadConfig(load_format=load_format), mc)
+    loader = get_model_loader(LoadConfig(load_format=load_format, download_dir=dl), mc)
     return loader.load_model(model_config=mc, device_config=DeviceConfig("cpu"))
 
 
@@ -697,3 +711,111 @@ def test_a_whole_model_refusal_comes_before_anything_is_built(registered, output
         pytest.raises(PluginError, match="need a CUDA GPU"),
     ):
         _model(registered, out, "fi-convert", "trtllm")
+
+
+# ---- a Hub repo id as --model-path (tests/hub_server.py's fake Hub) ----
+
+HUB_REPO = "acme/qwen3-moe-fi-sglang"
+
+
+def _publish(hub, out: Path, repo: str = HUB_REPO) -> str:
+    """The output as a Hub repo (as `fi-convert push` leaves it, with a card and a file the
+    manifest does not list, which a load never fetches); the commit."""
+    files = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    files |= {"README.md": b"# card\n", "extra/unlisted.safetensors": b"\0" * 64}
+    return hub.add_repo(repo, files)
+
+
+def test_a_repo_id_loads_as_its_folder(registered, outputs, hub, tmp_path, monkeypatch):
+    """`--model-path ORG/REPO --load-format fi-convert`: SGLang's own config reading and
+    get_model_loader, the plugin fetching the output (--revision, --download-dir): the same
+    model as from the local folder, every parameter and both MoE layers' state."""
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
+    out = outputs("hf-qwen3", "trtllm", 1)
+    commit = _publish(hub, out)
+    hub.add_repo(HUB_REPO, {"config.json": b"{}"})  # main moves on: --revision keeps the output
+    download_dir = tmp_path / "download-dir"
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+        ours = _model(registered, HUB_REPO, "fi-convert", "trtllm", commit, download_dir)
+        local = _model(registered, out, "fi-convert", "trtllm")
+    p, q = dict(ours.named_parameters()), dict(local.named_parameters())
+    assert sorted(p) == sorted(q) and differing(q, p) == []
+    moe = [n for n, m in local.named_modules() if isinstance(m, FusedMoE)]
+    for name in moe:
+        assert sm.layer_state(ours.get_submodule(name)) == sm.layer_state(local.get_submodule(name))
+    snap = download_dir / "models--acme--qwen3-moe-fi-sglang" / "snapshots" / commit
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    got = {f.relative_to(snap).as_posix() for f in snap.rglob("*") if f.is_file()}
+    assert got == {MANIFEST_NAME, *m["files"]}  # the output, nothing else
+
+
+def test_a_repo_id_on_the_launch_line_is_checked_before_anything_starts(
+    registered, outputs, hub, tmp_path
+):
+    """The launcher's check_server_args fetches the repo's manifest alone and refuses there."""
+    _publish(hub, outputs("hf-qwen3", "trtllm", 1))
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.server_args import prepare_server_args
+
+        line = f"--model-path {HUB_REPO} --load-format fi-convert --device cpu"
+        args = prepare_server_args([*line.split(), "--moe-runner-backend", "flashinfer_cutlass"])
+        args.resolve_once()
+        with pytest.raises(PluginError) as e:
+            args.check_server_args()
+    msg = str(e.value)
+    assert msg.startswith(f"fi-convert: {HUB_REPO}: ") and "\n" not in msg
+    assert "pass --moe-runner-backend flashinfer_trtllm" in msg
+    # before any process starts: the manifest, and what SGLang's own argument resolution read
+    # (config.json, generation_config.json), no shard
+    snap = next((tmp_path / "hf" / "hub" / "models--acme--qwen3-moe-fi-sglang").glob("snapshots/*"))
+    assert MANIFEST_NAME in {f.name for f in snap.iterdir()}
+    assert not list(snap.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize(
+    ("repo", "words"),
+    [
+        ("acme/no-such-repo", "no such model repo on the Hub"),
+        ("acme/a-source", "not an fi-convert output (the repo holds no fi-convert-manifest.json)"),
+        (HUB_REPO, "converted for vllm, whose layouts differ from SGLang's"),
+    ],
+)
+def test_a_repo_id_that_cannot_be_served_is_one_line(
+    registered, sources, outputs, hub, repo, words, monkeypatch
+):
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
+    _publish(hub, outputs("hf-qwen3", "trtllm", 1, sglang=False))  # a vLLM output
+    _publish(hub, sources("hf-qwen3"), "acme/a-source")
+    from fi_convert.servers.sglang import loader
+
+    with (
+        sm.sglang_context("trtllm", 1, 0),
+        mock.patch.object(loader, "_initialize_model", side_effect=AssertionError("built")),
+        pytest.raises(PluginError) as e,
+    ):
+        from sglang.srt.configs.load_config import LoadConfig
+
+        mc = types.SimpleNamespace(model_path=repo, revision=None)
+        loader.FiConvertModelLoader(LoadConfig()).load_model(model_config=mc, device_config=None)
+    msg = str(e.value)
+    assert msg.startswith(f"fi-convert: {repo}: ") and "\n" not in msg and words in msg
+
+
+def test_a_repo_id_offline_comes_from_the_cache(registered, outputs, hub, monkeypatch):
+    from huggingface_hub import constants
+
+    from fi_convert.servers.sglang.checks import local_output
+
+    _publish(hub, outputs("hf-qwen3", "trtllm", 1))
+    snap = local_output(HUB_REPO, revision=None, cache=None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    served = len(hub.log)
+    assert local_output(HUB_REPO, revision=None, cache=None) == snap
+    assert len(hub.log) == served
+    with pytest.raises(PluginError) as e:
+        local_output("acme/never-fetched", revision=None, cache=None)
+    assert str(e.value).startswith("fi-convert: acme/never-fetched: no such local folder, and not")
+    assert "HF_HUB_OFFLINE" in str(e.value)

@@ -389,8 +389,59 @@ def test_a_repo_id_that_cannot_be_downloaded_is_one_line(monkeypatch, tmp_path):
     with pytest.raises(PluginError) as e:
         _loader().download_model(_model_config("acme/not-cached-anywhere"))
     msg = str(e.value)
-    assert msg.startswith("fi-convert: acme/not-cached-anywhere: not a local folder")
-    assert "\n" not in msg and "check the repo id" in msg
+    assert msg.startswith("fi-convert: acme/not-cached-anywhere: no such local folder, and not")
+    assert "\n" not in msg and "`hf download acme/not-cached-anywhere` first" in msg
+
+
+def _publish(hub, out: Path, repo: str) -> str:
+    files = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    return hub.add_repo(repo, files | {"README.md": b"# card\n", "notes.bin": b"\x80\x04"})
+
+
+def test_a_repo_id_loads_as_its_folder(src, out, hub, tmp_path):
+    """`vllm serve ORG/REPO --load-format fi-convert --revision R --download-dir D`: the
+    output fetched (hub/fetch.py: the manifest, then the files it lists, at R, into D) and
+    loaded as from the folder, every parameter and the kernel state."""
+    repo = "acme/ds-fi"
+    commit = _publish(hub, out, repo)
+    hub.add_repo(repo, {"config.json": b"{}"})  # main moves on
+    loader = FiConvertModelLoader(
+        LoadConfig(load_format="fi-convert", download_dir=str(tmp_path / "dl"))
+    )
+    mc = types.SimpleNamespace(model=repo, revision=commit, quantization="fp8")
+    with vm.vllm_context("trtllm", 2, 1):
+        local = TinyModel(vm.make_layer(PREFIX, src, 2))
+        _loader().load_weights(local, _model_config(out))
+        vm.process(local)
+    with vm.vllm_context("trtllm", 2, 1):
+        ours = TinyModel(vm.make_layer(PREFIX, src, 2))
+        loader.download_model(mc)
+        loader.load_weights(ours, mc)
+        vm.process(ours)
+    vm.assert_same_layer(local.moe, ours.moe)
+    assert sorted(ours.seen) == sorted(local.seen)
+    assert all(torch.equal(ours.seen[n], t) for n, t in local.seen.items())
+    snap = tmp_path / "dl" / "models--acme--ds-fi" / "snapshots" / commit
+    got = {f.relative_to(snap).as_posix() for f in snap.rglob("*") if f.is_file()}
+    assert got == {
+        "fi-convert-manifest.json",
+        *json.loads((out / "fi-convert-manifest.json").read_text())["files"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("repo", "words"),
+    [
+        ("acme/nothing-here", "no such model repo on the Hub"),
+        ("acme/a-source", "not an fi-convert output (the repo holds no fi-convert-manifest.json)"),
+    ],
+)
+def test_a_repo_id_that_is_not_an_output_is_one_line(src, hub, repo, words):
+    _publish(hub, src, "acme/a-source")
+    with pytest.raises(PluginError) as e:
+        _loader().download_model(_model_config(repo))
+    msg = str(e.value)
+    assert msg.startswith(f"fi-convert: {repo}: ") and "\n" not in msg and words in msg
 
 
 @pytest.mark.parametrize(
