@@ -102,7 +102,7 @@ def test_config_json_and_the_card_say_how_to_serve_it(converted):
     assert qc["quant_method"] == "fi-convert"
     assert LAUNCH in qc["note"] and "vllm serve" not in qc["note"]
     card = model_card(manifest(converted["sglang"]), repo_id="org/mixtral-sglang")
-    assert LAUNCH.replace("DIR", "LOCAL_DIR") in card
+    assert LAUNCH.replace("DIR", "org/mixtral-sglang") in card  # the repo id serves as is
     assert "--tp-size 2 --server sglang" in card
     assert "| target SGLang | 0.5.23 |" in card and "vllm serve" not in card
     vcard = model_card(manifest(converted["vllm"]), repo_id="org/mixtral")

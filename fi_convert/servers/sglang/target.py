@@ -202,10 +202,12 @@ class SglangTarget:
             f"only. fi-convert is not on PyPI: install fi-convert {version} with its `sglang` "
             'extra from a clone of its repository (`pip install ".[sglang]"`) or from its wheel '
             f'(`make wheel`, then `pip install "dist/fi_convert-{version}-py3-none-any.whl'
-            '[sglang]"`), then (a local download of this repo):',
+            '[sglang]"`), then (the plugin fetches this repo\'s files into the Hugging Face '
+            "cache, or `--download-dir`; `--revision` pins a commit; a local copy of it serves "
+            "the same):",
             "",
             "```",
-            launch_command("LOCAL_DIR", scheme, backend, tp),
+            launch_command(repo_id, scheme, backend, tp),
             "```",
             "",
             "The plugin refuses, before loading anything, an SGLang outside "
