@@ -31,7 +31,60 @@ def cli(*args: object, env: dict[str, str] | None = None) -> Result:
     return res
 
 
+# The servers fi-convert serves; a test that needs one installed is marked with its name
+# (pytest.mark.vllm, pytest.mark.sglang), and every test of a module `test_<server>*.py` is.
+SERVERS = ("vllm", "sglang")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--server",
+        choices=SERVERS,
+        default=None,
+        help="run in a venv that holds this server alone (`make test-server`): the other "
+        "server's modules are not collected and its marked tests are deselected",
+    )
+
+
+def _module_server(name: str) -> str | None:
+    """The server a test module's name gives all its tests (test_vllm_plugin.py: vllm)."""
+    return next((s for s in SERVERS if name.startswith(f"test_{s}")), None)
+
+
+def _other(config) -> str | None:
+    server = config.getoption("--server")
+    return None if server is None else next(s for s in SERVERS if s != server)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under --server, the other server's modules, which import it at their top."""
+    other = _other(config)
+    if other is not None and collection_path.suffix == ".py":
+        return _module_server(collection_path.name) == other or None
+    return None
+
+
+def pytest_report_header(config):
+    other = _other(config)
+    if other is not None:
+        return [
+            f"--server {config.getoption('--server')}: test_{other}*.py not collected, tests "
+            f"marked {other} deselected"
+        ]
+    return []
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        server = _module_server(item.path.name)
+        if server is not None:
+            item.add_marker(getattr(pytest.mark, server))
+    other = _other(config)
+    if other is not None:
+        dropped = [i for i in items if i.get_closest_marker(other) is not None]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [i for i in items if i.get_closest_marker(other) is None]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -18,6 +18,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import fi_convert
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,9 +60,26 @@ def test_make_wheel_builds_as_this_test_does():
     assert "$(PIP) " + " ".join(WHEEL_ARGS) in recipe, recipe
 
 
-def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
-    whl = _build_wheel(tmp_path)
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """The wheel, built as `make wheel` builds it, installed into a fresh venv whose
+    dependencies are the test venv's: (the wheel, the venv)."""
+    tmp = tmp_path_factory.mktemp("install")
+    whl = _build_wheel(tmp)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", "--no-index",
+          f"{whl}[vllm]"])  # fmt: skip
+    # the dependencies (typer, rich, torch, ...) from the test venv, after the fresh venv's own
+    # site-packages; a plain path, so the test venv's editable install of fi-convert stays out
+    fresh = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
+    (Path(fresh) / "test-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return whl, venv
 
+
+def test_the_wheel_installs_into_a_fresh_venv_with_both_plugins_entry_points(installed, tmp_path):
+    whl, venv = installed
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
         info = next(n for n in names if n.endswith(".dist-info/entry_points.txt")).rsplit("/", 1)[0]
@@ -77,16 +96,6 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
     assert "fi_convert/servers/vllm/__init__.py" in names
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "docs/"))]
 
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    py = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", "--no-index",
-          f"{whl}[vllm]"])  # fmt: skip
-    # the dependencies (typer, rich, torch, ...) from the test venv, after the fresh venv's own
-    # site-packages; a plain path, so the test venv's editable install of fi-convert stays out
-    fresh = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
-    (Path(fresh) / "test-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-
     assert fi_convert.__version__ in _run([venv / "bin" / "fi-convert", "--version"], tmp_path, 120)
 
     code = (
@@ -95,12 +104,16 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
         "eps = md.entry_points(group='vllm.general_plugins')\n"
         "print([(e.name, e.value) for e in eps])\n"
     )
-    where, eps = _run([py, "-c", code], tmp_path).splitlines()
+    where, eps = _run([venv / "bin" / "python", "-c", code], tmp_path).splitlines()
     assert Path(where).is_relative_to(venv), where  # the wheel's, not the checkout's
     assert "('fi_convert', 'fi_convert.servers.vllm:register')" in eps
 
-    # SGLang's own plugin discovery (its import needs the tests' stand-in for triton) finds
-    # and loads the wheel's register
+
+@pytest.mark.sglang
+def test_sglangs_own_discovery_loads_the_wheels_plugin(installed, tmp_path):
+    """SGLang's own plugin discovery (its import needs the tests' stand-in for triton) finds
+    and loads the wheel's register."""
+    _, venv = installed
     code = (
         f"import sys; sys.path.append({str(ROOT)!r})\n"
         "from tests import sglang_stubs\n"
@@ -110,7 +123,8 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_plugin(tmp_path):
         "fn, dist = found['fi_convert']\n"
         "print(GENERAL_PLUGINS_GROUP, fn.__module__, fn.__name__, dist, fn.__code__.co_filename)\n"
     )
-    group, module, name, dist, where = _run([py, "-c", code], tmp_path).splitlines()[-1].split()
+    out = _run([venv / "bin" / "python", "-c", code], tmp_path).splitlines()[-1].split()
+    group, module, name, dist, where = out
     want = ["sglang.srt.plugins", "fi_convert.servers.sglang", "register", "fi-convert"]
     assert [group, module, name, dist] == want
     assert Path(where).is_relative_to(venv), where  # the wheel's

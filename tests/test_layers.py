@@ -9,7 +9,11 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import fi_convert
+from fi_convert.format import manifest as mf
+from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 
 def _is_cli(name: str) -> bool:
@@ -96,3 +100,47 @@ def test_the_format_imports_no_converter_code():
     loaded = {m for m in _loaded_after_importing(formats) if m.startswith("fi_convert")}
     extra = {m for m in loaded if not m.startswith("fi_convert.format")} - FORMAT_MAY_IMPORT
     assert extra == set(), f"fi_convert.format imports converter modules: {sorted(extra)}"
+
+
+# A fresh interpreter in which the named server cannot be imported (a meta-path finder that
+# refuses it, as if it were not installed), then fi-convert's command line with the arguments.
+WITHOUT = (
+    "import sys\n"
+    "class Without:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == {server!r}:\n"
+    "            raise ModuleNotFoundError(f'No module named {{name!r}} (hidden by the test)')\n"
+    "sys.meta_path.insert(0, Without())\n"
+    "from fi_convert.cli import main\n"
+    "main()\n"
+)
+
+
+def _without(server: str, *args: object) -> subprocess.CompletedProcess:
+    code = WITHOUT.format(server=server)
+    cmd = [sys.executable, "-c", code, *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("server", "other"), [("sglang", "vllm"), ("vllm", "sglang")])
+def test_the_cli_converts_for_one_server_with_the_other_not_installed(server, other, tmp_path):
+    """What a user with only one server's extra installed runs: inspect, convert and verify
+    for that server, with the other server unimportable in the process."""
+    spec = Spec("qwen3-moe", layers=1, experts=4, hidden=128, intermediate=256)
+    src, out = write_checkpoint(tmp_path / "src", spec), tmp_path / "out"
+    for args in (
+        ("inspect", src, "--server", server),
+        (src, out, "--server", server, "--scheme", "bf16", "--device", "cpu"),
+        ("verify", out, "--source", src),
+    ):
+        r = _without(other, *args)
+        assert r.returncode == 0, (args, r.stderr)
+    assert mf.read(out)["server"] == server
+    # the control: the finder does hide the server (its plugin's loader cannot be imported)
+    r = _without(other, "--version")
+    assert r.returncode == 0, r.stderr
+    code = WITHOUT.format(server=other).replace(
+        "from fi_convert.cli import main\nmain()\n", f"import fi_convert.servers.{other}.loader\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and f"No module named '{other}' (hidden by the test)" in r.stderr

@@ -96,6 +96,7 @@ def test_bf16_gpt_oss_is_refused_in_one_line(hf_ckpt, tmp_path, args):
     assert not out.exists()
 
 
+@pytest.mark.vllm
 def test_vllm_serves_bf16_gpt_oss_on_no_flashinfer_backend(hf_ckpt):
     """The facts the refusal above states, from vLLM 0.33's own code: its gpt-oss MoE layer
     (MLPBlock's FusedMoE: BF16, swigluoai, biases) on each FlashInfer backend."""
