@@ -12,7 +12,27 @@ ENGINE_VENV ?= .venv-engine
 export SGLANG_CHECK := from tests.sglang_stubs import installed; \
 	exec("with installed(): import sglang.srt.layers.moe.fused_moe_triton.layer")
 
-.PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean
+# One server's install alone (CI's matrix over servers): SERVER=vllm or SERVER=sglang, in
+# $(SERVER_VENV), which holds fi-convert with its dev extra, FlashInfer and that server only,
+# as `pip install ".[SERVER]"` would but with the server's wheel --no-deps beside the CPU torch
+# (as `make install`). `make test-server` runs there SERVER_TESTS with `--server $(SERVER)`
+# (the other server's modules not collected, its marked tests deselected).
+SERVER ?= vllm
+SERVER_VENV ?= .venv-$(SERVER)
+SERVER_TESTS ?= tests/test_$(SERVER)_plugin.py tests/test_layers.py tests/test_hub_fetch.py \
+	tests/test_server_option.py tests/test_install.py
+SERVER_REQUIREMENTS_vllm := requirements/vllm-cpu-test.txt
+SERVER_REQUIREMENTS_sglang := requirements/sglang-alone-cpu-test.txt
+SERVER_WHEELS_vllm := $(VLLM) xgrammar==0.2.8
+SERVER_WHEELS_sglang := $(SGLANG)
+SERVER_CHECK_vllm := import vllm.model_executor.layers.fused_moe
+SERVER_CHECK_sglang := $(SGLANG_CHECK)
+OTHER_SERVER_vllm := sglang
+OTHER_SERVER_sglang := vllm
+export SERVER_CHECK = $(SERVER_CHECK_$(SERVER))
+
+.PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean install-server \
+	test-server
 
 install: $(VENV)/.installed
 
@@ -50,6 +70,35 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt \
 
 test: install
 	$(VENV)/bin/pytest -q
+
+install-server: $(SERVER_VENV)/.installed
+
+$(SERVER_VENV)/.installed: pyproject.toml Makefile requirements/torch-cpu.txt \
+		requirements/vllm-cpu-test.txt requirements/sglang-cpu-test.txt \
+		requirements/sglang-alone-cpu-test.txt
+	@test -n "$(OTHER_SERVER_$(SERVER))" || { echo "SERVER=$(SERVER): vllm or sglang"; exit 2; }
+	rm -rf $(SERVER_VENV)
+	python3 -m venv $(SERVER_VENV)
+	echo '*' >$(SERVER_VENV)/.gitignore
+	$(SERVER_VENV)/bin/pip install -q --upgrade pip
+	$(SERVER_VENV)/bin/pip install -q $(TORCH)
+	flock .editable-install.lock env PYTHONWARNINGS='ignore:Editable installation' \
+		$(SERVER_VENV)/bin/pip install -q -e '.[dev]'
+	$(SERVER_VENV)/bin/pip install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests \
+		nvidia-ml-py tqdm einops
+	$(SERVER_VENV)/bin/pip install -q -c requirements/torch-cpu.txt \
+		-r $(SERVER_REQUIREMENTS_$(SERVER))
+	$(SERVER_VENV)/bin/pip install -q --no-deps $(FLASHINFER) $(SERVER_WHEELS_$(SERVER))
+	$(SERVER_VENV)/bin/python -c "$$SERVER_CHECK" >/dev/null 2>&1 || \
+		$(SERVER_VENV)/bin/python -c "$$SERVER_CHECK"
+	@! $(SERVER_VENV)/bin/python -c "import $(OTHER_SERVER_$(SERVER))" 2>/dev/null || \
+		{ echo "$(SERVER_VENV) holds $(OTHER_SERVER_$(SERVER)), which SERVER=$(SERVER) must not"; exit 1; }
+	@echo "installed: $(SERVER_VENV), with $(FLASHINFER) and $(SERVER_WHEELS_$(SERVER)) alone" \
+		"($(OTHER_SERVER_$(SERVER)) is not installed)"
+	touch $@
+
+test-server: install-server
+	$(SERVER_VENV)/bin/pytest -q -p no:cacheprovider --server $(SERVER) $(SERVER_TESTS)
 
 # The header fuzz at full size (about a minute on 2 cores): thousands of random corruptions of a
 # shard's header at the reader, a few hundred through the CLI; `make test` runs a few hundred.
@@ -103,4 +152,4 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) demo .pytest_cache .mypy_cache .ruff_cache dist build site
+	rm -rf $(VENV) $(ENGINE_VENV) .venv-vllm .venv-sglang demo .pytest_cache .mypy_cache .ruff_cache dist build site

@@ -8,6 +8,11 @@
 - `torchvision`: reached through SGLang's multimodal configs; PyPI's build fails to import
   beside this torch (`torchvision::nms`).
 
+- `vllm`, only where it is not installed (`make test-server SERVER=sglang`'s venv): on a
+  platform that is neither CUDA nor CPU (this machine, to SGLang) a whole model's rotary
+  embedding takes `vllm._custom_ops.rotary_embedding` as its fallback kernel; loading stores
+  it and never calls it. Where vLLM is installed, SGLang gets the real one.
+
 Only imports made by SGLang's modules get a stand-in (torch probes for Triton as well, and
 must keep finding none). A stand-in is a permissive module: any attribute is another
 permissive object, which can be called, used as a decorator, subscripted, compared and
@@ -22,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 from collections.abc import Iterator
 
-STUBBED = ("triton", "IPython", "torchvision")
-VERSIONS = {"triton": "3.5.0", "IPython": "9.0.0", "torchvision": "0.28.0"}
+STUBBED: tuple[str, ...] = ("triton", "IPython", "torchvision")
+VERSIONS = {"triton": "3.5.0", "IPython": "9.0.0", "torchvision": "0.28.0", "vllm": "0.33.0"}
+if importlib.util.find_spec("vllm") is None:
+    STUBBED += ("vllm",)
 
 
 class _Anything:

@@ -202,9 +202,9 @@ class SglangTarget:
             f"only. fi-convert is not on PyPI: install fi-convert {version} with its `sglang` "
             'extra from a clone of its repository (`pip install ".[sglang]"`) or from its wheel '
             f'(`make wheel`, then `pip install "dist/fi_convert-{version}-py3-none-any.whl'
-            '[sglang]"`), then (the plugin fetches this repo\'s files into the Hugging Face '
-            "cache, or `--download-dir`; `--revision` pins a commit; a local copy of it serves "
-            "the same):",
+            '[sglang]"`), then (the plugin fetches the files of this repo into the Hugging '
+            "Face cache, or `--download-dir`; `--revision` pins a commit; a local copy of it "
+            "serves the same):",
             "",
             "```",
             launch_command(repo_id, scheme, backend, tp),
