@@ -151,3 +151,23 @@ def test_a_network_failure_is_one_line(hub, out):
     hub.fail("GET", r"/cdn/", status=503, times=50)  # every shard's bytes
     msg = _one_line(REPO)
     assert "503" in msg and "try again later" in msg
+
+
+def test_a_server_fetching_a_repo_loads_no_converter_code():
+    """What a server's process imports to serve a repo id (beside the output reader): the Hub
+    package's small modules, none of planning, schemes, layouts, the pipeline, the source
+    reader or verify, and no server."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fi_convert.format.reader, fi_convert.hub.fetch\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('fi_convert', 'vllm', 'sglang'))))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    loaded = set(eval(r.stdout.strip().splitlines()[-1]))  # noqa: S307 (our subprocess's list)
+    assert "fi_convert.hub.fetch" in loaded
+    converter = {"plan", "pipeline", "schemes", "layout", "source", "outdir", "verify"}
+    assert {m.split(".")[1] for m in loaded if "." in m} & converter == set(), sorted(loaded)
+    assert not [m for m in loaded if not m.startswith("fi_convert")]
