@@ -484,6 +484,22 @@ def test_an_unfinished_output_is_refused_before_vllm_starts_an_engine(out, tmp_p
         _engine_model_config(bad, load_format="fi-convert", tensor_parallel_size=2)
 
 
+def test_a_repo_id_is_checked_on_its_manifest_before_vllm_starts_an_engine(out, hub, tmp_path):
+    """`vllm serve ORG/REPO`: the manifest alone is fetched (into --download-dir) and checked
+    in the process that parses the arguments; the refusal names the repo."""
+    _publish(hub, out, "acme/ds-fi")
+    register()
+    dl = tmp_path / "dl"
+    with pytest.raises(PluginError) as e:
+        kw = dict(load_format="fi-convert", tensor_parallel_size=4, download_dir=str(dl))
+        _engine_model_config("acme/ds-fi", **kw)
+    msg = str(e.value)
+    assert msg.startswith("fi-convert: acme/ds-fi: ") and "\n" not in msg
+    assert "tensor-parallel size 2, vLLM runs 4; pass -tp 2" in msg
+    (snap,) = (dl / "models--acme--ds-fi" / "snapshots").iterdir()
+    assert [f.name for f in snap.iterdir()] == ["fi-convert-manifest.json"]
+
+
 def test_the_core_never_imports_vllm():
     import subprocess
     import sys

@@ -65,7 +65,7 @@ def hook_engine_args() -> None:
 
 def check_early(args: Any) -> None:
     """The manifest checks that need no GPU, in the process that parses the arguments, before
-    vLLM starts an engine (a local output; a Hub repo is checked where it is downloaded). The
+    vLLM starts an engine (for a Hub repo id, on its manifest, fetched alone: hub/fetch.py). The
     loader runs them again, with the device checks, in every worker."""
     from pathlib import Path
 
@@ -73,16 +73,21 @@ def check_early(args: Any) -> None:
     from ...format import manifest as mf
     from . import checks
 
-    root = Path(str(args.model))
-    if not root.is_dir():
-        return
+    name = str(args.model)
     try:
+        if Path(name).is_dir():
+            root = Path(name)
+        else:
+            from ...hub.fetch import fetch_output
+
+            rev, cache = getattr(args, "revision", None), getattr(args, "download_dir", None)
+            root = fetch_output(name, revision=rev, cache=cache, manifest_only=True)
         m = mf.read(root)
     except FiConvertError as e:
         raise checks.PluginError(str(e)) from None
     checks.check_manifest(
         m,
-        str(root),
+        name if not Path(name).is_dir() else str(root),
         tp_size=args.tensor_parallel_size,
         use_ep=bool(args.enable_expert_parallel),
         dp_size=(args.data_parallel_size or 1)
