@@ -107,10 +107,18 @@ def sglang_context(backend: str, tp_size: int, tp_rank: int) -> Iterator[None]:
 def _block_scale_interleave(sf: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """FlashInfer's `block_scale_interleave` (CUDA only) on CPU: the 128x4 swizzle of a
     [M, K/16] (or [E, M, K/16]) scale tensor, M padded to 128 and K/16 to 4 with zeros, flat.
-    Built from fi_convert.layout's index, so SGLang's NVFP4 scale bytes here are checked up to
-    this swizzle; the swizzle itself is checked against FlashInfer's on the GPU machine."""
+    Built from fi_convert.layout's index, so SGLang's scale bytes here are checked up to this
+    swizzle; the swizzle itself is checked against FlashInfer's on the GPU machine, for the
+    shapes tests/swizzle_shapes.py lists (any other shape is refused here)."""
     from fi_convert.layout import swizzle_128x4_index
+    from tests.swizzle_shapes import SGLANG_SCALE_SHAPES
 
+    if tuple(sf.shape) not in SGLANG_SCALE_SHAPES or sf.dtype != torch.uint8:
+        raise AssertionError(
+            f"block_scale_interleave of {tuple(sf.shape)} {sf.dtype}: a shape the CPU version "
+            "has not been checked against FlashInfer's for; add it to tests/swizzle_shapes.py "
+            "and run tests/test_gpu.py on the GPU machine"
+        )
     e = sf.shape[0] if sf.ndim == 3 else 1
     x = sf.reshape(e, sf.shape[-2], sf.shape[-1])
     idx = swizzle_128x4_index(x.shape[1], x.shape[2])

@@ -549,3 +549,17 @@ def test_stand_ins_leave_no_trace(sglang_layers):
     # SGLang's import points these caches at its own folder (setdefault): undone after
     caches = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
     assert "sglang" not in " ".join(os.environ.get(k, "") for k in caches).lower()
+
+
+def test_the_cpu_scale_swizzle_refuses_a_shape_not_checked_on_the_gpu():
+    """The CPU version of FlashInfer's `block_scale_interleave` that SGLang's processing runs
+    here is proven equal to FlashInfer's on the GPU machine for tests/swizzle_shapes.py's
+    shapes only (tests/test_gpu.py): any other shape stops the test that passes it."""
+    from tests.swizzle_shapes import SGLANG_SCALE_SHAPES
+
+    shape = (640, 20)
+    assert shape not in SGLANG_SCALE_SHAPES
+    with pytest.raises(AssertionError, match=r"block_scale_interleave of \(640, 20\).*swizzle"):
+        sm._block_scale_interleave(torch.zeros(shape, dtype=torch.uint8))
+    listed = sorted(SGLANG_SCALE_SHAPES)[0]
+    assert sm._block_scale_interleave(torch.ones(listed, dtype=torch.uint8)).numel() >= 128 * 4
