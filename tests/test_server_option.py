@@ -212,18 +212,15 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "nv320",
             ["--server", "sglang"],
             "model.layers.1.mlp.experts: hidden size 320 is not a multiple of 128; SGLang 0.5.23 "
-            "does not pad H for NVFP4 on FlashInfer TRT-LLM",
+            "does not pad H for NVFP4 on FlashInfer TRT-LLM and its w2 scale shuffle asserts it "
+            "(FlashInfer's get_shuffle_matrix_sf_a_row_indices), so SGLang cannot serve it on "
+            "flashinfer_trtllm; use --backend cutlass (flashinfer_cutlass), or --server vllm "
+            "(vLLM pads H to 256)",
         ),
         (
             "ct",
             ["--server", "sglang"],
             "compressed-tensors NVFP4: SGLang loads it with a method of its own",
-        ),
-        (
-            "nv320",
-            ["--server", "sglang", "--backend", "cutlass"],
-            "hidden size 320 is not a multiple of 128; SGLang 0.5.23's FlashInfer CUTLASS NVFP4 "
-            "processing then pads its swizzled scales",
         ),
     ],
 )
@@ -414,6 +411,24 @@ def test_nvfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
     res = cli("convert", ckpts["nv"], tmp_path / "o", "--server", "vllm,sglang")
     assert res.exit_code == 1
     assert "vllm and sglang hold other bytes" in res.stderr
+
+
+def test_nvfp4_cutlass_h320_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt NVFP4 on CUTLASS for SGLang, H 320 (the w2 scale swizzle pads its rows to 384):
+    the swizzle apart, `w2_blockscale_swizzled`, beside `w2_weight_scale` as loaded; w13's
+    swizzle (H/16 = 20 columns, no padding) in place; verify re-plans it so. Its bytes are
+    proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["nv320"], out, "--server", "sglang", "--backend", "cutlass")
+    assert res.exit_code == 0, res.stderr
+    lay = manifest(out)["layers"][prefix]["tensors"]
+    assert lay["w2_weight_scale"]["shape_per_rank"] == [3, 320, 12]
+    assert lay["w2_weight_scale"]["layout"] == "MajorK"
+    assert lay["w2_blockscale_swizzled"]["shape_per_rank"] == [3, 384, 12]
+    assert lay["w13_weight_scale"]["shape_per_rank"] == [3, 384, 20]
+    assert "w13_blockscale_swizzled" not in lay
+    res = cli("verify", out, "--source", ckpts["nv320"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
 
 
 def test_mxfp8_for_sglang_converts_and_verifies(ckpts, tmp_path):

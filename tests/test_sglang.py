@@ -66,6 +66,19 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt NVFP4 on CUTLASS where the 128x4 swizzle pads: H 336 (w2's rows to 384, w13's
+    # columns 21 to 24: SGLang keeps both swizzles apart, beside the scales as loaded), I 256
+    # (I/TP 256, 128, 64); H 320 (w2's only; w13's swizzle in place)
+    "deepseek-nvfp4-h336": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=3, hidden=336, intermediate=256, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    "deepseek-nvfp4-h320": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=128, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method), 3 experts, H 384 (vLLM pads it to 512,
     # SGLang does not), I 320: I per rank 320, 160 padded to 384 and 256 (scales padded with
     # 0 by SGLang, 127 by vLLM) and sharded by it (TP 2: rank 1 holds 64 rows)
@@ -94,7 +107,8 @@ CASES = {
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
-ONLY_C = ("deepseek-nvfp4-h384", "qwen3-mxfp8", "qwen3-mxfp8-5")
+ONLY_C = ("deepseek-nvfp4-h384", "deepseek-nvfp4-h336", "deepseek-nvfp4-h320")
+ONLY_C += ("qwen3-mxfp8", "qwen3-mxfp8-5")
 PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
@@ -465,16 +479,25 @@ SGLANG_CASES = [
         "gpt-oss-mxfp4",
         "deepseek-nvfp4",
         "deepseek-nvfp4-h384",
+        "deepseek-nvfp4-h336",
+        "deepseek-nvfp4-h320",
         "qwen3-mxfp8",
         "qwen3-mxfp8-5",
     )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
     for rank in range(tp)
-    if (backend == "trtllm" and (case, tp) != ("qwen3-mxfp8", 4))  # I/TP 80: not MX blocks
+    if (
+        backend == "trtllm"
+        and (case, tp) != ("qwen3-mxfp8", 4)  # I/TP 80: not MX blocks
+        and case not in ("deepseek-nvfp4-h336", "deepseek-nvfp4-h320")  # H % 128: refused
+    )
     or case in ("qwen3-bf16", "mixtral-bf16-7")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
     or (case, tp) in (("deepseek-nvfp4", 1), ("deepseek-nvfp4", 2), ("deepseek-nvfp4-h384", 1))
+    # ... and where H is not a multiple of 128 (the swizzles apart)
+    or (backend, case) == ("cutlass", "deepseek-nvfp4-h336")
+    or (backend, case, tp) == ("cutlass", "deepseek-nvfp4-h320", 1)
 ]
 # What SGLang's processing makes from the layer's config alone, not from the checkpoint: not in
 # the output, the plugin's kernel setup sets them (tests/test_sglang_plugin.py): gpt-oss
@@ -549,3 +572,24 @@ def test_stand_ins_leave_no_trace(sglang_layers):
     # SGLang's import points these caches at its own folder (setdefault): undone after
     caches = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
     assert "sglang" not in " ".join(os.environ.get(k, "") for k in caches).lower()
+
+
+def test_nvfp4_cutlass_padded_swizzles_apart(checkpoints, sglang_layers, outputs):
+    """NVFP4 on CUTLASS where the swizzle pads (H 320: w2's rows to 384; H 336: w13's columns
+    21 to 24 too): SGLang holds the padded swizzle as `w*_blockscale_swizzled` (vLLM's
+    `w*_weight_scale` bytes) and `w*_weight_scale` as loaded (w2's: the checkpoint's rows,
+    w13's: [up; gate]); a swizzle that does not pad stays in place, aliased."""
+    prefix = CASES["deepseek-nvfp4-h320"][2]
+    for case, apart in (("deepseek-nvfp4-h320", ["w2"]), ("deepseek-nvfp4-h336", ["w13", "w2"])):
+        layer = sglang_layers(case, 1, 0, "cutlass")
+        theirs = sm.params(layer)
+        vllm = load_moe_layer(outputs(case, 1, "cutlass"), prefix)
+        src = raw(checkpoints[case], prefix)
+        for w in ("w13", "w2"):
+            swz = getattr(layer, f"{w}_blockscale_swizzled")
+            assert (swz is getattr(layer, f"{w}_weight_scale")) == (w not in apart), (case, w)
+            assert _bytes(swz.data) == _bytes(vllm[f"{w}_weight_scale"])
+        if "w13" in apart:
+            up_gate = torch.cat([src["up_proj.weight_scale"], src["gate_proj.weight_scale"]], 1)
+            assert _bytes(theirs["w13_weight_scale"]) == _bytes(up_gate)
+        assert _bytes(theirs["w2_weight_scale"]) == _bytes(src["down_proj.weight_scale"])

@@ -67,6 +67,16 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ... on CUTLASS where the scale swizzle pads: H 336 (w13's and w2's swizzles apart), I 256
+    # (I/TP 256, 128); H 320 (w2's apart), I 128
+    "nvfp4-h336": (
+        Spec("deepseek-v3", layers=2, experts=3, hidden=336, intermediate=256, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    "nvfp4-h320": (
+        Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=128, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method): H 384 (unpadded), I 320 (I/TP 320, 160
     # padded to 384 and 256, sharded by it); H 256, I 256, 5 experts (I/TP 64 padded to 128 at
     # TP 4: ranks 2 and 3 hold none of I)
@@ -81,7 +91,7 @@ CASES = {
 }
 MX8 = {"mxfp8", "mxfp8-5"}
 OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
-FP4 = OSS | {"nvfp4", "nvfp4-h384"} | MX8  # on SM100 (sm.blackwell)
+FP4 = OSS | {"nvfp4", "nvfp4-h384", "nvfp4-h336", "nvfp4-h320"} | MX8  # on SM100 (sm.blackwell)
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
 # (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
@@ -108,6 +118,9 @@ LAYER_CASES = [
     ("nvfp4", "cutlass", 1),
     ("nvfp4", "cutlass", 2),
     ("nvfp4-h384", "cutlass", 1),
+    ("nvfp4-h336", "cutlass", 1),
+    ("nvfp4-h336", "cutlass", 2),
+    ("nvfp4-h320", "cutlass", 1),
     ("mxfp8", "trtllm", 1),
     ("mxfp8", "trtllm", 2),
     ("mxfp8-5", "trtllm", 4),
@@ -252,6 +265,9 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
             n: v for n, v in allocated[id(ours)].items() if n not in fresh
         }
         assert set(now) - set(allocated[id(ours)]) <= fresh
+        # NVFP4 on CUTLASS, a padded swizzle apart: read into the placeholder SGLang allocated
+        for n in {"w13_blockscale_swizzled", "w2_blockscale_swizzled"} & set(now):
+            assert now[n] == allocated[id(ours)][n], n
 
 
 @pytest.mark.parametrize(

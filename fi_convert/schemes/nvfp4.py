@@ -22,8 +22,9 @@ a13 = max(w13_input_scale), a2 = max(w2_input_scale); g1_alphas = a13 * s2(w1),
 g1_alphas_up = a13 * s2(w3), g2_alphas = a2 * s2(w2), w13_input_scale_quant = 1 / a13 and
 w2_input_scale_quant = 1 / a2 (0-dim), g1_scale_c = w2_input_scale_quant * g1_alphas_up.
 On CUTLASS (`flashinfer_cutlass`): vLLM's weights and swizzled block scales ([up; gate], its
-`swizzle_blockscale` in place, which needs no padding: H a multiple of 128, refused
-otherwise), SGLang's scalars without g1_scale_c.
+`swizzle_blockscale`, written in place), SGLang's scalars without g1_scale_c; where the
+swizzle pads (w2's rows where H % 128, w13's columns where H % 64) SGLang cannot write it in
+place: the scales stay as loaded and the swizzle is `w*_blockscale_swizzled` (`swizzle_apart`).
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class Nvfp4Scheme(Scheme):
         "nvfp4": Synthetic(synthetic_nvfp4, modelopt("NVFP4")),
         "nvfp4-ct": Synthetic(lambda shape, g: synthetic_nvfp4(shape, g, ct=True), _CT_NVFP4),
     }
-    variants = frozenset({"shard_padded", "hidden_padded", "split_scales"})  # SGLang, TRT-LLM
+    # SGLang's: TRT-LLM's split and unpadded H, its scalars, CUTLASS's padded swizzles apart
+    variants = frozenset({"shard_padded", "hidden_padded", "split_scales", "swizzle_apart"})
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         scales = [t for (_, p, _), t in layers[0].params.items() if p == SCALE]
@@ -184,14 +186,10 @@ class Nvfp4Scheme(Scheme):
         if trt and not layout.hidden_padded and h % TILE:
             raise LayoutError(
                 f"{layer.prefix}: hidden size {h} is not a multiple of {TILE}; SGLang 0.5.23 does "
-                "not pad H for NVFP4 on FlashInfer TRT-LLM and its scale shuffle needs it, so "
-                "SGLang cannot serve this checkpoint on flashinfer_trtllm"
-            )
-        if not trt and layout.split_scales and h % TILE:
-            raise LayoutError(
-                f"{layer.prefix}: hidden size {h} is not a multiple of {TILE}; SGLang 0.5.23's "
-                "FlashInfer CUTLASS NVFP4 processing then pads its swizzled scales into "
-                "parameters of their own, which fi-convert does not write yet"
+                "not pad H for NVFP4 on FlashInfer TRT-LLM and its w2 scale shuffle asserts it "
+                "(FlashInfer's get_shuffle_matrix_sf_a_row_indices), so SGLang cannot serve it "
+                "on flashinfer_trtllm; use --backend cutlass (flashinfer_cutlass), or "
+                "--server vllm (vLLM pads H to 256)"
             )
         sc = _Scales(layer)
         if layout.split_scales and (sc.g_inv or sc.a_inv):
@@ -201,7 +199,11 @@ class Nvfp4Scheme(Scheme):
             )
         differ = sc.w1_w3_differ() if differ is None else differ
         rows = RankRows(layer.intermediate_size, tp, i_p, layout.shard_padded)
-        outs = _trtllm(layer, e, h_p, rows) if trt else _cutlass(layer, e, h, h_p, i_r, i_p)
+        outs = (
+            _trtllm(layer, e, h_p, rows)
+            if trt
+            else _cutlass(layer, e, h, i_r, layout.swizzle_apart)
+        )
         outs += sc.sglang_outputs(e, trt) if layout.split_scales else sc.outputs(e, backend)
         notes = []
         if differ and not layout.split_scales:
@@ -312,45 +314,84 @@ def _trtllm(layer, e, h_p, rows: RankRows) -> list[OutputTensor]:
     ]
 
 
-def _cutlass(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
+def _cutlass(layer, e, h, i_r, apart: bool) -> list[OutputTensor]:
+    """[up; gate] weights, w2 as loaded, and the block scales 128x4-swizzled per expert (the
+    swizzle zero-pads rows to 128 and columns to 4). `apart` (`Layout.swizzle_apart`): where
+    that swizzle pads, it is `w*_blockscale_swizzled` and `w*_weight_scale` holds the scales as
+    loaded (w13's [up; gate])."""
     swap = L.swap_halves_index(2 * i_r)
-    m13, k13 = L.round_up(2 * i_r, 128), L.round_up(h // SF, 4)
-    m2, k2 = L.round_up(h, 128), L.round_up(i_r // SF, 4)
-    # swizzle with padding: pad entries point at index m*ks, the zero row after the matrix
-    sf13 = L.swizzle_128x4_index(2 * i_r, h // SF)
-    rows13 = torch.cat([swap, torch.tensor([2 * i_r])])  # [up; gate] then the zero row
-    sf13 = rows13[sf13 // (h // SF)] * (h // SF) + sf13 % (h // SF)
-    sf2 = L.swizzle_128x4_index(h, i_r // SF)
     u8 = torch.uint8
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w13(ctx, layer, "weight", rank, experts, i_r, u8)
         L.gather_rows(src, swap, out)
 
-    def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w13(ctx, layer, SCALE, rank, experts, i_r, u8)
-        L.gather_flat(src, sf13, out)
-
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_r // 2, u8))
 
-    def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w2(
-            ctx, layer, SCALE, rank, experts, i_r // SF, i_r // SF, u8, padded_rows=h + 1
-        )
-        L.gather_flat(src, sf2, out)
-
     lay = {"layout": "MajorK", "packing": "e2m1x2"}
-    s_lay = {"layout": "swizzled_128x4", "block": [1, SF], "pad": 0}
+    up_gate = {"row_order": "up_gate"}
     return [
-        OutputTensor(
-            "w13_weight", "U8", (e, 2 * i_r, h // 2), w13, {**lay, "row_order": "up_gate"}
-        ),
+        OutputTensor("w13_weight", "U8", (e, 2 * i_r, h // 2), w13, {**lay, **up_gate}),
         OutputTensor("w2_weight", "U8", (e, h, i_r // 2), w2, lay),
-        OutputTensor(
-            "w13_weight_scale", "F8_E4M3", (e, m13, k13), w13_s, {**s_lay, "row_order": "up_gate"}
-        ),
-        OutputTensor("w2_weight_scale", "F8_E4M3", (e, m2, k2), w2_s, s_lay),
+        *_cutlass_scales("w13", e, 2 * i_r, h // SF, _w13_scales(layer, i_r, swap), apart),
+        *_cutlass_scales("w2", e, h, i_r // SF, _w2_scales(layer, i_r), apart),
+    ]
+
+
+Stage = Callable[[Ctx, int, range], torch.Tensor]
+
+
+def _w13_scales(layer, i_r: int, swap: torch.Tensor) -> tuple[Stage, torch.Tensor]:
+    """The rank's w13 scales staged ([gate; up; one zero row]) and the rows to gather from
+    them: [up; gate], then the zero row."""
+
+    def stage(ctx: Ctx, rank: int, experts: range) -> torch.Tensor:
+        return stage_w13(ctx, layer, SCALE, rank, experts, i_r, torch.uint8)
+
+    return stage, torch.cat([swap, torch.tensor([2 * i_r])])
+
+
+def _w2_scales(layer, i_r: int) -> tuple[Stage, torch.Tensor]:
+    """The rank's w2 scales staged ([H rows; one zero row]) and the rows to gather: as is."""
+    h = layer.hidden_size
+
+    def stage(ctx: Ctx, rank: int, experts: range) -> torch.Tensor:
+        n = i_r // SF
+        return stage_w2(ctx, layer, SCALE, rank, experts, n, n, torch.uint8, padded_rows=h + 1)
+
+    return stage, torch.arange(h + 1)
+
+
+def _cutlass_scales(
+    w: str, e: int, m: int, ks: int, staged: tuple[Stage, torch.Tensor], apart: bool
+) -> list[OutputTensor]:
+    """One projection's block scales, [m, ks] a rank: `staged` gives the staged rows (the last
+    one zeros) and the rows of the [m, ks] matrix among them. The swizzle is flat index
+    `rows[q // ks] * ks + q % ks` for q the 128x4 swizzle index (its padding q = m*ks: the
+    zero row). Apart (see `_cutlass`): the swizzle is `{w}_blockscale_swizzled` and
+    `{w}_weight_scale` the gathered rows as loaded."""
+    stage, rows = staged
+    m_p, k_p = L.round_up(m, 128), L.round_up(ks, 4)
+    swz = L.swizzle_128x4_index(m, ks)
+    swz = rows[swz // ks] * ks + swz % ks
+
+    def swizzled(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        L.gather_flat(stage(ctx, rank, experts), swz, out)
+
+    def loaded(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        L.gather_rows(stage(ctx, rank, experts), rows[:m], out.view(torch.uint8))
+
+    s_lay = {"layout": "swizzled_128x4", "block": [1, SF], "pad": 0}
+    if w == "w13":
+        s_lay["row_order"] = "up_gate"
+    if not apart or (m_p, k_p) == (m, ks):
+        return [OutputTensor(f"{w}_weight_scale", "F8_E4M3", (e, m_p, k_p), swizzled, s_lay)]
+    raw = {**s_lay, "layout": "MajorK"}
+    del raw["pad"]
+    return [
+        OutputTensor(f"{w}_weight_scale", "F8_E4M3", (e, m, ks), loaded, raw),
+        OutputTensor(f"{w}_blockscale_swizzled", "F8_E4M3", (e, m_p, k_p), swizzled, s_lay),
     ]
 
 

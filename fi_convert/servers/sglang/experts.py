@@ -192,7 +192,8 @@ def _nvfp4(layer: Any, method: Any) -> None:
     the output's, `install` made their parameters): CUTLASS's SwiGLU parameters, by its own
     function; the dispatcher's quantization config, as it sets it (with its own functions
     deciding FP4 dispatch); the block-scale aliases the kernels read (CUTLASS: the swizzle it
-    writes in place, aliased as TRT-LLM's is); TRT-LLM's padded sizes."""
+    writes in place, aliased as TRT-LLM's is, or where it pads, apart: `_blockscale_aliases`);
+    TRT-LLM's padded sizes."""
     from sglang.srt.layers.moe.utils import should_use_flashinfer_cutlass_moe_fp4_allgather
     from sglang.srt.layers.quantization.modelopt_quant import _use_nvfp4_dispatch
 
@@ -231,9 +232,23 @@ def _nvfp4(layer: Any, method: Any) -> None:
     if trtllm:
         layer.trtllm_padded_hidden_size = None  # SGLang pads H only for per-token non-gated
         layer.intermediate_size_per_partition = layer.w2_weight.shape[2] * 2
-    # the placeholders SGLang allocated for CUTLASS are dropped, as its processing drops them
-    layer.w13_blockscale_swizzled = layer.w13_weight_scale
-    layer.w2_blockscale_swizzled = layer.w2_weight_scale
+    _blockscale_aliases(layer)
+
+
+def _blockscale_aliases(layer: Any) -> None:
+    """`w*_blockscale_swizzled`, which the kernels read, as SGLang's processing leaves them:
+    TRT-LLM aliases them to the (shuffled, swizzled) `w*_weight_scale`; CUTLASS writes the
+    swizzle into `w*_weight_scale` and aliases it (`alias_or_bind_derived_param`, dropping the
+    placeholder it allocated) where the swizzle has the scale's shape, and else copies it into
+    that placeholder, the scale staying as loaded: the output holds both then, and `install`
+    read the swizzle into the placeholder."""
+    for w in ("w13", "w2"):
+        scale, swizzled = (
+            getattr(layer, f"{w}_weight_scale"),
+            getattr(layer, f"{w}_blockscale_swizzled"),
+        )
+        if swizzled is None or swizzled.shape == scale.shape:
+            setattr(layer, f"{w}_blockscale_swizzled", scale)
 
 
 # The parameters whose dtype a method's processing changes (new storage there too): the output
