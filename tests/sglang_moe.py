@@ -218,8 +218,12 @@ def make_layer(prefix: str, ckpt: Path):
         gemm1_clamp_limit=cfg.get("swiglu_limit"),
         with_bias=True,
     )
+    # DeepSeek's MoE passes the config's SwiGLU clamp (models/deepseek_v2.py DeepseekV2MoE:
+    # swiglu_limit=getattr(config, "swiglu_limit", None))
+    deepseek = {"swiglu_limit": cfg.get("swiglu_limit")}
+    kind = {"gpt_oss": oss, "deepseek_v3": deepseek, "deepseek_v2": deepseek, "kimi_k2": deepseek}
     return FusedMoE(
-        **(oss if cfg.get("model_type") == "gpt_oss" else {}),
+        **kind.get(cfg.get("model_type"), {}),
         num_experts=experts,
         hidden_size=cfg["hidden_size"],
         intermediate_size=inter,

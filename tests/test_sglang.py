@@ -79,6 +79,21 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=128, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt NVFP4 with a SwiGLU clamp (config.json swiglu_limit, which SGLang's DeepSeek
+    # MoE passes its experts): on CUTLASS it changes no byte; TRT-LLM is refused
+    "deepseek-nvfp4-clamp": (
+        "nvfp4",
+        Spec(
+            "deepseek-v3",
+            layers=2,
+            experts=5,
+            hidden=256,
+            intermediate=384,
+            quant="nvfp4",
+            config={"swiglu_limit": 10.0},
+        ),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method), 3 experts, H 384 (vLLM pads it to 512,
     # SGLang does not), I 320: I per rank 320, 160 padded to 384 and 256 (scales padded with
     # 0 by SGLang, 127 by vLLM) and sharded by it (TP 2: rank 1 holds 64 rows)
@@ -108,6 +123,7 @@ CASES = {
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
 ONLY_C = ("deepseek-nvfp4-h384", "deepseek-nvfp4-h336", "deepseek-nvfp4-h320")
+ONLY_C += ("deepseek-nvfp4-clamp",)
 ONLY_C += ("qwen3-mxfp8", "qwen3-mxfp8-5")
 PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
@@ -481,6 +497,7 @@ SGLANG_CASES = [
         "deepseek-nvfp4-h384",
         "deepseek-nvfp4-h336",
         "deepseek-nvfp4-h320",
+        "deepseek-nvfp4-clamp",
         "qwen3-mxfp8",
         "qwen3-mxfp8-5",
     )
@@ -491,6 +508,7 @@ SGLANG_CASES = [
         backend == "trtllm"
         and (case, tp) != ("qwen3-mxfp8", 4)  # I/TP 80: not MX blocks
         and case not in ("deepseek-nvfp4-h336", "deepseek-nvfp4-h320")  # H % 128: refused
+        and case != "deepseek-nvfp4-clamp"  # refused: test_nvfp4_swiglu_clamp
     )
     or case in ("qwen3-bf16", "mixtral-bf16-7")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
@@ -498,6 +516,9 @@ SGLANG_CASES = [
     # ... and where H is not a multiple of 128 (the swizzles apart)
     or (backend, case) == ("cutlass", "deepseek-nvfp4-h336")
     or (backend, case, tp) == ("cutlass", "deepseek-nvfp4-h320", 1)
+    # ... and with a SwiGLU clamp
+    or (backend, case) == ("cutlass", "deepseek-nvfp4-clamp")
+    and tp < 4
 ]
 # What SGLang's processing makes from the layer's config alone, not from the checkpoint: not in
 # the output, the plugin's kernel setup sets them (tests/test_sglang_plugin.py): gpt-oss
@@ -593,3 +614,31 @@ def test_nvfp4_cutlass_padded_swizzles_apart(checkpoints, sglang_layers, outputs
             up_gate = torch.cat([src["up_proj.weight_scale"], src["gate_proj.weight_scale"]], 1)
             assert _bytes(theirs["w13_weight_scale"]) == _bytes(up_gate)
         assert _bytes(theirs["w2_weight_scale"]) == _bytes(src["down_proj.weight_scale"])
+
+
+def test_nvfp4_swiglu_clamp(checkpoints, sglang_layers, outputs, tmp_path):
+    """A SwiGLU clamp (DeepSeek's config.json `swiglu_limit`, which SGLang's DeepseekV2MoE
+    passes its experts as the runner config's `swiglu_limit`). On CUTLASS SGLang's parameters
+    are those without it, byte for byte (the clamp goes to `_cutlass_swiglu_params`, from the
+    config: the plugin's); on TRT-LLM its processing rescales the w13 block scales of the
+    half with the smaller GEMM1 alpha (where gate and up alphas differ: every expert here),
+    ties g1_alphas to the larger and adds gemm1_clamp_limit, which fi-convert does not write:
+    refused at plan time, in one line naming the fix."""
+    from fi_convert.errors import LayoutError
+
+    for tp, rank in ((1, 0), (2, 1)):
+        with_clamp = sm.params(sglang_layers("deepseek-nvfp4-clamp", tp, rank, "cutlass"))
+        without = sm.params(sglang_layers("deepseek-nvfp4", tp, rank, "cutlass"))
+        assert differing(with_clamp, without) == []
+    limit = sglang_layers("deepseek-nvfp4-clamp", 1, 0, "cutlass")._cutlass_swiglu_params[2]
+    assert limit.tolist() == [10.0] * 5
+    trt = sm.params(sglang_layers("deepseek-nvfp4-clamp", 1, 0))
+    plain = sm.params(sglang_layers("deepseek-nvfp4", 1, 0))
+    assert differing(trt, plain)[:2] == ["w13_weight_scale", "g1_alphas"]
+    assert "gemm1_clamp_limit" in trt and "gemm1_clamp_limit" not in plain
+    opts = Options(scheme=SchemeName.NVFP4, backend=Backend.TRTLLM, server="sglang")
+    with pytest.raises(LayoutError) as e:
+        convert(checkpoints["deepseek-nvfp4-clamp"], tmp_path / "out", opts, device="cpu")
+    assert str(e.value).count("\n") == 0 and "swiglu_limit 10 in config.json" in str(e.value)
+    assert "use --backend cutlass" in str(e.value)
+    assert not (tmp_path / "out").exists()

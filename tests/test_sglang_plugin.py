@@ -77,6 +77,19 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=128, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ... with a SwiGLU clamp (config.json swiglu_limit 10, as SGLang's DeepSeek MoE reads it)
+    "nvfp4-clamp": (
+        Spec(
+            "deepseek-v3",
+            layers=2,
+            experts=5,
+            hidden=256,
+            intermediate=384,
+            quant="nvfp4",
+            config={"swiglu_limit": 10.0},
+        ),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method): H 384 (unpadded), I 320 (I/TP 320, 160
     # padded to 384 and 256, sharded by it); H 256, I 256, 5 experts (I/TP 64 padded to 128 at
     # TP 4: ranks 2 and 3 hold none of I)
@@ -91,7 +104,9 @@ CASES = {
 }
 MX8 = {"mxfp8", "mxfp8-5"}
 OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
-FP4 = OSS | {"nvfp4", "nvfp4-h384", "nvfp4-h336", "nvfp4-h320"} | MX8  # on SM100 (sm.blackwell)
+FP4 = (
+    OSS | {"nvfp4", "nvfp4-h384", "nvfp4-h336", "nvfp4-h320", "nvfp4-clamp"} | MX8
+)  # on SM100 (sm.blackwell)
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
 # (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
@@ -121,6 +136,8 @@ LAYER_CASES = [
     ("nvfp4-h336", "cutlass", 1),
     ("nvfp4-h336", "cutlass", 2),
     ("nvfp4-h320", "cutlass", 1),
+    ("nvfp4-clamp", "cutlass", 1),
+    ("nvfp4-clamp", "cutlass", 2),
     ("mxfp8", "trtllm", 1),
     ("mxfp8", "trtllm", 2),
     ("mxfp8-5", "trtllm", 4),
@@ -333,6 +350,17 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
         want_p = ["w13_weight_scale", "w2_weight_scale", "gemm1_alpha", "gemm1_beta"]
         want_p += ["gemm1_clamp_limit"]
         assert differing(sm.params(layer), sm.params(ours_layer)) == want_p
+
+
+def test_nvfp4_with_a_swiglu_clamp_on_trtllm_is_refused_at_setup(sources, outputs):
+    """On TRT-LLM SGLang's processing of a clamped layer rescales block scales and adds
+    gemm1_* parameters, which no output holds (the converter refuses it at plan time): the
+    kernel setup refuses such a layer, in one line."""
+    ckpt, prefix = sources("nvfp4-clamp"), CASES["nvfp4-clamp"][1]
+    out = outputs("nvfp4", "trtllm", 1)  # the same sizes, converted without the clamp
+    with pytest.raises(PluginError, match="on FlashInfer TRT-LLM without a SwiGLU clamp") as e:
+        plugin_layer(out, ckpt, prefix, "trtllm", 1, 0, case="nvfp4-clamp")
+    assert "\n" not in str(e.value)
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):

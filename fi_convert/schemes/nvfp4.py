@@ -191,6 +191,15 @@ class Nvfp4Scheme(Scheme):
                 "on flashinfer_trtllm; use --backend cutlass (flashinfer_cutlass), or "
                 "--server vllm (vLLM pads H to 256)"
             )
+        if trt and layout.split_scales and layer.swiglu_limit is not None:
+            raise LayoutError(
+                f"{layer.prefix}: the experts' SwiGLU clamp (swiglu_limit "
+                f"{layer.swiglu_limit:g} in config.json): SGLang 0.5.23's FlashInfer TRT-LLM "
+                "NVFP4 processing then rescales the block scales of the half with the smaller "
+                "GEMM1 alpha and adds gemm1_clamp_limit, which fi-convert does not write yet; "
+                "use --backend cutlass (flashinfer_cutlass), where SGLang's bytes do not depend "
+                "on the clamp"
+            )
         sc = _Scales(layer)
         if layout.split_scales and (sc.g_inv or sc.a_inv):
             raise LayoutError(

@@ -185,8 +185,9 @@ def _mxfp4(layer: Any, method: Any) -> None:
 
 def _nvfp4(layer: Any, method: Any) -> None:
     """ModelOptNvFp4FusedMoEMethod.process_weights_after_loading (SGLang 0.5.23,
-    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated (SwiGLU
-    without a clamp limit or alpha: DeepSeek, Qwen3), static input scales, without its
+    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated SiLU
+    (on TRT-LLM without a SwiGLU clamp limit or alpha; on CUTLASS a clamp, as DeepSeek's
+    `swiglu_limit`, changes only `_cutlass_swiglu_params`), static input scales, without its
     transforms (the weights and block scales are the output's, reordered, shuffled and
     swizzled; its scalars, the alphas, the inverse input scales and TRT-LLM's g1_scale_c, are
     the output's, `install` made their parameters): CUTLASS's SwiGLU parameters, by its own
@@ -200,21 +201,22 @@ def _nvfp4(layer: Any, method: Any) -> None:
     cfg = layer.moe_runner_config
     trtllm = method.use_flashinfer_trtllm_weight_layout
     cutlass = method.enable_flashinfer_cutlass_moe and not method.enable_flashinfer_cutedsl_moe
+    # a SwiGLU clamp or alpha: on TRT-LLM its processing rescales block scales and adds
+    # gemm1_* parameters (not written); on CUTLASS it goes only into _cutlass_swiglu_params
+    swiglu = cfg.gemm1_alpha is not None or cfg.gemm1_clamp_limit or cfg.swiglu_limit
     plain = (
         (trtllm or cutlass)
         and cfg.is_gated
         and cfg.activation == "silu"
-        and cfg.gemm1_alpha is None
-        and not (cfg.gemm1_clamp_limit or cfg.swiglu_limit)
+        and not (trtllm and swiglu)
         and not method.quant_config.use_per_token_activation
         and not getattr(layer, "inference_moe_w13_interleaved", False)
     )
     if not plain:
         raise PluginError(
-            f"{layer.layer_name}: the SGLang plugin loads NVFP4 on FlashInfer TRT-LLM and "
-            "CUTLASS for gated "
-            "SiLU experts with static input scales and no SwiGLU clamp only; serve the source "
-            "with SGLang's own loader"
+            f"{layer.layer_name}: the SGLang plugin loads NVFP4 for gated SiLU experts with "
+            "static input scales only, on FlashInfer TRT-LLM without a SwiGLU clamp or alpha, "
+            "on CUTLASS with or without; serve the source with SGLang's own loader"
         )
     _as_loaded(layer)
     if cutlass:
