@@ -222,14 +222,6 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "(vLLM pads H to 256)",
         ),
         (
-            "nvclamp",
-            ["--server", "sglang"],
-            "model.layers.1.mlp.experts: the experts' SwiGLU clamp (swiglu_limit 10 in "
-            "config.json): SGLang 0.5.23's FlashInfer TRT-LLM NVFP4 processing then rescales "
-            "the block scales of the half with the smaller GEMM1 alpha and adds "
-            "gemm1_clamp_limit, which fi-convert does not write yet; use --backend cutlass",
-        ),
-        (
             "ct",
             ["--server", "sglang"],
             "compressed-tensors NVFP4: SGLang loads it with a method of its own",
@@ -441,6 +433,25 @@ def test_nvfp4_cutlass_h320_for_sglang_converts_and_verifies(ckpts, tmp_path):
     assert "w13_blockscale_swizzled" not in lay
     res = cli("verify", out, "--source", ckpts["nv320"], "--full")
     assert res.exit_code == 0, res.stdout + res.stderr
+
+
+def test_nvfp4_with_a_swiglu_clamp_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt NVFP4 with DeepSeek's config.json swiglu_limit on TRT-LLM for SGLang: the layer
+    entry records the clamp (the block scales and alphas depend on it) and holds
+    gemm1_clamp_limit; verify re-plans it with config.json's clamp and re-derives every byte
+    from the source. Its bytes are proven in test_sglang.py, its loading in
+    test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["nvclamp"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["swiglu_limit"] == 10.0
+    assert entry["tensors"]["gemm1_clamp_limit"]["shape_per_rank"] == [3]
+    res = cli("verify", out, "--source", ckpts["nvclamp"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["nvclamp"], tmp_path / "c", "--server", "sglang", "-b", "cutlass")
+    assert res.exit_code == 0, res.stderr
+    assert "swiglu_limit" not in manifest(tmp_path / "c")["layers"][prefix]
 
 
 def test_mxfp8_for_sglang_converts_and_verifies(ckpts, tmp_path):

@@ -80,7 +80,10 @@ CASES = {
         "model.layers.1.mlp.experts",
     ),
     # ModelOpt NVFP4 with a SwiGLU clamp (config.json swiglu_limit, which SGLang's DeepSeek
-    # MoE passes its experts): on CUTLASS it changes no byte; TRT-LLM is refused
+    # MoE passes its experts): on CUTLASS it changes no byte; on TRT-LLM SGLang rescales the
+    # block scales of the half with the smaller alpha: expert 1's gate half (its up global
+    # scale 1.3 times its gate's), expert 4's up half (0.7 times); the others' gate and up
+    # global scales are equal (TIED), as the synthetic NVFP4 checkpoints make them
     "deepseek-nvfp4-clamp": (
         "nvfp4",
         Spec(
@@ -205,7 +208,18 @@ def checkpoints(tmp_path_factory):
             else hf_checkpoints.save(spec, root / name)
         )
         for name, (_, spec, _) in CASES.items()
-    }
+    } | {"deepseek-nvfp4-clamp": _tied(root)}
+
+
+TIED = (0, 2, 3)
+
+
+def _tied(root):
+    """The clamp case's checkpoint: expert 1's up global scale the larger, expert 4's the
+    smaller, the TIED experts' equal to their gate's."""
+    ckpt = root / "deepseek-nvfp4-clamp"
+    sm.set_up_scales(ckpt, CASES["deepseek-nvfp4-clamp"][2], {1: 1.3, 4: 0.7})
+    return ckpt
 
 
 @pytest.fixture(scope="module")
@@ -508,7 +522,6 @@ SGLANG_CASES = [
         backend == "trtllm"
         and (case, tp) != ("qwen3-mxfp8", 4)  # I/TP 80: not MX blocks
         and case not in ("deepseek-nvfp4-h336", "deepseek-nvfp4-h320")  # H % 128: refused
-        and case != "deepseek-nvfp4-clamp"  # refused: test_nvfp4_swiglu_clamp
     )
     or case in ("qwen3-bf16", "mixtral-bf16-7")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
@@ -516,7 +529,7 @@ SGLANG_CASES = [
     # ... and where H is not a multiple of 128 (the swizzles apart)
     or (backend, case) == ("cutlass", "deepseek-nvfp4-h336")
     or (backend, case, tp) == ("cutlass", "deepseek-nvfp4-h320", 1)
-    # ... and with a SwiGLU clamp
+    # ... and with a SwiGLU clamp (on TRT-LLM above, every TP)
     or (backend, case) == ("cutlass", "deepseek-nvfp4-clamp")
     and tp < 4
 ]
@@ -537,7 +550,8 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     layer = sglang_layers(case, tp, rank, backend)
     runner = "mxfp4-trtllm" if CASES[case][0] == "mxfp4" else backend
     assert layer.runner_backend.value == sm.BACKEND[runner]
-    theirs = {n: t for n, t in sm.params(layer).items() if n not in FROM_CONFIG}
+    skip = FROM_CONFIG if CASES[case][0] == "mxfp4" else set()
+    theirs = {n: t for n, t in sm.params(layer).items() if n not in skip}
     assert_same(theirs, ours, "SGLang's own")
     m = json.loads((out / "fi-convert-manifest.json").read_text())
     assert m["server"] == "sglang" and m["target"]["sglang"] == "0.5.23"
@@ -547,6 +561,7 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     split = m["layers"][prefix].get("tp_split")
     padded = backend == "trtllm" and tp > 1 and case in PADDED_SPLIT
     padded |= (case, tp) in (("deepseek-nvfp4", 4), ("deepseek-nvfp4-h384", 2))
+    padded |= (case, tp) == ("deepseek-nvfp4-clamp", 4)
     padded |= (case, tp) in (("deepseek-nvfp4-h384", 4), ("qwen3-mxfp8", 2), ("qwen3-mxfp8-5", 4))
     assert split == ("padded" if padded else None)
 
@@ -620,25 +635,46 @@ def test_nvfp4_swiglu_clamp(checkpoints, sglang_layers, outputs, tmp_path):
     """A SwiGLU clamp (DeepSeek's config.json `swiglu_limit`, which SGLang's DeepseekV2MoE
     passes its experts as the runner config's `swiglu_limit`). On CUTLASS SGLang's parameters
     are those without it, byte for byte (the clamp goes to `_cutlass_swiglu_params`, from the
-    config: the plugin's); on TRT-LLM its processing rescales the w13 block scales of the
-    half with the smaller GEMM1 alpha (where gate and up alphas differ: every expert here),
-    ties g1_alphas to the larger and adds gemm1_clamp_limit, which fi-convert does not write:
-    refused at plan time, in one line naming the fix."""
-    from fi_convert.errors import LayoutError
-
+    config: the plugin's). On TRT-LLM its processing multiplies the w13 block scales of the
+    half with the smaller GEMM1 alpha by smaller/larger (experts whose alphas differ: not the
+    TIED ones), ties g1_alphas and g1_alphas_up to the larger and adds gemm1_clamp_limit =
+    limit / g1_alphas: the output holds that (test_sglang_output_equals_sglangs_own_bytes,
+    every rank), and an output converted without the clamp is caught."""
+    prefix = CASES["deepseek-nvfp4-clamp"][2]
+    ckpt = checkpoints["deepseek-nvfp4-clamp"]
     for tp, rank in ((1, 0), (2, 1)):
         with_clamp = sm.params(sglang_layers("deepseek-nvfp4-clamp", tp, rank, "cutlass"))
-        without = sm.params(sglang_layers("deepseek-nvfp4", tp, rank, "cutlass"))
-        assert differing(with_clamp, without) == []
+        without = sm.build("cutlass", tp, rank, _unclamped(ckpt, tmp_path), prefix)
+        assert differing(with_clamp, sm.params(without)) == []
     limit = sglang_layers("deepseek-nvfp4-clamp", 1, 0, "cutlass")._cutlass_swiglu_params[2]
     assert limit.tolist() == [10.0] * 5
-    trt = sm.params(sglang_layers("deepseek-nvfp4-clamp", 1, 0))
-    plain = sm.params(sglang_layers("deepseek-nvfp4", 1, 0))
-    assert differing(trt, plain)[:2] == ["w13_weight_scale", "g1_alphas"]
-    assert "gemm1_clamp_limit" in trt and "gemm1_clamp_limit" not in plain
+    theirs = sm.params(sglang_layers("deepseek-nvfp4-clamp", 1, 0))
+    assert torch.equal(theirs["g1_alphas"], theirs["g1_alphas_up"])
+    out = outputs("deepseek-nvfp4-clamp", 1, "trtllm", "sglang")
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert m["layers"][prefix]["swiglu_limit"] == 10.0
+    ours = load_moe_layer(out, prefix)
     opts = Options(scheme=SchemeName.NVFP4, backend=Backend.TRTLLM, server="sglang")
-    with pytest.raises(LayoutError) as e:
-        convert(checkpoints["deepseek-nvfp4-clamp"], tmp_path / "out", opts, device="cpu")
-    assert str(e.value).count("\n") == 0 and "swiglu_limit 10 in config.json" in str(e.value)
-    assert "use --backend cutlass" in str(e.value)
-    assert not (tmp_path / "out").exists()
+    convert(_unclamped(ckpt, tmp_path), tmp_path / "plain", opts, device="cpu")
+    plain = load_moe_layer(tmp_path / "plain", prefix)
+    want = ["w13_weight_scale", "g1_alphas", "g1_alphas_up", "gemm1_clamp_limit", "g1_scale_c"]
+    assert sorted(differing(theirs, plain)) == sorted(want)
+    moved = [
+        x
+        for x in range(5)
+        if _bytes(ours["w13_weight_scale"][x]) != _bytes(plain["w13_weight_scale"][x])
+    ]
+    assert moved == [x for x in range(5) if x not in TIED]
+
+
+def _unclamped(ckpt, tmp_path):
+    """A copy of the checkpoint without config.json's swiglu_limit."""
+    import shutil
+
+    src = tmp_path / "unclamped-src"
+    if not src.exists():
+        shutil.copytree(ckpt, src)
+        cfg = json.loads((src / "config.json").read_text())
+        del cfg["swiglu_limit"]
+        (src / "config.json").write_text(json.dumps(cfg))
+    return src

@@ -36,6 +36,7 @@ import torch
 
 from .. import layout as L
 from ..errors import LayoutError, SourceError
+from ..quant import rescale_e4m3
 from ..source import Checkpoint, ExpertLayer
 from ..st_io import SourceFiles
 from ..target import VLLM_LAYOUT, Layout
@@ -191,15 +192,8 @@ class Nvfp4Scheme(Scheme):
                 "on flashinfer_trtllm; use --backend cutlass (flashinfer_cutlass), or "
                 "--server vllm (vLLM pads H to 256)"
             )
-        if trt and layout.split_scales and layer.swiglu_limit is not None:
-            raise LayoutError(
-                f"{layer.prefix}: the experts' SwiGLU clamp (swiglu_limit "
-                f"{layer.swiglu_limit:g} in config.json): SGLang 0.5.23's FlashInfer TRT-LLM "
-                "NVFP4 processing then rescales the block scales of the half with the smaller "
-                "GEMM1 alpha and adds gemm1_clamp_limit, which fi-convert does not write yet; "
-                "use --backend cutlass (flashinfer_cutlass), where SGLang's bytes do not depend "
-                "on the clamp"
-            )
+        # SGLang on TRT-LLM: a SwiGLU clamp changes the w13 block scales and the alphas
+        clamp = layer.swiglu_limit if trt and layout.split_scales else None
         sc = _Scales(layer)
         if layout.split_scales and (sc.g_inv or sc.a_inv):
             raise LayoutError(
@@ -208,12 +202,15 @@ class Nvfp4Scheme(Scheme):
             )
         differ = sc.w1_w3_differ() if differ is None else differ
         rows = RankRows(layer.intermediate_size, tp, i_p, layout.shard_padded)
-        outs = (
-            _trtllm(layer, e, h_p, rows)
-            if trt
-            else _cutlass(layer, e, h, i_r, layout.swizzle_apart)
-        )
-        outs += sc.sglang_outputs(e, trt) if layout.split_scales else sc.outputs(e, backend)
+        rescale = sc.block_scale_ratios if clamp is not None else None
+        if trt:
+            outs = _trtllm(layer, e, h_p, rows, rescale)
+        else:
+            outs = _cutlass(layer, e, h, i_r, layout.swizzle_apart)
+        if layout.split_scales:
+            outs += sc.sglang_outputs(e, trt, clamp)
+        else:
+            outs += sc.outputs(e, backend)
         notes = []
         if differ and not layout.split_scales:
             notes.append(
@@ -231,12 +228,16 @@ class Nvfp4Scheme(Scheme):
             activation_scheme="static",
             w13_scale_2_differs_for_experts=differ,
             **(rows.info() if trt else {}),
+            **({"swiglu_limit": clamp} if clamp is not None else {}),
         )
 
 
-def _trtllm(layer, e, h_p, rows: RankRows) -> list[OutputTensor]:
+def _trtllm(
+    layer, e, h_p, rows: RankRows, rescale: Callable[[Ctx], torch.Tensor | None] | None = None
+) -> list[OutputTensor]:
     """`rows`: the rows of I each rank holds, padded to `rows.padded` (a rank past I holds
-    only padding: zeros)."""
+    only padding: zeros). `rescale`: [E, 2] ratios (up, gate) the w13 block scales are
+    multiplied by before any reordering (SGLang's SwiGLU clamp; None: not rescaled)."""
     i_p = rows.padded
 
     @functools.cache
@@ -270,6 +271,11 @@ def _trtllm(layer, e, h_p, rows: RankRows) -> list[OutputTensor]:
             out.zero_()
             return
         src = stage_w13(ctx, layer, SCALE, rank, experts, n, u8, cols=h_p // SF, start=first)
+        ratios = rescale(ctx) if rescale is not None else None
+        if ratios is not None:  # staged [gate; up; zero row]
+            r = ratios[experts.start : experts.stop].to(src.device)
+            rescale_e4m3(src[:, :n], r[:, 1])
+            rescale_e4m3(src[:, n : 2 * n], r[:, 0])
         L.gather_flat(src, sf13(n), out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
@@ -480,16 +486,49 @@ class _Scales:
         up = [order("w3", x) > order("w1", x) for x in range(self.layer.num_experts)]
         return torch.where(torch.tensor(up), w3, w1)
 
-    def sglang_outputs(self, e: int, trt: bool) -> list[OutputTensor]:
+    def a13(self, ctx: Ctx) -> torch.Tensor:
+        """0-dim float32: SGLang's w13 input scale, the max of the ones it loaded last."""
+        return self.last_loaded(ctx).max().to(torch.float32)
+
+    def loaded_alphas(self, ctx: Ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """SGLang's GEMM1 alphas from the loaded scales: (a13 * s2(w1), a13 * s2(w3)), [E]."""
+        f32 = torch.float32
+        a13 = self.a13(ctx)
+        return (a13 * self.scale_2(ctx, "w1")).to(f32), (a13 * self.scale_2(ctx, "w3")).to(f32)
+
+    def sglang_alphas(self, ctx: Ctx, clamp: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """g1_alphas, g1_alphas_up as SGLang's processing leaves them: the loaded ones; with a
+        SwiGLU clamp, where any expert's two differ, both max(g1, g1_up) for every expert."""
+        g1, up = self.loaded_alphas(ctx)
+        if clamp is None or not bool((g1 != up).any()):
+            return g1, up
+        shared = torch.maximum(g1, up)
+        return shared, shared
+
+    def block_scale_ratios(self, ctx: Ctx) -> torch.Tensor | None:
+        """[E, 2] float32 (up, gate): what SGLang's clamp multiplies each half's w13 block
+        scales by, g1_up / max(g1, g1_up) and g1 / max(g1, g1_up) where they differ, else 1;
+        None where no expert's differ (it rescales nothing)."""
+        g1, up = self.loaded_alphas(ctx)
+        untied = g1 != up
+        if not bool(untied.any()):
+            return None
+        shared = torch.maximum(g1, up)
+        ratios = torch.stack([up, g1], dim=1)
+        return torch.where(untied[:, None], ratios / shared[:, None], 1.0)
+
+    def sglang_outputs(self, e: int, trt: bool, clamp: float | None = None) -> list[OutputTensor]:
         """The scalars as SGLang 0.5.23's ModelOpt NVFP4 method holds them (module doc), in the
-        order its processing makes them; g1_scale_c on TRT-LLM only."""
+        order its processing makes them; on TRT-LLM with a SwiGLU clamp `clamp`, the alphas
+        tied (`sglang_alphas`) and gemm1_clamp_limit = clamp / g1_alphas; g1_scale_c on
+        TRT-LLM only."""
         s = self
         f32 = torch.float32
         a13 = lambda c: s.last_loaded(c).unsqueeze(1).expand(e, 2)  # noqa: E731
         a2 = lambda c: s._read(c, "w2", s.a_name, s.a_inv)  # noqa: E731
-        a13_max = lambda c: a13(c).max().to(f32)  # noqa: E731
         a2_max = lambda c: a2(c).max().to(f32)  # noqa: E731
-        g1_up = lambda c: (a13_max(c) * s.scale_2(c, "w3")).to(f32)  # noqa: E731
+        g1 = lambda c: s.sglang_alphas(c, clamp)[0]  # noqa: E731
+        g1_up = lambda c: s.sglang_alphas(c, clamp)[1]  # noqa: E731
         a2_quant = lambda c: (1 / a2_max(c)).to(f32)  # noqa: E731
         fns: dict[str, tuple[Callable[[Ctx], torch.Tensor], tuple[int, ...]]] = {
             "w13_weight_scale_2": (
@@ -499,12 +538,14 @@ class _Scales:
             "w2_weight_scale_2": (lambda c: s.scale_2(c, "w2"), (e,)),
             "w13_input_scale": (a13, (e, 2)),
             "w2_input_scale": (a2, (e,)),
-            "g1_alphas": (lambda c: (a13_max(c) * s.scale_2(c, "w1")).to(f32), (e,)),
+            "g1_alphas": (g1, (e,)),
             "g1_alphas_up": (g1_up, (e,)),
             "g2_alphas": (lambda c: (a2_max(c) * s.scale_2(c, "w2")).to(f32), (e,)),
-            "w13_input_scale_quant": (lambda c: (1 / a13_max(c)).to(f32), ()),
+            "w13_input_scale_quant": (lambda c: (1 / s.a13(c)).to(f32), ()),
             "w2_input_scale_quant": (a2_quant, ()),
         }
+        if trt and clamp is not None:
+            fns["gemm1_clamp_limit"] = (lambda c: (clamp / g1(c)).to(f32), (e,))
         if trt:
             fns["g1_scale_c"] = (lambda c: (a2_quant(c) * g1_up(c)).to(f32), (e,))
 

@@ -186,8 +186,9 @@ def _mxfp4(layer: Any, method: Any) -> None:
 def _nvfp4(layer: Any, method: Any) -> None:
     """ModelOptNvFp4FusedMoEMethod.process_weights_after_loading (SGLang 0.5.23,
     modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated SiLU
-    (on TRT-LLM without a SwiGLU clamp limit or alpha; on CUTLASS a clamp, as DeepSeek's
-    `swiglu_limit`, changes only `_cutlass_swiglu_params`), static input scales, without its
+    (on TRT-LLM without a SwiGLU alpha; a clamp, as DeepSeek's `swiglu_limit`, rescales block
+    scales and makes gemm1_clamp_limit there, the output's; on CUTLASS it changes only
+    `_cutlass_swiglu_params`), static input scales, without its
     transforms (the weights and block scales are the output's, reordered, shuffled and
     swizzled; its scalars, the alphas, the inverse input scales and TRT-LLM's g1_scale_c, are
     the output's, `install` made their parameters): CUTLASS's SwiGLU parameters, by its own
@@ -201,22 +202,22 @@ def _nvfp4(layer: Any, method: Any) -> None:
     cfg = layer.moe_runner_config
     trtllm = method.use_flashinfer_trtllm_weight_layout
     cutlass = method.enable_flashinfer_cutlass_moe and not method.enable_flashinfer_cutedsl_moe
-    # a SwiGLU clamp or alpha: on TRT-LLM its processing rescales block scales and adds
-    # gemm1_* parameters (not written); on CUTLASS it goes only into _cutlass_swiglu_params
-    swiglu = cfg.gemm1_alpha is not None or cfg.gemm1_clamp_limit or cfg.swiglu_limit
+    # a SwiGLU alpha: on TRT-LLM its processing adds gemm1_alpha and gemm1_beta (not written;
+    # a clamp's rescaled block scales and gemm1_clamp_limit are the output's, checks.check_clamp
+    # holds it to the layer's); on CUTLASS both go only into _cutlass_swiglu_params
     plain = (
         (trtllm or cutlass)
         and cfg.is_gated
         and cfg.activation == "silu"
-        and not (trtllm and swiglu)
+        and not (trtllm and cfg.gemm1_alpha is not None)
         and not method.quant_config.use_per_token_activation
         and not getattr(layer, "inference_moe_w13_interleaved", False)
     )
     if not plain:
         raise PluginError(
             f"{layer.layer_name}: the SGLang plugin loads NVFP4 for gated SiLU experts with "
-            "static input scales only, on FlashInfer TRT-LLM without a SwiGLU clamp or alpha, "
-            "on CUTLASS with or without; serve the source with SGLang's own loader"
+            "static input scales only, on FlashInfer TRT-LLM without a SwiGLU alpha; serve the "
+            "source with SGLang's own loader"
         )
     _as_loaded(layer)
     if cutlass:
@@ -265,6 +266,7 @@ DERIVED = {
         "g2_alphas",
         "w13_input_scale_quant",
         "w2_input_scale_quant",
+        "gemm1_clamp_limit",
         "g1_scale_c",
     )
 }
