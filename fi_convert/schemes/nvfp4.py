@@ -21,6 +21,11 @@ it reads the shards in sorted order, the names in each sorted) and w2_input_scal
 a13 = max(w13_input_scale), a2 = max(w2_input_scale); g1_alphas = a13 * s2(w1),
 g1_alphas_up = a13 * s2(w3), g2_alphas = a2 * s2(w2), w13_input_scale_quant = 1 / a13 and
 w2_input_scale_quant = 1 / a2 (0-dim), g1_scale_c = w2_input_scale_quant * g1_alphas_up.
+With a SwiGLU clamp L (`ExpertLayer.swiglu_limit`: DeepSeek's config.json `swiglu_limit`, which
+SGLang's DeepSeek MoE passes its experts), where some expert's g1_alphas and g1_alphas_up
+differ, SGLang multiplies each half's w13 block scales (as loaded, before any reordering) by
+its alpha / max(g1_alphas, g1_alphas_up) (1 where they agree), rounded back to E4M3, and sets
+both alphas to that max; then gemm1_clamp_limit = L / g1_alphas (the layer entry records L).
 On CUTLASS (`flashinfer_cutlass`): vLLM's weights and swizzled block scales ([up; gate], its
 `swizzle_blockscale`, written in place), SGLang's scalars without g1_scale_c; where the
 swizzle pads (w2's rows where H % 128, w13's columns where H % 64) SGLang cannot write it in
