@@ -53,6 +53,12 @@ class Layout:
     # global scales kept apart, each expert's input scales as loaded, the alphas and the
     # inverse input scales beside them)
     split_scales: bool = False
+    # nvfp4 on CUTLASS: where the 128x4 swizzle pads a block scale (w2's rows where H % 128,
+    # w13's columns where H % 64), the padded swizzle is a parameter of its own,
+    # `w*_blockscale_swizzled`, beside `w*_weight_scale` as loaded (SGLang: its
+    # `alias_or_bind_derived_param` cannot write the larger swizzle in place); False: the
+    # padded swizzle is `w*_weight_scale` (vLLM; SGLang too where nothing is padded)
+    swizzle_apart: bool = False
 
     def variants(self) -> frozenset[str]:
         """The fields that differ from vLLM's layout: what the scheme must implement."""

@@ -226,8 +226,12 @@ def make_layer(prefix: str, ckpt: Path):
         gemm1_clamp_limit=cfg.get("swiglu_limit"),
         with_bias=True,
     )
+    # DeepSeek's MoE passes the config's SwiGLU clamp (models/deepseek_v2.py DeepseekV2MoE:
+    # swiglu_limit=getattr(config, "swiglu_limit", None))
+    deepseek = {"swiglu_limit": cfg.get("swiglu_limit")}
+    kind = {"gpt_oss": oss, "deepseek_v3": deepseek, "deepseek_v2": deepseek, "kimi_k2": deepseek}
     return FusedMoE(
-        **(oss if cfg.get("model_type") == "gpt_oss" else {}),
+        **kind.get(cfg.get("model_type"), {}),
         num_experts=experts,
         hidden_size=cfg["hidden_size"],
         intermediate_size=inter,
@@ -402,3 +406,19 @@ def layer_state(layer) -> dict[str, object]:
 
 def _bytes(t: torch.Tensor) -> bytes:
     return bytes(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy())
+
+
+def set_up_scales(ckpt: Path, prefix: str, factors: dict[int, float]) -> None:
+    """Give expert x's up_proj the gate_proj's global weight scale (weight_scale_2) times
+    factors[x] (float32), in the checkpoint's shards: a ModelOpt checkpoint where some experts'
+    gate and up scales agree (1.0), or where the up one is the smaller."""
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    for x, factor in factors.items():
+        gate, up = (f"{prefix}.{x}.{p}_proj.weight_scale_2" for p in ("gate", "up"))
+        with safe_open(ckpt / index[gate], framework="pt") as f:
+            value = f.get_tensor(gate) * torch.tensor(factor, dtype=torch.float32)
+        tensors = load_file(ckpt / index[up])
+        tensors[up] = value
+        save_file(tensors, ckpt / index[up], metadata={"format": "pt"})

@@ -43,12 +43,16 @@ def ckpts(tmp_path_factory):
     nv = Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4")
     nv320 = Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=192, quant="nvfp4")
     ct = Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, quant="nvfp4-ct")
+    # a SwiGLU clamp, as DeepSeek's config.json gives one (SGLang's DeepseekV2MoE reads it)
+    nvclamp = Spec("deepseek-v3", layers=2, experts=3, hidden=256, intermediate=128, quant="nvfp4")
+    nvclamp.config = {"swiglu_limit": 10.0}
     mx8 = Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8")
     return {
         "mx8": write_checkpoint(root / "mx8", mx8),
         "nv": write_checkpoint(root / "nv", nv),
         "nv320": write_checkpoint(root / "nv320", nv320),
         "ct": write_checkpoint(root / "ct", ct),
+        "nvclamp": write_checkpoint(root / "nvclamp", nvclamp),
         "mixtral": write_checkpoint(root / "mixtral", mixtral),
         "ds": write_checkpoint(root / "ds", ds),
         "oss": write_checkpoint(root / "oss", oss),
@@ -212,18 +216,15 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "nv320",
             ["--server", "sglang"],
             "model.layers.1.mlp.experts: hidden size 320 is not a multiple of 128; SGLang 0.5.23 "
-            "does not pad H for NVFP4 on FlashInfer TRT-LLM",
+            "does not pad H for NVFP4 on FlashInfer TRT-LLM and its w2 scale shuffle asserts it "
+            "(FlashInfer's get_shuffle_matrix_sf_a_row_indices), so SGLang cannot serve it on "
+            "flashinfer_trtllm; use --backend cutlass (flashinfer_cutlass), or --server vllm "
+            "(vLLM pads H to 256)",
         ),
         (
             "ct",
             ["--server", "sglang"],
             "compressed-tensors NVFP4: SGLang loads it with a method of its own",
-        ),
-        (
-            "nv320",
-            ["--server", "sglang", "--backend", "cutlass"],
-            "hidden size 320 is not a multiple of 128; SGLang 0.5.23's FlashInfer CUTLASS NVFP4 "
-            "processing then pads its swizzled scales",
         ),
     ],
 )
@@ -414,6 +415,43 @@ def test_nvfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
     res = cli("convert", ckpts["nv"], tmp_path / "o", "--server", "vllm,sglang")
     assert res.exit_code == 1
     assert "vllm and sglang hold other bytes" in res.stderr
+
+
+def test_nvfp4_cutlass_h320_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt NVFP4 on CUTLASS for SGLang, H 320 (the w2 scale swizzle pads its rows to 384):
+    the swizzle apart, `w2_blockscale_swizzled`, beside `w2_weight_scale` as loaded; w13's
+    swizzle (H/16 = 20 columns, no padding) in place; verify re-plans it so. Its bytes are
+    proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["nv320"], out, "--server", "sglang", "--backend", "cutlass")
+    assert res.exit_code == 0, res.stderr
+    lay = manifest(out)["layers"][prefix]["tensors"]
+    assert lay["w2_weight_scale"]["shape_per_rank"] == [3, 320, 12]
+    assert lay["w2_weight_scale"]["layout"] == "MajorK"
+    assert lay["w2_blockscale_swizzled"]["shape_per_rank"] == [3, 384, 12]
+    assert lay["w13_weight_scale"]["shape_per_rank"] == [3, 384, 20]
+    assert "w13_blockscale_swizzled" not in lay
+    res = cli("verify", out, "--source", ckpts["nv320"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+
+
+def test_nvfp4_with_a_swiglu_clamp_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt NVFP4 with DeepSeek's config.json swiglu_limit on TRT-LLM for SGLang: the layer
+    entry records the clamp (the block scales and alphas depend on it) and holds
+    gemm1_clamp_limit; verify re-plans it with config.json's clamp and re-derives every byte
+    from the source. Its bytes are proven in test_sglang.py, its loading in
+    test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["nvclamp"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["swiglu_limit"] == 10.0
+    assert entry["tensors"]["gemm1_clamp_limit"]["shape_per_rank"] == [3]
+    res = cli("verify", out, "--source", ckpts["nvclamp"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["nvclamp"], tmp_path / "c", "--server", "sglang", "-b", "cutlass")
+    assert res.exit_code == 0, res.stderr
+    assert "swiglu_limit" not in manifest(tmp_path / "c")["layers"][prefix]
 
 
 def test_mxfp8_for_sglang_converts_and_verifies(ckpts, tmp_path):

@@ -66,6 +66,37 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt NVFP4 on CUTLASS where the 128x4 swizzle pads: H 336 (w2's rows to 384, w13's
+    # columns 21 to 24: SGLang keeps both swizzles apart, beside the scales as loaded), I 256
+    # (I/TP 256, 128, 64); H 320 (w2's only; w13's swizzle in place)
+    "deepseek-nvfp4-h336": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=3, hidden=336, intermediate=256, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    "deepseek-nvfp4-h320": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=128, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ModelOpt NVFP4 with a SwiGLU clamp (config.json swiglu_limit, which SGLang's DeepSeek
+    # MoE passes its experts): on CUTLASS it changes no byte; on TRT-LLM SGLang rescales the
+    # block scales of the half with the smaller alpha: expert 1's gate half (its up global
+    # scale 1.3 times its gate's), expert 4's up half (0.7 times); the others' gate and up
+    # global scales are equal (TIED), as the synthetic NVFP4 checkpoints make them
+    "deepseek-nvfp4-clamp": (
+        "nvfp4",
+        Spec(
+            "deepseek-v3",
+            layers=2,
+            experts=5,
+            hidden=256,
+            intermediate=384,
+            quant="nvfp4",
+            config={"swiglu_limit": 10.0},
+        ),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method), 3 experts, H 384 (vLLM pads it to 512,
     # SGLang does not), I 320: I per rank 320, 160 padded to 384 and 256 (scales padded with
     # 0 by SGLang, 127 by vLLM) and sharded by it (TP 2: rank 1 holds 64 rows)
@@ -94,7 +125,9 @@ CASES = {
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
-ONLY_C = ("deepseek-nvfp4-h384", "qwen3-mxfp8", "qwen3-mxfp8-5")
+ONLY_C = ("deepseek-nvfp4-h384", "deepseek-nvfp4-h336", "deepseek-nvfp4-h320")
+ONLY_C += ("deepseek-nvfp4-clamp",)
+ONLY_C += ("qwen3-mxfp8", "qwen3-mxfp8-5")
 PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
@@ -175,7 +208,18 @@ def checkpoints(tmp_path_factory):
             else hf_checkpoints.save(spec, root / name)
         )
         for name, (_, spec, _) in CASES.items()
-    }
+    } | {"deepseek-nvfp4-clamp": _tied(root)}
+
+
+TIED = (0, 2, 3)
+
+
+def _tied(root):
+    """The clamp case's checkpoint: expert 1's up global scale the larger, expert 4's the
+    smaller, the TIED experts' equal to their gate's."""
+    ckpt = root / "deepseek-nvfp4-clamp"
+    sm.set_up_scales(ckpt, CASES["deepseek-nvfp4-clamp"][2], {1: 1.3, 4: 0.7})
+    return ckpt
 
 
 @pytest.fixture(scope="module")
@@ -465,16 +509,29 @@ SGLANG_CASES = [
         "gpt-oss-mxfp4",
         "deepseek-nvfp4",
         "deepseek-nvfp4-h384",
+        "deepseek-nvfp4-h336",
+        "deepseek-nvfp4-h320",
+        "deepseek-nvfp4-clamp",
         "qwen3-mxfp8",
         "qwen3-mxfp8-5",
     )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
     for rank in range(tp)
-    if (backend == "trtllm" and (case, tp) != ("qwen3-mxfp8", 4))  # I/TP 80: not MX blocks
+    if (
+        backend == "trtllm"
+        and (case, tp) != ("qwen3-mxfp8", 4)  # I/TP 80: not MX blocks
+        and case not in ("deepseek-nvfp4-h336", "deepseek-nvfp4-h320")  # H % 128: refused
+    )
     or case in ("qwen3-bf16", "mixtral-bf16-7")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
     or (case, tp) in (("deepseek-nvfp4", 1), ("deepseek-nvfp4", 2), ("deepseek-nvfp4-h384", 1))
+    # ... and where H is not a multiple of 128 (the swizzles apart)
+    or (backend, case) == ("cutlass", "deepseek-nvfp4-h336")
+    or (backend, case, tp) == ("cutlass", "deepseek-nvfp4-h320", 1)
+    # ... and with a SwiGLU clamp (on TRT-LLM above, every TP)
+    or (backend, case) == ("cutlass", "deepseek-nvfp4-clamp")
+    and tp < 4
 ]
 # What SGLang's processing makes from the layer's config alone, not from the checkpoint: not in
 # the output, the plugin's kernel setup sets them (tests/test_sglang_plugin.py): gpt-oss
@@ -493,7 +550,8 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     layer = sglang_layers(case, tp, rank, backend)
     runner = "mxfp4-trtllm" if CASES[case][0] == "mxfp4" else backend
     assert layer.runner_backend.value == sm.BACKEND[runner]
-    theirs = {n: t for n, t in sm.params(layer).items() if n not in FROM_CONFIG}
+    skip = FROM_CONFIG if CASES[case][0] == "mxfp4" else set()
+    theirs = {n: t for n, t in sm.params(layer).items() if n not in skip}
     assert_same(theirs, ours, "SGLang's own")
     m = json.loads((out / "fi-convert-manifest.json").read_text())
     assert m["server"] == "sglang" and m["target"]["sglang"] == "0.5.23"
@@ -503,6 +561,7 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     split = m["layers"][prefix].get("tp_split")
     padded = backend == "trtllm" and tp > 1 and case in PADDED_SPLIT
     padded |= (case, tp) in (("deepseek-nvfp4", 4), ("deepseek-nvfp4-h384", 2))
+    padded |= (case, tp) == ("deepseek-nvfp4-clamp", 4)
     padded |= (case, tp) in (("deepseek-nvfp4-h384", 4), ("qwen3-mxfp8", 2), ("qwen3-mxfp8-5", 4))
     assert split == ("padded" if padded else None)
 
@@ -563,3 +622,73 @@ def test_the_cpu_scale_swizzle_refuses_a_shape_not_checked_on_the_gpu():
         sm._block_scale_interleave(torch.zeros(shape, dtype=torch.uint8))
     listed = sorted(SGLANG_SCALE_SHAPES)[0]
     assert sm._block_scale_interleave(torch.ones(listed, dtype=torch.uint8)).numel() >= 128 * 4
+
+
+def test_nvfp4_cutlass_padded_swizzles_apart(checkpoints, sglang_layers, outputs):
+    """NVFP4 on CUTLASS where the swizzle pads (H 320: w2's rows to 384; H 336: w13's columns
+    21 to 24 too): SGLang holds the padded swizzle as `w*_blockscale_swizzled` (vLLM's
+    `w*_weight_scale` bytes) and `w*_weight_scale` as loaded (w2's: the checkpoint's rows,
+    w13's: [up; gate]); a swizzle that does not pad stays in place, aliased."""
+    prefix = CASES["deepseek-nvfp4-h320"][2]
+    for case, apart in (("deepseek-nvfp4-h320", ["w2"]), ("deepseek-nvfp4-h336", ["w13", "w2"])):
+        layer = sglang_layers(case, 1, 0, "cutlass")
+        theirs = sm.params(layer)
+        vllm = load_moe_layer(outputs(case, 1, "cutlass"), prefix)
+        src = raw(checkpoints[case], prefix)
+        for w in ("w13", "w2"):
+            swz = getattr(layer, f"{w}_blockscale_swizzled")
+            assert (swz is getattr(layer, f"{w}_weight_scale")) == (w not in apart), (case, w)
+            assert _bytes(swz.data) == _bytes(vllm[f"{w}_weight_scale"])
+        if "w13" in apart:
+            up_gate = torch.cat([src["up_proj.weight_scale"], src["gate_proj.weight_scale"]], 1)
+            assert _bytes(theirs["w13_weight_scale"]) == _bytes(up_gate)
+        assert _bytes(theirs["w2_weight_scale"]) == _bytes(src["down_proj.weight_scale"])
+
+
+def test_nvfp4_swiglu_clamp(checkpoints, sglang_layers, outputs, tmp_path):
+    """A SwiGLU clamp (DeepSeek's config.json `swiglu_limit`, which SGLang's DeepseekV2MoE
+    passes its experts as the runner config's `swiglu_limit`). On CUTLASS SGLang's parameters
+    are those without it, byte for byte (the clamp goes to `_cutlass_swiglu_params`, from the
+    config: the plugin's). On TRT-LLM its processing multiplies the w13 block scales of the
+    half with the smaller GEMM1 alpha by smaller/larger (experts whose alphas differ: not the
+    TIED ones), ties g1_alphas and g1_alphas_up to the larger and adds gemm1_clamp_limit =
+    limit / g1_alphas: the output holds that (test_sglang_output_equals_sglangs_own_bytes,
+    every rank), and an output converted without the clamp is caught."""
+    prefix = CASES["deepseek-nvfp4-clamp"][2]
+    ckpt = checkpoints["deepseek-nvfp4-clamp"]
+    for tp, rank in ((1, 0), (2, 1)):
+        with_clamp = sm.params(sglang_layers("deepseek-nvfp4-clamp", tp, rank, "cutlass"))
+        without = sm.build("cutlass", tp, rank, _unclamped(ckpt, tmp_path), prefix)
+        assert differing(with_clamp, sm.params(without)) == []
+    limit = sglang_layers("deepseek-nvfp4-clamp", 1, 0, "cutlass")._cutlass_swiglu_params[2]
+    assert limit.tolist() == [10.0] * 5
+    theirs = sm.params(sglang_layers("deepseek-nvfp4-clamp", 1, 0))
+    assert torch.equal(theirs["g1_alphas"], theirs["g1_alphas_up"])
+    out = outputs("deepseek-nvfp4-clamp", 1, "trtllm", "sglang")
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert m["layers"][prefix]["swiglu_limit"] == 10.0
+    ours = load_moe_layer(out, prefix)
+    opts = Options(scheme=SchemeName.NVFP4, backend=Backend.TRTLLM, server="sglang")
+    convert(_unclamped(ckpt, tmp_path), tmp_path / "plain", opts, device="cpu")
+    plain = load_moe_layer(tmp_path / "plain", prefix)
+    want = ["w13_weight_scale", "g1_alphas", "g1_alphas_up", "gemm1_clamp_limit", "g1_scale_c"]
+    assert sorted(differing(theirs, plain)) == sorted(want)
+    moved = [
+        x
+        for x in range(5)
+        if _bytes(ours["w13_weight_scale"][x]) != _bytes(plain["w13_weight_scale"][x])
+    ]
+    assert moved == [x for x in range(5) if x not in TIED]
+
+
+def _unclamped(ckpt, tmp_path):
+    """A copy of the checkpoint without config.json's swiglu_limit."""
+    import shutil
+
+    src = tmp_path / "unclamped-src"
+    if not src.exists():
+        shutil.copytree(ckpt, src)
+        cfg = json.loads((src / "config.json").read_text())
+        del cfg["swiglu_limit"]
+        (src / "config.json").write_text(json.dumps(cfg))
+    return src

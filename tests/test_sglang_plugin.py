@@ -67,6 +67,30 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ... on CUTLASS where the scale swizzle pads: H 336 (w13's and w2's swizzles apart), I 256
+    # (I/TP 256, 128); H 320 (w2's apart), I 128
+    "nvfp4-h336": (
+        Spec("deepseek-v3", layers=2, experts=3, hidden=336, intermediate=256, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    "nvfp4-h320": (
+        Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=128, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ... with a SwiGLU clamp (config.json swiglu_limit 10, as SGLang's DeepSeek MoE reads it;
+    # on TRT-LLM SGLang rescales expert 1's gate half and expert 4's up half: CLAMP_UP)
+    "nvfp4-clamp": (
+        Spec(
+            "deepseek-v3",
+            layers=2,
+            experts=5,
+            hidden=256,
+            intermediate=384,
+            quant="nvfp4",
+            config={"swiglu_limit": 10.0},
+        ),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method): H 384 (unpadded), I 320 (I/TP 320, 160
     # padded to 384 and 256, sharded by it); H 256, I 256, 5 experts (I/TP 64 padded to 128 at
     # TP 4: ranks 2 and 3 hold none of I)
@@ -80,8 +104,11 @@ CASES = {
     ),
 }
 MX8 = {"mxfp8", "mxfp8-5"}
+CLAMP_UP = {1: 1.3, 4: 0.7}  # nvfp4-clamp: up global scales, times the gate's
 OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
-FP4 = OSS | {"nvfp4", "nvfp4-h384"} | MX8  # on SM100 (sm.blackwell)
+FP4 = (
+    OSS | {"nvfp4", "nvfp4-h384", "nvfp4-h336", "nvfp4-h320", "nvfp4-clamp"} | MX8
+)  # on SM100 (sm.blackwell)
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
 # (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
@@ -108,6 +135,13 @@ LAYER_CASES = [
     ("nvfp4", "cutlass", 1),
     ("nvfp4", "cutlass", 2),
     ("nvfp4-h384", "cutlass", 1),
+    ("nvfp4-h336", "cutlass", 1),
+    ("nvfp4-h336", "cutlass", 2),
+    ("nvfp4-h320", "cutlass", 1),
+    ("nvfp4-clamp", "cutlass", 1),
+    ("nvfp4-clamp", "cutlass", 2),
+    ("nvfp4-clamp", "trtllm", 1),
+    ("nvfp4-clamp", "trtllm", 2),
     ("mxfp8", "trtllm", 1),
     ("mxfp8", "trtllm", 2),
     ("mxfp8-5", "trtllm", 4),
@@ -140,6 +174,8 @@ def sources(tmp_path_factory):
                 done[case] = hf_checkpoints.save(HF[case], root / case)
             else:
                 done[case] = write_checkpoint(root / case, CASES[case][0])
+            if case == "nvfp4-clamp":
+                sm.set_up_scales(done[case], CASES[case][1], CLAMP_UP)
         return done[case]
 
     return get
@@ -171,7 +207,7 @@ NEW_STORAGE = {"w13_weight_bias", "w2_weight_bias", "gemm1_alpha", "gemm1_beta"}
 NEW_STORAGE |= {"gemm1_clamp_limit"}
 # NVFP4: what SGLang's processing makes from the scalars (new parameters on both sides)
 NVFP4_DERIVED = {"g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant"}
-NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c"}
+NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c", "gemm1_clamp_limit"}
 # ... and the CUTLASS scale-swizzle placeholders SGLang allocates, aliased to the scales after
 NVFP4_DERIVED |= {"w13_blockscale_swizzled", "w2_blockscale_swizzled"}
 
@@ -252,6 +288,9 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
             n: v for n, v in allocated[id(ours)].items() if n not in fresh
         }
         assert set(now) - set(allocated[id(ours)]) <= fresh
+        # NVFP4 on CUTLASS, a padded swizzle apart: read into the placeholder SGLang allocated
+        for n in {"w13_blockscale_swizzled", "w2_blockscale_swizzled"} & set(now):
+            assert now[n] == allocated[id(ours)][n], n
 
 
 @pytest.mark.parametrize(
@@ -317,6 +356,24 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
         want_p = ["w13_weight_scale", "w2_weight_scale", "gemm1_alpha", "gemm1_beta"]
         want_p += ["gemm1_clamp_limit"]
         assert differing(sm.params(layer), sm.params(ours_layer)) == want_p
+
+
+def test_nvfp4_clamp_other_than_the_outputs_is_refused(sources, outputs):
+    """On TRT-LLM the block scales depend on the SwiGLU clamp: a layer SGLang gives a clamp
+    the output was not converted with (here none) is refused by the plugin's layer checks, and
+    a SwiGLU alpha (gemm1_alpha and gemm1_beta, not written) by the kernel setup."""
+    from fi_convert.servers.sglang import experts
+
+    ckpt, prefix = sources("nvfp4-clamp"), CASES["nvfp4-clamp"][1]
+    out = outputs("nvfp4", "trtllm", 1)  # the same sizes, converted without a clamp
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    layer = plugin_layer(out, ckpt, prefix, "trtllm", 1, 0, case="nvfp4-clamp", finish=False)
+    with pytest.raises(PluginError, match="converted with SwiGLU clamp limit None, and SGLang"):
+        checks.check_layer(m, str(out), prefix, layer)
+    layer.moe_runner_config.gemm1_alpha = 1.702
+    with pytest.raises(PluginError, match="on FlashInfer TRT-LLM without a SwiGLU alpha") as e:
+        experts.finish(layer)
+    assert "\n" not in str(e.value)
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):

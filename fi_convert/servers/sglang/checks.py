@@ -214,6 +214,7 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"split {prefix} over {layer.moe_tp_size} ranks; "
             + launch_command(root, scheme, backend, manifest["tp_size"])
         )
+    check_clamp(root, prefix, meta, layer)
     sizes = allocated_sizes(layer)
     want = (meta["padded_hidden_size"], meta["padded_intermediate_size_per_rank"])
     if sizes != want:
@@ -222,6 +223,31 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{sizes}, the output holds {want} (converted for another server's padding?); "
             "convert the source again for SGLang"
         )
+
+
+def check_clamp(root: str, prefix: str, meta: dict, layer: Any) -> None:
+    """The SwiGLU clamp an NVFP4 TRT-LLM output was converted with (its layer entry's
+    `swiglu_limit`: SGLang's processing rescales block scales and alphas by it) against the one
+    SGLang gives the layer (`gemm1_clamp_limit or swiglu_limit` of its runner config, as its
+    processing takes it); other outputs' bytes do not depend on it."""
+    if not _is_nvfp4_trtllm(layer):
+        return
+    cfg = layer.moe_runner_config
+    got = cfg.gemm1_clamp_limit or cfg.swiglu_limit
+    want = meta.get("swiglu_limit")
+    if (None if got is None else float(got)) != want:
+        raise PluginError(
+            f"{root}: layer {prefix}: converted with SwiGLU clamp limit {want}, and SGLang gives "
+            f"the layer {got} (its block scales depend on it); convert the source again with "
+            "its own config.json, or serve the output with the config.json it was converted with"
+        )
+
+
+def _is_nvfp4_trtllm(layer: Any) -> bool:
+    method = layer.quant_method
+    return type(method).__name__ == "ModelOptNvFp4FusedMoEMethod" and bool(
+        getattr(method, "use_flashinfer_trtllm_weight_layout", False)
+    )
 
 
 # Methods that pad the sizes FusedMoE gives them again, and allocate by their own: SGLang's

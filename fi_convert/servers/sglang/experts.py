@@ -185,35 +185,39 @@ def _mxfp4(layer: Any, method: Any) -> None:
 
 def _nvfp4(layer: Any, method: Any) -> None:
     """ModelOptNvFp4FusedMoEMethod.process_weights_after_loading (SGLang 0.5.23,
-    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated (SwiGLU
-    without a clamp limit or alpha: DeepSeek, Qwen3), static input scales, without its
+    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated SiLU
+    (on TRT-LLM without a SwiGLU alpha; a clamp, as DeepSeek's `swiglu_limit`, rescales block
+    scales and makes gemm1_clamp_limit there, the output's; on CUTLASS it changes only
+    `_cutlass_swiglu_params`), static input scales, without its
     transforms (the weights and block scales are the output's, reordered, shuffled and
     swizzled; its scalars, the alphas, the inverse input scales and TRT-LLM's g1_scale_c, are
     the output's, `install` made their parameters): CUTLASS's SwiGLU parameters, by its own
     function; the dispatcher's quantization config, as it sets it (with its own functions
     deciding FP4 dispatch); the block-scale aliases the kernels read (CUTLASS: the swizzle it
-    writes in place, aliased as TRT-LLM's is); TRT-LLM's padded sizes."""
+    writes in place, aliased as TRT-LLM's is, or where it pads, apart: `_blockscale_aliases`);
+    TRT-LLM's padded sizes."""
     from sglang.srt.layers.moe.utils import should_use_flashinfer_cutlass_moe_fp4_allgather
     from sglang.srt.layers.quantization.modelopt_quant import _use_nvfp4_dispatch
 
     cfg = layer.moe_runner_config
     trtllm = method.use_flashinfer_trtllm_weight_layout
     cutlass = method.enable_flashinfer_cutlass_moe and not method.enable_flashinfer_cutedsl_moe
+    # a SwiGLU alpha: on TRT-LLM its processing adds gemm1_alpha and gemm1_beta (not written;
+    # a clamp's rescaled block scales and gemm1_clamp_limit are the output's, checks.check_clamp
+    # holds it to the layer's); on CUTLASS both go only into _cutlass_swiglu_params
     plain = (
         (trtllm or cutlass)
         and cfg.is_gated
         and cfg.activation == "silu"
-        and cfg.gemm1_alpha is None
-        and not (cfg.gemm1_clamp_limit or cfg.swiglu_limit)
+        and not (trtllm and cfg.gemm1_alpha is not None)
         and not method.quant_config.use_per_token_activation
         and not getattr(layer, "inference_moe_w13_interleaved", False)
     )
     if not plain:
         raise PluginError(
-            f"{layer.layer_name}: the SGLang plugin loads NVFP4 on FlashInfer TRT-LLM and "
-            "CUTLASS for gated "
-            "SiLU experts with static input scales and no SwiGLU clamp only; serve the source "
-            "with SGLang's own loader"
+            f"{layer.layer_name}: the SGLang plugin loads NVFP4 for gated SiLU experts with "
+            "static input scales only, on FlashInfer TRT-LLM without a SwiGLU alpha; serve the "
+            "source with SGLang's own loader"
         )
     _as_loaded(layer)
     if cutlass:
@@ -231,9 +235,23 @@ def _nvfp4(layer: Any, method: Any) -> None:
     if trtllm:
         layer.trtllm_padded_hidden_size = None  # SGLang pads H only for per-token non-gated
         layer.intermediate_size_per_partition = layer.w2_weight.shape[2] * 2
-    # the placeholders SGLang allocated for CUTLASS are dropped, as its processing drops them
-    layer.w13_blockscale_swizzled = layer.w13_weight_scale
-    layer.w2_blockscale_swizzled = layer.w2_weight_scale
+    _blockscale_aliases(layer)
+
+
+def _blockscale_aliases(layer: Any) -> None:
+    """`w*_blockscale_swizzled`, which the kernels read, as SGLang's processing leaves them:
+    TRT-LLM aliases them to the (shuffled, swizzled) `w*_weight_scale`; CUTLASS writes the
+    swizzle into `w*_weight_scale` and aliases it (`alias_or_bind_derived_param`, dropping the
+    placeholder it allocated) where the swizzle has the scale's shape, and else copies it into
+    that placeholder, the scale staying as loaded: the output holds both then, and `install`
+    read the swizzle into the placeholder."""
+    for w in ("w13", "w2"):
+        scale, swizzled = (
+            getattr(layer, f"{w}_weight_scale"),
+            getattr(layer, f"{w}_blockscale_swizzled"),
+        )
+        if swizzled is None or swizzled.shape == scale.shape:
+            setattr(layer, f"{w}_blockscale_swizzled", scale)
 
 
 # The parameters whose dtype a method's processing changes (new storage there too): the output
@@ -248,6 +266,7 @@ DERIVED = {
         "g2_alphas",
         "w13_input_scale_quant",
         "w2_input_scale_quant",
+        "gemm1_clamp_limit",
         "g1_scale_c",
     )
 }

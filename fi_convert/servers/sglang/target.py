@@ -66,8 +66,9 @@ LAYOUTS = {
     ("mxfp4", "trtllm"): Layout(unit_scale_pad=True, weight_bias_names=True),
     # ModelOpt NVFP4 on TRT-LLM: I/TP padded to 64 and sharded by it, H as is, SGLang's scalars
     ("nvfp4", "trtllm"): Layout(shard_padded=True, hidden_padded=False, split_scales=True),
-    # ... on CUTLASS: vLLM's weights and swizzled block scales, SGLang's scalars
-    ("nvfp4", "cutlass"): Layout(split_scales=True),
+    # ... on CUTLASS: vLLM's weights and swizzled block scales, SGLang's scalars; a swizzle
+    # that pads (H % 128 for w2, H % 64 for w13) apart, beside the scale as loaded
+    ("nvfp4", "cutlass"): Layout(split_scales=True, swizzle_apart=True),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method): I/TP padded to 128 and sharded by it, H as
     # is, the scale padding 0, its scale names
     ("mxfp8", "trtllm"): Layout(
