@@ -75,6 +75,21 @@ SGLANG_CASES = [  # tests/test_sglang.py's checkpoints (SGLang needs H % 128 == 
     (Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192), "bf16"),
     (Spec("deepseek-v3", experts=8, hidden=256, intermediate=512, shards=2), "fp8-block"),
     (Spec("deepseek-v3", experts=3, hidden=384, intermediate=192, quant="nvfp4"), "nvfp4"),
+    # CUTLASS: the padded swizzles kept apart; TRT-LLM: refused (H % 128)
+    (Spec("deepseek-v3", experts=3, hidden=336, intermediate=256, quant="nvfp4"), "nvfp4"),
+    # a SwiGLU clamp: on TRT-LLM the block scales of the smaller-alpha half rescaled in float32
+    # and rounded to E4M3 (the last expert's gate and up global scales differ)
+    (
+        Spec(
+            "deepseek-v3",
+            experts=5,
+            hidden=256,
+            intermediate=384,
+            quant="nvfp4",
+            config={"swiglu_limit": 10.0},
+        ),
+        "nvfp4",
+    ),
     (Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8"), "mxfp8"),
     (Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192), "mxfp4"),
 ]
