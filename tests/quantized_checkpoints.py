@@ -25,6 +25,16 @@ EXPERT = re.compile(r"^(.*\.experts\.\d+)\.(gate|up|down)_proj\.weight$")
 # the other linears DeepSeek-V3's FP8 checkpoints quantize (attention, dense and shared MLPs)
 DENSE = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\..*_proj(_with_mqa)?\.weight$")
 # ModelOpt: what the exporters leave unquantized here (SGLang's fnmatch-style patterns)
+# keys of the released models' config.json that transformers' config classes do not write,
+# and SGLang's model classes read (DeepSeek-V3's `moe_layer_freq`)
+RELEASED_KEYS = {
+    "deepseek_v3": {
+        "moe_layer_freq": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "ep_size": 1,
+    }
+}
 MODELOPT_EXCLUDE = [
     "lm_head",
     "model.layers.*.self_attn*",
@@ -55,7 +65,7 @@ def write(kind: str, root: Path, quant: str, **sizes: object) -> Path:
     index_path.write_text(
         json.dumps({"metadata": {"total_size": size}, "weight_map": shard_of}, indent=2)
     )
-    _write_config(root, quant)
+    _write_config(root, quant, RELEASED_KEYS.get(kind, {}))
     return root
 
 
@@ -84,7 +94,10 @@ def _gpt_oss(name: str, t: torch.Tensor, g: torch.Generator) -> dict:
 
 def _share_scales(tensors: dict[str, torch.Tensor]) -> None:
     """NVFP4: gate and up share their global scale but in the last expert of each layer, as
-    the synthetic writer has them (fi_convert.testing.synthetic)."""
+    the synthetic writer has them (fi_convert.testing.synthetic), and always their input scale,
+    as ModelOpt exports the linears that read one input. (SGLang's DeepSeek loader runs the
+    weight loaders of host tensors on a thread pool, and gate's and up's input scales land in
+    one slot of `w13_input_scale`: where they differ, which one SGLang keeps is a race.)"""
     layers: dict[str, list[str]] = {}
     for name in tensors:
         if m := GATE_SCALE.match(name):
@@ -95,14 +108,15 @@ def _share_scales(tensors: dict[str, torch.Tensor]) -> None:
             stem = f"{layer}.{x}"
             one = {n: t for n, t in tensors.items() if n.startswith(stem + ".")}
             _share_global_scale(one, stem, differ=x == last)
+            one[f"{stem}.up_proj.input_scale"] = one[f"{stem}.gate_proj.input_scale"].clone()
             tensors.update(one)
 
 
 GATE_SCALE = re.compile(r"^(.*\.experts)\.(\d+)\.gate_proj\.weight_scale_2$")
 
 
-def _write_config(root: Path, quant: str) -> None:
-    cfg = json.loads((root / "config.json").read_text())
+def _write_config(root: Path, quant: str, released: dict) -> None:
+    cfg = json.loads((root / "config.json").read_text()) | released
     qc = copy.deepcopy(SOURCES[quant].quantization_config) or {}
     if qc.get("quant_method") == "modelopt":
         qc["exclude_modules"] = MODELOPT_EXCLUDE

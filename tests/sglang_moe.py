@@ -164,6 +164,18 @@ def cuda_gate() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def mxfp4_registered() -> Iterator[None]:
+    """SGLang registers its `mxfp4` quantization method (gpt-oss) at import only where it finds
+    CUDA or a CPU it supports (`layers/quantization/__init__.py`); here neither: registered as
+    it registers it there (call inside sglang_context; a whole model's config reads it)."""
+    from sglang.srt.layers import quantization
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+
+    with mock.patch.dict(quantization.QUANTIZATION_METHODS, {"mxfp4": Mxfp4Config}):
+        yield
+
+
 def _stay(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     return self
 

@@ -34,9 +34,18 @@ from tests.test_sglang_plugin import differing, registered  # noqa: F401 (a fixt
 # MXFP8 need it), I/TP a multiple of 128 (FP8 block)
 CASES = {
     "mxfp8": ("qwen3_moe", "mxfp8", dict(hidden_size=128, moe_intermediate_size=128)),
+    "nvfp4": ("deepseek_v3", "nvfp4", dict(hidden_size=128, moe_intermediate_size=128)),
+    "fp8-block": ("deepseek_v3", "fp8-block", dict(hidden_size=128, moe_intermediate_size=128)),
+    "mxfp4": ("gpt_oss", "mxfp4", dict(hidden_size=128)),
 }
 # (case, fi-convert's backend, the scheme it converts to)
-MODELS = [("mxfp8", "trtllm", "mxfp8")]
+MODELS = [
+    ("mxfp8", "trtllm", "mxfp8"),
+    ("nvfp4", "trtllm", "nvfp4"),
+    ("nvfp4", "cutlass", "nvfp4"),
+    ("fp8-block", "trtllm", "fp8-block"),
+    ("mxfp4", "trtllm", "mxfp4"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +72,8 @@ def platform(quant: str):
     stack = contextlib.ExitStack()
     if quant in ("nvfp4", "mxfp8", "mxfp4"):
         stack.enter_context(sm.blackwell(cuda_noop=quant == "mxfp4"))
+    if quant == "mxfp4":
+        stack.enter_context(sm.mxfp4_registered())
     if quant == "mxfp8":
         stack.enter_context(sm.cuda_gate())
     return stack
@@ -111,6 +122,8 @@ def test_a_whole_quantized_model_equals_sglangs_default_load(
     ours, theirs = _both(src, out, CASES[case][1], backend)
     p, q = _tensors(ours), _tensors(theirs)
     assert sorted(p) == sorted(q)
+    for n in differing(q, p):
+        print("DIFF", n, p[n].flatten()[:10], q[n].flatten()[:10])
     assert differing(q, p) == []
     states = _moe_states(theirs)
     assert len(states) >= 1
