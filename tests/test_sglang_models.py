@@ -21,22 +21,37 @@ MXFP4, its `fp8._is_cuda` flag for MXFP8), during both loads alike.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
 
 from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.format.manifest import check_files, read
 from tests import quantized_checkpoints as qc
 from tests import sglang_moe as sm
-from tests.test_sglang_plugin import differing, registered  # noqa: F401 (a fixture)
+from tests.test_sglang_plugin import differing, registered, state_diff  # noqa: F401 (fixture)
 
 # case: (transformers' model, the source format, sizes); H a multiple of 128 (SGLang's NVFP4 and
 # MXFP8 need it), I/TP a multiple of 128 (FP8 block)
 CASES = {
     "mxfp8": ("qwen3_moe", "mxfp8", dict(hidden_size=128, moe_intermediate_size=128)),
     "nvfp4": ("deepseek_v3", "nvfp4", dict(hidden_size=128, moe_intermediate_size=128)),
-    "fp8-block": ("deepseek_v3", "fp8-block", dict(hidden_size=128, moe_intermediate_size=128)),
+    # q_lora_rank 128: SGLang fuses q_a_proj with kv_a_proj_with_mqa, and their block scales
+    "fp8-block": (
+        "deepseek_v3",
+        "fp8-block",
+        dict(hidden_size=128, moe_intermediate_size=128, q_lora_rank=128),
+    ),
     "mxfp4": ("gpt_oss", "mxfp4", dict(hidden_size=128)),
+}
+# the MoE layers of each model (DeepSeek-V3's layer 0 is dense), and SGLang's MoE method
+MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "fp8-block": (1,), "mxfp4": (0, 1)}
+METHOD = {
+    "mxfp8": "Fp8MoEMethod",
+    "nvfp4": "ModelOptNvFp4FusedMoEMethod",
+    "fp8-block": "Fp8MoEMethod",
+    "mxfp4": "Mxfp4MoEMethod",
 }
 # (case, fi-convert's backend, the scheme it converts to)
 MODELS = [
@@ -93,6 +108,7 @@ def _model(path: Path, load_format: str, runner: str):
 
 
 def _both(src: Path, out: Path, quant: str, backend: str):
+    """The plugin's load of `out` and SGLang's default load of `src`, on fi-convert's backend."""
     runner = "mxfp4-trtllm" if quant == "mxfp4" else backend
     with sm.sglang_context(runner, 1, 0), platform(quant):
         ours = _model(out, "fi-convert", sm.BACKEND[runner])
@@ -104,27 +120,60 @@ def _tensors(model) -> dict:
     return dict(model.named_parameters()) | {f"buffer:{n}": b for n, b in model.named_buffers()}
 
 
-def _moe_states(model) -> dict:
+def _moe(model) -> dict:
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
-    return {
-        n: sm.layer_state(m) for n, m in model.named_modules() if isinstance(m, FusedMoE)
-    }
+    return {n: m for n, m in model.named_modules() if isinstance(m, FusedMoE)}
+
+
+def _differences(ours, theirs) -> tuple[list[str], dict[str, list[str]]]:
+    """The parameters and buffers that differ, and per MoE layer the state that differs."""
+    p, q = _tensors(ours), _tensors(theirs)
+    assert sorted(p) == sorted(q)
+    a, b = _moe(ours), _moe(theirs)
+    assert sorted(a) == sorted(b)
+    states = {n: state_diff(sm.layer_state(a[n]), sm.layer_state(b[n])) for n in b}
+    return differing(q, p), {n: d for n, d in states.items() if d}
+
+
+def _flip_one_byte(out: Path, name: str) -> None:
+    """One byte of tensor `name` changed in its shard, the file's size kept (the load reads
+    the manifest but does not hash the shards: `fi-convert verify` does)."""
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shard = out / index["weight_map"][name]
+    raw = bytearray(shard.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8 : 8 + n])[name]["data_offsets"]
+    raw[8 + n + (begin + end) // 2] ^= 0x10
+    shard.write_bytes(bytes(raw))
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    # no GPU here: the plugin skips its checks of it (loader.TEST_CPU_ENV)
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
 
 
 @pytest.mark.parametrize(("case", "backend", "scheme"), MODELS)
 def test_a_whole_quantized_model_equals_sglangs_default_load(
-    case, backend, scheme, registered, sources, tmp_path, monkeypatch
+    case, backend, scheme, registered, sources, tmp_path
 ):
-    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")  # no GPU here: skip its checks
     src = sources(case)
     out = _convert(src, tmp_path / "out", scheme, backend)
     ours, theirs = _both(src, out, CASES[case][1], backend)
-    p, q = _tensors(ours), _tensors(theirs)
-    assert sorted(p) == sorted(q)
-    for n in differing(q, p):
-        print("DIFF", n, p[n].flatten()[:10], q[n].flatten()[:10])
-    assert differing(q, p) == []
-    states = _moe_states(theirs)
-    assert len(states) >= 1
-    assert _moe_states(ours) == states
+    moe = _moe(theirs)
+    assert sorted(moe) == [f"model.layers.{i}.mlp.experts" for i in MOE_LAYERS[case]]
+    assert {type(m.quant_method).__name__ for m in moe.values()} == {METHOD[scheme]}
+    assert _differences(ours, theirs) == ([], {})
+
+
+def test_control_one_changed_byte_in_an_expert_shard_is_caught(registered, sources, tmp_path):
+    src = sources("nvfp4")
+    out = _convert(src, tmp_path / "out", "nvfp4", "trtllm")
+    name = "model.layers.1.mlp.experts.w13_weight"
+    _flip_one_byte(out, name)
+    assert [p.rsplit(": ", 1)[-1] for p in check_files(out, read(out))] == [
+        "SHA-256 differs from the manifest"
+    ]
+    ours, theirs = _both(src, out, "nvfp4", "trtllm")
+    assert _differences(ours, theirs) == ([name], {})
