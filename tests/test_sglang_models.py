@@ -1,21 +1,24 @@
 """Whole tiny quantized models through SGLang 0.5.23's own `get_model_loader`, on CPU: the
 plugin's loader (`--load-format fi-convert`, FiConvertModelLoader) of fi-convert's output
 against SGLang's default load (`load_format auto`: its own weight loading and
-`postprocess_weights`) of the source.
+`postprocess_weights`) of the source, at TP 1 and 2, every rank.
 
 For each scheme the plugin loads besides BF16 (tests/test_sglang_plugin.py has BF16's whole
 models): ModelOpt NVFP4 (DeepSeek-V3, TRT-LLM and CUTLASS), ModelOpt MXFP8 (Qwen3-MoE,
-TRT-LLM), gpt-oss MXFP4 (`flashinfer_mxfp4`) and DeepSeek FP8 block (TRT-LLM). The sources are
-transformers-written models whose linears are replaced by the scheme's format
-(tests/quantized_checkpoints.py), converted with `--server sglang`. Every parameter and buffer
-of the two models is byte-equal (dtype, shape, bytes), and so is the state each MoE layer and
-its method carry (tests/sglang_moe.layer_state). Negative control: one byte changed in an
-output's expert tensor (the shard rewritten and its manifest hash updated, so the load does not
-refuse it) is caught; the hash check refuses the changed shard otherwise.
+TRT-LLM), gpt-oss MXFP4 (`flashinfer_mxfp4`) and DeepSeek FP8 block (DeepSeek-V3, TRT-LLM).
+The sources are transformers-written models whose linears are replaced by the scheme's format
+(tests/quantized_checkpoints.py), converted with `--server sglang`. Every parameter, buffer and
+tensor a module holds as an attribute (DeepSeek's MLA `w_kc`, `w_vc`, ...) of the two models is
+byte-equal (dtype, shape, bytes), and so is the state each MoE layer and its method carry
+(tests/sglang_moe.layer_state). Negative controls: one byte changed in an output's expert
+tensor (the shard's size kept: the load reads the manifest but does not hash the shards, which
+`verify`'s check flags) is caught; a model whose MoE layers lack the plugin's kernel setup is
+caught.
 
 SGLang's own path needs on CPU what its layer tests need (tests/sglang_moe.py: SGLang's SM100
 platform hook and a CPU version of FlashInfer's CUDA-only scale swizzle for NVFP4, MXFP8 and
-MXFP4, its `fp8._is_cuda` flag for MXFP8), during both loads alike.
+MXFP4, its `fp8._is_cuda` flag for MXFP8) and, for a whole gpt-oss model, its `mxfp4` method
+registered as SGLang registers it on CUDA; during both loads alike.
 """
 
 from __future__ import annotations
@@ -23,14 +26,19 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import torch
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.format.manifest import check_files, read
 from tests import quantized_checkpoints as qc
 from tests import sglang_moe as sm
-from tests.test_sglang_plugin import differing, registered, state_diff  # noqa: F401 (fixture)
+from tests.test_sglang_plugin import _model, differing, registered, state_diff  # noqa: F401
+
+# the plugin registered and SGLang's hooks applied, as in every SGLang process
+pytestmark = pytest.mark.usefixtures("registered")
 
 # case: (transformers' model, the source format, sizes); H a multiple of 128 (SGLang's NVFP4 and
 # MXFP8 need it), I/TP a multiple of 128 (FP8 block)
@@ -41,10 +49,11 @@ CASES = {
     "fp8-block": (
         "deepseek_v3",
         "fp8-block",
-        dict(hidden_size=128, moe_intermediate_size=128, q_lora_rank=128),
+        dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=256, q_lora_rank=128),
     ),
     "mxfp4": ("gpt_oss", "mxfp4", dict(hidden_size=128)),
 }
+MOE = "model.layers.1.mlp.experts"
 # the MoE layers of each model (DeepSeek-V3's layer 0 is dense), and SGLang's MoE method
 MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "fp8-block": (1,), "mxfp4": (0, 1)}
 METHOD = {
@@ -77,8 +86,10 @@ def sources(tmp_path_factory):
     return get
 
 
-def _convert(src: Path, out: Path, scheme: str, backend: str) -> Path:
-    convert(src, out, Options(SchemeName(scheme), Backend(backend), 1, server="sglang"), device="cpu")
+def _convert(src: Path, out: Path, scheme: str, backend: str, tp: int = 1) -> Path:
+    convert(
+        src, out, Options(SchemeName(scheme), Backend(backend), tp, server="sglang"), device="cpu"
+    )
     return out
 
 
@@ -94,30 +105,28 @@ def platform(quant: str):
     return stack
 
 
-def _model(path: Path, load_format: str, runner: str):
-    from sglang.srt.configs.device_config import DeviceConfig
-    from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.model_loader import get_model_loader
-    from sglang.srt.server_args import ServerArgs
-
-    args = ServerArgs(model_path=str(path), load_format=load_format, moe_runner_backend=runner)
-    mc = ModelConfig.from_server_args(args)
-    loader = get_model_loader(LoadConfig(load_format=load_format), mc)
-    return loader.load_model(model_config=mc, device_config=DeviceConfig("cpu"))
-
-
-def _both(src: Path, out: Path, quant: str, backend: str):
-    """The plugin's load of `out` and SGLang's default load of `src`, on fi-convert's backend."""
+def _both(src: Path, out: Path, quant: str, backend: str, tp: int = 1, rank: int = 0):
+    """The plugin's load of `out` and SGLang's default load of `src`, on fi-convert's backend,
+    as TP rank `rank` of `tp`."""
     runner = "mxfp4-trtllm" if quant == "mxfp4" else backend
-    with sm.sglang_context(runner, 1, 0), platform(quant):
-        ours = _model(out, "fi-convert", sm.BACKEND[runner])
-        theirs = _model(src, "auto", sm.BACKEND[runner])
+    with sm.sglang_context(runner, tp, rank), platform(quant):
+        ours = _model(None, out, "fi-convert", runner)
+        theirs = _model(None, src, "auto", runner)
     return ours, theirs
 
 
 def _tensors(model) -> dict:
-    return dict(model.named_parameters()) | {f"buffer:{n}": b for n, b in model.named_buffers()}
+    """Every parameter and buffer, and the tensors modules hold as plain attributes (what a
+    model's own post-load step leaves: DeepSeek's MLA `w_kc`, `w_vc`, ...)."""
+    held = {
+        f"attr:{m}.{k}": v
+        for m, mod in model.named_modules()
+        for k, v in vars(mod).items()
+        if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
+    }
+    return (
+        dict(model.named_parameters()) | {f"buffer:{n}": b for n, b in model.named_buffers()} | held
+    )
 
 
 def _moe(model) -> dict:
@@ -128,8 +137,7 @@ def _moe(model) -> dict:
 
 def _differences(ours, theirs) -> tuple[list[str], dict[str, list[str]]]:
     """The parameters and buffers that differ, and per MoE layer the state that differs."""
-    p, q = _tensors(ours), _tensors(theirs)
-    assert sorted(p) == sorted(q)
+    p, q = _tensors(ours), _tensors(theirs)  # (`differing` names those on one side only)
     a, b = _moe(ours), _moe(theirs)
     assert sorted(a) == sorted(b)
     states = {n: state_diff(sm.layer_state(a[n]), sm.layer_state(b[n])) for n in b}
@@ -154,26 +162,44 @@ def _no_gpu(monkeypatch):
     monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
 
 
+@pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize(("case", "backend", "scheme"), MODELS)
 def test_a_whole_quantized_model_equals_sglangs_default_load(
-    case, backend, scheme, registered, sources, tmp_path
+    case, backend, scheme, tp, sources, tmp_path
 ):
     src = sources(case)
-    out = _convert(src, tmp_path / "out", scheme, backend)
-    ours, theirs = _both(src, out, CASES[case][1], backend)
-    moe = _moe(theirs)
-    assert sorted(moe) == [f"model.layers.{i}.mlp.experts" for i in MOE_LAYERS[case]]
-    assert {type(m.quant_method).__name__ for m in moe.values()} == {METHOD[scheme]}
-    assert _differences(ours, theirs) == ([], {})
+    out = _convert(src, tmp_path / "out", scheme, backend, tp)
+    for rank in range(tp):
+        ours, theirs = _both(src, out, CASES[case][1], backend, tp, rank)
+        moe = _moe(theirs)
+        assert sorted(moe) == [f"model.layers.{i}.mlp.experts" for i in MOE_LAYERS[case]]
+        assert {type(m.quant_method).__name__ for m in moe.values()} == {METHOD[scheme]}
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
 
-def test_control_one_changed_byte_in_an_expert_shard_is_caught(registered, sources, tmp_path):
+def test_control_one_changed_byte_in_an_expert_shard_is_caught(sources, tmp_path):
     src = sources("nvfp4")
     out = _convert(src, tmp_path / "out", "nvfp4", "trtllm")
-    name = "model.layers.1.mlp.experts.w13_weight"
+    name = f"{MOE}.w13_weight"
     _flip_one_byte(out, name)
     assert [p.rsplit(": ", 1)[-1] for p in check_files(out, read(out))] == [
         "SHA-256 differs from the manifest"
     ]
     ours, theirs = _both(src, out, "nvfp4", "trtllm")
     assert _differences(ours, theirs) == ([name], {})
+
+
+def test_control_a_model_without_the_kernel_setup_is_caught(sources, tmp_path):
+    """The plugin's kernel setup (experts.finish) skipped: the MoE layers' state differs."""
+    from fi_convert.servers.sglang import experts
+
+    src = sources("nvfp4")
+    out = _convert(src, tmp_path / "out", "nvfp4", "cutlass")
+    with mock.patch.object(experts, "finish", lambda layer: None):
+        ours, theirs = _both(src, out, "nvfp4", "cutlass")
+    params, states = _differences(ours, theirs)
+    # the block-scale aliases CUTLASS reads are still SGLang's placeholders
+    assert params == [f"{MOE}.w13_blockscale_swizzled", f"{MOE}.w2_blockscale_swizzled"]
+    assert list(states) == [MOE]
+    assert "layer._cutlass_swiglu_params[0]" in states[MOE]  # CUTLASS's SwiGLU parameters
