@@ -44,9 +44,11 @@ MODELOPT_EXCLUDE = [
 ]
 
 
-def write(kind: str, root: Path, quant: str, **sizes: object) -> Path:
+def write(kind: str, root: Path, quant: str, in_config: bool = True, **sizes: object) -> Path:
     """transformers' model `kind` (hf_checkpoints.MODELS) at `sizes`, its linears in the
-    format `quant` (a key of fi_convert.testing.synthetic.SOURCES)."""
+    format `quant` (a key of fi_convert.testing.synthetic.SOURCES). `in_config`: ModelOpt's
+    quantization config in config.json too (newer exports), else in hf_quant_config.json only
+    (older ones, nvidia/DeepSeek-R1-FP4)."""
     hf_checkpoints.save(kind, root, **sizes)
     g = torch.Generator().manual_seed(1)
     index_path = root / "model.safetensors.index.json"
@@ -65,7 +67,7 @@ def write(kind: str, root: Path, quant: str, **sizes: object) -> Path:
     index_path.write_text(
         json.dumps({"metadata": {"total_size": size}, "weight_map": shard_of}, indent=2)
     )
-    _write_config(root, quant, RELEASED_KEYS.get(kind, {}))
+    _write_config(root, quant, RELEASED_KEYS.get(kind, {}), in_config)
     return root
 
 
@@ -115,7 +117,7 @@ def _share_scales(tensors: dict[str, torch.Tensor]) -> None:
 GATE_SCALE = re.compile(r"^(.*\.experts)\.(\d+)\.gate_proj\.weight_scale_2$")
 
 
-def _write_config(root: Path, quant: str, released: dict) -> None:
+def _write_config(root: Path, quant: str, released: dict, in_config: bool) -> None:
     cfg = json.loads((root / "config.json").read_text()) | released
     qc = copy.deepcopy(SOURCES[quant].quantization_config) or {}
     if qc.get("quant_method") == "modelopt":
@@ -127,5 +129,6 @@ def _write_config(root: Path, quant: str, released: dict) -> None:
             "quantization": {k: v for k, v in qc.items() if k != "quant_method"},
         }
         (root / "hf_quant_config.json").write_text(json.dumps(hq, indent=2))
-    cfg["quantization_config"] = qc
+    if in_config or qc.get("quant_method") != "modelopt":
+        cfg["quantization_config"] = qc
     (root / "config.json").write_text(json.dumps(cfg, indent=2))

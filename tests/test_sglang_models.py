@@ -52,24 +52,35 @@ CASES = {
         dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=256, q_lora_rank=128),
     ),
     "mxfp4": ("gpt_oss", "mxfp4", dict(hidden_size=128)),
+    # ModelOpt's config in hf_quant_config.json only (older exports: nvidia/DeepSeek-R1-FP4)
+    "nvfp4-hqc": (
+        "deepseek_v3",
+        "nvfp4",
+        dict(hidden_size=128, moe_intermediate_size=128, in_config=False),
+    ),
 }
 MOE = "model.layers.1.mlp.experts"
 # the MoE layers of each model (DeepSeek-V3's layer 0 is dense), and SGLang's MoE method
-MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "fp8-block": (1,), "mxfp4": (0, 1)}
+MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "nvfp4-hqc": (1,), "fp8-block": (1,)}
+MOE_LAYERS |= {"mxfp4": (0, 1)}
 METHOD = {
     "mxfp8": "Fp8MoEMethod",
     "nvfp4": "ModelOptNvFp4FusedMoEMethod",
     "fp8-block": "Fp8MoEMethod",
     "mxfp4": "Mxfp4MoEMethod",
 }
-# (case, fi-convert's backend, the scheme it converts to)
+# (case, fi-convert's backend, the scheme it converts to, TP size)
 MODELS = [
-    ("mxfp8", "trtllm", "mxfp8"),
-    ("nvfp4", "trtllm", "nvfp4"),
-    ("nvfp4", "cutlass", "nvfp4"),
-    ("fp8-block", "trtllm", "fp8-block"),
-    ("mxfp4", "trtllm", "mxfp4"),
-]
+    (case, backend, scheme, tp)
+    for case, backend, scheme in (
+        ("mxfp8", "trtllm", "mxfp8"),
+        ("nvfp4", "trtllm", "nvfp4"),
+        ("nvfp4", "cutlass", "nvfp4"),
+        ("fp8-block", "trtllm", "fp8-block"),
+        ("mxfp4", "trtllm", "mxfp4"),
+    )
+    for tp in (1, 2)
+] + [("nvfp4-hqc", "trtllm", "nvfp4", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -162,12 +173,13 @@ def _no_gpu(monkeypatch):
     monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize(("case", "backend", "scheme"), MODELS)
+@pytest.mark.parametrize(("case", "backend", "scheme", "tp"), MODELS)
 def test_a_whole_quantized_model_equals_sglangs_default_load(
     case, backend, scheme, tp, sources, tmp_path
 ):
     src = sources(case)
+    in_config = "quantization_config" in json.loads((src / "config.json").read_text())
+    assert in_config == (case != "nvfp4-hqc")
     out = _convert(src, tmp_path / "out", scheme, backend, tp)
     for rank in range(tp):
         ours, theirs = _both(src, out, CASES[case][1], backend, tp, rank)
