@@ -43,8 +43,11 @@ pytestmark = pytest.mark.usefixtures("registered")
 # case: (transformers' model, the source format, sizes); H a multiple of 128 (SGLang's NVFP4 and
 # MXFP8 need it), I/TP a multiple of 128 (FP8 block)
 CASES = {
-    "mxfp8": ("qwen3_moe", "mxfp8", dict(hidden_size=128, moe_intermediate_size=128)),
+    # I 192: I/TP 192 and 96 padded to 256 and 128, sharded by it (TP 2 rank 1 holds 64 rows)
+    "mxfp8": ("qwen3_moe", "mxfp8", dict(hidden_size=128, moe_intermediate_size=192)),
     "nvfp4": ("deepseek_v3", "nvfp4", dict(hidden_size=128, moe_intermediate_size=128)),
+    # I/TP 96 padded to 128 at TP 2, sharded by it (rank 1 holds 64 rows; CUTLASS refuses it)
+    "nvfp4-i192": ("deepseek_v3", "nvfp4", dict(hidden_size=128, moe_intermediate_size=192)),
     # q_lora_rank 128: SGLang fuses q_a_proj with kv_a_proj_with_mqa, and their block scales
     "fp8-block": (
         "deepseek_v3",
@@ -61,7 +64,8 @@ CASES = {
 }
 MOE = "model.layers.1.mlp.experts"
 # the MoE layers of each model (DeepSeek-V3's layer 0 is dense), and SGLang's MoE method
-MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "nvfp4-hqc": (1,), "fp8-block": (1,)}
+MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "nvfp4-hqc": (1,), "nvfp4-i192": (1,)}
+MOE_LAYERS |= {"fp8-block": (1,)}
 MOE_LAYERS |= {"mxfp4": (0, 1)}
 METHOD = {
     "mxfp8": "Fp8MoEMethod",
@@ -80,7 +84,7 @@ MODELS = [
         ("mxfp4", "trtllm", "mxfp4"),
     )
     for tp in (1, 2)
-] + [("nvfp4-hqc", "trtllm", "nvfp4", 1)]
+] + [("nvfp4-hqc", "trtllm", "nvfp4", 1), ("nvfp4-i192", "trtllm", "nvfp4", 2)]
 
 
 @pytest.fixture(scope="module")
