@@ -17,6 +17,8 @@ generic (GPU) code paths. For NVFP4, MXFP8 and gpt-oss MXFP4 (`blackwell()`): SG
 and for gpt-oss `Tensor.cuda` stays on CPU and two FlashInfer names SGLang binds only when
 FlashInfer finds CUDA are bound. gpt-oss experts load through SGLang's own
 `GptOssForCausalLM._load_mxfp4_experts_weights` (it splits the fused experts by TP rank).
+For a whole gpt-oss model (`mxfp4_registered`), SGLang's `mxfp4` quantization method is
+registered as SGLang registers it where it finds CUDA.
 (shared/reference/sglang-0.5.23-in-tests.md has the facts.)
 """
 
