@@ -44,11 +44,19 @@ MODELOPT_EXCLUDE = [
 ]
 
 
-def write(kind: str, root: Path, quant: str, in_config: bool = True, **sizes: object) -> Path:
+def write(
+    kind: str,
+    root: Path,
+    quant: str,
+    in_config: bool = True,
+    nextn: bool = False,
+    **sizes: object,
+) -> Path:
     """transformers' model `kind` (hf_checkpoints.MODELS) at `sizes`, its linears in the
     format `quant` (a key of fi_convert.testing.synthetic.SOURCES). `in_config`: ModelOpt's
     quantization config in config.json too (newer exports), else in hf_quant_config.json only
-    (older ones, nvidia/DeepSeek-R1-FP4)."""
+    (older ones, nvidia/DeepSeek-R1-FP4). `nextn`: with DeepSeek-V3's multi-token-prediction
+    layer after the decoder layers (its layer 61), which transformers does not write."""
     hf_checkpoints.save(kind, root, **sizes)
     g = torch.Generator().manual_seed(1)
     index_path = root / "model.safetensors.index.json"
@@ -60,6 +68,8 @@ def write(kind: str, root: Path, quant: str, in_config: bool = True, **sizes: ob
             for new, v in _quantized(name, t, quant, g).items():
                 tensors[new], shard_of[new] = v, shard
     _share_scales(tensors)
+    if nextn:
+        _add_nextn(tensors, shard_of)
     for shard in sorted(set(shard_of.values())):
         part = {n: t.contiguous() for n, t in tensors.items() if shard_of[n] == shard}
         save_file(part, root / shard, metadata={"format": "pt"})
@@ -115,6 +125,31 @@ def _share_scales(tensors: dict[str, torch.Tensor]) -> None:
 
 
 GATE_SCALE = re.compile(r"^(.*\.experts)\.(\d+)\.gate_proj\.weight_scale_2$")
+
+
+def _add_nextn(tensors: dict[str, torch.Tensor], shard_of: dict[str, str]) -> None:
+    """DeepSeek-V3's NextN layer, `model.layers.N` of N decoder layers, in the last shard: a
+    decoder layer (here a copy of the last one, its MoE experts included) and the NextN
+    module's own tensors, named as DeepSeek-V3's checkpoint names them."""
+    n = 1 + max(int(m.group(1)) for name in tensors if (m := _LAYER.match(name)))
+    vocab, h = tensors["model.embed_tokens.weight"].shape
+    last, shard = f"model.layers.{n - 1}.", max(shard_of.values())
+    layer = {
+        f"model.layers.{n}.{name[len(last) :]}": t.clone()
+        for name, t in tensors.items()
+        if name.startswith(last)
+    }
+    own = {"enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h)}
+    own |= {"shared_head.norm.weight": (h,), "shared_head.head.weight": (vocab, h)}
+    own |= {"embed_tokens.weight": (vocab, h)}
+    g = torch.Generator().manual_seed(2)
+    for name, shape in own.items():
+        layer[f"model.layers.{n}.{name}"] = torch.randn(shape, generator=g).to(torch.bfloat16)
+    tensors.update(layer)
+    shard_of.update(dict.fromkeys(layer, shard))
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def _write_config(root: Path, quant: str, released: dict, in_config: bool) -> None:

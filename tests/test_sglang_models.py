@@ -48,11 +48,19 @@ CASES = {
     "nvfp4": ("deepseek_v3", "nvfp4", dict(hidden_size=128, moe_intermediate_size=128)),
     # I/TP 96 padded to 128 at TP 2, sharded by it (rank 1 holds 64 rows; CUTLASS refuses it)
     "nvfp4-i192": ("deepseek_v3", "nvfp4", dict(hidden_size=128, moe_intermediate_size=192)),
-    # q_lora_rank 128: SGLang fuses q_a_proj with kv_a_proj_with_mqa, and their block scales
+    # q_lora_rank 128: SGLang fuses q_a_proj with kv_a_proj_with_mqa, and their block scales;
+    # with DeepSeek-V3's NextN layer (its layer 61, here 2), converted, which SGLang's model
+    # does not build (its loader skips it)
     "fp8-block": (
         "deepseek_v3",
         "fp8-block",
-        dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=256, q_lora_rank=128),
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=256,
+            q_lora_rank=128,
+            nextn=True,
+        ),
     ),
     "mxfp4": ("gpt_oss", "mxfp4", dict(hidden_size=128)),
     # ModelOpt's config in hf_quant_config.json only (older exports: nvidia/DeepSeek-R1-FP4)
@@ -67,6 +75,8 @@ MOE = "model.layers.1.mlp.experts"
 MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "nvfp4-hqc": (1,), "nvfp4-i192": (1,)}
 MOE_LAYERS |= {"fp8-block": (1,)}
 MOE_LAYERS |= {"mxfp4": (0, 1)}
+# the output's MoE layers SGLang's model does not build (DeepSeek-V3's NextN layer)
+NEXTN = {"fp8-block": ["model.layers.2.mlp.experts"]}
 METHOD = {
     "mxfp8": "Fp8MoEMethod",
     "nvfp4": "ModelOptNvFp4FusedMoEMethod",
@@ -185,10 +195,12 @@ def test_a_whole_quantized_model_equals_sglangs_default_load(
     in_config = "quantization_config" in json.loads((src / "config.json").read_text())
     assert in_config == (case != "nvfp4-hqc")
     out = _convert(src, tmp_path / "out", scheme, backend, tp)
+    converted = sorted(read(out)["layers"])
     for rank in range(tp):
         ours, theirs = _both(src, out, CASES[case][1], backend, tp, rank)
         moe = _moe(theirs)
         assert sorted(moe) == [f"model.layers.{i}.mlp.experts" for i in MOE_LAYERS[case]]
+        assert converted == sorted(moe) + NEXTN.get(case, [])
         assert {type(m.quant_method).__name__ for m in moe.values()} == {METHOD[scheme]}
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
@@ -219,3 +231,18 @@ def test_control_a_model_without_the_kernel_setup_is_caught(sources, tmp_path):
     assert params == [f"{MOE}.w13_blockscale_swizzled", f"{MOE}.w2_blockscale_swizzled"]
     assert list(states) == [MOE]
     assert "layer._cutlass_swiglu_params[0]" in states[MOE]  # CUTLASS's SwiGLU parameters
+
+
+def test_control_the_nextn_layer_of_an_output_was_refused(sources, tmp_path):
+    """Before the plugin skipped it (checks.nextn_layers), an output with DeepSeek-V3's NextN
+    layer was refused, every real DeepSeek-V3/R1 among them."""
+    from fi_convert.servers.sglang import checks
+    from fi_convert.servers.sglang.checks import PluginError
+
+    src = sources("fp8-block")
+    out = _convert(src, tmp_path / "out", "fp8-block", "trtllm")
+    with (
+        mock.patch.object(checks, "nextn_layers", lambda manifest, config: set()),
+        pytest.raises(PluginError, match="has no MoE layer model.layers.2.mlp.experts"),
+    ):
+        _both(src, out, "fp8-block", "trtllm")
