@@ -17,6 +17,8 @@ generic (GPU) code paths. For NVFP4, MXFP8 and gpt-oss MXFP4 (`blackwell()`): SG
 and for gpt-oss `Tensor.cuda` stays on CPU and two FlashInfer names SGLang binds only when
 FlashInfer finds CUDA are bound. gpt-oss experts load through SGLang's own
 `GptOssForCausalLM._load_mxfp4_experts_weights` (it splits the fused experts by TP rank).
+For a whole gpt-oss model (`mxfp4_registered`), SGLang's `mxfp4` quantization method is
+registered as SGLang registers it where it finds CUDA.
 (shared/reference/sglang-0.5.23-in-tests.md has the facts.)
 """
 
@@ -169,6 +171,18 @@ def cuda_gate() -> Iterator[None]:
     from sglang.srt.layers.quantization import fp8
 
     with mock.patch.object(fp8, "_is_cuda", True):
+        yield
+
+
+@contextlib.contextmanager
+def mxfp4_registered() -> Iterator[None]:
+    """SGLang registers its `mxfp4` quantization method (gpt-oss) at import only where it finds
+    CUDA or a CPU it supports (`layers/quantization/__init__.py`); here neither: registered as
+    it registers it there (call inside sglang_context; a whole model's config reads it)."""
+    from sglang.srt.layers import quantization
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+
+    with mock.patch.dict(quantization.QUANTIZATION_METHODS, {"mxfp4": Mxfp4Config}):
         yield
 
 

@@ -451,6 +451,29 @@ def test_moe_layers_not_the_outputs_are_refused(manifest):
         checks.check_layers(manifest, "OUT", extra)
 
 
+def test_the_nextn_layers_sglang_does_not_build_are_skipped(manifest):
+    """A DeepSeek-V3/R1 output holds its NextN layer (model.layers.61 of 61), which SGLang's
+    loader skips for the model it serves: not required among the layers SGLang built
+    (tests/test_sglang_models.py loads such a whole model)."""
+    nextn = "model.layers.1.mlp.experts"
+    m = manifest | {"layers": manifest["layers"] | {nextn: manifest["layers"][QWEN]}}
+    deepseek = types.SimpleNamespace(num_hidden_layers=1, num_nextn_predict_layers=1)
+    assert checks.nextn_layers(m, deepseek) == {nextn}
+    checks.check_layers(m, "OUT", {QWEN: _layer()}, skipped=checks.nextn_layers(m, deepseek))
+    # the controls: no NextN layers in the config, or the layer among the decoder layers
+    for config in (
+        types.SimpleNamespace(num_hidden_layers=1, num_nextn_predict_layers=0),
+        types.SimpleNamespace(num_hidden_layers=2, num_nextn_predict_layers=1),
+        types.SimpleNamespace(num_hidden_layers=1),
+        None,
+    ):
+        assert checks.nextn_layers(m, config) == set()
+        with pytest.raises(PluginError, match=f"has no MoE layer {nextn} in"):
+            checks.check_layers(m, "OUT", {QWEN: _layer()}, skipped=checks.nextn_layers(m, config))
+    with pytest.raises(PluginError, match=f"has no MoE layer {QWEN} in"):  # a decoder layer
+        checks.check_layers(m, "OUT", {nextn: _layer()}, skipped=checks.nextn_layers(m, deepseek))
+
+
 # ---- the manifest, the arguments and the machine ----
 
 

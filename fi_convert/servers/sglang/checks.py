@@ -4,6 +4,8 @@ is one line that starts with "fi-convert: ", names the output and says what to d
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -153,10 +155,32 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
         )
 
 
-def check_layers(manifest: dict, root: str, layers: dict[str, Any]) -> None:
+def nextn_layers(manifest: dict, config: Any) -> set[str]:
+    """The output's MoE layers that SGLang's model does not build: the multi-token-prediction
+    (NextN) layers a DeepSeek-V3/R1 checkpoint ships after its decoder layers (`model.layers.61`
+    of 61), which SGLang's loader skips for the model it serves (it reads them only into a
+    speculative draft model), by its own rule: the config has `num_nextn_predict_layers` and the
+    layer's index is at least `num_hidden_layers`."""
+    hidden = getattr(config, "num_hidden_layers", None)
+    if not getattr(config, "num_nextn_predict_layers", 0) or not isinstance(hidden, int):
+        return set()
+    return {
+        prefix
+        for prefix in manifest["layers"]
+        if (m := _LAYER.match(prefix)) is not None and int(m.group(1)) >= hidden
+    }
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def check_layers(
+    manifest: dict, root: str, layers: dict[str, Any], skipped: Collection[str] = ()
+) -> None:
     """The MoE layers SGLang built (keyed by checkpoint prefix) against the output's: the same
-    layers, each with the output's method, backend, experts, split and sizes."""
-    missing = sorted(set(manifest["layers"]) - set(layers))
+    layers (but for `skipped`, those SGLang does not build: `nextn_layers`), each with the
+    output's method, backend, experts, split and sizes."""
+    missing = sorted(set(manifest["layers"]) - set(layers) - set(skipped))
     extra = sorted(set(layers) - set(manifest["layers"]))
     if missing or extra:
         which = f"has no MoE layer {missing[0]}" if missing else f"has a MoE layer {extra[0]} not"
