@@ -53,6 +53,17 @@ class Layout:
     # global scales kept apart, each expert's input scales as loaded, the alphas and the
     # inverse input scales beside them)
     split_scales: bool = False
+    # fp8-tensor on TRT-LLM: I per rank padded to 128 (SGLang's FusedMoE pads it so on
+    # flashinfer_trtllm); False: to 16 per half (vLLM)
+    pad_i_128: bool = False
+    # fp8-tensor on CUTLASS: w13 rows [gate; up] as loaded (SGLang's ModelOpt FP8 method passes
+    # them so); False: [up; gate] (vLLM)
+    gate_up_rows: bool = False
+    # fp8-tensor: the scalars as SGLang holds them: w13's activation scale the max over experts
+    # of the one of w1's and w3's its loader reads last, the TRT-LLM output1 product
+    # g1 * float32(1 / a2), the CUTLASS products under its names (fc1_dequant, fc2_quant,
+    # fc2_dequant, fc1_input_dequant); False: vLLM's (max over w1 and w3, g1 / a2, g1_alphas ...)
+    sglang_scalars: bool = False
 
     def variants(self) -> frozenset[str]:
         """The fields that differ from vLLM's layout: what the scheme must implement."""
