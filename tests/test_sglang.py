@@ -81,6 +81,14 @@ CASES = {
         Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
         "model.layers.0.mlp.experts",
     ),
+    # ModelOpt FP8 per-tensor (ModelOptFp8MoEMethod), 5 experts, I 200: I per rank 200, 100,
+    # 50, none a multiple of 16. TRT-LLM: padded to 256 and 128 by FusedMoE and sharded by it
+    # (TP 2: rank 1 holds 72 rows; TP 4: ranks 2 and 3 none); CUTLASS: each half padded to 16
+    "qwen3-fp8-tensor": (
+        "fp8-tensor",
+        Spec("qwen3-moe", layers=1, experts=5, hidden=128, intermediate=200, quant="fp8-tensor"),
+        "model.layers.0.mlp.experts",
+    ),
     # transformers-written (tests/hf_checkpoints.py): H 64, I 128 (I per rank 128, 64, 32)
     "hf-qwen3-moe": ("bf16", "qwen3_moe", "model.layers.0.mlp.experts"),
     "hf-mixtral": ("bf16", "mixtral", "model.layers.0.block_sparse_moe.experts"),
@@ -94,7 +102,7 @@ CASES = {
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
-ONLY_C = ("deepseek-nvfp4-h384", "qwen3-mxfp8", "qwen3-mxfp8-5")
+ONLY_C = ("deepseek-nvfp4-h384", "qwen3-mxfp8", "qwen3-mxfp8-5", "qwen3-fp8-tensor")
 PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
@@ -467,12 +475,13 @@ SGLANG_CASES = [
         "deepseek-nvfp4-h384",
         "qwen3-mxfp8",
         "qwen3-mxfp8-5",
+        "qwen3-fp8-tensor",
     )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
     for rank in range(tp)
     if (backend == "trtllm" and (case, tp) != ("qwen3-mxfp8", 4))  # I/TP 80: not MX blocks
-    or case in ("qwen3-bf16", "mixtral-bf16-7")
+    or case in ("qwen3-bf16", "mixtral-bf16-7", "qwen3-fp8-tensor")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
     or (case, tp) in (("deepseek-nvfp4", 1), ("deepseek-nvfp4", 2), ("deepseek-nvfp4-h384", 1))
 ]
@@ -504,6 +513,10 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     padded = backend == "trtllm" and tp > 1 and case in PADDED_SPLIT
     padded |= (case, tp) in (("deepseek-nvfp4", 4), ("deepseek-nvfp4-h384", 2))
     padded |= (case, tp) in (("deepseek-nvfp4-h384", 4), ("qwen3-mxfp8", 2), ("qwen3-mxfp8-5", 4))
+    padded |= backend == "trtllm" and (case, tp) in (
+        ("qwen3-fp8-tensor", 2),
+        ("qwen3-fp8-tensor", 4),
+    )
     assert split == ("padded" if padded else None)
 
 
@@ -549,3 +562,45 @@ def test_stand_ins_leave_no_trace(sglang_layers):
     # SGLang's import points these caches at its own folder (setdefault): undone after
     caches = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
     assert "sglang" not in " ".join(os.environ.get(k, "") for k in caches).lower()
+
+
+def _with_larger_gate_input_scale(ckpt, prefix: str, expert: int) -> float:
+    """Rewrite the checkpoint's shard so that one expert's gate_proj input scale is the
+    largest of the layer's gate and up ones (exporters give gate and up one scale: this is the
+    case where the two servers' rules differ). Returns that scale."""
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    name = f"{prefix}.{expert}.gate_proj.input_scale"
+    shard = ckpt / index[name]
+    tensors = load_file(shard)
+    top = max(float(t) for n, t in tensors.items() if n.endswith("proj.input_scale"))
+    tensors[name] = torch.tensor(top * 2, dtype=torch.float32).reshape(tensors[name].shape)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    return top * 2
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_fp8_tensor_w13_input_scale_is_the_one_loaded_last(backend, tmp_path):
+    """ModelOpt FP8: SGLang's loader keeps one w13 input scale per expert, the last one it reads
+    (up_proj, after gate_proj), and its processing takes the max over experts; vLLM takes the
+    max over gate and up. With a gate scale the largest, SGLang's own bytes are the --server
+    sglang output's (every scalar made from it too), and vLLM's w13_input_scale is that gate
+    scale."""
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=128, quant="fp8-tensor")
+    prefix = "model.layers.0.mlp.experts"
+    ckpt = write_checkpoint(tmp_path / "src", spec)
+    gate = _with_larger_gate_input_scale(ckpt, prefix, 1)
+    layer = sm.build(backend, 1, 0, ckpt, prefix)
+    theirs = sm.params(layer)
+    assert float(theirs["w13_input_scale"]) < gate
+    for server in ("sglang", "vllm"):
+        out = tmp_path / server
+        opts = Options(SchemeName.FP8_TENSOR, Backend(backend), 1, server=server)
+        convert(ckpt, out, opts, device="cpu")
+        ours = load_moe_layer(out, prefix)
+        if server == "sglang":
+            assert_same(theirs, ours, "SGLang's own")
+        else:
+            assert float(ours["w13_input_scale"]) == gate
+            assert "w13_input_scale" in differing(theirs, ours)

@@ -25,9 +25,8 @@ fc2_dequant = A2 * S2, fc1_input_dequant = A13.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -40,8 +39,8 @@ from .base import (
     Backend,
     Ctx,
     LayerPlan,
-    RankRows,
     OutputTensor,
+    RankRows,
     Scheme,
     SchemeName,
     Synthetic,
@@ -174,8 +173,7 @@ class Fp8TensorScheme(Scheme):
             )
         fp8, bf16 = self.source_formats
         fmt = bf16 if weight_dtype(layer) == "BF16" else fp8
-        info = {"scalars": "sglang"} if layout.sglang_scalars else {}
-        return layer_plan(
+        lp = layer_plan(
             layer,
             outs,
             i_r,
@@ -183,9 +181,11 @@ class Fp8TensorScheme(Scheme):
             notes=notes,
             activation_scheme="dynamic" if dynamic else "static",
             source_format=fmt,
-            **info,
             **rows.info(),
         )
+        if layout.sglang_scalars:  # the activation scales and products as SGLang makes them
+            lp.info["scalars"] = "sglang"
+        return lp
 
 
 class _Scales:
@@ -228,9 +228,7 @@ class _Scales:
         if which == "w13":
             x = stage_w13(ctx, self.layer, "weight", rank, experts, n, torch.bfloat16, start=first)
             return x[:, : 2 * n]
-        return stage_w2(
-            ctx, self.layer, "weight", rank, experts, n, n, torch.bfloat16, start=first
-        )
+        return stage_w2(ctx, self.layer, "weight", rank, experts, n, n, torch.bfloat16, start=first)
 
     def activation(self, ctx: Ctx, which: str) -> torch.Tensor:
         """0-dim float32: the max over experts of w2's, or for w13 of w1's and w3's (vLLM) or
@@ -253,7 +251,9 @@ class _Scales:
             q = fp8_quantize_static(self._bf16(ctx, which, rank, experts), target)
         elif which == "w2":
             i_p = self.rows.padded
-            return stage_w2(ctx, self.layer, "weight", rank, experts, n, i_p, torch.uint8, start=first)
+            return stage_w2(
+                ctx, self.layer, "weight", rank, experts, n, i_p, torch.uint8, start=first
+            )
         else:
             raw = stage_w13(ctx, self.layer, "weight", rank, experts, n, torch.uint8, start=first)
             w8 = raw.view(torch.float8_e4m3fn)
@@ -320,6 +320,7 @@ def _scale_outputs(
 ) -> list[OutputTensor]:
     """The weight scales, and with static activation scales the activation scales and the
     products each kernel takes, under the server's names (module doc)."""
+
     def per_expert(fn):
         def produce(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
             out.copy_(fn(ctx, rank))
