@@ -354,7 +354,12 @@ def _plan_layers(
 
 
 # What a field of a layer entry (or of a tensor's) that differs between servers changes
-WHY = {"tp_split": "the rows of I each TP rank holds", "layout": "the element order"}
+WHY = {
+    "tp_split": "the rows of I each TP rank holds",
+    "layout": "the element order",
+    "row_order": "the order of the gate and up rows",
+    "formula": "how the value is made (docs/FORMAT.md)",
+}
 FIRST = ("dtype", "layout")  # a tensor's fields said first where they differ
 
 

@@ -173,7 +173,7 @@ class Fp8TensorScheme(Scheme):
             )
         fp8, bf16 = self.source_formats
         fmt = bf16 if weight_dtype(layer) == "BF16" else fp8
-        lp = layer_plan(
+        return layer_plan(
             layer,
             outs,
             i_r,
@@ -183,9 +183,6 @@ class Fp8TensorScheme(Scheme):
             source_format=fmt,
             **rows.info(),
         )
-        if layout.sglang_scalars:  # the activation scales and products as SGLang makes them
-            lp.info["scalars"] = "sglang"
-        return lp
 
 
 class _Scales:
@@ -375,14 +372,25 @@ def _scale_outputs(
             }
         else:
             fns |= {"g1_alphas": (g1, (e,)), "g2_alphas": (g2, (e,)), "a2_gscale": (a2_inv, ())}
+
+    def entry(name: str, shape: tuple[int, ...]) -> dict:
+        lay = {"layout": "per_expert" if shape else "scalar", "row_order": None}
+        return lay | ({"formula": "sglang"} if sglang and name in SGLANG_FORMULA else {})
+
     return [
-        OutputTensor(
-            name,
-            "F32",
-            shape,
-            per_expert(fn),
-            {"layout": "per_expert" if shape else "scalar", "row_order": None},
-            chunked=False,
-        )
+        OutputTensor(name, "F32", shape, per_expert(fn), entry(name, shape), chunked=False)
         for name, (fn, shape) in fns.items()
     ]
+
+
+# The scalars whose value follows SGLang's rules where they are SGLang's (`sglang_scalars`):
+# A13 from the input scale its loader reads last, and TRT-LLM's output1 by the reciprocal
+SGLANG_FORMULA = frozenset(
+    {
+        "w13_input_scale",
+        "output1_scales_scalar",
+        "output1_scales_gate_scalar",
+        "fc1_dequant",
+        "fc1_input_dequant",
+    }
+)
