@@ -233,7 +233,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
             f"use --backend {scheme.backends[0].value}"
         )
     refused = target.refuses(name.value, options.backend.value) or target.refuses_source(
-        name.value, options.backend.value, quant_method(ckpt)
+        name.value, options.backend.value, quant_method(ckpt), ckpt.model_type
     )
     if refused:
         raise SchemeMismatchError(_refused_line(ckpt, layers, name, options, refused))
@@ -337,7 +337,7 @@ def _plan_layers(
     if backend not in scheme.backends:
         return target.no_path(name.value, backend.value), False, []
     refused = target.refuses(name.value, backend.value) or target.refuses_source(
-        name.value, backend.value, quant_method(ckpt)
+        name.value, backend.value, quant_method(ckpt), ckpt.model_type
     )
     if refused:
         return refused, False, []

@@ -119,10 +119,12 @@ class ServerTarget(Protocol):
         it: no FlashInfer path of its own, or a layout not done yet; None when it writes one."""
         ...
 
-    def refuses_source(self, scheme: str, backend: str, quant_method: str | None) -> str | None:
+    def refuses_source(
+        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+    ) -> str | None:
         """Why fi-convert writes no output of this scheme and backend for it from a source of
-        this `quantization_config.quant_method` (another method of the server's reads it, or
-        it is not proven), or None."""
+        this `quantization_config.quant_method` and config.json `model_type` (another method
+        or runner of the server's reads it, or it is not proven), or None."""
         ...
 
     def layout(self, scheme: str, backend: str) -> Layout:

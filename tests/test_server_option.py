@@ -543,6 +543,21 @@ def test_fp8_tensor_for_sglang_converts_and_verifies(ckpts, tmp_path, backend):
     assert said.startswith(f"  sglang: other bytes, first {prefix}.{first}"), said
 
 
+def test_fp8_tensor_mixtral_on_trtllm_is_refused_for_sglang(tmp_path):
+    """SGLang's Mixtral declares no routing method, so its ModelOpt FP8 method runs Triton on
+    flashinfer_trtllm (tests/test_sglang_plugin.py builds it): refused at plan time, naming
+    CUTLASS, which converts."""
+    spec = Spec("mixtral", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
+    src = write_checkpoint(tmp_path / "src", spec)
+    res = cli("convert", src, tmp_path / "o", "--server", "sglang", "--device", "cpu")
+    assert res.exit_code == 1, res.stdout
+    (line,) = lines(res.stderr)
+    assert "--scheme fp8-tensor --backend trtllm --server sglang: SGLang 0.5.23's Mixtral" in line
+    assert "use --backend cutlass" in line and not (tmp_path / "o").exists()
+    args = ["--server", "sglang", "--backend", "cutlass", "--device", "cpu"]
+    assert cli("convert", src, tmp_path / "c", *args).exit_code == 0
+
+
 def test_fp8_tensor_sources_sglang_reads_otherwise_are_refused_at_plan_time(tmp_path):
     """Compressed-tensors FP8 (tensor strategy): SGLang reads it with CompressedTensorsW8A8Fp8MoE,
     which has no FlashInfer per-tensor path: refused for SGLang before anything is written,

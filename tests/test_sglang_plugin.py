@@ -367,13 +367,14 @@ def test_control_fp8_tensor_without_kernel_setup_is_caught(backend, sources, out
 
 def test_fp8_tensor_on_a_model_without_a_routing_method_is_refused(tmp_path):
     """SGLang's Mixtral declares no routing method, so ModelOptFp8MoEMethod runs it on Triton
-    even with --moe-runner-backend flashinfer_trtllm: the plugin's layer check refuses it,
-    naming the fix (CUTLASS, where SGLang runs FlashInfer for it)."""
+    even with --moe-runner-backend flashinfer_trtllm (fi-convert refuses to plan it:
+    test_server_option): were an output's manifest to say TRT-LLM, the plugin's layer check
+    refuses the layer, naming the fix (CUTLASS, where SGLang runs FlashInfer for it)."""
     spec = Spec("mixtral", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
     ckpt = write_checkpoint(tmp_path / "src", spec)
     out = tmp_path / "out"
-    convert(ckpt, out, Options(SchemeName.AUTO, Backend.TRTLLM, 1, server="sglang"), device="cpu")
-    m = json.loads((out / MANIFEST_NAME).read_text())
+    convert(ckpt, out, Options(SchemeName.AUTO, Backend.CUTLASS, 1, server="sglang"), device="cpu")
+    m = json.loads((out / MANIFEST_NAME).read_text()) | {"backend": "trtllm"}
     with sm.sglang_context("trtllm", 1, 0), sm.fp8_quant():
         layer = sm.make_layer(MIXTRAL, ckpt)
     assert layer.runner_backend.value == "triton"

@@ -107,6 +107,16 @@ SOURCES_REFUSED = {
     ),
 }
 
+# Model types whose SGLang model class declares no routing method to its FusedMoE
+# (models/mixtral.py), so that ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
+# FlashInfer TRT-LLM only for a declared one: Qwen3-MoE's Renormalize, DeepSeek's DeepSeekV3)
+NO_ROUTING_METHOD = {
+    "mixtral": (
+        "SGLang {sglang}'s Mixtral declares no routing method, so its ModelOpt FP8 method runs "
+        "Triton, not FlashInfer TRT-LLM, on flashinfer_trtllm; use --backend cutlass"
+    ),
+}
+
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
         "SGLang 0.5.23 has no FlashInfer CUTLASS path for block FP8 (asked for "
@@ -186,8 +196,12 @@ class SglangTarget:
             return NO_FLASHINFER[scheme, backend]
         return f"fi-convert does not write SGLang {TARGET['sglang']}'s layout of it yet"
 
-    def refuses_source(self, scheme: str, backend: str, quant_method: str | None) -> str | None:
+    def refuses_source(
+        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+    ) -> str | None:
         why = SOURCES_REFUSED.get((scheme, quant_method))
+        if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
+            why = NO_ROUTING_METHOD.get(model_type or "")
         return why.format(sglang=TARGET["sglang"]) if why else None
 
     def layout(self, scheme: str, backend: str) -> Layout:
