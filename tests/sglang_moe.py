@@ -258,10 +258,13 @@ def _routing(ckpt: Path) -> dict:
 
 def _per_tensor_quant_fp8(input, output_q, output_s, is_static: bool = False) -> None:
     """SGLang's CUDA-only per-tensor FP8 quantization (`sgl_per_tensor_quant_fp8`, a JIT kernel,
-    kernels/jit/csrc/gemm/per_tensor_quant_fp8.cuh) with a static scale, on CPU: each value
+    kernels/jit/csrc/gemm/per_tensor_quant_fp8.cuh), on CPU: a dynamic scale is
+    float32(max |x|) / 448 (an IEEE float32 division) written to `output_s`; each value
     float32(x) * (1.0f / scale) (an IEEE float32 division), clipped to +-448, cast to E4M3
-    (round to nearest even). Elementwise, no layout in it; the dynamic form is not needed."""
-    assert is_static, "static scales only (ModelOpt FP8's requantization)"
+    (round to nearest even). Elementwise, no layout in it."""
+    if not is_static:
+        amax = input.float().abs().amax()
+        output_s.copy_((amax / torch.tensor(448.0)).reshape(output_s.shape))
     inv = torch.ones((), dtype=torch.float32) / output_s.float().reshape(())
     y = (input.float() * inv).clamp(-448.0, 448.0)
     output_q.copy_(y.to(output_q.dtype))

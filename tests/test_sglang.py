@@ -604,3 +604,49 @@ def test_fp8_tensor_w13_input_scale_is_the_one_loaded_last(backend, tmp_path):
         else:
             assert float(ours["w13_input_scale"]) == gate
             assert "w13_input_scale" in differing(theirs, ours)
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_fp8_tensor_from_bf16_sglang_has_no_flashinfer_layout(backend, checkpoints, outputs):
+    """BF16 experts served as FP8 by SGLang (`--quantization fp8`: Fp8MoEMethod quantizes them
+    on load, one dynamic scale per expert's w13 and w2): on flashinfer_cutlass it runs Triton;
+    on flashinfer_trtllm its weights stay [up; gate] as loaded, unshuffled, and it makes none of
+    the output scales its TRT-LLM path reads, so there is no FlashInfer layout of SGLang's to
+    write (fi-convert refuses BF16 -> fp8-tensor for SGLang: test_server_option); the bytes are
+    not fi-convert's offline quantization for vLLM either."""
+    _, spec, prefix = CASES["qwen3-bf16"]
+    ckpt = checkpoints["qwen3-bf16"]
+    with sm.sglang_context(backend, 1, 0), sm.fp8_quant():
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+        from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+        layer = FusedMoE(
+            num_experts=spec.experts,
+            hidden_size=spec.hidden,
+            intermediate_size=spec.intermediate,
+            layer_id=0,
+            top_k=2,
+            params_dtype=torch.bfloat16,
+            quant_config=Fp8Config(is_checkpoint_fp8_serialized=False),
+            prefix=prefix,
+        )
+        sm.load(layer, ckpt, prefix)
+        sm.process(layer)
+    theirs = sm.params(layer)
+    assert theirs["w13_weight"].dtype == E4M3 and theirs["w13_weight_scale"].shape == (6,)
+    if backend == "cutlass":
+        assert layer.runner_backend.value == "triton"
+        return
+    assert layer.runner_backend.value == "flashinfer_trtllm"
+    assert not hasattr(layer, "output1_scales_scalar")
+    # [up; gate] as loaded: each expert's up rows quantized with the expert's one scale
+    up = raw(ckpt, prefix)["up_proj.weight"]
+    s13 = theirs["w13_weight_scale"].view(-1, 1, 1)
+    want = (up.float() * (1 / s13)).clamp(-448, 448).to(E4M3)
+    got = theirs["w13_weight"][:, : spec.intermediate]
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    opts = Options(SchemeName.FP8_TENSOR, Backend.TRTLLM, 1, allow_unservable=True)
+    out = outputs("qwen3-bf16", 1).parent / "bf16-fp8t"
+    convert(ckpt, out, opts, device="cpu")
+    ours = load_moe_layer(out, prefix)
+    assert "w13_weight" in differing(theirs, ours)
