@@ -583,3 +583,23 @@ def test_fp8_tensor_sources_sglang_reads_otherwise_are_refused_at_plan_time(tmp_
     why = SGLANG_TARGET.refuses_source("fp8-tensor", "trtllm", "fp8")
     assert why and "Fp8MoEMethod" in why
     assert SGLANG_TARGET.refuses_source("fp8-tensor", "trtllm", "modelopt") is None
+
+
+def test_fp8_tensor_without_activation_scales_is_refused_for_sglang(tmp_path):
+    """A ModelOpt FP8 source without input_scale: SGLang's method would run with the 1.0 it
+    allocates its input scales with; refused for SGLang in one line naming the layer."""
+    from safetensors.torch import load_file, save_file
+
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
+    src = write_checkpoint(tmp_path / "dyn", spec)
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in src.glob("*.safetensors"):
+        t = load_file(shard)
+        save_file({k: v for k, v in t.items() if "input_scale" not in k}, shard, {"format": "pt"})
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if "input_scale" not in k}
+    index_path.write_text(json.dumps(index))
+    res = cli("convert", src, tmp_path / "o", "--server", "sglang", "--device", "cpu")
+    assert res.exit_code == 1, res.stdout
+    (line,) = lines(res.stderr)
+    assert "model.layers.0.mlp.experts: no static activation scales (input_scale); SGLang" in line
