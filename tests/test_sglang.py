@@ -461,7 +461,9 @@ def test_sglang_layer_state(sglang_layers):
 # TRT-LLM (SGLang's flashinfer_mxfp4), 3 experts, H 320 and I 192: I/TP 192, 96, 64 padded to
 # 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding). ModelOpt
 # NVFP4 on TRT-LLM: H 256 I 384 (I/TP 96 padded to 128, sharded by it) and H 384 I 192 (H not
-# padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing
+# padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing.
+# ModelOpt FP8 per-tensor on both backends, 5 experts, I 200 (I/TP 200, 100, 50: TRT-LLM pads
+# to 256 and 128 and shards by it, CUTLASS pads each half to 16)
 SGLANG_CASES = [
     (case, tp, rank, backend)
     for case in (
@@ -650,3 +652,40 @@ def test_fp8_tensor_from_bf16_sglang_has_no_flashinfer_layout(backend, checkpoin
     convert(ckpt, out, opts, device="cpu")
     ours = load_moe_layer(out, prefix)
     assert "w13_weight" in differing(theirs, ours)
+
+
+# SGLang's ModelOpt FP8 CUTLASS quant scales and the vLLM-target output's tensors of the same
+# values (fi-convert's --server vllm names)
+FP8T_CUTLASS_NAMES = {
+    "fc1_dequant": "g1_alphas",
+    "fc2_quant": "a2_gscale",
+    "fc2_dequant": "g2_alphas",
+    "fc1_input_dequant": "w13_input_scale",
+}
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_fp8_tensor_against_vllm_target_output(backend, tp, sglang_layers, outputs):
+    """(b) for ModelOpt FP8 (I 200: I/TP 200, 100, 50), what SGLang holds against fi-convert's
+    vLLM-target output. TRT-LLM: the weights (SGLang pads I/TP to 128, vLLM to 16) and
+    output1_scales_scalar (SGLang g1 * (1/a2), vLLM g1 / a2: another rounding, in some
+    experts); the other scalars are vLLM's. CUTLASS: w13 is vLLM's with its halves swapped
+    ([gate; up]), w2 is vLLM's, and the four quant scales are vLLM's values under other
+    names."""
+    prefix = CASES["qwen3-fp8-tensor"][2]
+    for rank in range(tp):
+        theirs = sm.params(sglang_layers("qwen3-fp8-tensor", tp, rank, backend))
+        ours = load_moe_layer(outputs("qwen3-fp8-tensor", tp, backend), prefix, tp_rank=rank)
+        if backend == "trtllm":
+            assert differing(theirs, ours) == ["output1_scales_scalar", "w13_weight", "w2_weight"]
+            g1, a2 = ours["output1_scales_gate_scalar"], ours["w2_input_scale"]
+            assert torch.equal(theirs["output1_scales_scalar"], g1 * (1.0 / a2))
+            assert torch.equal(ours["output1_scales_scalar"], g1 / a2)
+            continue
+        renamed = {FP8T_CUTLASS_NAMES.get(n, n): t for n, t in theirs.items()}
+        assert differing(renamed, ours) == ["w13_weight"]
+        w13 = ours["w13_weight"].view(torch.uint8)
+        half = w13.shape[1] // 2
+        swapped = torch.cat([w13[:, half:], w13[:, :half]], dim=1)
+        assert torch.equal(theirs["w13_weight"].view(torch.uint8), swapped)
