@@ -12,7 +12,8 @@ on CPU (tests/sglang_moe.py: SGLang's FusedMoE, built, loaded and processed by S
   load format and hooks, and the entry point as pyproject.toml declares it.
 
 The outputs are fi-convert's BF16, DeepSeek FP8 block, gpt-oss MXFP4, ModelOpt NVFP4, MXFP8 and
-FP8 outputs converted with --server sglang (tests/test_sglang.py proves their bytes against SGLang's own at every TP rank).
+FP8 outputs converted with --server sglang (tests/test_sglang.py proves their bytes against
+SGLang's own at every TP rank).
 """
 
 from __future__ import annotations
