@@ -189,11 +189,11 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "mixtral",
             ["--server", "sglang", "--scheme", "fp8-tensor"],
             "--scheme fp8-tensor --backend trtllm --server sglang: BF16 experts: SGLang "
-            "0.5.23 quantizes them itself on load (Fp8MoEMethod's online FP8), which lays out "
-            "no FlashInfer kernel bytes (Triton on flashinfer_cutlass; on flashinfer_trtllm the "
-            "weights unshuffled and no output scales); fi-convert writes SGLang's layout of "
-            "ModelOpt FP8 checkpoints; servable for sglang instead: --scheme bf16 (trtllm, "
-            "cutlass); or convert for vLLM (--server vllm)",
+            "0.5.23 quantizes them itself on load (--quantization fp8, Fp8MoEMethod's online "
+            "FP8), which lays out no FlashInfer kernel bytes (Triton on flashinfer_cutlass; on "
+            "flashinfer_trtllm the weights unshuffled and no output scales); fi-convert writes "
+            "SGLang's layout of ModelOpt FP8 checkpoints; servable for sglang instead: --scheme "
+            "bf16 (trtllm, cutlass); or convert for vLLM (--server vllm)",
         ),
         (
             "ds",

@@ -100,10 +100,10 @@ SOURCES_REFUSED = {
         "Fp8MoEMethod, whose layout fi-convert has not proven yet (it has proven ModelOpt FP8's)"
     ),
     ("fp8-tensor", None): (
-        "BF16 experts: SGLang {sglang} quantizes them itself on load (Fp8MoEMethod's online "
-        "FP8), which lays out no FlashInfer kernel bytes (Triton on flashinfer_cutlass; on "
-        "flashinfer_trtllm the weights unshuffled and no output scales); fi-convert writes "
-        "SGLang's layout of ModelOpt FP8 checkpoints"
+        "BF16 experts: SGLang {sglang} quantizes them itself on load (--quantization fp8, "
+        "Fp8MoEMethod's online FP8), which lays out no FlashInfer kernel bytes (Triton on "
+        "flashinfer_cutlass; on flashinfer_trtllm the weights unshuffled and no output "
+        "scales); fi-convert writes SGLang's layout of ModelOpt FP8 checkpoints"
     ),
 }
 
