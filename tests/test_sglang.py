@@ -689,3 +689,30 @@ def test_fp8_tensor_against_vllm_target_output(backend, tp, sglang_layers, outpu
         half = w13.shape[1] // 2
         swapped = torch.cat([w13[:, half:], w13[:, :half]], dim=1)
         assert torch.equal(theirs["w13_weight"].view(torch.uint8), swapped)
+
+
+def test_fp8_tensor_control_cpu_dequantize_is_caught(tmp_path):
+    """The control of the stand-in for CUDA's evaluation of SGLang's `per_tensor_dequantize`
+    (tests/sglang_moe.py `fp8_quant`): with the CPU's own evaluation (the 0-dim scale kept
+    unrounded), SGLang's requantized w13 is not the output's (a few bytes of one expert), so
+    the comparison sees one rounding."""
+    from unittest import mock
+
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=128, quant="fp8-tensor")
+    prefix = "model.layers.0.mlp.experts"
+    ckpt = write_checkpoint(tmp_path / "src", spec)
+    with sm.sglang_context("cutlass", 1, 0):
+        from sglang.kernels.ops.quantization import fp8_kernel
+
+        kernel = mock.patch.object(
+            fp8_kernel, "sgl_per_tensor_quant_fp8", sm._per_tensor_quant_fp8, create=True
+        )
+        with kernel:
+            layer = sm.make_layer(prefix, ckpt)
+            sm.load(layer, ckpt, prefix)
+            sm.process(layer)
+    out = tmp_path / "out"
+    convert(ckpt, out, Options(SchemeName.FP8_TENSOR, Backend.CUTLASS, 1, server="sglang"))
+    ours = load_moe_layer(out, prefix)
+    assert differing(sm.params(layer), ours) == ["w13_weight"]
+    assert_same(sm.params(sm.build("cutlass", 1, 0, ckpt, prefix)), ours, "SGLang's own")
