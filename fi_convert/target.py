@@ -59,6 +59,17 @@ class Layout:
     # `alias_or_bind_derived_param` cannot write the larger swizzle in place); False: the
     # padded swizzle is `w*_weight_scale` (vLLM; SGLang too where nothing is padded)
     swizzle_apart: bool = False
+    # fp8-tensor on TRT-LLM: I per rank padded to 128 (SGLang's FusedMoE pads it so on
+    # flashinfer_trtllm); False: to 16 per half (vLLM)
+    pad_i_128: bool = False
+    # fp8-tensor on CUTLASS: w13 rows [gate; up] as loaded (SGLang's ModelOpt FP8 method passes
+    # them so); False: [up; gate] (vLLM)
+    gate_up_rows: bool = False
+    # fp8-tensor: the scalars as SGLang holds them: w13's activation scale the max over experts
+    # of the one of w1's and w3's its loader reads last, the TRT-LLM output1 product
+    # g1 * float32(1 / a2), the CUTLASS products under its names (fc1_dequant, fc2_quant,
+    # fc2_dequant, fc1_input_dequant); False: vLLM's (max over w1 and w3, g1 / a2, g1_alphas ...)
+    sglang_scalars: bool = False
 
     def variants(self) -> frozenset[str]:
         """The fields that differ from vLLM's layout: what the scheme must implement."""
@@ -114,10 +125,12 @@ class ServerTarget(Protocol):
         it: no FlashInfer path of its own, or a layout not done yet; None when it writes one."""
         ...
 
-    def refuses_source(self, scheme: str, backend: str, quant_method: str | None) -> str | None:
+    def refuses_source(
+        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+    ) -> str | None:
         """Why fi-convert writes no output of this scheme and backend for it from a source of
-        this `quantization_config.quant_method` (another method of the server's reads it, or
-        it is not proven), or None."""
+        this `quantization_config.quant_method` and config.json `model_type` (another method
+        or runner of the server's reads it, or it is not proven), or None."""
         ...
 
     def layout(self, scheme: str, backend: str) -> Layout:

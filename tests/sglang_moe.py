@@ -15,7 +15,10 @@ process). On this machine SGLang's `is_cuda()` and `is_cpu()` are both False, so
 generic (GPU) code paths. For NVFP4, MXFP8 and gpt-oss MXFP4 (`blackwell()`): SGLang's own
 `override_platform` hook says SM100, FlashInfer's CUDA-only scale swizzle is a CPU version,
 and for gpt-oss `Tensor.cuda` stays on CPU and two FlashInfer names SGLang binds only when
-FlashInfer finds CUDA are bound. gpt-oss experts load through SGLang's own
+FlashInfer finds CUDA are bound. For ModelOpt FP8: SGLang's CUDA-only per-tensor FP8
+quantization kernel is a CPU version of its arithmetic, its `per_tensor_dequantize` is
+evaluated as CUDA evaluates it (`fp8_quant`), and the layer gets the routing method its model
+class declares (`_routing`). gpt-oss experts load through SGLang's own
 `GptOssForCausalLM._load_mxfp4_experts_weights` (it splits the fused experts by TP rank).
 For a whole gpt-oss model (`mxfp4_registered`), SGLang's `mxfp4` quantization method is
 registered as SGLang registers it where it finds CUDA.
@@ -214,6 +217,10 @@ def quant_config(ckpt: Path):
         from sglang.srt.layers.quantization.fp8 import Fp8Config
 
         return Fp8Config.from_config(ModelConfig._parse_modelopt_quant_config(None, cfg))
+    if cfg["quant_method"] == "modelopt" and cfg.get("quant_algo") == "FP8":
+        from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp8Config
+
+        return ModelOptFp8Config.from_config(cfg)
     if cfg["quant_method"] == "modelopt" and cfg.get("quant_algo") == "NVFP4":
         from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
 
@@ -246,6 +253,7 @@ def make_layer(prefix: str, ckpt: Path):
     kind = {"gpt_oss": oss, "deepseek_v3": deepseek, "deepseek_v2": deepseek, "kimi_k2": deepseek}
     return FusedMoE(
         **kind.get(cfg.get("model_type"), {}),
+        **_routing(ckpt),
         num_experts=experts,
         hidden_size=cfg["hidden_size"],
         intermediate_size=inter,
@@ -255,6 +263,67 @@ def make_layer(prefix: str, ckpt: Path):
         quant_config=quant_config(ckpt),
         prefix=prefix,
     )
+
+
+def _routing(ckpt: Path) -> dict:
+    """The routing method SGLang's model class declares to its FusedMoE (qwen3_moe.py:
+    Renormalize; deepseek_v2.py: DeepSeekV3 unless its config names another; mixtral.py:
+    none), for ModelOpt FP8, whose method runs FlashInfer TRT-LLM only where one is declared
+    (else Triton). The other schemes' layers are built without it, as before (their methods
+    do not read it for their layout)."""
+    from sglang.srt.layers.moe.utils import RoutingMethodType
+
+    if _algo(ckpt) != "FP8":
+        return {}
+    declared = {
+        "qwen3_moe": RoutingMethodType.Renormalize,
+        "deepseek_v3": RoutingMethodType.DeepSeekV3,
+    }
+    return {"routing_method_type": declared.get(_model_type(ckpt) or "")}
+
+
+def _per_tensor_quant_fp8(input, output_q, output_s, is_static: bool = False) -> None:
+    """SGLang's CUDA-only per-tensor FP8 quantization (`sgl_per_tensor_quant_fp8`, a JIT kernel,
+    kernels/jit/csrc/gemm/per_tensor_quant_fp8.cuh), on CPU: a dynamic scale is
+    float32(max |x|) / 448 (an IEEE float32 division) written to `output_s`; each value
+    float32(x) * (1.0f / scale) (an IEEE float32 division), clipped to +-448, cast to E4M3
+    (round to nearest even). Elementwise, no layout in it."""
+    if not is_static:
+        amax = input.float().abs().amax()
+        output_s.copy_((amax / torch.tensor(448.0)).reshape(output_s.shape))
+    inv = torch.ones((), dtype=torch.float32) / output_s.float().reshape(())
+    y = (input.float() * inv).clamp(-448.0, 448.0)
+    output_q.copy_(y.to(output_q.dtype))
+
+
+def _per_tensor_dequantize_as_on_cuda(tensor: torch.Tensor, inv_scale) -> torch.Tensor:
+    """SGLang's `per_tensor_dequantize` (`tensor.to(float16) * inv_scale`, a 0-dim float32
+    scale) as CUDA evaluates it: the scale is cast to the float16 of the product first. The
+    CPU keeps a 0-dim operand unrounded, which gives other float16 values, and after the
+    requantization other E4M3 bytes (5 of 98304 in test_sglang's
+    test_fp8_tensor_w13_input_scale_is_the_one_loaded_last). tests/test_gpu.py's
+    test_cpu_dequantize_gives_the_gpu_bytes shows this on CUDA for the same expression (vLLM's
+    `per_tensor_dequantize` is the same line)."""
+    return tensor.to(torch.float16) * torch.as_tensor(inv_scale).to(torch.float16)
+
+
+@contextlib.contextmanager
+def fp8_quant() -> Iterator[None]:
+    """SGLang's ModelOpt FP8 requantization on CPU as on CUDA (call inside sglang_context): its
+    `sgl_per_tensor_quant_fp8`, which its fp8_kernel module binds only on CUDA, is the CPU
+    version above; its `per_tensor_dequantize` evaluated as CUDA evaluates it."""
+    from sglang.kernels.ops.quantization import fp8_kernel
+    from sglang.srt.layers.quantization import modelopt_quant
+
+    with (
+        mock.patch.object(
+            fp8_kernel, "sgl_per_tensor_quant_fp8", _per_tensor_quant_fp8, create=True
+        ),
+        mock.patch.object(
+            modelopt_quant, "per_tensor_dequantize", _per_tensor_dequantize_as_on_cuda
+        ),
+    ):
+        yield
 
 
 def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -356,6 +425,7 @@ def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str):
         sglang_context(backend, tp, rank),
         blackwell(oss) if fp4 else contextlib.nullcontext(),
         cuda_gate() if _algo(ckpt) == "MXFP8" else contextlib.nullcontext(),
+        fp8_quant() if _algo(ckpt) == "FP8" else contextlib.nullcontext(),
     ):
         layer = make_layer(prefix, ckpt)
         assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)

@@ -47,7 +47,10 @@ def ckpts(tmp_path_factory):
     nvclamp = Spec("deepseek-v3", layers=2, experts=3, hidden=256, intermediate=128, quant="nvfp4")
     nvclamp.config = {"swiglu_limit": 10.0}
     mx8 = Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8")
+    # ModelOpt FP8 per-tensor, I 256: I/TP 256, 128 (a multiple of 128: no padding either way)
+    fp8t = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
     return {
+        "fp8t": write_checkpoint(root / "fp8t", fp8t),
         "mx8": write_checkpoint(root / "mx8", mx8),
         "nv": write_checkpoint(root / "nv", nv),
         "nv320": write_checkpoint(root / "nv320", nv320),
@@ -189,9 +192,12 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
         (
             "mixtral",
             ["--server", "sglang", "--scheme", "fp8-tensor"],
-            "--scheme fp8-tensor --backend trtllm --server sglang: fi-convert does not write "
-            "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme bf16 "
-            "(trtllm, cutlass); or convert for vLLM (--server vllm)",
+            "--scheme fp8-tensor --backend trtllm --server sglang: BF16 experts: SGLang "
+            "0.5.23 quantizes them itself on load (--quantization fp8, Fp8MoEMethod's online "
+            "FP8), which lays out no FlashInfer kernel bytes (Triton on flashinfer_cutlass; on "
+            "flashinfer_trtllm the weights unshuffled and no output scales); fi-convert writes "
+            "SGLang's layout of ModelOpt FP8 checkpoints; servable for sglang instead: --scheme "
+            "bf16 (trtllm, cutlass); or convert for vLLM (--server vllm)",
         ),
         (
             "ds",
@@ -542,3 +548,96 @@ def test_a_source_format_not_proven_for_sglang_is_refused_at_plan_time(ckpts, tm
     for src, server, out in [(ct, "vllm", "v"), (ckpts["mx8"], "sglang", "s")]:
         res = cli("convert", src, tmp_path / out, "--server", server, "--device", "cpu")
         assert res.exit_code == 0, res.stderr
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_fp8_tensor_for_sglang_converts_and_verifies(ckpts, tmp_path, backend):
+    """ModelOpt FP8 for SGLang: on TRT-LLM I/TP padded to 128 (vLLM: 16), on CUTLASS w13
+    [gate; up] and SGLang's scale names, SGLang's scalars on both (the entry says so); verify
+    re-plans it so; one output for both servers is refused, naming the first tensor; inspect
+    says it per server. Its bytes are proven in test_sglang.py, its loading in
+    test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.0.mlp.experts"
+    args = ["--server", "sglang", "--backend", backend, "--tp-size", "2"]
+    res = cli("convert", ckpts["fp8t"], out, *args)
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["padded_intermediate_size_per_rank"] == 128
+    lay = entry["tensors"]
+    assert lay["w13_input_scale"]["formula"] == "sglang"
+    if backend == "cutlass":
+        assert lay["w13_weight"]["row_order"] == "gate_up"
+        assert {"fc1_dequant", "fc2_quant", "fc2_dequant", "fc1_input_dequant"} <= set(lay)
+        assert "g1_alphas" not in lay
+    res = cli("verify", out, "--source", ckpts["fp8t"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["fp8t"], tmp_path / "o", *args[2:], "--server", "vllm,sglang")
+    assert res.exit_code == 1
+    first = "w13_weight: row_order" if backend == "cutlass" else "w13_input_scale: formula"
+    assert "vllm and sglang hold other bytes" in res.stderr
+    assert f"first {prefix}.{first}" in res.stderr
+    res = cli("inspect", ckpts["fp8t"], "--backend", backend, "--tp-size", "2")
+    (said,) = [x for x in lines(res.stdout) if x.startswith("  sglang: ")]
+    assert said.startswith(f"  sglang: other bytes, first {prefix}.{first}"), said
+
+
+def test_fp8_tensor_mixtral_on_trtllm_is_refused_for_sglang(tmp_path):
+    """SGLang's Mixtral declares no routing method, so its ModelOpt FP8 method runs Triton on
+    flashinfer_trtllm (tests/test_sglang_plugin.py builds it): refused at plan time, naming
+    CUTLASS, which converts."""
+    spec = Spec("mixtral", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
+    src = write_checkpoint(tmp_path / "src", spec)
+    res = cli("convert", src, tmp_path / "o", "--server", "sglang", "--device", "cpu")
+    assert res.exit_code == 1, res.stdout
+    (line,) = lines(res.stderr)
+    assert "--scheme fp8-tensor --backend trtllm --server sglang: SGLang 0.5.23's Mixtral" in line
+    assert "use --backend cutlass" in line and not (tmp_path / "o").exists()
+    args = ["--server", "sglang", "--backend", "cutlass", "--device", "cpu"]
+    assert cli("convert", src, tmp_path / "c", *args).exit_code == 0
+
+
+def test_fp8_tensor_sources_sglang_reads_otherwise_are_refused_at_plan_time(tmp_path):
+    """Compressed-tensors FP8 (tensor strategy): SGLang reads it with CompressedTensorsW8A8Fp8MoE,
+    which has no FlashInfer per-tensor path: refused for SGLang before anything is written,
+    converted for vLLM; a quant_method fp8 per-tensor source is refused too (another method,
+    not proven)."""
+    from fi_convert.servers.sglang.target import SGLANG_TARGET
+
+    spec = Spec(
+        "qwen3-moe", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor-ct"
+    )
+    ct = write_checkpoint(tmp_path / "ct", spec)
+    for backend in ("trtllm", "cutlass"):
+        res = cli("convert", ct, tmp_path / "o", "--server", "sglang", "--backend", backend)
+        assert res.exit_code == 1, res.stdout
+        (line,) = lines(res.stderr)
+        assert f"--scheme fp8-tensor --backend {backend} --server sglang: a compressed-" in line
+        assert "CompressedTensorsW8A8Fp8MoE" in line and "(--server vllm)" in line
+        assert not (tmp_path / "o").exists()
+    res = cli("inspect", ct)
+    (said,) = [x for x in lines(res.stdout) if x.startswith("  sglang: ")]
+    assert said.startswith("  sglang: cannot: a compressed-tensors FP8 source")
+    assert cli("convert", ct, tmp_path / "v", "--device", "cpu").exit_code == 0
+    why = SGLANG_TARGET.refuses_source("fp8-tensor", "trtllm", "fp8")
+    assert why and "Fp8MoEMethod" in why
+    assert SGLANG_TARGET.refuses_source("fp8-tensor", "trtllm", "modelopt") is None
+
+
+def test_fp8_tensor_without_activation_scales_is_refused_for_sglang(tmp_path):
+    """A ModelOpt FP8 source without input_scale: SGLang's method would run with the 1.0 it
+    allocates its input scales with; refused for SGLang in one line naming the layer."""
+    from safetensors.torch import load_file, save_file
+
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
+    src = write_checkpoint(tmp_path / "dyn", spec)
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in src.glob("*.safetensors"):
+        t = load_file(shard)
+        save_file({k: v for k, v in t.items() if "input_scale" not in k}, shard, {"format": "pt"})
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if "input_scale" not in k}
+    index_path.write_text(json.dumps(index))
+    res = cli("convert", src, tmp_path / "o", "--server", "sglang", "--device", "cpu")
+    assert res.exit_code == 1, res.stdout
+    (line,) = lines(res.stderr)
+    assert "model.layers.0.mlp.experts: no static activation scales (input_scale); SGLang" in line

@@ -112,6 +112,14 @@ CASES = {
         Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
         "model.layers.0.mlp.experts",
     ),
+    # ModelOpt FP8 per-tensor (ModelOptFp8MoEMethod), 5 experts, I 200: I per rank 200, 100,
+    # 50, none a multiple of 16. TRT-LLM: padded to 256 and 128 by FusedMoE and sharded by it
+    # (TP 2: rank 1 holds 72 rows; TP 4: ranks 2 and 3 none); CUTLASS: each half padded to 16
+    "qwen3-fp8-tensor": (
+        "fp8-tensor",
+        Spec("qwen3-moe", layers=1, experts=5, hidden=128, intermediate=200, quant="fp8-tensor"),
+        "model.layers.0.mlp.experts",
+    ),
     # transformers-written (tests/hf_checkpoints.py): H 64, I 128 (I per rank 128, 64, 32)
     "hf-qwen3-moe": ("bf16", "qwen3_moe", "model.layers.0.mlp.experts"),
     "hf-mixtral": ("bf16", "mixtral", "model.layers.0.block_sparse_moe.experts"),
@@ -127,7 +135,7 @@ SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
 ONLY_C = ("deepseek-nvfp4-h384", "deepseek-nvfp4-h336", "deepseek-nvfp4-h320")
 ONLY_C += ("deepseek-nvfp4-clamp",)
-ONLY_C += ("qwen3-mxfp8", "qwen3-mxfp8-5")
+ONLY_C += ("qwen3-mxfp8", "qwen3-mxfp8-5", "qwen3-fp8-tensor")
 PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
@@ -497,7 +505,9 @@ def test_sglang_layer_state(sglang_layers):
 # TRT-LLM (SGLang's flashinfer_mxfp4), 3 experts, H 320 and I 192: I/TP 192, 96, 64 padded to
 # 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding). ModelOpt
 # NVFP4 on TRT-LLM: H 256 I 384 (I/TP 96 padded to 128, sharded by it) and H 384 I 192 (H not
-# padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing
+# padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing.
+# ModelOpt FP8 per-tensor on both backends, 5 experts, I 200 (I/TP 200, 100, 50: TRT-LLM pads
+# to 256 and 128 and shards by it, CUTLASS pads each half to 16)
 SGLANG_CASES = [
     (case, tp, rank, backend)
     for case in (
@@ -514,6 +524,7 @@ SGLANG_CASES = [
         "deepseek-nvfp4-clamp",
         "qwen3-mxfp8",
         "qwen3-mxfp8-5",
+        "qwen3-fp8-tensor",
     )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
@@ -523,7 +534,7 @@ SGLANG_CASES = [
         and (case, tp) != ("qwen3-mxfp8", 4)  # I/TP 80: not MX blocks
         and case not in ("deepseek-nvfp4-h336", "deepseek-nvfp4-h320")  # H % 128: refused
     )
-    or case in ("qwen3-bf16", "mixtral-bf16-7")
+    or case in ("qwen3-bf16", "mixtral-bf16-7", "qwen3-fp8-tensor")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
     or (case, tp) in (("deepseek-nvfp4", 1), ("deepseek-nvfp4", 2), ("deepseek-nvfp4-h384", 1))
     # ... and where H is not a multiple of 128 (the swizzles apart)
@@ -563,6 +574,10 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     padded |= (case, tp) in (("deepseek-nvfp4", 4), ("deepseek-nvfp4-h384", 2))
     padded |= (case, tp) == ("deepseek-nvfp4-clamp", 4)
     padded |= (case, tp) in (("deepseek-nvfp4-h384", 4), ("qwen3-mxfp8", 2), ("qwen3-mxfp8-5", 4))
+    padded |= backend == "trtllm" and (case, tp) in (
+        ("qwen3-fp8-tensor", 2),
+        ("qwen3-fp8-tensor", 4),
+    )
     assert split == ("padded" if padded else None)
 
 
@@ -692,3 +707,155 @@ def _unclamped(ckpt, tmp_path):
         del cfg["swiglu_limit"]
         (src / "config.json").write_text(json.dumps(cfg))
     return src
+
+
+def _with_larger_gate_input_scale(ckpt, prefix: str, expert: int) -> float:
+    """Rewrite the checkpoint's shard so that one expert's gate_proj input scale is the
+    largest of the layer's gate and up ones (exporters give gate and up one scale: this is the
+    case where the two servers' rules differ). Returns that scale."""
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    name = f"{prefix}.{expert}.gate_proj.input_scale"
+    shard = ckpt / index[name]
+    tensors = load_file(shard)
+    top = max(float(t) for n, t in tensors.items() if n.endswith("proj.input_scale"))
+    tensors[name] = torch.tensor(top * 2, dtype=torch.float32).reshape(tensors[name].shape)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    return top * 2
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_fp8_tensor_w13_input_scale_is_the_one_loaded_last(backend, tmp_path):
+    """ModelOpt FP8: SGLang's loader keeps one w13 input scale per expert, the last one it reads
+    (up_proj, after gate_proj), and its processing takes the max over experts; vLLM takes the
+    max over gate and up. With a gate scale the largest, SGLang's own bytes are the --server
+    sglang output's (every scalar made from it too), and vLLM's w13_input_scale is that gate
+    scale."""
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=128, quant="fp8-tensor")
+    prefix = "model.layers.0.mlp.experts"
+    ckpt = write_checkpoint(tmp_path / "src", spec)
+    gate = _with_larger_gate_input_scale(ckpt, prefix, 1)
+    layer = sm.build(backend, 1, 0, ckpt, prefix)
+    theirs = sm.params(layer)
+    assert float(theirs["w13_input_scale"]) < gate
+    for server in ("sglang", "vllm"):
+        out = tmp_path / server
+        opts = Options(SchemeName.FP8_TENSOR, Backend(backend), 1, server=server)
+        convert(ckpt, out, opts, device="cpu")
+        ours = load_moe_layer(out, prefix)
+        if server == "sglang":
+            assert_same(theirs, ours, "SGLang's own")
+        else:
+            assert float(ours["w13_input_scale"]) == gate
+            assert "w13_input_scale" in differing(theirs, ours)
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_fp8_tensor_from_bf16_sglang_has_no_flashinfer_layout(backend, checkpoints, outputs):
+    """BF16 experts served as FP8 by SGLang (`--quantization fp8`: Fp8MoEMethod quantizes them
+    on load, one dynamic scale per expert's w13 and w2): on flashinfer_cutlass it runs Triton;
+    on flashinfer_trtllm its weights stay [up; gate] as loaded, unshuffled, and it makes none of
+    the output scales its TRT-LLM path reads, so there is no FlashInfer layout of SGLang's to
+    write (fi-convert refuses BF16 -> fp8-tensor for SGLang: test_server_option); the bytes are
+    not fi-convert's offline quantization for vLLM either."""
+    _, spec, prefix = CASES["qwen3-bf16"]
+    ckpt = checkpoints["qwen3-bf16"]
+    with sm.sglang_context(backend, 1, 0), sm.fp8_quant():
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+        from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+        layer = FusedMoE(
+            num_experts=spec.experts,
+            hidden_size=spec.hidden,
+            intermediate_size=spec.intermediate,
+            layer_id=0,
+            top_k=2,
+            params_dtype=torch.bfloat16,
+            quant_config=Fp8Config(is_checkpoint_fp8_serialized=False),
+            prefix=prefix,
+        )
+        sm.load(layer, ckpt, prefix)
+        sm.process(layer)
+    theirs = sm.params(layer)
+    assert theirs["w13_weight"].dtype == E4M3 and theirs["w13_weight_scale"].shape == (6,)
+    if backend == "cutlass":
+        assert layer.runner_backend.value == "triton"
+        return
+    assert layer.runner_backend.value == "flashinfer_trtllm"
+    assert not hasattr(layer, "output1_scales_scalar")
+    # [up; gate] as loaded: each expert's up rows quantized with the expert's one scale
+    up = raw(ckpt, prefix)["up_proj.weight"]
+    s13 = theirs["w13_weight_scale"].view(-1, 1, 1)
+    want = (up.float() * (1 / s13)).clamp(-448, 448).to(E4M3)
+    got = theirs["w13_weight"][:, : spec.intermediate]
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    opts = Options(SchemeName.FP8_TENSOR, Backend.TRTLLM, 1, allow_unservable=True)
+    out = outputs("qwen3-bf16", 1).parent / "bf16-fp8t"
+    convert(ckpt, out, opts, device="cpu")
+    ours = load_moe_layer(out, prefix)
+    assert "w13_weight" in differing(theirs, ours)
+
+
+# SGLang's ModelOpt FP8 CUTLASS quant scales and the vLLM-target output's tensors of the same
+# values (fi-convert's --server vllm names)
+FP8T_CUTLASS_NAMES = {
+    "fc1_dequant": "g1_alphas",
+    "fc2_quant": "a2_gscale",
+    "fc2_dequant": "g2_alphas",
+    "fc1_input_dequant": "w13_input_scale",
+}
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_fp8_tensor_against_vllm_target_output(backend, tp, sglang_layers, outputs):
+    """(b) for ModelOpt FP8 (I 200: I/TP 200, 100, 50), what SGLang holds against fi-convert's
+    vLLM-target output. TRT-LLM: the weights (SGLang pads I/TP to 128, vLLM to 16) and
+    output1_scales_scalar (SGLang g1 * (1/a2), vLLM g1 / a2: another rounding, in some
+    experts); the other scalars are vLLM's. CUTLASS: w13 is vLLM's with its halves swapped
+    ([gate; up]), w2 is vLLM's, and the four quant scales are vLLM's values under other
+    names."""
+    prefix = CASES["qwen3-fp8-tensor"][2]
+    for rank in range(tp):
+        theirs = sm.params(sglang_layers("qwen3-fp8-tensor", tp, rank, backend))
+        ours = load_moe_layer(outputs("qwen3-fp8-tensor", tp, backend), prefix, tp_rank=rank)
+        if backend == "trtllm":
+            assert differing(theirs, ours) == ["output1_scales_scalar", "w13_weight", "w2_weight"]
+            g1, a2 = ours["output1_scales_gate_scalar"], ours["w2_input_scale"]
+            assert torch.equal(theirs["output1_scales_scalar"], g1 * (1.0 / a2))
+            assert torch.equal(ours["output1_scales_scalar"], g1 / a2)
+            continue
+        renamed = {FP8T_CUTLASS_NAMES.get(n, n): t for n, t in theirs.items()}
+        assert differing(renamed, ours) == ["w13_weight"]
+        w13 = ours["w13_weight"].view(torch.uint8)
+        half = w13.shape[1] // 2
+        swapped = torch.cat([w13[:, half:], w13[:, :half]], dim=1)
+        assert torch.equal(theirs["w13_weight"].view(torch.uint8), swapped)
+
+
+def test_fp8_tensor_control_cpu_dequantize_is_caught(tmp_path):
+    """The control of the stand-in for CUDA's evaluation of SGLang's `per_tensor_dequantize`
+    (tests/sglang_moe.py `fp8_quant`): with the CPU's own evaluation (the 0-dim scale kept
+    unrounded), SGLang's requantized w13 is not the output's (a few bytes of one expert), so
+    the comparison sees one rounding."""
+    from unittest import mock
+
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=128, quant="fp8-tensor")
+    prefix = "model.layers.0.mlp.experts"
+    ckpt = write_checkpoint(tmp_path / "src", spec)
+    with sm.sglang_context("cutlass", 1, 0):
+        from sglang.kernels.ops.quantization import fp8_kernel
+
+        kernel = mock.patch.object(
+            fp8_kernel, "sgl_per_tensor_quant_fp8", sm._per_tensor_quant_fp8, create=True
+        )
+        with kernel:
+            layer = sm.make_layer(prefix, ckpt)
+            sm.load(layer, ckpt, prefix)
+            sm.process(layer)
+    out = tmp_path / "out"
+    convert(ckpt, out, Options(SchemeName.FP8_TENSOR, Backend.CUTLASS, 1, server="sglang"))
+    ours = load_moe_layer(out, prefix)
+    assert differing(sm.params(layer), ours) == ["w13_weight"]
+    assert_same(sm.params(sm.build("cutlass", 1, 0, ckpt, prefix)), ours, "SGLang's own")

@@ -11,8 +11,9 @@ on CPU (tests/sglang_moe.py: SGLang's FusedMoE, built, loaded and processed by S
 - Each refusal (one line starting "fi-convert: ", naming the fix), the registration of the
   load format and hooks, and the entry point as pyproject.toml declares it.
 
-The outputs are fi-convert's BF16, DeepSeek FP8 block and gpt-oss MXFP4 outputs converted with
---server sglang (tests/test_sglang.py proves their bytes against SGLang's own at every TP rank).
+The outputs are fi-convert's BF16, DeepSeek FP8 block, gpt-oss MXFP4, ModelOpt NVFP4, MXFP8 and
+FP8 outputs converted with --server sglang (tests/test_sglang.py proves their bytes against
+SGLang's own at every TP rank).
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ CASES = {
         Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
         QWEN,
     ),
+    # ModelOpt FP8 per-tensor, 5 experts, I 200: I/TP 200, 100, 50 (TRT-LLM: padded to 256 and
+    # 128 by FusedMoE, sharded by it; CUTLASS: SGLang's processing pads each half to 16)
+    "fp8-tensor": (
+        Spec("qwen3-moe", layers=1, experts=5, hidden=128, intermediate=200, quant="fp8-tensor"),
+        QWEN,
+    ),
 }
 MX8 = {"mxfp8", "mxfp8-5"}
 CLAMP_UP = {1: 1.3, 4: 0.7}  # nvfp4-clamp: up global scales, times the gate's
@@ -145,6 +152,11 @@ LAYER_CASES = [
     ("mxfp8", "trtllm", 1),
     ("mxfp8", "trtllm", 2),
     ("mxfp8-5", "trtllm", 4),
+    ("fp8-tensor", "trtllm", 1),
+    ("fp8-tensor", "trtllm", 2),
+    ("fp8-tensor", "trtllm", 4),
+    ("fp8-tensor", "cutlass", 1),
+    ("fp8-tensor", "cutlass", 4),
 ]
 
 
@@ -160,6 +172,8 @@ def platform(case: str):
         stack.enter_context(sm.blackwell(cuda_noop=case in OSS))
     if case in MX8:
         stack.enter_context(sm.cuda_gate())
+    if case in FP8T:
+        stack.enter_context(sm.fp8_quant())
     return stack
 
 
@@ -210,6 +224,21 @@ NVFP4_DERIVED = {"g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quan
 NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c", "gemm1_clamp_limit"}
 # ... and the CUTLASS scale-swizzle placeholders SGLang allocates, aliased to the scales after
 NVFP4_DERIVED |= {"w13_blockscale_swizzled", "w2_blockscale_swizzled"}
+# ModelOpt FP8: the scales its processing reduces (new parameters of another size on both
+# sides) and the products it makes from them; on CUTLASS the weights it pads to 16 per half
+FP8T = {"fp8-tensor"}
+FP8T_NEW = {"w13_weight_scale", "w13_input_scale", "w2_input_scale", "output1_scales_scalar"}
+FP8T_NEW |= {"output1_scales_gate_scalar", "output2_scales_scalar", "fc1_dequant", "fc2_quant"}
+FP8T_NEW |= {"fc2_dequant", "fc1_input_dequant"}
+
+
+def fresh_storage(case: str, backend: str) -> set[str]:
+    """The parameters the plugin puts in new storage, as SGLang's own processing does."""
+    if case in OSS:
+        return NEW_STORAGE
+    if case in FP8T:
+        return FP8T_NEW | ({"w13_weight", "w2_weight"} if backend == "cutlass" else set())
+    return NVFP4_DERIVED if case in FP4 - MX8 else set()
 
 
 def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank: int, **kw):
@@ -283,7 +312,7 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         # makes a parameter from the config or the scalars: gpt-oss's SwiGLU constants,
         # NVFP4's alphas; where it aliases: NVFP4's swizzled scales, placeholders dropped)
         now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
-        fresh = NEW_STORAGE if case in OSS else NVFP4_DERIVED if case in FP4 - MX8 else set()
+        fresh = fresh_storage(case, backend)
         assert {n: v for n, v in now.items() if n not in fresh} == {
             n: v for n, v in allocated[id(ours)].items() if n not in fresh
         }
@@ -374,6 +403,41 @@ def test_nvfp4_clamp_other_than_the_outputs_is_refused(sources, outputs):
     with pytest.raises(PluginError, match="on FlashInfer TRT-LLM without a SwiGLU alpha") as e:
         experts.finish(layer)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_control_fp8_tensor_without_kernel_setup_is_caught(backend, sources, outputs):
+    """ModelOpt FP8: without `finish`, the expert parameters keep the loader's attributes
+    (SGLang's processing puts each in a new Parameter without them), and on CUTLASS the SwiGLU
+    parameters are missing; the bytes alone do not tell."""
+    ckpt, out, prefix = sources("fp8-tensor"), outputs("fp8-tensor", backend, 1), QWEN
+    theirs = sm.build(backend, 1, 0, ckpt, prefix)
+    ours = plugin_layer(out, ckpt, prefix, backend, 1, 0, finish=False, case="fp8-tensor")
+    assert differing(sm.params(theirs), sm.params(ours)) == []
+    a, b = param_attrs(theirs), param_attrs(ours)
+    kept = ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"]
+    kept += ["w13_input_scale", "w2_input_scale"]
+    assert [n for n in a if a[n] != b.get(n)] == kept
+    diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
+    assert "layer.use_padded_loading" in diff
+    assert any(d.startswith("layer._cutlass_swiglu_params") for d in diff) == (backend == "cutlass")
+
+
+def test_fp8_tensor_on_a_model_without_a_routing_method_is_refused(tmp_path):
+    """SGLang's Mixtral declares no routing method, so ModelOptFp8MoEMethod runs it on Triton
+    even with --moe-runner-backend flashinfer_trtllm (fi-convert refuses to plan it:
+    test_server_option): were an output's manifest to say TRT-LLM, the plugin's layer check
+    refuses the layer, naming the fix (CUTLASS, where SGLang runs FlashInfer for it)."""
+    spec = Spec("mixtral", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
+    ckpt = write_checkpoint(tmp_path / "src", spec)
+    out = tmp_path / "out"
+    convert(ckpt, out, Options(SchemeName.AUTO, Backend.CUTLASS, 1, server="sglang"), device="cpu")
+    m = json.loads((out / MANIFEST_NAME).read_text()) | {"backend": "trtllm"}
+    with sm.sglang_context("trtllm", 1, 0), sm.fp8_quant():
+        layer = sm.make_layer(MIXTRAL, ckpt)
+    assert layer.runner_backend.value == "triton"
+    with pytest.raises(PluginError, match="declares no routing method for it, so Model"):
+        checks.check_layer(m, str(out), MIXTRAL, layer)
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):
@@ -559,8 +623,6 @@ def test_cutlass_nvfp4_runs_on_sm10x_and_sm12x(manifest):
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
     with pytest.raises(PluginError, match="does not load mxfp4/cutlass outputs yet"):
         _check(manifest | {"scheme": "mxfp4", "backend": "cutlass"})
-    with pytest.raises(PluginError, match="does not load fp8-tensor/trtllm outputs yet"):
-        _check(manifest | {"scheme": "fp8-tensor"})
     with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
         _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 

@@ -214,6 +214,12 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             "fp8-block; keep the source's quantization config (weight_block_size) as converted"
         )
     got = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    if method == "ModelOptFp8MoEMethod" and backend == "trtllm" and got == "triton":
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang's model class declares no routing method for it, "
+            "so ModelOptFp8MoEMethod runs it on Triton, not FlashInfer TRT-LLM; convert the "
+            "source with --backend cutlass (--moe-runner-backend flashinfer_cutlass)"
+        )
     if got != runner_for(scheme, backend):
         raise PluginError(
             f"{root}: layer {prefix}: SGLang runs it on its {got} MoE runner, the output is "
@@ -279,9 +285,18 @@ def _is_nvfp4_trtllm(layer: Any) -> bool:
 OWN_SIZES = ("Mxfp4MoEMethod",)
 
 
+# Methods whose processing pads I per rank again, to a multiple of this, where FusedMoE did not:
+# ModelOpt FP8 on flashinfer_cutlass pads each half of w13 and w2's columns to 16
+PROCESS_PADDED = {("ModelOptFp8MoEMethod", "flashinfer_cutlass"): 16}
+
+
 def allocated_sizes(layer: Any) -> tuple[int, int]:
-    """The hidden size and intermediate size per rank SGLang allocated the layer's experts by."""
-    if type(layer.quant_method).__name__ in OWN_SIZES:
-        method = layer.quant_method
+    """The hidden size and intermediate size per rank SGLang allocated the layer's experts by
+    (and its processing pads them to)."""
+    method = layer.quant_method
+    if type(method).__name__ in OWN_SIZES:
         return method.hidden_size, method.intermediate_size_per_partition
-    return layer.hidden_size, layer.intermediate_size_per_partition
+    runner = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    align = PROCESS_PADDED.get((type(method).__name__, runner), 1)
+    i = layer.intermediate_size_per_partition
+    return layer.hidden_size, -(-i // align) * align

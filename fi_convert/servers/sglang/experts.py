@@ -30,6 +30,7 @@ def install(
     now = bulk or reader.bulk(next(layer.parameters()).device)
     method = type(layer.quant_method).__name__
     retyped, derived = RETYPED.get(method, ()), DERIVED.get(method, ())
+    resized = RESIZED.get(method, ())
     loaded = []
     for name in reader.layer(prefix)["tensors"]:
         param = layer._parameters.get(name)
@@ -51,6 +52,10 @@ def install(
             # processing gives it another dtype, in new storage: the output holds it in that
             # dtype, read into new storage of it (the allocated one is dropped)
             data = torch.empty(data.shape, dtype=dtype, device=data.device)
+        if name in resized and data.dtype == dtype and data.numel() != math.prod(shape):
+            # processing gives it another size, in new storage (padded, or reduced to one
+            # value): read into new storage of the output's (the allocated one is dropped)
+            data = torch.empty(shape, dtype=dtype, device=data.device)
         if data.dtype != dtype or data.numel() != math.prod(shape) or not data.is_contiguous():
             raise PluginError(
                 f"{reader.root}: layer {prefix}: {name} is {dtype} {list(shape)} in the output, "
@@ -254,6 +259,39 @@ def _blockscale_aliases(layer: Any) -> None:
             setattr(layer, f"{w}_blockscale_swizzled", scale)
 
 
+def _modelopt_fp8(layer: Any, method: Any) -> None:
+    """ModelOptFp8MoEMethod.process_weights_after_loading (SGLang 0.5.23,
+    modelopt_quant.py:1194) for ModelOpt FP8 with static input scales, gated, on FlashInfer
+    TRT-LLM or CUTLASS, without its transforms (the requantized, padded, reordered and, on
+    TRT-LLM, interleaved and shuffled weights, the reduced scales and the scale products are
+    the output's, `install` read them): every expert parameter replaced, as it replaces them,
+    by a new Parameter (without the loader's attributes) on the same bytes; CUTLASS's SwiGLU
+    parameters, by its own function."""
+    cfg = layer.moe_runner_config
+    backend = method.get_moe_runner_backend(layer)
+    trtllm, cutlass = backend.is_flashinfer_trtllm(), backend.is_flashinfer_cutlass()
+    if not (trtllm or cutlass) or not cfg.is_gated or cfg.activation != "silu":
+        raise PluginError(
+            f"{layer.layer_name}: the SGLang plugin loads ModelOpt FP8 on FlashInfer TRT-LLM and "
+            "CUTLASS for gated SiLU experts only; serve the source with SGLang's own loader"
+        )
+    _as_loaded(layer)
+    for name in ("w13_weight", "w2_weight", *FP8_TENSOR_SCALES):
+        setattr(layer, name, torch.nn.Parameter(getattr(layer, name).data, requires_grad=False))
+    if cutlass:
+        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
+            materialize_swiglu_params_for_cutlass,
+        )
+
+        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
+            cfg, int(layer.num_local_experts), layer.w13_weight.device
+        )
+
+
+# ModelOpt FP8's loaded scales, which its processing reduces (w13: max of w1 and w3; the input
+# scales: max over experts) and puts in new parameters
+FP8_TENSOR_SCALES = ("w13_weight_scale", "w2_weight_scale", "w13_input_scale", "w2_input_scale")
+
 # The parameters whose dtype a method's processing changes (new storage there too): the output
 # holds them in their final dtype
 RETYPED = {"Mxfp4MoEMethod": ("w13_weight_bias", "w2_weight_bias")}
@@ -268,8 +306,21 @@ DERIVED = {
         "w2_input_scale_quant",
         "gemm1_clamp_limit",
         "g1_scale_c",
-    )
+    ),
+    # TRT-LLM's scale products, CUTLASS's quant scales
+    "ModelOptFp8MoEMethod": (
+        "output1_scales_scalar",
+        "output1_scales_gate_scalar",
+        "output2_scales_scalar",
+        "fc1_dequant",
+        "fc2_quant",
+        "fc2_dequant",
+        "fc1_input_dequant",
+    ),
 }
+# The parameters whose size a method's processing changes (new storage there too): ModelOpt
+# FP8's w13 weight scales and its input scales reduced, its CUTLASS weights padded to 16
+RESIZED = {"ModelOptFp8MoEMethod": ("w13_weight", "w2_weight", *FP8_TENSOR_SCALES)}
 
 
 # SGLang 0.5.23 MoE methods the plugin sets up, by class name.
@@ -278,4 +329,5 @@ KERNEL_ONLY = {
     "Fp8MoEMethod": _fp8_block,
     "Mxfp4MoEMethod": _mxfp4,
     "ModelOptNvFp4FusedMoEMethod": _nvfp4,
+    "ModelOptFp8MoEMethod": _modelopt_fp8,
 }

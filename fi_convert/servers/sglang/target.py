@@ -74,12 +74,49 @@ LAYOUTS = {
     ("mxfp8", "trtllm"): Layout(
         shard_padded=True, hidden_padded=False, zero_scale_pad=True, scale_inv_names=True
     ),
+    # ModelOpt FP8 per-tensor (ModelOptFp8MoEMethod) on TRT-LLM: vLLM's transforms, but I/TP
+    # padded to 128 by FusedMoE and sharded by it; its scalars (the w13 activation scale of the
+    # input scale its loader reads last, output1 by the reciprocal)
+    ("fp8-tensor", "trtllm"): Layout(shard_padded=True, pad_i_128=True, sglang_scalars=True),
+    # ... on CUTLASS: w13 [gate; up] as loaded (each half padded to 16), its scalars and names
+    ("fp8-tensor", "cutlass"): Layout(gate_up_rows=True, sglang_scalars=True),
 }
 
-# Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
-# Source formats (their `quant_method`) of a scheme that SGLang reads with another MoE method
-# than the one proven here (tests/test_sglang.py measured ModelOpt MXFP8, not these)
-SOURCES_NOT_PROVEN = {"mxfp8": ("compressed-tensors",)}
+# Source formats (their `quant_method`; None: an unquantized source) of a scheme that SGLang
+# reads with another MoE method than the one proven here (tests/test_sglang.py measured
+# ModelOpt MXFP8 and ModelOpt FP8), and why fi-convert writes no output of them for it
+SOURCES_REFUSED = {
+    ("mxfp8", "compressed-tensors"): (
+        "a compressed-tensors MXFP8 source: SGLang {sglang} reads it with a method of its own, "
+        "whose layout fi-convert has not proven yet (it has proven ModelOpt's)"
+    ),
+    ("fp8-tensor", "compressed-tensors"): (
+        "a compressed-tensors FP8 source: SGLang {sglang} reads it with "
+        "CompressedTensorsW8A8Fp8MoE, which has no FlashInfer per-tensor path (its weights stay "
+        "as loaded for a Triton quant info; flashinfer_cutlass refuses the method); fi-convert "
+        "writes SGLang's layout of ModelOpt FP8"
+    ),
+    ("fp8-tensor", "fp8"): (
+        "an FP8 (quant_method fp8) per-tensor source: SGLang {sglang} reads it with "
+        "Fp8MoEMethod, whose layout fi-convert has not proven yet (it has proven ModelOpt FP8's)"
+    ),
+    ("fp8-tensor", None): (
+        "BF16 experts: SGLang {sglang} quantizes them itself on load (--quantization fp8, "
+        "Fp8MoEMethod's online FP8), which lays out no FlashInfer kernel bytes (Triton on "
+        "flashinfer_cutlass; on flashinfer_trtllm the weights unshuffled and no output "
+        "scales); fi-convert writes SGLang's layout of ModelOpt FP8 checkpoints"
+    ),
+}
+
+# Model types whose SGLang model class declares no routing method to its FusedMoE
+# (models/mixtral.py), so that ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
+# FlashInfer TRT-LLM only for a declared one: Qwen3-MoE's Renormalize, DeepSeek's DeepSeekV3)
+NO_ROUTING_METHOD = {
+    "mixtral": (
+        "SGLang {sglang}'s Mixtral declares no routing method, so its ModelOpt FP8 method runs "
+        "Triton, not FlashInfer TRT-LLM, on flashinfer_trtllm; use --backend cutlass"
+    ),
+}
 
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
@@ -98,6 +135,8 @@ METHODS = {
     ("nvfp4", "trtllm"): "ModelOptNvFp4FusedMoEMethod",
     ("nvfp4", "cutlass"): "ModelOptNvFp4FusedMoEMethod",
     ("mxfp8", "trtllm"): "Fp8MoEMethod",
+    ("fp8-tensor", "trtllm"): "ModelOptFp8MoEMethod",
+    ("fp8-tensor", "cutlass"): "ModelOptFp8MoEMethod",
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
@@ -110,6 +149,8 @@ GPU_FAMILY = {
     ("nvfp4", "trtllm"): "sm100",
     ("nvfp4", "cutlass"): "sm100+",  # FlashInfer's CUTLASS FP4 MoE: SM10x and SM12x
     ("mxfp8", "trtllm"): "sm100",
+    ("fp8-tensor", "trtllm"): "sm100",
+    ("fp8-tensor", "cutlass"): "sm90+",  # FlashInfer's CUTLASS FP8 MoE: SM90, SM10x, SM12x
 }
 
 NOTE = (
@@ -156,14 +197,13 @@ class SglangTarget:
             return NO_FLASHINFER[scheme, backend]
         return f"fi-convert does not write SGLang {TARGET['sglang']}'s layout of it yet"
 
-    def refuses_source(self, scheme: str, backend: str, quant_method: str | None) -> str | None:
-        if quant_method in SOURCES_NOT_PROVEN.get(scheme, ()):
-            return (
-                f"a {quant_method} {scheme.upper()} source: SGLang {TARGET['sglang']} reads it "
-                "with a method of its own, whose layout fi-convert has not proven yet (it has "
-                "proven ModelOpt's)"
-            )
-        return None
+    def refuses_source(
+        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+    ) -> str | None:
+        why = SOURCES_REFUSED.get((scheme, quant_method))
+        if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
+            why = NO_ROUTING_METHOD.get(model_type or "")
+        return why.format(sglang=TARGET["sglang"]) if why else None
 
     def layout(self, scheme: str, backend: str) -> Layout:
         return LAYOUTS[scheme, backend]
