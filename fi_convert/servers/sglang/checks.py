@@ -143,6 +143,7 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
     major, sm = capability[0], capability[0] * 10 + capability[1]
     need = {
         "sm100": (major == 10, "an SM100-family (Blackwell B200/GB200/B300) GPU"),
+        "sm90": (sm == 90, "an SM90 (Hopper H100/H200) GPU"),
         "sm90+": (sm == 90 or major in (10, 12), "an SM90, SM10x or SM12x GPU"),
         "sm100+": (major in (10, 12), "an SM10x or SM12x (Blackwell) GPU"),
     }.get(family)
