@@ -199,6 +199,18 @@ def sm90_fp4_bits_(words: torch.Tensor) -> torch.Tensor:
     return words
 
 
+def sm90_interleave_weights(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """FlashInfer's `interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4")` on [E, n, K/2]
+    packed-FP4 bytes, into `out` (new when None): one gather (`sm90_mixed_weight_index`), then
+    the bit step in place (`sm90_fp4_bits_`). The converter composes the same two with its
+    row maps; this is the op as FlashInfer names it (tests: a CPU stand-in, a GPU check)."""
+    e, n, kb = w.shape
+    out = torch.empty_like(w) if out is None else out
+    gather_flat(w.contiguous(), sm90_mixed_weight_index(n, kb), out)
+    sm90_fp4_bits_(out.view(torch.int32))
+    return out
+
+
 def sm90_scale_fold_index(rows: int, kgs: int) -> torch.Tensor:
     """Flat source index of FlashInfer's `interleave_moe_scales_for_sm90_mixed_gemm(s,
     group_size=32)` on one expert's [rows, kgs] UE8M0 scales (uint8): the output is

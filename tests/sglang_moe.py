@@ -166,18 +166,14 @@ def blackwell(cuda_noop: bool = False) -> Iterator[None]:
 
 def _sm90_weight_interleave(weight: torch.Tensor, quant_type: str = "fp4") -> torch.Tensor:
     """FlashInfer's `interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4")` (CUDA only) on CPU:
-    fi_convert.layout's byte move and bit permutation of each expert's [n, K/2] packed FP4
-    bytes, into a new tensor as FlashInfer returns. So SGLang's SM90 weight bytes here are
-    checked up to this interleave; the interleave itself is checked against FlashInfer's CUDA
-    op on the GPU machine (tests/test_gpu.py)."""
-    from fi_convert.layout import sm90_fp4_bits_, sm90_mixed_weight_index
+    fi_convert.layout's `sm90_interleave_weights` (its byte move and bit permutation of each
+    expert's [n, K/2] packed FP4 bytes), into a new tensor as FlashInfer returns. So SGLang's
+    SM90 weight bytes here are checked up to this interleave; the interleave itself is checked
+    against FlashInfer's CUDA op on the GPU machine (tests/test_sglang_gpu.py)."""
+    from fi_convert.layout import sm90_interleave_weights
 
     assert quant_type == "fp4" and weight.dtype == torch.uint8 and weight.ndim == 3
-    e, n, kb = weight.shape
-    idx = sm90_mixed_weight_index(n, kb)
-    out = weight.contiguous().reshape(e, -1)[:, idx].contiguous()
-    sm90_fp4_bits_(out.view(torch.int32))
-    return out.view(e, n, kb)
+    return sm90_interleave_weights(weight)
 
 
 @contextlib.contextmanager

@@ -157,9 +157,7 @@ def sm90_kernel_loop(w: torch.Tensor) -> torch.Tensor:
 
 
 def sm90_interleave(w: torch.Tensor) -> torch.Tensor:
-    out = w.reshape(-1)[L.sm90_mixed_weight_index(*w.shape)].contiguous()
-    L.sm90_fp4_bits_(out.view(torch.int32))
-    return out.view(w.shape)
+    return L.sm90_interleave_weights(w[None])[0]
 
 
 @pytest.mark.parametrize(("n", "kb"), [(16, 32), (32, 64), (48, 96), (256, 160)])

@@ -1,0 +1,98 @@
+"""SGLang's SM90 CUTLASS MXFP4 layout (gpt-oss on `flashinfer_mxfp4` on Hopper) on CUDA, skipped
+without a GPU: fi_convert.layout's SM90 functions against FlashInfer's own ops on CUDA (the
+weight interleave is a CUDA-only op, which tests/test_sglang.py ran on CPU as fi-convert's
+version: this is where that version is checked), and the conversion on CUDA against the one on
+CPU. Imports only torch, FlashInfer and fi_convert.
+
+FlashInfer's op JIT-compiles its CUTLASS fused-MoE module for the GPU's arch on first use
+(`get_cutlass_fused_moe_module`), unless a prebuilt one is installed: the first test can take
+minutes.
+
+Run on an H200: `pytest -m gpu tests/test_sglang_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert import layout as L
+from fi_convert.testing.synthetic import Spec, write_checkpoint
+
+pytestmark = pytest.mark.gpu
+
+
+def _shapes(h: int, i: int, tp: int) -> list[tuple[int, int, int]]:
+    """(n, K/2 bytes, scale columns K/32) of w13 and w2 per expert on SGLang's SM90 path:
+    I/TP padded to 128 (I_a), H to 256 (H_a); w13 [2*I_a, H_a/2], w2 [H_a, I_a/2]."""
+    i_a, h_a = L.round_up(i // tp, 128), L.round_up(h, 256)
+    return [(2 * i_a, h_a // 2, h_a // 32), (h_a, i_a // 2, i_a // 32)]
+
+
+# the shapes of tests/test_sglang.py's cases (3 experts H 320 I 192 at TP 1, 2; 5 experts H 576
+# I 384 at TP 1, 2, 4), small ones, and gpt-oss-120b's (128 experts, H = I = 2880) at TP 1, 2
+# and 4 (SGLang's SM90 loader takes TP 1 and 2 only: I/32 = 90; TP 4's shapes are checked all
+# the same)
+SHAPES = sorted(
+    {(3, n, kb, kgs) for tp in (1, 2) for n, kb, kgs in _shapes(320, 192, tp)}
+    | {(5, n, kb, kgs) for tp in (1, 2, 4) for n, kb, kgs in _shapes(576, 384, tp)}
+    | {(2, 16, 32, 2), (1, 64, 64, 4), (4, 128, 96, 6)}
+    | {(128, n, kb, kgs) for tp in (1, 2, 4) for n, kb, kgs in _shapes(2880, 2880, tp)}
+)
+
+
+@pytest.mark.parametrize(("e", "n", "kb", "kgs"), SHAPES)
+def test_sm90_weight_interleave_matches_flashinfer(e, n, kb, kgs):
+    from flashinfer.fused_moe import interleave_moe_weights_for_sm90_mixed_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(n * kb + e)
+    w = torch.randint(0, 256, (e, n, kb), dtype=torch.uint8, device="cuda", generator=g)
+    want = interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4")
+    got = L.sm90_interleave_weights(w)
+    assert torch.equal(got, want)
+    assert not torch.equal(w, want)  # the op moves bytes here: the comparison can fail
+
+
+@pytest.mark.parametrize(("e", "n", "kb", "kgs"), SHAPES)
+def test_sm90_scale_fold_matches_flashinfer(e, n, kb, kgs):
+    from flashinfer.fused_moe import interleave_moe_scales_for_sm90_mixed_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(n + kgs + e)
+    s = torch.randint(0, 256, (e, n, kgs), dtype=torch.uint8, device="cuda", generator=g)
+    want = interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32)
+    got = torch.empty_like(want)
+    L.gather_flat(s, L.sm90_scale_fold_index(n, kgs), got)
+    assert torch.equal(got, want)
+
+
+def test_sm90_bit_step_on_cuda():
+    """Each single set bit of a word, the sign bit included, lands where the CPU puts it
+    (int32 shifts on CUDA)."""
+    words = (torch.ones(32, dtype=torch.int64) << torch.arange(32)).to(torch.int32)
+    cpu = L.sm90_fp4_bits_(words.clone())
+    assert torch.equal(L.sm90_fp4_bits_(words.cuda()).cpu(), cpu)
+
+
+SM90_CASES = [
+    (Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192), (1, 2)),
+    (Spec("gpt-oss", layers=2, experts=5, hidden=576, intermediate=384), (1, 2, 4)),
+    (Spec("gpt-oss", layers=1, experts=32, hidden=2880, intermediate=2880, shards=2), (1, 2)),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "tp"), [(c, tp) for c, (_, tps) in enumerate(SM90_CASES) for tp in tps]
+)
+def test_sm90_cuda_conversion_equals_cpu(tmp_path, case, tp):
+    """`--scheme mxfp4 --backend cutlass --server sglang` converted on CUDA and on CPU: the same
+    files, byte for byte."""
+    spec = SM90_CASES[case][0]
+    src = write_checkpoint(tmp_path / "src", spec)
+    opts = Options(SchemeName.MXFP4, Backend.CUTLASS, tp, server="sglang")
+    gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
+    res = convert(src, gpu, opts, device="cuda")
+    assert res.device.startswith("cuda")
+    convert(src, cpu, opts, device="cpu")
+    for f in sorted(p.name for p in cpu.iterdir()):
+        assert (gpu / f).read_bytes() == (cpu / f).read_bytes(), f"{f}: CPU and CUDA differ"
