@@ -21,6 +21,8 @@ Formulas (from FlashInfer 0.6.18-0.7.4, `flashinfer/utils.py`, `fused_moe/core.p
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -173,6 +175,7 @@ def sm90_mixed_weight_index(n: int, kb: int) -> torch.Tensor:
     return src.permute(0, 5, 2, 3, 4, 7, 6, 1).reshape(-1)
 
 
+@functools.cache
 def _bit_moves() -> list[tuple[int, int]]:
     """SM90_FP4_BIT_SOURCE as (shift, source mask) pairs: out |= (x & mask) shifted left by
     `shift` (right where negative), one pair per distinct distance."""
@@ -182,20 +185,29 @@ def _bit_moves() -> list[tuple[int, int]]:
     return sorted(moves.items())
 
 
-def sm90_fp4_bits_(words: torch.Tensor) -> torch.Tensor:
+def sm90_fp4_bits_(words: torch.Tensor, block: int = 1 << 15) -> torch.Tensor:
     """In place, each 32-bit word w (an int32 tensor) becomes the word whose bit j is bit
     SM90_FP4_BIT_SOURCE[j] of w: the bit step of FlashInfer's SM90 FP4 weight interleave.
     Shifts are written for int32's arithmetic right shift (shift, then mask) and never carry a
-    set bit past bit 31."""
+    set bit past bit 31. On CPU, `block` words at a time (128 KiB: the temporaries stay in
+    cache, 10x faster than whole-tensor passes); on CUDA, one pass."""
     if words.dtype != torch.int32:
         raise ValueError(f"sm90_fp4_bits_ permutes int32 words, got {words.dtype}")
-    x = words.clone()
-    words.zero_()
-    for shift, mask in _bit_moves():
-        if shift >= 0:
-            words |= (x & mask) << shift  # mask < 2**(31 - shift): stays in 32 bits
-        else:
-            words |= (x >> -shift) & (mask >> -shift)
+    flat = words.view(-1)
+    step = flat.numel() if words.is_cuda else block
+    x = torch.empty(min(step, flat.numel()), dtype=torch.int32, device=words.device)
+    t = torch.empty_like(x)
+    for a in range(0, flat.numel(), step):
+        w = flat[a : a + step]
+        xs, ts = x[: w.numel()], t[: w.numel()]
+        xs.copy_(w)
+        w.zero_()
+        for shift, mask in _bit_moves():
+            if shift >= 0:  # mask < 2**(31 - shift): stays in 32 bits
+                torch.bitwise_and(xs, mask, out=ts).bitwise_left_shift_(shift)
+            else:
+                torch.bitwise_right_shift(xs, -shift, out=ts).bitwise_and_(mask >> -shift)
+            w |= ts
     return words
 
 

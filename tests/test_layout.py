@@ -208,3 +208,12 @@ def test_sm90_shapes_flashinfer_rejects():
         L.sm90_mixed_weight_index(16, 48)
     with pytest.raises(ValueError, match="rows % 64"):
         L.sm90_scale_fold_index(96, 4)
+
+
+def test_sm90_bit_step_in_blocks():
+    """The CPU's blocked passes (a partial last block included) give the one-pass words."""
+    g = torch.Generator().manual_seed(2)
+    words = torch.randint(-(2**31), 2**31 - 1, (5000,), dtype=torch.int32, generator=g)
+    one = L.sm90_fp4_bits_(words.clone(), block=10**6)
+    assert torch.equal(L.sm90_fp4_bits_(words.clone(), block=1000), one)
+    assert not torch.equal(one, words)
