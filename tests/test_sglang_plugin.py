@@ -56,6 +56,12 @@ CASES = {
         Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
         "model.layers.1.mlp.experts",
     ),
+    # ... for SGLang's SM90 CUTLASS path: 5 experts, H 576 (padded to 768), I 384: I/TP 96 at
+    # TP 4, padded to 128
+    "gpt-oss-h576": (
+        Spec("gpt-oss", layers=2, experts=5, hidden=576, intermediate=384),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt NVFP4, 5 experts, H 256, I 384: I/TP 384, 192, 96 (padded to 128, sharded by
     # it: rank 3 of 4 holds none of I)
     "nvfp4": (
@@ -80,7 +86,9 @@ CASES = {
     ),
 }
 MX8 = {"mxfp8", "mxfp8-5"}
-OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
+# SGLang runs them on its flashinfer_mxfp4 runner: on SM100 (sm.blackwell) for trtllm outputs,
+# on SM90 (sm.hopper) for cutlass ones
+OSS = {"gpt-oss", "gpt-oss-h576"}
 FP4 = OSS | {"nvfp4", "nvfp4-h384"} | MX8  # on SM100 (sm.blackwell)
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
@@ -100,6 +108,10 @@ LAYER_CASES = [
     ("gpt-oss", "trtllm", 1),
     ("gpt-oss", "trtllm", 2),
     ("gpt-oss", "trtllm", 4),
+    # SM90 (SGLang loads it where I/32 % TP == 0): H 320 I 192 at TP 1 and 2, H 576 I 384 at 4
+    ("gpt-oss", "cutlass", 1),
+    ("gpt-oss", "cutlass", 2),
+    ("gpt-oss-h576", "cutlass", 4),
     ("nvfp4", "trtllm", 1),
     ("nvfp4", "trtllm", 2),
     ("nvfp4", "trtllm", 4),
@@ -116,13 +128,16 @@ LAYER_CASES = [
 
 def sgl(case: str, backend: str) -> str:
     """tests/sglang_moe.py's name of the SGLang runner for the case on fi-convert's backend."""
-    return "mxfp4-trtllm" if case in OSS else backend
+    return f"mxfp4-{backend}" if case in OSS else backend
 
 
-def platform(case: str):
-    """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`)."""
+def platform(case: str, backend: str = "trtllm"):
+    """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`,
+    `hopper`)."""
     stack = contextlib.ExitStack()
-    if case in FP4:
+    if case in OSS and backend == "cutlass":
+        stack.enter_context(sm.hopper())
+    elif case in FP4:
         stack.enter_context(sm.blackwell(cuda_noop=case in OSS))
     if case in MX8:
         stack.enter_context(sm.cuda_gate())
@@ -169,6 +184,10 @@ allocated: dict[int, dict[str, int]] = {}
 # gpt-oss MXFP4: the float32 biases (bfloat16 as allocated) and the SwiGLU constants
 NEW_STORAGE = {"w13_weight_bias", "w2_weight_bias", "gemm1_alpha", "gemm1_beta"}
 NEW_STORAGE |= {"gemm1_clamp_limit"}
+# gpt-oss MXFP4 on SM90: every expert parameter is new storage of the padded size (both sides:
+# the plugin drops the unpadded ones SGLang allocated), and the SwiGLU constants
+SM90_NEW = {"w13_weight", "w13_weight_scale", "w13_weight_bias", "w2_weight", "w2_weight_scale"}
+SM90_NEW |= {"w2_weight_bias", "swiglu_alpha", "swiglu_beta", "swiglu_limit"}
 # NVFP4: what SGLang's processing makes from the scalars (new parameters on both sides)
 NVFP4_DERIVED = {"g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant"}
 NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c"}
@@ -182,7 +201,7 @@ def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank
     from fi_convert.servers.sglang import experts
 
     case = kw.get("case", "")
-    with sm.sglang_context(sgl(case, backend), tp, rank), platform(case):
+    with sm.sglang_context(sgl(case, backend), tp, rank), platform(case, backend):
         layer = sm.make_layer(prefix, ckpt)
         before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
         with OutputReader(out) as reader:
@@ -232,11 +251,15 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
     ckpt, prefix = sources(case), CASES[case][1]
     out = outputs(case, backend, tp)
     m = json.loads((out / MANIFEST_NAME).read_text())
-    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[sgl(case, backend)])
+    sm90 = case in OSS and backend == "cutlass"  # an H200's
+    gpu = {"capability": (9, 0)} if sm90 else {}
+    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[sgl(case, backend)], **gpu)
     for rank in range(tp):
         theirs = sm.build(sgl(case, backend), tp, rank, ckpt, prefix)
         ours = plugin_layer(out, ckpt, prefix, backend, tp, rank, case=case)
         assert ours.runner_backend.value == sm.BACKEND[sgl(case, backend)]
+        if sm90:  # SGLang took its SM90 branch on both sides
+            assert theirs.quant_method._fi_kernel == ours.quant_method._fi_kernel == "cutlass_sm90"
         checks.check_layer(m, str(out), prefix, ours)  # the plugin's checks pass it
         assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
         diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
@@ -248,6 +271,7 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         # NVFP4's alphas; where it aliases: NVFP4's swizzled scales, placeholders dropped)
         now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
         fresh = NEW_STORAGE if case in OSS else NVFP4_DERIVED if case in FP4 - MX8 else set()
+        fresh = SM90_NEW if case in OSS and backend == "cutlass" else fresh
         assert {n: v for n, v in now.items() if n not in fresh} == {
             n: v for n, v in allocated[id(ours)].items() if n not in fresh
         }
@@ -317,6 +341,46 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
         want_p = ["w13_weight_scale", "w2_weight_scale", "gemm1_alpha", "gemm1_beta"]
         want_p += ["gemm1_clamp_limit"]
         assert differing(sm.params(layer), sm.params(ours_layer)) == want_p
+
+
+def test_sm90_mxfp4_controls(sources, outputs):
+    """gpt-oss MXFP4 on SM90: another rank's bytes are caught; without the kernel setup the
+    SwiGLU constants are missing (FusedMoE's plain `swiglu_alpha` attribute, the config's
+    alpha, stays where processing makes it a parameter) and the expert parameters keep the
+    loader's attributes."""
+    case, prefix = "gpt-oss", CASES["gpt-oss"][1]
+    ckpt, out = sources(case), outputs(case, "cutlass", 2)
+    theirs = sm.build("mxfp4-cutlass", 2, 1, ckpt, prefix)
+    other = plugin_layer(out, ckpt, prefix, "cutlass", 2, 1, read_rank=0, case=case)
+    diff = differing(sm.params(theirs), sm.params(other))
+    assert set(diff) == {"w13_weight", "w13_weight_scale", "w13_weight_bias", "w2_weight"} | {
+        "w2_weight_scale",
+        "w2_weight_bias",
+    }
+    bare = plugin_layer(out, ckpt, prefix, "cutlass", 2, 1, finish=False, case=case)
+    assert differing(sm.params(theirs), sm.params(bare)) == ["swiglu_alpha", "swiglu_beta"] + [
+        "swiglu_limit"
+    ]
+    assert state_diff(sm.layer_state(bare), sm.layer_state(theirs)) == ["layer.swiglu_alpha"]
+    assert param_attrs(bare)["w13_weight"] != param_attrs(theirs)["w13_weight"] == {}
+
+
+def test_sm90_mxfp4_refusals(sources, outputs):
+    """An SM90 output of another TP size (its sizes are not the ones SGLang's processing
+    makes), and FP8 activations (Humming, which rewrites the weights), are refused."""
+    from fi_convert.servers.sglang import experts
+
+    case, prefix = "gpt-oss", CASES["gpt-oss"][1]
+    ckpt, out = sources(case), outputs(case, "cutlass", 1)
+    with pytest.raises(PluginError, match=r"w13_weight is torch.uint8 \[3, 512, 256\] in the "):
+        plugin_layer(out, ckpt, prefix, "cutlass", 2, 0, case=case)
+    layer = plugin_layer(out, ckpt, prefix, "cutlass", 1, 0, finish=False, case=case)
+    layer.quant_method._use_sm90_humming = True  # as --flashinfer-mxfp4-moe-precision fp8
+    with (
+        sm.sglang_context("mxfp4-cutlass", 1, 0),
+        pytest.raises(PluginError, match="without --flashinfer-mxfp4-moe-precision fp8"),
+    ):
+        experts.finish(layer)
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):

@@ -371,7 +371,9 @@ def _sm90_outputs(layer: ExpertLayer, e: int, h: int, i_r: int, i_a: int, h_a: i
         out.copy_(ctx.to_device(src).squeeze(-1))
 
     lay = {"layout": "sm90_mixed_interleave", "packing": "e2m1x2"}
-    s_lay = {"layout": "sm90_scale_fold_64x128", "block": [1, MX], "pad": UE8M0_ONE}
+    # the scale padding: UE8M0 1.0 in H's tail (the loader's fill), 0 in I's (processing's)
+    pad = {"hidden": UE8M0_ONE, "intermediate": 0}
+    s_lay = {"layout": "sm90_scale_fold_64x128", "block": [1, MX], "pad": pad}
     up_gate = {"row_order": "up_gate"}
     b_lay = {"layout": "rows"}
 

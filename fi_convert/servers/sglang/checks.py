@@ -231,8 +231,11 @@ OWN_SIZES = ("Mxfp4MoEMethod",)
 
 
 def allocated_sizes(layer: Any) -> tuple[int, int]:
-    """The hidden size and intermediate size per rank SGLang allocated the layer's experts by."""
+    """The hidden size and intermediate size per rank SGLang allocated the layer's experts by
+    (gpt-oss MXFP4 on SM90: pads them to after loading, as its processing's new tensors)."""
     if type(layer.quant_method).__name__ in OWN_SIZES:
         method = layer.quant_method
+        if getattr(method, "_fi_kernel", None) == "cutlass_sm90":
+            return method._padded_hidden, method._padded_intermediate
         return method.hidden_size, method.intermediate_size_per_partition
     return layer.hidden_size, layer.intermediate_size_per_partition
