@@ -540,9 +540,21 @@ def test_cutlass_nvfp4_runs_on_sm10x_and_sm12x(manifest):
         _check(m, moe_runner_backend="flashinfer_cutlass", capability=(9, 0))
 
 
+def test_cutlass_mxfp4_runs_on_sm90_only(manifest):
+    """gpt-oss MXFP4's CUTLASS layout is SGLang's SM90 one (flashinfer_mxfp4 runs TRT-LLM on
+    SM100 and another CUTLASS layout on SM120)."""
+    m = manifest | {"scheme": "mxfp4", "backend": "cutlass"}
+    m = m | {"target": target.SGLANG_TARGET.target_fields("mxfp4", "cutlass")}
+    assert m["target"]["gpu_family"] == "sm90"
+    _check(m, moe_runner_backend="flashinfer_mxfp4", capability=(9, 0))
+    for cap in ((10, 0), (12, 0), (8, 9)):
+        with pytest.raises(PluginError, match=r"need an SM90 \(Hopper H100/H200\) GPU"):
+            _check(m, moe_runner_backend="flashinfer_mxfp4", capability=cap)
+    with pytest.raises(PluginError, match="pass --moe-runner-backend flashinfer_mxfp4"):
+        _check(m, moe_runner_backend="flashinfer_cutlass", capability=(9, 0))
+
+
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
-    with pytest.raises(PluginError, match="does not load mxfp4/cutlass outputs yet"):
-        _check(manifest | {"scheme": "mxfp4", "backend": "cutlass"})
     with pytest.raises(PluginError, match="does not load fp8-tensor/trtllm outputs yet"):
         _check(manifest | {"scheme": "fp8-tensor"})
     with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
