@@ -1,17 +1,25 @@
 """SGLang's SM90 CUTLASS MXFP4 layout (gpt-oss on `flashinfer_mxfp4` on Hopper) on CUDA, skipped
-without a GPU: fi_convert.layout's SM90 functions against FlashInfer's own ops on CUDA (the
+without a GPU: fi_convert.layout's SM90 functions against FlashInfer's own code on CUDA (the
 weight interleave is a CUDA-only op, which tests/test_sglang.py ran on CPU as fi-convert's
 version: this is where that version is checked), and the conversion on CUDA against the one on
 CPU. Imports only torch, FlashInfer and fi_convert.
 
-FlashInfer's op JIT-compiles its CUTLASS fused-MoE module for the GPU's arch on first use
-(`get_cutlass_fused_moe_module`), unless a prebuilt one is installed: the first test can take
-minutes.
+The weight interleave: FlashInfer's public op, `flashinfer.fused_moe.
+interleave_moe_weights_for_sm90_mixed_gemm`, lives in its CUTLASS fused-MoE module, which FlashInfer
+JIT-compiles whole for the GPU's arch on first use (hundreds of CUTLASS kernels: far longer than
+a test run) unless it is prebuilt; so the default check compiles FlashInfer's own kernel source
+for it (`moe_gemm_mixed_utils.cu`, shipped in the wheel) alone with torch's extension builder and
+calls it per expert as FlashInfer's binding does (`flashinfer_cutlass_fused_moe_binding.cu`),
+and the check through the public op runs where FI_CONVERT_FULL_MOE_JIT=1 says the module may be
+built (or is).
 
 Run on an H200: `pytest -m gpu tests/test_sglang_gpu.py`.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +29,55 @@ from fi_convert import layout as L
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 pytestmark = pytest.mark.gpu
+
+KERNEL_DIR = "nv_internal/tensorrt_llm/kernels/cutlass_kernels/moe_gemm"
+# FlashInfer's binding's loop (interleave_moe_weights_for_sm90_mixed_gemm, quant_type 1: FP4),
+# for FlashInfer's own kernel launcher; nothing else
+BINDING = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+#include "moe_gemm_mixed_utils.h"
+
+torch::Tensor interleave_fp4(torch::Tensor w) {
+  TORCH_CHECK(w.is_cuda() && w.dtype() == torch::kUInt8 && w.dim() == 3 && w.is_contiguous());
+  auto out = torch::empty_like(w);
+  int64_t const e = w.size(0), n = w.size(1), k = w.size(2) * 2, per = n * (k / 2);
+  auto stream = c10::cuda::getCurrentCUDAStream(w.device().index()).stream();
+  for (int64_t i = 0; i < e; ++i) {
+    tensorrt_llm::kernels::cutlass_kernels::interleave_fp4_weights_for_sm90_mixed_gemm(
+        w.data_ptr<uint8_t>() + i * per, out.data_ptr<uint8_t>() + i * per,
+        static_cast<int>(n), static_cast<int>(k), stream);
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("interleave_fp4", &interleave_fp4); }
+"""
+
+
+def _csrc() -> Path:
+    import flashinfer
+
+    return Path(flashinfer.__file__).parent / "data" / "csrc"
+
+
+@pytest.fixture(scope="module")
+def flashinfer_kernel(tmp_path_factory):
+    """FlashInfer's SM90 FP4 weight-interleave kernel (its shipped source), built for this GPU."""
+    from torch.utils.cpp_extension import load
+
+    build = tmp_path_factory.mktemp("fi-sm90-interleave")
+    (build / "binding.cu").write_text(BINDING)
+    src = _csrc() / KERNEL_DIR
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}"
+    return load(
+        name="fi_sm90_interleave",
+        sources=[str(build / "binding.cu"), str(src / "moe_gemm_mixed_utils.cu")],
+        extra_include_paths=[str(src)],
+        extra_cuda_cflags=[f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+        build_directory=str(build),
+    ).interleave_fp4
 
 
 def _shapes(h: int, i: int, tp: int) -> list[tuple[int, int, int]]:
@@ -42,24 +99,37 @@ SHAPES = sorted(
 )
 
 
+def _random(e: int, n: int, cols: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(0, 256, (e, n, cols), dtype=torch.uint8, device="cuda", generator=g)
+
+
 @pytest.mark.parametrize(("e", "n", "kb", "kgs"), SHAPES)
-def test_sm90_weight_interleave_matches_flashinfer(e, n, kb, kgs):
+def test_sm90_weight_interleave_matches_flashinfers_kernel(e, n, kb, kgs, flashinfer_kernel):
+    w = _random(e, n, kb, n * kb + e)
+    want = flashinfer_kernel(w)
+    assert torch.equal(L.sm90_interleave_weights(w), want)
+    assert not torch.equal(w, want)  # the kernel moves bytes here: the comparison can fail
+
+
+@pytest.mark.skipif(
+    os.environ.get("FI_CONVERT_FULL_MOE_JIT") != "1",
+    reason="FlashInfer's public op JIT-builds its whole CUTLASS MoE: FI_CONVERT_FULL_MOE_JIT=1",
+)
+@pytest.mark.parametrize(("e", "n", "kb", "kgs"), SHAPES[:4])
+def test_sm90_weight_interleave_matches_flashinfers_op(e, n, kb, kgs):
     from flashinfer.fused_moe import interleave_moe_weights_for_sm90_mixed_gemm
 
-    g = torch.Generator(device="cuda").manual_seed(n * kb + e)
-    w = torch.randint(0, 256, (e, n, kb), dtype=torch.uint8, device="cuda", generator=g)
+    w = _random(e, n, kb, n + kb + e)
     want = interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4")
-    got = L.sm90_interleave_weights(w)
-    assert torch.equal(got, want)
-    assert not torch.equal(w, want)  # the op moves bytes here: the comparison can fail
+    assert torch.equal(L.sm90_interleave_weights(w), want)
 
 
 @pytest.mark.parametrize(("e", "n", "kb", "kgs"), SHAPES)
 def test_sm90_scale_fold_matches_flashinfer(e, n, kb, kgs):
     from flashinfer.fused_moe import interleave_moe_scales_for_sm90_mixed_gemm
 
-    g = torch.Generator(device="cuda").manual_seed(n + kgs + e)
-    s = torch.randint(0, 256, (e, n, kgs), dtype=torch.uint8, device="cuda", generator=g)
+    s = _random(e, n, kgs, n + kgs + e)
     want = interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32)
     got = torch.empty_like(want)
     L.gather_flat(s, L.sm90_scale_fold_index(n, kgs), got)
