@@ -169,10 +169,18 @@ def _sm90_weight_interleave(weight: torch.Tensor, quant_type: str = "fp4") -> to
     fi_convert.layout's `sm90_interleave_weights` (its byte move and bit permutation of each
     expert's [n, K/2] packed FP4 bytes), into a new tensor as FlashInfer returns. So SGLang's
     SM90 weight bytes here are checked up to this interleave; the interleave itself is checked
-    against FlashInfer's CUDA op on the GPU machine (tests/test_sglang_gpu.py)."""
+    against FlashInfer's CUDA kernel on the GPU machine (tests/test_sglang_gpu.py), for the
+    shapes tests/swizzle_shapes.py lists (any other shape is refused here)."""
     from fi_convert.layout import sm90_interleave_weights
+    from tests.swizzle_shapes import SGLANG_SM90_WEIGHT_SHAPES
 
     assert quant_type == "fp4" and weight.dtype == torch.uint8 and weight.ndim == 3
+    if tuple(weight.shape[1:]) not in SGLANG_SM90_WEIGHT_SHAPES:
+        raise AssertionError(
+            f"interleave_moe_weights_for_sm90_mixed_gemm of {tuple(weight.shape[1:])} per "
+            "expert: a shape the CPU version has not been checked against FlashInfer's for; add "
+            "it to tests/swizzle_shapes.py and run tests/test_sglang_gpu.py on the GPU machine"
+        )
     return sm90_interleave_weights(weight)
 
 
