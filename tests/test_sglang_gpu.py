@@ -8,7 +8,7 @@ The weight interleave: FlashInfer's public op, `flashinfer.fused_moe.
 interleave_moe_weights_for_sm90_mixed_gemm`, lives in its CUTLASS fused-MoE module, which FlashInfer
 JIT-compiles whole for the GPU's arch on first use (hundreds of CUTLASS kernels: far longer than
 a test run) unless it is prebuilt; so the default check compiles FlashInfer's own kernel source
-for it (`moe_gemm_mixed_utils.cu`, shipped in the wheel) alone with torch's extension builder and
+for it (`moe_gemm_mixed_utils.cu`, shipped in the wheel) alone with nvcc, called through ctypes,
 calls it per expert as FlashInfer's binding does (`flashinfer_cutlass_fused_moe_binding.cu`),
 and the check through the public op runs where FI_CONVERT_FULL_MOE_JIT=1 says the module may be
 built (or is).
@@ -18,7 +18,10 @@ Run on an H200: `pytest -m gpu tests/test_sglang_gpu.py`.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,27 +35,21 @@ from tests.swizzle_shapes import SGLANG_SM90_WEIGHT_SHAPES
 pytestmark = pytest.mark.gpu
 
 KERNEL_DIR = "nv_internal/tensorrt_llm/kernels/cutlass_kernels/moe_gemm"
-# FlashInfer's binding's loop (interleave_moe_weights_for_sm90_mixed_gemm, quant_type 1: FP4),
-# for FlashInfer's own kernel launcher; nothing else
+# FlashInfer's binding's loop (interleave_moe_weights_for_sm90_mixed_gemm, quant_type 1: FP4:
+# one launch of its kernel launcher per expert), as a C function; nothing else. On the default
+# stream (the test synchronizes around it), so that no torch header or runtime is compiled in.
 BINDING = r"""
-#include <torch/extension.h>
-#include <c10/cuda/CUDAStream.h>
+#include <cstdint>
 #include "moe_gemm_mixed_utils.h"
 
-torch::Tensor interleave_fp4(torch::Tensor w) {
-  TORCH_CHECK(w.is_cuda() && w.dtype() == torch::kUInt8 && w.dim() == 3 && w.is_contiguous());
-  auto out = torch::empty_like(w);
-  int64_t const e = w.size(0), n = w.size(1), k = w.size(2) * 2, per = n * (k / 2);
-  auto stream = c10::cuda::getCurrentCUDAStream(w.device().index()).stream();
+extern "C" int fi_interleave_fp4(uint8_t* src, uint8_t* dst, int64_t e, int64_t n, int64_t k) {
+  int64_t const per = n * (k / 2);
   for (int64_t i = 0; i < e; ++i) {
     tensorrt_llm::kernels::cutlass_kernels::interleave_fp4_weights_for_sm90_mixed_gemm(
-        w.data_ptr<uint8_t>() + i * per, out.data_ptr<uint8_t>() + i * per,
-        static_cast<int>(n), static_cast<int>(k), stream);
+        src + i * per, dst + i * per, static_cast<int>(n), static_cast<int>(k), 0);
   }
-  return out;
+  return static_cast<int>(cudaDeviceSynchronize());
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("interleave_fp4", &interleave_fp4); }
 """
 
 
@@ -62,23 +59,42 @@ def _csrc() -> Path:
     return Path(flashinfer.__file__).parent / "data" / "csrc"
 
 
+def _nvcc() -> str:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    found = shutil.which("nvcc") or (CUDA_HOME and str(Path(CUDA_HOME) / "bin" / "nvcc"))
+    if not found or not Path(found).exists():
+        pytest.fail("nvcc not found: FlashInfer's kernel source cannot be built here")
+    return found
+
+
 @pytest.fixture(scope="module")
 def flashinfer_kernel(tmp_path_factory):
-    """FlashInfer's SM90 FP4 weight-interleave kernel (its shipped source), built for this GPU."""
-    from torch.utils.cpp_extension import load
-
+    """FlashInfer's SM90 FP4 weight-interleave kernel (its shipped source), built for this GPU
+    with nvcc into a shared library, called through ctypes: [E, n, K/2] uint8 -> a new tensor."""
     build = tmp_path_factory.mktemp("fi-sm90-interleave")
     (build / "binding.cu").write_text(BINDING)
     src = _csrc() / KERNEL_DIR
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}"
-    return load(
-        name="fi_sm90_interleave",
-        sources=[str(build / "binding.cu"), str(src / "moe_gemm_mixed_utils.cu")],
-        extra_include_paths=[str(src)],
-        extra_cuda_cflags=[f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-        build_directory=str(build),
-    ).interleave_fp4
+    lib = build / "fi_sm90_interleave.so"
+    cmd = [_nvcc(), "-shared", "-Xcompiler", "-fPIC", "-O2", "-std=c++17", f"-I{src}"]
+    cmd += [f"-gencode=arch=compute_{arch},code=sm_{arch}", "-o", str(lib)]
+    cmd += [str(build / "binding.cu"), str(src / "moe_gemm_mixed_utils.cu")]
+    subprocess.run(cmd, check=True, capture_output=True)
+    fn = ctypes.CDLL(str(lib)).fi_interleave_fp4
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
+    fn.restype = ctypes.c_int
+
+    def interleave(w: torch.Tensor) -> torch.Tensor:
+        assert w.is_cuda and w.dtype == torch.uint8 and w.ndim == 3 and w.is_contiguous()
+        out = torch.empty_like(w)
+        torch.cuda.synchronize()
+        e, n, kb = w.shape
+        assert fn(w.data_ptr(), out.data_ptr(), e, n, 2 * kb) == 0  # cudaSuccess
+        return out
+
+    return interleave
 
 
 def _shapes(h: int, i: int, tp: int) -> list[tuple[int, int, int]]:
