@@ -124,6 +124,8 @@ TENSOR_VALUES: dict[str, tuple] = {
         "per_expert",
         "scalar",
         "rows",
+        "sm90_mixed_interleave",
+        "sm90_scale_fold_64x128",
     ),
     "epilogue_tile_m": (128, 64, None),
     "block_k_bytes": (128, None),

@@ -70,6 +70,12 @@ class Layout:
     # g1 * float32(1 / a2), the CUTLASS products under its names (fc1_dequant, fc2_quant,
     # fc2_dequant, fc1_input_dequant); False: vLLM's (max over w1 and w3, g1 / a2, g1_alphas ...)
     sglang_scalars: bool = False
+    # mxfp4 on CUTLASS: SGLang's SM90 layout for FlashInfer's mixed-input (BF16 x MXFP4) MoE
+    # GEMM: I/TP unpadded by the loader (it needs I/32 % TP == 0), w13 [up; gate] halves each
+    # padded to round_up(I/TP, 128), H to 256; weights byte- and bit-interleaved, scales folded
+    # in 64x128 blocks, scale padding UE8M0 1.0 (127) in H's tail and 0 in I's, BF16 biases;
+    # False: vLLM's SM100 CUTLASS MXFP4 x MXFP8 layout
+    sm90_mixed: bool = False
 
     def variants(self) -> frozenset[str]:
         """The fields that differ from vLLM's layout: what the scheme must implement."""

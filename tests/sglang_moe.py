@@ -43,8 +43,10 @@ from tests import sglang_stubs
 BACKEND = {
     "trtllm": "flashinfer_trtllm",
     "cutlass": "flashinfer_cutlass",
-    # gpt-oss MXFP4 on FlashInfer's TRT-LLM kernels is SGLang's own backend name
+    # gpt-oss MXFP4 on FlashInfer's TRT-LLM kernels (SM100) and on its CUTLASS mixed-input
+    # kernels (SM90) is SGLang's own backend name
     "mxfp4-trtllm": "flashinfer_mxfp4",
+    "mxfp4-cutlass": "flashinfer_mxfp4",
 }
 MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 SHARD_IDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
@@ -164,6 +166,50 @@ def blackwell(cuda_noop: bool = False) -> Iterator[None]:
                 ("nvfp4_block_scale_interleave", _block_scale_interleave),
             ):
                 stack.enter_context(mock.patch.object(mxfp4, attr, value, create=True))
+        yield
+
+
+def _sm90_weight_interleave(weight: torch.Tensor, quant_type: str = "fp4") -> torch.Tensor:
+    """FlashInfer's `interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4")` (CUDA only) on CPU:
+    fi_convert.layout's `sm90_interleave_weights` (its byte move and bit permutation of each
+    expert's [n, K/2] packed FP4 bytes), into a new tensor as FlashInfer returns. So SGLang's
+    SM90 weight bytes here are checked up to this interleave; the interleave itself is checked
+    against FlashInfer's CUDA kernel on the GPU machine (tests/test_sglang_gpu.py), for the
+    shapes tests/swizzle_shapes.py lists (any other shape is refused here)."""
+    from fi_convert.layout import sm90_interleave_weights
+    from tests.swizzle_shapes import SGLANG_SM90_WEIGHT_SHAPES
+
+    assert quant_type == "fp4" and weight.dtype == torch.uint8 and weight.ndim == 3
+    if tuple(weight.shape[1:]) not in SGLANG_SM90_WEIGHT_SHAPES:
+        raise AssertionError(
+            f"interleave_moe_weights_for_sm90_mixed_gemm of {tuple(weight.shape[1:])} per "
+            "expert: a shape the CPU version has not been checked against FlashInfer's for; add "
+            "it to tests/swizzle_shapes.py and run tests/test_sglang_gpu.py on the GPU machine"
+        )
+    return sm90_interleave_weights(weight)
+
+
+@contextlib.contextmanager
+def hopper() -> Iterator[None]:
+    """What SGLang's gpt-oss MXFP4 path on SM90 (FlashInfer's CUTLASS mixed-input MoE) needs on
+    CPU (call inside sglang_context): SGLang's own test hook `override_platform` says SM90 (not
+    SM100 nor SM120); its module's flag that FlashInfer has the SM90 helpers set (it binds them
+    only where FlashInfer finds CUDA), with FlashInfer's own (pure-PyTorch) scale fold and the
+    CPU version above of its CUDA-only weight interleave."""
+    from flashinfer.fused_moe import interleave_moe_scales_for_sm90_mixed_gemm
+    from sglang.srt.layers.quantization import mxfp4
+    from sglang.srt.runtime_context import override_platform
+
+    bound = {
+        "_FI_HAS_SM90_CUTLASS_MXFP4": True,
+        "interleave_moe_scales_for_sm90_mixed_gemm": interleave_moe_scales_for_sm90_mixed_gemm,
+        "interleave_moe_weights_for_sm90_mixed_gemm": _sm90_weight_interleave,
+    }
+    with contextlib.ExitStack() as stack:
+        for attr, value in bound.items():
+            stack.enter_context(mock.patch.object(mxfp4, attr, value, create=True))
+        facts = dict(is_sm90=True, is_sm100=False, is_sm120=False, is_blackwell=False)
+        stack.enter_context(override_platform(**facts))
         yield
 
 
@@ -418,12 +464,14 @@ def process(layer) -> None:
 
 
 def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str):
-    """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code."""
+    """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code (backend
+    "mxfp4-cutlass": gpt-oss on SM90)."""
     oss = _model_type(ckpt) == "gpt_oss"
     fp4 = _algo(ckpt) in ("NVFP4", "MXFP8") or oss
+    sm90 = backend == "mxfp4-cutlass"
     with (
         sglang_context(backend, tp, rank),
-        blackwell(oss) if fp4 else contextlib.nullcontext(),
+        hopper() if sm90 else blackwell(oss) if fp4 else contextlib.nullcontext(),
         cuda_gate() if _algo(ckpt) == "MXFP8" else contextlib.nullcontext(),
         fp8_quant() if _algo(ckpt) == "FP8" else contextlib.nullcontext(),
     ):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 SGLANG_SCALE_SHAPES: frozenset[tuple[int, ...]] = frozenset(
     {
+        (128, 4),
+        (128, 8),
         (128, 24),
         (256, 4),
         (256, 8),
@@ -31,5 +33,26 @@ SGLANG_SCALE_SHAPES: frozenset[tuple[int, ...]] = frozenset(
         (512, 16),
         (768, 12),
         (768, 16),
+    }
+)
+
+# The per-expert [n, K/2] packed-FP4 weight shapes SGLang 0.5.23's own SM90 processing (gpt-oss
+# MXFP4 on flashinfer_mxfp4, Hopper) passes to FlashInfer's CUDA-only
+# `interleave_moe_weights_for_sm90_mixed_gemm` in the CPU tests, where tests/sglang_moe.py's CPU
+# version stands in for it: w13 [2*I_p, H_p/2] and w2 [H_p, I_p/2] of H 320 I 192 at TP 1, 2
+# and H 576 I 384 at TP 1, 2, 4. The same rule: any other shape is refused there, and
+# tests/test_sglang_gpu.py checks each listed one against FlashInfer's kernel on CUDA.
+SGLANG_SM90_WEIGHT_SHAPES: frozenset[tuple[int, int]] = frozenset(
+    {
+        (512, 256),
+        (512, 128),
+        (256, 256),
+        (512, 64),
+        (768, 384),
+        (768, 192),
+        (512, 384),
+        (768, 128),
+        (256, 384),
+        (768, 64),
     }
 )

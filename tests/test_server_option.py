@@ -208,10 +208,10 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
         ),
         (
             "oss",
-            ["--server", "sglang", "--backend", "cutlass"],
-            "--scheme mxfp4 --backend cutlass --server sglang: fi-convert does not write "
-            "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme mxfp4 "
-            "(trtllm)",
+            ["--server", "sglang", "--backend", "cutlass", "--tp-size", "4"],
+            "model.layers.0.mlp.experts: I 192 at --tp-size 4: SGLang 0.5.23's SM90 CUTLASS "
+            "MXFP4 path cannot load it (its gpt-oss loader slices ceil(I/32/TP)*32 rows into a "
+            "buffer of I/TP rows); use --tp-size 1, 2, or --backend trtllm (SM100)",
         ),
         (
             "mixtral",
@@ -369,6 +369,30 @@ def test_verify_catches_a_second_server_whose_bytes_differ(converted, tmp_path):
     (out / MANIFEST_NAME).write_text(json.dumps(m))
     res = cli("verify", out)
     assert "not two or more servers starting with vllm" in res.stdout + res.stderr
+
+
+def test_mxfp4_sm90_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """gpt-oss MXFP4 on CUTLASS for SGLang (flashinfer_mxfp4 on SM90): its own layout (the
+    manifest's layouts, sizes and family say so), verify re-plans it so, the launch line names
+    SGLang's runner; vLLM's CUTLASS output of it is another (SM100) one. Its bytes are proven in
+    test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    args = ("--server", "sglang", "--backend", "cutlass", "--tp-size", "2")
+    res = cli("convert", ckpts["oss"], out, *args)
+    assert res.exit_code == 0, res.stderr
+    m = manifest(out)
+    entry = m["layers"][prefix]
+    assert (entry["padded_hidden_size"], entry["padded_intermediate_size_per_rank"]) == (512, 128)
+    assert entry["tensors"]["w13_weight"]["layout"] == "sm90_mixed_interleave"
+    assert entry["tensors"]["w2_weight_scale"]["layout"] == "sm90_scale_fold_64x128"
+    assert entry["tensors"]["w13_weight_bias"]["dtype"] == "BF16"
+    assert m["target"]["gpu_family"] == "sm90"
+    res = cli("verify", out, "--source", ckpts["oss"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert "--moe-runner-backend flashinfer_mxfp4 --tp 2" in qc["note"]
+    res = cli("convert", ckpts["oss"], tmp_path / "both", *args[2:], "--server", "vllm,sglang")
+    assert res.exit_code == 1 and "convert once for each" in res.stderr
 
 
 def test_mxfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):

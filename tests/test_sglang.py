@@ -129,6 +129,13 @@ CASES = {
         Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
         "model.layers.1.mlp.experts",
     ),
+    # gpt-oss MXFP4 for SGLang's SM90 CUTLASS path (c only): 5 experts, H 576 (not a multiple
+    # of 128 nor 256: padded to 768), I 384 (I/TP 384, 192, 96: padded to 384, 256, 128)
+    "gpt-oss-mxfp4-h576": (
+        "mxfp4",
+        Spec("gpt-oss", layers=2, experts=5, hidden=576, intermediate=384),
+        "model.layers.1.mlp.experts",
+    ),
 }
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
@@ -136,6 +143,7 @@ PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in ran
 ONLY_C = ("deepseek-nvfp4-h384", "deepseek-nvfp4-h336", "deepseek-nvfp4-h320")
 ONLY_C += ("deepseek-nvfp4-clamp",)
 ONLY_C += ("qwen3-mxfp8", "qwen3-mxfp8-5", "qwen3-fp8-tensor")
+ONLY_C += ("gpt-oss-mxfp4-h576",)
 PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
@@ -239,7 +247,7 @@ def sglang_layers(checkpoints):
         key = (case, tp, rank, backend)
         if key not in done:
             scheme, _, prefix = CASES[case]
-            ours = "mxfp4-trtllm" if scheme == "mxfp4" else backend
+            ours = f"mxfp4-{backend}" if scheme == "mxfp4" else backend
             done[key] = sm.build(ours, tp, rank, checkpoints[case], prefix)
         return done[key]
 
@@ -503,11 +511,15 @@ def test_sglang_layer_state(sglang_layers):
 # TRT-LLM), the transformers-written ones (I/TP 128, 64, 32) on TRT-LLM. DeepSeek FP8 block on
 # TRT-LLM (MajorK, unshuffled, unclamped: rank 0 holds a scale of 1e-23). gpt-oss MXFP4 on
 # TRT-LLM (SGLang's flashinfer_mxfp4), 3 experts, H 320 and I 192: I/TP 192, 96, 64 padded to
-# 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding). ModelOpt
+# 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding); on CUTLASS
+# (flashinfer_mxfp4 on SM90) at TP 1 and 2 (I/TP 192, 96 padded to 256, 128; H to 512), and
+# 5 experts H 576 I 384 at TP 1, 2, 4 (H to 768; I/TP 384, 192, 96 to 384, 256, 128). ModelOpt
 # NVFP4 on TRT-LLM: H 256 I 384 (I/TP 96 padded to 128, sharded by it) and H 384 I 192 (H not
 # padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing.
 # ModelOpt FP8 per-tensor on both backends, 5 experts, I 200 (I/TP 200, 100, 50: TRT-LLM pads
 # to 256 and 128 and shards by it, CUTLASS pads each half to 16)
+SM90_OK = {("gpt-oss-mxfp4", 1), ("gpt-oss-mxfp4", 2)}
+SM90_OK |= {("gpt-oss-mxfp4-h576", tp) for tp in (1, 2, 4)}
 SGLANG_CASES = [
     (case, tp, rank, backend)
     for case in (
@@ -525,6 +537,7 @@ SGLANG_CASES = [
         "qwen3-mxfp8",
         "qwen3-mxfp8-5",
         "qwen3-fp8-tensor",
+        "gpt-oss-mxfp4-h576",
     )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
@@ -533,7 +546,11 @@ SGLANG_CASES = [
         backend == "trtllm"
         and (case, tp) != ("qwen3-mxfp8", 4)  # I/TP 80: not MX blocks
         and case not in ("deepseek-nvfp4-h336", "deepseek-nvfp4-h320")  # H % 128: refused
+        and case != "gpt-oss-mxfp4-h576"
     )
+    # gpt-oss MXFP4 on SM90 (CUTLASS) where SGLang loads it: I/32 % TP == 0 (I 192 at TP 4:
+    # test_sm90_mxfp4_refused_where_sglang_cannot_load)
+    or (backend == "cutlass" and (case, tp) in SM90_OK)
     or case in ("qwen3-bf16", "mixtral-bf16-7", "qwen3-fp8-tensor")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
     or (case, tp) in (("deepseek-nvfp4", 1), ("deepseek-nvfp4", 2), ("deepseek-nvfp4-h384", 1))
@@ -546,8 +563,9 @@ SGLANG_CASES = [
 ]
 # What SGLang's processing makes from the layer's config alone, not from the checkpoint: not in
 # the output, the plugin's kernel setup sets them (tests/test_sglang_plugin.py): gpt-oss
-# MXFP4's SwiGLU constants, one per expert
+# MXFP4's SwiGLU constants, one per expert (TRT-LLM's names; SM90's)
 FROM_CONFIG = {"gemm1_alpha", "gemm1_beta", "gemm1_clamp_limit"}
+FROM_CONFIG |= {"swiglu_alpha", "swiglu_beta", "swiglu_limit"}
 PADDED_SPLIT = ("mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral")
 
 
@@ -559,8 +577,10 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     out = outputs(case, tp, backend, "sglang")
     ours = load_moe_layer(out, prefix, tp_rank=rank)
     layer = sglang_layers(case, tp, rank, backend)
-    runner = "mxfp4-trtllm" if CASES[case][0] == "mxfp4" else backend
+    runner = f"mxfp4-{backend}" if CASES[case][0] == "mxfp4" else backend
     assert layer.runner_backend.value == sm.BACKEND[runner]
+    if runner == "mxfp4-cutlass":
+        assert layer.quant_method._fi_kernel == "cutlass_sm90"  # SGLang took its SM90 branch
     skip = FROM_CONFIG if CASES[case][0] == "mxfp4" else set()
     theirs = {n: t for n, t in sm.params(layer).items() if n not in skip}
     assert_same(theirs, ours, "SGLang's own")
@@ -592,6 +612,36 @@ def test_sglang_output_control_vllm_split_differs(outputs, sglang_layers):
     sgl = outputs("mixtral-bf16-7", 2, "trtllm", "sglang")
     assert differing(theirs, load_moe_layer(sgl, prefix, tp_rank=1)) == []
     assert differing(theirs, load_moe_layer(sgl, prefix, tp_rank=0)) == ["w13_weight", "w2_weight"]
+
+
+def test_sm90_mxfp4_refused_where_sglang_cannot_load(checkpoints, outputs):
+    """SGLang 0.5.23's SM90 path allocates I/TP rows, and its gpt-oss loader slices
+    ceil(I/32/TP)*32 rows into them: I 192 at TP 4 (64 rows into 48) fails in SGLang's own
+    loading; fi-convert refuses it at plan time, naming the TP sizes that load."""
+    from fi_convert.errors import LayoutError
+
+    prefix = CASES["gpt-oss-mxfp4"][2]
+    with pytest.raises(RuntimeError, match="must match the size"):
+        sm.build("mxfp4-cutlass", 4, 0, checkpoints["gpt-oss-mxfp4"], prefix)
+    with pytest.raises(LayoutError, match=r"I 192 at --tp-size 4: SGLang .* use --tp-size 1, 2,"):
+        outputs("gpt-oss-mxfp4", 4, "cutlass", "sglang")
+
+
+def test_sm90_mxfp4_controls(sglang_layers, outputs):
+    """The SM90 comparison can fail: another rank's bytes, and vLLM's CUTLASS layout of the same
+    checkpoint (SM100, MXFP8 activations), are not SGLang's SM90 bytes, but for vLLM's w13 bias
+    (the same [up; gate] halves padded to round_up(I/TP, 128), in the checkpoint's BF16)."""
+    prefix = CASES["gpt-oss-mxfp4-h576"][2]
+    layer = sglang_layers("gpt-oss-mxfp4-h576", 2, 1, "cutlass")
+    theirs = {n: t for n, t in sm.params(layer).items() if n not in FROM_CONFIG}
+    sgl = outputs("gpt-oss-mxfp4-h576", 2, "cutlass", "sglang")
+    rank0 = differing(theirs, load_moe_layer(sgl, prefix, tp_rank=0))
+    # the down bias is rank 0's only: zeros on rank 1 and in SGLang's rank 1
+    assert set(rank0) == set(theirs), rank0
+    vllm = load_moe_layer(outputs("gpt-oss-mxfp4-h576", 2, "cutlass"), prefix, tp_rank=1)
+    names = {"w13_bias": "w13_weight_bias", "w2_bias": "w2_weight_bias"}
+    diff = differing(theirs, {names.get(n, n): t for n, t in vllm.items()})
+    assert set(diff) == set(theirs) - {"w13_weight_bias"}, diff
 
 
 # ---- negative controls: the comparisons can fail ----

@@ -57,6 +57,12 @@ CASES = {
         Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
         "model.layers.1.mlp.experts",
     ),
+    # ... for SGLang's SM90 CUTLASS path: 5 experts, H 576 (padded to 768), I 384: I/TP 96 at
+    # TP 4, padded to 128
+    "gpt-oss-h576": (
+        Spec("gpt-oss", layers=2, experts=5, hidden=576, intermediate=384),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt NVFP4, 5 experts, H 256, I 384: I/TP 384, 192, 96 (padded to 128, sharded by
     # it: rank 3 of 4 holds none of I)
     "nvfp4": (
@@ -112,7 +118,9 @@ CASES = {
 }
 MX8 = {"mxfp8", "mxfp8-5"}
 CLAMP_UP = {1: 1.3, 4: 0.7}  # nvfp4-clamp: up global scales, times the gate's
-OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
+# SGLang runs them on its flashinfer_mxfp4 runner: on SM100 (sm.blackwell) for trtllm outputs,
+# on SM90 (sm.hopper) for cutlass ones
+OSS = {"gpt-oss", "gpt-oss-h576"}
 FP4 = (
     OSS | {"nvfp4", "nvfp4-h384", "nvfp4-h336", "nvfp4-h320", "nvfp4-clamp"} | MX8
 )  # on SM100 (sm.blackwell)
@@ -134,6 +142,10 @@ LAYER_CASES = [
     ("gpt-oss", "trtllm", 1),
     ("gpt-oss", "trtllm", 2),
     ("gpt-oss", "trtllm", 4),
+    # SM90 (SGLang loads it where I/32 % TP == 0): H 320 I 192 at TP 1 and 2, H 576 I 384 at 4
+    ("gpt-oss", "cutlass", 1),
+    ("gpt-oss", "cutlass", 2),
+    ("gpt-oss-h576", "cutlass", 4),
     ("nvfp4", "trtllm", 1),
     ("nvfp4", "trtllm", 2),
     ("nvfp4", "trtllm", 4),
@@ -162,13 +174,16 @@ LAYER_CASES = [
 
 def sgl(case: str, backend: str) -> str:
     """tests/sglang_moe.py's name of the SGLang runner for the case on fi-convert's backend."""
-    return "mxfp4-trtllm" if case in OSS else backend
+    return f"mxfp4-{backend}" if case in OSS else backend
 
 
-def platform(case: str):
-    """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`)."""
+def platform(case: str, backend: str = "trtllm"):
+    """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`,
+    `hopper`)."""
     stack = contextlib.ExitStack()
-    if case in FP4:
+    if case in OSS and backend == "cutlass":
+        stack.enter_context(sm.hopper())
+    elif case in FP4:
         stack.enter_context(sm.blackwell(cuda_noop=case in OSS))
     if case in MX8:
         stack.enter_context(sm.cuda_gate())
@@ -219,6 +234,10 @@ allocated: dict[int, dict[str, int]] = {}
 # gpt-oss MXFP4: the float32 biases (bfloat16 as allocated) and the SwiGLU constants
 NEW_STORAGE = {"w13_weight_bias", "w2_weight_bias", "gemm1_alpha", "gemm1_beta"}
 NEW_STORAGE |= {"gemm1_clamp_limit"}
+# gpt-oss MXFP4 on SM90: every expert parameter is new storage of the padded size (both sides:
+# the plugin drops the unpadded ones SGLang allocated), and the SwiGLU constants
+SM90_NEW = {"w13_weight", "w13_weight_scale", "w13_weight_bias", "w2_weight", "w2_weight_scale"}
+SM90_NEW |= {"w2_weight_bias", "swiglu_alpha", "swiglu_beta", "swiglu_limit"}
 # NVFP4: what SGLang's processing makes from the scalars (new parameters on both sides)
 NVFP4_DERIVED = {"g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant"}
 NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c", "gemm1_clamp_limit"}
@@ -235,7 +254,7 @@ FP8T_NEW |= {"fc2_dequant", "fc1_input_dequant"}
 def fresh_storage(case: str, backend: str) -> set[str]:
     """The parameters the plugin puts in new storage, as SGLang's own processing does."""
     if case in OSS:
-        return NEW_STORAGE
+        return SM90_NEW if backend == "cutlass" else NEW_STORAGE
     if case in FP8T:
         return FP8T_NEW | ({"w13_weight", "w2_weight"} if backend == "cutlass" else set())
     return NVFP4_DERIVED if case in FP4 - MX8 else set()
@@ -247,7 +266,7 @@ def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank
     from fi_convert.servers.sglang import experts
 
     case = kw.get("case", "")
-    with sm.sglang_context(sgl(case, backend), tp, rank), platform(case):
+    with sm.sglang_context(sgl(case, backend), tp, rank), platform(case, backend):
         layer = sm.make_layer(prefix, ckpt)
         before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
         with OutputReader(out) as reader:
@@ -297,11 +316,15 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
     ckpt, prefix = sources(case), CASES[case][1]
     out = outputs(case, backend, tp)
     m = json.loads((out / MANIFEST_NAME).read_text())
-    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[sgl(case, backend)])
+    sm90 = case in OSS and backend == "cutlass"  # an H200's
+    gpu = {"capability": (9, 0)} if sm90 else {}
+    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[sgl(case, backend)], **gpu)
     for rank in range(tp):
         theirs = sm.build(sgl(case, backend), tp, rank, ckpt, prefix)
         ours = plugin_layer(out, ckpt, prefix, backend, tp, rank, case=case)
         assert ours.runner_backend.value == sm.BACKEND[sgl(case, backend)]
+        if sm90:  # SGLang took its SM90 branch on both sides
+            assert theirs.quant_method._fi_kernel == ours.quant_method._fi_kernel == "cutlass_sm90"
         checks.check_layer(m, str(out), prefix, ours)  # the plugin's checks pass it
         assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
         diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
@@ -438,6 +461,46 @@ def test_fp8_tensor_on_a_model_without_a_routing_method_is_refused(tmp_path):
     assert layer.runner_backend.value == "triton"
     with pytest.raises(PluginError, match="declares no routing method for it, so Model"):
         checks.check_layer(m, str(out), MIXTRAL, layer)
+
+
+def test_sm90_mxfp4_controls(sources, outputs):
+    """gpt-oss MXFP4 on SM90: another rank's bytes are caught; without the kernel setup the
+    SwiGLU constants are missing (FusedMoE's plain `swiglu_alpha` attribute, the config's
+    alpha, stays where processing makes it a parameter) and the expert parameters keep the
+    loader's attributes."""
+    case, prefix = "gpt-oss", CASES["gpt-oss"][1]
+    ckpt, out = sources(case), outputs(case, "cutlass", 2)
+    theirs = sm.build("mxfp4-cutlass", 2, 1, ckpt, prefix)
+    other = plugin_layer(out, ckpt, prefix, "cutlass", 2, 1, read_rank=0, case=case)
+    diff = differing(sm.params(theirs), sm.params(other))
+    assert set(diff) == {"w13_weight", "w13_weight_scale", "w13_weight_bias", "w2_weight"} | {
+        "w2_weight_scale",
+        "w2_weight_bias",
+    }
+    bare = plugin_layer(out, ckpt, prefix, "cutlass", 2, 1, finish=False, case=case)
+    assert differing(sm.params(theirs), sm.params(bare)) == ["swiglu_alpha", "swiglu_beta"] + [
+        "swiglu_limit"
+    ]
+    assert state_diff(sm.layer_state(bare), sm.layer_state(theirs)) == ["layer.swiglu_alpha"]
+    assert param_attrs(bare)["w13_weight"] != param_attrs(theirs)["w13_weight"] == {}
+
+
+def test_sm90_mxfp4_refusals(sources, outputs):
+    """An SM90 output of another TP size (its sizes are not the ones SGLang's processing
+    makes), and FP8 activations (Humming, which rewrites the weights), are refused."""
+    from fi_convert.servers.sglang import experts
+
+    case, prefix = "gpt-oss", CASES["gpt-oss"][1]
+    ckpt, out = sources(case), outputs(case, "cutlass", 1)
+    with pytest.raises(PluginError, match=r"w13_weight is torch.uint8 \[3, 512, 256\] in the "):
+        plugin_layer(out, ckpt, prefix, "cutlass", 2, 0, case=case)
+    layer = plugin_layer(out, ckpt, prefix, "cutlass", 1, 0, finish=False, case=case)
+    layer.quant_method._use_sm90_humming = True  # as --flashinfer-mxfp4-moe-precision fp8
+    with (
+        sm.sglang_context("mxfp4-cutlass", 1, 0),
+        pytest.raises(PluginError, match="without --flashinfer-mxfp4-moe-precision fp8"),
+    ):
+        experts.finish(layer)
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):
@@ -620,9 +683,23 @@ def test_cutlass_nvfp4_runs_on_sm10x_and_sm12x(manifest):
         _check(m, moe_runner_backend="flashinfer_cutlass", capability=(9, 0))
 
 
+def test_cutlass_mxfp4_runs_on_sm90_only(manifest):
+    """gpt-oss MXFP4's CUTLASS layout is SGLang's SM90 one (flashinfer_mxfp4 runs TRT-LLM on
+    SM100 and another CUTLASS layout on SM120)."""
+    m = manifest | {"scheme": "mxfp4", "backend": "cutlass"}
+    m = m | {"target": target.SGLANG_TARGET.target_fields("mxfp4", "cutlass")}
+    assert m["target"]["gpu_family"] == "sm90"
+    _check(m, moe_runner_backend="flashinfer_mxfp4", capability=(9, 0))
+    for cap in ((10, 0), (12, 0), (8, 9)):
+        with pytest.raises(PluginError, match=r"need an SM90 \(Hopper H100/H200\) GPU"):
+            _check(m, moe_runner_backend="flashinfer_mxfp4", capability=cap)
+    with pytest.raises(PluginError, match="pass --moe-runner-backend flashinfer_mxfp4"):
+        _check(m, moe_runner_backend="flashinfer_cutlass", capability=(9, 0))
+
+
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
-    with pytest.raises(PluginError, match="does not load mxfp4/cutlass outputs yet"):
-        _check(manifest | {"scheme": "mxfp4", "backend": "cutlass"})
+    with pytest.raises(PluginError, match="does not load mxfp8/cutlass outputs yet"):
+        _check(manifest | {"scheme": "mxfp8", "backend": "cutlass"})
     with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
         _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 

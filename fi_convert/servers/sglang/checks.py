@@ -145,6 +145,7 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
     major, sm = capability[0], capability[0] * 10 + capability[1]
     need = {
         "sm100": (major == 10, "an SM100-family (Blackwell B200/GB200/B300) GPU"),
+        "sm90": (sm == 90, "an SM90 (Hopper H100/H200) GPU"),
         "sm90+": (sm == 90 or major in (10, 12), "an SM90, SM10x or SM12x GPU"),
         "sm100+": (major in (10, 12), "an SM10x or SM12x (Blackwell) GPU"),
     }.get(family)
@@ -292,9 +293,12 @@ PROCESS_PADDED = {("ModelOptFp8MoEMethod", "flashinfer_cutlass"): 16}
 
 def allocated_sizes(layer: Any) -> tuple[int, int]:
     """The hidden size and intermediate size per rank SGLang allocated the layer's experts by
-    (and its processing pads them to)."""
+    (and its processing pads them to; gpt-oss MXFP4 on SM90: pads them to after loading, as its
+    processing's new tensors)."""
     method = layer.quant_method
     if type(method).__name__ in OWN_SIZES:
+        if getattr(method, "_fi_kernel", None) == "cutlass_sm90":
+            return method._padded_hidden, method._padded_intermediate
         return method.hidden_size, method.intermediate_size_per_partition
     runner = str(getattr(layer.runner_backend, "value", layer.runner_backend))
     align = PROCESS_PADDED.get((type(method).__name__, runner), 1)

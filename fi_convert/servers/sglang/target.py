@@ -42,9 +42,10 @@ TARGET = {
 
 # --moe-runner-backend for each fi-convert backend
 MOE_RUNNER_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
-# ... where a scheme runs FlashInfer's kernels on a runner of its own: gpt-oss MXFP4 on
-# TRT-LLM is SGLang's `flashinfer_mxfp4` (SM100; on SM90 and SM120 that name runs CUTLASS)
-OWN_RUNNER = {("mxfp4", "trtllm"): "flashinfer_mxfp4"}
+# ... where a scheme runs FlashInfer's kernels on a runner of its own: gpt-oss MXFP4 is
+# SGLang's `flashinfer_mxfp4`, which runs TRT-LLM on SM100 and CUTLASS on SM90 (and, with
+# another layout fi-convert does not write, on SM120)
+OWN_RUNNER = {("mxfp4", "trtllm"): "flashinfer_mxfp4", ("mxfp4", "cutlass"): "flashinfer_mxfp4"}
 
 
 def moe_runner_backend(scheme: str, backend: str) -> str:
@@ -64,6 +65,9 @@ LAYOUTS = {
     # gpt-oss MXFP4 on flashinfer_mxfp4: vLLM's bytes, the scale padding UE8M0 1.0 (127),
     # the biases under SGLang's names
     ("mxfp4", "trtllm"): Layout(unit_scale_pad=True, weight_bias_names=True),
+    # ... on SM90 (FlashInfer's CUTLASS mixed-input GEMM): a layout of its own (I/TP and H
+    # padded, [up; gate], weights interleaved, scales folded, BF16 biases) under its names
+    ("mxfp4", "cutlass"): Layout(sm90_mixed=True, weight_bias_names=True),
     # ModelOpt NVFP4 on TRT-LLM: I/TP padded to 64 and sharded by it, H as is, SGLang's scalars
     ("nvfp4", "trtllm"): Layout(shard_padded=True, hidden_padded=False, split_scales=True),
     # ... on CUTLASS: vLLM's weights and swizzled block scales, SGLang's scalars; a swizzle
@@ -132,6 +136,7 @@ METHODS = {
     ("bf16", "cutlass"): "UnquantizedFusedMoEMethod",
     ("fp8-block", "trtllm"): "Fp8MoEMethod",
     ("mxfp4", "trtllm"): "Mxfp4MoEMethod",
+    ("mxfp4", "cutlass"): "Mxfp4MoEMethod",
     ("nvfp4", "trtllm"): "ModelOptNvFp4FusedMoEMethod",
     ("nvfp4", "cutlass"): "ModelOptNvFp4FusedMoEMethod",
     ("mxfp8", "trtllm"): "Fp8MoEMethod",
@@ -140,12 +145,14 @@ METHODS = {
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
-# TRT-LLM-gen on the SM10x family only; CUTLASS BF16 on SM90, SM10x and SM12x.
+# TRT-LLM-gen on the SM10x family only; CUTLASS BF16 on SM90, SM10x and SM12x; gpt-oss
+# MXFP4's SM90 layout on SM90 only (SM120 runs another, SM100 TRT-LLM).
 GPU_FAMILY = {
     ("bf16", "trtllm"): "sm100",
     ("bf16", "cutlass"): "sm90+",
     ("fp8-block", "trtllm"): "sm100",
     ("mxfp4", "trtllm"): "sm100",
+    ("mxfp4", "cutlass"): "sm90",
     ("nvfp4", "trtllm"): "sm100",
     ("nvfp4", "cutlass"): "sm100+",  # FlashInfer's CUTLASS FP4 MoE: SM10x and SM12x
     ("mxfp8", "trtllm"): "sm100",
