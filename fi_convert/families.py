@@ -39,6 +39,9 @@ class Family:
     config_keys: dict[str, tuple[str, ...]]
     forms: tuple[Form, ...]
     manifest_keys: tuple[str, ...] = ()  # config.json values recorded per layer (swiglu_limit)
+    # config.json fields holding the limit of the experts' SwiGLU clamp, which the model's MoE
+    # passes its experts (SGLang's DeepseekV2MoE: swiglu_limit)
+    clamp_keys: tuple[str, ...] = ()
     title: str = ""  # for messages: "Qwen3-MoE"
     architectures: tuple[str, ...] = ()
     markers: tuple[re.Pattern[str], ...] = ()
@@ -54,7 +57,15 @@ class Family:
     def config_fields(self) -> dict[str, str]:
         """The config.json fields this family reads, each with its kind (KINDS)."""
         fields = {k: "integer" for keys in self.config_keys.values() for k in keys}
-        return fields | {k: "number" for k in self.manifest_keys}
+        return fields | {k: "number" for k in (*self.manifest_keys, *self.clamp_keys)}
+
+    def swiglu_limit(self, config: dict) -> float | None:
+        """The experts' SwiGLU clamp limit config.json gives (`clamp_keys`), or None."""
+        for k in self.clamp_keys:
+            v = config_field(config, k)
+            if KINDS["number"](v):
+                return float(v)  # type: ignore[arg-type]
+        return None
 
 
 def _load(path: Path) -> Family:
@@ -71,6 +82,7 @@ def _load(path: Path) -> Family:
         keys,
         forms,
         tuple(d.get("manifest_keys", ())),
+        tuple(d.get("clamp_keys", ())),
         d.get("title", d["name"]),
         tuple(d.get("architectures", ())),
         tuple(re.compile(m) for m in d.get("markers", ())),

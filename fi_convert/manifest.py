@@ -124,13 +124,16 @@ TENSOR_VALUES: dict[str, tuple] = {
         "per_expert",
         "scalar",
         "rows",
+        "sm90_mixed_interleave",
+        "sm90_scale_fold_64x128",
     ),
     "epilogue_tile_m": (128, 64, None),
     "block_k_bytes": (128, None),
-    "row_order": ("up_gate", "up_gate_pairs", "rows", None),
+    "row_order": ("up_gate", "up_gate_pairs", "gate_up", "rows", None),
     "gated_interleave": (True, False),
     "packing": ("e2m1x2",),
     "rank0_only": (True,),
+    "formula": ("sglang",),
 }
 # ... and a layer entry's keys that have a closed set of values
 LAYER_VALUES: dict[str, tuple] = {

@@ -233,7 +233,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
             f"use --backend {scheme.backends[0].value}"
         )
     refused = target.refuses(name.value, options.backend.value) or target.refuses_source(
-        name.value, options.backend.value, quant_method(ckpt)
+        name.value, options.backend.value, quant_method(ckpt), ckpt.model_type
     )
     if refused:
         raise SchemeMismatchError(_refused_line(ckpt, layers, name, options, refused))
@@ -337,7 +337,7 @@ def _plan_layers(
     if backend not in scheme.backends:
         return target.no_path(name.value, backend.value), False, []
     refused = target.refuses(name.value, backend.value) or target.refuses_source(
-        name.value, backend.value, quant_method(ckpt)
+        name.value, backend.value, quant_method(ckpt), ckpt.model_type
     )
     if refused:
         return refused, False, []
@@ -354,7 +354,12 @@ def _plan_layers(
 
 
 # What a field of a layer entry (or of a tensor's) that differs between servers changes
-WHY = {"tp_split": "the rows of I each TP rank holds", "layout": "the element order"}
+WHY = {
+    "tp_split": "the rows of I each TP rank holds",
+    "layout": "the element order",
+    "row_order": "the order of the gate and up rows",
+    "formula": "how the value is made (docs/FORMAT.md)",
+}
 FIRST = ("dtype", "layout")  # a tensor's fields said first where they differ
 
 

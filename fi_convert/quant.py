@@ -71,3 +71,12 @@ def fp8_dynamic_scale(x: torch.Tensor) -> torch.Tensor:
     float32 division (the kernel divides in CUDA C; done on the CPU here). 0-dim, on CPU."""
     amax = x.to(torch.float32).abs().amax().cpu()
     return amax / torch.tensor(E4M3_MAX, dtype=torch.float32)
+
+
+def rescale_e4m3(scales: torch.Tensor, ratio: torch.Tensor) -> None:
+    """E4M3 bytes (uint8 `[n, rows, k]`) times a float32 `ratio` per leading index, in place:
+    float32(e4m3) * ratio, rounded back to E4M3 as PyTorch casts (SGLang 0.5.23's NVFP4 clamp
+    rescale: `block_scales.copy_(block_scales.float().mul_(ratios))`)."""
+    e4m3 = scales.view(torch.float8_e4m3fn)
+    scaled = e4m3.float().mul_(ratio.to(torch.float32).reshape(-1, 1, 1))
+    e4m3.copy_(scaled)

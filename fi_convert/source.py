@@ -71,6 +71,8 @@ class ExpertLayer:
     intermediate_size: int
     # per-expert form: (role, param, expert) -> tensor; fused form: (role, param, -1) -> tensor
     params: dict[tuple[str, str, int], TensorInfo] = field(default_factory=dict)
+    # the limit of the experts' SwiGLU clamp config.json gives (`Family.swiglu_limit`), or None
+    swiglu_limit: float | None = None
 
     def param_names(self) -> set[str]:
         return {p for (_, p, _) in self.params}
@@ -497,7 +499,9 @@ def _make_layer(
             f"{where}: {num} experts in the shards but config.json says {cfg_e}; "
             "the checkpoint and its config disagree - download both again"
         )
-    return ExpertLayer(prefix, form, num, hidden, inter, dict(params))
+    return ExpertLayer(
+        prefix, form, num, hidden, inter, dict(params), fam.swiglu_limit(ckpt.config)
+    )
 
 
 def _proj(form: Form, role: str) -> str:

@@ -53,6 +53,29 @@ class Layout:
     # global scales kept apart, each expert's input scales as loaded, the alphas and the
     # inverse input scales beside them)
     split_scales: bool = False
+    # nvfp4 on CUTLASS: where the 128x4 swizzle pads a block scale (w2's rows where H % 128,
+    # w13's columns where H % 64), the padded swizzle is a parameter of its own,
+    # `w*_blockscale_swizzled`, beside `w*_weight_scale` as loaded (SGLang: its
+    # `alias_or_bind_derived_param` cannot write the larger swizzle in place); False: the
+    # padded swizzle is `w*_weight_scale` (vLLM; SGLang too where nothing is padded)
+    swizzle_apart: bool = False
+    # fp8-tensor on TRT-LLM: I per rank padded to 128 (SGLang's FusedMoE pads it so on
+    # flashinfer_trtllm); False: to 16 per half (vLLM)
+    pad_i_128: bool = False
+    # fp8-tensor on CUTLASS: w13 rows [gate; up] as loaded (SGLang's ModelOpt FP8 method passes
+    # them so); False: [up; gate] (vLLM)
+    gate_up_rows: bool = False
+    # fp8-tensor: the scalars as SGLang holds them: w13's activation scale the max over experts
+    # of the one of w1's and w3's its loader reads last, the TRT-LLM output1 product
+    # g1 * float32(1 / a2), the CUTLASS products under its names (fc1_dequant, fc2_quant,
+    # fc2_dequant, fc1_input_dequant); False: vLLM's (max over w1 and w3, g1 / a2, g1_alphas ...)
+    sglang_scalars: bool = False
+    # mxfp4 on CUTLASS: SGLang's SM90 layout for FlashInfer's mixed-input (BF16 x MXFP4) MoE
+    # GEMM: I/TP unpadded by the loader (it needs I/32 % TP == 0), w13 [up; gate] halves each
+    # padded to round_up(I/TP, 128), H to 256; weights byte- and bit-interleaved, scales folded
+    # in 64x128 blocks, scale padding UE8M0 1.0 (127) in H's tail and 0 in I's, BF16 biases;
+    # False: vLLM's SM100 CUTLASS MXFP4 x MXFP8 layout
+    sm90_mixed: bool = False
 
     def variants(self) -> frozenset[str]:
         """The fields that differ from vLLM's layout: what the scheme must implement."""
@@ -108,10 +131,12 @@ class ServerTarget(Protocol):
         it: no FlashInfer path of its own, or a layout not done yet; None when it writes one."""
         ...
 
-    def refuses_source(self, scheme: str, backend: str, quant_method: str | None) -> str | None:
+    def refuses_source(
+        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+    ) -> str | None:
         """Why fi-convert writes no output of this scheme and backend for it from a source of
-        this `quantization_config.quant_method` (another method of the server's reads it, or
-        it is not proven), or None."""
+        this `quantization_config.quant_method` and config.json `model_type` (another method
+        or runner of the server's reads it, or it is not proven), or None."""
         ...
 
     def layout(self, scheme: str, backend: str) -> Layout:

@@ -72,12 +72,13 @@ MODELS: dict[str, tuple[str, str, dict]] = {
 MAX_SHARD_SIZE = "200KB"
 
 
-def save(kind: str, root: Path, seed: int = 0) -> Path:
-    """Write model `kind` of MODELS with transformers' `save_pretrained` into `root`."""
+def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
+    """Write model `kind` of MODELS with transformers' `save_pretrained` into `root`; `sizes`
+    replace config arguments of COMMON and MODELS (a quantized scheme's sizes)."""
     import transformers
 
     config_cls, model_cls, own = MODELS[kind]
-    config = getattr(transformers, config_cls)(**COMMON, **own)
+    config = getattr(transformers, config_cls)(**(COMMON | own | sizes))
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
     model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)

@@ -15,8 +15,13 @@ process). On this machine SGLang's `is_cuda()` and `is_cpu()` are both False, so
 generic (GPU) code paths. For NVFP4, MXFP8 and gpt-oss MXFP4 (`blackwell()`): SGLang's own
 `override_platform` hook says SM100, FlashInfer's CUDA-only scale swizzle is a CPU version,
 and for gpt-oss `Tensor.cuda` stays on CPU and two FlashInfer names SGLang binds only when
-FlashInfer finds CUDA are bound. gpt-oss experts load through SGLang's own
+FlashInfer finds CUDA are bound. For ModelOpt FP8: SGLang's CUDA-only per-tensor FP8
+quantization kernel is a CPU version of its arithmetic, its `per_tensor_dequantize` is
+evaluated as CUDA evaluates it (`fp8_quant`), and the layer gets the routing method its model
+class declares (`_routing`). gpt-oss experts load through SGLang's own
 `GptOssForCausalLM._load_mxfp4_experts_weights` (it splits the fused experts by TP rank).
+For a whole gpt-oss model (`mxfp4_registered`), SGLang's `mxfp4` quantization method is
+registered as SGLang registers it where it finds CUDA.
 (shared/reference/sglang-0.5.23-in-tests.md has the facts.)
 """
 
@@ -38,8 +43,10 @@ from tests import sglang_stubs
 BACKEND = {
     "trtllm": "flashinfer_trtllm",
     "cutlass": "flashinfer_cutlass",
-    # gpt-oss MXFP4 on FlashInfer's TRT-LLM kernels is SGLang's own backend name
+    # gpt-oss MXFP4 on FlashInfer's TRT-LLM kernels (SM100) and on its CUTLASS mixed-input
+    # kernels (SM90) is SGLang's own backend name
     "mxfp4-trtllm": "flashinfer_mxfp4",
+    "mxfp4-cutlass": "flashinfer_mxfp4",
 }
 MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 SHARD_IDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
@@ -107,10 +114,18 @@ def sglang_context(backend: str, tp_size: int, tp_rank: int) -> Iterator[None]:
 def _block_scale_interleave(sf: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """FlashInfer's `block_scale_interleave` (CUDA only) on CPU: the 128x4 swizzle of a
     [M, K/16] (or [E, M, K/16]) scale tensor, M padded to 128 and K/16 to 4 with zeros, flat.
-    Built from fi_convert.layout's index, so SGLang's NVFP4 scale bytes here are checked up to
-    this swizzle; the swizzle itself is checked against FlashInfer's on the GPU machine."""
+    Built from fi_convert.layout's index, so SGLang's scale bytes here are checked up to this
+    swizzle; the swizzle itself is checked against FlashInfer's on the GPU machine, for the
+    shapes tests/swizzle_shapes.py lists (any other shape is refused here)."""
     from fi_convert.layout import swizzle_128x4_index
+    from tests.swizzle_shapes import SGLANG_SCALE_SHAPES
 
+    if tuple(sf.shape) not in SGLANG_SCALE_SHAPES or sf.dtype != torch.uint8:
+        raise AssertionError(
+            f"block_scale_interleave of {tuple(sf.shape)} {sf.dtype}: a shape the CPU version "
+            "has not been checked against FlashInfer's for; add it to tests/swizzle_shapes.py "
+            "and run tests/test_gpu.py on the GPU machine"
+        )
     e = sf.shape[0] if sf.ndim == 3 else 1
     x = sf.reshape(e, sf.shape[-2], sf.shape[-1])
     idx = swizzle_128x4_index(x.shape[1], x.shape[2])
@@ -154,6 +169,50 @@ def blackwell(cuda_noop: bool = False) -> Iterator[None]:
         yield
 
 
+def _sm90_weight_interleave(weight: torch.Tensor, quant_type: str = "fp4") -> torch.Tensor:
+    """FlashInfer's `interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4")` (CUDA only) on CPU:
+    fi_convert.layout's `sm90_interleave_weights` (its byte move and bit permutation of each
+    expert's [n, K/2] packed FP4 bytes), into a new tensor as FlashInfer returns. So SGLang's
+    SM90 weight bytes here are checked up to this interleave; the interleave itself is checked
+    against FlashInfer's CUDA kernel on the GPU machine (tests/test_sglang_gpu.py), for the
+    shapes tests/swizzle_shapes.py lists (any other shape is refused here)."""
+    from fi_convert.layout import sm90_interleave_weights
+    from tests.swizzle_shapes import SGLANG_SM90_WEIGHT_SHAPES
+
+    assert quant_type == "fp4" and weight.dtype == torch.uint8 and weight.ndim == 3
+    if tuple(weight.shape[1:]) not in SGLANG_SM90_WEIGHT_SHAPES:
+        raise AssertionError(
+            f"interleave_moe_weights_for_sm90_mixed_gemm of {tuple(weight.shape[1:])} per "
+            "expert: a shape the CPU version has not been checked against FlashInfer's for; add "
+            "it to tests/swizzle_shapes.py and run tests/test_sglang_gpu.py on the GPU machine"
+        )
+    return sm90_interleave_weights(weight)
+
+
+@contextlib.contextmanager
+def hopper() -> Iterator[None]:
+    """What SGLang's gpt-oss MXFP4 path on SM90 (FlashInfer's CUTLASS mixed-input MoE) needs on
+    CPU (call inside sglang_context): SGLang's own test hook `override_platform` says SM90 (not
+    SM100 nor SM120); its module's flag that FlashInfer has the SM90 helpers set (it binds them
+    only where FlashInfer finds CUDA), with FlashInfer's own (pure-PyTorch) scale fold and the
+    CPU version above of its CUDA-only weight interleave."""
+    from flashinfer.fused_moe import interleave_moe_scales_for_sm90_mixed_gemm
+    from sglang.srt.layers.quantization import mxfp4
+    from sglang.srt.runtime_context import override_platform
+
+    bound = {
+        "_FI_HAS_SM90_CUTLASS_MXFP4": True,
+        "interleave_moe_scales_for_sm90_mixed_gemm": interleave_moe_scales_for_sm90_mixed_gemm,
+        "interleave_moe_weights_for_sm90_mixed_gemm": _sm90_weight_interleave,
+    }
+    with contextlib.ExitStack() as stack:
+        for attr, value in bound.items():
+            stack.enter_context(mock.patch.object(mxfp4, attr, value, create=True))
+        facts = dict(is_sm90=True, is_sm100=False, is_sm120=False, is_blackwell=False)
+        stack.enter_context(override_platform(**facts))
+        yield
+
+
 @contextlib.contextmanager
 def cuda_gate() -> Iterator[None]:
     """SGLang's MXFP8 MoE processing runs only where its `fp8._is_cuda` flag (set at import)
@@ -161,6 +220,18 @@ def cuda_gate() -> Iterator[None]:
     from sglang.srt.layers.quantization import fp8
 
     with mock.patch.object(fp8, "_is_cuda", True):
+        yield
+
+
+@contextlib.contextmanager
+def mxfp4_registered() -> Iterator[None]:
+    """SGLang registers its `mxfp4` quantization method (gpt-oss) at import only where it finds
+    CUDA or a CPU it supports (`layers/quantization/__init__.py`); here neither: registered as
+    it registers it there (call inside sglang_context; a whole model's config reads it)."""
+    from sglang.srt.layers import quantization
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+
+    with mock.patch.dict(quantization.QUANTIZATION_METHODS, {"mxfp4": Mxfp4Config}):
         yield
 
 
@@ -192,6 +263,10 @@ def quant_config(ckpt: Path):
         from sglang.srt.layers.quantization.fp8 import Fp8Config
 
         return Fp8Config.from_config(ModelConfig._parse_modelopt_quant_config(None, cfg))
+    if cfg["quant_method"] == "modelopt" and cfg.get("quant_algo") == "FP8":
+        from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp8Config
+
+        return ModelOptFp8Config.from_config(cfg)
     if cfg["quant_method"] == "modelopt" and cfg.get("quant_algo") == "NVFP4":
         from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
 
@@ -218,8 +293,13 @@ def make_layer(prefix: str, ckpt: Path):
         gemm1_clamp_limit=cfg.get("swiglu_limit"),
         with_bias=True,
     )
+    # DeepSeek's MoE passes the config's SwiGLU clamp (models/deepseek_v2.py DeepseekV2MoE:
+    # swiglu_limit=getattr(config, "swiglu_limit", None))
+    deepseek = {"swiglu_limit": cfg.get("swiglu_limit")}
+    kind = {"gpt_oss": oss, "deepseek_v3": deepseek, "deepseek_v2": deepseek, "kimi_k2": deepseek}
     return FusedMoE(
-        **(oss if cfg.get("model_type") == "gpt_oss" else {}),
+        **kind.get(cfg.get("model_type"), {}),
+        **_routing(ckpt),
         num_experts=experts,
         hidden_size=cfg["hidden_size"],
         intermediate_size=inter,
@@ -229,6 +309,67 @@ def make_layer(prefix: str, ckpt: Path):
         quant_config=quant_config(ckpt),
         prefix=prefix,
     )
+
+
+def _routing(ckpt: Path) -> dict:
+    """The routing method SGLang's model class declares to its FusedMoE (qwen3_moe.py:
+    Renormalize; deepseek_v2.py: DeepSeekV3 unless its config names another; mixtral.py:
+    none), for ModelOpt FP8, whose method runs FlashInfer TRT-LLM only where one is declared
+    (else Triton). The other schemes' layers are built without it, as before (their methods
+    do not read it for their layout)."""
+    from sglang.srt.layers.moe.utils import RoutingMethodType
+
+    if _algo(ckpt) != "FP8":
+        return {}
+    declared = {
+        "qwen3_moe": RoutingMethodType.Renormalize,
+        "deepseek_v3": RoutingMethodType.DeepSeekV3,
+    }
+    return {"routing_method_type": declared.get(_model_type(ckpt) or "")}
+
+
+def _per_tensor_quant_fp8(input, output_q, output_s, is_static: bool = False) -> None:
+    """SGLang's CUDA-only per-tensor FP8 quantization (`sgl_per_tensor_quant_fp8`, a JIT kernel,
+    kernels/jit/csrc/gemm/per_tensor_quant_fp8.cuh), on CPU: a dynamic scale is
+    float32(max |x|) / 448 (an IEEE float32 division) written to `output_s`; each value
+    float32(x) * (1.0f / scale) (an IEEE float32 division), clipped to +-448, cast to E4M3
+    (round to nearest even). Elementwise, no layout in it."""
+    if not is_static:
+        amax = input.float().abs().amax()
+        output_s.copy_((amax / torch.tensor(448.0)).reshape(output_s.shape))
+    inv = torch.ones((), dtype=torch.float32) / output_s.float().reshape(())
+    y = (input.float() * inv).clamp(-448.0, 448.0)
+    output_q.copy_(y.to(output_q.dtype))
+
+
+def _per_tensor_dequantize_as_on_cuda(tensor: torch.Tensor, inv_scale) -> torch.Tensor:
+    """SGLang's `per_tensor_dequantize` (`tensor.to(float16) * inv_scale`, a 0-dim float32
+    scale) as CUDA evaluates it: the scale is cast to the float16 of the product first. The
+    CPU keeps a 0-dim operand unrounded, which gives other float16 values, and after the
+    requantization other E4M3 bytes (5 of 98304 in test_sglang's
+    test_fp8_tensor_w13_input_scale_is_the_one_loaded_last). tests/test_gpu.py's
+    test_cpu_dequantize_gives_the_gpu_bytes shows this on CUDA for the same expression (vLLM's
+    `per_tensor_dequantize` is the same line)."""
+    return tensor.to(torch.float16) * torch.as_tensor(inv_scale).to(torch.float16)
+
+
+@contextlib.contextmanager
+def fp8_quant() -> Iterator[None]:
+    """SGLang's ModelOpt FP8 requantization on CPU as on CUDA (call inside sglang_context): its
+    `sgl_per_tensor_quant_fp8`, which its fp8_kernel module binds only on CUDA, is the CPU
+    version above; its `per_tensor_dequantize` evaluated as CUDA evaluates it."""
+    from sglang.kernels.ops.quantization import fp8_kernel
+    from sglang.srt.layers.quantization import modelopt_quant
+
+    with (
+        mock.patch.object(
+            fp8_kernel, "sgl_per_tensor_quant_fp8", _per_tensor_quant_fp8, create=True
+        ),
+        mock.patch.object(
+            modelopt_quant, "per_tensor_dequantize", _per_tensor_dequantize_as_on_cuda
+        ),
+    ):
+        yield
 
 
 def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -323,13 +464,16 @@ def process(layer) -> None:
 
 
 def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str):
-    """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code."""
+    """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code (backend
+    "mxfp4-cutlass": gpt-oss on SM90)."""
     oss = _model_type(ckpt) == "gpt_oss"
     fp4 = _algo(ckpt) in ("NVFP4", "MXFP8") or oss
+    sm90 = backend == "mxfp4-cutlass"
     with (
         sglang_context(backend, tp, rank),
-        blackwell(oss) if fp4 else contextlib.nullcontext(),
+        hopper() if sm90 else blackwell(oss) if fp4 else contextlib.nullcontext(),
         cuda_gate() if _algo(ckpt) == "MXFP8" else contextlib.nullcontext(),
+        fp8_quant() if _algo(ckpt) == "FP8" else contextlib.nullcontext(),
     ):
         layer = make_layer(prefix, ckpt)
         assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)
@@ -394,3 +538,19 @@ def layer_state(layer) -> dict[str, object]:
 
 def _bytes(t: torch.Tensor) -> bytes:
     return bytes(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy())
+
+
+def set_up_scales(ckpt: Path, prefix: str, factors: dict[int, float]) -> None:
+    """Give expert x's up_proj the gate_proj's global weight scale (weight_scale_2) times
+    factors[x] (float32), in the checkpoint's shards: a ModelOpt checkpoint where some experts'
+    gate and up scales agree (1.0), or where the up one is the smaller."""
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    for x, factor in factors.items():
+        gate, up = (f"{prefix}.{x}.{p}_proj.weight_scale_2" for p in ("gate", "up"))
+        with safe_open(ckpt / index[gate], framework="pt") as f:
+            value = f.get_tensor(gate) * torch.tensor(factor, dtype=torch.float32)
+        tensors = load_file(ckpt / index[up])
+        tensors[up] = value
+        save_file(tensors, ckpt / index[up], metadata={"format": "pt"})

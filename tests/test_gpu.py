@@ -8,13 +8,19 @@ Run on an H200: `pytest -m gpu tests/test_gpu.py` (see docs/development.md, "GPU
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
 from fi_convert import layout as L
+from fi_convert.errors import FiConvertError
+from fi_convert.servers.sglang.target import LAYOUTS as SGLANG_LAYOUTS
+from fi_convert.servers.sglang.target import SGLANG_TARGET
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from fi_convert.verify import flashinfer_reference as ref
+from tests.swizzle_shapes import SGLANG_SCALE_SHAPES
 
 pytestmark = pytest.mark.gpu
 
@@ -63,6 +69,57 @@ def test_cuda_conversion_matches_reference_and_cpu(tmp_path, case, tp, backend):
                 assert ref.same_bytes(got[name], t), (prefix, rank, name)
 
 
+# --server sglang: every layout SGLang 0.5.23 is written for, on a checkpoint that pads (the CPU
+# bytes are the ones tests/test_sglang.py compares with SGLang's own processing)
+SGLANG_CASES = [  # tests/test_sglang.py's checkpoints (SGLang needs H % 128 == 0 for FP4/FP8)
+    (Spec("mixtral", layers=1, experts=7, hidden=128, intermediate=192), "bf16"),
+    (Spec("deepseek-v3", experts=8, hidden=256, intermediate=512, shards=2), "fp8-block"),
+    (Spec("deepseek-v3", experts=3, hidden=384, intermediate=192, quant="nvfp4"), "nvfp4"),
+    # CUTLASS: the padded swizzles kept apart; TRT-LLM: refused (H % 128)
+    (Spec("deepseek-v3", experts=3, hidden=336, intermediate=256, quant="nvfp4"), "nvfp4"),
+    # a SwiGLU clamp: on TRT-LLM the block scales of the smaller-alpha half rescaled in float32
+    # and rounded to E4M3 (the last expert's gate and up global scales differ)
+    (
+        Spec(
+            "deepseek-v3",
+            experts=5,
+            hidden=256,
+            intermediate=384,
+            quant="nvfp4",
+            config={"swiglu_limit": 10.0},
+        ),
+        "nvfp4",
+    ),
+    (Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8"), "mxfp8"),
+    (Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192), "mxfp4"),
+]
+SGLANG_COMBOS = [
+    (case, tp, backend)
+    for case, (_, scheme) in enumerate(SGLANG_CASES)
+    for tp in (1, 2)
+    for backend in ("trtllm", "cutlass")
+    if (scheme, backend) in SGLANG_LAYOUTS and not SGLANG_TARGET.refuses(scheme, backend)
+]
+
+
+@pytest.mark.parametrize("case,tp,backend", SGLANG_COMBOS)
+def test_cuda_conversion_for_sglang_matches_cpu(tmp_path, case, tp, backend):
+    spec, scheme = SGLANG_CASES[case]
+    src = write_checkpoint(tmp_path / "src", spec)
+    opts = Options(SchemeName(scheme), Backend(backend), tp, server="sglang")
+    gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
+    try:
+        res = convert(src, gpu, opts, device="cuda")
+    except FiConvertError as e:  # a checkpoint this layout refuses: refused on CPU alike
+        with pytest.raises(FiConvertError, match=re.escape(str(e))):
+            convert(src, cpu, opts, device="cpu")
+        return
+    assert res.device.startswith("cuda")
+    convert(src, cpu, opts, device="cpu")
+    for f in sorted(p.name for p in cpu.iterdir()):
+        assert (gpu / f).read_bytes() == (cpu / f).read_bytes(), f"{f}: CPU and CUDA differ"
+
+
 @pytest.mark.parametrize("m,ks", [(128, 4), (256, 8), (200, 7), (1024, 56), (96, 3)])
 def test_swizzle_matches_block_scale_interleave(m, ks):
     from flashinfer import block_scale_interleave
@@ -72,6 +129,19 @@ def test_swizzle_matches_block_scale_interleave(m, ks):
     flat = torch.cat([sf.reshape(-1), sf.new_zeros(1)])
     got = flat[L.swizzle_128x4_index(m, ks).cuda()]
     assert torch.equal(got.reshape(-1), want.reshape(-1))
+
+
+@pytest.mark.parametrize("shape", sorted(SGLANG_SCALE_SHAPES))
+def test_the_cpu_block_scale_interleave_of_the_sglang_tests_is_flashinfers(shape):
+    """The CPU version SGLang's own processing runs in the CPU tests (tests/sglang_moe.py),
+    against FlashInfer's CUDA function, on each scale shape those tests pass it."""
+    from flashinfer import block_scale_interleave
+
+    from tests.sglang_moe import _block_scale_interleave
+
+    sf = torch.randint(0, 256, shape, dtype=torch.uint8)
+    want = block_scale_interleave(sf.cuda()).cpu()
+    assert torch.equal(_block_scale_interleave(sf).reshape(-1), want.reshape(-1))
 
 
 @pytest.mark.parametrize("m,ks", [(256, 8), (512, 4), (384, 12)])

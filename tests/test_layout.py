@@ -119,3 +119,101 @@ def test_swizzle_index_matches_formula_loop(m, ks):
     sf = torch.randint(1, 255, (m, ks), dtype=torch.uint8)
     flat = torch.cat([sf.reshape(-1), torch.zeros(1, dtype=torch.uint8)])
     assert torch.equal(flat[L.swizzle_128x4_index(m, ks)], _swizzle_loop(sf))
+
+
+# ---- SGLang's SM90 CUTLASS MXFP4 (FlashInfer's mixed-input MoE GEMM) ----
+
+# FlashInfer 0.7.2's `interleave_fp4_weights_for_sm90_mixed_gemm_kernel` (moe_gemm_mixed_utils.cu):
+# its 18 (mask, shift) lines on the 32-bit word of 4 gathered bytes (negative: right shift)
+KERNEL_MOVES = [
+    *((0x80, 24), (0x70, 18), (0x08, 12), (0x07, 6), (0x8000, 13), (0x7000, 7)),
+    *((0x0800, 1), (0x0700, -5), (0x800000, 2), (0x700000, -4), (0x080000, -10)),
+    *((0x070000, -16), (0x80000000, -1), (0x10000000, 1), (0x60000000, -3)),
+    *((0x08000000, -13), (0x01000000, -11), (0x06000000, -15)),
+]
+
+
+def sm90_kernel_loop(w: torch.Tensor) -> torch.Tensor:
+    """A literal Python port of that kernel's loops (per thread: block, partition, lane), on
+    one expert's [n, K/2] bytes: the independent check of fi_convert's vectorized form."""
+    n, kb = w.shape
+    cols, src = 2 * kb, w.reshape(-1).tolist()
+    out = [0] * len(src)
+    for block_id in range(n // 2):
+        for partition in range(cols // 64):
+            for lane in range(16):
+                row = block_id // 8 * 16 + block_id % 8
+                mma = lane // 4
+                col = partition * 32 + mma * 8 + lane % 4
+                first, second = row * kb + col, (row + 8) * kb + col
+                raw = src[first] | src[second] << 8 | src[first + 4] << 16 | src[second + 4] << 24
+                word = 0
+                for mask, shift in KERNEL_MOVES:
+                    word |= (raw & mask) << shift if shift >= 0 else (raw & mask) >> -shift
+                dst = (row + (mma % 2) * 8) * kb + partition * 32 + lane // 8 * 16 + lane % 4 * 4
+                for b in range(4):
+                    out[dst + b] = (word >> (8 * b)) & 0xFF
+    return torch.tensor(out, dtype=torch.uint8).view(n, kb)
+
+
+def sm90_interleave(w: torch.Tensor) -> torch.Tensor:
+    return L.sm90_interleave_weights(w[None])[0]
+
+
+@pytest.mark.parametrize(("n", "kb"), [(16, 32), (32, 64), (48, 96), (256, 160)])
+def test_sm90_weight_interleave_matches_kernel_loop(n, kb):
+    w = torch.randint(
+        0, 256, (n, kb), dtype=torch.uint8, generator=torch.Generator().manual_seed(n)
+    )
+    assert torch.equal(sm90_interleave(w), sm90_kernel_loop(w))
+
+
+def test_sm90_weight_interleave_moves_every_bit_once():
+    """The index is a permutation of the bytes and the bit step of the bits (no byte lost,
+    none read twice): each single set bit lands on exactly one bit."""
+    assert sorted(L.SM90_FP4_BIT_SOURCE) == list(range(32))
+    idx = L.sm90_mixed_weight_index(32, 64)
+    assert torch.equal(idx.sort().values, torch.arange(32 * 64))
+    for bit in range(32):
+        word = torch.tensor([1 << bit], dtype=torch.int64).to(torch.int32)
+        out = L.sm90_fp4_bits_(word.clone())
+        assert int(out.view(torch.uint32)) == 1 << L.SM90_FP4_BIT_SOURCE.index(bit)
+
+
+def test_sm90_weight_interleave_control():
+    """The check can fail: without the bit step the bytes are not the kernel's."""
+    w = torch.randint(
+        0, 256, (16, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
+    moved = w.reshape(-1)[L.sm90_mixed_weight_index(16, 32)].view(16, 32)
+    assert not torch.equal(moved, sm90_kernel_loop(w))
+
+
+@pytest.mark.parametrize(("rows", "kgs"), [(64, 4), (128, 16), (192, 12), (512, 24)])
+def test_sm90_scale_fold_matches_flashinfer(rows, kgs):
+    """FlashInfer's own (pure-PyTorch) `interleave_moe_scales_for_sm90_mixed_gemm`."""
+    from flashinfer.fused_moe import interleave_moe_scales_for_sm90_mixed_gemm
+
+    s = torch.randint(0, 256, (3, rows, kgs), dtype=torch.uint8)
+    want = interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32)
+    ours = s.reshape(3, -1)[:, L.sm90_scale_fold_index(rows, kgs)]
+    assert want.shape == (3, rows // 64, kgs // 4, 16, 16)
+    assert torch.equal(ours.reshape(want.shape), want)
+
+
+def test_sm90_shapes_flashinfer_rejects():
+    with pytest.raises(ValueError, match="rows % 16"):
+        L.sm90_mixed_weight_index(24, 32)
+    with pytest.raises(ValueError, match="K % 64"):
+        L.sm90_mixed_weight_index(16, 48)
+    with pytest.raises(ValueError, match="rows % 64"):
+        L.sm90_scale_fold_index(96, 4)
+
+
+def test_sm90_bit_step_in_blocks():
+    """The CPU's blocked passes (a partial last block included) give the one-pass words."""
+    g = torch.Generator().manual_seed(2)
+    words = torch.randint(-(2**31), 2**31 - 1, (5000,), dtype=torch.int32, generator=g)
+    one = L.sm90_fp4_bits_(words.clone(), block=10**6)
+    assert torch.equal(L.sm90_fp4_bits_(words.clone(), block=1000), one)
+    assert not torch.equal(one, words)

@@ -43,12 +43,19 @@ def ckpts(tmp_path_factory):
     nv = Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4")
     nv320 = Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=192, quant="nvfp4")
     ct = Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, quant="nvfp4-ct")
+    # a SwiGLU clamp, as DeepSeek's config.json gives one (SGLang's DeepseekV2MoE reads it)
+    nvclamp = Spec("deepseek-v3", layers=2, experts=3, hidden=256, intermediate=128, quant="nvfp4")
+    nvclamp.config = {"swiglu_limit": 10.0}
     mx8 = Spec("qwen3-moe", layers=1, experts=3, hidden=384, intermediate=320, quant="mxfp8")
+    # ModelOpt FP8 per-tensor, I 256: I/TP 256, 128 (a multiple of 128: no padding either way)
+    fp8t = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
     return {
+        "fp8t": write_checkpoint(root / "fp8t", fp8t),
         "mx8": write_checkpoint(root / "mx8", mx8),
         "nv": write_checkpoint(root / "nv", nv),
         "nv320": write_checkpoint(root / "nv320", nv320),
         "ct": write_checkpoint(root / "ct", ct),
+        "nvclamp": write_checkpoint(root / "nvclamp", nvclamp),
         "mixtral": write_checkpoint(root / "mixtral", mixtral),
         "ds": write_checkpoint(root / "ds", ds),
         "oss": write_checkpoint(root / "oss", oss),
@@ -185,9 +192,12 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
         (
             "mixtral",
             ["--server", "sglang", "--scheme", "fp8-tensor"],
-            "--scheme fp8-tensor --backend trtllm --server sglang: fi-convert does not write "
-            "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme bf16 "
-            "(trtllm, cutlass); or convert for vLLM (--server vllm)",
+            "--scheme fp8-tensor --backend trtllm --server sglang: BF16 experts: SGLang "
+            "0.5.23 quantizes them itself on load (--quantization fp8, Fp8MoEMethod's online "
+            "FP8), which lays out no FlashInfer kernel bytes (Triton on flashinfer_cutlass; on "
+            "flashinfer_trtllm the weights unshuffled and no output scales); fi-convert writes "
+            "SGLang's layout of ModelOpt FP8 checkpoints; servable for sglang instead: --scheme "
+            "bf16 (trtllm, cutlass); or convert for vLLM (--server vllm)",
         ),
         (
             "ds",
@@ -198,10 +208,10 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
         ),
         (
             "oss",
-            ["--server", "sglang", "--backend", "cutlass"],
-            "--scheme mxfp4 --backend cutlass --server sglang: fi-convert does not write "
-            "SGLang 0.5.23's layout of it yet; servable for sglang instead: --scheme mxfp4 "
-            "(trtllm)",
+            ["--server", "sglang", "--backend", "cutlass", "--tp-size", "4"],
+            "model.layers.0.mlp.experts: I 192 at --tp-size 4: SGLang 0.5.23's SM90 CUTLASS "
+            "MXFP4 path cannot load it (its gpt-oss loader slices ceil(I/32/TP)*32 rows into a "
+            "buffer of I/TP rows); use --tp-size 1, 2, or --backend trtllm (SM100)",
         ),
         (
             "mixtral",
@@ -212,18 +222,15 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "nv320",
             ["--server", "sglang"],
             "model.layers.1.mlp.experts: hidden size 320 is not a multiple of 128; SGLang 0.5.23 "
-            "does not pad H for NVFP4 on FlashInfer TRT-LLM",
+            "does not pad H for NVFP4 on FlashInfer TRT-LLM and its w2 scale shuffle asserts it "
+            "(FlashInfer's get_shuffle_matrix_sf_a_row_indices), so SGLang cannot serve it on "
+            "flashinfer_trtllm; use --backend cutlass (flashinfer_cutlass), or --server vllm "
+            "(vLLM pads H to 256)",
         ),
         (
             "ct",
             ["--server", "sglang"],
             "compressed-tensors NVFP4: SGLang loads it with a method of its own",
-        ),
-        (
-            "nv320",
-            ["--server", "sglang", "--backend", "cutlass"],
-            "hidden size 320 is not a multiple of 128; SGLang 0.5.23's FlashInfer CUTLASS NVFP4 "
-            "processing then pads its swizzled scales",
         ),
     ],
 )
@@ -364,6 +371,30 @@ def test_verify_catches_a_second_server_whose_bytes_differ(converted, tmp_path):
     assert "not two or more servers starting with vllm" in res.stdout + res.stderr
 
 
+def test_mxfp4_sm90_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """gpt-oss MXFP4 on CUTLASS for SGLang (flashinfer_mxfp4 on SM90): its own layout (the
+    manifest's layouts, sizes and family say so), verify re-plans it so, the launch line names
+    SGLang's runner; vLLM's CUTLASS output of it is another (SM100) one. Its bytes are proven in
+    test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    args = ("--server", "sglang", "--backend", "cutlass", "--tp-size", "2")
+    res = cli("convert", ckpts["oss"], out, *args)
+    assert res.exit_code == 0, res.stderr
+    m = manifest(out)
+    entry = m["layers"][prefix]
+    assert (entry["padded_hidden_size"], entry["padded_intermediate_size_per_rank"]) == (512, 128)
+    assert entry["tensors"]["w13_weight"]["layout"] == "sm90_mixed_interleave"
+    assert entry["tensors"]["w2_weight_scale"]["layout"] == "sm90_scale_fold_64x128"
+    assert entry["tensors"]["w13_weight_bias"]["dtype"] == "BF16"
+    assert m["target"]["gpu_family"] == "sm90"
+    res = cli("verify", out, "--source", ckpts["oss"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert "--moe-runner-backend flashinfer_mxfp4 --tp 2" in qc["note"]
+    res = cli("convert", ckpts["oss"], tmp_path / "both", *args[2:], "--server", "vllm,sglang")
+    assert res.exit_code == 1 and "convert once for each" in res.stderr
+
+
 def test_mxfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
     """gpt-oss MXFP4 on TRT-LLM for SGLang (its flashinfer_mxfp4 runner): vLLM's bytes but the
     scale padding (127, UE8M0 1.0) and the biases' names; verify re-plans it so; its bytes are
@@ -414,6 +445,43 @@ def test_nvfp4_for_sglang_converts_and_verifies(ckpts, tmp_path):
     res = cli("convert", ckpts["nv"], tmp_path / "o", "--server", "vllm,sglang")
     assert res.exit_code == 1
     assert "vllm and sglang hold other bytes" in res.stderr
+
+
+def test_nvfp4_cutlass_h320_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt NVFP4 on CUTLASS for SGLang, H 320 (the w2 scale swizzle pads its rows to 384):
+    the swizzle apart, `w2_blockscale_swizzled`, beside `w2_weight_scale` as loaded; w13's
+    swizzle (H/16 = 20 columns, no padding) in place; verify re-plans it so. Its bytes are
+    proven in test_sglang.py, its loading in test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["nv320"], out, "--server", "sglang", "--backend", "cutlass")
+    assert res.exit_code == 0, res.stderr
+    lay = manifest(out)["layers"][prefix]["tensors"]
+    assert lay["w2_weight_scale"]["shape_per_rank"] == [3, 320, 12]
+    assert lay["w2_weight_scale"]["layout"] == "MajorK"
+    assert lay["w2_blockscale_swizzled"]["shape_per_rank"] == [3, 384, 12]
+    assert lay["w13_weight_scale"]["shape_per_rank"] == [3, 384, 20]
+    assert "w13_blockscale_swizzled" not in lay
+    res = cli("verify", out, "--source", ckpts["nv320"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+
+
+def test_nvfp4_with_a_swiglu_clamp_for_sglang_converts_and_verifies(ckpts, tmp_path):
+    """ModelOpt NVFP4 with DeepSeek's config.json swiglu_limit on TRT-LLM for SGLang: the layer
+    entry records the clamp (the block scales and alphas depend on it) and holds
+    gemm1_clamp_limit; verify re-plans it with config.json's clamp and re-derives every byte
+    from the source. Its bytes are proven in test_sglang.py, its loading in
+    test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.1.mlp.experts"
+    res = cli("convert", ckpts["nvclamp"], out, "--server", "sglang", "--tp-size", "2")
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["swiglu_limit"] == 10.0
+    assert entry["tensors"]["gemm1_clamp_limit"]["shape_per_rank"] == [3]
+    res = cli("verify", out, "--source", ckpts["nvclamp"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["nvclamp"], tmp_path / "c", "--server", "sglang", "-b", "cutlass")
+    assert res.exit_code == 0, res.stderr
+    assert "swiglu_limit" not in manifest(tmp_path / "c")["layers"][prefix]
 
 
 def test_mxfp8_for_sglang_converts_and_verifies(ckpts, tmp_path):
@@ -504,3 +572,96 @@ def test_a_source_format_not_proven_for_sglang_is_refused_at_plan_time(ckpts, tm
     for src, server, out in [(ct, "vllm", "v"), (ckpts["mx8"], "sglang", "s")]:
         res = cli("convert", src, tmp_path / out, "--server", server, "--device", "cpu")
         assert res.exit_code == 0, res.stderr
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_fp8_tensor_for_sglang_converts_and_verifies(ckpts, tmp_path, backend):
+    """ModelOpt FP8 for SGLang: on TRT-LLM I/TP padded to 128 (vLLM: 16), on CUTLASS w13
+    [gate; up] and SGLang's scale names, SGLang's scalars on both (the entry says so); verify
+    re-plans it so; one output for both servers is refused, naming the first tensor; inspect
+    says it per server. Its bytes are proven in test_sglang.py, its loading in
+    test_sglang_plugin.py."""
+    out, prefix = tmp_path / "out", "model.layers.0.mlp.experts"
+    args = ["--server", "sglang", "--backend", backend, "--tp-size", "2"]
+    res = cli("convert", ckpts["fp8t"], out, *args)
+    assert res.exit_code == 0, res.stderr
+    entry = manifest(out)["layers"][prefix]
+    assert entry["padded_intermediate_size_per_rank"] == 128
+    lay = entry["tensors"]
+    assert lay["w13_input_scale"]["formula"] == "sglang"
+    if backend == "cutlass":
+        assert lay["w13_weight"]["row_order"] == "gate_up"
+        assert {"fc1_dequant", "fc2_quant", "fc2_dequant", "fc1_input_dequant"} <= set(lay)
+        assert "g1_alphas" not in lay
+    res = cli("verify", out, "--source", ckpts["fp8t"], "--full")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    res = cli("convert", ckpts["fp8t"], tmp_path / "o", *args[2:], "--server", "vllm,sglang")
+    assert res.exit_code == 1
+    first = "w13_weight: row_order" if backend == "cutlass" else "w13_input_scale: formula"
+    assert "vllm and sglang hold other bytes" in res.stderr
+    assert f"first {prefix}.{first}" in res.stderr
+    res = cli("inspect", ckpts["fp8t"], "--backend", backend, "--tp-size", "2")
+    (said,) = [x for x in lines(res.stdout) if x.startswith("  sglang: ")]
+    assert said.startswith(f"  sglang: other bytes, first {prefix}.{first}"), said
+
+
+def test_fp8_tensor_mixtral_on_trtllm_is_refused_for_sglang(tmp_path):
+    """SGLang's Mixtral declares no routing method, so its ModelOpt FP8 method runs Triton on
+    flashinfer_trtllm (tests/test_sglang_plugin.py builds it): refused at plan time, naming
+    CUTLASS, which converts."""
+    spec = Spec("mixtral", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
+    src = write_checkpoint(tmp_path / "src", spec)
+    res = cli("convert", src, tmp_path / "o", "--server", "sglang", "--device", "cpu")
+    assert res.exit_code == 1, res.stdout
+    (line,) = lines(res.stderr)
+    assert "--scheme fp8-tensor --backend trtllm --server sglang: SGLang 0.5.23's Mixtral" in line
+    assert "use --backend cutlass" in line and not (tmp_path / "o").exists()
+    args = ["--server", "sglang", "--backend", "cutlass", "--device", "cpu"]
+    assert cli("convert", src, tmp_path / "c", *args).exit_code == 0
+
+
+def test_fp8_tensor_sources_sglang_reads_otherwise_are_refused_at_plan_time(tmp_path):
+    """Compressed-tensors FP8 (tensor strategy): SGLang reads it with CompressedTensorsW8A8Fp8MoE,
+    which has no FlashInfer per-tensor path: refused for SGLang before anything is written,
+    converted for vLLM; a quant_method fp8 per-tensor source is refused too (another method,
+    not proven)."""
+    from fi_convert.servers.sglang.target import SGLANG_TARGET
+
+    spec = Spec(
+        "qwen3-moe", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor-ct"
+    )
+    ct = write_checkpoint(tmp_path / "ct", spec)
+    for backend in ("trtllm", "cutlass"):
+        res = cli("convert", ct, tmp_path / "o", "--server", "sglang", "--backend", backend)
+        assert res.exit_code == 1, res.stdout
+        (line,) = lines(res.stderr)
+        assert f"--scheme fp8-tensor --backend {backend} --server sglang: a compressed-" in line
+        assert "CompressedTensorsW8A8Fp8MoE" in line and "(--server vllm)" in line
+        assert not (tmp_path / "o").exists()
+    res = cli("inspect", ct)
+    (said,) = [x for x in lines(res.stdout) if x.startswith("  sglang: ")]
+    assert said.startswith("  sglang: cannot: a compressed-tensors FP8 source")
+    assert cli("convert", ct, tmp_path / "v", "--device", "cpu").exit_code == 0
+    why = SGLANG_TARGET.refuses_source("fp8-tensor", "trtllm", "fp8")
+    assert why and "Fp8MoEMethod" in why
+    assert SGLANG_TARGET.refuses_source("fp8-tensor", "trtllm", "modelopt") is None
+
+
+def test_fp8_tensor_without_activation_scales_is_refused_for_sglang(tmp_path):
+    """A ModelOpt FP8 source without input_scale: SGLang's method would run with the 1.0 it
+    allocates its input scales with; refused for SGLang in one line naming the layer."""
+    from safetensors.torch import load_file, save_file
+
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
+    src = write_checkpoint(tmp_path / "dyn", spec)
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in src.glob("*.safetensors"):
+        t = load_file(shard)
+        save_file({k: v for k, v in t.items() if "input_scale" not in k}, shard, {"format": "pt"})
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if "input_scale" not in k}
+    index_path.write_text(json.dumps(index))
+    res = cli("convert", src, tmp_path / "o", "--server", "sglang", "--device", "cpu")
+    assert res.exit_code == 1, res.stdout
+    (line,) = lines(res.stderr)
+    assert "model.layers.0.mlp.experts: no static activation scales (input_scale); SGLang" in line

@@ -66,6 +66,37 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
         "model.layers.1.mlp.experts",
     ),
+    # ModelOpt NVFP4 on CUTLASS where the 128x4 swizzle pads: H 336 (w2's rows to 384, w13's
+    # columns 21 to 24: SGLang keeps both swizzles apart, beside the scales as loaded), I 256
+    # (I/TP 256, 128, 64); H 320 (w2's only; w13's swizzle in place)
+    "deepseek-nvfp4-h336": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=3, hidden=336, intermediate=256, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    "deepseek-nvfp4-h320": (
+        "nvfp4",
+        Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=128, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ModelOpt NVFP4 with a SwiGLU clamp (config.json swiglu_limit, which SGLang's DeepSeek
+    # MoE passes its experts): on CUTLASS it changes no byte; on TRT-LLM SGLang rescales the
+    # block scales of the half with the smaller alpha: expert 1's gate half (its up global
+    # scale 1.3 times its gate's), expert 4's up half (0.7 times); the others' gate and up
+    # global scales are equal (TIED), as the synthetic NVFP4 checkpoints make them
+    "deepseek-nvfp4-clamp": (
+        "nvfp4",
+        Spec(
+            "deepseek-v3",
+            layers=2,
+            experts=5,
+            hidden=256,
+            intermediate=384,
+            quant="nvfp4",
+            config={"swiglu_limit": 10.0},
+        ),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method), 3 experts, H 384 (vLLM pads it to 512,
     # SGLang does not), I 320: I per rank 320, 160 padded to 384 and 256 (scales padded with
     # 0 by SGLang, 127 by vLLM) and sharded by it (TP 2: rank 1 holds 64 rows)
@@ -81,6 +112,14 @@ CASES = {
         Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
         "model.layers.0.mlp.experts",
     ),
+    # ModelOpt FP8 per-tensor (ModelOptFp8MoEMethod), 5 experts, I 200: I per rank 200, 100,
+    # 50, none a multiple of 16. TRT-LLM: padded to 256 and 128 by FusedMoE and sharded by it
+    # (TP 2: rank 1 holds 72 rows; TP 4: ranks 2 and 3 none); CUTLASS: each half padded to 16
+    "qwen3-fp8-tensor": (
+        "fp8-tensor",
+        Spec("qwen3-moe", layers=1, experts=5, hidden=128, intermediate=200, quant="fp8-tensor"),
+        "model.layers.0.mlp.experts",
+    ),
     # transformers-written (tests/hf_checkpoints.py): H 64, I 128 (I per rank 128, 64, 32)
     "hf-qwen3-moe": ("bf16", "qwen3_moe", "model.layers.0.mlp.experts"),
     "hf-mixtral": ("bf16", "mixtral", "model.layers.0.block_sparse_moe.experts"),
@@ -90,11 +129,21 @@ CASES = {
         Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
         "model.layers.1.mlp.experts",
     ),
+    # gpt-oss MXFP4 for SGLang's SM90 CUTLASS path (c only): 5 experts, H 576 (not a multiple
+    # of 128 nor 256: padded to 768), I 384 (I/TP 384, 192, 96: padded to 384, 256, 128)
+    "gpt-oss-mxfp4-h576": (
+        "mxfp4",
+        Spec("gpt-oss", layers=2, experts=5, hidden=576, intermediate=384),
+        "model.layers.1.mlp.experts",
+    ),
 }
 # SGLang's names for the parameters vLLM (and fi-convert) name otherwise
 SGLANG_NAMES = {"w13_weight_bias": "w13_bias", "w2_weight_bias": "w2_bias"}
 PARAMS = [(case, tp, rank) for case in CASES for tp in (1, 2, 4) for rank in range(tp)]
-ONLY_C = ("deepseek-nvfp4-h384", "qwen3-mxfp8", "qwen3-mxfp8-5")
+ONLY_C = ("deepseek-nvfp4-h384", "deepseek-nvfp4-h336", "deepseek-nvfp4-h320")
+ONLY_C += ("deepseek-nvfp4-clamp",)
+ONLY_C += ("qwen3-mxfp8", "qwen3-mxfp8-5", "qwen3-fp8-tensor")
+ONLY_C += ("gpt-oss-mxfp4-h576",)
 PARAMS = [p for p in PARAMS if p[0] not in ONLY_C]  # (c) only
 # (a) has an expectation of its own for these (NVFP4 and MXFP4: (b) shows their weights and
 # block scales against vLLM's, with the CPU stand-in of the scale swizzle)
@@ -175,7 +224,18 @@ def checkpoints(tmp_path_factory):
             else hf_checkpoints.save(spec, root / name)
         )
         for name, (_, spec, _) in CASES.items()
-    }
+    } | {"deepseek-nvfp4-clamp": _tied(root)}
+
+
+TIED = (0, 2, 3)
+
+
+def _tied(root):
+    """The clamp case's checkpoint: expert 1's up global scale the larger, expert 4's the
+    smaller, the TIED experts' equal to their gate's."""
+    ckpt = root / "deepseek-nvfp4-clamp"
+    sm.set_up_scales(ckpt, CASES["deepseek-nvfp4-clamp"][2], {1: 1.3, 4: 0.7})
+    return ckpt
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +247,7 @@ def sglang_layers(checkpoints):
         key = (case, tp, rank, backend)
         if key not in done:
             scheme, _, prefix = CASES[case]
-            ours = "mxfp4-trtllm" if scheme == "mxfp4" else backend
+            ours = f"mxfp4-{backend}" if scheme == "mxfp4" else backend
             done[key] = sm.build(ours, tp, rank, checkpoints[case], prefix)
         return done[key]
 
@@ -451,9 +511,15 @@ def test_sglang_layer_state(sglang_layers):
 # TRT-LLM), the transformers-written ones (I/TP 128, 64, 32) on TRT-LLM. DeepSeek FP8 block on
 # TRT-LLM (MajorK, unshuffled, unclamped: rank 0 holds a scale of 1e-23). gpt-oss MXFP4 on
 # TRT-LLM (SGLang's flashinfer_mxfp4), 3 experts, H 320 and I 192: I/TP 192, 96, 64 padded to
-# 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding). ModelOpt
+# 256 and 128, rank 3 of 4 holding none of I (its scales only SGLang's 127 padding); on CUTLASS
+# (flashinfer_mxfp4 on SM90) at TP 1 and 2 (I/TP 192, 96 padded to 256, 128; H to 512), and
+# 5 experts H 576 I 384 at TP 1, 2, 4 (H to 768; I/TP 384, 192, 96 to 384, 256, 128). ModelOpt
 # NVFP4 on TRT-LLM: H 256 I 384 (I/TP 96 padded to 128, sharded by it) and H 384 I 192 (H not
-# padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing
+# padded by SGLang, I/TP 96 and 48 padded to 128 and 64), gate and up input scales differing.
+# ModelOpt FP8 per-tensor on both backends, 5 experts, I 200 (I/TP 200, 100, 50: TRT-LLM pads
+# to 256 and 128 and shards by it, CUTLASS pads each half to 16)
+SM90_OK = {("gpt-oss-mxfp4", 1), ("gpt-oss-mxfp4", 2)}
+SM90_OK |= {("gpt-oss-mxfp4-h576", tp) for tp in (1, 2, 4)}
 SGLANG_CASES = [
     (case, tp, rank, backend)
     for case in (
@@ -465,21 +531,41 @@ SGLANG_CASES = [
         "gpt-oss-mxfp4",
         "deepseek-nvfp4",
         "deepseek-nvfp4-h384",
+        "deepseek-nvfp4-h336",
+        "deepseek-nvfp4-h320",
+        "deepseek-nvfp4-clamp",
         "qwen3-mxfp8",
         "qwen3-mxfp8-5",
+        "qwen3-fp8-tensor",
+        "gpt-oss-mxfp4-h576",
     )
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2, 4)
     for rank in range(tp)
-    if (backend == "trtllm" and (case, tp) != ("qwen3-mxfp8", 4))  # I/TP 80: not MX blocks
-    or case in ("qwen3-bf16", "mixtral-bf16-7")
+    if (
+        backend == "trtllm"
+        and (case, tp) != ("qwen3-mxfp8", 4)  # I/TP 80: not MX blocks
+        and case not in ("deepseek-nvfp4-h336", "deepseek-nvfp4-h320")  # H % 128: refused
+        and case != "gpt-oss-mxfp4-h576"
+    )
+    # gpt-oss MXFP4 on SM90 (CUTLASS) where SGLang loads it: I/32 % TP == 0 (I 192 at TP 4:
+    # test_sm90_mxfp4_refused_where_sglang_cannot_load)
+    or (backend == "cutlass" and (case, tp) in SM90_OK)
+    or case in ("qwen3-bf16", "mixtral-bf16-7", "qwen3-fp8-tensor")
     # NVFP4 on CUTLASS where 2*I/TP is a multiple of 128 (both servers refuse to pad it)
     or (case, tp) in (("deepseek-nvfp4", 1), ("deepseek-nvfp4", 2), ("deepseek-nvfp4-h384", 1))
+    # ... and where H is not a multiple of 128 (the swizzles apart)
+    or (backend, case) == ("cutlass", "deepseek-nvfp4-h336")
+    or (backend, case, tp) == ("cutlass", "deepseek-nvfp4-h320", 1)
+    # ... and with a SwiGLU clamp (on TRT-LLM above, every TP)
+    or (backend, case) == ("cutlass", "deepseek-nvfp4-clamp")
+    and tp < 4
 ]
 # What SGLang's processing makes from the layer's config alone, not from the checkpoint: not in
 # the output, the plugin's kernel setup sets them (tests/test_sglang_plugin.py): gpt-oss
-# MXFP4's SwiGLU constants, one per expert
+# MXFP4's SwiGLU constants, one per expert (TRT-LLM's names; SM90's)
 FROM_CONFIG = {"gemm1_alpha", "gemm1_beta", "gemm1_clamp_limit"}
+FROM_CONFIG |= {"swiglu_alpha", "swiglu_beta", "swiglu_limit"}
 PADDED_SPLIT = ("mixtral-bf16-7", "hf-qwen3-moe", "hf-mixtral")
 
 
@@ -491,9 +577,12 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     out = outputs(case, tp, backend, "sglang")
     ours = load_moe_layer(out, prefix, tp_rank=rank)
     layer = sglang_layers(case, tp, rank, backend)
-    runner = "mxfp4-trtllm" if CASES[case][0] == "mxfp4" else backend
+    runner = f"mxfp4-{backend}" if CASES[case][0] == "mxfp4" else backend
     assert layer.runner_backend.value == sm.BACKEND[runner]
-    theirs = {n: t for n, t in sm.params(layer).items() if n not in FROM_CONFIG}
+    if runner == "mxfp4-cutlass":
+        assert layer.quant_method._fi_kernel == "cutlass_sm90"  # SGLang took its SM90 branch
+    skip = FROM_CONFIG if CASES[case][0] == "mxfp4" else set()
+    theirs = {n: t for n, t in sm.params(layer).items() if n not in skip}
     assert_same(theirs, ours, "SGLang's own")
     m = json.loads((out / "fi-convert-manifest.json").read_text())
     assert m["server"] == "sglang" and m["target"]["sglang"] == "0.5.23"
@@ -503,7 +592,12 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     split = m["layers"][prefix].get("tp_split")
     padded = backend == "trtllm" and tp > 1 and case in PADDED_SPLIT
     padded |= (case, tp) in (("deepseek-nvfp4", 4), ("deepseek-nvfp4-h384", 2))
+    padded |= (case, tp) == ("deepseek-nvfp4-clamp", 4)
     padded |= (case, tp) in (("deepseek-nvfp4-h384", 4), ("qwen3-mxfp8", 2), ("qwen3-mxfp8-5", 4))
+    padded |= backend == "trtllm" and (case, tp) in (
+        ("qwen3-fp8-tensor", 2),
+        ("qwen3-fp8-tensor", 4),
+    )
     assert split == ("padded" if padded else None)
 
 
@@ -518,6 +612,36 @@ def test_sglang_output_control_vllm_split_differs(outputs, sglang_layers):
     sgl = outputs("mixtral-bf16-7", 2, "trtllm", "sglang")
     assert differing(theirs, load_moe_layer(sgl, prefix, tp_rank=1)) == []
     assert differing(theirs, load_moe_layer(sgl, prefix, tp_rank=0)) == ["w13_weight", "w2_weight"]
+
+
+def test_sm90_mxfp4_refused_where_sglang_cannot_load(checkpoints, outputs):
+    """SGLang 0.5.23's SM90 path allocates I/TP rows, and its gpt-oss loader slices
+    ceil(I/32/TP)*32 rows into them: I 192 at TP 4 (64 rows into 48) fails in SGLang's own
+    loading; fi-convert refuses it at plan time, naming the TP sizes that load."""
+    from fi_convert.errors import LayoutError
+
+    prefix = CASES["gpt-oss-mxfp4"][2]
+    with pytest.raises(RuntimeError, match="must match the size"):
+        sm.build("mxfp4-cutlass", 4, 0, checkpoints["gpt-oss-mxfp4"], prefix)
+    with pytest.raises(LayoutError, match=r"I 192 at --tp-size 4: SGLang .* use --tp-size 1, 2,"):
+        outputs("gpt-oss-mxfp4", 4, "cutlass", "sglang")
+
+
+def test_sm90_mxfp4_controls(sglang_layers, outputs):
+    """The SM90 comparison can fail: another rank's bytes, and vLLM's CUTLASS layout of the same
+    checkpoint (SM100, MXFP8 activations), are not SGLang's SM90 bytes, but for vLLM's w13 bias
+    (the same [up; gate] halves padded to round_up(I/TP, 128), in the checkpoint's BF16)."""
+    prefix = CASES["gpt-oss-mxfp4-h576"][2]
+    layer = sglang_layers("gpt-oss-mxfp4-h576", 2, 1, "cutlass")
+    theirs = {n: t for n, t in sm.params(layer).items() if n not in FROM_CONFIG}
+    sgl = outputs("gpt-oss-mxfp4-h576", 2, "cutlass", "sglang")
+    rank0 = differing(theirs, load_moe_layer(sgl, prefix, tp_rank=0))
+    # the down bias is rank 0's only: zeros on rank 1 and in SGLang's rank 1
+    assert set(rank0) == set(theirs), rank0
+    vllm = load_moe_layer(outputs("gpt-oss-mxfp4-h576", 2, "cutlass"), prefix, tp_rank=1)
+    names = {"w13_bias": "w13_weight_bias", "w2_bias": "w2_weight_bias"}
+    diff = differing(theirs, {names.get(n, n): t for n, t in vllm.items()})
+    assert set(diff) == set(theirs) - {"w13_weight_bias"}, diff
 
 
 # ---- negative controls: the comparisons can fail ----
@@ -549,3 +673,239 @@ def test_stand_ins_leave_no_trace(sglang_layers):
     # SGLang's import points these caches at its own folder (setdefault): undone after
     caches = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
     assert "sglang" not in " ".join(os.environ.get(k, "") for k in caches).lower()
+
+
+def test_the_cpu_scale_swizzle_refuses_a_shape_not_checked_on_the_gpu():
+    """The CPU version of FlashInfer's `block_scale_interleave` that SGLang's processing runs
+    here is proven equal to FlashInfer's on the GPU machine for tests/swizzle_shapes.py's
+    shapes only (tests/test_gpu.py): any other shape stops the test that passes it."""
+    from tests.swizzle_shapes import SGLANG_SCALE_SHAPES
+
+    shape = (640, 20)
+    assert shape not in SGLANG_SCALE_SHAPES
+    with pytest.raises(AssertionError, match=r"block_scale_interleave of \(640, 20\).*swizzle"):
+        sm._block_scale_interleave(torch.zeros(shape, dtype=torch.uint8))
+    listed = sorted(SGLANG_SCALE_SHAPES)[0]
+    assert sm._block_scale_interleave(torch.ones(listed, dtype=torch.uint8)).numel() >= 128 * 4
+
+
+def test_nvfp4_cutlass_padded_swizzles_apart(checkpoints, sglang_layers, outputs):
+    """NVFP4 on CUTLASS where the swizzle pads (H 320: w2's rows to 384; H 336: w13's columns
+    21 to 24 too): SGLang holds the padded swizzle as `w*_blockscale_swizzled` (vLLM's
+    `w*_weight_scale` bytes) and `w*_weight_scale` as loaded (w2's: the checkpoint's rows,
+    w13's: [up; gate]); a swizzle that does not pad stays in place, aliased."""
+    prefix = CASES["deepseek-nvfp4-h320"][2]
+    for case, apart in (("deepseek-nvfp4-h320", ["w2"]), ("deepseek-nvfp4-h336", ["w13", "w2"])):
+        layer = sglang_layers(case, 1, 0, "cutlass")
+        theirs = sm.params(layer)
+        vllm = load_moe_layer(outputs(case, 1, "cutlass"), prefix)
+        src = raw(checkpoints[case], prefix)
+        for w in ("w13", "w2"):
+            swz = getattr(layer, f"{w}_blockscale_swizzled")
+            assert (swz is getattr(layer, f"{w}_weight_scale")) == (w not in apart), (case, w)
+            assert _bytes(swz.data) == _bytes(vllm[f"{w}_weight_scale"])
+        if "w13" in apart:
+            up_gate = torch.cat([src["up_proj.weight_scale"], src["gate_proj.weight_scale"]], 1)
+            assert _bytes(theirs["w13_weight_scale"]) == _bytes(up_gate)
+        assert _bytes(theirs["w2_weight_scale"]) == _bytes(src["down_proj.weight_scale"])
+
+
+def test_nvfp4_swiglu_clamp(checkpoints, sglang_layers, outputs, tmp_path):
+    """A SwiGLU clamp (DeepSeek's config.json `swiglu_limit`, which SGLang's DeepseekV2MoE
+    passes its experts as the runner config's `swiglu_limit`). On CUTLASS SGLang's parameters
+    are those without it, byte for byte (the clamp goes to `_cutlass_swiglu_params`, from the
+    config: the plugin's). On TRT-LLM its processing multiplies the w13 block scales of the
+    half with the smaller GEMM1 alpha by smaller/larger (experts whose alphas differ: not the
+    TIED ones), ties g1_alphas and g1_alphas_up to the larger and adds gemm1_clamp_limit =
+    limit / g1_alphas: the output holds that (test_sglang_output_equals_sglangs_own_bytes,
+    every rank), and an output converted without the clamp is caught."""
+    prefix = CASES["deepseek-nvfp4-clamp"][2]
+    ckpt = checkpoints["deepseek-nvfp4-clamp"]
+    for tp, rank in ((1, 0), (2, 1)):
+        with_clamp = sm.params(sglang_layers("deepseek-nvfp4-clamp", tp, rank, "cutlass"))
+        without = sm.build("cutlass", tp, rank, _unclamped(ckpt, tmp_path), prefix)
+        assert differing(with_clamp, sm.params(without)) == []
+    limit = sglang_layers("deepseek-nvfp4-clamp", 1, 0, "cutlass")._cutlass_swiglu_params[2]
+    assert limit.tolist() == [10.0] * 5
+    theirs = sm.params(sglang_layers("deepseek-nvfp4-clamp", 1, 0))
+    assert torch.equal(theirs["g1_alphas"], theirs["g1_alphas_up"])
+    out = outputs("deepseek-nvfp4-clamp", 1, "trtllm", "sglang")
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert m["layers"][prefix]["swiglu_limit"] == 10.0
+    ours = load_moe_layer(out, prefix)
+    opts = Options(scheme=SchemeName.NVFP4, backend=Backend.TRTLLM, server="sglang")
+    convert(_unclamped(ckpt, tmp_path), tmp_path / "plain", opts, device="cpu")
+    plain = load_moe_layer(tmp_path / "plain", prefix)
+    want = ["w13_weight_scale", "g1_alphas", "g1_alphas_up", "gemm1_clamp_limit", "g1_scale_c"]
+    assert sorted(differing(theirs, plain)) == sorted(want)
+    moved = [
+        x
+        for x in range(5)
+        if _bytes(ours["w13_weight_scale"][x]) != _bytes(plain["w13_weight_scale"][x])
+    ]
+    assert moved == [x for x in range(5) if x not in TIED]
+
+
+def _unclamped(ckpt, tmp_path):
+    """A copy of the checkpoint without config.json's swiglu_limit."""
+    import shutil
+
+    src = tmp_path / "unclamped-src"
+    if not src.exists():
+        shutil.copytree(ckpt, src)
+        cfg = json.loads((src / "config.json").read_text())
+        del cfg["swiglu_limit"]
+        (src / "config.json").write_text(json.dumps(cfg))
+    return src
+
+
+def _with_larger_gate_input_scale(ckpt, prefix: str, expert: int) -> float:
+    """Rewrite the checkpoint's shard so that one expert's gate_proj input scale is the
+    largest of the layer's gate and up ones (exporters give gate and up one scale: this is the
+    case where the two servers' rules differ). Returns that scale."""
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    name = f"{prefix}.{expert}.gate_proj.input_scale"
+    shard = ckpt / index[name]
+    tensors = load_file(shard)
+    top = max(float(t) for n, t in tensors.items() if n.endswith("proj.input_scale"))
+    tensors[name] = torch.tensor(top * 2, dtype=torch.float32).reshape(tensors[name].shape)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    return top * 2
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_fp8_tensor_w13_input_scale_is_the_one_loaded_last(backend, tmp_path):
+    """ModelOpt FP8: SGLang's loader keeps one w13 input scale per expert, the last one it reads
+    (up_proj, after gate_proj), and its processing takes the max over experts; vLLM takes the
+    max over gate and up. With a gate scale the largest, SGLang's own bytes are the --server
+    sglang output's (every scalar made from it too), and vLLM's w13_input_scale is that gate
+    scale."""
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=128, quant="fp8-tensor")
+    prefix = "model.layers.0.mlp.experts"
+    ckpt = write_checkpoint(tmp_path / "src", spec)
+    gate = _with_larger_gate_input_scale(ckpt, prefix, 1)
+    layer = sm.build(backend, 1, 0, ckpt, prefix)
+    theirs = sm.params(layer)
+    assert float(theirs["w13_input_scale"]) < gate
+    for server in ("sglang", "vllm"):
+        out = tmp_path / server
+        opts = Options(SchemeName.FP8_TENSOR, Backend(backend), 1, server=server)
+        convert(ckpt, out, opts, device="cpu")
+        ours = load_moe_layer(out, prefix)
+        if server == "sglang":
+            assert_same(theirs, ours, "SGLang's own")
+        else:
+            assert float(ours["w13_input_scale"]) == gate
+            assert "w13_input_scale" in differing(theirs, ours)
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_fp8_tensor_from_bf16_sglang_has_no_flashinfer_layout(backend, checkpoints, outputs):
+    """BF16 experts served as FP8 by SGLang (`--quantization fp8`: Fp8MoEMethod quantizes them
+    on load, one dynamic scale per expert's w13 and w2): on flashinfer_cutlass it runs Triton;
+    on flashinfer_trtllm its weights stay [up; gate] as loaded, unshuffled, and it makes none of
+    the output scales its TRT-LLM path reads, so there is no FlashInfer layout of SGLang's to
+    write (fi-convert refuses BF16 -> fp8-tensor for SGLang: test_server_option); the bytes are
+    not fi-convert's offline quantization for vLLM either."""
+    _, spec, prefix = CASES["qwen3-bf16"]
+    ckpt = checkpoints["qwen3-bf16"]
+    with sm.sglang_context(backend, 1, 0), sm.fp8_quant():
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+        from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+        layer = FusedMoE(
+            num_experts=spec.experts,
+            hidden_size=spec.hidden,
+            intermediate_size=spec.intermediate,
+            layer_id=0,
+            top_k=2,
+            params_dtype=torch.bfloat16,
+            quant_config=Fp8Config(is_checkpoint_fp8_serialized=False),
+            prefix=prefix,
+        )
+        sm.load(layer, ckpt, prefix)
+        sm.process(layer)
+    theirs = sm.params(layer)
+    assert theirs["w13_weight"].dtype == E4M3 and theirs["w13_weight_scale"].shape == (6,)
+    if backend == "cutlass":
+        assert layer.runner_backend.value == "triton"
+        return
+    assert layer.runner_backend.value == "flashinfer_trtllm"
+    assert not hasattr(layer, "output1_scales_scalar")
+    # [up; gate] as loaded: each expert's up rows quantized with the expert's one scale
+    up = raw(ckpt, prefix)["up_proj.weight"]
+    s13 = theirs["w13_weight_scale"].view(-1, 1, 1)
+    want = (up.float() * (1 / s13)).clamp(-448, 448).to(E4M3)
+    got = theirs["w13_weight"][:, : spec.intermediate]
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    opts = Options(SchemeName.FP8_TENSOR, Backend.TRTLLM, 1, allow_unservable=True)
+    out = outputs("qwen3-bf16", 1).parent / "bf16-fp8t"
+    convert(ckpt, out, opts, device="cpu")
+    ours = load_moe_layer(out, prefix)
+    assert "w13_weight" in differing(theirs, ours)
+
+
+# SGLang's ModelOpt FP8 CUTLASS quant scales and the vLLM-target output's tensors of the same
+# values (fi-convert's --server vllm names)
+FP8T_CUTLASS_NAMES = {
+    "fc1_dequant": "g1_alphas",
+    "fc2_quant": "a2_gscale",
+    "fc2_dequant": "g2_alphas",
+    "fc1_input_dequant": "w13_input_scale",
+}
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_fp8_tensor_against_vllm_target_output(backend, tp, sglang_layers, outputs):
+    """(b) for ModelOpt FP8 (I 200: I/TP 200, 100, 50), what SGLang holds against fi-convert's
+    vLLM-target output. TRT-LLM: the weights (SGLang pads I/TP to 128, vLLM to 16) and
+    output1_scales_scalar (SGLang g1 * (1/a2), vLLM g1 / a2: another rounding, in some
+    experts); the other scalars are vLLM's. CUTLASS: w13 is vLLM's with its halves swapped
+    ([gate; up]), w2 is vLLM's, and the four quant scales are vLLM's values under other
+    names."""
+    prefix = CASES["qwen3-fp8-tensor"][2]
+    for rank in range(tp):
+        theirs = sm.params(sglang_layers("qwen3-fp8-tensor", tp, rank, backend))
+        ours = load_moe_layer(outputs("qwen3-fp8-tensor", tp, backend), prefix, tp_rank=rank)
+        if backend == "trtllm":
+            assert differing(theirs, ours) == ["output1_scales_scalar", "w13_weight", "w2_weight"]
+            g1, a2 = ours["output1_scales_gate_scalar"], ours["w2_input_scale"]
+            assert torch.equal(theirs["output1_scales_scalar"], g1 * (1.0 / a2))
+            assert torch.equal(ours["output1_scales_scalar"], g1 / a2)
+            continue
+        renamed = {FP8T_CUTLASS_NAMES.get(n, n): t for n, t in theirs.items()}
+        assert differing(renamed, ours) == ["w13_weight"]
+        w13 = ours["w13_weight"].view(torch.uint8)
+        half = w13.shape[1] // 2
+        swapped = torch.cat([w13[:, half:], w13[:, :half]], dim=1)
+        assert torch.equal(theirs["w13_weight"].view(torch.uint8), swapped)
+
+
+def test_fp8_tensor_control_cpu_dequantize_is_caught(tmp_path):
+    """The control of the stand-in for CUDA's evaluation of SGLang's `per_tensor_dequantize`
+    (tests/sglang_moe.py `fp8_quant`): with the CPU's own evaluation (the 0-dim scale kept
+    unrounded), SGLang's requantized w13 is not the output's (a few bytes of one expert), so
+    the comparison sees one rounding."""
+    from unittest import mock
+
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=128, quant="fp8-tensor")
+    prefix = "model.layers.0.mlp.experts"
+    ckpt = write_checkpoint(tmp_path / "src", spec)
+    with sm.sglang_context("cutlass", 1, 0):
+        from sglang.kernels.ops.quantization import fp8_kernel
+
+        kernel = mock.patch.object(
+            fp8_kernel, "sgl_per_tensor_quant_fp8", sm._per_tensor_quant_fp8, create=True
+        )
+        with kernel:
+            layer = sm.make_layer(prefix, ckpt)
+            sm.load(layer, ckpt, prefix)
+            sm.process(layer)
+    out = tmp_path / "out"
+    convert(ckpt, out, Options(SchemeName.FP8_TENSOR, Backend.CUTLASS, 1, server="sglang"))
+    ours = load_moe_layer(out, prefix)
+    assert differing(sm.params(layer), ours) == ["w13_weight"]
+    assert_same(sm.params(sm.build("cutlass", 1, 0, ckpt, prefix)), ours, "SGLang's own")

@@ -11,8 +11,9 @@ on CPU (tests/sglang_moe.py: SGLang's FusedMoE, built, loaded and processed by S
 - Each refusal (one line starting "fi-convert: ", naming the fix), the registration of the
   load format and hooks, and the entry point as pyproject.toml declares it.
 
-The outputs are fi-convert's BF16, DeepSeek FP8 block and gpt-oss MXFP4 outputs converted with
---server sglang (tests/test_sglang.py proves their bytes against SGLang's own at every TP rank).
+The outputs are fi-convert's BF16, DeepSeek FP8 block, gpt-oss MXFP4, ModelOpt NVFP4, MXFP8 and
+FP8 outputs converted with --server sglang (tests/test_sglang.py proves their bytes against
+SGLang's own at every TP rank).
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ CASES = {
         Spec("gpt-oss", layers=2, experts=3, hidden=320, intermediate=192),
         "model.layers.1.mlp.experts",
     ),
+    # ... for SGLang's SM90 CUTLASS path: 5 experts, H 576 (padded to 768), I 384: I/TP 96 at
+    # TP 4, padded to 128
+    "gpt-oss-h576": (
+        Spec("gpt-oss", layers=2, experts=5, hidden=576, intermediate=384),
+        "model.layers.1.mlp.experts",
+    ),
     # ModelOpt NVFP4, 5 experts, H 256, I 384: I/TP 384, 192, 96 (padded to 128, sharded by
     # it: rank 3 of 4 holds none of I)
     "nvfp4": (
@@ -65,6 +72,30 @@ CASES = {
     # ... 3 experts, H 384 (vLLM pads it, SGLang does not), I 192: I/TP 192, 96, 48
     "nvfp4-h384": (
         Spec("deepseek-v3", layers=2, experts=3, hidden=384, intermediate=192, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ... on CUTLASS where the scale swizzle pads: H 336 (w13's and w2's swizzles apart), I 256
+    # (I/TP 256, 128); H 320 (w2's apart), I 128
+    "nvfp4-h336": (
+        Spec("deepseek-v3", layers=2, experts=3, hidden=336, intermediate=256, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    "nvfp4-h320": (
+        Spec("deepseek-v3", layers=2, experts=3, hidden=320, intermediate=128, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ... with a SwiGLU clamp (config.json swiglu_limit 10, as SGLang's DeepSeek MoE reads it;
+    # on TRT-LLM SGLang rescales expert 1's gate half and expert 4's up half: CLAMP_UP)
+    "nvfp4-clamp": (
+        Spec(
+            "deepseek-v3",
+            layers=2,
+            experts=5,
+            hidden=256,
+            intermediate=384,
+            quant="nvfp4",
+            config={"swiglu_limit": 10.0},
+        ),
         "model.layers.1.mlp.experts",
     ),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method): H 384 (unpadded), I 320 (I/TP 320, 160
@@ -78,10 +109,21 @@ CASES = {
         Spec("qwen3-moe", layers=1, experts=5, hidden=256, intermediate=256, quant="mxfp8"),
         QWEN,
     ),
+    # ModelOpt FP8 per-tensor, 5 experts, I 200: I/TP 200, 100, 50 (TRT-LLM: padded to 256 and
+    # 128 by FusedMoE, sharded by it; CUTLASS: SGLang's processing pads each half to 16)
+    "fp8-tensor": (
+        Spec("qwen3-moe", layers=1, experts=5, hidden=128, intermediate=200, quant="fp8-tensor"),
+        QWEN,
+    ),
 }
 MX8 = {"mxfp8", "mxfp8-5"}
-OSS = {"gpt-oss"}  # SGLang runs them on its flashinfer_mxfp4 runner, on SM100 (sm.blackwell)
-FP4 = OSS | {"nvfp4", "nvfp4-h384"} | MX8  # on SM100 (sm.blackwell)
+CLAMP_UP = {1: 1.3, 4: 0.7}  # nvfp4-clamp: up global scales, times the gate's
+# SGLang runs them on its flashinfer_mxfp4 runner: on SM100 (sm.blackwell) for trtllm outputs,
+# on SM90 (sm.hopper) for cutlass ones
+OSS = {"gpt-oss", "gpt-oss-h576"}
+FP4 = (
+    OSS | {"nvfp4", "nvfp4-h384", "nvfp4-h336", "nvfp4-h320", "nvfp4-clamp"} | MX8
+)  # on SM100 (sm.blackwell)
 # transformers-written (tests/hf_checkpoints.py): H 64, I 128, two MoE layers
 HF = {"hf-qwen3": "qwen3_moe", "hf-mixtral": "mixtral"}
 # (case, backend, tp): Mixtral's I/TP 96 and 48 are padded to 128 and sharded by it on TRT-LLM
@@ -100,6 +142,10 @@ LAYER_CASES = [
     ("gpt-oss", "trtllm", 1),
     ("gpt-oss", "trtllm", 2),
     ("gpt-oss", "trtllm", 4),
+    # SM90 (SGLang loads it where I/32 % TP == 0): H 320 I 192 at TP 1 and 2, H 576 I 384 at 4
+    ("gpt-oss", "cutlass", 1),
+    ("gpt-oss", "cutlass", 2),
+    ("gpt-oss-h576", "cutlass", 4),
     ("nvfp4", "trtllm", 1),
     ("nvfp4", "trtllm", 2),
     ("nvfp4", "trtllm", 4),
@@ -108,24 +154,41 @@ LAYER_CASES = [
     ("nvfp4", "cutlass", 1),
     ("nvfp4", "cutlass", 2),
     ("nvfp4-h384", "cutlass", 1),
+    ("nvfp4-h336", "cutlass", 1),
+    ("nvfp4-h336", "cutlass", 2),
+    ("nvfp4-h320", "cutlass", 1),
+    ("nvfp4-clamp", "cutlass", 1),
+    ("nvfp4-clamp", "cutlass", 2),
+    ("nvfp4-clamp", "trtllm", 1),
+    ("nvfp4-clamp", "trtllm", 2),
     ("mxfp8", "trtllm", 1),
     ("mxfp8", "trtllm", 2),
     ("mxfp8-5", "trtllm", 4),
+    ("fp8-tensor", "trtllm", 1),
+    ("fp8-tensor", "trtllm", 2),
+    ("fp8-tensor", "trtllm", 4),
+    ("fp8-tensor", "cutlass", 1),
+    ("fp8-tensor", "cutlass", 4),
 ]
 
 
 def sgl(case: str, backend: str) -> str:
     """tests/sglang_moe.py's name of the SGLang runner for the case on fi-convert's backend."""
-    return "mxfp4-trtllm" if case in OSS else backend
+    return f"mxfp4-{backend}" if case in OSS else backend
 
 
-def platform(case: str):
-    """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`)."""
+def platform(case: str, backend: str = "trtllm"):
+    """What SGLang's own path needs on CPU for the case (tests/sglang_moe.py `blackwell`,
+    `hopper`)."""
     stack = contextlib.ExitStack()
-    if case in FP4:
+    if case in OSS and backend == "cutlass":
+        stack.enter_context(sm.hopper())
+    elif case in FP4:
         stack.enter_context(sm.blackwell(cuda_noop=case in OSS))
     if case in MX8:
         stack.enter_context(sm.cuda_gate())
+    if case in FP8T:
+        stack.enter_context(sm.fp8_quant())
     return stack
 
 
@@ -140,6 +203,8 @@ def sources(tmp_path_factory):
                 done[case] = hf_checkpoints.save(HF[case], root / case)
             else:
                 done[case] = write_checkpoint(root / case, CASES[case][0])
+            if case == "nvfp4-clamp":
+                sm.set_up_scales(done[case], CASES[case][1], CLAMP_UP)
         return done[case]
 
     return get
@@ -169,11 +234,30 @@ allocated: dict[int, dict[str, int]] = {}
 # gpt-oss MXFP4: the float32 biases (bfloat16 as allocated) and the SwiGLU constants
 NEW_STORAGE = {"w13_weight_bias", "w2_weight_bias", "gemm1_alpha", "gemm1_beta"}
 NEW_STORAGE |= {"gemm1_clamp_limit"}
+# gpt-oss MXFP4 on SM90: every expert parameter is new storage of the padded size (both sides:
+# the plugin drops the unpadded ones SGLang allocated), and the SwiGLU constants
+SM90_NEW = {"w13_weight", "w13_weight_scale", "w13_weight_bias", "w2_weight", "w2_weight_scale"}
+SM90_NEW |= {"w2_weight_bias", "swiglu_alpha", "swiglu_beta", "swiglu_limit"}
 # NVFP4: what SGLang's processing makes from the scalars (new parameters on both sides)
 NVFP4_DERIVED = {"g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant"}
-NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c"}
+NVFP4_DERIVED |= {"w2_input_scale_quant", "g1_scale_c", "gemm1_clamp_limit"}
 # ... and the CUTLASS scale-swizzle placeholders SGLang allocates, aliased to the scales after
 NVFP4_DERIVED |= {"w13_blockscale_swizzled", "w2_blockscale_swizzled"}
+# ModelOpt FP8: the scales its processing reduces (new parameters of another size on both
+# sides) and the products it makes from them; on CUTLASS the weights it pads to 16 per half
+FP8T = {"fp8-tensor"}
+FP8T_NEW = {"w13_weight_scale", "w13_input_scale", "w2_input_scale", "output1_scales_scalar"}
+FP8T_NEW |= {"output1_scales_gate_scalar", "output2_scales_scalar", "fc1_dequant", "fc2_quant"}
+FP8T_NEW |= {"fc2_dequant", "fc1_input_dequant"}
+
+
+def fresh_storage(case: str, backend: str) -> set[str]:
+    """The parameters the plugin puts in new storage, as SGLang's own processing does."""
+    if case in OSS:
+        return SM90_NEW if backend == "cutlass" else NEW_STORAGE
+    if case in FP8T:
+        return FP8T_NEW | ({"w13_weight", "w2_weight"} if backend == "cutlass" else set())
+    return NVFP4_DERIVED if case in FP4 - MX8 else set()
 
 
 def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank: int, **kw):
@@ -182,7 +266,7 @@ def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank
     from fi_convert.servers.sglang import experts
 
     case = kw.get("case", "")
-    with sm.sglang_context(sgl(case, backend), tp, rank), platform(case):
+    with sm.sglang_context(sgl(case, backend), tp, rank), platform(case, backend):
         layer = sm.make_layer(prefix, ckpt)
         before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
         with OutputReader(out) as reader:
@@ -232,11 +316,15 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
     ckpt, prefix = sources(case), CASES[case][1]
     out = outputs(case, backend, tp)
     m = json.loads((out / MANIFEST_NAME).read_text())
-    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[sgl(case, backend)])
+    sm90 = case in OSS and backend == "cutlass"  # an H200's
+    gpu = {"capability": (9, 0)} if sm90 else {}
+    _check(m, tp_size=tp, moe_runner_backend=sm.BACKEND[sgl(case, backend)], **gpu)
     for rank in range(tp):
         theirs = sm.build(sgl(case, backend), tp, rank, ckpt, prefix)
         ours = plugin_layer(out, ckpt, prefix, backend, tp, rank, case=case)
         assert ours.runner_backend.value == sm.BACKEND[sgl(case, backend)]
+        if sm90:  # SGLang took its SM90 branch on both sides
+            assert theirs.quant_method._fi_kernel == ours.quant_method._fi_kernel == "cutlass_sm90"
         checks.check_layer(m, str(out), prefix, ours)  # the plugin's checks pass it
         assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
         diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
@@ -247,11 +335,14 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         # makes a parameter from the config or the scalars: gpt-oss's SwiGLU constants,
         # NVFP4's alphas; where it aliases: NVFP4's swizzled scales, placeholders dropped)
         now = {n: p.data.data_ptr() for n, p in ours.named_parameters()}
-        fresh = NEW_STORAGE if case in OSS else NVFP4_DERIVED if case in FP4 - MX8 else set()
+        fresh = fresh_storage(case, backend)
         assert {n: v for n, v in now.items() if n not in fresh} == {
             n: v for n, v in allocated[id(ours)].items() if n not in fresh
         }
         assert set(now) - set(allocated[id(ours)]) <= fresh
+        # NVFP4 on CUTLASS, a padded swizzle apart: read into the placeholder SGLang allocated
+        for n in {"w13_blockscale_swizzled", "w2_blockscale_swizzled"} & set(now):
+            assert now[n] == allocated[id(ours)][n], n
 
 
 @pytest.mark.parametrize(
@@ -317,6 +408,99 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
         want_p = ["w13_weight_scale", "w2_weight_scale", "gemm1_alpha", "gemm1_beta"]
         want_p += ["gemm1_clamp_limit"]
         assert differing(sm.params(layer), sm.params(ours_layer)) == want_p
+
+
+def test_nvfp4_clamp_other_than_the_outputs_is_refused(sources, outputs):
+    """On TRT-LLM the block scales depend on the SwiGLU clamp: a layer SGLang gives a clamp
+    the output was not converted with (here none) is refused by the plugin's layer checks, and
+    a SwiGLU alpha (gemm1_alpha and gemm1_beta, not written) by the kernel setup."""
+    from fi_convert.servers.sglang import experts
+
+    ckpt, prefix = sources("nvfp4-clamp"), CASES["nvfp4-clamp"][1]
+    out = outputs("nvfp4", "trtllm", 1)  # the same sizes, converted without a clamp
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    layer = plugin_layer(out, ckpt, prefix, "trtllm", 1, 0, case="nvfp4-clamp", finish=False)
+    with pytest.raises(PluginError, match="converted with SwiGLU clamp limit None, and SGLang"):
+        checks.check_layer(m, str(out), prefix, layer)
+    layer.moe_runner_config.gemm1_alpha = 1.702
+    with pytest.raises(PluginError, match="on FlashInfer TRT-LLM without a SwiGLU alpha") as e:
+        experts.finish(layer)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_control_fp8_tensor_without_kernel_setup_is_caught(backend, sources, outputs):
+    """ModelOpt FP8: without `finish`, the expert parameters keep the loader's attributes
+    (SGLang's processing puts each in a new Parameter without them), and on CUTLASS the SwiGLU
+    parameters are missing; the bytes alone do not tell."""
+    ckpt, out, prefix = sources("fp8-tensor"), outputs("fp8-tensor", backend, 1), QWEN
+    theirs = sm.build(backend, 1, 0, ckpt, prefix)
+    ours = plugin_layer(out, ckpt, prefix, backend, 1, 0, finish=False, case="fp8-tensor")
+    assert differing(sm.params(theirs), sm.params(ours)) == []
+    a, b = param_attrs(theirs), param_attrs(ours)
+    kept = ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"]
+    kept += ["w13_input_scale", "w2_input_scale"]
+    assert [n for n in a if a[n] != b.get(n)] == kept
+    diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
+    assert "layer.use_padded_loading" in diff
+    assert any(d.startswith("layer._cutlass_swiglu_params") for d in diff) == (backend == "cutlass")
+
+
+def test_fp8_tensor_on_a_model_without_a_routing_method_is_refused(tmp_path):
+    """SGLang's Mixtral declares no routing method, so ModelOptFp8MoEMethod runs it on Triton
+    even with --moe-runner-backend flashinfer_trtllm (fi-convert refuses to plan it:
+    test_server_option): were an output's manifest to say TRT-LLM, the plugin's layer check
+    refuses the layer, naming the fix (CUTLASS, where SGLang runs FlashInfer for it)."""
+    spec = Spec("mixtral", layers=1, experts=3, hidden=128, intermediate=256, quant="fp8-tensor")
+    ckpt = write_checkpoint(tmp_path / "src", spec)
+    out = tmp_path / "out"
+    convert(ckpt, out, Options(SchemeName.AUTO, Backend.CUTLASS, 1, server="sglang"), device="cpu")
+    m = json.loads((out / MANIFEST_NAME).read_text()) | {"backend": "trtllm"}
+    with sm.sglang_context("trtllm", 1, 0), sm.fp8_quant():
+        layer = sm.make_layer(MIXTRAL, ckpt)
+    assert layer.runner_backend.value == "triton"
+    with pytest.raises(PluginError, match="declares no routing method for it, so Model"):
+        checks.check_layer(m, str(out), MIXTRAL, layer)
+
+
+def test_sm90_mxfp4_controls(sources, outputs):
+    """gpt-oss MXFP4 on SM90: another rank's bytes are caught; without the kernel setup the
+    SwiGLU constants are missing (FusedMoE's plain `swiglu_alpha` attribute, the config's
+    alpha, stays where processing makes it a parameter) and the expert parameters keep the
+    loader's attributes."""
+    case, prefix = "gpt-oss", CASES["gpt-oss"][1]
+    ckpt, out = sources(case), outputs(case, "cutlass", 2)
+    theirs = sm.build("mxfp4-cutlass", 2, 1, ckpt, prefix)
+    other = plugin_layer(out, ckpt, prefix, "cutlass", 2, 1, read_rank=0, case=case)
+    diff = differing(sm.params(theirs), sm.params(other))
+    assert set(diff) == {"w13_weight", "w13_weight_scale", "w13_weight_bias", "w2_weight"} | {
+        "w2_weight_scale",
+        "w2_weight_bias",
+    }
+    bare = plugin_layer(out, ckpt, prefix, "cutlass", 2, 1, finish=False, case=case)
+    assert differing(sm.params(theirs), sm.params(bare)) == ["swiglu_alpha", "swiglu_beta"] + [
+        "swiglu_limit"
+    ]
+    assert state_diff(sm.layer_state(bare), sm.layer_state(theirs)) == ["layer.swiglu_alpha"]
+    assert param_attrs(bare)["w13_weight"] != param_attrs(theirs)["w13_weight"] == {}
+
+
+def test_sm90_mxfp4_refusals(sources, outputs):
+    """An SM90 output of another TP size (its sizes are not the ones SGLang's processing
+    makes), and FP8 activations (Humming, which rewrites the weights), are refused."""
+    from fi_convert.servers.sglang import experts
+
+    case, prefix = "gpt-oss", CASES["gpt-oss"][1]
+    ckpt, out = sources(case), outputs(case, "cutlass", 1)
+    with pytest.raises(PluginError, match=r"w13_weight is torch.uint8 \[3, 512, 256\] in the "):
+        plugin_layer(out, ckpt, prefix, "cutlass", 2, 0, case=case)
+    layer = plugin_layer(out, ckpt, prefix, "cutlass", 1, 0, finish=False, case=case)
+    layer.quant_method._use_sm90_humming = True  # as --flashinfer-mxfp4-moe-precision fp8
+    with (
+        sm.sglang_context("mxfp4-cutlass", 1, 0),
+        pytest.raises(PluginError, match="without --flashinfer-mxfp4-moe-precision fp8"),
+    ):
+        experts.finish(layer)
 
 
 def test_an_output_of_another_split_is_refused_at_install(sources, outputs):
@@ -392,6 +576,29 @@ def test_moe_layers_not_the_outputs_are_refused(manifest):
     extra = {QWEN: _layer(), "model.layers.1.mlp.experts": _layer()}
     with pytest.raises(PluginError, match="has a MoE layer model.layers.1.mlp.experts not in"):
         checks.check_layers(manifest, "OUT", extra)
+
+
+def test_the_nextn_layers_sglang_does_not_build_are_skipped(manifest):
+    """A DeepSeek-V3/R1 output holds its NextN layer (model.layers.61 of 61), which SGLang's
+    loader skips for the model it serves: not required among the layers SGLang built
+    (tests/test_sglang_models.py loads such a whole model)."""
+    nextn = "model.layers.1.mlp.experts"
+    m = manifest | {"layers": manifest["layers"] | {nextn: manifest["layers"][QWEN]}}
+    deepseek = types.SimpleNamespace(num_hidden_layers=1, num_nextn_predict_layers=1)
+    assert checks.nextn_layers(m, deepseek) == {nextn}
+    checks.check_layers(m, "OUT", {QWEN: _layer()}, skipped=checks.nextn_layers(m, deepseek))
+    # the controls: no NextN layers in the config, or the layer among the decoder layers
+    for config in (
+        types.SimpleNamespace(num_hidden_layers=1, num_nextn_predict_layers=0),
+        types.SimpleNamespace(num_hidden_layers=2, num_nextn_predict_layers=1),
+        types.SimpleNamespace(num_hidden_layers=1),
+        None,
+    ):
+        assert checks.nextn_layers(m, config) == set()
+        with pytest.raises(PluginError, match=f"has no MoE layer {nextn} in"):
+            checks.check_layers(m, "OUT", {QWEN: _layer()}, skipped=checks.nextn_layers(m, config))
+    with pytest.raises(PluginError, match=f"has no MoE layer {QWEN} in"):  # a decoder layer
+        checks.check_layers(m, "OUT", {nextn: _layer()}, skipped=checks.nextn_layers(m, deepseek))
 
 
 # ---- the manifest, the arguments and the machine ----
@@ -476,11 +683,23 @@ def test_cutlass_nvfp4_runs_on_sm10x_and_sm12x(manifest):
         _check(m, moe_runner_backend="flashinfer_cutlass", capability=(9, 0))
 
 
+def test_cutlass_mxfp4_runs_on_sm90_only(manifest):
+    """gpt-oss MXFP4's CUTLASS layout is SGLang's SM90 one (flashinfer_mxfp4 runs TRT-LLM on
+    SM100 and another CUTLASS layout on SM120)."""
+    m = manifest | {"scheme": "mxfp4", "backend": "cutlass"}
+    m = m | {"target": target.SGLANG_TARGET.target_fields("mxfp4", "cutlass")}
+    assert m["target"]["gpu_family"] == "sm90"
+    _check(m, moe_runner_backend="flashinfer_mxfp4", capability=(9, 0))
+    for cap in ((10, 0), (12, 0), (8, 9)):
+        with pytest.raises(PluginError, match=r"need an SM90 \(Hopper H100/H200\) GPU"):
+            _check(m, moe_runner_backend="flashinfer_mxfp4", capability=cap)
+    with pytest.raises(PluginError, match="pass --moe-runner-backend flashinfer_mxfp4"):
+        _check(m, moe_runner_backend="flashinfer_cutlass", capability=(9, 0))
+
+
 def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
-    with pytest.raises(PluginError, match="does not load mxfp4/cutlass outputs yet"):
-        _check(manifest | {"scheme": "mxfp4", "backend": "cutlass"})
-    with pytest.raises(PluginError, match="does not load fp8-tensor/trtllm outputs yet"):
-        _check(manifest | {"scheme": "fp8-tensor"})
+    with pytest.raises(PluginError, match="does not load mxfp8/cutlass outputs yet"):
+        _check(manifest | {"scheme": "mxfp8", "backend": "cutlass"})
     with pytest.raises(PluginError, match="does not load fp8-block/cutlass outputs yet"):
         _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 

@@ -193,8 +193,10 @@ def _loader():
     return FiConvertModelLoader(LoadConfig(load_format="fi-convert"))
 
 
-def _model_config(path):
-    return types.SimpleNamespace(model=str(path), revision=None, quantization="fp8")
+def _model_config(path, hf_config=None):
+    return types.SimpleNamespace(
+        model=str(path), revision=None, quantization="fp8", hf_config=hf_config
+    )
 
 
 @pytest.mark.parametrize(
@@ -326,6 +328,39 @@ def test_loader_refuses_a_model_without_the_outputs_layers(src, out):
         model = TinyModel(vm.make_layer("model.layers.7.mlp.experts", src, 2))
         with pytest.raises(PluginError, match="has no MoE layer model.layers.1.mlp.experts"):
             _loader().load_weights(model, _model_config(out))
+
+
+def test_the_mtp_layer_vllm_does_not_build_is_left_to_its_draft_model(tmp_path):
+    """A DeepSeek-V3/R1 checkpoint ships its multi-token-prediction layer after the decoder
+    layers (model.layers.61 of 61, config `num_nextn_predict_layers` 1): fi-convert converts
+    it, and vLLM's model builds no layer for it (its own rule, a draft model's). The plugin
+    loads the layers vLLM built and hands that layer's other tensors to the model's
+    `load_weights` as vLLM's default load does (vLLM's skips them); without the config's
+    `num_nextn_predict_layers` the missing layer is refused."""
+    import types
+
+    spec = Spec("deepseek-v3", layers=3, experts=4, hidden=256, intermediate=256)
+    src = write_checkpoint(tmp_path / "src", spec)
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.FP8_BLOCK, Backend.TRTLLM, 1), device="cpu")
+    mtp = "model.layers.2.mlp.experts"
+    assert mtp in json.loads((out / "fi-convert-manifest.json").read_text())["layers"]
+    served = types.SimpleNamespace(num_hidden_layers=2, num_nextn_predict_layers=1)
+    with vm.vllm_context("trtllm", 1, 0):
+        theirs = vm.make_layer(PREFIX, src, 1)
+        vm.vllm_load_and_process(theirs, src, PREFIX)
+    with vm.vllm_context("trtllm", 1, 0):
+        model = TinyModel(vm.make_layer(PREFIX, src, 1))
+        _loader().load_weights(model, _model_config(out, hf_config=served))
+        vm.process(model)
+    vm.assert_same_layer(theirs, model.moe)
+    assert not [n for n in model.seen if n.startswith(mtp + ".")]  # its experts: not read
+    assert "model.layers.2.mlp.gate.weight" in model.seen  # the rest: the model's to skip
+    plain = types.SimpleNamespace(num_hidden_layers=2)
+    with vm.vllm_context("trtllm", 1, 0):
+        model = TinyModel(vm.make_layer(PREFIX, src, 1))
+        with pytest.raises(PluginError, match=f"has no MoE layer {mtp} of the output"):
+            _loader().load_weights(model, _model_config(out, hf_config=plain))
 
 
 def _engine_model_config(path, **kw):

@@ -369,6 +369,19 @@ def per_rank(size: int, tp: int, what: str) -> int:
     return size // tp
 
 
+def last_loaded(layer: ExpertLayer, param: str, roles: tuple[str, str]) -> torch.Tensor:
+    """[E] bool: whether each expert's `param` of roles[1] is read after roles[0]'s by SGLang
+    0.5.23's default loader, which reads the shards in sorted order and each shard's tensors
+    by sorted name (where its loader keeps one value for both, the last one read stays)."""
+
+    def order(role: str, e: int) -> tuple[str, str]:
+        info = layer.tensor(role, param, e)
+        return str(info.file), info.name
+
+    a, b = roles
+    return torch.tensor([order(b, e) > order(a, e) for e in range(layer.num_experts)])
+
+
 def expert_scalars(ctx: Ctx, layer: ExpertLayer, role: str, param: str) -> torch.Tensor:
     """[E]: every expert's one-value `param` of `role` (per-tensor and global scales)."""
     infos = [layer.tensor(role, param, e) for e in range(layer.num_experts)]

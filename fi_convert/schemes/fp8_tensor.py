@@ -11,10 +11,21 @@ As vLLM 0.33 (`fp8_utils.py` requantization, `prepare_fp8_moe_layer_for_fi`):
 BF16 sources: each expert's rank slice of w13 ([gate; up]) and of w2 is quantized with a
 dynamic per-tensor scale (amax / 448), as vLLM's online FP8; activation scales are dynamic
 then, so no activation-scale products are written.
+
+SGLang 0.5.23 (`ModelOptFp8MoEMethod`, ModelOpt FP8 sources with static activation scales): the
+same requantization (its `per_tensor_dequantize` and `scaled_fp8_quant` are vLLM's arithmetic).
+On TRT-LLM (`flashinfer_trtllm`) the same transforms, but I per rank padded to 128 by its
+FusedMoE (`pad_i_128`) and sharded by the padded size (`shard_padded`). On CUTLASS
+(`flashinfer_cutlass`) w13 stays [gate; up] as loaded, each half padded to 16
+(`gate_up_rows`). Its scalars (`sglang_scalars`): each expert's w13 activation scale is the one
+of w1's and w3's its loader reads last, A13 their max over experts; TRT-LLM output1 =
+g1 * float32(1 / A2); CUTLASS fc1_dequant = S13 * A13, fc2_quant = float32(1 / A2),
+fc2_dequant = A2 * S2, fc1_input_dequant = A13.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -29,11 +40,13 @@ from .base import (
     Ctx,
     LayerPlan,
     OutputTensor,
+    RankRows,
     Scheme,
     SchemeName,
     Synthetic,
     compressed_tensors,
     expert_scalars,
+    last_loaded,
     layer_plan,
     modelopt,
     per_rank,
@@ -125,20 +138,32 @@ class Fp8TensorScheme(Scheme):
                     f"{list(info.shape)}; this is not a per-tensor FP8 checkpoint"
                 )
 
+    # SGLang 0.5.23: TRT-LLM (shard_padded, pad_i_128) and CUTLASS (gate_up_rows), its scalars
+    variants = frozenset({"shard_padded", "pad_i_128", "gate_up_rows", "sglang_scalars"})
+
     def plan_layer(
         self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
     ) -> LayerPlan:
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
-        i_p = L.round_up(i_r, PAD_I)
-        if backend is Backend.TRTLLM and h % 32:
+        trt = backend is Backend.TRTLLM
+        i_p = L.round_up(i_r, TILE if trt and layout.pad_i_128 else PAD_I)
+        rows = RankRows(layer.intermediate_size, tp, i_p, trt and layout.shard_padded)
+        if trt and h % 32:
             raise LayoutError(
                 f"{layer.prefix}: hidden size {h} is not a multiple of 32, which the TRT-LLM "
                 "row shuffle of w2 needs and vLLM does not pad - use --backend cutlass"
             )
         dynamic = weight_dtype(layer) == "BF16" or not layer.has(ACT)
-        s = _Scales(layer, i_r)
-        outs = _weights(layer, e, h, i_r, i_p, backend, s) + _scale_outputs(e, backend, dynamic, s)
+        if dynamic and layout.sglang_scalars:
+            raise LayoutError(
+                f"{layer.prefix}: no static activation scales (input_scale); SGLang 0.5.23 "
+                "would run these experts with activation scales of 1.0 - convert for vLLM "
+                "(--server vllm)"
+            )
+        s = _Scales(layer, rows, layout.sglang_scalars)
+        outs = _weights(layer, e, h, rows, backend, s, layout.gate_up_rows)
+        outs += _scale_outputs(e, backend, dynamic, s, layout.sglang_scalars)
         notes = []
         if dynamic:
             notes.append(
@@ -156,14 +181,16 @@ class Fp8TensorScheme(Scheme):
             notes=notes,
             activation_scheme="dynamic" if dynamic else "static",
             source_format=fmt,
+            **rows.info(),
         )
 
 
 class _Scales:
-    """Per-expert weight scales after requantization and the reduced activation scales."""
+    """Per-expert weight scales after requantization, the reduced activation scales, and each
+    rank's requantized weights."""
 
-    def __init__(self, layer: ExpertLayer, i_r: int) -> None:
-        self.layer, self.i_r = layer, i_r
+    def __init__(self, layer: ExpertLayer, rows: RankRows, sglang: bool = False) -> None:
+        self.layer, self.rows, self.sglang = layer, rows, sglang
         self.bf16 = weight_dtype(layer) == "BF16"
         self._cache: dict[tuple[int, str], torch.Tensor] = {}
 
@@ -174,7 +201,7 @@ class _Scales:
         return self._cache[key]
 
     def weight(self, ctx: Ctx, which: str, rank: int) -> torch.Tensor:
-        """[E] float32: w13 (max of w1, w3) or w2 scales, as vLLM holds them for `rank`."""
+        """[E] float32: w13 (max of w1, w3) or w2 scales, as the server holds them for `rank`."""
         key = (rank, which)
         if key not in self._cache:
             if self.bf16:
@@ -194,77 +221,103 @@ class _Scales:
         return torch.stack(out)
 
     def _bf16(self, ctx: Ctx, which: str, rank: int, experts: range) -> torch.Tensor:
+        first, n = self.rows.span(rank)
         if which == "w13":
-            x = stage_w13(ctx, self.layer, "weight", rank, experts, self.i_r, torch.bfloat16)
-            return x[:, : 2 * self.i_r]
-        return stage_w2(
-            ctx, self.layer, "weight", rank, experts, self.i_r, self.i_r, torch.bfloat16
-        )
+            x = stage_w13(ctx, self.layer, "weight", rank, experts, n, torch.bfloat16, start=first)
+            return x[:, : 2 * n]
+        return stage_w2(ctx, self.layer, "weight", rank, experts, n, n, torch.bfloat16, start=first)
 
     def activation(self, ctx: Ctx, which: str) -> torch.Tensor:
-        """0-dim float32: the max over experts (and over w1 and w3 for w13)."""
-        if which == "w13":
-            a = torch.cat([self.checkpoint(ctx, "w1", ACT), self.checkpoint(ctx, "w3", ACT)])
-        else:
-            a = self.checkpoint(ctx, "w2", ACT)
-        return a.max()
+        """0-dim float32: the max over experts of w2's, or for w13 of w1's and w3's (vLLM) or
+        of the one of each expert's w1 and w3 that SGLang's loader reads last (SGLang)."""
+        if which == "w2":
+            return self.checkpoint(ctx, "w2", ACT).max()
+        w1, w3 = self.checkpoint(ctx, "w1", ACT), self.checkpoint(ctx, "w3", ACT)
+        if self.sglang:
+            up = last_loaded(self.layer, ACT, ("w1", "w3"))
+            return torch.where(up, w3, w1).max()
+        return torch.cat([w1, w3]).max()
 
     def quantized(self, ctx: Ctx, which: str, rank: int, experts: range) -> torch.Tensor:
-        """FP8 bytes (uint8) of w13 ([gate; up; zero row]) or w2 for `experts` of `rank`."""
-        i_r, sel = self.i_r, slice(experts.start, experts.stop)
+        """FP8 bytes (uint8) of w13 ([gate; up; zero row], n rows each) or w2 (n columns, then
+        zeros to I_p) for `experts` of `rank`, which holds n rows of I (`RankRows`)."""
+        first, n = self.rows.span(rank)
+        sel = slice(experts.start, experts.stop)
         target = self.weight(ctx, which, rank)[sel].to(ctx.device).view(-1, 1, 1)
         if self.bf16:
-            x = self._bf16(ctx, which, rank, experts)
-            q = fp8_quantize_static(x, target)
+            q = fp8_quantize_static(self._bf16(ctx, which, rank, experts), target)
         elif which == "w2":
-            return stage_w2(ctx, self.layer, "weight", rank, experts, i_r, i_r, torch.uint8)
+            i_p = self.rows.padded
+            return stage_w2(
+                ctx, self.layer, "weight", rank, experts, n, i_p, torch.uint8, start=first
+            )
         else:
-            raw = stage_w13(ctx, self.layer, "weight", rank, experts, i_r, torch.uint8)
+            raw = stage_w13(ctx, self.layer, "weight", rank, experts, n, torch.uint8, start=first)
             w8 = raw.view(torch.float8_e4m3fn)
             s1 = self.checkpoint(ctx, "w1", SCALE)[sel].to(ctx.device).view(-1, 1, 1)
             s3 = self.checkpoint(ctx, "w3", SCALE)[sel].to(ctx.device).view(-1, 1, 1)
-            gate = fp8_quantize_static(fp8_dequantize_f16(w8[:, :i_r], s1), target)
-            up = fp8_quantize_static(fp8_dequantize_f16(w8[:, i_r : 2 * i_r], s3), target)
+            gate = fp8_quantize_static(fp8_dequantize_f16(w8[:, :n], s1), target)
+            up = fp8_quantize_static(fp8_dequantize_f16(w8[:, n : 2 * n], s3), target)
             q = torch.cat([gate, up], dim=1)
         q = q.view(torch.uint8)
         if which == "w13":  # the zero row the padding index points at
-            q = torch.cat([q, q.new_zeros((q.shape[0], 1, q.shape[2]))], dim=1)
-        return q
+            return torch.cat([q, q.new_zeros((q.shape[0], 1, q.shape[2]))], dim=1)
+        pad = self.rows.padded - q.shape[2]
+        return q if pad == 0 else torch.nn.functional.pad(q, (0, pad))
 
 
-def _weights(layer, e, h, i_r, i_p, backend, s: _Scales) -> list[OutputTensor]:
-    trt = backend is Backend.TRTLLM
-    steps = [L.pad_halves_index(i_r, i_p, zero_row=2 * i_r), L.swap_halves_index(2 * i_p)]
-    if trt:
-        steps += [L.gated_interleave_index(2 * i_p), L.shuffle_row_index(2 * i_p, TILE)]
-    w13_idx = L.compose(*steps)
+def _weights(
+    layer, e, h, rows: RankRows, backend, s: _Scales, gate_up: bool = False
+) -> list[OutputTensor]:
+    trt, i_p = backend is Backend.TRTLLM, rows.padded
+
+    @functools.cache
+    def w13_idx(n: int) -> torch.Tensor:  # a rank holding n rows of I
+        steps = [L.pad_halves_index(n, i_p, zero_row=2 * n)]
+        steps += [] if gate_up else [L.swap_halves_index(2 * i_p)]
+        if trt:
+            steps += [L.gated_interleave_index(2 * i_p), L.shuffle_row_index(2 * i_p, TILE)]
+        return L.compose(*steps)
+
     w2_idx = L.shuffle_row_index(h, TILE) if trt else None
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        L.gather_rows(s.quantized(ctx, "w13", rank, experts), w13_idx, out.view(torch.uint8))
+        n = rows.span(rank)[1]
+        if n == 0:  # a rank past I (sharded by the padded size): only padding
+            out.zero_()
+            return
+        L.gather_rows(s.quantized(ctx, "w13", rank, experts), w13_idx(n), out.view(torch.uint8))
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        q = s.quantized(ctx, "w2", rank, experts)
-        src = q if i_p == i_r else torch.nn.functional.pad(q, (0, i_p - i_r))
+        if rows.span(rank)[1] == 0:
+            out.zero_()
+            return
+        src = s.quantized(ctx, "w2", rank, experts)
         if w2_idx is None:
             out.view(torch.uint8).copy_(src)
         else:
             L.gather_rows(src, w2_idx, out.view(torch.uint8))
 
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE if trt else None}
+    order = "gate_up" if gate_up else "up_gate"
     return [
         OutputTensor(
             "w13_weight",
             "F8_E4M3",
             (e, 2 * i_p, h),
             w13,
-            {**lay, "row_order": "up_gate", "gated_interleave": trt},
+            {**lay, "row_order": order, "gated_interleave": trt},
         ),
         OutputTensor("w2_weight", "F8_E4M3", (e, h, i_p), w2, {**lay, "row_order": "rows"}),
     ]
 
 
-def _scale_outputs(e: int, backend: Backend, dynamic: bool, s: _Scales) -> list[OutputTensor]:
+def _scale_outputs(
+    e: int, backend: Backend, dynamic: bool, s: _Scales, sglang: bool = False
+) -> list[OutputTensor]:
+    """The weight scales, and with static activation scales the activation scales and the
+    products each kernel takes, under the server's names (module doc)."""
+
     def per_expert(fn):
         def produce(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
             out.copy_(fn(ctx, rank))
@@ -295,6 +348,9 @@ def _scale_outputs(e: int, backend: Backend, dynamic: bool, s: _Scales) -> list[
     def out1(ctx, rank):  # vLLM 0.33's TRT-LLM experts divide: g1_alphas / a2
         return g1(ctx, rank) / a2(ctx, rank)
 
+    def out1_sglang(ctx, rank):  # SGLang multiplies by the reciprocal: g1 * (1.0 / a2)
+        return g1(ctx, rank) * a2_inv(ctx, rank)
+
     fns: dict[str, tuple[Callable, tuple[int, ...]]] = {
         "w13_weight_scale": (w13s, (e,)),
         "w2_weight_scale": (w2s, (e,)),
@@ -303,20 +359,38 @@ def _scale_outputs(e: int, backend: Backend, dynamic: bool, s: _Scales) -> list[
         fns |= {"w13_input_scale": (a13, ()), "w2_input_scale": (a2, ())}
         if backend is Backend.TRTLLM:
             fns |= {
-                "output1_scales_scalar": (out1, (e,)),
+                "output1_scales_scalar": (out1_sglang if sglang else out1, (e,)),
                 "output1_scales_gate_scalar": (g1, (e,)),
                 "output2_scales_scalar": (g2, (e,)),
             }
+        elif sglang:  # ModelOptFp8MoEMethod's CUTLASS quant scales, in its order
+            fns |= {
+                "fc1_dequant": (g1, (e,)),
+                "fc2_quant": (a2_inv, ()),
+                "fc2_dequant": (g2, (e,)),
+                "fc1_input_dequant": (a13, ()),
+            }
         else:
             fns |= {"g1_alphas": (g1, (e,)), "g2_alphas": (g2, (e,)), "a2_gscale": (a2_inv, ())}
+
+    def entry(name: str, shape: tuple[int, ...]) -> dict:
+        lay = {"layout": "per_expert" if shape else "scalar", "row_order": None}
+        return lay | ({"formula": "sglang"} if sglang and name in SGLANG_FORMULA else {})
+
     return [
-        OutputTensor(
-            name,
-            "F32",
-            shape,
-            per_expert(fn),
-            {"layout": "per_expert" if shape else "scalar", "row_order": None},
-            chunked=False,
-        )
+        OutputTensor(name, "F32", shape, per_expert(fn), entry(name, shape), chunked=False)
         for name, (fn, shape) in fns.items()
     ]
+
+
+# The scalars whose value follows SGLang's rules where they are SGLang's (`sglang_scalars`):
+# A13 from the input scale its loader reads last, and TRT-LLM's output1 by the reciprocal
+SGLANG_FORMULA = frozenset(
+    {
+        "w13_input_scale",
+        "output1_scales_scalar",
+        "output1_scales_gate_scalar",
+        "fc1_dequant",
+        "fc1_input_dequant",
+    }
+)

@@ -19,10 +19,23 @@ SGLang 0.5.23 on TRT-LLM (`--moe-runner-backend flashinfer_mxfp4`, `Mxfp4MoEMeth
 bytes, but for two layout variants: the scale padding holds UE8M0 1.0 (byte 127, the fill of
 SGLang's scale parameters) where vLLM's holds 0 (`unit_scale_pad`), and the biases are named
 w13_weight_bias and w2_weight_bias, as SGLang's parameters are (`weight_bias_names`).
+
+SGLang 0.5.23 on CUTLASS (`flashinfer_mxfp4` on SM90: `Mxfp4MoEMethod.
+_process_weights_for_sm90_cutlass`, FlashInfer's mixed-input MoE GEMM; `sm90_mixed`):
+* TP: SGLang's loader takes vLLM's slices into parameters of I/TP rows, so it loads only where
+  I/32 % TP == 0 (every rank then holds I_r = I/TP rows); refused elsewhere;
+* H padded to 256 by FusedMoE (the loader's tail: weights 0, scales 127), then w13
+  de-interleaved into [up; gate] halves, each padded to I_a = round_up(I_r, 128) with zeros
+  (weights, scales, biases), w2's columns padded to I_a with zeros (its scales too);
+* weights: FlashInfer's SM90 interleave (a byte move and a bit permutation of each 32-bit
+  word, `layout.sm90_mixed_weight_index`, `layout.sm90_fp4_bits_`); scales: its 64x128 fold
+  (`layout.sm90_scale_fold_index`), [E, rows/64, K/128, 16, 16]; biases BF16 (SGLang's
+  parameters), w2's on rank 0 only.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -91,7 +104,8 @@ class Mxfp4Scheme(Scheme):
     backends: tuple[Backend, ...] = (Backend.TRTLLM, Backend.CUTLASS)
     source_label = "MXFP4"
     synthetic = {"mxfp4": Synthetic(None, GPT_OSS_MXFP4)}
-    variants = frozenset({"unit_scale_pad", "weight_bias_names"})  # SGLang on TRT-LLM
+    # SGLang: on TRT-LLM the first two; on CUTLASS (SM90) the last two
+    variants = frozenset({"unit_scale_pad", "weight_bias_names", "sm90_mixed"})
 
     def stand_in_layers(self, prefix: str, e: int, h: int, i: int) -> list[ExpertLayer]:
         """gpt-oss's fused experts, with biases of each float dtype (CUTLASS keeps them)."""
@@ -149,6 +163,8 @@ class Mxfp4Scheme(Scheme):
         self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
     ) -> LayerPlan:
         e, h, i = layer.num_experts, layer.hidden_size, layer.intermediate_size
+        if layout.sm90_mixed:
+            return _plan_sm90(layer, tp)
         i_r = math.ceil(i / MX / tp) * MX
         pad_h = PAD_H if backend is Backend.TRTLLM else PAD_I  # CUTLASS rounds both to 128
         i_a, h_a = L.round_up(i_r, PAD_I), L.round_up(h, pad_h)
@@ -259,3 +275,116 @@ def _gather_bias(src: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> No
 
 def _dtype(info: TensorInfo) -> torch.dtype:
     return dtypes.to_torch(info.dtype)
+
+
+# ---- SGLang 0.5.23's SM90 CUTLASS layout (`Layout.sm90_mixed`) ----
+
+PAD_H_SM90 = 256  # FusedMoE rounds H for mxfp4 on flashinfer_mxfp4; CUTLASS's 128 then holds
+
+
+def _plan_sm90(layer: ExpertLayer, tp: int) -> LayerPlan:
+    """The layer's plan for SGLang's SM90 layout: every rank holds I/TP rows (see the module
+    doc), padded to I_a = round_up(I/TP, 128); H to H_a = round_up(H, 256)."""
+    e, h, i = layer.num_experts, layer.hidden_size, layer.intermediate_size
+    if (i // MX) % tp:
+        ok = [t for t in (1, 2, 4, 8, 16) if (i // MX) % t == 0]
+        raise LayoutError(
+            f"{layer.prefix}: I {i} at --tp-size {tp}: SGLang 0.5.23's SM90 CUTLASS MXFP4 path "
+            f"cannot load it (its gpt-oss loader slices ceil(I/32/TP)*32 rows into a buffer of "
+            f"I/TP rows); use --tp-size {', '.join(map(str, ok))}, or --backend trtllm (SM100)"
+        )
+    i_r = i // tp
+    i_a, h_a = L.round_up(i_r, PAD_I), L.round_up(h, PAD_H_SM90)
+    outs = _sm90_outputs(layer, e, h, i_r, i_a, h_a)
+    return layer_plan(layer, outs, i_r, i_a, h_p=h_a, rows_per_rank=[i_r] * tp, group_size=MX)
+
+
+@functools.lru_cache(maxsize=4)
+def _up_gate_rows(i_r: int, i_a: int) -> torch.Tensor:
+    """Row map of SGLang's [up; gate] halves, each padded to i_a rows, from the loaded gpt-oss
+    rows (2q gate, 2q + 1 up; q < i_r) plus one row of zeros at 2*i_r (the padding's source)."""
+    q = torch.arange(i_a)
+    zero = torch.full_like(q, 2 * i_r)
+    return torch.cat([torch.where(q < i_r, 2 * q + 1, zero), torch.where(q < i_r, 2 * q, zero)])
+
+
+@functools.lru_cache(maxsize=8)
+def _sm90_index(kind: str, rows: int, cols: int, i_r: int = 0) -> torch.Tensor:
+    """The one flat source index per expert of a tensor of SGLang's SM90 layout: `kind`
+    "weight" (FlashInfer's SM90 byte move) or "scale" (its 64x128 fold) of a [rows, cols]
+    matrix; with `i_r`, w13's: its rows taken by `_up_gate_rows` from the staged source
+    [2*i_r + 1, cols]. Cached by shape: a model's layers share them."""
+    fn = L.sm90_mixed_weight_index if kind == "weight" else L.sm90_scale_fold_index
+    idx = fn(rows, cols)
+    if i_r:
+        idx = L.remap_rows(idx, cols, _up_gate_rows(i_r, rows // 2))
+    return idx
+
+
+def _sm90_outputs(layer: ExpertLayer, e: int, h: int, i_r: int, i_a: int, h_a: int):
+    """SGLang's SM90 tensors: w13 staged as loaded (2*i_r rows and a zero row, H_a columns:
+    weight 0, scales 127 past H), w2 staged at its padded size (scales 127 in H's tail where
+    the loaded columns are, 0 in I's); one gather each, then the weights' bit step."""
+    p = {(r, q): layer.params[(r, q, -1)] for r in ("w13", "w2") for q in PARAMS}
+    rows13 = _up_gate_rows(i_r, i_a)
+
+    def stage(n: int, rows: int, cols: int, fill: int = 0, dtype=torch.uint8) -> torch.Tensor:
+        return torch.full((n, rows, cols), fill, dtype=dtype)
+
+    def weights(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> None:
+        L.gather_flat(src, idx, out)
+        L.sm90_fp4_bits_(out.view(torch.int32))
+
+    def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage(len(experts), 2 * i_r + 1, h_a // 2)
+        _read(ctx, p[("w13", "blocks")], experts, (2 * rank * i_r, 2 * (rank + 1) * i_r), None, src)
+        weights(ctx.to_device(src), _sm90_index("weight", 2 * i_a, h_a // 2, i_r), out)
+
+    def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage(len(experts), 2 * i_r + 1, h_a // MX, UE8M0_ONE)
+        src[:, -1] = 0
+        _read(ctx, p[("w13", "scales")], experts, (2 * rank * i_r, 2 * (rank + 1) * i_r), None, src)
+        L.gather_flat(ctx.to_device(src), _sm90_index("scale", 2 * i_a, h_a // MX, i_r), out)
+
+    def w13_b(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage(len(experts), 2 * i_r + 1, 1, dtype=_dtype(p[("w13", "bias")]))
+        _read(ctx, p[("w13", "bias")], experts, (2 * rank * i_r, 2 * (rank + 1) * i_r), None, src)
+        _gather_bias(ctx.to_device(src), rows13, out)
+
+    def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage(len(experts), h_a, i_a // 2)
+        cols = (rank * i_r // 2, (rank + 1) * i_r // 2)
+        _read(ctx, p[("w2", "blocks")], experts, (0, h), cols, src)
+        weights(ctx.to_device(src), _sm90_index("weight", h_a, i_a // 2), out)
+
+    def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage(len(experts), h_a, i_a // MX, UE8M0_ONE)
+        src[:, :, i_r // MX :] = 0
+        cols = (rank * i_r // MX, (rank + 1) * i_r // MX)
+        _read(ctx, p[("w2", "scales")], experts, (0, h), cols, src)
+        L.gather_flat(ctx.to_device(src), _sm90_index("scale", h_a, i_a // MX), out)
+
+    def w2_b(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        src = stage(len(experts), h_a, 1, dtype=_dtype(p[("w2", "bias")]))
+        if rank == 0:  # SGLang's loader zeroes the down bias on the other ranks
+            _read(ctx, p[("w2", "bias")], experts, (0, h), None, src)
+        out.copy_(ctx.to_device(src).squeeze(-1))
+
+    lay = {"layout": "sm90_mixed_interleave", "packing": "e2m1x2"}
+    # the scale padding: UE8M0 1.0 in H's tail (the loader's fill), 0 in I's (processing's)
+    pad = {"hidden": UE8M0_ONE, "intermediate": 0}
+    s_lay = {"layout": "sm90_scale_fold_64x128", "block": [1, MX], "pad": pad}
+    up_gate = {"row_order": "up_gate"}
+    b_lay = {"layout": "rows"}
+
+    def folded(rows: int, cols: int) -> tuple[int, ...]:
+        return (e, rows // 64, cols // 128, 16, 16)
+
+    return [
+        OutputTensor("w13_weight", "U8", (e, 2 * i_a, h_a // 2), w13, {**lay, **up_gate}),
+        OutputTensor("w13_weight_scale", "U8", folded(2 * i_a, h_a), w13_s, {**s_lay, **up_gate}),
+        OutputTensor("w13_weight_bias", "BF16", (e, 2 * i_a), w13_b, {**b_lay, **up_gate}),
+        OutputTensor("w2_weight", "U8", (e, h_a, i_a // 2), w2, lay),
+        OutputTensor("w2_weight_scale", "U8", folded(h_a, i_a), w2_s, s_lay),
+        OutputTensor("w2_weight_bias", "BF16", (e, h_a), w2_b, {**b_lay, "rank0_only": True}),
+    ]

@@ -21,9 +21,15 @@ it reads the shards in sorted order, the names in each sorted) and w2_input_scal
 a13 = max(w13_input_scale), a2 = max(w2_input_scale); g1_alphas = a13 * s2(w1),
 g1_alphas_up = a13 * s2(w3), g2_alphas = a2 * s2(w2), w13_input_scale_quant = 1 / a13 and
 w2_input_scale_quant = 1 / a2 (0-dim), g1_scale_c = w2_input_scale_quant * g1_alphas_up.
+With a SwiGLU clamp L (`ExpertLayer.swiglu_limit`: DeepSeek's config.json `swiglu_limit`, which
+SGLang's DeepSeek MoE passes its experts), where some expert's g1_alphas and g1_alphas_up
+differ, SGLang multiplies each half's w13 block scales (as loaded, before any reordering) by
+its alpha / max(g1_alphas, g1_alphas_up) (1 where they agree), rounded back to E4M3, and sets
+both alphas to that max; then gemm1_clamp_limit = L / g1_alphas (the layer entry records L).
 On CUTLASS (`flashinfer_cutlass`): vLLM's weights and swizzled block scales ([up; gate], its
-`swizzle_blockscale` in place, which needs no padding: H a multiple of 128, refused
-otherwise), SGLang's scalars without g1_scale_c.
+`swizzle_blockscale`, written in place), SGLang's scalars without g1_scale_c; where the
+swizzle pads (w2's rows where H % 128, w13's columns where H % 64) SGLang cannot write it in
+place: the scales stay as loaded and the swizzle is `w*_blockscale_swizzled` (`swizzle_apart`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import torch
 
 from .. import layout as L
 from ..errors import LayoutError, SourceError
+from ..quant import rescale_e4m3
 from ..source import Checkpoint, ExpertLayer
 from ..st_io import SourceFiles
 from ..target import VLLM_LAYOUT, Layout
@@ -121,7 +128,8 @@ class Nvfp4Scheme(Scheme):
         "nvfp4": Synthetic(synthetic_nvfp4, modelopt("NVFP4")),
         "nvfp4-ct": Synthetic(lambda shape, g: synthetic_nvfp4(shape, g, ct=True), _CT_NVFP4),
     }
-    variants = frozenset({"shard_padded", "hidden_padded", "split_scales"})  # SGLang, TRT-LLM
+    # SGLang's: TRT-LLM's split and unpadded H, its scalars, CUTLASS's padded swizzles apart
+    variants = frozenset({"shard_padded", "hidden_padded", "split_scales", "swizzle_apart"})
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         scales = [t for (_, p, _), t in layers[0].params.items() if p == SCALE]
@@ -184,15 +192,13 @@ class Nvfp4Scheme(Scheme):
         if trt and not layout.hidden_padded and h % TILE:
             raise LayoutError(
                 f"{layer.prefix}: hidden size {h} is not a multiple of {TILE}; SGLang 0.5.23 does "
-                "not pad H for NVFP4 on FlashInfer TRT-LLM and its scale shuffle needs it, so "
-                "SGLang cannot serve this checkpoint on flashinfer_trtllm"
+                "not pad H for NVFP4 on FlashInfer TRT-LLM and its w2 scale shuffle asserts it "
+                "(FlashInfer's get_shuffle_matrix_sf_a_row_indices), so SGLang cannot serve it "
+                "on flashinfer_trtllm; use --backend cutlass (flashinfer_cutlass), or "
+                "--server vllm (vLLM pads H to 256)"
             )
-        if not trt and layout.split_scales and h % TILE:
-            raise LayoutError(
-                f"{layer.prefix}: hidden size {h} is not a multiple of {TILE}; SGLang 0.5.23's "
-                "FlashInfer CUTLASS NVFP4 processing then pads its swizzled scales into "
-                "parameters of their own, which fi-convert does not write yet"
-            )
+        # SGLang on TRT-LLM: a SwiGLU clamp changes the w13 block scales and the alphas
+        clamp = layer.swiglu_limit if trt and layout.split_scales else None
         sc = _Scales(layer)
         if layout.split_scales and (sc.g_inv or sc.a_inv):
             raise LayoutError(
@@ -201,8 +207,15 @@ class Nvfp4Scheme(Scheme):
             )
         differ = sc.w1_w3_differ() if differ is None else differ
         rows = RankRows(layer.intermediate_size, tp, i_p, layout.shard_padded)
-        outs = _trtllm(layer, e, h_p, rows) if trt else _cutlass(layer, e, h, h_p, i_r, i_p)
-        outs += sc.sglang_outputs(e, trt) if layout.split_scales else sc.outputs(e, backend)
+        rescale = sc.block_scale_ratios if clamp is not None else None
+        if trt:
+            outs = _trtllm(layer, e, h_p, rows, rescale)
+        else:
+            outs = _cutlass(layer, e, h, i_r, layout.swizzle_apart)
+        if layout.split_scales:
+            outs += sc.sglang_outputs(e, trt, clamp)
+        else:
+            outs += sc.outputs(e, backend)
         notes = []
         if differ and not layout.split_scales:
             notes.append(
@@ -220,12 +233,16 @@ class Nvfp4Scheme(Scheme):
             activation_scheme="static",
             w13_scale_2_differs_for_experts=differ,
             **(rows.info() if trt else {}),
+            **({"swiglu_limit": clamp} if clamp is not None else {}),
         )
 
 
-def _trtllm(layer, e, h_p, rows: RankRows) -> list[OutputTensor]:
+def _trtllm(
+    layer, e, h_p, rows: RankRows, rescale: Callable[[Ctx], torch.Tensor | None] | None = None
+) -> list[OutputTensor]:
     """`rows`: the rows of I each rank holds, padded to `rows.padded` (a rank past I holds
-    only padding: zeros)."""
+    only padding: zeros). `rescale`: [E, 2] ratios (up, gate) the w13 block scales are
+    multiplied by before any reordering (SGLang's SwiGLU clamp; None: not rescaled)."""
     i_p = rows.padded
 
     @functools.cache
@@ -259,6 +276,11 @@ def _trtllm(layer, e, h_p, rows: RankRows) -> list[OutputTensor]:
             out.zero_()
             return
         src = stage_w13(ctx, layer, SCALE, rank, experts, n, u8, cols=h_p // SF, start=first)
+        ratios = rescale(ctx) if rescale is not None else None
+        if ratios is not None:  # staged [gate; up; zero row]
+            r = ratios[experts.start : experts.stop].to(src.device)
+            rescale_e4m3(src[:, :n], r[:, 1])
+            rescale_e4m3(src[:, n : 2 * n], r[:, 0])
         L.gather_flat(src, sf13(n), out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
@@ -312,45 +334,84 @@ def _trtllm(layer, e, h_p, rows: RankRows) -> list[OutputTensor]:
     ]
 
 
-def _cutlass(layer, e, h, h_p, i_r, i_p) -> list[OutputTensor]:
+def _cutlass(layer, e, h, i_r, apart: bool) -> list[OutputTensor]:
+    """[up; gate] weights, w2 as loaded, and the block scales 128x4-swizzled per expert (the
+    swizzle zero-pads rows to 128 and columns to 4). `apart` (`Layout.swizzle_apart`): where
+    that swizzle pads, it is `w*_blockscale_swizzled` and `w*_weight_scale` holds the scales as
+    loaded (w13's [up; gate])."""
     swap = L.swap_halves_index(2 * i_r)
-    m13, k13 = L.round_up(2 * i_r, 128), L.round_up(h // SF, 4)
-    m2, k2 = L.round_up(h, 128), L.round_up(i_r // SF, 4)
-    # swizzle with padding: pad entries point at index m*ks, the zero row after the matrix
-    sf13 = L.swizzle_128x4_index(2 * i_r, h // SF)
-    rows13 = torch.cat([swap, torch.tensor([2 * i_r])])  # [up; gate] then the zero row
-    sf13 = rows13[sf13 // (h // SF)] * (h // SF) + sf13 % (h // SF)
-    sf2 = L.swizzle_128x4_index(h, i_r // SF)
     u8 = torch.uint8
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w13(ctx, layer, "weight", rank, experts, i_r, u8)
         L.gather_rows(src, swap, out)
 
-    def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w13(ctx, layer, SCALE, rank, experts, i_r, u8)
-        L.gather_flat(src, sf13, out)
-
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_r // 2, u8))
 
-    def w2_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        src = stage_w2(
-            ctx, layer, SCALE, rank, experts, i_r // SF, i_r // SF, u8, padded_rows=h + 1
-        )
-        L.gather_flat(src, sf2, out)
-
     lay = {"layout": "MajorK", "packing": "e2m1x2"}
-    s_lay = {"layout": "swizzled_128x4", "block": [1, SF], "pad": 0}
+    up_gate = {"row_order": "up_gate"}
     return [
-        OutputTensor(
-            "w13_weight", "U8", (e, 2 * i_r, h // 2), w13, {**lay, "row_order": "up_gate"}
-        ),
+        OutputTensor("w13_weight", "U8", (e, 2 * i_r, h // 2), w13, {**lay, **up_gate}),
         OutputTensor("w2_weight", "U8", (e, h, i_r // 2), w2, lay),
-        OutputTensor(
-            "w13_weight_scale", "F8_E4M3", (e, m13, k13), w13_s, {**s_lay, "row_order": "up_gate"}
-        ),
-        OutputTensor("w2_weight_scale", "F8_E4M3", (e, m2, k2), w2_s, s_lay),
+        *_cutlass_scales("w13", e, 2 * i_r, h // SF, _w13_scales(layer, i_r, swap), apart),
+        *_cutlass_scales("w2", e, h, i_r // SF, _w2_scales(layer, i_r), apart),
+    ]
+
+
+Stage = Callable[[Ctx, int, range], torch.Tensor]
+
+
+def _w13_scales(layer, i_r: int, swap: torch.Tensor) -> tuple[Stage, torch.Tensor]:
+    """The rank's w13 scales staged ([gate; up; one zero row]) and the rows to gather from
+    them: [up; gate], then the zero row."""
+
+    def stage(ctx: Ctx, rank: int, experts: range) -> torch.Tensor:
+        return stage_w13(ctx, layer, SCALE, rank, experts, i_r, torch.uint8)
+
+    return stage, torch.cat([swap, torch.tensor([2 * i_r])])
+
+
+def _w2_scales(layer, i_r: int) -> tuple[Stage, torch.Tensor]:
+    """The rank's w2 scales staged ([H rows; one zero row]) and the rows to gather: as is."""
+    h = layer.hidden_size
+
+    def stage(ctx: Ctx, rank: int, experts: range) -> torch.Tensor:
+        n = i_r // SF
+        return stage_w2(ctx, layer, SCALE, rank, experts, n, n, torch.uint8, padded_rows=h + 1)
+
+    return stage, torch.arange(h + 1)
+
+
+def _cutlass_scales(
+    w: str, e: int, m: int, ks: int, staged: tuple[Stage, torch.Tensor], apart: bool
+) -> list[OutputTensor]:
+    """One projection's block scales, [m, ks] a rank: `staged` gives the staged rows (the last
+    one zeros) and the rows of the [m, ks] matrix among them. The swizzle is flat index
+    `rows[q // ks] * ks + q % ks` for q the 128x4 swizzle index (its padding q = m*ks: the
+    zero row). Apart (see `_cutlass`): the swizzle is `{w}_blockscale_swizzled` and
+    `{w}_weight_scale` the gathered rows as loaded."""
+    stage, rows = staged
+    m_p, k_p = L.round_up(m, 128), L.round_up(ks, 4)
+    swz = L.swizzle_128x4_index(m, ks)
+    swz = rows[swz // ks] * ks + swz % ks
+
+    def swizzled(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        L.gather_flat(stage(ctx, rank, experts), swz, out)
+
+    def loaded(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
+        L.gather_rows(stage(ctx, rank, experts), rows[:m], out.view(torch.uint8))
+
+    s_lay = {"layout": "swizzled_128x4", "block": [1, SF], "pad": 0}
+    if w == "w13":
+        s_lay["row_order"] = "up_gate"
+    if not apart or (m_p, k_p) == (m, ks):
+        return [OutputTensor(f"{w}_weight_scale", "F8_E4M3", (e, m_p, k_p), swizzled, s_lay)]
+    raw = {**s_lay, "layout": "MajorK"}
+    del raw["pad"]
+    return [
+        OutputTensor(f"{w}_weight_scale", "F8_E4M3", (e, m, ks), loaded, raw),
+        OutputTensor(f"{w}_blockscale_swizzled", "F8_E4M3", (e, m_p, k_p), swizzled, s_lay),
     ]
 
 
@@ -430,16 +491,49 @@ class _Scales:
         up = [order("w3", x) > order("w1", x) for x in range(self.layer.num_experts)]
         return torch.where(torch.tensor(up), w3, w1)
 
-    def sglang_outputs(self, e: int, trt: bool) -> list[OutputTensor]:
+    def a13(self, ctx: Ctx) -> torch.Tensor:
+        """0-dim float32: SGLang's w13 input scale, the max of the ones it loaded last."""
+        return self.last_loaded(ctx).max().to(torch.float32)
+
+    def loaded_alphas(self, ctx: Ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """SGLang's GEMM1 alphas from the loaded scales: (a13 * s2(w1), a13 * s2(w3)), [E]."""
+        f32 = torch.float32
+        a13 = self.a13(ctx)
+        return (a13 * self.scale_2(ctx, "w1")).to(f32), (a13 * self.scale_2(ctx, "w3")).to(f32)
+
+    def sglang_alphas(self, ctx: Ctx, clamp: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """g1_alphas, g1_alphas_up as SGLang's processing leaves them: the loaded ones; with a
+        SwiGLU clamp, where any expert's two differ, both max(g1, g1_up) for every expert."""
+        g1, up = self.loaded_alphas(ctx)
+        if clamp is None or not bool((g1 != up).any()):
+            return g1, up
+        shared = torch.maximum(g1, up)
+        return shared, shared
+
+    def block_scale_ratios(self, ctx: Ctx) -> torch.Tensor | None:
+        """[E, 2] float32 (up, gate): what SGLang's clamp multiplies each half's w13 block
+        scales by, g1_up / max(g1, g1_up) and g1 / max(g1, g1_up) where they differ, else 1;
+        None where no expert's differ (it rescales nothing)."""
+        g1, up = self.loaded_alphas(ctx)
+        untied = g1 != up
+        if not bool(untied.any()):
+            return None
+        shared = torch.maximum(g1, up)
+        ratios = torch.stack([up, g1], dim=1)
+        return torch.where(untied[:, None], ratios / shared[:, None], 1.0)
+
+    def sglang_outputs(self, e: int, trt: bool, clamp: float | None = None) -> list[OutputTensor]:
         """The scalars as SGLang 0.5.23's ModelOpt NVFP4 method holds them (module doc), in the
-        order its processing makes them; g1_scale_c on TRT-LLM only."""
+        order its processing makes them; on TRT-LLM with a SwiGLU clamp `clamp`, the alphas
+        tied (`sglang_alphas`) and gemm1_clamp_limit = clamp / g1_alphas; g1_scale_c on
+        TRT-LLM only."""
         s = self
         f32 = torch.float32
         a13 = lambda c: s.last_loaded(c).unsqueeze(1).expand(e, 2)  # noqa: E731
         a2 = lambda c: s._read(c, "w2", s.a_name, s.a_inv)  # noqa: E731
-        a13_max = lambda c: a13(c).max().to(f32)  # noqa: E731
         a2_max = lambda c: a2(c).max().to(f32)  # noqa: E731
-        g1_up = lambda c: (a13_max(c) * s.scale_2(c, "w3")).to(f32)  # noqa: E731
+        g1 = lambda c: s.sglang_alphas(c, clamp)[0]  # noqa: E731
+        g1_up = lambda c: s.sglang_alphas(c, clamp)[1]  # noqa: E731
         a2_quant = lambda c: (1 / a2_max(c)).to(f32)  # noqa: E731
         fns: dict[str, tuple[Callable[[Ctx], torch.Tensor], tuple[int, ...]]] = {
             "w13_weight_scale_2": (
@@ -449,12 +543,14 @@ class _Scales:
             "w2_weight_scale_2": (lambda c: s.scale_2(c, "w2"), (e,)),
             "w13_input_scale": (a13, (e, 2)),
             "w2_input_scale": (a2, (e,)),
-            "g1_alphas": (lambda c: (a13_max(c) * s.scale_2(c, "w1")).to(f32), (e,)),
+            "g1_alphas": (g1, (e,)),
             "g1_alphas_up": (g1_up, (e,)),
             "g2_alphas": (lambda c: (a2_max(c) * s.scale_2(c, "w2")).to(f32), (e,)),
-            "w13_input_scale_quant": (lambda c: (1 / a13_max(c)).to(f32), ()),
+            "w13_input_scale_quant": (lambda c: (1 / s.a13(c)).to(f32), ()),
             "w2_input_scale_quant": (a2_quant, ()),
         }
+        if trt and clamp is not None:
+            fns["gemm1_clamp_limit"] = (lambda c: (clamp / g1(c)).to(f32), (e,))
         if trt:
             fns["g1_scale_c"] = (lambda c: (a2_quant(c) * g1_up(c)).to(f32), (e,))
 

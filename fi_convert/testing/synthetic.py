@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 
@@ -41,6 +41,9 @@ class Spec:
     # "-ct" (compressed-tensors), "mxfp4" (gpt-oss); default: fp8-block for DeepSeek, mxfp4
     # for gpt-oss, bf16 otherwise
     quant: str | None = None
+    # config.json fields of the family's model beside the generated ones, e.g. a SwiGLU clamp
+    # ({"swiglu_limit": 10.0}: what SGLang's DeepSeek MoE passes its experts)
+    config: dict = field(default_factory=dict)
 
 
 # each scheme's synthetic sources (`Scheme.synthetic`), by `Spec.quant` name
@@ -112,7 +115,7 @@ def _config(spec: Spec, quant: str) -> dict:
     made = SOURCES.get(quant)
     if made is not None and made.quantization_config is not None:
         cfg["quantization_config"] = copy.deepcopy(made.quantization_config)
-    return cfg
+    return cfg | copy.deepcopy(spec.config)
 
 
 def _tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:

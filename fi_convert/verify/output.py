@@ -289,7 +289,8 @@ def _layer_problems(
     e, h, i = (sizes[k] for k in SIZES)
     if h * i > MAX_MATRIX:
         return [*out, f"hidden_size {h} times intermediate_size {i} is more than any model has"]
-    planned = planner.summaries(prefix, e, h, i)
+    clamp = family.swiglu_limit(config or {}) if family is not None else None
+    planned = planner.summaries(prefix, e, h, i, clamp)
     if isinstance(planned, str):
         return [*out, f"{planner.label} cannot make a layer of E {e}, H {h}, I {i}: {planned}"]
     extra = {}
@@ -367,7 +368,7 @@ class _Planner:
     # the other servers an output for several declares, with their layouts: each must plan
     # the same layer entries (`others_differ`)
     others: tuple[tuple[str, Layout], ...] = ()
-    cache: dict[tuple[int, int, int], list[dict]] = field(default_factory=dict)
+    cache: dict[tuple[int, int, int, float | None], list[dict]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, m: dict) -> _Planner | None:
@@ -413,16 +414,19 @@ class _Planner:
         label = f"{self.scheme.value}/{self.backend.value} at tp {self.tp}"
         return label if self.server == DEFAULT_SERVER else f"{label} for {self.server}"
 
-    def summaries(self, prefix: str, e: int, h: int, i: int) -> list[dict] | str:
+    def summaries(
+        self, prefix: str, e: int, h: int, i: int, clamp: float | None = None
+    ) -> list[dict] | str:
         """The layer entry of each source format (JSON, as in the manifest), or why the scheme
-        cannot make such a layer."""
-        key = (e, h, i)
+        cannot make such a layer; `clamp`: the experts' SwiGLU clamp config.json gives."""
+        key = (e, h, i, clamp)
         if key in self.cache:
             return self.cache[key]
         scheme = REGISTRY[self.scheme]
         out, refused = [], []
         try:
             for layer in scheme.stand_in_layers(prefix, e, h, i):
+                layer.swiglu_limit = clamp
                 try:
                     lp = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
                 except FiConvertError as err:  # this source format only (e.g. BF16 for SGLang)

@@ -4,6 +4,8 @@ is one line that starts with "fi-convert: ", names the output and says what to d
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,7 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
     major, sm = capability[0], capability[0] * 10 + capability[1]
     need = {
         "sm100": (major == 10, "an SM100-family (Blackwell B200/GB200/B300) GPU"),
+        "sm90": (sm == 90, "an SM90 (Hopper H100/H200) GPU"),
         "sm90+": (sm == 90 or major in (10, 12), "an SM90, SM10x or SM12x GPU"),
         "sm100+": (major in (10, 12), "an SM10x or SM12x (Blackwell) GPU"),
     }.get(family)
@@ -174,10 +177,32 @@ def check_gpu(family: str, backend: str, capability: tuple[int, int] | None, roo
         )
 
 
-def check_layers(manifest: dict, root: str, layers: dict[str, Any]) -> None:
+def nextn_layers(manifest: dict, config: Any) -> set[str]:
+    """The output's MoE layers that SGLang's model does not build: the multi-token-prediction
+    (NextN) layers a DeepSeek-V3/R1 checkpoint ships after its decoder layers (`model.layers.61`
+    of 61), which SGLang's loader skips for the model it serves (it reads them only into a
+    speculative draft model), by its own rule: the config has `num_nextn_predict_layers` and the
+    layer's index is at least `num_hidden_layers`."""
+    hidden = getattr(config, "num_hidden_layers", None)
+    if not getattr(config, "num_nextn_predict_layers", 0) or not isinstance(hidden, int):
+        return set()
+    return {
+        prefix
+        for prefix in manifest["layers"]
+        if (m := _LAYER.match(prefix)) is not None and int(m.group(1)) >= hidden
+    }
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def check_layers(
+    manifest: dict, root: str, layers: dict[str, Any], skipped: Collection[str] = ()
+) -> None:
     """The MoE layers SGLang built (keyed by checkpoint prefix) against the output's: the same
-    layers, each with the output's method, backend, experts, split and sizes."""
-    missing = sorted(set(manifest["layers"]) - set(layers))
+    layers (but for `skipped`, those SGLang does not build: `nextn_layers`), each with the
+    output's method, backend, experts, split and sizes."""
+    missing = sorted(set(manifest["layers"]) - set(layers) - set(skipped))
     extra = sorted(set(layers) - set(manifest["layers"]))
     if missing or extra:
         which = f"has no MoE layer {missing[0]}" if missing else f"has a MoE layer {extra[0]} not"
@@ -211,6 +236,12 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             "fp8-block; keep the source's quantization config (weight_block_size) as converted"
         )
     got = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    if method == "ModelOptFp8MoEMethod" and backend == "trtllm" and got == "triton":
+        raise PluginError(
+            f"{root}: layer {prefix}: SGLang's model class declares no routing method for it, "
+            "so ModelOptFp8MoEMethod runs it on Triton, not FlashInfer TRT-LLM; convert the "
+            "source with --backend cutlass (--moe-runner-backend flashinfer_cutlass)"
+        )
     if got != runner_for(scheme, backend):
         raise PluginError(
             f"{root}: layer {prefix}: SGLang runs it on its {got} MoE runner, the output is "
@@ -235,6 +266,7 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"split {prefix} over {layer.moe_tp_size} ranks; "
             + launch_command(root, scheme, backend, manifest["tp_size"])
         )
+    check_clamp(root, prefix, meta, layer)
     sizes = allocated_sizes(layer)
     want = (meta["padded_hidden_size"], meta["padded_intermediate_size_per_rank"])
     if sizes != want:
@@ -245,14 +277,51 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
         )
 
 
+def check_clamp(root: str, prefix: str, meta: dict, layer: Any) -> None:
+    """The SwiGLU clamp an NVFP4 TRT-LLM output was converted with (its layer entry's
+    `swiglu_limit`: SGLang's processing rescales block scales and alphas by it) against the one
+    SGLang gives the layer (`gemm1_clamp_limit or swiglu_limit` of its runner config, as its
+    processing takes it); other outputs' bytes do not depend on it."""
+    if not _is_nvfp4_trtllm(layer):
+        return
+    cfg = layer.moe_runner_config
+    got = cfg.gemm1_clamp_limit or cfg.swiglu_limit
+    want = meta.get("swiglu_limit")
+    if (None if got is None else float(got)) != want:
+        raise PluginError(
+            f"{root}: layer {prefix}: converted with SwiGLU clamp limit {want}, and SGLang gives "
+            f"the layer {got} (its block scales depend on it); convert the source again with "
+            "its own config.json, or serve the output with the config.json it was converted with"
+        )
+
+
+def _is_nvfp4_trtllm(layer: Any) -> bool:
+    method = layer.quant_method
+    return type(method).__name__ == "ModelOptNvFp4FusedMoEMethod" and bool(
+        getattr(method, "use_flashinfer_trtllm_weight_layout", False)
+    )
+
+
 # Methods that pad the sizes FusedMoE gives them again, and allocate by their own: SGLang's
 # MXFP4 method pads I per rank to 128 on flashinfer_mxfp4 (FusedMoE keeps it unpadded)
 OWN_SIZES = ("Mxfp4MoEMethod",)
 
 
+# Methods whose processing pads I per rank again, to a multiple of this, where FusedMoE did not:
+# ModelOpt FP8 on flashinfer_cutlass pads each half of w13 and w2's columns to 16
+PROCESS_PADDED = {("ModelOptFp8MoEMethod", "flashinfer_cutlass"): 16}
+
+
 def allocated_sizes(layer: Any) -> tuple[int, int]:
-    """The hidden size and intermediate size per rank SGLang allocated the layer's experts by."""
-    if type(layer.quant_method).__name__ in OWN_SIZES:
-        method = layer.quant_method
+    """The hidden size and intermediate size per rank SGLang allocated the layer's experts by
+    (and its processing pads them to; gpt-oss MXFP4 on SM90: pads them to after loading, as its
+    processing's new tensors)."""
+    method = layer.quant_method
+    if type(method).__name__ in OWN_SIZES:
+        if getattr(method, "_fi_kernel", None) == "cutlass_sm90":
+            return method._padded_hidden, method._padded_intermediate
         return method.hidden_size, method.intermediate_size_per_partition
-    return layer.hidden_size, layer.intermediate_size_per_partition
+    runner = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    align = PROCESS_PADDED.get((type(method).__name__, runner), 1)
+    i = layer.intermediate_size_per_partition
+    return layer.hidden_size, -(-i // align) * align

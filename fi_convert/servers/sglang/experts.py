@@ -30,6 +30,8 @@ def install(
     now = bulk or reader.bulk(next(layer.parameters()).device)
     method = type(layer.quant_method).__name__
     retyped, derived = RETYPED.get(method, ()), DERIVED.get(method, ())
+    resized = RESIZED.get(method, ())
+    new = new_shapes(layer)
     loaded = []
     for name in reader.layer(prefix)["tensors"]:
         param = layer._parameters.get(name)
@@ -46,11 +48,7 @@ def install(
                 f"has no parameter {name}; convert the source again for SGLang"
             )
         _, shape, dtype = reader.info(prefix, name)
-        data = param.data
-        if name in retyped and data.dtype != dtype and data.numel() == math.prod(shape):
-            # processing gives it another dtype, in new storage: the output holds it in that
-            # dtype, read into new storage of it (the allocated one is dropped)
-            data = torch.empty(data.shape, dtype=dtype, device=data.device)
+        data = _storage(layer, param, name, (tuple(shape), dtype), reader, new, retyped, resized)
         if data.dtype != dtype or data.numel() != math.prod(shape) or not data.is_contiguous():
             raise PluginError(
                 f"{reader.root}: layer {prefix}: {name} is {dtype} {list(shape)} in the output, "
@@ -63,6 +61,71 @@ def install(
     if bulk is None:
         now.run()
     return loaded
+
+
+def new_shapes(layer: Any) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The parameters the layer's method's processing replaces by new storage of another size:
+    their final (shape, dtype). SGLang's gpt-oss MXFP4 on SM90 (`Mxfp4MoEMethod.
+    _process_weights_for_sm90_cutlass`) allocates them unpadded and makes each anew: I per rank
+    padded to `_padded_intermediate` (N), H to `_padded_hidden` (K); weights [E, rows, K/2],
+    scales folded [E, rows/64, K/128, 16, 16] (uint8), biases in the allocated dtype."""
+    method = layer.quant_method
+    if type(method).__name__ != "Mxfp4MoEMethod" or method._fi_kernel != "cutlass_sm90":
+        return {}
+    e, n, k = layer.num_local_experts, method._padded_intermediate, method._padded_hidden
+    u8, bias = torch.uint8, layer.w13_weight_bias.dtype
+    return {
+        "w13_weight": ((e, 2 * n, k // 2), u8),
+        "w13_weight_scale": ((e, 2 * n // 64, k // 128, 16, 16), u8),
+        "w13_weight_bias": ((e, 2 * n), bias),
+        "w2_weight": ((e, k, n // 2), u8),
+        "w2_weight_scale": ((e, k // 64, n // 128, 16, 16), u8),
+        "w2_weight_bias": ((e, k), bias),
+    }
+
+
+def _storage(
+    layer: Any, param: Any, name: str, got: tuple, reader: Any, new: dict, retyped, resized
+) -> torch.Tensor:
+    """Where the output's `name` is read into: the parameter's own storage, or new storage
+    where processing makes the parameter anew, the allocated one dropped first (so no more
+    memory is held than SGLang's own processing holds)."""
+    shape, dtype = got
+    if name in new:
+        return _resized(layer, param, name, new[name], got, reader)
+    size, (was, was_dtype, was_size) = math.prod(shape), _form(param.data)
+    if name in retyped and was_dtype != dtype and was_size == size:
+        # processing gives it another dtype: the output holds it in that dtype
+        return _fresh(param, was, dtype)
+    if name in resized and was_dtype == dtype and was_size != size:
+        # processing gives it another size (padded, or reduced to one value)
+        return _fresh(param, shape, dtype)
+    return param.data
+
+
+def _form(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, int]:
+    """A tensor's shape, dtype and size (no reference to its storage kept)."""
+    return tuple(t.shape), t.dtype, t.numel()
+
+
+def _fresh(param: Any, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """New storage of `shape`, `dtype` for `param`, its allocated storage dropped first."""
+    device = param.data.device
+    param.data = torch.empty(0, dtype=param.dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _resized(layer: Any, param: Any, name: str, want: tuple, got: tuple, reader: Any) -> Any:
+    """New storage of the size processing gives `name`, the allocated one dropped first (so no
+    more memory is held than SGLang's own processing holds); refused where the output's size
+    is not that."""
+    if got != want:
+        raise PluginError(
+            f"{reader.root}: layer {layer.layer_name}: {name} is {got[1]} {list(got[0])} in the "
+            f"output, SGLang's processing makes {want[1]} {list(want[0])}; convert the source "
+            "again for SGLang"
+        )
+    return _fresh(param, want[0], want[1])
 
 
 def finish(layer: Any) -> None:
@@ -145,23 +208,32 @@ def _fp8_block(layer: Any, method: Any) -> None:
 
 def _mxfp4(layer: Any, method: Any) -> None:
     """Mxfp4MoEMethod.process_weights_after_loading (SGLang 0.5.23, mxfp4.py:635) for gpt-oss
-    MXFP4 on `flashinfer_mxfp4` on SM100 (FlashInfer TRT-LLM), without its transforms (the
-    pair swap, row shuffles and scale swizzle are the output's bytes): the SwiGLU constants it
-    makes from the layer's config, one per local expert, as it makes them (inline code there,
-    no function of its own to call); each expert parameter replaced, as it replaces them, by a
-    new Parameter (without the loader's attributes) on the same bytes, the scales viewed as
-    float8_e4m3fn; the biases are float32 already (`install` read them so). (SGLang's gpt-oss
-    loader, `GptOssForCausalLM._load_mxfp4_experts_weights`, copies into the parameters
-    itself: `use_padded_loading` stays unevaluated.)"""
+    MXFP4 on `flashinfer_mxfp4`, on SM100 (FlashInfer TRT-LLM) or SM90 (`_mxfp4_sm90`), without
+    its transforms (the pair swap, row shuffles and scale swizzle are the output's bytes): the
+    SwiGLU constants it makes from the layer's config, one per local expert, as it makes them
+    (inline code there, no function of its own to call); each expert parameter replaced, as it
+    replaces them, by a new Parameter (without the loader's attributes) on the same bytes, the
+    scales viewed as float8_e4m3fn; the biases are float32 already (`install` read them so).
+    (SGLang's gpt-oss loader, `GptOssForCausalLM._load_mxfp4_experts_weights`, copies into the
+    parameters itself: `use_padded_loading` stays unevaluated.)"""
     from sglang.srt.layers.moe.utils import get_moe_a2a_backend
 
-    if method._fi_kernel != "trtllm_sm100" or method.use_marlin or method.use_mega_moe:
+    kernel = method._fi_kernel
+    if kernel not in ("trtllm_sm100", "cutlass_sm90") or method.use_marlin or method.use_mega_moe:
         raise PluginError(
-            f"{layer.layer_name}: Mxfp4MoEMethod does not run FlashInfer TRT-LLM here (SM100, "
-            "--moe-runner-backend flashinfer_mxfp4, no Marlin or MegaMoE)"
+            f"{layer.layer_name}: Mxfp4MoEMethod does not run FlashInfer TRT-LLM (SM100) or "
+            "CUTLASS (SM90) here (--moe-runner-backend flashinfer_mxfp4, no Marlin or MegaMoE)"
+        )
+    if method._use_sm90_humming:
+        raise PluginError(
+            f"{layer.layer_name}: SGLang runs gpt-oss MXFP4 with FP8 activations here (Humming), "
+            "which rewrites the weights; start SGLang without --flashinfer-mxfp4-moe-precision fp8"
         )
     if get_moe_a2a_backend().is_mori() and hasattr(layer, "dispatcher"):
         layer.dispatcher.set_quant_config({})
+    if kernel == "cutlass_sm90":
+        _mxfp4_sm90(layer)
+        return
     e, cfg = layer.num_local_experts, layer.moe_runner_config
     device = layer.w13_weight.device
     constants = {
@@ -183,37 +255,65 @@ def _mxfp4(layer: Any, method: Any) -> None:
         setattr(layer, name, torch.nn.Parameter(data, requires_grad=False))
 
 
+def _mxfp4_sm90(layer: Any) -> None:
+    """`Mxfp4MoEMethod._process_weights_for_sm90_cutlass` (SGLang 0.5.23, mxfp4.py:1138) with
+    BF16 activations, without its transforms (the de-interleave, padding, weight interleave and
+    scale fold are the output's bytes, `install` read them into storage of the final sizes):
+    the SwiGLU constants it makes from the layer's config (swiglu_alpha: the config's alpha or
+    1.702, swiglu_beta 1.0, swiglu_limit: the config's limit or 7.0; float32, one per local
+    expert), and each expert parameter replaced, as it replaces them, by a new Parameter
+    (without the loader's attributes) on the same bytes, the scales uint8."""
+    e, cfg = layer.num_local_experts, layer.moe_runner_config
+    device = layer.w13_weight.device
+    constants = {
+        "swiglu_alpha": getattr(cfg, "gemm1_alpha", None) or 1.702,
+        "swiglu_beta": 1.0,
+        "swiglu_limit": getattr(cfg, "gemm1_clamp_limit", None) or 7.0,
+    }
+    for name, value in constants.items():
+        t = torch.full((e,), value, dtype=torch.float32, device=device)
+        setattr(layer, name, torch.nn.Parameter(t, requires_grad=False))
+    for name in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"):
+        setattr(layer, name, torch.nn.Parameter(getattr(layer, name).data, requires_grad=False))
+    for name in ("w13_weight_bias", "w2_weight_bias"):
+        setattr(layer, name, torch.nn.Parameter(getattr(layer, name).data, requires_grad=False))
+
+
 def _nvfp4(layer: Any, method: Any) -> None:
     """ModelOptNvFp4FusedMoEMethod.process_weights_after_loading (SGLang 0.5.23,
-    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated (SwiGLU
-    without a clamp limit or alpha: DeepSeek, Qwen3), static input scales, without its
+    modelopt_quant.py:2712) for ModelOpt NVFP4 on FlashInfer TRT-LLM or CUTLASS, gated SiLU
+    (on TRT-LLM without a SwiGLU alpha; a clamp, as DeepSeek's `swiglu_limit`, rescales block
+    scales and makes gemm1_clamp_limit there, the output's; on CUTLASS it changes only
+    `_cutlass_swiglu_params`), static input scales, without its
     transforms (the weights and block scales are the output's, reordered, shuffled and
     swizzled; its scalars, the alphas, the inverse input scales and TRT-LLM's g1_scale_c, are
     the output's, `install` made their parameters): CUTLASS's SwiGLU parameters, by its own
     function; the dispatcher's quantization config, as it sets it (with its own functions
     deciding FP4 dispatch); the block-scale aliases the kernels read (CUTLASS: the swizzle it
-    writes in place, aliased as TRT-LLM's is); TRT-LLM's padded sizes."""
+    writes in place, aliased as TRT-LLM's is, or where it pads, apart: `_blockscale_aliases`);
+    TRT-LLM's padded sizes."""
     from sglang.srt.layers.moe.utils import should_use_flashinfer_cutlass_moe_fp4_allgather
     from sglang.srt.layers.quantization.modelopt_quant import _use_nvfp4_dispatch
 
     cfg = layer.moe_runner_config
     trtllm = method.use_flashinfer_trtllm_weight_layout
     cutlass = method.enable_flashinfer_cutlass_moe and not method.enable_flashinfer_cutedsl_moe
+    # a SwiGLU alpha: on TRT-LLM its processing adds gemm1_alpha and gemm1_beta (not written;
+    # a clamp's rescaled block scales and gemm1_clamp_limit are the output's, checks.check_clamp
+    # holds it to the layer's); on CUTLASS both go only into _cutlass_swiglu_params
     plain = (
         (trtllm or cutlass)
         and cfg.is_gated
         and cfg.activation == "silu"
-        and cfg.gemm1_alpha is None
-        and not (cfg.gemm1_clamp_limit or cfg.swiglu_limit)
+        and not (trtllm and cfg.gemm1_alpha is not None)
         and not method.quant_config.use_per_token_activation
         and not getattr(layer, "inference_moe_w13_interleaved", False)
     )
     if not plain:
         raise PluginError(
-            f"{layer.layer_name}: the SGLang plugin loads NVFP4 on FlashInfer TRT-LLM and "
-            "CUTLASS for gated "
-            "SiLU experts with static input scales and no SwiGLU clamp only; serve the source "
-            "with SGLang's own loader"
+            f"{layer.layer_name}: the SGLang plugin loads NVFP4 for gated SiLU experts with "
+            "static input scales only, on FlashInfer TRT-LLM without a SwiGLU alpha; serve the "
+            "source with SGLang's own loader"
         )
     _as_loaded(layer)
     if cutlass:
@@ -231,10 +331,57 @@ def _nvfp4(layer: Any, method: Any) -> None:
     if trtllm:
         layer.trtllm_padded_hidden_size = None  # SGLang pads H only for per-token non-gated
         layer.intermediate_size_per_partition = layer.w2_weight.shape[2] * 2
-    # the placeholders SGLang allocated for CUTLASS are dropped, as its processing drops them
-    layer.w13_blockscale_swizzled = layer.w13_weight_scale
-    layer.w2_blockscale_swizzled = layer.w2_weight_scale
+    _blockscale_aliases(layer)
 
+
+def _blockscale_aliases(layer: Any) -> None:
+    """`w*_blockscale_swizzled`, which the kernels read, as SGLang's processing leaves them:
+    TRT-LLM aliases them to the (shuffled, swizzled) `w*_weight_scale`; CUTLASS writes the
+    swizzle into `w*_weight_scale` and aliases it (`alias_or_bind_derived_param`, dropping the
+    placeholder it allocated) where the swizzle has the scale's shape, and else copies it into
+    that placeholder, the scale staying as loaded: the output holds both then, and `install`
+    read the swizzle into the placeholder."""
+    for w in ("w13", "w2"):
+        scale, swizzled = (
+            getattr(layer, f"{w}_weight_scale"),
+            getattr(layer, f"{w}_blockscale_swizzled"),
+        )
+        if swizzled is None or swizzled.shape == scale.shape:
+            setattr(layer, f"{w}_blockscale_swizzled", scale)
+
+
+def _modelopt_fp8(layer: Any, method: Any) -> None:
+    """ModelOptFp8MoEMethod.process_weights_after_loading (SGLang 0.5.23,
+    modelopt_quant.py:1194) for ModelOpt FP8 with static input scales, gated, on FlashInfer
+    TRT-LLM or CUTLASS, without its transforms (the requantized, padded, reordered and, on
+    TRT-LLM, interleaved and shuffled weights, the reduced scales and the scale products are
+    the output's, `install` read them): every expert parameter replaced, as it replaces them,
+    by a new Parameter (without the loader's attributes) on the same bytes; CUTLASS's SwiGLU
+    parameters, by its own function."""
+    cfg = layer.moe_runner_config
+    backend = method.get_moe_runner_backend(layer)
+    trtllm, cutlass = backend.is_flashinfer_trtllm(), backend.is_flashinfer_cutlass()
+    if not (trtllm or cutlass) or not cfg.is_gated or cfg.activation != "silu":
+        raise PluginError(
+            f"{layer.layer_name}: the SGLang plugin loads ModelOpt FP8 on FlashInfer TRT-LLM and "
+            "CUTLASS for gated SiLU experts only; serve the source with SGLang's own loader"
+        )
+    _as_loaded(layer)
+    for name in ("w13_weight", "w2_weight", *FP8_TENSOR_SCALES):
+        setattr(layer, name, torch.nn.Parameter(getattr(layer, name).data, requires_grad=False))
+    if cutlass:
+        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
+            materialize_swiglu_params_for_cutlass,
+        )
+
+        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
+            cfg, int(layer.num_local_experts), layer.w13_weight.device
+        )
+
+
+# ModelOpt FP8's loaded scales, which its processing reduces (w13: max of w1 and w3; the input
+# scales: max over experts) and puts in new parameters
+FP8_TENSOR_SCALES = ("w13_weight_scale", "w2_weight_scale", "w13_input_scale", "w2_input_scale")
 
 # The parameters whose dtype a method's processing changes (new storage there too): the output
 # holds them in their final dtype
@@ -248,9 +395,23 @@ DERIVED = {
         "g2_alphas",
         "w13_input_scale_quant",
         "w2_input_scale_quant",
+        "gemm1_clamp_limit",
         "g1_scale_c",
-    )
+    ),
+    # TRT-LLM's scale products, CUTLASS's quant scales
+    "ModelOptFp8MoEMethod": (
+        "output1_scales_scalar",
+        "output1_scales_gate_scalar",
+        "output2_scales_scalar",
+        "fc1_dequant",
+        "fc2_quant",
+        "fc2_dequant",
+        "fc1_input_dequant",
+    ),
 }
+# The parameters whose size a method's processing changes (new storage there too): ModelOpt
+# FP8's w13 weight scales and its input scales reduced, its CUTLASS weights padded to 16
+RESIZED = {"ModelOptFp8MoEMethod": ("w13_weight", "w2_weight", *FP8_TENSOR_SCALES)}
 
 
 # SGLang 0.5.23 MoE methods the plugin sets up, by class name.
@@ -259,4 +420,5 @@ KERNEL_ONLY = {
     "Fp8MoEMethod": _fp8_block,
     "Mxfp4MoEMethod": _mxfp4,
     "ModelOptNvFp4FusedMoEMethod": _nvfp4,
+    "ModelOptFp8MoEMethod": _modelopt_fp8,
 }

@@ -42,9 +42,10 @@ TARGET = {
 
 # --moe-runner-backend for each fi-convert backend
 MOE_RUNNER_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
-# ... where a scheme runs FlashInfer's kernels on a runner of its own: gpt-oss MXFP4 on
-# TRT-LLM is SGLang's `flashinfer_mxfp4` (SM100; on SM90 and SM120 that name runs CUTLASS)
-OWN_RUNNER = {("mxfp4", "trtllm"): "flashinfer_mxfp4"}
+# ... where a scheme runs FlashInfer's kernels on a runner of its own: gpt-oss MXFP4 is
+# SGLang's `flashinfer_mxfp4`, which runs TRT-LLM on SM100 and CUTLASS on SM90 (and, with
+# another layout fi-convert does not write, on SM120)
+OWN_RUNNER = {("mxfp4", "trtllm"): "flashinfer_mxfp4", ("mxfp4", "cutlass"): "flashinfer_mxfp4"}
 
 
 def moe_runner_backend(scheme: str, backend: str) -> str:
@@ -64,21 +65,62 @@ LAYOUTS = {
     # gpt-oss MXFP4 on flashinfer_mxfp4: vLLM's bytes, the scale padding UE8M0 1.0 (127),
     # the biases under SGLang's names
     ("mxfp4", "trtllm"): Layout(unit_scale_pad=True, weight_bias_names=True),
+    # ... on SM90 (FlashInfer's CUTLASS mixed-input GEMM): a layout of its own (I/TP and H
+    # padded, [up; gate], weights interleaved, scales folded, BF16 biases) under its names
+    ("mxfp4", "cutlass"): Layout(sm90_mixed=True, weight_bias_names=True),
     # ModelOpt NVFP4 on TRT-LLM: I/TP padded to 64 and sharded by it, H as is, SGLang's scalars
     ("nvfp4", "trtllm"): Layout(shard_padded=True, hidden_padded=False, split_scales=True),
-    # ... on CUTLASS: vLLM's weights and swizzled block scales, SGLang's scalars
-    ("nvfp4", "cutlass"): Layout(split_scales=True),
+    # ... on CUTLASS: vLLM's weights and swizzled block scales, SGLang's scalars; a swizzle
+    # that pads (H % 128 for w2, H % 64 for w13) apart, beside the scale as loaded
+    ("nvfp4", "cutlass"): Layout(split_scales=True, swizzle_apart=True),
     # ModelOpt MXFP8 (SGLang's native mxfp8 method): I/TP padded to 128 and sharded by it, H as
     # is, the scale padding 0, its scale names
     ("mxfp8", "trtllm"): Layout(
         shard_padded=True, hidden_padded=False, zero_scale_pad=True, scale_inv_names=True
     ),
+    # ModelOpt FP8 per-tensor (ModelOptFp8MoEMethod) on TRT-LLM: vLLM's transforms, but I/TP
+    # padded to 128 by FusedMoE and sharded by it; its scalars (the w13 activation scale of the
+    # input scale its loader reads last, output1 by the reciprocal)
+    ("fp8-tensor", "trtllm"): Layout(shard_padded=True, pad_i_128=True, sglang_scalars=True),
+    # ... on CUTLASS: w13 [gate; up] as loaded (each half padded to 16), its scalars and names
+    ("fp8-tensor", "cutlass"): Layout(gate_up_rows=True, sglang_scalars=True),
 }
 
-# Schemes and backends SGLang 0.5.23 runs on no FlashInfer kernel, and what it does instead.
-# Source formats (their `quant_method`) of a scheme that SGLang reads with another MoE method
-# than the one proven here (tests/test_sglang.py measured ModelOpt MXFP8, not these)
-SOURCES_NOT_PROVEN = {"mxfp8": ("compressed-tensors",)}
+# Source formats (their `quant_method`; None: an unquantized source) of a scheme that SGLang
+# reads with another MoE method than the one proven here (tests/test_sglang.py measured
+# ModelOpt MXFP8 and ModelOpt FP8), and why fi-convert writes no output of them for it
+SOURCES_REFUSED = {
+    ("mxfp8", "compressed-tensors"): (
+        "a compressed-tensors MXFP8 source: SGLang {sglang} reads it with a method of its own, "
+        "whose layout fi-convert has not proven yet (it has proven ModelOpt's)"
+    ),
+    ("fp8-tensor", "compressed-tensors"): (
+        "a compressed-tensors FP8 source: SGLang {sglang} reads it with "
+        "CompressedTensorsW8A8Fp8MoE, which has no FlashInfer per-tensor path (its weights stay "
+        "as loaded for a Triton quant info; flashinfer_cutlass refuses the method); fi-convert "
+        "writes SGLang's layout of ModelOpt FP8"
+    ),
+    ("fp8-tensor", "fp8"): (
+        "an FP8 (quant_method fp8) per-tensor source: SGLang {sglang} reads it with "
+        "Fp8MoEMethod, whose layout fi-convert has not proven yet (it has proven ModelOpt FP8's)"
+    ),
+    ("fp8-tensor", None): (
+        "BF16 experts: SGLang {sglang} quantizes them itself on load (--quantization fp8, "
+        "Fp8MoEMethod's online FP8), which lays out no FlashInfer kernel bytes (Triton on "
+        "flashinfer_cutlass; on flashinfer_trtllm the weights unshuffled and no output "
+        "scales); fi-convert writes SGLang's layout of ModelOpt FP8 checkpoints"
+    ),
+}
+
+# Model types whose SGLang model class declares no routing method to its FusedMoE
+# (models/mixtral.py), so that ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
+# FlashInfer TRT-LLM only for a declared one: Qwen3-MoE's Renormalize, DeepSeek's DeepSeekV3)
+NO_ROUTING_METHOD = {
+    "mixtral": (
+        "SGLang {sglang}'s Mixtral declares no routing method, so its ModelOpt FP8 method runs "
+        "Triton, not FlashInfer TRT-LLM, on flashinfer_trtllm; use --backend cutlass"
+    ),
+}
 
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
@@ -94,21 +136,28 @@ METHODS = {
     ("bf16", "cutlass"): "UnquantizedFusedMoEMethod",
     ("fp8-block", "trtllm"): "Fp8MoEMethod",
     ("mxfp4", "trtllm"): "Mxfp4MoEMethod",
+    ("mxfp4", "cutlass"): "Mxfp4MoEMethod",
     ("nvfp4", "trtllm"): "ModelOptNvFp4FusedMoEMethod",
     ("nvfp4", "cutlass"): "ModelOptNvFp4FusedMoEMethod",
     ("mxfp8", "trtllm"): "Fp8MoEMethod",
+    ("fp8-tensor", "trtllm"): "ModelOptFp8MoEMethod",
+    ("fp8-tensor", "cutlass"): "ModelOptFp8MoEMethod",
 }
 
 # Where SGLang 0.5.23 runs FlashInfer's MoE kernels (as fi-convert's manifests name families):
-# TRT-LLM-gen on the SM10x family only; CUTLASS BF16 on SM90, SM10x and SM12x.
+# TRT-LLM-gen on the SM10x family only; CUTLASS BF16 on SM90, SM10x and SM12x; gpt-oss
+# MXFP4's SM90 layout on SM90 only (SM120 runs another, SM100 TRT-LLM).
 GPU_FAMILY = {
     ("bf16", "trtllm"): "sm100",
     ("bf16", "cutlass"): "sm90+",
     ("fp8-block", "trtllm"): "sm100",
     ("mxfp4", "trtllm"): "sm100",
+    ("mxfp4", "cutlass"): "sm90",
     ("nvfp4", "trtllm"): "sm100",
     ("nvfp4", "cutlass"): "sm100+",  # FlashInfer's CUTLASS FP4 MoE: SM10x and SM12x
     ("mxfp8", "trtllm"): "sm100",
+    ("fp8-tensor", "trtllm"): "sm100",
+    ("fp8-tensor", "cutlass"): "sm90+",  # FlashInfer's CUTLASS FP8 MoE: SM90, SM10x, SM12x
 }
 
 NOTE = (
@@ -155,14 +204,13 @@ class SglangTarget:
             return NO_FLASHINFER[scheme, backend]
         return f"fi-convert does not write SGLang {TARGET['sglang']}'s layout of it yet"
 
-    def refuses_source(self, scheme: str, backend: str, quant_method: str | None) -> str | None:
-        if quant_method in SOURCES_NOT_PROVEN.get(scheme, ()):
-            return (
-                f"a {quant_method} {scheme.upper()} source: SGLang {TARGET['sglang']} reads it "
-                "with a method of its own, whose layout fi-convert has not proven yet (it has "
-                "proven ModelOpt's)"
-            )
-        return None
+    def refuses_source(
+        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+    ) -> str | None:
+        why = SOURCES_REFUSED.get((scheme, quant_method))
+        if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
+            why = NO_ROUTING_METHOD.get(model_type or "")
+        return why.format(sglang=TARGET["sglang"]) if why else None
 
     def layout(self, scheme: str, backend: str) -> Layout:
         return LAYOUTS[scheme, backend]

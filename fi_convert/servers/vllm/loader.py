@@ -115,7 +115,9 @@ class FiConvertModelLoader(DefaultModelLoader):
         root, m = self._output(model_config)
         mode = experts.test_cpu_mode()
         layers = moe_layers(model)
-        missing = sorted(set(m["layers"]) - set(layers))
+        # the multi-token-prediction layers vLLM's model skips (a draft model's), by its rule
+        spec = mtp_layers(m, getattr(model_config, "hf_config", None))
+        missing = sorted(set(m["layers"]) - set(layers) - spec)
         extra = sorted(set(layers) - set(m["layers"]))
         if missing or extra:
             which = f"has no MoE layer {missing[0]}" if missing else f"lacks {extra[0]}"
@@ -167,6 +169,22 @@ class FiConvertModelLoader(DefaultModelLoader):
         logger.info("%s", _load_line(root, len(layers), split, moe, stats, dense))
         if model_config.quantization is None:
             self.track_weights_loading(model, loaded)
+
+
+def mtp_layers(manifest: dict, config: Any) -> set[str]:
+    """The output's MoE layers that vLLM's model does not build: the multi-token-prediction
+    layers a DeepSeek-V3/R1 checkpoint ships after its decoder layers (`model.layers.61` of 61),
+    whose weights vLLM's model skips (`get_spec_layer_idx_from_weight_name`, vLLM's own rule: a
+    draft model reads them)."""
+    from vllm.model_executor.models.utils import get_spec_layer_idx_from_weight_name
+
+    if config is None:
+        return set()
+    return {
+        lp
+        for lp in manifest["layers"]
+        if get_spec_layer_idx_from_weight_name(config, lp + ".") is not None
+    }
 
 
 class _Clock:

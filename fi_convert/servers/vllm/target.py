@@ -74,7 +74,9 @@ class VllmTarget:
     def refuses(self, scheme: str, backend: str) -> str | None:
         return None  # every scheme's layout on each of its backends is vLLM's
 
-    def refuses_source(self, scheme: str, backend: str, quant_method: str | None) -> str | None:
+    def refuses_source(
+        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+    ) -> str | None:
         return None  # each scheme's every source format is proven against vLLM's own code
 
     def layout(self, scheme: str, backend: str) -> Layout:

@@ -1,0 +1,169 @@
+"""Tiny quantized checkpoints of whole models: transformers writes the model (tests/
+hf_checkpoints.py: its own tensor names, config keys and shards), then its linears are
+replaced by a scheme's synthetic tensors (fi_convert.testing.synthetic: each scheme's own
+format) and the config gets the scheme's quantization config, as the exporters write them:
+DeepSeek FP8 block (every linear but the router and lm_head, as DeepSeek-V3 ships), ModelOpt
+NVFP4 and MXFP8 (the experts, the rest listed in `exclude_modules`, in config.json and in
+hf_quant_config.json), gpt-oss MXFP4 (the fused experts as `*_blocks` / `*_scales`, biases
+kept; gpt-oss's own `modules_to_not_convert`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from fi_convert.testing.synthetic import SOURCES, _share_global_scale
+from tests import hf_checkpoints
+
+EXPERT = re.compile(r"^(.*\.experts\.\d+)\.(gate|up|down)_proj\.weight$")
+# the other linears DeepSeek-V3's FP8 checkpoints quantize (attention, dense and shared MLPs)
+DENSE = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\..*_proj(_with_mqa)?\.weight$")
+# ModelOpt: what the exporters leave unquantized here (SGLang's fnmatch-style patterns)
+# keys of the released models' config.json that transformers' config classes do not write,
+# and SGLang's model classes read (DeepSeek-V3's `moe_layer_freq`)
+RELEASED_KEYS = {
+    "deepseek_v3": {
+        "moe_layer_freq": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "ep_size": 1,
+    }
+}
+MODELOPT_EXCLUDE = [
+    "lm_head",
+    "model.layers.*.self_attn*",
+    "model.layers.*.mlp.gate",
+    "model.layers.*.mlp.shared_experts*",
+    "model.layers.0.mlp*",
+]
+
+
+def write(
+    kind: str,
+    root: Path,
+    quant: str,
+    in_config: bool = True,
+    nextn: bool = False,
+    **sizes: object,
+) -> Path:
+    """transformers' model `kind` (hf_checkpoints.MODELS) at `sizes`, its linears in the
+    format `quant` (a key of fi_convert.testing.synthetic.SOURCES). `in_config`: ModelOpt's
+    quantization config in config.json too (newer exports), else in hf_quant_config.json only
+    (older ones, nvidia/DeepSeek-R1-FP4). `nextn`: with DeepSeek-V3's multi-token-prediction
+    layer after the decoder layers (its layer 61), which transformers does not write."""
+    hf_checkpoints.save(kind, root, **sizes)
+    g = torch.Generator().manual_seed(1)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard_of: dict[str, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        for name, t in load_file(root / shard).items():
+            for new, v in _quantized(name, t, quant, g).items():
+                tensors[new], shard_of[new] = v, shard
+    _share_scales(tensors)
+    if nextn:
+        _add_nextn(tensors, shard_of)
+    for shard in sorted(set(shard_of.values())):
+        part = {n: t.contiguous() for n, t in tensors.items() if shard_of[n] == shard}
+        save_file(part, root / shard, metadata={"format": "pt"})
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    index_path.write_text(
+        json.dumps({"metadata": {"total_size": size}, "weight_map": shard_of}, indent=2)
+    )
+    _write_config(root, quant, RELEASED_KEYS.get(kind, {}), in_config)
+    return root
+
+
+def _quantized(name: str, t: torch.Tensor, quant: str, g: torch.Generator) -> dict:
+    """One checkpoint tensor as the quantized checkpoint holds it (one or several)."""
+    made = SOURCES[quant]
+    if quant == "mxfp4":
+        return _gpt_oss(name, t, g)
+    if EXPERT.match(name) or (made.dense_too and DENSE.match(name)):
+        stem = name.removesuffix(".weight")
+        assert made.make is not None
+        return {f"{stem}.{k}": v for k, v in made.make(tuple(t.shape), g).items()}
+    return {name: t}
+
+
+def _gpt_oss(name: str, t: torch.Tensor, g: torch.Generator) -> dict:
+    """gpt-oss's fused BF16 experts ([E, H, 2I], [E, I, H]) as its MXFP4 checkpoints hold
+    them: `*_blocks` [E, N, K/32, 16] and UE8M0 `*_scales` [E, N, K/32] over [E, N, K]."""
+    if not name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+        return {name: t}
+    e, k, n = t.shape
+    blocks = torch.randint(0, 256, (e, n, k // 32, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(118, 130, (e, n, k // 32), generator=g, dtype=torch.uint8)
+    return {f"{name}_blocks": blocks, f"{name}_scales": scales}
+
+
+def _share_scales(tensors: dict[str, torch.Tensor]) -> None:
+    """NVFP4: gate and up share their global scale but in the last expert of each layer, as
+    the synthetic writer has them (fi_convert.testing.synthetic), and always their input scale,
+    as ModelOpt exports the linears that read one input. (SGLang's DeepSeek loader runs the
+    weight loaders of host tensors on a thread pool, and gate's and up's input scales land in
+    one slot of `w13_input_scale`: where they differ, which one SGLang keeps is a race.)"""
+    layers: dict[str, list[str]] = {}
+    for name in tensors:
+        if m := GATE_SCALE.match(name):
+            layers.setdefault(m.group(1), []).append(m.group(2))
+    for layer, ids in layers.items():
+        last = max(ids, key=int)
+        for x in ids:
+            stem = f"{layer}.{x}"
+            one = {n: t for n, t in tensors.items() if n.startswith(stem + ".")}
+            _share_global_scale(one, stem, differ=x == last)
+            one[f"{stem}.up_proj.input_scale"] = one[f"{stem}.gate_proj.input_scale"].clone()
+            tensors.update(one)
+
+
+GATE_SCALE = re.compile(r"^(.*\.experts)\.(\d+)\.gate_proj\.weight_scale_2$")
+
+
+def _add_nextn(tensors: dict[str, torch.Tensor], shard_of: dict[str, str]) -> None:
+    """DeepSeek-V3's NextN layer, `model.layers.N` of N decoder layers, in the last shard: a
+    decoder layer (here a copy of the last one, its MoE experts included) and the NextN
+    module's own tensors, named as DeepSeek-V3's checkpoint names them."""
+    n = 1 + max(int(m.group(1)) for name in tensors if (m := _LAYER.match(name)))
+    vocab, h = tensors["model.embed_tokens.weight"].shape
+    last, shard = f"model.layers.{n - 1}.", max(shard_of.values())
+    layer = {
+        f"model.layers.{n}.{name[len(last) :]}": t.clone()
+        for name, t in tensors.items()
+        if name.startswith(last)
+    }
+    own = {"enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h)}
+    own |= {"shared_head.norm.weight": (h,), "shared_head.head.weight": (vocab, h)}
+    own |= {"embed_tokens.weight": (vocab, h)}
+    g = torch.Generator().manual_seed(2)
+    for name, shape in own.items():
+        layer[f"model.layers.{n}.{name}"] = torch.randn(shape, generator=g).to(torch.bfloat16)
+    tensors.update(layer)
+    shard_of.update(dict.fromkeys(layer, shard))
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _write_config(root: Path, quant: str, released: dict, in_config: bool) -> None:
+    cfg = json.loads((root / "config.json").read_text()) | released
+    qc = copy.deepcopy(SOURCES[quant].quantization_config) or {}
+    if qc.get("quant_method") == "modelopt":
+        qc["exclude_modules"] = MODELOPT_EXCLUDE
+        if qc["quant_algo"] == "NVFP4":
+            qc["group_size"] = 16
+        hq = {
+            "producer": {"name": "modelopt", "version": "0.37.0"},
+            "quantization": {k: v for k, v in qc.items() if k != "quant_method"},
+        }
+        (root / "hf_quant_config.json").write_text(json.dumps(hq, indent=2))
+    if in_config or qc.get("quant_method") != "modelopt":
+        cfg["quantization_config"] = qc
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))

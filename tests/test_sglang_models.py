@@ -1,0 +1,248 @@
+"""Whole tiny quantized models through SGLang 0.5.23's own `get_model_loader`, on CPU: the
+plugin's loader (`--load-format fi-convert`, FiConvertModelLoader) of fi-convert's output
+against SGLang's default load (`load_format auto`: its own weight loading and
+`postprocess_weights`) of the source, at TP 1 and 2, every rank.
+
+For each scheme the plugin loads besides BF16 (tests/test_sglang_plugin.py has BF16's whole
+models): ModelOpt NVFP4 (DeepSeek-V3, TRT-LLM and CUTLASS), ModelOpt MXFP8 (Qwen3-MoE,
+TRT-LLM), gpt-oss MXFP4 (`flashinfer_mxfp4`) and DeepSeek FP8 block (DeepSeek-V3, TRT-LLM).
+The sources are transformers-written models whose linears are replaced by the scheme's format
+(tests/quantized_checkpoints.py), converted with `--server sglang`. Every parameter, buffer and
+tensor a module holds as an attribute (DeepSeek's MLA `w_kc`, `w_vc`, ...) of the two models is
+byte-equal (dtype, shape, bytes), and so is the state each MoE layer and its method carry
+(tests/sglang_moe.layer_state). Negative controls: one byte changed in an output's expert
+tensor (the shard's size kept: the load reads the manifest but does not hash the shards, which
+`verify`'s check flags) is caught; a model whose MoE layers lack the plugin's kernel setup is
+caught.
+
+SGLang's own path needs on CPU what its layer tests need (tests/sglang_moe.py: SGLang's SM100
+platform hook and a CPU version of FlashInfer's CUDA-only scale swizzle for NVFP4, MXFP8 and
+MXFP4, its `fp8._is_cuda` flag for MXFP8) and, for a whole gpt-oss model, its `mxfp4` method
+registered as SGLang registers it on CUDA; during both loads alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.format.manifest import check_files, read
+from tests import quantized_checkpoints as qc
+from tests import sglang_moe as sm
+from tests.test_sglang_plugin import _model, differing, registered, state_diff  # noqa: F401
+
+# the plugin registered and SGLang's hooks applied, as in every SGLang process
+pytestmark = pytest.mark.usefixtures("registered")
+
+# case: (transformers' model, the source format, sizes); H a multiple of 128 (SGLang's NVFP4 and
+# MXFP8 need it), I/TP a multiple of 128 (FP8 block)
+CASES = {
+    # I 192: I/TP 192 and 96 padded to 256 and 128, sharded by it (TP 2 rank 1 holds 64 rows)
+    "mxfp8": ("qwen3_moe", "mxfp8", dict(hidden_size=128, moe_intermediate_size=192)),
+    "nvfp4": ("deepseek_v3", "nvfp4", dict(hidden_size=128, moe_intermediate_size=128)),
+    # I/TP 96 padded to 128 at TP 2, sharded by it (rank 1 holds 64 rows; CUTLASS refuses it)
+    "nvfp4-i192": ("deepseek_v3", "nvfp4", dict(hidden_size=128, moe_intermediate_size=192)),
+    # q_lora_rank 128: SGLang fuses q_a_proj with kv_a_proj_with_mqa, and their block scales;
+    # with DeepSeek-V3's NextN layer (its layer 61, here 2), converted, which SGLang's model
+    # does not build (its loader skips it)
+    "fp8-block": (
+        "deepseek_v3",
+        "fp8-block",
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=256,
+            q_lora_rank=128,
+            nextn=True,
+        ),
+    ),
+    "mxfp4": ("gpt_oss", "mxfp4", dict(hidden_size=128)),
+    # ModelOpt's config in hf_quant_config.json only (older exports: nvidia/DeepSeek-R1-FP4)
+    "nvfp4-hqc": (
+        "deepseek_v3",
+        "nvfp4",
+        dict(hidden_size=128, moe_intermediate_size=128, in_config=False),
+    ),
+}
+MOE = "model.layers.1.mlp.experts"
+# the MoE layers of each model (DeepSeek-V3's layer 0 is dense), and SGLang's MoE method
+MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "nvfp4-hqc": (1,), "nvfp4-i192": (1,)}
+MOE_LAYERS |= {"fp8-block": (1,)}
+MOE_LAYERS |= {"mxfp4": (0, 1)}
+# the output's MoE layers SGLang's model does not build (DeepSeek-V3's NextN layer)
+NEXTN = {"fp8-block": ["model.layers.2.mlp.experts"]}
+METHOD = {
+    "mxfp8": "Fp8MoEMethod",
+    "nvfp4": "ModelOptNvFp4FusedMoEMethod",
+    "fp8-block": "Fp8MoEMethod",
+    "mxfp4": "Mxfp4MoEMethod",
+}
+# (case, fi-convert's backend, the scheme it converts to, TP size)
+MODELS = [
+    (case, backend, scheme, tp)
+    for case, backend, scheme in (
+        ("mxfp8", "trtllm", "mxfp8"),
+        ("nvfp4", "trtllm", "nvfp4"),
+        ("nvfp4", "cutlass", "nvfp4"),
+        ("fp8-block", "trtllm", "fp8-block"),
+        ("mxfp4", "trtllm", "mxfp4"),
+    )
+    for tp in (1, 2)
+] + [("nvfp4-hqc", "trtllm", "nvfp4", 1), ("nvfp4-i192", "trtllm", "nvfp4", 2)]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sgl-models-src")
+    done: dict[str, Path] = {}
+
+    def get(case: str) -> Path:
+        if case not in done:
+            kind, quant, sizes = CASES[case]
+            done[case] = qc.write(kind, root / case, quant, **sizes)
+        return done[case]
+
+    return get
+
+
+def _convert(src: Path, out: Path, scheme: str, backend: str, tp: int = 1) -> Path:
+    convert(
+        src, out, Options(SchemeName(scheme), Backend(backend), tp, server="sglang"), device="cpu"
+    )
+    return out
+
+
+def platform(quant: str):
+    """What SGLang's own path needs on CPU for the format (tests/sglang_moe.py)."""
+    stack = contextlib.ExitStack()
+    if quant in ("nvfp4", "mxfp8", "mxfp4"):
+        stack.enter_context(sm.blackwell(cuda_noop=quant == "mxfp4"))
+    if quant == "mxfp4":
+        stack.enter_context(sm.mxfp4_registered())
+    if quant == "mxfp8":
+        stack.enter_context(sm.cuda_gate())
+    return stack
+
+
+def _both(src: Path, out: Path, quant: str, backend: str, tp: int = 1, rank: int = 0):
+    """The plugin's load of `out` and SGLang's default load of `src`, on fi-convert's backend,
+    as TP rank `rank` of `tp`."""
+    runner = "mxfp4-trtllm" if quant == "mxfp4" else backend
+    with sm.sglang_context(runner, tp, rank), platform(quant):
+        ours = _model(None, out, "fi-convert", runner)
+        theirs = _model(None, src, "auto", runner)
+    return ours, theirs
+
+
+def _tensors(model) -> dict:
+    """Every parameter and buffer, and the tensors modules hold as plain attributes (what a
+    model's own post-load step leaves: DeepSeek's MLA `w_kc`, `w_vc`, ...)."""
+    held = {
+        f"attr:{m}.{k}": v
+        for m, mod in model.named_modules()
+        for k, v in vars(mod).items()
+        if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
+    }
+    return (
+        dict(model.named_parameters()) | {f"buffer:{n}": b for n, b in model.named_buffers()} | held
+    )
+
+
+def _moe(model) -> dict:
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, FusedMoE)}
+
+
+def _differences(ours, theirs) -> tuple[list[str], dict[str, list[str]]]:
+    """The parameters and buffers that differ, and per MoE layer the state that differs."""
+    p, q = _tensors(ours), _tensors(theirs)  # (`differing` names those on one side only)
+    a, b = _moe(ours), _moe(theirs)
+    assert sorted(a) == sorted(b)
+    states = {n: state_diff(sm.layer_state(a[n]), sm.layer_state(b[n])) for n in b}
+    return differing(q, p), {n: d for n, d in states.items() if d}
+
+
+def _flip_one_byte(out: Path, name: str) -> None:
+    """One byte of tensor `name` changed in its shard, the file's size kept (the load reads
+    the manifest but does not hash the shards: `fi-convert verify` does)."""
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shard = out / index["weight_map"][name]
+    raw = bytearray(shard.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8 : 8 + n])[name]["data_offsets"]
+    raw[8 + n + (begin + end) // 2] ^= 0x10
+    shard.write_bytes(bytes(raw))
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    # no GPU here: the plugin skips its checks of it (loader.TEST_CPU_ENV)
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
+
+
+@pytest.mark.parametrize(("case", "backend", "scheme", "tp"), MODELS)
+def test_a_whole_quantized_model_equals_sglangs_default_load(
+    case, backend, scheme, tp, sources, tmp_path
+):
+    src = sources(case)
+    in_config = "quantization_config" in json.loads((src / "config.json").read_text())
+    assert in_config == (case != "nvfp4-hqc")
+    out = _convert(src, tmp_path / "out", scheme, backend, tp)
+    converted = sorted(read(out)["layers"])
+    for rank in range(tp):
+        ours, theirs = _both(src, out, CASES[case][1], backend, tp, rank)
+        moe = _moe(theirs)
+        assert sorted(moe) == [f"model.layers.{i}.mlp.experts" for i in MOE_LAYERS[case]]
+        assert converted == sorted(moe) + NEXTN.get(case, [])
+        assert {type(m.quant_method).__name__ for m in moe.values()} == {METHOD[scheme]}
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+def test_control_one_changed_byte_in_an_expert_shard_is_caught(sources, tmp_path):
+    src = sources("nvfp4")
+    out = _convert(src, tmp_path / "out", "nvfp4", "trtllm")
+    name = f"{MOE}.w13_weight"
+    _flip_one_byte(out, name)
+    assert [p.rsplit(": ", 1)[-1] for p in check_files(out, read(out))] == [
+        "SHA-256 differs from the manifest"
+    ]
+    ours, theirs = _both(src, out, "nvfp4", "trtllm")
+    assert _differences(ours, theirs) == ([name], {})
+
+
+def test_control_a_model_without_the_kernel_setup_is_caught(sources, tmp_path):
+    """The plugin's kernel setup (experts.finish) skipped: the MoE layers' state differs."""
+    from fi_convert.servers.sglang import experts
+
+    src = sources("nvfp4")
+    out = _convert(src, tmp_path / "out", "nvfp4", "cutlass")
+    with mock.patch.object(experts, "finish", lambda layer: None):
+        ours, theirs = _both(src, out, "nvfp4", "cutlass")
+    params, states = _differences(ours, theirs)
+    # the block-scale aliases CUTLASS reads are still SGLang's placeholders
+    assert params == [f"{MOE}.w13_blockscale_swizzled", f"{MOE}.w2_blockscale_swizzled"]
+    assert list(states) == [MOE]
+    assert "layer._cutlass_swiglu_params[0]" in states[MOE]  # CUTLASS's SwiGLU parameters
+
+
+def test_control_the_nextn_layer_of_an_output_was_refused(sources, tmp_path):
+    """Before the plugin skipped it (checks.nextn_layers), an output with DeepSeek-V3's NextN
+    layer was refused, every real DeepSeek-V3/R1 among them."""
+    from fi_convert.servers.sglang import checks
+    from fi_convert.servers.sglang.checks import PluginError
+
+    src = sources("fp8-block")
+    out = _convert(src, tmp_path / "out", "fp8-block", "trtllm")
+    with (
+        mock.patch.object(checks, "nextn_layers", lambda manifest, config: set()),
+        pytest.raises(PluginError, match="has no MoE layer model.layers.2.mlp.experts"),
+    ):
+        _both(src, out, "fp8-block", "trtllm")
