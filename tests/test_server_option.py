@@ -259,7 +259,10 @@ def test_inspect_shows_what_each_server_gets(ckpts):
     assert servers["sglang"]["layout"] == (
         "the same bytes as for vllm (one output serves both: --server vllm,sglang)"
     )
-    assert servers["sglang"]["serve"].endswith("--moe-runner-backend flashinfer_cutlass --tp 2")
+    assert servers["sglang"]["serve"].endswith(
+        "--moe-runner-backend flashinfer_cutlass --tp 2 --disable-shared-experts-fusion"
+    )
+    # (on TRT-LLM SGLang turns shared-expert fusion off itself: LAUNCH does not say it)
 
 
 def test_fp8_block_for_sglang_converts_and_verifies(ckpts, tmp_path):

@@ -174,11 +174,19 @@ def sglang_fields(scheme: str, backend: str) -> dict:
     return {SERVER_FIELD: SGLANG, "target": SGLANG_TARGET.target_fields(scheme, backend)}
 
 
+# Backends on which SGLang 0.5.23 may fuse a layer's shared expert into its routed experts
+# (DeepSeek-V3/R1's 256 experts: `resolve_shared_experts_config`); the output holds the routed
+# experts only, so the launch line turns fusion off (on flashinfer_trtllm SGLang turns it off
+# itself, arg_groups/overrides.py `_moe_runner_fusion_disable`; gpt-oss has no shared expert)
+FUSION_OFF = ("cutlass",)
+
+
 def launch_command(where: str, scheme: str, backend: str, tp: int) -> str:
     """The SGLang line that serves an output (a folder or a Hub repo id)."""
     cmd = f"python -m sglang.launch_server --model-path {where} --load-format {LOAD_FORMAT} "
     cmd += f"--moe-runner-backend {moe_runner_backend(scheme, backend)}"
-    return cmd + (f" --tp {tp}" if tp != 1 else "")
+    cmd += f" --tp {tp}" if tp != 1 else ""
+    return cmd + (" --disable-shared-experts-fusion" if backend in FUSION_OFF else "")
 
 
 class SglangTarget:
