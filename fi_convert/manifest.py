@@ -220,7 +220,8 @@ def check_fields(m: dict) -> list[str]:
                         f"{scheme.value}/{backend.value} needs {show(want[key])}",
                     )
     note = server.ep_note(m["scheme"], m["layers"])
-    if not same(m.get("expert_parallel"), note):
+    former = getattr(server, "former_ep_notes", ())  # what older fi-convert releases wrote
+    if not same(m.get("expert_parallel"), note) and m.get("expert_parallel") not in former:
         bad("expert_parallel", m.get("expert_parallel"), f"the layers give {show(note)}")
     out += _source_problems(m.get("source"))
     for name, meta in m["files"].items():

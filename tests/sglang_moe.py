@@ -92,23 +92,65 @@ def _init(backend: str) -> None:
 
 
 @contextlib.contextmanager
-def sglang_context(backend: str, tp_size: int, tp_rank: int) -> Iterator[None]:
+def sglang_context(backend: str, tp_size: int, tp_rank: int, ep_size: int = 1) -> Iterator[None]:
     """SGLang runs with --moe-runner-backend for fi-convert's `backend`, as rank `tp_rank` of
-    `tp_size` (MoE TP; no EP, no DP attention)."""
+    `--tp tp_size` (no DP attention); with `ep_size`, `--ep-size ep_size` (expert parallelism:
+    the MoE ranks and sizes as SGLang derives them, `ep_ranks`)."""
     environ = dict(os.environ)  # SGLang's import sets cache-folder defaults; _init, gloo's
     with sglang_stubs.installed(), contextlib.ExitStack() as stack:
         stack.callback(_restore_environ, environ)
         from sglang.srt import runtime_context
 
         _init(backend)
-        stack.enter_context(mock.patch.object(runtime_context, "_validate_parallel", _no_check))
-        stack.enter_context(
-            runtime_context.get_parallel().override(
-                tp_size=tp_size, tp_rank=tp_rank, moe_tp_size=tp_size, moe_tp_rank=tp_rank
-            )
+        ranks = (
+            ep_ranks(backend, tp_size, tp_rank, ep_size)
+            if ep_size != 1
+            else dict(tp_size=tp_size, tp_rank=tp_rank, moe_tp_size=tp_size, moe_tp_rank=tp_rank)
         )
+        stack.enter_context(mock.patch.object(runtime_context, "_validate_parallel", _no_check))
+        stack.enter_context(runtime_context.get_parallel().override(**ranks))
         stack.enter_context(torch.device("cpu"))
         yield
+
+
+def ep_ranks(backend: str, tp_size: int, tp_rank: int, ep_size: int) -> dict[str, int]:
+    """The parallel context of rank `tp_rank` of `--tp tp_size --ep-size ep_size`, as SGLang
+    0.5.23 derives it at publish (`runtime_context.parallel_widths_of` of the ServerArgs,
+    `derive_spawn_ranks`), checked by its own `_validate_parallel` (its rank bounds and its
+    `tp_size == moe_ep_size * moe_dp_size * moe_tp_size`; not the group widths: the groups
+    built here hold one process)."""
+    import types
+
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path="dummy",
+        tp_size=tp_size,
+        ep_size=ep_size,
+        pp_size=1,
+        moe_runner_backend=BACKEND[backend],
+    )
+    widths = rc.parallel_widths_of(args)
+    spawn = rc.derive_spawn_ranks(
+        world_rank=tp_rank,
+        tp_size=tp_size,
+        ep_join_rank_offset=0,
+        attn_cp_size=args.attn_cp_size,
+        attn_tp_size=widths["attn_tp_size"],
+        moe_dp_size=args.moe_dp_size,
+        moe_ep_size=widths["moe_ep_size"],
+    )
+    ranks = dict(
+        tp_size=tp_size,
+        tp_rank=spawn["tp_rank"],
+        moe_ep_size=widths["moe_ep_size"],
+        moe_ep_rank=spawn["moe_ep_rank"],
+        moe_tp_size=widths["moe_tp_size"],
+        moe_tp_rank=spawn["moe_tp_rank"],
+    )
+    rc._validate_parallel(types.SimpleNamespace(**ranks, moe_dp_size=args.moe_dp_size), "test")
+    return ranks
 
 
 def _block_scale_interleave(sf: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -463,20 +505,21 @@ def process(layer) -> None:
     layer.quant_method.process_weights_after_loading(layer)
 
 
-def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str):
-    """SGLang's layer for rank `rank` of `tp`, loaded and processed by its own code (backend
-    "mxfp4-cutlass": gpt-oss on SM90)."""
+def build(backend: str, tp: int, rank: int, ckpt: Path, prefix: str, ep: int = 1):
+    """SGLang's layer for rank `rank` of `tp` (with `ep`: of `--tp tp --ep-size ep`), loaded
+    and processed by its own code (backend "mxfp4-cutlass": gpt-oss on SM90)."""
     oss = _model_type(ckpt) == "gpt_oss"
     fp4 = _algo(ckpt) in ("NVFP4", "MXFP8") or oss
     sm90 = backend == "mxfp4-cutlass"
     with (
-        sglang_context(backend, tp, rank),
+        sglang_context(backend, tp, rank, ep),
         hopper() if sm90 else blackwell(oss) if fp4 else contextlib.nullcontext(),
         cuda_gate() if _algo(ckpt) == "MXFP8" else contextlib.nullcontext(),
         fp8_quant() if _algo(ckpt) == "FP8" else contextlib.nullcontext(),
     ):
         layer = make_layer(prefix, ckpt)
-        assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)
+        if ep == 1:
+            assert (layer.moe_tp_size, layer.moe_tp_rank) == (tp, rank)
         if _model_type(ckpt) == "gpt_oss":
             load_gpt_oss(layer, ckpt, prefix)
         else:

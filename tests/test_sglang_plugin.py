@@ -548,7 +548,8 @@ def test_the_layers_sglang_built_match(manifest):
         ),
         (dict(num_fused_shared_experts=1), "--disable-shared-experts-fusion"),
         (dict(num_experts=8, num_local_experts=8), "has 6 experts in the output and 8"),
-        (dict(moe_ep_size=2), "start SGLang with --ep-size 1"),
+        # a TP 2 output under EP (tests/test_sglang_ep.py has the rest)
+        (dict(moe_ep_size=2), "under expert parallelism the plugin loads whole experts"),
         (dict(moe_tp_size=4), "split model.layers.0.mlp.experts over 4 ranks"),
         (dict(intermediate_size_per_partition=384), "convert the source again for SGLang"),
     ],
@@ -628,7 +629,7 @@ def test_a_matching_runtime_passes(manifest):
             "started with --moe-runner-backend auto; pass --moe-runner-backend flashinfer_trtllm",
         ),
         (dict(moe_runner_backend="flashinfer_cutlass"), "converted for FlashInfer trtllm"),
-        (dict(ep_size=2), "under expert parallelism yet (--ep-size 2)"),
+        (dict(ep_size=2), "convert again with --tp-size 1 (it serves every EP size"),
         (dict(eplb=True), "start SGLang without --enable-eplb"),
         (dict(flashinfer_version=None), "FlashInfer is not installed"),
         (dict(flashinfer_version="0.7.5"), "this is FlashInfer 0.7.5"),

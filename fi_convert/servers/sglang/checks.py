@@ -14,6 +14,7 @@ from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.names import servers_of, target_of
 from .target import (
+    EP_SCHEMES,
     GPU_FAMILY,
     LOAD_FORMAT,
     METHODS,
@@ -81,9 +82,12 @@ def check_manifest(
     sglang_version: str,
     ep_size: int = 1,
     eplb: bool = False,
+    redundant: int = 0,
+    placement: str = "trivial",
 ) -> None:
     """The checks that need no GPU and no model: the output's server, what the plugin loads,
-    the SGLang version, the MoE runner backend flag, TP, EP and EPLB."""
+    the SGLang version, the MoE runner backend flag, TP (`tp_size`: SGLang's MoE TP size), EP
+    and EPLB (`redundant`: --ep-num-redundant-experts, `placement`: --init-expert-location)."""
     server = server_of(manifest)
     scheme, backend = manifest["scheme"], manifest["backend"]
     if SGLANG not in servers_of(manifest):
@@ -111,7 +115,15 @@ def check_manifest(
             f"{root}: converted for FlashInfer {backend}, SGLang was started with "
             f"--moe-runner-backend {moe_runner_backend}; pass --moe-runner-backend {want}"
         )
-    check_expert_parallel(root, ep_size=ep_size, eplb=eplb)
+    check_expert_parallel(
+        manifest,
+        root,
+        ep_size=ep_size,
+        moe_tp_size=tp_size,
+        eplb=eplb,
+        redundant=redundant,
+        placement=placement,
+    )
     if manifest["tp_size"] != tp_size:
         raise PluginError(
             f"{root}: converted for tensor-parallel size {manifest['tp_size']}, SGLang runs "
@@ -119,18 +131,73 @@ def check_manifest(
         )
 
 
-def check_expert_parallel(root: str, *, ep_size: int, eplb: bool) -> None:
-    """Expert parallelism is not proven against SGLang's own loading yet: refused."""
+def check_expert_parallel(
+    manifest: dict,
+    root: str,
+    *,
+    ep_size: int,
+    moe_tp_size: int,
+    eplb: bool,
+    redundant: int = 0,
+    placement: str = "trivial",
+) -> None:
+    """Expert parallelism as the plugin serves it: EP_SCHEMES (target.py) from a --tp-size 1
+    output, SGLang's MoE TP size 1 (--ep-size equal to --tp), each EP rank holding the experts
+    [r*E/N, (r+1)*E/N) whole, as SGLang's own EP loading and processing leaves them
+    (tests/test_sglang_ep.py). Refused: EPLB and redundant experts, a placement other than
+    SGLang's trivial one, the schemes not proven under EP, an expert count the EP size does not
+    divide (SGLang's FusedMoE asserts it)."""
     if eplb:
         raise PluginError(
             f"{root}: the SGLang plugin does not load redundant experts (EPLB); start SGLang "
             "without --enable-eplb"
         )
-    if ep_size != 1:
+    if ep_size == 1:
+        return
+    scheme = manifest["scheme"]
+    if scheme not in EP_SCHEMES:
         raise PluginError(
-            f"{root}: the SGLang plugin does not load experts under expert parallelism yet "
-            f"(--ep-size {ep_size}); start SGLang with --ep-size 1"
+            f"{root}: the SGLang plugin does not load {scheme} experts under expert "
+            f"parallelism yet (--ep-size {ep_size}), only {' and '.join(EP_SCHEMES)}; start "
+            "SGLang with --ep-size 1"
         )
+    if redundant:
+        raise PluginError(
+            f"{root}: the SGLang plugin does not load redundant experts "
+            f"(--ep-num-redundant-experts {redundant}); start SGLang without it"
+        )
+    if placement != "trivial":
+        raise PluginError(
+            f"{root}: the SGLang plugin loads experts in SGLang's trivial placement only "
+            f"(--init-expert-location {placement}); start SGLang without --init-expert-location"
+        )
+    if manifest["tp_size"] != 1:
+        raise PluginError(
+            f"{root}: converted for tensor-parallel size {manifest['tp_size']}; under expert "
+            "parallelism the plugin loads whole experts: convert again with --tp-size 1 (it "
+            "serves every EP size that divides the expert count)"
+        )
+    if moe_tp_size != 1:
+        raise PluginError(
+            f"{root}: SGLang splits each expert over {moe_tp_size} ranks (--tp / --ep-size), "
+            "and the plugin loads whole experts under expert parallelism; start SGLang with "
+            "--ep-size equal to --tp"
+        )
+    check_expert_counts(manifest, root, ep_size)
+
+
+def check_expert_counts(manifest: dict, root: str, ep_size: int) -> None:
+    """Each layer's expert count divisible by the EP size, as SGLang's FusedMoE requires (it
+    gives each EP rank E/N experts)."""
+    for prefix, meta in manifest["layers"].items():
+        n = meta["num_experts"]
+        if n % ep_size:
+            fits = [d for d in range(2, n + 1) if n % d == 0]
+            raise PluginError(
+                f"{root}: layer {prefix} has {n} experts, which --ep-size {ep_size} does not "
+                f"divide (SGLang gives each EP rank E/N experts); start SGLang with --tp and "
+                f"--ep-size one of {fits or [1]}, or --ep-size 1"
+            )
 
 
 def check_device(
@@ -253,13 +320,16 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             "expert(s) into it, which the output does not hold; start SGLang with "
             "--disable-shared-experts-fusion"
         )
-    if layer.num_experts != meta["num_experts"] or layer.num_local_experts != meta["num_experts"]:
+    check_expert_parallel(
+        manifest, root, ep_size=layer.moe_ep_size, moe_tp_size=layer.moe_tp_size, eplb=False
+    )
+    local = meta["num_experts"] // layer.moe_ep_size
+    if layer.num_experts != meta["num_experts"] or layer.num_local_experts != local:
         raise PluginError(
             f"{root}: layer {prefix} has {meta['num_experts']} experts in the output and "
             f"{layer.num_experts} ({layer.num_local_experts} on this rank) in the model SGLang "
             "built; serve the output with its own config.json (converted from another model?)"
         )
-    check_expert_parallel(root, ep_size=layer.moe_ep_size, eplb=False)
     if layer.moe_tp_size != manifest["tp_size"]:
         raise PluginError(
             f"{root}: converted for tensor-parallel size {manifest['tp_size']}, and SGLang "

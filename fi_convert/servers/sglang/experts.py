@@ -25,9 +25,11 @@ def install(
     layer: Any, reader: OutputReader, prefix: str, tp_rank: int, bulk: BulkRead | None = None
 ) -> list[str]:
     """Read the layer's tensors for `tp_rank` into `layer`'s parameters (in place: no new
-    memory); returns their names. With `bulk`, the bytes are read when `bulk` runs (with every
-    other layer's); without, now."""
+    memory); returns their names. Under expert parallelism, each tensor's slices of this EP
+    rank's experts instead (`local_experts`). With `bulk`, the bytes are read when `bulk` runs
+    (with every other layer's); without, now."""
     now = bulk or reader.bulk(next(layer.parameters()).device)
+    ids = local_experts(layer, reader.root)
     method = type(layer.quant_method).__name__
     retyped, derived = RETYPED.get(method, ()), DERIVED.get(method, ())
     resized = RESIZED.get(method, ())
@@ -48,6 +50,8 @@ def install(
                 f"has no parameter {name}; convert the source again for SGLang"
             )
         _, shape, dtype = reader.info(prefix, name)
+        if ids is not None:
+            shape = (len(ids), *shape[1:])
         data = _storage(layer, param, name, (tuple(shape), dtype), reader, new, retyped, resized)
         if data.dtype != dtype or data.numel() != math.prod(shape) or not data.is_contiguous():
             raise PluginError(
@@ -55,12 +59,60 @@ def install(
                 f"SGLang allocated {data.dtype} {list(data.shape)}; convert the source again "
                 "for SGLang"
             )
-        reader.read_into(prefix, name, tp_rank, data, bulk=now)
+        if ids is None:
+            reader.read_into(prefix, name, tp_rank, data, bulk=now)
+        else:
+            reader.read_experts_into(prefix, name, ids, data, bulk=now)
         param.data = data.view(shape)
         loaded.append(name)
     if bulk is None:
         now.run()
     return loaded
+
+
+def local_experts(layer: Any, root: Any) -> list[int] | None:
+    """Under expert parallelism, the global experts this EP rank holds, in the order of its
+    local slots, by SGLang's own map (`FusedMoE._map_global_expert_id_to_local_expert_id`, which
+    its weight loader applies: rank r holds [r*E/N, (r+1)*E/N)); where SGLang has an expert
+    location (the server's, `--init-expert-location`), the logical experts it puts in those
+    physical slots must be the same. None without EP."""
+    if layer.moe_ep_size == 1:
+        return None
+    slots = {}
+    for g in range(layer.num_experts):
+        local = layer._map_global_expert_id_to_local_expert_id(g)
+        if local >= 0:
+            slots[local] = g
+    n = layer.num_local_experts
+    if sorted(slots) != list(range(n)) or layer.num_fused_shared_experts:
+        raise PluginError(
+            f"{root}: layer {layer.layer_name}: SGLang's expert map gives EP rank "
+            f"{layer.moe_ep_rank} slots {sorted(slots)} for {n} local experts (fused shared "
+            "or redundant experts?); start SGLang with --disable-shared-experts-fusion and "
+            "without --enable-eplb"
+        )
+    ids = [slots[j] for j in range(n)]
+    placed = _placed(layer, ids)
+    if placed is not None and placed != ids:
+        raise PluginError(
+            f"{root}: layer {layer.layer_name}: SGLang places logical experts {placed} in EP "
+            f"rank {layer.moe_ep_rank}'s slots, not {ids}; start SGLang without "
+            "--init-expert-location and --enable-eplb"
+        )
+    return ids
+
+
+def _placed(layer: Any, ids: list[int]) -> list[int] | None:
+    """The logical experts SGLang's expert location (where it has one, as a server does) puts
+    in the physical slots `ids` of the layer (its weight loader reads each logical expert into
+    the physical slots `logical_to_all_physical` gives); None where it has none."""
+    from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+
+    meta = get_global_expert_location_metadata() if layer.uses_expert_location else None
+    if meta is None:
+        return None
+    row = meta.physical_to_logical_map[layer.layer_id].tolist()
+    return [int(row[p]) if p < len(row) else -1 for p in ids]
 
 
 def new_shapes(layer: Any) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

@@ -64,6 +64,8 @@ def check_output(manifest: dict, root: str) -> None:
         tp_size=get_parallel().moe_tp_size,
         ep_size=get_parallel().moe_ep_size,
         eplb=bool(get_exec().moe.enable_eplb),
+        redundant=int(get_exec().moe.ep_num_redundant_experts or 0),
+        placement=str(get_exec().moe.init_expert_location or "trivial"),
         moe_runner_backend=str(get_model_runner_backend()),
         sglang_version=checks.installed("sglang") or "0",
     )

@@ -165,7 +165,24 @@ NOTE = (
     "{sglang}: serve with `{launch}` (fi-convert's SGLang plugin: fi-convert installed with its "
     "sglang extra)"
 )
-EP_NOTE = "EP size 1: fi-convert's SGLang plugin does not load experts under expert parallelism yet"
+# Schemes whose experts fi-convert's SGLang plugin serves under expert parallelism (--ep-size
+# N, equal to --tp: MoE TP size 1), from a --tp-size 1 output: SGLang 0.5.23 gives EP rank r
+# the experts [r*E/N, (r+1)*E/N) whole, with the bytes of TP 1 (no scalar reduced over
+# experts), proven against its own EP loading and processing (tests/test_sglang_ep.py) for
+# bf16 (both backends) and fp8-block (TRT-LLM). The others are refused under EP until proven:
+# NVFP4's input scales are global parameters (`_sglang_require_global_experts`), ModelOpt FP8's
+# activation scales a max over the experts a rank loads.
+EP_SCHEMES = ("bf16", "fp8-block")
+EP_NOTE = (
+    "any EP size that divides the expert count (--ep-size equal to --tp) for a --tp-size 1 "
+    "output: SGLang's EP ranks take whole experts, whose bytes do not change"
+)
+NO_EP_NOTE = (
+    "EP size 1: fi-convert's SGLang plugin does not load experts under expert parallelism yet"
+)
+# ... the note of every SGLang output before the plugin served EP_SCHEMES under EP: still
+# accepted in their manifests (an older output of them serves under EP as well)
+FORMER_EP_NOTES = (NO_EP_NOTE,)
 
 
 def sglang_fields(scheme: str, backend: str) -> dict:
@@ -181,11 +198,13 @@ def sglang_fields(scheme: str, backend: str) -> dict:
 FUSION_OFF = ("cutlass",)
 
 
-def launch_command(where: str, scheme: str, backend: str, tp: int) -> str:
-    """The SGLang line that serves an output (a folder or a Hub repo id)."""
+def launch_command(where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
+    """The SGLang line that serves an output (a folder or a Hub repo id); with `ep`, on that
+    many GPUs with expert parallelism (`--tp ep --ep-size ep`: a --tp-size 1 output of
+    EP_SCHEMES)."""
     cmd = f"python -m sglang.launch_server --model-path {where} --load-format {LOAD_FORMAT} "
     cmd += f"--moe-runner-backend {moe_runner_backend(scheme, backend)}"
-    cmd += f" --tp {tp}" if tp != 1 else ""
+    cmd += f" --tp {ep} --ep-size {ep}" if ep else f" --tp {tp}" if tp != 1 else ""
     return cmd + (" --disable-shared-experts-fusion" if backend in FUSION_OFF else "")
 
 
@@ -195,7 +214,8 @@ class SglangTarget:
     name = SGLANG
     label = "SGLang"
     versions = TARGET
-    ep_schemes: tuple[str, ...] = ()  # the plugin refuses --ep-size > 1 (not proven yet)
+    ep_schemes: tuple[str, ...] = EP_SCHEMES
+    former_ep_notes = FORMER_EP_NOTES
 
     def marker_note(self, scheme: str, backend: str, tp: int) -> str:
         return NOTE.format(
@@ -233,10 +253,10 @@ class SglangTarget:
         return {**TARGET, "gpu_family": self.gpu_family(backend, scheme)}
 
     def ep_note(self, scheme: str, layers: Mapping[str, dict]) -> str:
-        return EP_NOTE
+        return EP_NOTE if scheme in EP_SCHEMES else NO_EP_NOTE
 
     def serve_command(self, where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
-        return launch_command(where, scheme, backend, tp)
+        return launch_command(where, scheme, backend, tp, ep)
 
     def card_rows(self, target: Mapping) -> list[str]:
         t = target
@@ -266,12 +286,33 @@ class SglangTarget:
             launch_command(repo_id, scheme, backend, tp),
             "```",
             "",
+            *self._ep_lines(repo_id, scheme, backend, tp),
             "The plugin refuses, before loading anything, an SGLang outside "
             f"{t.get('sglang_versions')}, another TP size, another `--moe-runner-backend`, "
-            f"expert parallelism, or a GPU outside the {t.get('gpu_family')} family. Stock "
-            "SGLang without `--load-format fi-convert`, and vLLM, must not be used on this repo.",
+            f"{self._ep_refused(scheme, tp)}, or a GPU outside the {t.get('gpu_family')} "
+            "family. Stock SGLang without `--load-format fi-convert`, and vLLM, must not be "
+            "used on this repo.",
             "",
         ]
+
+    def _ep_lines(self, repo_id: str, scheme: str, backend: str, tp: int) -> list[str]:
+        """The card's launch line with expert parallelism, where the plugin serves it."""
+        if tp != 1 or scheme not in EP_SCHEMES:
+            return []
+        return [
+            "With expert parallelism (each GPU holds whole experts; an EP size that divides "
+            "the expert count, here 8):",
+            "",
+            "```",
+            launch_command(repo_id, scheme, backend, tp, ep=8),
+            "```",
+            "",
+        ]
+
+    def _ep_refused(self, scheme: str, tp: int) -> str:
+        if tp == 1 and scheme in EP_SCHEMES:
+            return "redundant experts (EPLB) or a placement other than trivial"
+        return "expert parallelism"
 
 
 SGLANG_TARGET = SglangTarget()

@@ -1,0 +1,322 @@
+"""The SGLang plugin under expert parallelism (fi_convert/servers/sglang/experts.py
+`local_experts`, checks.py `check_expert_parallel`), with SGLang 0.5.23's own code as the
+authority on CPU (tests/sglang_moe.py: its FusedMoE built as rank r of `--tp N --ep-size N`, the
+ranks and sizes as SGLang derives them from its ServerArgs: MoE EP size N, EP rank r, MoE TP
+size 1).
+
+A `--tp-size 1` output serves every EP size that divides the expert count: SGLang gives EP
+rank r the experts [r*E/N, (r+1)*E/N) whole, with the bytes of TP 1. For each EP size (2, 4)
+and each rank, for BF16 (TRT-LLM, padded and not, and CUTLASS) and DeepSeek FP8 block
+(TRT-LLM):
+(a) the parameters SGLang holds after its own EP loading and processing of the source equal
+    the output's slices of that rank's experts, byte for byte;
+(b) the plugin's path (install: only the rank's experts read, into the parameters SGLang
+    allocated; finish: kernel setup) leaves the layer as SGLang's own path does: every
+    parameter, every attribute of the layer, its method and runner, every parameter's
+    attributes.
+Negative controls: another rank's experts are caught; the refusals (schemes not proven under
+EP, a TP split, a MoE TP size other than 1, EPLB, redundant experts, another placement, an
+expert count the EP size does not divide) are one line naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.format.names import MANIFEST_NAME
+from fi_convert.format.reader import OutputReader
+from fi_convert.servers.sglang import checks, experts, target
+from fi_convert.servers.sglang.checks import PluginError
+from fi_convert.testing.synthetic import Spec, write_checkpoint
+from tests import sglang_moe as sm
+from tests import test_sglang_plugin as tp
+
+QWEN, MIXTRAL = tp.QWEN, tp.MIXTRAL
+CASES = {
+    # 8 experts (4 and 2 per rank); I 192: TRT-LLM pads it to 256
+    "qwen3": (Spec("qwen3-moe", layers=1, experts=8, hidden=128, intermediate=192), QWEN),
+    # 8 experts, I 512, two shards
+    "mixtral": (
+        Spec("mixtral", layers=1, experts=8, hidden=128, intermediate=512, shards=2),
+        MIXTRAL,
+    ),
+    # DeepSeek FP8 128x128 block (fp8-block), 8 experts
+    "deepseek": tp.CASES["deepseek"],
+}
+PAIRS = [("qwen3", "trtllm"), ("qwen3", "cutlass"), ("mixtral", "trtllm"), ("deepseek", "trtllm")]
+PARAMS = [(case, backend, ep) for case, backend in PAIRS for ep in (2, 4)]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sgl-ep-src")
+    done: dict = {}
+
+    def get(case: str) -> Path:
+        if case not in done:
+            done[case] = write_checkpoint(root / case, CASES[case][0])
+        return done[case]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory, sources):
+    """fi-convert's --server sglang output of (case, backend) at --tp-size `tp` (1: every EP
+    size)."""
+    root = tmp_path_factory.mktemp("sgl-ep-out")
+    done: dict = {}
+
+    def get(case: str, backend: str, tp_size: int = 1) -> Path:
+        key = (case, backend, tp_size)
+        if key not in done:
+            out = root / "-".join(map(str, key))
+            opts = Options(SchemeName.AUTO, Backend(backend), tp_size, server="sglang")
+            convert(sources(case), out, opts, device="cpu")
+            done[key] = out
+        return done[key]
+
+    return get
+
+
+def sglang_layer(case, backend, ep, rank, ckpt):
+    """SGLang's own layer of EP rank `rank` of `--tp ep --ep-size ep`, loaded and processed."""
+    layer = sm.build(backend, ep, rank, ckpt, CASES[case][1], ep=ep)
+    n = layer.num_experts // ep
+    assert (layer.moe_ep_size, layer.moe_ep_rank, layer.moe_tp_size) == (ep, rank, 1)
+    assert layer.num_local_experts == n < layer.num_experts
+    assert layer.w13_weight.shape[0] == n
+    return layer
+
+
+def plugin_layer(case, backend, ep, rank, ckpt, out, **kw):
+    """SGLang's layer of the rank, the output's experts installed by the plugin's path
+    (`ids`: the negative control, the experts read instead of the rank's)."""
+    prefix = CASES[case][1]
+    with sm.sglang_context(backend, ep, rank, ep):
+        layer = sm.make_layer(prefix, ckpt)
+        before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
+        with OutputReader(out) as reader:
+            checks.check_layer(reader.manifest, str(out), prefix, layer)
+            if "ids" in kw:
+                with mock.patch.object(experts, "local_experts", lambda *a: kw["ids"]):
+                    experts.install(layer, reader, prefix, layer.moe_tp_rank)
+            else:
+                experts.install(layer, reader, prefix, layer.moe_tp_rank)
+        experts.finish(layer)
+    return layer, before
+
+
+@pytest.mark.parametrize(("case", "backend", "ep"), PARAMS)
+def test_sglangs_own_ep_layer_holds_the_outputs_expert_slices(case, backend, ep, sources, outputs):
+    ckpt, out, prefix = sources(case), outputs(case, backend), CASES[case][1]
+    for rank in range(ep):
+        layer = sglang_layer(case, backend, ep, rank, ckpt)
+        n = layer.num_local_experts
+        with OutputReader(out) as reader:
+            names = list(reader.layer(prefix)["tensors"])
+            assert names and set(names) <= set(sm.params(layer))
+            for name in names:
+                _, shape, dtype = reader.info(prefix, name)
+                want = torch.empty((n, *shape[1:]), dtype=dtype)
+                reader.read_experts_into(prefix, name, range(rank * n, (rank + 1) * n), want)
+                held = sm.params(layer)[name]
+                assert tp._u8(held.contiguous()).equal(tp._u8(want)), (name, rank)
+
+
+@pytest.mark.parametrize(("case", "backend", "ep"), PARAMS)
+def test_plugin_under_ep_leaves_the_layer_as_sglangs_own(case, backend, ep, sources, outputs):
+    ckpt, out = sources(case), outputs(case, backend)
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    checks.check_manifest(
+        m,
+        str(out),
+        tp_size=1,
+        ep_size=ep,
+        moe_runner_backend=sm.BACKEND[backend],
+        sglang_version="0.5.23",
+    )
+    for rank in range(ep):
+        theirs = sglang_layer(case, backend, ep, rank, ckpt)
+        ours, before = plugin_layer(case, backend, ep, rank, ckpt, out)
+        assert tp.differing(sm.params(theirs), sm.params(ours)) == [], rank
+        diff = tp.state_diff(sm.layer_state(ours), sm.layer_state(theirs))
+        assert diff == [], f"EP rank {rank}: attributes differ from SGLang's: {diff}"
+        assert tp.param_attrs(ours) == tp.param_attrs(theirs)
+        # read in place: the parameters SGLang allocated for the rank's experts
+        assert {n: p.data.data_ptr() for n, p in ours.named_parameters()} == before
+
+
+def test_control_another_ranks_experts_are_caught(sources, outputs):
+    """EP rank 1 of 2 read with rank 0's experts (0..3): other bytes than SGLang's own, in the
+    weights (and the scales), the state alone does not tell."""
+    case, backend = "deepseek", "trtllm"
+    ckpt, out = sources(case), outputs(case, backend)
+    theirs = sglang_layer(case, backend, 2, 1, ckpt)
+    ours, _ = plugin_layer(case, backend, 2, 1, ckpt, out, ids=[0, 1, 2, 3])
+    assert tp.differing(sm.params(theirs), sm.params(ours)) == [
+        "w13_weight",
+        "w2_weight",
+        "w13_weight_scale_inv",
+        "w2_weight_scale_inv",
+    ]
+    assert tp.state_diff(sm.layer_state(ours), sm.layer_state(theirs)) == []
+    ok, _ = plugin_layer(case, backend, 2, 1, ckpt, out, ids=[4, 5, 6, 7])  # the control
+    assert tp.differing(sm.params(theirs), sm.params(ok)) == []
+
+
+def test_the_rank_reads_only_its_experts(sources, outputs):
+    """The plugin reads the rank's experts' byte ranges only (one span per tensor: they are
+    consecutive), not the whole layer."""
+    case, backend, ep = "qwen3", "cutlass", 4
+    ckpt, out = sources(case), outputs(case, backend)
+    seen: list[tuple[str, list[int]]] = []
+    real = OutputReader.read_experts_into
+
+    def spy(self, prefix, name, ids, dst, bulk=None):
+        seen.append((name, list(ids)))
+        return real(self, prefix, name, ids, dst, bulk)
+
+    whole = AssertionError("read_into: a TP rank's whole slice")
+    with (
+        mock.patch.object(OutputReader, "read_experts_into", spy),
+        mock.patch.object(OutputReader, "read_into", side_effect=whole),
+    ):
+        plugin_layer(case, backend, ep, 3, ckpt, out)
+    assert seen == [("w13_weight", [6, 7]), ("w2_weight", [6, 7])]
+
+
+def test_a_placement_other_than_the_rank_slots_is_refused(sources, outputs):
+    """Where SGLang has an expert location (a server builds one), the logical experts it puts
+    in the rank's physical slots must be the rank's experts: the trivial placement passes, a
+    permuted one is refused at install."""
+    case, backend = "qwen3", "trtllm"
+    ckpt, out, prefix = sources(case), outputs(case, backend), CASES[case][1]
+    where = "sglang.srt.eplb.expert_location.get_global_expert_location_metadata"
+    for row, ok in ((list(range(8)), True), ([1, 0, 2, 3, 4, 5, 6, 7], False)):
+        meta = types.SimpleNamespace(physical_to_logical_map=torch.tensor([row]))
+        with sm.sglang_context(backend, 2, 0, 2):
+            layer = sm.make_layer(prefix, ckpt)
+            with mock.patch(where, return_value=meta), OutputReader(out) as reader:
+                if ok:
+                    experts.install(layer, reader, prefix, 0)
+                    continue
+                with pytest.raises(PluginError) as e:
+                    experts.install(layer, reader, prefix, 0)
+        msg = str(e.value)
+        assert msg.startswith("fi-convert: ") and "\n" not in msg
+        assert "places logical experts [1, 0, 2, 3] in EP rank 0's slots, not [0, 1, 2, 3]" in msg
+        assert "start SGLang without --init-expert-location and --enable-eplb" in msg
+
+
+# ---- the refusals, before anything loads ----
+
+
+def _manifest(outputs, case="qwen3", backend="trtllm", tp_size=1):
+    return json.loads((outputs(case, backend, tp_size) / MANIFEST_NAME).read_text())
+
+
+def _check(m, **kw):
+    args = dict(tp_size=1, ep_size=2, moe_runner_backend="flashinfer_trtllm")
+    checks.check_manifest(m, "OUT", sglang_version="0.5.23", **(args | kw))
+
+
+def test_a_tp1_output_of_the_proven_schemes_passes(outputs):
+    for case, backend in PAIRS:
+        m = _manifest(outputs, case, backend)
+        for ep in (2, 4, 8):
+            _check(m, ep_size=ep, moe_runner_backend=sm.BACKEND[backend])
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            dict(scheme="nvfp4"),
+            "does not load nvfp4 experts under expert parallelism yet (--ep-size 2), only bf16 "
+            "and fp8-block; start SGLang with --ep-size 1",
+        ),
+        (dict(scheme="fp8-tensor"), "does not load fp8-tensor experts under expert"),
+        (dict(tp_size=2), "converted for tensor-parallel size 2; under expert parallelism"),
+        (dict(moe_tp=2), "splits each expert over 2 ranks (--tp / --ep-size)"),
+        (dict(eplb=True), "start SGLang without --enable-eplb"),
+        (dict(redundant=8), "(--ep-num-redundant-experts 8); start SGLang without it"),
+        (dict(placement="/tmp/x.json"), "start SGLang without --init-expert-location"),
+        (dict(ep_size=3), "has 8 experts, which --ep-size 3 does not divide"),
+    ],
+)
+def test_ep_refusals_name_the_fix(outputs, change, words):
+    m = _manifest(outputs)
+    for key in ("scheme", "tp_size"):
+        if key in change:
+            m = m | {key: change.pop(key)}
+    if "moe_tp" in change:
+        change["tp_size"] = change.pop("moe_tp")
+    with pytest.raises(PluginError) as e:
+        _check(m, **change)
+    msg = str(e.value)
+    assert msg.startswith("fi-convert: OUT: ") and "\n" not in msg
+    assert words in msg
+
+
+def test_an_expert_count_ep_does_not_divide_names_the_sizes_that_do(outputs):
+    m = _manifest(outputs)
+    with pytest.raises(PluginError, match=r"one of \[2, 4, 8\], or --ep-size 1"):
+        _check(m, ep_size=3)
+    with pytest.raises(PluginError, match="which --ep-size 16 does not divide"):
+        _check(m, ep_size=16)
+
+
+def test_a_layer_sglang_split_otherwise_is_refused(outputs):
+    """The layers SGLang built under EP, against the output's: the control passes; another
+    local expert count, a MoE TP split, or a TP-split output are refused."""
+    m = _manifest(outputs)
+    layer = tp._layer(num_experts=8, num_local_experts=4, moe_ep_size=2, moe_tp_size=1)
+    layer.intermediate_size_per_partition = 256
+    checks.check_layers(m, "OUT", {QWEN: layer})  # the control
+    for change, words in (
+        (dict(num_local_experts=8), "has 8 experts in the output and 8 (8 on this rank)"),
+        (dict(moe_tp_size=2), "splits each expert over 2 ranks"),
+    ):
+        bad = types.SimpleNamespace(**(vars(layer) | change))
+        with pytest.raises(PluginError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            checks.check_layers(m, "OUT", {QWEN: bad})
+    with pytest.raises(PluginError, match="convert again with --tp-size 1"):
+        checks.check_layers(m | {"tp_size": 2}, "OUT", {QWEN: layer})
+
+
+def test_the_facts_say_where_ep_is_served(outputs):
+    m = _manifest(outputs)
+    assert target.SGLANG_TARGET.ep_schemes == ("bf16", "fp8-block")
+    assert m["expert_parallel"] == target.EP_NOTE
+    assert target.SGLANG_TARGET.ep_note("nvfp4", {}) == target.NO_EP_NOTE
+    line = target.SGLANG_TARGET.serve_command("DIR", "fp8-block", "trtllm", 1, ep=8)
+    assert line.endswith("--moe-runner-backend flashinfer_trtllm --tp 8 --ep-size 8")
+    card = "\n".join(target.SGLANG_TARGET.card_section(m, "acme/x"))
+    assert "--tp 8 --ep-size 8" in card and "redundant experts (EPLB)" in card
+    for changed in ({"tp_size": 2}, {"scheme": "nvfp4"}):  # no EP line there
+        card = "\n".join(target.SGLANG_TARGET.card_section(m | changed, "acme/x"))
+        assert "--ep-size" not in card and "expert parallelism, or a GPU" in card
+
+
+def test_an_older_outputs_note_is_still_a_field_fi_convert_wrote(outputs):
+    """SGLang outputs written before the plugin served EP say "EP size 1" in `expert_parallel`
+    (they serve under EP as well): the manifest check accepts that note, and only for SGLang."""
+    from fi_convert.manifest import check_fields
+
+    m = _manifest(outputs)
+    assert check_fields(m) == []
+    assert check_fields(m | {"expert_parallel": target.NO_EP_NOTE}) == []
+    assert any("expert_parallel" in p for p in check_fields(m | {"expert_parallel": "any"}))
+    vllm = _manifest(outputs) | {"server": "vllm", "target": {}}
+    assert any(
+        p.startswith("expert_parallel")
+        for p in check_fields(vllm | {"expert_parallel": target.NO_EP_NOTE})
+    )
