@@ -320,3 +320,94 @@ def test_an_older_outputs_note_is_still_a_field_fi_convert_wrote(outputs):
         p.startswith("expert_parallel")
         for p in check_fields(vllm | {"expert_parallel": target.NO_EP_NOTE})
     )
+
+
+# ---- the loader, whole models, and the launch line ----
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(tmp_path_factory):
+    """A transformers-written Qwen3-MoE (8 experts, two MoE layers) and its --server sglang
+    outputs at --tp-size 1 and 2 (tests/hf_checkpoints.py)."""
+    from tests import hf_checkpoints
+
+    root = tmp_path_factory.mktemp("sgl-ep-hf")
+    src = hf_checkpoints.save("qwen3_moe", root / "src")
+    outs = {}
+    for tp_size in (1, 2):
+        outs[tp_size] = root / f"out-{tp_size}"
+        opts = Options(SchemeName.AUTO, Backend("trtllm"), tp_size, server="sglang")
+        convert(src, outs[tp_size], opts, device="cpu")
+    return src, outs
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_whole_model_under_ep_equals_sglangs_default_load(rank, hf_outputs, monkeypatch):
+    """SGLang's get_model_loader, EP rank `rank` of --tp 2 --ep-size 2: the plugin's loader
+    (its checks of the running SGLang, the rank's experts, the dense tensors by SGLang's own
+    loaders at TP rank `rank`) against SGLang's default load of the source."""
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")  # no GPU here: skip its checks
+    src, outs = hf_outputs
+    with sm.sglang_context("trtllm", 2, rank, 2):
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+        reg = _registered()
+        ours = tp._model(reg, outs[1], "fi-convert", "trtllm")
+        theirs = tp._model(reg, src, "auto", "trtllm")
+    p, q = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    assert sorted(p) == sorted(q)
+    assert tp.differing(q, p) == []
+    moe = [m for m in theirs.modules() if isinstance(m, FusedMoE)]
+    assert len(moe) == 2 and all((m.moe_ep_rank, m.num_local_experts) == (rank, 4) for m in moe)
+    for name, m in theirs.named_modules():
+        if isinstance(m, FusedMoE):
+            assert sm.layer_state(ours.get_submodule(name)) == sm.layer_state(m)
+
+
+def test_the_loader_refuses_a_tp_split_output_under_ep(hf_outputs, monkeypatch):
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
+    _, outs = hf_outputs
+    with sm.sglang_context("trtllm", 2, 0, 2):
+        reg = _registered()
+        with pytest.raises(PluginError, match="convert again with --tp-size 1") as e:
+            tp._model(reg, outs[2], "fi-convert", "trtllm")
+    assert "\n" not in str(e.value)
+
+
+def _registered():
+    """fi-convert's plugin registered and SGLang's hooks applied (test_sglang_plugin's
+    `registered`), inside the caller's SGLang context."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from fi_convert.servers.sglang import register
+
+    register()
+    HookRegistry.apply_hooks()
+    return HookRegistry
+
+
+@pytest.mark.parametrize(
+    ("tp_size", "ep", "words"),
+    [
+        (1, "--tp 2 --ep-size 2", None),
+        (1, "--tp 4 --ep-size 2", "splits each expert over 2 ranks (--tp / --ep-size)"),
+        (2, "--tp 2 --ep-size 2", "convert again with --tp-size 1"),
+        (1, "--tp 2 --ep-size 2 --enable-eplb", "start SGLang without --enable-eplb"),
+    ],
+)
+def test_the_launch_line_with_ep_is_checked_before_anything_starts(hf_outputs, tp_size, ep, words):
+    """SGLang's own argument parser and resolution, then its check_server_args (the launcher
+    runs it before any scheduler process starts)."""
+    _, outs = hf_outputs
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.server_args import prepare_server_args
+
+        _registered()
+        line = f"--model-path {outs[tp_size]} --load-format fi-convert --device cpu {ep}"
+        args = prepare_server_args([*line.split(), "--moe-runner-backend", "flashinfer_trtllm"])
+        args.resolve_once()
+        if words is None:
+            args.check_server_args()
+            return
+        with pytest.raises(PluginError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            args.check_server_args()
