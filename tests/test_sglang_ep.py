@@ -49,8 +49,34 @@ CASES = {
     ),
     # DeepSeek FP8 128x128 block (fp8-block), 8 experts
     "deepseek": tp.CASES["deepseek"],
+    # ModelOpt NVFP4 (its input scales global parameters in SGLang), 8 experts, I 384
+    "nvfp4": (
+        Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=384, quant="nvfp4"),
+        "model.layers.1.mlp.experts",
+    ),
+    # ModelOpt MXFP8, 8 experts, I 320 (padded to 384)
+    "mxfp8": (
+        Spec("qwen3-moe", layers=1, experts=8, hidden=384, intermediate=320, quant="mxfp8"),
+        QWEN,
+    ),
+    # gpt-oss MXFP4 (flashinfer_mxfp4): SM100 (TRT-LLM), H 320 (padded to 512); SM90, H 576
+    "gpt-oss": (
+        Spec("gpt-oss", layers=2, experts=8, hidden=320, intermediate=192),
+        "model.layers.1.mlp.experts",
+    ),
+    # ModelOpt FP8 per-tensor, 4 experts (refused under EP: its scales)
+    "fp8-tensor": (
+        Spec("qwen3-moe", layers=1, experts=4, hidden=128, intermediate=256, quant="fp8-tensor"),
+        QWEN,
+    ),
+    "gpt-oss-h576": (
+        Spec("gpt-oss", layers=2, experts=8, hidden=576, intermediate=384),
+        "model.layers.1.mlp.experts",
+    ),
 }
 PAIRS = [("qwen3", "trtllm"), ("qwen3", "cutlass"), ("mixtral", "trtllm"), ("deepseek", "trtllm")]
+PAIRS += [("nvfp4", "trtllm"), ("nvfp4", "cutlass"), ("mxfp8", "trtllm")]
+PAIRS += [("gpt-oss", "trtllm"), ("gpt-oss-h576", "cutlass")]
 PARAMS = [(case, backend, ep) for case, backend in PAIRS for ep in (2, 4)]
 
 
@@ -88,7 +114,7 @@ def outputs(tmp_path_factory, sources):
 
 def sglang_layer(case, backend, ep, rank, ckpt):
     """SGLang's own layer of EP rank `rank` of `--tp ep --ep-size ep`, loaded and processed."""
-    layer = sm.build(backend, ep, rank, ckpt, CASES[case][1], ep=ep)
+    layer = sm.build(tp.sgl(case, backend), ep, rank, ckpt, CASES[case][1], ep=ep)
     n = layer.num_experts // ep
     assert (layer.moe_ep_size, layer.moe_ep_rank, layer.moe_tp_size) == (ep, rank, 1)
     assert layer.num_local_experts == n < layer.num_experts
@@ -100,7 +126,7 @@ def plugin_layer(case, backend, ep, rank, ckpt, out, **kw):
     """SGLang's layer of the rank, the output's experts installed by the plugin's path
     (`ids`: the negative control, the experts read instead of the rank's)."""
     prefix = CASES[case][1]
-    with sm.sglang_context(backend, ep, rank, ep):
+    with sm.sglang_context(tp.sgl(case, backend), ep, rank, ep), tp.platform(case, backend):
         layer = sm.make_layer(prefix, ckpt)
         before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
         with OutputReader(out) as reader:
@@ -116,19 +142,32 @@ def plugin_layer(case, backend, ep, rank, ckpt, out, **kw):
 
 @pytest.mark.parametrize(("case", "backend", "ep"), PARAMS)
 def test_sglangs_own_ep_layer_holds_the_outputs_expert_slices(case, backend, ep, sources, outputs):
+    """Each tensor of one row per expert: the rank's rows; the parameters SGLang keeps for
+    every expert on every rank (`_sglang_require_global_experts`: NVFP4's input scales): the
+    whole tensor (their processing's reductions over experts give the output's values)."""
     ckpt, out, prefix = sources(case), outputs(case, backend), CASES[case][1]
     for rank in range(ep):
         layer = sglang_layer(case, backend, ep, rank, ckpt)
-        n = layer.num_local_experts
+        n, held = layer.num_local_experts, sm.params(layer)
         with OutputReader(out) as reader:
             names = list(reader.layer(prefix)["tensors"])
-            assert names and set(names) <= set(sm.params(layer))
+            assert names and set(names) <= set(held)
+            whole = set()
             for name in names:
                 _, shape, dtype = reader.info(prefix, name)
-                want = torch.empty((n, *shape[1:]), dtype=dtype)
-                reader.read_experts_into(prefix, name, range(rank * n, (rank + 1) * n), want)
-                held = sm.params(layer)[name]
-                assert tp._u8(held.contiguous()).equal(tp._u8(want)), (name, rank)
+                glob = getattr(layer._parameters[name], "_sglang_require_global_experts", False)
+                if glob or not shape or shape[0] != layer.num_experts:
+                    whole.add(name)
+                    want = torch.empty(shape, dtype=dtype)
+                    reader.read_into(prefix, name, 0, want)
+                else:
+                    want = torch.empty((n, *shape[1:]), dtype=dtype)
+                    reader.read_experts_into(prefix, name, range(rank * n, (rank + 1) * n), want)
+                assert tp._u8(held[name].contiguous()).equal(tp._u8(want)), (name, rank)
+        # NVFP4: the input scales and their inverse maxima over all experts, the same values
+        # on every EP rank (the output's)
+        nvfp4 = {"w13_input_scale", "w2_input_scale", "w13_input_scale_quant"}
+        assert whole == (nvfp4 | {"w2_input_scale_quant"} if case == "nvfp4" else set())
 
 
 @pytest.mark.parametrize(("case", "backend", "ep"), PARAMS)
@@ -140,7 +179,7 @@ def test_plugin_under_ep_leaves_the_layer_as_sglangs_own(case, backend, ep, sour
         str(out),
         tp_size=1,
         ep_size=ep,
-        moe_runner_backend=sm.BACKEND[backend],
+        moe_runner_backend=sm.BACKEND[tp.sgl(case, backend)],
         sglang_version="0.5.23",
     )
     for rank in range(ep):
@@ -150,8 +189,27 @@ def test_plugin_under_ep_leaves_the_layer_as_sglangs_own(case, backend, ep, sour
         diff = tp.state_diff(sm.layer_state(ours), sm.layer_state(theirs))
         assert diff == [], f"EP rank {rank}: attributes differ from SGLang's: {diff}"
         assert tp.param_attrs(ours) == tp.param_attrs(theirs)
-        # read in place: the parameters SGLang allocated for the rank's experts
-        assert {n: p.data.data_ptr() for n, p in ours.named_parameters()} == before
+        # read in place: the parameters SGLang allocated for the rank's experts (but where
+        # its processing makes new ones: test_sglang_plugin's `fresh_storage`)
+        fresh = tp.fresh_storage(case, backend)
+        now = {n: p.data.data_ptr() for n, p in ours.named_parameters() if n not in fresh}
+        assert now == {n: v for n, v in before.items() if n not in fresh}
+
+
+def test_fp8_tensor_scales_under_ep_are_each_ranks_own(sources, outputs):
+    """Why ModelOpt FP8 is refused under EP, by SGLang's own EP processing: its activation
+    scales (the max over the experts a rank loads) differ by rank and from the output's (the
+    max over all), while its weights are the output's slices."""
+    case, backend = "fp8-tensor", "trtllm"
+    ckpt, out, prefix = sources(case), outputs(case, backend), CASES[case][1]
+    with OutputReader(out) as reader:
+        _, shape, dtype = reader.info(prefix, "w13_input_scale")
+        output_max = torch.empty(shape, dtype=dtype)
+        reader.read_into(prefix, "w13_input_scale", 0, output_max)
+    held = [sglang_layer(case, backend, 2, r, ckpt).w13_input_scale.data for r in (0, 1)]
+    assert not torch.equal(held[0], held[1])
+    assert max(held[0], held[1]).equal(output_max)  # one rank holds the global max
+    assert not (held[0].equal(output_max) and held[1].equal(output_max))
 
 
 def test_control_another_ranks_experts_are_caught(sources, outputs):
@@ -232,18 +290,18 @@ def test_a_tp1_output_of_the_proven_schemes_passes(outputs):
     for case, backend in PAIRS:
         m = _manifest(outputs, case, backend)
         for ep in (2, 4, 8):
-            _check(m, ep_size=ep, moe_runner_backend=sm.BACKEND[backend])
+            _check(m, ep_size=ep, moe_runner_backend=sm.BACKEND[tp.sgl(case, backend)])
 
 
 @pytest.mark.parametrize(
     ("change", "words"),
     [
         (
-            dict(scheme="nvfp4"),
-            "does not load nvfp4 experts under expert parallelism yet (--ep-size 2), only bf16 "
-            "and fp8-block; start SGLang with --ep-size 1",
+            dict(scheme="fp8-tensor"),
+            "does not load fp8-tensor experts under expert parallelism (--ep-size 2): its "
+            "activation scales are the max over all experts, and under EP SGLang takes the max "
+            "over each rank's own; start SGLang with --ep-size 1",
         ),
-        (dict(scheme="fp8-tensor"), "does not load fp8-tensor experts under expert"),
         (dict(tp_size=2), "converted for tensor-parallel size 2; under expert parallelism"),
         (dict(moe_tp=2), "splits each expert over 2 ranks (--tp / --ep-size)"),
         (dict(eplb=True), "start SGLang without --enable-eplb"),
@@ -294,14 +352,15 @@ def test_a_layer_sglang_split_otherwise_is_refused(outputs):
 
 def test_the_facts_say_where_ep_is_served(outputs):
     m = _manifest(outputs)
-    assert target.SGLANG_TARGET.ep_schemes == ("bf16", "fp8-block")
+    assert target.SGLANG_TARGET.ep_schemes == ("bf16", "fp8-block", "nvfp4", "mxfp8", "mxfp4")
+    assert set(target.SGLANG_TARGET.ep_schemes) | {"fp8-tensor"} == {s for s, _ in target.METHODS}
     assert m["expert_parallel"] == target.EP_NOTE
-    assert target.SGLANG_TARGET.ep_note("nvfp4", {}) == target.NO_EP_NOTE
+    assert target.SGLANG_TARGET.ep_note("fp8-tensor", {}).startswith("EP size 1: activation")
     line = target.SGLANG_TARGET.serve_command("DIR", "fp8-block", "trtllm", 1, ep=8)
     assert line.endswith("--moe-runner-backend flashinfer_trtllm --tp 8 --ep-size 8")
     card = "\n".join(target.SGLANG_TARGET.card_section(m, "acme/x"))
     assert "--tp 8 --ep-size 8" in card and "redundant experts (EPLB)" in card
-    for changed in ({"tp_size": 2}, {"scheme": "nvfp4"}):  # no EP line there
+    for changed in ({"tp_size": 2}, {"scheme": "fp8-tensor"}):  # no EP line there
         card = "\n".join(target.SGLANG_TARGET.card_section(m | changed, "acme/x"))
         assert "--ep-size" not in card and "expert parallelism, or a GPU" in card
 

@@ -14,6 +14,7 @@ from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.names import servers_of, target_of
 from .target import (
+    EP_REFUSED,
     EP_SCHEMES,
     GPU_FAMILY,
     LOAD_FORMAT,
@@ -156,10 +157,10 @@ def check_expert_parallel(
         return
     scheme = manifest["scheme"]
     if scheme not in EP_SCHEMES:
+        why = EP_REFUSED.get(scheme, "not proven yet")
         raise PluginError(
             f"{root}: the SGLang plugin does not load {scheme} experts under expert "
-            f"parallelism yet (--ep-size {ep_size}), only {' and '.join(EP_SCHEMES)}; start "
-            "SGLang with --ep-size 1"
+            f"parallelism (--ep-size {ep_size}): {why}; start SGLang with --ep-size 1"
         )
     if redundant:
         raise PluginError(

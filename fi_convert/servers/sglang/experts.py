@@ -26,8 +26,8 @@ def install(
 ) -> list[str]:
     """Read the layer's tensors for `tp_rank` into `layer`'s parameters (in place: no new
     memory); returns their names. Under expert parallelism, each tensor's slices of this EP
-    rank's experts instead (`local_experts`). With `bulk`, the bytes are read when `bulk` runs
-    (with every other layer's); without, now."""
+    rank's experts instead (`local_experts`; `rank_experts` says which tensors are sliced).
+    With `bulk`, the bytes are read when `bulk` runs (with every other layer's); without, now."""
     now = bulk or reader.bulk(next(layer.parameters()).device)
     ids = local_experts(layer, reader.root)
     method = type(layer.quant_method).__name__
@@ -37,10 +37,13 @@ def install(
     loaded = []
     for name in reader.layer(prefix)["tensors"]:
         param = layer._parameters.get(name)
+        _, shape, dtype = reader.info(prefix, name)
+        sliced = rank_experts(ids, param, shape, layer.num_experts)
+        if sliced is not None:
+            shape = (len(sliced), *shape[1:])
         if param is None and name in derived and not hasattr(layer, name):
             # what processing makes from the loaded scalars: a new parameter (as there), of
-            # the output's size, read into
-            _, shape, dtype = reader.info(prefix, name)
+            # the output's size (this rank's experts'), read into
             device = next(layer.parameters()).device
             param = torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device), False)
             layer.register_parameter(name, param)
@@ -49,9 +52,6 @@ def install(
                 f"{reader.root}: layer {prefix}: SGLang's {type(layer.quant_method).__name__} "
                 f"has no parameter {name}; convert the source again for SGLang"
             )
-        _, shape, dtype = reader.info(prefix, name)
-        if ids is not None:
-            shape = (len(ids), *shape[1:])
         data = _storage(layer, param, name, (tuple(shape), dtype), reader, new, retyped, resized)
         if data.dtype != dtype or data.numel() != math.prod(shape) or not data.is_contiguous():
             raise PluginError(
@@ -59,15 +59,30 @@ def install(
                 f"SGLang allocated {data.dtype} {list(data.shape)}; convert the source again "
                 "for SGLang"
             )
-        if ids is None:
+        if sliced is None:
             reader.read_into(prefix, name, tp_rank, data, bulk=now)
         else:
-            reader.read_experts_into(prefix, name, ids, data, bulk=now)
+            reader.read_experts_into(prefix, name, sliced, data, bulk=now)
         param.data = data.view(shape)
         loaded.append(name)
     if bulk is None:
         now.run()
     return loaded
+
+
+def rank_experts(
+    ids: list[int] | None, param: Any, shape: tuple[int, ...], num_experts: int
+) -> list[int] | None:
+    """The experts of an output tensor (its per-rank `shape`) an EP rank reads: `ids`, for a
+    tensor of one row per expert; None (the whole tensor) without EP, for a value shared by
+    all experts, and for a parameter SGLang keeps for every expert on every rank
+    (`_sglang_require_global_experts`: ModelOpt NVFP4's input scales, which its processing
+    reduces over all experts)."""
+    if ids is None or not shape or shape[0] != num_experts:
+        return None
+    if getattr(param, "_sglang_require_global_experts", False):
+        return None
+    return ids
 
 
 def local_experts(layer: Any, root: Any) -> list[int] | None:

@@ -167,21 +167,32 @@ NOTE = (
 )
 # Schemes whose experts fi-convert's SGLang plugin serves under expert parallelism (--ep-size
 # N, equal to --tp: MoE TP size 1), from a --tp-size 1 output: SGLang 0.5.23 gives EP rank r
-# the experts [r*E/N, (r+1)*E/N) whole, with the bytes of TP 1 (no scalar reduced over
-# experts), proven against its own EP loading and processing (tests/test_sglang_ep.py) for
-# bf16 (both backends) and fp8-block (TRT-LLM). The others are refused under EP until proven:
-# NVFP4's input scales are global parameters (`_sglang_require_global_experts`), ModelOpt FP8's
-# activation scales a max over the experts a rank loads.
-EP_SCHEMES = ("bf16", "fp8-block")
+# the experts [r*E/N, (r+1)*E/N) whole, with the bytes of TP 1, proven against its own EP
+# loading and processing on both backends where it has them (tests/test_sglang_ep.py). ModelOpt
+# NVFP4's input scales are the exception that holds: SGLang keeps them for every expert on
+# every rank (`_sglang_require_global_experts`), so its maxima over them are the output's.
+EP_SCHEMES = ("bf16", "fp8-block", "nvfp4", "mxfp8", "mxfp4")
+# ... not ModelOpt FP8 per-tensor: its processing takes the activation scales' max over the
+# experts a rank loads, another value on each EP rank than the output's max over all
+EP_REFUSED = {
+    "fp8-tensor": (
+        "its activation scales are the max over all experts, and under EP SGLang takes the max "
+        "over each rank's own"
+    ),
+}
 EP_NOTE = (
     "any EP size that divides the expert count (--ep-size equal to --tp) for a --tp-size 1 "
     "output: SGLang's EP ranks take whole experts, whose bytes do not change"
 )
+FP8_TENSOR_EP_NOTE = (
+    "EP size 1: activation scales are the max over all experts; under EP SGLang takes the max "
+    "over a rank's local experts"
+)
+# the note of every SGLang output before the plugin served EP_SCHEMES under EP: still
+# accepted in their manifests (an older output of them serves under EP as well)
 NO_EP_NOTE = (
     "EP size 1: fi-convert's SGLang plugin does not load experts under expert parallelism yet"
 )
-# ... the note of every SGLang output before the plugin served EP_SCHEMES under EP: still
-# accepted in their manifests (an older output of them serves under EP as well)
 FORMER_EP_NOTES = (NO_EP_NOTE,)
 
 
@@ -253,7 +264,7 @@ class SglangTarget:
         return {**TARGET, "gpu_family": self.gpu_family(backend, scheme)}
 
     def ep_note(self, scheme: str, layers: Mapping[str, dict]) -> str:
-        return EP_NOTE if scheme in EP_SCHEMES else NO_EP_NOTE
+        return EP_NOTE if scheme in EP_SCHEMES else FP8_TENSOR_EP_NOTE
 
     def serve_command(self, where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
         return launch_command(where, scheme, backend, tp, ep)
