@@ -548,6 +548,16 @@ def test_reading_experts_for_expert_parallelism(tmp_path):
         pytest.raises(ManifestError, match="convert again with --tp-size 1"),
     ):
         r.read_experts_into(prefix, "w13_weight", [0], torch.empty(1))
+    # with a TP rank (SGLang's MoE TP size over 1 under EP): the experts of that rank's slice
+    with OutputReader(tmp_path / "tp2") as r:
+        for rank in (0, 1):
+            split = load_moe_layer(tmp_path / "tp2", prefix, tp_rank=rank)
+            for name, t in split.items():
+                got = torch.empty((2, *t.shape[1:]), dtype=t.dtype)
+                r.read_experts_into(prefix, name, [3, 4], got, tp_rank=rank)
+                assert torch.equal(got.view(torch.uint8), t[[3, 4]].view(torch.uint8))
+        with pytest.raises(ManifestError, match="tp_rank 2 out of range"):
+            r.read_experts_into(prefix, "w13_weight", [0], torch.empty(1), tp_rank=2)
     # a manifest whose expert count is not the tensors' leading dimension
     m = fi_convert.read_manifest(tmp_path / "tp1")
     m["layers"][prefix]["num_experts"] = 4

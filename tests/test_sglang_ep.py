@@ -77,7 +77,10 @@ CASES = {
 PAIRS = [("qwen3", "trtllm"), ("qwen3", "cutlass"), ("mixtral", "trtllm"), ("deepseek", "trtllm")]
 PAIRS += [("nvfp4", "trtllm"), ("nvfp4", "cutlass"), ("mxfp8", "trtllm")]
 PAIRS += [("gpt-oss", "trtllm"), ("gpt-oss-h576", "cutlass")]
-PARAMS = [(case, backend, ep) for case, backend in PAIRS for ep in (2, 4)]
+# (case, backend, EP size, MoE TP size): --tp ep*moe_tp --ep-size ep; MoE TP 2 where SGLang
+# allows --ep-size other than --tp (not flashinfer_cutlass)
+PARAMS = [(case, backend, ep, 1) for case, backend in PAIRS for ep in (2, 4)]
+PARAMS += [(case, backend, 2, 2) for case, backend in PAIRS if backend == "trtllm"]
 
 
 @pytest.fixture(scope="module")
@@ -112,21 +115,24 @@ def outputs(tmp_path_factory, sources):
     return get
 
 
-def sglang_layer(case, backend, ep, rank, ckpt):
-    """SGLang's own layer of EP rank `rank` of `--tp ep --ep-size ep`, loaded and processed."""
-    layer = sm.build(tp.sgl(case, backend), ep, rank, ckpt, CASES[case][1], ep=ep)
+def sglang_layer(case, backend, ep, rank, ckpt, moe_tp=1):
+    """SGLang's own layer of rank `rank` of `--tp ep*moe_tp --ep-size ep`, loaded and
+    processed (EP rank rank // moe_tp, MoE TP rank rank % moe_tp)."""
+    layer = sm.build(tp.sgl(case, backend), ep * moe_tp, rank, ckpt, CASES[case][1], ep=ep)
     n = layer.num_experts // ep
-    assert (layer.moe_ep_size, layer.moe_ep_rank, layer.moe_tp_size) == (ep, rank, 1)
+    want = (ep, rank // moe_tp, moe_tp, rank % moe_tp)
+    assert (layer.moe_ep_size, layer.moe_ep_rank, layer.moe_tp_size, layer.moe_tp_rank) == want
     assert layer.num_local_experts == n < layer.num_experts
     assert layer.w13_weight.shape[0] == n
     return layer
 
 
-def plugin_layer(case, backend, ep, rank, ckpt, out, **kw):
+def plugin_layer(case, backend, ep, rank, ckpt, out, moe_tp=1, **kw):
     """SGLang's layer of the rank, the output's experts installed by the plugin's path
     (`ids`: the negative control, the experts read instead of the rank's)."""
     prefix = CASES[case][1]
-    with sm.sglang_context(tp.sgl(case, backend), ep, rank, ep), tp.platform(case, backend):
+    ctx = sm.sglang_context(tp.sgl(case, backend), ep * moe_tp, rank, ep)
+    with ctx, tp.platform(case, backend):
         layer = sm.make_layer(prefix, ckpt)
         before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
         with OutputReader(out) as reader:
@@ -140,15 +146,18 @@ def plugin_layer(case, backend, ep, rank, ckpt, out, **kw):
     return layer, before
 
 
-@pytest.mark.parametrize(("case", "backend", "ep"), PARAMS)
-def test_sglangs_own_ep_layer_holds_the_outputs_expert_slices(case, backend, ep, sources, outputs):
+@pytest.mark.parametrize(("case", "backend", "ep", "moe_tp"), PARAMS)
+def test_sglangs_own_ep_layer_holds_the_outputs_expert_slices(
+    case, backend, ep, moe_tp, sources, outputs
+):
     """Each tensor of one row per expert: the rank's rows; the parameters SGLang keeps for
     every expert on every rank (`_sglang_require_global_experts`: NVFP4's input scales): the
     whole tensor (their processing's reductions over experts give the output's values)."""
-    ckpt, out, prefix = sources(case), outputs(case, backend), CASES[case][1]
-    for rank in range(ep):
-        layer = sglang_layer(case, backend, ep, rank, ckpt)
+    ckpt, out, prefix = sources(case), outputs(case, backend, moe_tp), CASES[case][1]
+    for rank in range(ep * moe_tp):
+        layer = sglang_layer(case, backend, ep, rank, ckpt, moe_tp)
         n, held = layer.num_local_experts, sm.params(layer)
+        e0, t = layer.moe_ep_rank * n, layer.moe_tp_rank
         with OutputReader(out) as reader:
             names = list(reader.layer(prefix)["tensors"])
             assert names and set(names) <= set(held)
@@ -159,10 +168,10 @@ def test_sglangs_own_ep_layer_holds_the_outputs_expert_slices(case, backend, ep,
                 if glob or not shape or shape[0] != layer.num_experts:
                     whole.add(name)
                     want = torch.empty(shape, dtype=dtype)
-                    reader.read_into(prefix, name, 0, want)
+                    reader.read_into(prefix, name, t, want)
                 else:
                     want = torch.empty((n, *shape[1:]), dtype=dtype)
-                    reader.read_experts_into(prefix, name, range(rank * n, (rank + 1) * n), want)
+                    reader.read_experts_into(prefix, name, range(e0, e0 + n), want, tp_rank=t)
                 assert tp._u8(held[name].contiguous()).equal(tp._u8(want)), (name, rank)
         # NVFP4: the input scales and their inverse maxima over all experts, the same values
         # on every EP rank (the output's)
@@ -170,21 +179,23 @@ def test_sglangs_own_ep_layer_holds_the_outputs_expert_slices(case, backend, ep,
         assert whole == (nvfp4 | {"w2_input_scale_quant"} if case == "nvfp4" else set())
 
 
-@pytest.mark.parametrize(("case", "backend", "ep"), PARAMS)
-def test_plugin_under_ep_leaves_the_layer_as_sglangs_own(case, backend, ep, sources, outputs):
-    ckpt, out = sources(case), outputs(case, backend)
+@pytest.mark.parametrize(("case", "backend", "ep", "moe_tp"), PARAMS)
+def test_plugin_under_ep_leaves_the_layer_as_sglangs_own(
+    case, backend, ep, moe_tp, sources, outputs
+):
+    ckpt, out = sources(case), outputs(case, backend, moe_tp)
     m = json.loads((out / MANIFEST_NAME).read_text())
     checks.check_manifest(
         m,
         str(out),
-        tp_size=1,
+        tp_size=moe_tp,
         ep_size=ep,
         moe_runner_backend=sm.BACKEND[tp.sgl(case, backend)],
         sglang_version="0.5.23",
     )
-    for rank in range(ep):
-        theirs = sglang_layer(case, backend, ep, rank, ckpt)
-        ours, before = plugin_layer(case, backend, ep, rank, ckpt, out)
+    for rank in range(ep * moe_tp):
+        theirs = sglang_layer(case, backend, ep, rank, ckpt, moe_tp)
+        ours, before = plugin_layer(case, backend, ep, rank, ckpt, out, moe_tp)
         assert tp.differing(sm.params(theirs), sm.params(ours)) == [], rank
         diff = tp.state_diff(sm.layer_state(ours), sm.layer_state(theirs))
         assert diff == [], f"EP rank {rank}: attributes differ from SGLang's: {diff}"
@@ -238,9 +249,9 @@ def test_the_rank_reads_only_its_experts(sources, outputs):
     seen: list[tuple[str, list[int]]] = []
     real = OutputReader.read_experts_into
 
-    def spy(self, prefix, name, ids, dst, bulk=None):
-        seen.append((name, list(ids)))
-        return real(self, prefix, name, ids, dst, bulk)
+    def spy(self, prefix, name, ids, dst, bulk=None, tp_rank=None):
+        seen.append((name, list(ids), tp_rank))
+        return real(self, prefix, name, ids, dst, bulk, tp_rank)
 
     whole = AssertionError("read_into: a TP rank's whole slice")
     with (
@@ -248,7 +259,7 @@ def test_the_rank_reads_only_its_experts(sources, outputs):
         mock.patch.object(OutputReader, "read_into", side_effect=whole),
     ):
         plugin_layer(case, backend, ep, 3, ckpt, out)
-    assert seen == [("w13_weight", [6, 7]), ("w2_weight", [6, 7])]
+    assert seen == [("w13_weight", [6, 7], 0), ("w2_weight", [6, 7], 0)]
 
 
 def test_a_placement_other_than_the_rank_slots_is_refused(sources, outputs):
@@ -302,8 +313,13 @@ def test_a_tp1_output_of_the_proven_schemes_passes(outputs):
             "activation scales are the max over all experts, and under EP SGLang takes the max "
             "over each rank's own; start SGLang with --ep-size 1",
         ),
-        (dict(tp_size=2), "converted for tensor-parallel size 2; under expert parallelism"),
-        (dict(moe_tp=2), "splits each expert over 2 ranks (--tp / --ep-size)"),
+        (
+            dict(tp_size=2),
+            "converted for tensor-parallel size 2, and under expert parallelism SGLang's MoE TP "
+            "size is 1 (--tp / --ep-size); start SGLang with --tp 4 --ep-size 2, or convert "
+            "again with --tp-size 1",
+        ),
+        (dict(moe_tp=2), "SGLang's MoE TP size is 2 (--tp / --ep-size); start SGLang with --tp 2"),
         (dict(eplb=True), "start SGLang without --enable-eplb"),
         (dict(redundant=8), "(--ep-num-redundant-experts 8); start SGLang without it"),
         (dict(placement="/tmp/x.json"), "start SGLang without --init-expert-location"),
@@ -341,7 +357,7 @@ def test_a_layer_sglang_split_otherwise_is_refused(outputs):
     checks.check_layers(m, "OUT", {QWEN: layer})  # the control
     for change, words in (
         (dict(num_local_experts=8), "has 8 experts in the output and 8 (8 on this rank)"),
-        (dict(moe_tp_size=2), "splits each expert over 2 ranks"),
+        (dict(moe_tp_size=2), "SGLang's MoE TP size is 2 (--tp / --ep-size)"),
     ):
         bad = types.SimpleNamespace(**(vars(layer) | change))
         with pytest.raises(PluginError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -360,9 +376,10 @@ def test_the_facts_say_where_ep_is_served(outputs):
     assert line.endswith("--moe-runner-backend flashinfer_trtllm --tp 8 --ep-size 8")
     card = "\n".join(target.SGLANG_TARGET.card_section(m, "acme/x"))
     assert "--tp 8 --ep-size 8" in card and "redundant experts (EPLB)" in card
-    for changed in ({"tp_size": 2}, {"scheme": "fp8-tensor"}):  # no EP line there
-        card = "\n".join(target.SGLANG_TARGET.card_section(m | changed, "acme/x"))
-        assert "--ep-size" not in card and "expert parallelism, or a GPU" in card
+    card = "\n".join(target.SGLANG_TARGET.card_section(m | {"tp_size": 2}, "acme/x"))
+    assert "--tp 2 --disable" not in card and "--tp 16 --ep-size 8" in card
+    card = "\n".join(target.SGLANG_TARGET.card_section(m | {"scheme": "fp8-tensor"}, "acme/x"))
+    assert "--ep-size" not in card and "expert parallelism, or a GPU" in card  # no EP line
 
 
 def test_an_older_outputs_note_is_still_a_field_fi_convert_wrote(outputs):
@@ -400,24 +417,30 @@ def hf_outputs(tmp_path_factory):
     return src, outs
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_a_whole_model_under_ep_equals_sglangs_default_load(rank, hf_outputs, monkeypatch):
-    """SGLang's get_model_loader, EP rank `rank` of --tp 2 --ep-size 2: the plugin's loader
-    (its checks of the running SGLang, the rank's experts, the dense tensors by SGLang's own
-    loaders at TP rank `rank`) against SGLang's default load of the source."""
+@pytest.mark.parametrize(("tp_size", "rank"), [(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (4, 3)])
+def test_a_whole_model_under_ep_equals_sglangs_default_load(tp_size, rank, hf_outputs, monkeypatch):
+    """SGLang's get_model_loader, rank `rank` of --tp `tp_size` --ep-size 2 (MoE TP size 1 and
+    2): the plugin's loader (its checks of the running SGLang, the rank's experts of the
+    output of the MoE TP size, the dense tensors by SGLang's own loaders at TP rank `rank`)
+    against SGLang's default load of the source."""
     monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")  # no GPU here: skip its checks
     src, outs = hf_outputs
-    with sm.sglang_context("trtllm", 2, rank, 2):
+    moe_tp = tp_size // 2
+    with sm.sglang_context("trtllm", tp_size, rank, 2):
         from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
         reg = _registered()
-        ours = tp._model(reg, outs[1], "fi-convert", "trtllm")
+        ours = tp._model(reg, outs[moe_tp], "fi-convert", "trtllm")
         theirs = tp._model(reg, src, "auto", "trtllm")
     p, q = dict(ours.named_parameters()), dict(theirs.named_parameters())
     assert sorted(p) == sorted(q)
     assert tp.differing(q, p) == []
     moe = [m for m in theirs.modules() if isinstance(m, FusedMoE)]
-    assert len(moe) == 2 and all((m.moe_ep_rank, m.num_local_experts) == (rank, 4) for m in moe)
+    ranks = (rank // moe_tp, 4, moe_tp, rank % moe_tp)
+    assert len(moe) == 2
+    assert all(
+        (m.moe_ep_rank, m.num_local_experts, m.moe_tp_size, m.moe_tp_rank) == ranks for m in moe
+    )
     for name, m in theirs.named_modules():
         if isinstance(m, FusedMoE):
             assert sm.layer_state(ours.get_submodule(name)) == sm.layer_state(m)
@@ -449,8 +472,9 @@ def _registered():
     ("tp_size", "ep", "words"),
     [
         (1, "--tp 2 --ep-size 2", None),
-        (1, "--tp 4 --ep-size 2", "splits each expert over 2 ranks (--tp / --ep-size)"),
-        (2, "--tp 2 --ep-size 2", "convert again with --tp-size 1"),
+        (2, "--tp 4 --ep-size 2", None),
+        (1, "--tp 4 --ep-size 2", "MoE TP size is 2 (--tp / --ep-size); start SGLang with --tp 2"),
+        (2, "--tp 2 --ep-size 2", "start SGLang with --tp 4 --ep-size 2, or convert again with"),
         (1, "--tp 2 --ep-size 2 --enable-eplb", "start SGLang without --enable-eplb"),
     ],
 )

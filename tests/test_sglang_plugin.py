@@ -548,8 +548,9 @@ def test_the_layers_sglang_built_match(manifest):
         ),
         (dict(num_fused_shared_experts=1), "--disable-shared-experts-fusion"),
         (dict(num_experts=8, num_local_experts=8), "has 6 experts in the output and 8"),
-        # a TP 2 output under EP (tests/test_sglang_ep.py has the rest)
-        (dict(moe_ep_size=2), "under expert parallelism the plugin loads whole experts"),
+        # EP 2 over a TP 2 output: 3 experts per rank, not 6 (tests/test_sglang_ep.py has
+        # the rest)
+        (dict(moe_ep_size=2), "has 6 experts in the output and 6 (6 on this rank)"),
         (dict(moe_tp_size=4), "split model.layers.0.mlp.experts over 4 ranks"),
         (dict(intermediate_size_per_partition=384), "convert the source again for SGLang"),
     ],
@@ -629,7 +630,11 @@ def test_a_matching_runtime_passes(manifest):
             "started with --moe-runner-backend auto; pass --moe-runner-backend flashinfer_trtllm",
         ),
         (dict(moe_runner_backend="flashinfer_cutlass"), "converted for FlashInfer trtllm"),
-        (dict(ep_size=2), "convert again with --tp-size 1 (it serves every EP size"),
+        (dict(ep_size=4), "has 6 experts, which --ep-size 4 does not divide"),
+        (
+            dict(tp_size=1, ep_size=2),
+            "MoE TP size is 1 (--tp / --ep-size); start SGLang with --tp 4",
+        ),
         (dict(eplb=True), "start SGLang without --enable-eplb"),
         (dict(flashinfer_version=None), "FlashInfer is not installed"),
         (dict(flashinfer_version="0.7.5"), "this is FlashInfer 0.7.5"),

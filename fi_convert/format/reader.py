@@ -140,14 +140,23 @@ class OutputReader:
         experts: Sequence[int],
         dst: torch.Tensor,
         bulk: BulkRead | None = None,
+        tp_rank: int | None = None,
     ) -> None:
         """Expert parallelism: fill `dst` with the bytes of the listed (global) experts of
         `prefix.name`, in that order, from an output converted for one rank (each expert's
-        layout is its own, so a rank's experts are whole slices of it). Reads only those."""
-        if self.tp_size != 1:
+        layout is its own, so a rank's experts are whole slices of it). Reads only those.
+        With `tp_rank` (a server whose MoE layers split each expert over TP ranks under EP:
+        SGLang's `--tp 8 --ep-size 4`): the experts' slices of that TP rank's bytes, from an
+        output of any --tp-size."""
+        if tp_rank is None and self.tp_size != 1:
             raise ManifestError(
                 f"{self.root}: converted for --tp-size {self.tp_size}; expert parallelism "
                 "keeps whole experts on each rank: convert again with --tp-size 1"
+            )
+        if tp_rank is not None and not 0 <= tp_rank < self.tp_size:
+            raise ManifestError(
+                f"{self.root}: tp_rank {tp_rank} out of range; this output was converted for "
+                f"--tp-size {self.tp_size} (ranks 0..{self.tp_size - 1})"
             )
         info, shape, _ = self.info(prefix, name)
         n = self.layer(prefix).get("num_experts")
@@ -162,13 +171,14 @@ class OutputReader:
                 f"{self.root}: {prefix} has experts 0..{n - 1}, not {bad[0]} (the model vLLM "
                 "built has more experts than the output: serve it with its own config.json)"
             )
-        per = info.nbytes // n
+        per = info.row_bytes // n
+        base = info.start + (tp_rank or 0) * info.row_bytes
         spans: list[tuple[int, int]] = []
         for e in experts:  # consecutive experts are one read
-            if spans and sum(spans[-1]) == info.start + e * per:
+            if spans and sum(spans[-1]) == base + e * per:
                 spans[-1] = (spans[-1][0], spans[-1][1] + per)
             else:
-                spans.append((info.start + e * per, per))
+                spans.append((base + e * per, per))
         self._read_spans(info, spans, dst, bulk)
 
     def _read_spans(

@@ -142,12 +142,13 @@ def check_expert_parallel(
     redundant: int = 0,
     placement: str = "trivial",
 ) -> None:
-    """Expert parallelism as the plugin serves it: EP_SCHEMES (target.py) from a --tp-size 1
-    output, SGLang's MoE TP size 1 (--ep-size equal to --tp), each EP rank holding the experts
-    [r*E/N, (r+1)*E/N) whole, as SGLang's own EP loading and processing leaves them
-    (tests/test_sglang_ep.py). Refused: EPLB and redundant experts, a placement other than
-    SGLang's trivial one, the schemes not proven under EP, an expert count the EP size does not
-    divide (SGLang's FusedMoE asserts it)."""
+    """Expert parallelism as the plugin serves it: EP_SCHEMES (target.py) from an output of
+    SGLang's MoE TP size (--tp / --ep-size: a --tp-size 1 output with --ep-size equal to
+    --tp), each EP rank holding the experts [r*E/N, (r+1)*E/N) (of its MoE TP rank's split), as
+    SGLang's own EP loading and processing leaves them (tests/test_sglang_ep.py). Refused:
+    EPLB and redundant experts, a placement other than SGLang's trivial one, the schemes not
+    proven under EP, an output of another TP size, an expert count the EP size does not divide
+    (SGLang's FusedMoE asserts it)."""
     if eplb:
         raise PluginError(
             f"{root}: the SGLang plugin does not load redundant experts (EPLB); start SGLang "
@@ -172,17 +173,13 @@ def check_expert_parallel(
             f"{root}: the SGLang plugin loads experts in SGLang's trivial placement only "
             f"(--init-expert-location {placement}); start SGLang without --init-expert-location"
         )
-    if manifest["tp_size"] != 1:
+    tp = manifest["tp_size"]
+    if moe_tp_size != tp:
         raise PluginError(
-            f"{root}: converted for tensor-parallel size {manifest['tp_size']}; under expert "
-            "parallelism the plugin loads whole experts: convert again with --tp-size 1 (it "
-            "serves every EP size that divides the expert count)"
-        )
-    if moe_tp_size != 1:
-        raise PluginError(
-            f"{root}: SGLang splits each expert over {moe_tp_size} ranks (--tp / --ep-size), "
-            "and the plugin loads whole experts under expert parallelism; start SGLang with "
-            "--ep-size equal to --tp"
+            f"{root}: converted for tensor-parallel size {tp}, and under expert parallelism "
+            f"SGLang's MoE TP size is {moe_tp_size} (--tp / --ep-size); start "
+            f"SGLang with --tp {tp * ep_size} --ep-size {ep_size}, or convert again with "
+            f"--tp-size {moe_tp_size}"
         )
     check_expert_counts(manifest, root, ep_size)
 

@@ -62,7 +62,7 @@ def install(
         if sliced is None:
             reader.read_into(prefix, name, tp_rank, data, bulk=now)
         else:
-            reader.read_experts_into(prefix, name, sliced, data, bulk=now)
+            reader.read_experts_into(prefix, name, sliced, data, bulk=now, tp_rank=tp_rank)
         param.data = data.view(shape)
         loaded.append(name)
     if bulk is None:

@@ -166,8 +166,8 @@ NOTE = (
     "sglang extra)"
 )
 # Schemes whose experts fi-convert's SGLang plugin serves under expert parallelism (--ep-size
-# N, equal to --tp: MoE TP size 1), from a --tp-size 1 output: SGLang 0.5.23 gives EP rank r
-# the experts [r*E/N, (r+1)*E/N) whole, with the bytes of TP 1, proven against its own EP
+# N, --tp T*N: MoE TP size T), from a --tp-size T output: SGLang 0.5.23 gives EP rank r the
+# experts [r*E/N, (r+1)*E/N), with the bytes of TP T, proven against its own EP
 # loading and processing on both backends where it has them (tests/test_sglang_ep.py). ModelOpt
 # NVFP4's input scales are the exception that holds: SGLang keeps them for every expert on
 # every rank (`_sglang_require_global_experts`), so its maxima over them are the output's.
@@ -181,8 +181,8 @@ EP_REFUSED = {
     ),
 }
 EP_NOTE = (
-    "any EP size that divides the expert count (--ep-size equal to --tp) for a --tp-size 1 "
-    "output: SGLang's EP ranks take whole experts, whose bytes do not change"
+    "any EP size that divides the expert count (--tp = --tp-size x --ep-size): SGLang's EP "
+    "ranks take whole experts, whose bytes do not change"
 )
 FP8_TENSOR_EP_NOTE = (
     "EP size 1: activation scales are the max over all experts; under EP SGLang takes the max "
@@ -210,12 +210,12 @@ FUSION_OFF = ("cutlass",)
 
 
 def launch_command(where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
-    """The SGLang line that serves an output (a folder or a Hub repo id); with `ep`, on that
-    many GPUs with expert parallelism (`--tp ep --ep-size ep`: a --tp-size 1 output of
-    EP_SCHEMES)."""
+    """The SGLang line that serves an output (a folder or a Hub repo id); with `ep`, with
+    expert parallelism over `ep` ranks (`--tp tp*ep --ep-size ep`: an output of EP_SCHEMES,
+    its TP size SGLang's MoE TP size)."""
     cmd = f"python -m sglang.launch_server --model-path {where} --load-format {LOAD_FORMAT} "
     cmd += f"--moe-runner-backend {moe_runner_backend(scheme, backend)}"
-    cmd += f" --tp {ep} --ep-size {ep}" if ep else f" --tp {tp}" if tp != 1 else ""
+    cmd += f" --tp {tp * ep} --ep-size {ep}" if ep else f" --tp {tp}" if tp != 1 else ""
     return cmd + (" --disable-shared-experts-fusion" if backend in FUSION_OFF else "")
 
 
@@ -308,11 +308,11 @@ class SglangTarget:
 
     def _ep_lines(self, repo_id: str, scheme: str, backend: str, tp: int) -> list[str]:
         """The card's launch line with expert parallelism, where the plugin serves it."""
-        if tp != 1 or scheme not in EP_SCHEMES:
+        if scheme not in EP_SCHEMES:
             return []
         return [
-            "With expert parallelism (each GPU holds whole experts; an EP size that divides "
-            "the expert count, here 8):",
+            "With expert parallelism (each EP rank holds whole experts; an EP size that "
+            f"divides the expert count, here 8, times the TP size {tp}):",
             "",
             "```",
             launch_command(repo_id, scheme, backend, tp, ep=8),
@@ -321,7 +321,7 @@ class SglangTarget:
         ]
 
     def _ep_refused(self, scheme: str, tp: int) -> str:
-        if tp == 1 and scheme in EP_SCHEMES:
+        if scheme in EP_SCHEMES:
             return "redundant experts (EPLB) or a placement other than trivial"
         return "expert parallelism"
 
