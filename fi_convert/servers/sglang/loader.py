@@ -158,9 +158,13 @@ class FiConvertModelLoader(DefaultModelLoader):
                 bulk.abort()
                 raise
         postprocess(model, set(layers.values()), target_device)
+        first = next(iter(layers.values()), None)
         logger.info(
-            "fi-convert: TP rank %s loaded %d MoE layers, %.2f GB in %.2f s, from %s",
-            next(iter(layers.values())).moe_tp_rank if layers else 0,
+            "fi-convert: MoE TP rank %s, EP rank %s/%s loaded %d MoE layers, %.2f GB in %.2f s, "
+            "from %s",
+            getattr(first, "moe_tp_rank", 0),
+            getattr(first, "moe_ep_rank", 0),
+            getattr(first, "moe_ep_size", 1),
             len(layers),
             stats.bytes / 1e9,
             time.perf_counter() - t0,
