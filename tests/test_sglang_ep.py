@@ -343,6 +343,7 @@ def test_a_tp1_output_of_the_proven_schemes_passes(outputs):
         (dict(redundant=8), "(--ep-num-redundant-experts 8); start SGLang without it"),
         (dict(placement="/tmp/x.json"), "start SGLang without --init-expert-location"),
         (dict(ep_size=3), "has 8 experts, which --ep-size 3 does not divide"),
+        (dict(moe_dp_size=2), "(--moe-dp-size 2) yet; start SGLang with --moe-dp-size 1"),
     ],
 )
 def test_ep_refusals_name_the_fix(outputs, change, words):

@@ -85,6 +85,7 @@ def check_manifest(
     eplb: bool = False,
     redundant: int = 0,
     placement: str = "trivial",
+    moe_dp_size: int = 1,
 ) -> None:
     """The checks that need no GPU and no model: the output's server, what the plugin loads,
     the SGLang version, the MoE runner backend flag, TP (`tp_size`: SGLang's MoE TP size), EP
@@ -124,6 +125,7 @@ def check_manifest(
         eplb=eplb,
         redundant=redundant,
         placement=placement,
+        moe_dp_size=moe_dp_size,
     )
     if manifest["tp_size"] != tp_size:
         raise PluginError(
@@ -141,14 +143,16 @@ def check_expert_parallel(
     eplb: bool,
     redundant: int = 0,
     placement: str = "trivial",
+    moe_dp_size: int = 1,
 ) -> None:
     """Expert parallelism as the plugin serves it: EP_SCHEMES (target.py) from an output of
     SGLang's MoE TP size (--tp / --ep-size: a --tp-size 1 output with --ep-size equal to
     --tp), each EP rank holding the experts [r*E/N, (r+1)*E/N) (of its MoE TP rank's split), as
     SGLang's own EP loading and processing leaves them (tests/test_sglang_ep.py). Refused:
     EPLB and redundant experts, a placement other than SGLang's trivial one, the schemes not
-    proven under EP, an output of another TP size, an expert count the EP size does not divide
-    (SGLang's FusedMoE asserts it)."""
+    proven under EP, MoE data parallelism (`moe_dp_size`: not run under EP), an output of
+    another TP size, an expert count the EP size does not divide (SGLang's FusedMoE asserts
+    it)."""
     if eplb:
         raise PluginError(
             f"{root}: the SGLang plugin does not load redundant experts (EPLB); start SGLang "
@@ -172,6 +176,12 @@ def check_expert_parallel(
         raise PluginError(
             f"{root}: the SGLang plugin loads experts in SGLang's trivial placement only "
             f"(--init-expert-location {placement}); start SGLang without --init-expert-location"
+        )
+    if moe_dp_size != 1:
+        raise PluginError(
+            f"{root}: the SGLang plugin does not load experts under expert parallelism with MoE "
+            f"data parallelism (--moe-dp-size {moe_dp_size}) yet; start SGLang with "
+            "--moe-dp-size 1"
         )
     tp = manifest["tp_size"]
     if moe_tp_size != tp:

@@ -100,14 +100,16 @@ def check_server_args(result: Any, self: Any) -> None:
         manifest_only=True,
     )
     ep = int(getattr(view, "ep_size", 1) or 1)
+    dp = int(getattr(view, "moe_dp_size", 1) or 1)
     checks.check_manifest(
         checks.read_output(root),
         checks.output_name(path, root),
-        tp_size=int(view.tp_size) // ep,  # SGLang's MoE TP size (its own checks: tp % ep == 0)
+        tp_size=int(view.tp_size) // ep // dp,  # SGLang's MoE TP size (its checks: it divides)
         ep_size=ep,
         eplb=bool(getattr(view, "enable_eplb", False)),
         redundant=int(getattr(view, "ep_num_redundant_experts", 0) or 0),
         placement=str(getattr(view, "init_expert_location", "trivial") or "trivial"),
+        moe_dp_size=dp,
         moe_runner_backend=str(view.moe_runner_backend),
         sglang_version=checks.installed("sglang") or "0",
     )

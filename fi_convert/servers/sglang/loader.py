@@ -66,6 +66,7 @@ def check_output(manifest: dict, root: str) -> None:
         eplb=bool(get_exec().moe.enable_eplb),
         redundant=int(get_exec().moe.ep_num_redundant_experts or 0),
         placement=str(get_exec().moe.init_expert_location or "trivial"),
+        moe_dp_size=int(get_parallel().moe_dp_size or 1),
         moe_runner_backend=str(get_model_runner_backend()),
         sglang_version=checks.installed("sglang") or "0",
     )
