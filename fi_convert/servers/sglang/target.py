@@ -264,7 +264,9 @@ class SglangTarget:
         return {**TARGET, "gpu_family": self.gpu_family(backend, scheme)}
 
     def ep_note(self, scheme: str, layers: Mapping[str, dict]) -> str:
-        return EP_NOTE if scheme in EP_SCHEMES else FP8_TENSOR_EP_NOTE
+        if scheme in EP_SCHEMES:
+            return EP_NOTE
+        return FP8_TENSOR_EP_NOTE if scheme == "fp8-tensor" else NO_EP_NOTE
 
     def serve_command(self, where: str, scheme: str, backend: str, tp: int, ep: int = 0) -> str:
         return launch_command(where, scheme, backend, tp, ep)
