@@ -5,7 +5,9 @@ against SGLang's default load (`load_format auto`: its own weight loading and
 
 For each scheme the plugin loads besides BF16 (tests/test_sglang_plugin.py has BF16's whole
 models): ModelOpt NVFP4 (DeepSeek-V3, TRT-LLM and CUTLASS), ModelOpt MXFP8 (Qwen3-MoE,
-TRT-LLM), gpt-oss MXFP4 (`flashinfer_mxfp4`) and DeepSeek FP8 block (DeepSeek-V3, TRT-LLM).
+TRT-LLM), gpt-oss MXFP4 (`flashinfer_mxfp4` on SM100, and on SM90: FlashInfer's CUTLASS
+mixed-input kernels), DeepSeek FP8 block (DeepSeek-V3, TRT-LLM) and ModelOpt FP8 per-tensor
+(Qwen3-MoE and DeepSeek-V3, whose model classes declare a routing method: TRT-LLM and CUTLASS).
 The sources are transformers-written models whose linears are replaced by the scheme's format
 (tests/quantized_checkpoints.py), converted with `--server sglang`. Every parameter, buffer and
 tensor a module holds as an attribute (DeepSeek's MLA `w_kc`, `w_vc`, ...) of the two models is
@@ -13,12 +15,15 @@ byte-equal (dtype, shape, bytes), and so is the state each MoE layer and its met
 (tests/sglang_moe.layer_state). Negative controls: one byte changed in an output's expert
 tensor (the shard's size kept: the load reads the manifest but does not hash the shards, which
 `verify`'s check flags) is caught; a model whose MoE layers lack the plugin's kernel setup is
-caught.
+caught (and, for ModelOpt FP8 on CUTLASS and gpt-oss on SM90, what their setup makes).
 
 SGLang's own path needs on CPU what its layer tests need (tests/sglang_moe.py: SGLang's SM100
 platform hook and a CPU version of FlashInfer's CUDA-only scale swizzle for NVFP4, MXFP8 and
-MXFP4, its `fp8._is_cuda` flag for MXFP8) and, for a whole gpt-oss model, its `mxfp4` method
-registered as SGLang registers it on CUDA; during both loads alike.
+MXFP4; its SM90 hook and a CPU version of FlashInfer's CUDA-only SM90 weight interleave for
+gpt-oss on Hopper; its `fp8._is_cuda` flag for MXFP8; a CPU version of its CUDA-only
+per-tensor FP8 quantization and its `per_tensor_dequantize` as CUDA evaluates it for ModelOpt
+FP8) and, for a whole gpt-oss model, its `mxfp4` method registered as SGLang registers it on
+CUDA; during both loads alike.
 """
 
 from __future__ import annotations
