@@ -3,9 +3,9 @@ hf_checkpoints.py: its own tensor names, config keys and shards), then its linea
 replaced by a scheme's synthetic tensors (fi_convert.testing.synthetic: each scheme's own
 format) and the config gets the scheme's quantization config, as the exporters write them:
 DeepSeek FP8 block (every linear but the router and lm_head, as DeepSeek-V3 ships), ModelOpt
-NVFP4 and MXFP8 (the experts, the rest listed in `exclude_modules`, in config.json and in
-hf_quant_config.json), gpt-oss MXFP4 (the fused experts as `*_blocks` / `*_scales`, biases
-kept; gpt-oss's own `modules_to_not_convert`).
+NVFP4, MXFP8 and FP8 per-tensor (the experts, the rest listed as ModelOpt lists them: `ignore`
+in config.json, `exclude_modules` in hf_quant_config.json), gpt-oss MXFP4 (the fused experts
+as `*_blocks` / `*_scales`, biases kept; gpt-oss's own `modules_to_not_convert`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from tests import hf_checkpoints
 EXPERT = re.compile(r"^(.*\.experts\.\d+)\.(gate|up|down)_proj\.weight$")
 # the other linears DeepSeek-V3's FP8 checkpoints quantize (attention, dense and shared MLPs)
 DENSE = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\..*_proj(_with_mqa)?\.weight$")
-# ModelOpt: what the exporters leave unquantized here (SGLang's fnmatch-style patterns)
 # keys of the released models' config.json that transformers' config classes do not write,
 # and SGLang's model classes read (DeepSeek-V3's `moe_layer_freq`)
 RELEASED_KEYS = {
@@ -35,13 +34,16 @@ RELEASED_KEYS = {
         "ep_size": 1,
     }
 }
+# ModelOpt: what the exporters leave unquantized here (SGLang's fnmatch-style patterns), and
+# per model the dense MLPs (DeepSeek-V3's layer 0; Qwen3-MoE's layer 0 is MoE, its experts
+# quantized: SGLang's ModelOpt FP8 would build them unquantized if listed)
 MODELOPT_EXCLUDE = [
     "lm_head",
     "model.layers.*.self_attn*",
     "model.layers.*.mlp.gate",
     "model.layers.*.mlp.shared_experts*",
-    "model.layers.0.mlp*",
 ]
+DENSE_EXCLUDE = {"deepseek_v3": ["model.layers.0.mlp*"]}
 
 
 def write(
@@ -77,7 +79,8 @@ def write(
     index_path.write_text(
         json.dumps({"metadata": {"total_size": size}, "weight_map": shard_of}, indent=2)
     )
-    _write_config(root, quant, RELEASED_KEYS.get(kind, {}), in_config)
+    exclude = MODELOPT_EXCLUDE + DENSE_EXCLUDE.get(kind, [])
+    _write_config(root, quant, RELEASED_KEYS.get(kind, {}), in_config, exclude)
     return root
 
 
@@ -106,10 +109,11 @@ def _gpt_oss(name: str, t: torch.Tensor, g: torch.Generator) -> dict:
 
 def _share_scales(tensors: dict[str, torch.Tensor]) -> None:
     """NVFP4: gate and up share their global scale but in the last expert of each layer, as
-    the synthetic writer has them (fi_convert.testing.synthetic), and always their input scale,
-    as ModelOpt exports the linears that read one input. (SGLang's DeepSeek loader runs the
-    weight loaders of host tensors on a thread pool, and gate's and up's input scales land in
-    one slot of `w13_input_scale`: where they differ, which one SGLang keeps is a race.)"""
+    the synthetic writer has them (fi_convert.testing.synthetic); NVFP4 and FP8 per-tensor:
+    always their input scale, as ModelOpt exports the linears that read one input. (SGLang's
+    DeepSeek loader runs the weight loaders of host tensors on a thread pool, and gate's and
+    up's input scales land in one slot of `w13_input_scale`: where they differ, which one
+    SGLang keeps is a race.)"""
     layers: dict[str, list[str]] = {}
     for name in tensors:
         if m := GATE_SCALE.match(name):
@@ -124,7 +128,7 @@ def _share_scales(tensors: dict[str, torch.Tensor]) -> None:
             tensors.update(one)
 
 
-GATE_SCALE = re.compile(r"^(.*\.experts)\.(\d+)\.gate_proj\.weight_scale_2$")
+GATE_SCALE = re.compile(r"^(.*\.experts)\.(\d+)\.gate_proj\.input_scale$")
 
 
 def _add_nextn(tensors: dict[str, torch.Tensor], shard_of: dict[str, str]) -> None:
@@ -152,18 +156,25 @@ def _add_nextn(tensors: dict[str, torch.Tensor], shard_of: dict[str, str]) -> No
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def _write_config(root: Path, quant: str, released: dict, in_config: bool) -> None:
+def _write_config(
+    root: Path, quant: str, released: dict, in_config: bool, exclude: list[str]
+) -> None:
+    """The quantization config: ModelOpt's in hf_quant_config.json (`exclude_modules`) and,
+    `in_config`, in config.json as ModelOpt's export converts it there (its
+    `convert_hf_quant_config_format`: the list as `ignore`, which SGLang's ModelOpt FP8 config
+    reads alone)."""
     cfg = json.loads((root / "config.json").read_text()) | released
     qc = copy.deepcopy(SOURCES[quant].quantization_config) or {}
     if qc.get("quant_method") == "modelopt":
-        qc["exclude_modules"] = MODELOPT_EXCLUDE
         if qc["quant_algo"] == "NVFP4":
             qc["group_size"] = 16
+        section = {k: v for k, v in qc.items() if k != "quant_method"}
         hq = {
             "producer": {"name": "modelopt", "version": "0.37.0"},
-            "quantization": {k: v for k, v in qc.items() if k != "quant_method"},
+            "quantization": section | {"exclude_modules": exclude},
         }
         (root / "hf_quant_config.json").write_text(json.dumps(hq, indent=2))
+        qc["ignore"] = exclude
     if in_config or qc.get("quant_method") != "modelopt":
         cfg["quantization_config"] = qc
     (root / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -219,6 +219,13 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
             "BF16 experts: SGLang quantizes them to MXFP8 on the GPU at load",
         ),
         (
+            "mixtral",
+            ["--server", "sglang", "--scheme", "mxfp8", "--backend", "cutlass"],
+            "--scheme mxfp8 --backend cutlass: SGLang 0.5.23 has no FlashInfer CUTLASS path "
+            "for MXFP8 experts (it runs them on FlashInfer TRT-LLM, or on its own kernels); use "
+            "--backend trtllm",
+        ),
+        (
             "nv320",
             ["--server", "sglang"],
             "model.layers.1.mlp.experts: hidden size 320 is not a multiple of 128; SGLang 0.5.23 "

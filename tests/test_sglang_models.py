@@ -5,7 +5,9 @@ against SGLang's default load (`load_format auto`: its own weight loading and
 
 For each scheme the plugin loads besides BF16 (tests/test_sglang_plugin.py has BF16's whole
 models): ModelOpt NVFP4 (DeepSeek-V3, TRT-LLM and CUTLASS), ModelOpt MXFP8 (Qwen3-MoE,
-TRT-LLM), gpt-oss MXFP4 (`flashinfer_mxfp4`) and DeepSeek FP8 block (DeepSeek-V3, TRT-LLM).
+TRT-LLM), gpt-oss MXFP4 (`flashinfer_mxfp4` on SM100, and on SM90: FlashInfer's CUTLASS
+mixed-input kernels), DeepSeek FP8 block (DeepSeek-V3, TRT-LLM) and ModelOpt FP8 per-tensor
+(Qwen3-MoE and DeepSeek-V3, whose model classes declare a routing method: TRT-LLM and CUTLASS).
 The sources are transformers-written models whose linears are replaced by the scheme's format
 (tests/quantized_checkpoints.py), converted with `--server sglang`. Every parameter, buffer and
 tensor a module holds as an attribute (DeepSeek's MLA `w_kc`, `w_vc`, ...) of the two models is
@@ -13,12 +15,15 @@ byte-equal (dtype, shape, bytes), and so is the state each MoE layer and its met
 (tests/sglang_moe.layer_state). Negative controls: one byte changed in an output's expert
 tensor (the shard's size kept: the load reads the manifest but does not hash the shards, which
 `verify`'s check flags) is caught; a model whose MoE layers lack the plugin's kernel setup is
-caught.
+caught (and, for ModelOpt FP8 on CUTLASS and gpt-oss on SM90, what their setup makes).
 
 SGLang's own path needs on CPU what its layer tests need (tests/sglang_moe.py: SGLang's SM100
 platform hook and a CPU version of FlashInfer's CUDA-only scale swizzle for NVFP4, MXFP8 and
-MXFP4, its `fp8._is_cuda` flag for MXFP8) and, for a whole gpt-oss model, its `mxfp4` method
-registered as SGLang registers it on CUDA; during both loads alike.
+MXFP4; its SM90 hook and a CPU version of FlashInfer's CUDA-only SM90 weight interleave for
+gpt-oss on Hopper; its `fp8._is_cuda` flag for MXFP8; a CPU version of its CUDA-only
+per-tensor FP8 quantization and its `per_tensor_dequantize` as CUDA evaluates it for ModelOpt
+FP8) and, for a whole gpt-oss model, its `mxfp4` method registered as SGLang registers it on
+CUDA; during both loads alike.
 """
 
 from __future__ import annotations
@@ -63,6 +68,19 @@ CASES = {
         ),
     ),
     "mxfp4": ("gpt_oss", "mxfp4", dict(hidden_size=128)),
+    # SM90 (CUTLASS): H 320 padded to 512, I 192 (I/TP 192, 96 padded to 256, 128), the
+    # per-expert weight shapes FlashInfer's SM90 interleave was checked for on the GPU
+    # (tests/swizzle_shapes.py)
+    "mxfp4-sm90": ("gpt_oss", "mxfp4", dict(hidden_size=320, intermediate_size=192)),
+    # ModelOpt FP8 per-tensor, I 200: I/TP 200, 100; TRT-LLM pads them to 256 and 128 and
+    # shards by it (TP 2: rank 1 holds 72 rows), CUTLASS pads each half to 208, 112
+    "fp8-tensor": ("qwen3_moe", "fp8-tensor", dict(hidden_size=128, moe_intermediate_size=200)),
+    # ... DeepSeek-V3, whose model class declares its routing method (TRT-LLM runs FlashInfer)
+    "fp8-tensor-ds": (
+        "deepseek_v3",
+        "fp8-tensor",
+        dict(hidden_size=128, moe_intermediate_size=200),
+    ),
     # ModelOpt's config in hf_quant_config.json only (older exports: nvidia/DeepSeek-R1-FP4)
     "nvfp4-hqc": (
         "deepseek_v3",
@@ -74,7 +92,8 @@ MOE = "model.layers.1.mlp.experts"
 # the MoE layers of each model (DeepSeek-V3's layer 0 is dense), and SGLang's MoE method
 MOE_LAYERS = {"mxfp8": (0, 1), "nvfp4": (1,), "nvfp4-hqc": (1,), "nvfp4-i192": (1,)}
 MOE_LAYERS |= {"fp8-block": (1,)}
-MOE_LAYERS |= {"mxfp4": (0, 1)}
+MOE_LAYERS |= {"mxfp4": (0, 1), "mxfp4-sm90": (0, 1)}
+MOE_LAYERS |= {"fp8-tensor": (0, 1), "fp8-tensor-ds": (1,)}
 # the output's MoE layers SGLang's model does not build (DeepSeek-V3's NextN layer)
 NEXTN = {"fp8-block": ["model.layers.2.mlp.experts"]}
 METHOD = {
@@ -82,7 +101,15 @@ METHOD = {
     "nvfp4": "ModelOptNvFp4FusedMoEMethod",
     "fp8-block": "Fp8MoEMethod",
     "mxfp4": "Mxfp4MoEMethod",
+    "fp8-tensor": "ModelOptFp8MoEMethod",
 }
+# the kernel SGLang's MoE method takes (_kernels), where the runner backend does not say it
+KERNEL = {
+    (case, b): {sm.BACKEND[b]}
+    for case in ("fp8-tensor", "fp8-tensor-ds")
+    for b in ("trtllm", "cutlass")
+}
+KERNEL[("mxfp4-sm90", "cutlass")] = {"cutlass_sm90"}
 # (case, fi-convert's backend, the scheme it converts to, TP size)
 MODELS = [
     (case, backend, scheme, tp)
@@ -92,6 +119,11 @@ MODELS = [
         ("nvfp4", "cutlass", "nvfp4"),
         ("fp8-block", "trtllm", "fp8-block"),
         ("mxfp4", "trtllm", "mxfp4"),
+        ("mxfp4-sm90", "cutlass", "mxfp4"),
+        ("fp8-tensor", "trtllm", "fp8-tensor"),
+        ("fp8-tensor", "cutlass", "fp8-tensor"),
+        ("fp8-tensor-ds", "trtllm", "fp8-tensor"),
+        ("fp8-tensor-ds", "cutlass", "fp8-tensor"),
     )
     for tp in (1, 2)
 ] + [("nvfp4-hqc", "trtllm", "nvfp4", 1), ("nvfp4-i192", "trtllm", "nvfp4", 2)]
@@ -118,23 +150,28 @@ def _convert(src: Path, out: Path, scheme: str, backend: str, tp: int = 1) -> Pa
     return out
 
 
-def platform(quant: str):
-    """What SGLang's own path needs on CPU for the format (tests/sglang_moe.py)."""
+def platform(quant: str, runner: str):
+    """What SGLang's own path needs on CPU for the format on SGLang's backend `runner`
+    (tests/sglang_moe.py)."""
     stack = contextlib.ExitStack()
-    if quant in ("nvfp4", "mxfp8", "mxfp4"):
+    if runner == "mxfp4-cutlass":
+        stack.enter_context(sm.hopper())
+    elif quant in ("nvfp4", "mxfp8", "mxfp4"):
         stack.enter_context(sm.blackwell(cuda_noop=quant == "mxfp4"))
     if quant == "mxfp4":
         stack.enter_context(sm.mxfp4_registered())
     if quant == "mxfp8":
         stack.enter_context(sm.cuda_gate())
+    if quant == "fp8-tensor":
+        stack.enter_context(sm.fp8_quant())
     return stack
 
 
 def _both(src: Path, out: Path, quant: str, backend: str, tp: int = 1, rank: int = 0):
     """The plugin's load of `out` and SGLang's default load of `src`, on fi-convert's backend,
     as TP rank `rank` of `tp`."""
-    runner = "mxfp4-trtllm" if quant == "mxfp4" else backend
-    with sm.sglang_context(runner, tp, rank), platform(quant):
+    runner = f"mxfp4-{backend}" if quant == "mxfp4" else backend
+    with sm.sglang_context(runner, tp, rank), platform(quant, runner):
         ours = _model(None, out, "fi-convert", runner)
         theirs = _model(None, src, "auto", runner)
     return ours, theirs
@@ -158,6 +195,32 @@ def _moe(model) -> dict:
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
     return {n: m for n, m in model.named_modules() if isinstance(m, FusedMoE)}
+
+
+def _kernels(case: str, moe: dict) -> set[str]:
+    """The kernel SGLang's MoE method took, where its runner backend alone does not say it:
+    ModelOpt FP8 runs FlashInfer TRT-LLM only where the model class declares a routing method
+    (else Triton); gpt-oss MXFP4 on `flashinfer_mxfp4` its SM90 CUTLASS branch on Hopper."""
+    if CASES[case][1] == "fp8-tensor":
+        return {m.quant_method._moe_runner_backend.value for m in moe.values()}
+    if case == "mxfp4-sm90":
+        return {m.quant_method._fi_kernel for m in moe.values()}
+    return set()
+
+
+def _quantized_linears(model) -> list[str]:
+    """The linears SGLang quantizes: none for ModelOpt NVFP4 and FP8 here, whose other
+    linears the config lists as unquantized (BF16 in the checkpoint). (SGLang's native mxfp8
+    config, which it reads ModelOpt MXFP8 into, does not expand the list's wildcards: it builds
+    the attention linears as MXFP8, both loads alike.)"""
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    return [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, LinearBase) and not isinstance(m.quant_method, UnquantizedLinearMethod)
+    ]
 
 
 def _differences(ours, theirs) -> tuple[list[str], dict[str, list[str]]]:
@@ -203,6 +266,9 @@ def test_a_whole_quantized_model_equals_sglangs_default_load(
         assert converted == sorted(moe) + NEXTN.get(case, [])
         assert {type(m.quant_method).__name__ for m in moe.values()} == {METHOD[scheme]}
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        assert _kernels(case, moe) == KERNEL.get((case, backend), set())
+        if CASES[case][1] in ("nvfp4", "fp8-tensor"):
+            assert _quantized_linears(theirs) == []
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
 
@@ -231,6 +297,32 @@ def test_control_a_model_without_the_kernel_setup_is_caught(sources, tmp_path):
     assert params == [f"{MOE}.w13_blockscale_swizzled", f"{MOE}.w2_blockscale_swizzled"]
     assert list(states) == [MOE]
     assert "layer._cutlass_swiglu_params[0]" in states[MOE]  # CUTLASS's SwiGLU parameters
+
+
+# what each layout's kernel setup makes that SGLang's processing makes too: ModelOpt FP8 on
+# CUTLASS its SwiGLU parameters (state), gpt-oss MXFP4 on SM90 its SwiGLU constants (parameters)
+SETUP = {
+    "fp8-tensor": ([], "layer._cutlass_swiglu_params[0]"),
+    "mxfp4-sm90": ([f"{MOE}.swiglu_{k}" for k in ("alpha", "beta", "limit")], "layer.swiglu_alpha"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SETUP))
+def test_control_a_new_layout_without_the_kernel_setup_is_caught(case, sources, tmp_path):
+    """ModelOpt FP8 on CUTLASS and gpt-oss MXFP4 on SM90, the plugin's kernel setup
+    (experts.finish) skipped: both MoE layers differ."""
+    from fi_convert.servers.sglang import experts
+
+    src, quant = sources(case), CASES[case][1]
+    out = _convert(src, tmp_path / "out", quant, "cutlass")
+    with mock.patch.object(experts, "finish", lambda layer: None):
+        ours, theirs = _both(src, out, quant, "cutlass")
+    params, states = _differences(ours, theirs)
+    names, state = SETUP[case]
+    assert [n for n in params if n.startswith(f"{MOE}.")] == names
+    assert len(params) == 2 * len(names)  # layer 0's too
+    assert sorted(states) == ["model.layers.0.mlp.experts", MOE]
+    assert all(state in d for d in states.values())
 
 
 def test_control_the_nextn_layer_of_an_output_was_refused(sources, tmp_path):

@@ -127,6 +127,10 @@ NO_FLASHINFER = {
         "SGLang 0.5.23 has no FlashInfer CUTLASS path for block FP8 (asked for "
         "flashinfer_cutlass, it runs its Triton MoE runner on the weights as loaded)"
     ),
+    ("mxfp8", "cutlass"): (
+        "SGLang 0.5.23 has no FlashInfer CUTLASS path for MXFP8 experts (it runs them on "
+        "FlashInfer TRT-LLM, or on its own kernels)"
+    ),
 }
 
 # What the plugin loads, by (scheme, backend): the SGLang MoE method whose end state it builds
