@@ -21,8 +21,10 @@ expert count the EP size does not divide) are one line naming the fix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -344,6 +346,7 @@ def test_a_tp1_output_of_the_proven_schemes_passes(outputs):
         (dict(placement="/tmp/x.json"), "start SGLang without --init-expert-location"),
         (dict(ep_size=3), "has 8 experts, which --ep-size 3 does not divide"),
         (dict(moe_dp_size=2), "(--moe-dp-size 2) yet; start SGLang with --moe-dp-size 1"),
+        (dict(a2a="deepep"), "(--moe-a2a-backend deepep) yet; start SGLang without"),
     ],
 )
 def test_ep_refusals_name_the_fix(outputs, change, words):
@@ -437,12 +440,43 @@ def hf_outputs(tmp_path_factory):
     return src, outs
 
 
-@pytest.mark.parametrize(("tp_size", "rank"), [(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (4, 3)])
-def test_a_whole_model_under_ep_equals_sglangs_default_load(tp_size, rank, hf_outputs, monkeypatch):
+@contextlib.contextmanager
+def expert_location(src: Path, mapping: object = None) -> Iterator[object]:
+    """SGLang's expert location, as its model runner sets it before it loads a model
+    (`compute_initial_expert_location_metadata` of the model config, for this EP rank: trivial
+    without --init-expert-location; with `mapping`, its `init_by_mapping` of that
+    physical-to-logical map, as `--init-expert-location` gives one); none again after."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.eplb import expert_location as el
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(model_path=str(src), moe_runner_backend="flashinfer_trtllm")
+    mc, rank = ModelConfig.from_server_args(args), get_parallel().moe_ep_rank
+    if mapping is None:
+        meta = el.compute_initial_expert_location_metadata(model_config=mc, moe_ep_rank=rank)
+    else:
+        meta = el.ExpertLocationMetadata.init_by_mapping(mc, mapping, moe_ep_rank=rank)
+    el.set_global_expert_location_metadata(meta, allow_overwrite=True)
+    try:
+        yield meta
+    finally:
+        el.set_global_expert_location_metadata(None, allow_overwrite=True)
+
+
+@pytest.mark.parametrize(
+    ("tp_size", "rank", "located"),
+    [(2, 0, False), (2, 1, False), (4, 0, False), (4, 1, False), (4, 2, False), (4, 3, False)]
+    + [(2, 1, True), (4, 3, True)],
+)
+def test_a_whole_model_under_ep_equals_sglangs_default_load(
+    tp_size, rank, located, hf_outputs, monkeypatch
+):
     """SGLang's get_model_loader, rank `rank` of --tp `tp_size` --ep-size 2 (MoE TP size 1 and
     2): the plugin's loader (its checks of the running SGLang, the rank's experts of the
     output of the MoE TP size, the dense tensors by SGLang's own loaders at TP rank `rank`)
-    against SGLang's default load of the source."""
+    against SGLang's default load of the source; `located`: with SGLang's expert location set
+    as its model runner sets it (SGLang's weight loader then places experts by it)."""
     monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")  # no GPU here: skip its checks
     src, outs = hf_outputs
     moe_tp = tp_size // 2
@@ -450,8 +484,10 @@ def test_a_whole_model_under_ep_equals_sglangs_default_load(tp_size, rank, hf_ou
         from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
         reg = _registered()
-        ours = tp._model(reg, outs[moe_tp], "fi-convert", "trtllm")
-        theirs = tp._model(reg, src, "auto", "trtllm")
+        with expert_location(src) if located else contextlib.nullcontext() as meta:
+            assert (meta is not None) is located
+            ours = tp._model(reg, outs[moe_tp], "fi-convert", "trtllm")
+            theirs = tp._model(reg, src, "auto", "trtllm")
     p, q = dict(ours.named_parameters()), dict(theirs.named_parameters())
     assert sorted(p) == sorted(q)
     assert tp.differing(q, p) == []
@@ -464,6 +500,28 @@ def test_a_whole_model_under_ep_equals_sglangs_default_load(tp_size, rank, hf_ou
     for name, m in theirs.named_modules():
         if isinstance(m, FusedMoE):
             assert sm.layer_state(ours.get_submodule(name)) == sm.layer_state(m)
+
+
+def test_control_a_placement_sglang_loads_by_is_refused(hf_outputs, monkeypatch):
+    """SGLang's expert location with logical experts 0 and 1 swapped (as --init-expert-location
+    would give it): SGLang's own load puts expert 1's bytes in rank 0's first slot (so its
+    location is used), and the plugin refuses the output rather than load expert 0 there."""
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
+    src, outs = hf_outputs
+    swapped = [[1, 0, 2, 3, 4, 5, 6, 7]] * 2  # (layers, physical experts)
+    with sm.sglang_context("trtllm", 2, 0, 2):
+        reg = _registered()
+        with expert_location(src, swapped):
+            theirs = tp._model(reg, src, "auto", "trtllm")
+            with pytest.raises(PluginError) as e:
+                tp._model(reg, outs[1], "fi-convert", "trtllm")
+        plain = tp._model(reg, src, "auto", "trtllm")
+    w13 = "model.layers.0.mlp.experts.w13_weight"
+    got, want = theirs.get_parameter(w13), plain.get_parameter(w13)
+    assert torch.equal(got[0], want[1]) and torch.equal(got[1], want[0])
+    msg = str(e.value)
+    assert "places logical experts [1, 0, 2, 3] in EP rank 0's slots, not [0, 1, 2, 3]" in msg
+    assert msg.startswith("fi-convert: ") and "\n" not in msg
 
 
 def test_the_loader_refuses_a_tp_split_output_under_ep(hf_outputs, monkeypatch):

@@ -86,6 +86,7 @@ def check_manifest(
     redundant: int = 0,
     placement: str = "trivial",
     moe_dp_size: int = 1,
+    a2a: str = "none",
 ) -> None:
     """The checks that need no GPU and no model: the output's server, what the plugin loads,
     the SGLang version, the MoE runner backend flag, TP (`tp_size`: SGLang's MoE TP size), EP
@@ -126,6 +127,7 @@ def check_manifest(
         redundant=redundant,
         placement=placement,
         moe_dp_size=moe_dp_size,
+        a2a=a2a,
     )
     if manifest["tp_size"] != tp_size:
         raise PluginError(
@@ -144,13 +146,15 @@ def check_expert_parallel(
     redundant: int = 0,
     placement: str = "trivial",
     moe_dp_size: int = 1,
+    a2a: str = "none",
 ) -> None:
     """Expert parallelism as the plugin serves it: EP_SCHEMES (target.py) from an output of
     SGLang's MoE TP size (--tp / --ep-size: a --tp-size 1 output with --ep-size equal to
     --tp), each EP rank holding the experts [r*E/N, (r+1)*E/N) (of its MoE TP rank's split), as
     SGLang's own EP loading and processing leaves them (tests/test_sglang_ep.py). Refused:
     EPLB and redundant experts, a placement other than SGLang's trivial one, the schemes not
-    proven under EP, MoE data parallelism (`moe_dp_size`: not run under EP), an output of
+    proven under EP, MoE data parallelism (`moe_dp_size`) and an all-to-all backend (`a2a`:
+    --moe-a2a-backend, whose dispatchers and runners were not run under EP), an output of
     another TP size, an expert count the EP size does not divide (SGLang's FusedMoE asserts
     it)."""
     if eplb:
@@ -176,6 +180,11 @@ def check_expert_parallel(
         raise PluginError(
             f"{root}: the SGLang plugin loads experts in SGLang's trivial placement only "
             f"(--init-expert-location {placement}); start SGLang without --init-expert-location"
+        )
+    if a2a != "none":
+        raise PluginError(
+            f"{root}: the SGLang plugin does not load experts for an all-to-all MoE backend "
+            f"(--moe-a2a-backend {a2a}) yet; start SGLang without --moe-a2a-backend"
         )
     if moe_dp_size != 1:
         raise PluginError(

@@ -110,6 +110,7 @@ def check_server_args(result: Any, self: Any) -> None:
         redundant=int(getattr(view, "ep_num_redundant_experts", 0) or 0),
         placement=str(getattr(view, "init_expert_location", "trivial") or "trivial"),
         moe_dp_size=dp,
+        a2a=str(getattr(view, "moe_a2a_backend", "none") or "none"),
         moe_runner_backend=str(view.moe_runner_backend),
         sglang_version=checks.installed("sglang") or "0",
     )

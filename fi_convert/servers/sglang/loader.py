@@ -67,6 +67,7 @@ def check_output(manifest: dict, root: str) -> None:
         redundant=int(get_exec().moe.ep_num_redundant_experts or 0),
         placement=str(get_exec().moe.init_expert_location or "trivial"),
         moe_dp_size=int(get_parallel().moe_dp_size or 1),
+        a2a=_a2a_backend(),
         moe_runner_backend=str(get_model_runner_backend()),
         sglang_version=checks.installed("sglang") or "0",
     )
@@ -77,6 +78,14 @@ def check_output(manifest: dict, root: str) -> None:
             flashinfer_version=checks.installed("flashinfer-python"),
             capability=_capability(),
         )
+
+
+def _a2a_backend() -> str:
+    """--moe-a2a-backend as SGLang resolved it ('none' without one)."""
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+
+    backend = get_moe_a2a_backend()
+    return str(getattr(backend, "value", backend))
 
 
 def get_model_runner_backend() -> str:
