@@ -221,6 +221,7 @@ def test_plugin_under_ep_leaves_the_layer_as_sglangs_own(
         diff = tp.state_diff(sm.layer_state(ours), sm.layer_state(theirs))
         assert diff == [], f"EP rank {rank}: attributes differ from SGLang's: {diff}"
         assert tp.param_attrs(ours) == tp.param_attrs(theirs)
+        assert dispatcher_state(ours) == dispatcher_state(theirs)  # its EP ranks, quant config
         # read in place: the parameters SGLang allocated for the rank's experts (but where
         # its processing makes new ones: test_sglang_plugin's `fresh_storage`)
         fresh = tp.fresh_storage(case, backend)
@@ -242,6 +243,27 @@ def test_fp8_tensor_scales_under_ep_are_each_ranks_own(sources, outputs):
     assert not torch.equal(held[0], held[1])
     assert max(held[0], held[1]).equal(output_max)  # one rank holds the global max
     assert not (held[0].equal(output_max) and held[1].equal(output_max))
+
+
+def dispatcher_state(layer) -> dict:
+    """What the layer's token dispatcher holds (its EP size, rank and local expert counts as
+    SGLang set them, the quantization config processing gives it): plain values as they are,
+    tensors as bytes, the rest by type."""
+    state = {}
+    for k, v in sorted(vars(layer.dispatcher).items()):
+        if isinstance(v, torch.Tensor):
+            state[k] = (str(v.dtype), tuple(v.shape), sm._bytes(v))
+        elif isinstance(v, (int, float, str, bool, type(None))):
+            state[k] = v
+        elif isinstance(v, dict):
+            state[k] = {
+                kk: sm._bytes(vv) if isinstance(vv, torch.Tensor) else repr(vv)
+                for kk, vv in v.items()
+            }
+        else:
+            state[k] = type(v).__name__
+    assert state.get("moe_ep_size") == layer.moe_ep_size, state
+    return state
 
 
 def test_control_another_ranks_experts_are_caught(sources, outputs):
