@@ -314,11 +314,11 @@ class SglangTarget:
 
     def _ep_lines(self, repo_id: str, scheme: str, backend: str, tp: int) -> list[str]:
         """The card's launch line with expert parallelism, where the plugin serves it."""
-        if scheme not in EP_SCHEMES:
-            return []
+        if scheme not in EP_SCHEMES or (backend == "cutlass" and tp != 1):
+            return []  # (SGLang takes --ep-size 1 or --tp on flashinfer_cutlass)
         return [
-            "With expert parallelism (each EP rank holds whole experts; an EP size that "
-            f"divides the expert count, here 8, times the TP size {tp}):",
+            "With expert parallelism (each EP rank holds whole experts; the EP size must "
+            f"divide the expert count; here 8 EP ranks, each of TP size {tp}):",
             "",
             "```",
             launch_command(repo_id, scheme, backend, tp, ep=8),
