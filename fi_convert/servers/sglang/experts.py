@@ -301,16 +301,8 @@ def _mxfp4(layer: Any, method: Any) -> None:
     if kernel == "cutlass_sm90":
         _mxfp4_sm90(layer)
         return
-    e, cfg = layer.num_local_experts, layer.moe_runner_config
-    device = layer.w13_weight.device
-    constants = {
-        "gemm1_alpha": getattr(cfg, "gemm1_alpha", None) or 1.702,
-        "gemm1_beta": 1.0,
-        "gemm1_clamp_limit": getattr(cfg, "gemm1_clamp_limit", None) or 7.0,
-    }
-    for name, value in constants.items():
-        t = torch.tensor([value] * e, dtype=torch.float32, device=device)
-        setattr(layer, name, torch.nn.Parameter(t, requires_grad=False))
+    e = layer.num_local_experts
+    _swiglu_parameters(layer, ("gemm1_alpha", "gemm1_beta", "gemm1_clamp_limit"))
     layer._situ_routing_bias_bf16 = None
     for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"):
         data = getattr(layer, name).data
@@ -322,6 +314,19 @@ def _mxfp4(layer: Any, method: Any) -> None:
         setattr(layer, name, torch.nn.Parameter(data, requires_grad=False))
 
 
+def _swiglu_parameters(layer: Any, names: tuple[str, str, str]) -> None:
+    """The SwiGLU constants SGLang's gpt-oss MXFP4 processing makes from the layer's config,
+    under `names` (SM100: gemm1_*, SM90: swiglu_*): alpha (the config's, or 1.702), beta 1.0
+    and limit (the config's clamp, or 7.0), each a float32 Parameter, one per local expert."""
+    cfg = layer.moe_runner_config
+    alpha = getattr(cfg, "gemm1_alpha", None) or 1.702
+    limit = getattr(cfg, "gemm1_clamp_limit", None) or 7.0
+    e, device = layer.num_local_experts, layer.w13_weight.device
+    for name, value in zip(names, (alpha, 1.0, limit), strict=True):
+        t = torch.full((e,), value, dtype=torch.float32, device=device)
+        setattr(layer, name, torch.nn.Parameter(t, requires_grad=False))
+
+
 def _mxfp4_sm90(layer: Any) -> None:
     """`Mxfp4MoEMethod._process_weights_for_sm90_cutlass` (SGLang 0.5.23, mxfp4.py:1138) with
     BF16 activations, without its transforms (the de-interleave, padding, weight interleave and
@@ -330,16 +335,7 @@ def _mxfp4_sm90(layer: Any) -> None:
     1.702, swiglu_beta 1.0, swiglu_limit: the config's limit or 7.0; float32, one per local
     expert), and each expert parameter replaced, as it replaces them, by a new Parameter
     (without the loader's attributes) on the same bytes, the scales uint8."""
-    e, cfg = layer.num_local_experts, layer.moe_runner_config
-    device = layer.w13_weight.device
-    constants = {
-        "swiglu_alpha": getattr(cfg, "gemm1_alpha", None) or 1.702,
-        "swiglu_beta": 1.0,
-        "swiglu_limit": getattr(cfg, "gemm1_clamp_limit", None) or 7.0,
-    }
-    for name, value in constants.items():
-        t = torch.full((e,), value, dtype=torch.float32, device=device)
-        setattr(layer, name, torch.nn.Parameter(t, requires_grad=False))
+    _swiglu_parameters(layer, ("swiglu_alpha", "swiglu_beta", "swiglu_limit"))
     for name in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"):
         setattr(layer, name, torch.nn.Parameter(getattr(layer, name).data, requires_grad=False))
     for name in ("w13_weight_bias", "w2_weight_bias"):
