@@ -168,7 +168,7 @@ class OutputReader:
         bad = [e for e in experts if not 0 <= e < n]
         if bad:
             raise ManifestError(
-                f"{self.root}: {prefix} has experts 0..{n - 1}, not {bad[0]} (the model vLLM "
+                f"{self.root}: {prefix} has experts 0..{n - 1}, not {bad[0]} (the model the server "
                 "built has more experts than the output: serve it with its own config.json)"
             )
         per = info.row_bytes // n
