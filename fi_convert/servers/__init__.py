@@ -4,7 +4,8 @@ every vLLM fact; `sglang/`: the same for SGLang), and the registry of their fact
 A server's package holds a facts module (`<name>/target.py`, a `fi_convert.target.
 ServerTarget`) that imports no server, and the server's plugin, which imports it at run time.
 The core never imports this package: it names a server, and `fi_convert.server_lookup` looks
-it up here. A server's package imports the core's `format/`, `target` and leaf modules only.
+it up here. A server's package imports the core's `format/`, `target` and leaf modules only,
+and its plugin `hub.fetch` (a repo id served: the Hub's small modules, no converter code).
 """
 
 from __future__ import annotations
