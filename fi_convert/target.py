@@ -169,3 +169,12 @@ class ServerTarget(Protocol):
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output (manifest `m`) from the Hub repo."""
         ...
+
+
+def release_rows(label: str, release: object, target: Mapping) -> list[str]:
+    """A server's `card_rows`: its release and FlashInfer's (the manifest's `target`)."""
+    return [
+        f"| target {label} | {release} |",
+        f"| target FlashInfer | {target.get('flashinfer')} (layouts of "
+        f"{target.get('flashinfer_layouts')}) |",
+    ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ...format.names import DEFAULT_SERVER, SERVER_FIELD, server_of
-from ...target import Layout, Refusal
+from ...target import Layout, Refusal, release_rows
 
 __all__ = ["DEFAULT_SERVER", "SERVER_FIELD", "SGLANG", "SGLANG_TARGET", "VLLM", "server_of"]
 
@@ -276,12 +276,7 @@ class SglangTarget:
         return launch_command(where, scheme, backend, tp, ep)
 
     def card_rows(self, target: Mapping) -> list[str]:
-        t = target
-        return [
-            f"| target SGLang | {t.get('sglang')} |",
-            f"| target FlashInfer | {t.get('flashinfer')} (layouts of "
-            f"{t.get('flashinfer_layouts')}) |",
-        ]
+        return release_rows(self.label, target.get("sglang"), target)
 
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output with fi-convert's SGLang plugin."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ...target import VLLM_LAYOUT, Layout, Refusal
+from ...target import VLLM_LAYOUT, Layout, Refusal, release_rows
 
 NOTE = (
     "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert: serve with "
@@ -127,12 +127,7 @@ class VllmTarget:
         return cmd
 
     def card_rows(self, target: Mapping) -> list[str]:
-        t = target
-        return [
-            f"| target vLLM | {t.get('vllm')} |",
-            f"| target FlashInfer | {t.get('flashinfer')} (layouts of "
-            f"{t.get('flashinfer_layouts')}) |",
-        ]
+        return release_rows(self.label, target.get("vllm"), target)
 
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output (a Hub repo) with fi-convert's plugin."""
