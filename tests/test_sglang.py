@@ -25,6 +25,7 @@ from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
 from fi_convert import layout as L
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import hf_checkpoints
+from fi_convert.servers.sglang import checks
 from tests import sglang_moe as sm
 
 E4M3 = torch.float8_e4m3fn
@@ -379,7 +380,7 @@ def test_sglang_against_vllm_target_output(case, tp, rank, backend, sglang_layer
     ours = load_moe_layer(outputs(case, tp, backend), prefix, tp_rank=rank)
     layer = sglang_layers(case, tp, rank, backend)
     mx = CASES[case][0] == "mxfp4"
-    assert layer.runner_backend.value == sm.BACKEND["mxfp4-trtllm" if mx else backend]
+    assert checks.runner_of(layer) == sm.BACKEND["mxfp4-trtllm" if mx else backend]
     theirs = sm.params(layer)
     diff = differing({SGLANG_NAMES.get(n, n): t for n, t in theirs.items()}, ours)
     # BF16 on FlashInfer CUTLASS: [up; gate] MajorK, I/TP unpadded, as vLLM
@@ -463,7 +464,7 @@ def test_fp8_block_cutlass_falls_back_to_triton(tp, checkpoints, sglang_layers):
     src = raw(checkpoints["deepseek-fp8-block"], prefix)
     for rank in range(tp):
         layer = sglang_layers("deepseek-fp8-block", tp, rank, "cutlass")
-        assert layer.runner_backend.value == "triton"
+        assert checks.runner_of(layer) == "triton"
         i_r = src["gate_proj.weight"].shape[1] // tp
         w13 = torch.cat(
             [shard(src[f"{p}.weight"], 1, rank, i_r) for p in ("gate_proj", "up_proj")], 1
@@ -497,7 +498,7 @@ def test_sglang_layer_state(sglang_layers):
     assert state["layer.intermediate_size_per_partition"] == 128  # 96 padded
     assert state["layer.moe_runner_config.intermediate_size_per_partition"] == 128
     assert state["layer.hidden_size"] == 128
-    assert state["layer.runner_backend"] == "MoeRunnerBackend.FLASHINFER_TRTLLM"
+    assert checks.runner_of(sglang_layers("mixtral-bf16-7", 2, 1)) == "flashinfer_trtllm"
     assert state["layer.quant_method"] == "UnquantizedFusedMoEMethod"
     fp8 = sm.layer_state(sglang_layers("deepseek-fp8-block", 2, 0))
     assert fp8["layer.quant_method"] == "Fp8MoEMethod"
@@ -578,7 +579,7 @@ def test_sglang_output_equals_sglangs_own_bytes(case, tp, rank, backend, sglang_
     ours = load_moe_layer(out, prefix, tp_rank=rank)
     layer = sglang_layers(case, tp, rank, backend)
     runner = f"mxfp4-{backend}" if CASES[case][0] == "mxfp4" else backend
-    assert layer.runner_backend.value == sm.BACKEND[runner]
+    assert checks.runner_of(layer) == sm.BACKEND[runner]
     if runner == "mxfp4-cutlass":
         assert layer.quant_method._fi_kernel == "cutlass_sm90"  # SGLang took its SM90 branch
     skip = FROM_CONFIG if CASES[case][0] == "mxfp4" else set()
@@ -830,9 +831,9 @@ def test_fp8_tensor_from_bf16_sglang_has_no_flashinfer_layout(backend, checkpoin
     theirs = sm.params(layer)
     assert theirs["w13_weight"].dtype == E4M3 and theirs["w13_weight_scale"].shape == (6,)
     if backend == "cutlass":
-        assert layer.runner_backend.value == "triton"
+        assert checks.runner_of(layer) == "triton"
         return
-    assert layer.runner_backend.value == "flashinfer_trtllm"
+    assert checks.runner_of(layer) == "flashinfer_trtllm"
     assert not hasattr(layer, "output1_scales_scalar")
     # [up; gate] as loaded: each expert's up rows quantized with the expert's one scale
     up = raw(ckpt, prefix)["up_proj.weight"]

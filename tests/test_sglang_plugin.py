@@ -322,7 +322,7 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
     for rank in range(tp):
         theirs = sm.build(sgl(case, backend), tp, rank, ckpt, prefix)
         ours = plugin_layer(out, ckpt, prefix, backend, tp, rank, case=case)
-        assert ours.runner_backend.value == sm.BACKEND[sgl(case, backend)]
+        assert checks.runner_of(ours) == sm.BACKEND[sgl(case, backend)]
         if sm90:  # SGLang took its SM90 branch on both sides
             assert theirs.quant_method._fi_kernel == ours.quant_method._fi_kernel == "cutlass_sm90"
         checks.check_layer(m, str(out), prefix, ours)  # the plugin's checks pass it
@@ -458,7 +458,7 @@ def test_fp8_tensor_on_a_model_without_a_routing_method_is_refused(tmp_path):
     m = json.loads((out / MANIFEST_NAME).read_text()) | {"backend": "trtllm"}
     with sm.sglang_context("trtllm", 1, 0), sm.fp8_quant():
         layer = sm.make_layer(MIXTRAL, ckpt)
-    assert layer.runner_backend.value == "triton"
+    assert checks.runner_of(layer) == "triton"
     with pytest.raises(PluginError, match="declares no routing method for it, so Model"):
         checks.check_layer(m, str(out), MIXTRAL, layer)
 

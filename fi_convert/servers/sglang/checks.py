@@ -319,7 +319,7 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{root}: layer {prefix}: SGLang built per-tensor FP8 for it, the output is "
             "fp8-block; keep the source's quantization config (weight_block_size) as converted"
         )
-    got = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    got = runner_of(layer)
     if method == "ModelOptFp8MoEMethod" and backend == "trtllm" and got == "triton":
         raise PluginError(
             f"{root}: layer {prefix}: SGLang's model class declares no routing method for it, "
@@ -362,6 +362,16 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{sizes}, the output holds {want} (converted for another server's padding?); "
             "convert the source again for SGLang"
         )
+
+
+def runner_of(layer: Any) -> str:
+    """The MoE runner SGLang runs a layer on: the layer's own `runner_backend` (SGLang 0.5.23
+    sets it per layer, from its quant method), else the backend of the runner its quant method
+    created (0.5.20-0.5.22: `quant_method.runner`)."""
+    got = getattr(layer, "runner_backend", None)
+    if got is None:
+        got = getattr(getattr(layer.quant_method, "runner", None), "runner_backend", None)
+    return str(getattr(got, "value", got))
 
 
 def check_clamp(root: str, prefix: str, meta: dict, layer: Any) -> None:
@@ -408,7 +418,7 @@ def allocated_sizes(layer: Any) -> tuple[int, int]:
         if getattr(method, "_fi_kernel", None) == "cutlass_sm90":
             return method._padded_hidden, method._padded_intermediate
         return method.hidden_size, method.intermediate_size_per_partition
-    runner = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    runner = runner_of(layer)
     align = PROCESS_PADDED.get((type(method).__name__, runner), 1)
     i = layer.intermediate_size_per_partition
     return layer.hidden_size, -(-i // align) * align
