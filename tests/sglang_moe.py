@@ -112,9 +112,7 @@ def sglang_context(backend: str, tp_size: int, tp_rank: int, ep_size: int = 1) -
             else dict(tp_size=tp_size, tp_rank=tp_rank, moe_tp_size=tp_size, moe_tp_rank=tp_rank)
         )
         if hasattr(runtime_context, "_validate_parallel"):  # 0.5.21 on (0.5.20 checks none)
-            stack.enter_context(
-                mock.patch.object(runtime_context, "_validate_parallel", _no_check)
-            )
+            stack.enter_context(mock.patch.object(runtime_context, "_validate_parallel", _no_check))
         stack.enter_context(runtime_context.get_parallel().override(**ranks))
         stack.enter_context(torch.device("cpu"))
         yield

@@ -10,9 +10,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.names import servers_of, target_of
+from . import releases
 from .target import (
     EP_REFUSED,
     EP_SCHEMES,
@@ -105,13 +108,7 @@ def check_manifest(
             f"{root}: the SGLang plugin does not load {scheme}/{backend} outputs yet (it loads "
             f"{ok}); serve the source checkpoint with SGLang's own loader"
         )
-    spec = target_of(manifest, SGLANG).get("sglang_versions", "")
-    if not spec or not mf.version_in(spec, sglang_version, "SGLang", root, PluginError):
-        raise PluginError(
-            f"{root}: converted for SGLang {spec or '(no version range)'}, this is SGLang "
-            f"{sglang_version}, whose layouts may differ; install an SGLang in {spec or 'range'}"
-            " or convert again with an fi-convert that targets it"
-        )
+    check_release(manifest, root, sglang_version)
     want = runner_for(scheme, backend)
     if moe_runner_backend != want:
         raise PluginError(
@@ -134,6 +131,44 @@ def check_manifest(
             f"{root}: converted for tensor-parallel size {manifest['tp_size']}, SGLang runs "
             f"{tp_size}; pass --tp {manifest['tp_size']} or convert again with --tp-size {tp_size}"
         )
+
+
+class UnlistedRelease(PluginError):
+    """The installed SGLang is neither a release the output lists nor one this fi-convert
+    proves for the layout the output holds (releases.py)."""
+
+
+def listed_releases(manifest: dict) -> list[str]:
+    """The releases an output's manifest lists for SGLang (`target.sglang_releases`; an output
+    written before the list existed lists none, only its range `sglang_versions`)."""
+    got = target_of(manifest, SGLANG).get(releases.RELEASES_FIELD)
+    return [str(r) for r in got] if isinstance(got, list) else []
+
+
+def serving_releases(manifest: dict) -> list[str]:
+    """The releases the plugin serves an output on: those its manifest lists, and those this
+    fi-convert proves for the layout it holds (its scheme, backend and layers), oldest first."""
+    return sorted({*listed_releases(manifest), *releases.proven_for(manifest)}, key=Version)
+
+
+def check_release(manifest: dict, root: str, sglang_version: str) -> None:
+    """The installed SGLang against the releases that hold the output's bytes: one the manifest
+    lists, or in its range (`sglang_versions`, as an older fi-convert wrote it), or one this
+    fi-convert proves for the output's layout; else `UnlistedRelease`, naming them."""
+    ok = serving_releases(manifest)
+    spec = target_of(manifest, SGLANG).get(releases.VERSIONS_FIELD)
+    if sglang_version in ok or (
+        isinstance(spec, str)
+        and spec
+        and mf.version_in(spec, sglang_version, "SGLang", root, PluginError)
+    ):
+        return
+    names = ", ".join(ok) or (str(spec) if spec else "none")
+    raise UnlistedRelease(
+        f"{root}: its bytes are proven for SGLang {names}, this is SGLang {sglang_version}, "
+        f"whose layout may differ; install SGLang {ok[-1] if ok else names}, or convert "
+        "again with an fi-convert that proves this release"
+    )
 
 
 def check_expert_parallel(
