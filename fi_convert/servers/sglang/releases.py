@@ -95,6 +95,7 @@ LEFT_OUT: dict[tuple[str, str], tuple[str, str]] = {
     ),
 }
 
+
 def _layers(manifest: Mapping) -> Sequence[Mapping]:
     layers = manifest.get("layers")
     return list(layers.values()) if isinstance(layers, Mapping) else []
