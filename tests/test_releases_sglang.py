@@ -109,8 +109,9 @@ def _as_old_code_wrote_it(m: dict) -> dict:
 
 def test_an_older_output_is_served_by_every_release_proven_for_its_layout(outputs):
     old = _as_old_code_wrote_it(_manifest(outputs["bf16"]))
-    for release in ALL:
-        checks.check_release(old, "OUT", release)
+    for release in ALL:  # (the bytes; where the plugin loads into them: PLUGIN, below)
+        checks.check_releases_bytes(old, "OUT", release)
+    checks.check_release(old, "OUT", "0.5.23")
     nv = _as_old_code_wrote_it(_manifest(outputs["nvfp4"]))
     checks.check_release(nv, "OUT", "0.5.23")
     with pytest.raises(checks.UnlistedRelease) as e:
@@ -123,7 +124,7 @@ def test_an_older_output_is_served_by_every_release_proven_for_its_layout(output
 def test_a_listed_release_is_served_and_others_raise_unlisted_release(outputs):
     m = _manifest(outputs["bf16"])
     for release in ALL:
-        checks.check_release(m, "OUT", release)
+        checks.check_releases_bytes(m, "OUT", release)
     # a newer release the manifest lists (a newer fi-convert proved it) is served
     newer = m | {"target": m["target"] | {"sglang_releases": [*ALL, "0.5.24"]}}
     checks.check_release(newer, "OUT", "0.5.24")
@@ -167,3 +168,21 @@ def test_the_docs_table_is_the_releases_table():
         assert script.render(page) != page
     finally:
         releases.TABLE = old
+
+
+def test_an_older_release_holding_the_bytes_is_refused_where_the_plugin_does_not_load(outputs):
+    """SGLang 0.5.22 holds a BF16 output's bytes (listed), and fi-convert's plugin, which
+    follows 0.5.23's processing, is not proven to load it there: one line naming where it
+    loads; a release the manifest lists beyond every proven one is left to the load-time
+    proof (no refusal here)."""
+    m = _manifest(outputs["bf16"])
+    assert "0.5.22" in m["target"]["sglang_releases"]
+    assert releases.plugin_releases("bf16", "trtllm") == ("0.5.23",)
+    with pytest.raises(checks.PluginError) as e:
+        checks.check_release(m, "OUT", "0.5.22")
+    msg = str(e.value)
+    assert not isinstance(e.value, checks.UnlistedRelease) and "\n" not in msg
+    assert msg.startswith("fi-convert: OUT: SGLang 0.5.22 holds its bytes, but this ")
+    assert "loads bf16/trtllm outputs into SGLang 0.5.23 only" in msg
+    newer = m | {"target": m["target"] | {"sglang_releases": [*ALL, "0.5.24"]}}
+    checks.check_release(newer, "OUT", "0.5.24")

@@ -152,6 +152,13 @@ def serving_releases(manifest: dict) -> list[str]:
 
 
 def check_release(manifest: dict, root: str, sglang_version: str) -> None:
+    """The installed SGLang: a release that holds the output's bytes, into which the plugin
+    loads the output's layout."""
+    check_releases_bytes(manifest, root, sglang_version)
+    check_plugin_release(manifest, root, sglang_version)
+
+
+def check_releases_bytes(manifest: dict, root: str, sglang_version: str) -> None:
     """The installed SGLang against the releases that hold the output's bytes: one the manifest
     lists, or in its range (`sglang_versions`, as an older fi-convert wrote it), or one this
     fi-convert proves for the output's layout; else `UnlistedRelease`, naming them."""
@@ -159,7 +166,7 @@ def check_release(manifest: dict, root: str, sglang_version: str) -> None:
     spec = target_of(manifest, SGLANG).get(releases.VERSIONS_FIELD)
     if sglang_version in ok or (
         isinstance(spec, str)
-        and spec
+        and bool(spec)
         and mf.version_in(spec, sglang_version, "SGLang", root, PluginError)
     ):
         return
@@ -168,6 +175,23 @@ def check_release(manifest: dict, root: str, sglang_version: str) -> None:
         f"{root}: its bytes are proven for SGLang {names}, this is SGLang {sglang_version}, "
         f"whose layout may differ; install SGLang {ok[-1] if ok else names}, or convert "
         "again with an fi-convert that proves this release"
+    )
+
+
+def check_plugin_release(manifest: dict, root: str, sglang_version: str) -> None:
+    """A proven release that holds the output's bytes, into which this plugin's load is not
+    proven for the layout (releases.PLUGIN): refused, naming where it loads. (A release newer
+    than every proven one, listed by a newer fi-convert, is left to that proof.)"""
+    scheme, backend = manifest["scheme"], manifest["backend"]
+    loads = releases.plugin_releases(scheme, backend)
+    if sglang_version not in releases.PROVEN or sglang_version in loads:
+        return
+    where = ", ".join(loads) or "no release"
+    raise PluginError(
+        f"{root}: SGLang {sglang_version} holds its bytes, but this fi-convert's plugin loads "
+        f"{scheme}/{backend} outputs into SGLang {where} only (it follows their processing); "
+        f"install SGLang {loads[-1] if loads else where}, or serve the source with SGLang's "
+        "own loader"
     )
 
 

@@ -96,6 +96,27 @@ LEFT_OUT: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
+# The releases fi-convert's SGLang plugin loads each layout into: its hooks, its read of the
+# experts and the kernel setup that leaves each layer as that release's own processing does,
+# proven there by tests/test_sglang_plugin.py, test_sglang_models.py and test_sglang_ep.py in
+# the release's venv. The plugin follows SGLang 0.5.23's processing; on an older release that
+# holds an output's bytes but is not listed here it refuses to load (a later plugin may serve
+# the same output, which lists the release: no conversion again).
+PLUGIN: dict[tuple[str, str], tuple[str, ...]] = {
+    (row.scheme, row.backend): ("0.5.23",) for row in TABLE
+}
+# Why the plugin does not load into an older release that holds the bytes (the docs say it)
+PLUGIN_WHY = (
+    "fi-convert's plugin follows SGLang 0.5.23's load and processing (hooks and attributes "
+    "that 0.5.20-0.5.22 lack, or process otherwise), so it loads into 0.5.23 only"
+)
+
+
+def plugin_releases(scheme: str, backend: str) -> tuple[str, ...]:
+    """The releases the plugin is proven to load the layout into."""
+    return PLUGIN.get((scheme, backend), ())
+
+
 def _layers(manifest: Mapping) -> Sequence[Mapping]:
     layers = manifest.get("layers")
     return list(layers.values()) if isinstance(layers, Mapping) else []
@@ -139,9 +160,9 @@ def release_fields(manifest: Mapping) -> dict:
 
 def support_table(refused: Mapping[tuple[str, str], str]) -> str:
     """The docs' support table (docs/sglang.md, scripts/sglang_support_table.py): release x
-    scheme/backend, each cell proven, proven where (a condition), other bytes or not served
-    (a note says why), or refused (fi-convert writes no such SGLang output: `refused`, the
-    target's NO_FLASHINFER)."""
+    scheme/backend, each cell proven (the release's bytes, and the plugin loads them there),
+    same bytes but no plugin load, other bytes or not served (a note says why), or refused
+    (fi-convert writes no such SGLang output: `refused`, the target's NO_FLASHINFER)."""
     pairs = sorted({(r.scheme, r.backend) for r in TABLE} | set(refused))
     notes: list[str] = []
     lines = ["| scheme / backend | " + " | ".join(PROVEN) + " |"]
@@ -156,12 +177,14 @@ def _cell(scheme: str, backend: str, release: str, refused: Mapping, notes: list
     if (scheme, backend) in refused:
         return "refused" + _note(f"`{scheme}` / {backend}: {refused[scheme, backend]}", notes)
     rows = [r for r in TABLE if (r.scheme, r.backend) == (scheme, backend)]
+    loads = release in plugin_releases(scheme, backend)
     if any(release in r.releases and not r.when for r in rows):
-        return "proven"
+        return "proven" if loads else "same bytes, no plugin" + _note(PLUGIN_WHY, notes)
     where = [r for r in rows if release in r.releases]
     if where:
         says = "; ".join(CONDITIONS[c].says for r in where for c in r.when)
-        return "proven where every layer has " + says
+        cell = "same bytes where every layer has " + says
+        return cell if loads else cell + ", no plugin" + _note(PLUGIN_WHY, notes)
     kind, why = LEFT_OUT[scheme, backend]
     return kind + _note(f"`{scheme}` / {backend}: {why}", notes)
 
