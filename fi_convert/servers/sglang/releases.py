@@ -82,9 +82,11 @@ TABLE: tuple[Row, ...] = (
 LEFT_OUT: dict[tuple[str, str], tuple[str, str]] = {
     ("nvfp4", "trtllm"): (
         "other bytes",
-        "SGLang 0.5.20-0.5.22 load W13 gate first with the TRT-LLM weight layout, so their "
-        "gate and up global scales, alphas and g1_scale_c are other values; they pad I/TP to "
-        "128 where 0.5.23 pads it to 64, and apply no SwiGLU clamp to the block scales",
+        "SGLang 0.5.20-0.5.22 hold the gate and up global scales in the other order, so their "
+        "w13_weight_scale_2, alphas and g1_scale_c are other values where a checkpoint's gate "
+        "and up global scales differ (every checkpoint tested); they pad I/TP to 128 where "
+        "0.5.23 pads it to 64 (other weights where I/TP % 128 is in (0, 64]), and apply no "
+        "SwiGLU clamp to the block scales",
     ),
     ("fp8-tensor", "trtllm"): (
         "not served",
