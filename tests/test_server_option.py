@@ -113,6 +113,7 @@ def test_config_json_and_the_card_say_how_to_serve_it(converted):
     assert LAUNCH.replace("DIR", "org/mixtral-sglang") in card  # the repo id serves as is
     assert "--tp-size 2 --server sglang" in card
     assert "| target SGLang | 0.5.23 |" in card and "vllm serve" not in card
+    assert "| SGLang releases holding these bytes | 0.5.20, 0.5.21, 0.5.22, 0.5.23 |" in card
     vcard = model_card(manifest(converted["vllm"]), repo_id="org/mixtral")
     assert "vllm serve org/mixtral" in vcard and "--server" not in vcard
 

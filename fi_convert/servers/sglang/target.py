@@ -289,7 +289,8 @@ class SglangTarget:
         return launch_command(where, scheme, backend, tp, ep)
 
     def card_rows(self, target: Mapping) -> list[str]:
-        return release_rows(self.label, target.get("sglang"), target)
+        rows = release_rows(self.label, target.get("sglang"), target)
+        return [*rows, f"| SGLang releases holding these bytes | {_listed(target)} |"]
 
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output with fi-convert's SGLang plugin."""
