@@ -111,6 +111,13 @@ SGLANG_RELEASES ?= 0.5.20 0.5.21 0.5.22
 SGLANG_RELEASE ?= 0.5.22
 SGLANG_RELEASE_TESTS ?= tests/test_sglang.py tests/test_releases_sglang.py
 SGLANG_RELEASE_K ?= own_bytes or control or releases
+# ... and the plugin's tests of the layouts releases.PLUGIN lists for the release (its load, whole
+# models, EP, registration), where it lists some (0.5.20: none)
+SGLANG_PLUGIN_TESTS ?= tests/test_sglang_plugin.py tests/test_sglang_models.py tests/test_sglang_ep.py
+SGLANG_PLUGIN_K := (cutlass and (qwen3 or mixtral)) or deepseek or gpt-oss or mxfp8 or fp8-block \
+	or register
+SGLANG_PLUGIN_K_0.5.21 := $(SGLANG_PLUGIN_K)
+SGLANG_PLUGIN_K_0.5.22 := $(SGLANG_PLUGIN_K)
 
 install-sglang-releases:
 	for r in $(SGLANG_RELEASES); do bash scripts/release_env_sglang.sh $$r >/dev/null || exit 1; done
@@ -118,7 +125,9 @@ install-sglang-releases:
 test-sglang-release:
 	venv=$$(bash scripts/release_env_sglang.sh $(SGLANG_RELEASE)) && \
 	PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server sglang \
-		$(SGLANG_RELEASE_TESTS) -k "$(SGLANG_RELEASE_K)"
+		$(SGLANG_RELEASE_TESTS) -k "$(SGLANG_RELEASE_K)" $(if $(SGLANG_PLUGIN_K_$(SGLANG_RELEASE)),\
+	&& PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server sglang \
+		$(SGLANG_PLUGIN_TESTS) -k "$(SGLANG_PLUGIN_K_$(SGLANG_RELEASE))")
 
 # The header fuzz at full size (about a minute on 2 cores): thousands of random corruptions of a
 # shard's header at the reader, a few hundred through the CLI; `make test` runs a few hundred.

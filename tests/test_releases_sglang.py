@@ -128,6 +128,12 @@ def test_a_listed_release_is_served_and_others_raise_unlisted_release(outputs):
     # a newer release the manifest lists (a newer fi-convert proved it) is served
     newer = m | {"target": m["target"] | {"sglang_releases": [*ALL, "0.5.24"]}}
     checks.check_release(newer, "OUT", "0.5.24")
+    # where the plugin's load is proven on an older release, it serves there
+    assert releases.plugin_releases("mxfp8", "trtllm") == ("0.5.21", "0.5.22", "0.5.23")
+    checks.check_release(_m("mxfp8", "trtllm"), "OUT", "0.5.21")
+    with pytest.raises(checks.PluginError, match="into SGLang 0.5.21, 0.5.22, 0.5.23 only"):
+        checks.check_release(_m("mxfp8", "trtllm"), "OUT", "0.5.20")
+    assert releases.plugin_specifier() == ">=0.5.21,<=0.5.23"
     for release in ("0.5.19", "0.5.24", "0.6.0"):
         with pytest.raises(checks.UnlistedRelease, match="0.5.20, 0.5.21, 0.5.22, 0.5.23, this"):
             checks.check_release(m, "OUT", release)
@@ -186,3 +192,9 @@ def test_an_older_release_holding_the_bytes_is_refused_where_the_plugin_does_not
     assert "loads bf16/trtllm outputs into SGLang 0.5.23 only" in msg
     newer = m | {"target": m["target"] | {"sglang_releases": [*ALL, "0.5.24"]}}
     checks.check_release(newer, "OUT", "0.5.24")
+    # where the plugin's load is proven on an older release, it serves there
+    assert releases.plugin_releases("mxfp8", "trtllm") == ("0.5.21", "0.5.22", "0.5.23")
+    checks.check_release(_m("mxfp8", "trtllm"), "OUT", "0.5.21")
+    with pytest.raises(checks.PluginError, match="into SGLang 0.5.21, 0.5.22, 0.5.23 only"):
+        checks.check_release(_m("mxfp8", "trtllm"), "OUT", "0.5.20")
+    assert releases.plugin_specifier() == ">=0.5.21,<=0.5.23"

@@ -106,12 +106,29 @@ LEFT_OUT: dict[tuple[str, str], tuple[str, str]] = {
 # the same output, which lists the release: no conversion again).
 PLUGIN: dict[tuple[str, str], tuple[str, ...]] = {
     (row.scheme, row.backend): ("0.5.23",) for row in TABLE
+} | {
+    pair: ("0.5.21", "0.5.22", "0.5.23")
+    for pair in (
+        ("bf16", "cutlass"),
+        ("fp8-block", "trtllm"),
+        ("mxfp4", "trtllm"),
+        ("mxfp4", "cutlass"),
+        ("mxfp8", "trtllm"),
+    )
 }
 # Why the plugin does not load into an older release that holds the bytes (the docs say it)
 PLUGIN_WHY = (
-    "fi-convert's plugin follows SGLang 0.5.23's load and processing (hooks and attributes "
-    "that 0.5.20-0.5.22 lack, or process otherwise), so it loads into 0.5.23 only"
+    "fi-convert's plugin follows SGLang 0.5.23's load and processing: 0.5.20's loader lacks "
+    "hooks it uses (`_modules_with_quant_method`); 0.5.21 and 0.5.22 process this layout "
+    "otherwise (BF16 TRT-LLM's block packing, ModelOpt NVFP4 and FP8's methods and whole "
+    "models), which its kernel setup does not follow yet"
 )
+
+
+def plugin_specifier() -> str:
+    """The range of releases the plugin loads some layout into: what fi-convert's `sglang`
+    extra installs (pyproject.toml)."""
+    return specifier(sorted({r for rs in PLUGIN.values() for r in rs}, key=Version))
 
 
 def plugin_releases(scheme: str, backend: str) -> tuple[str, ...]:
