@@ -27,6 +27,11 @@ RELEASES_FIELD = "sglang_releases"  # the manifest target's list of them
 VERSIONS_FIELD = "sglang_versions"  # ... and the PEP 440 range that admits exactly those
 
 
+def _int(value: object) -> int:
+    """A layer entry's size, or -1 where it is not an integer (no condition holds on it)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 @dataclass(frozen=True)
 class Condition:
     """A fact about one layer entry of the manifest that a row of the table needs."""
@@ -40,7 +45,7 @@ CONDITIONS: dict[str, Condition] = {
     # shards I by it; 0.5.23's ModelOpt NVFP4 pads to 64: the same rows where the two agree
     "i_p_128": Condition(
         "I/TP padded to a multiple of 128 (I/TP a multiple of 128, or above 64 past one)",
-        lambda layer: layer["padded_intermediate_size_per_rank"] % 128 == 0,
+        lambda layer: _int(layer.get("padded_intermediate_size_per_rank")) % 128 == 0,
     ),
     # ... and before 0.5.23 a SwiGLU clamp does not rescale the w13 block scales nor tie the
     # alphas (nor make gemm1_clamp_limit a parameter)
@@ -137,8 +142,10 @@ def plugin_releases(scheme: str, backend: str) -> tuple[str, ...]:
 
 
 def _layers(manifest: Mapping) -> Sequence[Mapping]:
+    """The manifest's layer entries (a damaged one's: those that are maps)."""
     layers = manifest.get("layers")
-    return list(layers.values()) if isinstance(layers, Mapping) else []
+    found = layers.values() if isinstance(layers, Mapping) else ()
+    return [layer for layer in found if isinstance(layer, Mapping)]
 
 
 def holds(row: Row, layers: Sequence[Mapping]) -> bool:
