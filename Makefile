@@ -33,7 +33,7 @@ OTHER_SERVER_sglang := vllm
 export SERVER_CHECK = $(SERVER_CHECK_$(SERVER))
 
 .PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean install-server \
-	test-server install-sglang-releases test-sglang-release
+	test-server install-sglang-releases test-sglang-release print-sglang-releases
 
 install: $(VENV)/.installed
 
@@ -118,6 +118,9 @@ SGLANG_PLUGIN_K := (cutlass and (qwen3 or mixtral)) or deepseek or gpt-oss or mx
 	or register
 SGLANG_PLUGIN_K_0.5.21 := $(SGLANG_PLUGIN_K)
 SGLANG_PLUGIN_K_0.5.22 := $(SGLANG_PLUGIN_K)
+
+print-sglang-releases:
+	@echo $(SGLANG_RELEASES)
 
 install-sglang-releases:
 	for r in $(SGLANG_RELEASES); do bash scripts/release_env_sglang.sh $$r >/dev/null || exit 1; done
