@@ -33,7 +33,7 @@ OTHER_SERVER_sglang := vllm
 export SERVER_CHECK = $(SERVER_CHECK_$(SERVER))
 
 .PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean install-server \
-	test-server
+	test-server install-sglang-releases test-sglang-release print-sglang-releases
 
 install: $(VENV)/.installed
 
@@ -100,6 +100,37 @@ $(SERVER_VENV)/.installed: pyproject.toml Makefile requirements/torch-cpu.txt \
 
 test-server: install-server
 	$(SERVER_VENV)/bin/pytest -q -p no:cacheprovider --server $(SERVER) $(SERVER_TESTS)
+
+# Each older SGLang release as a test authority (fi_convert/servers/sglang/releases.py): its
+# own venv, cached outside the clone (scripts/release_env_sglang.sh), and there its own MoE
+# processing against every --server sglang layout (each release left out of a layout's list
+# is refuted by the same test), and the releases table's tests. 0.5.23 is `make install`'s
+# venv (`make test`). SGLANG_RELEASE=0.5.21 picks one; SGLANG_RELEASE_TESTS and
+# SGLANG_RELEASE_K (pytest -k) other tests (the plugin's: docs/development.md).
+SGLANG_RELEASES ?= 0.5.20 0.5.21 0.5.22
+SGLANG_RELEASE ?= 0.5.22
+SGLANG_RELEASE_TESTS ?= tests/test_sglang.py tests/test_releases_sglang.py
+SGLANG_RELEASE_K ?= own_bytes or control or releases
+# ... and the plugin's tests of the layouts releases.PLUGIN lists for the release (its load, whole
+# models, EP, registration), where it lists some (0.5.20: none)
+SGLANG_PLUGIN_TESTS ?= tests/test_sglang_plugin.py tests/test_sglang_models.py tests/test_sglang_ep.py
+SGLANG_PLUGIN_K := (cutlass and (qwen3 or mixtral)) or deepseek or gpt-oss or mxfp8 or fp8-block \
+	or register
+SGLANG_PLUGIN_K_0.5.21 := $(SGLANG_PLUGIN_K)
+SGLANG_PLUGIN_K_0.5.22 := $(SGLANG_PLUGIN_K)
+
+print-sglang-releases:
+	@echo $(SGLANG_RELEASES)
+
+install-sglang-releases:
+	for r in $(SGLANG_RELEASES); do bash scripts/release_env_sglang.sh $$r >/dev/null || exit 1; done
+
+test-sglang-release:
+	venv=$$(bash scripts/release_env_sglang.sh $(SGLANG_RELEASE)) && \
+	PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server sglang \
+		$(SGLANG_RELEASE_TESTS) -k "$(SGLANG_RELEASE_K)" $(if $(SGLANG_PLUGIN_K_$(SGLANG_RELEASE)),\
+	&& PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server sglang \
+		$(SGLANG_PLUGIN_TESTS) -k "$(SGLANG_PLUGIN_K_$(SGLANG_RELEASE))")
 
 # The header fuzz at full size (about a minute on 2 cores): thousands of random corruptions of a
 # shard's header at the reader, a few hundred through the CLI; `make test` runs a few hundred.

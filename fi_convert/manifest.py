@@ -33,21 +33,35 @@ from .target import ServerTarget
 from .version import __version__
 
 
-def target_fields(server: ServerTarget, scheme: str, backend: str) -> dict:
-    """A server's `target`: the releases an output's bytes are, and where it runs them."""
-    return {**server.versions, "gpu_family": server.gpu_family(backend, scheme)}
+def target_fields(server: ServerTarget, m: dict) -> dict:
+    """A server's `target` for an output (manifest `m`: its scheme, backend and layers): the
+    releases its bytes are, and where it runs them."""
+    scheme, backend = str(m.get("scheme")), str(m.get("backend"))
+    fields = {**server.versions, "gpu_family": server.gpu_family(backend, scheme)}
+    # a server whose releases are proven per layout names those of the output's (SGLang)
+    releases = getattr(server, "release_fields", None)
+    return {**fields, **releases(m)} if releases else fields
+
+
+def _accepted_targets(server: ServerTarget, m: dict) -> list[dict]:
+    """The targets `verify` accepts for the output: this fi-convert's, and any a server lists
+    as what older fi-convert releases wrote (`former_targets`)."""
+    gpu = {"gpu_family": server.gpu_family(str(m.get("backend")), str(m.get("scheme")))}
+    return [target_fields(server, m)] + [
+        {**t, **gpu} for t in getattr(server, "former_targets", ())
+    ]
 
 
 def build(plan: Plan, files: dict[str, dict]) -> dict:
     layers = plan.summary()["layers"]
     scheme, backend, server = plan.scheme.value, plan.options.backend.value, plan.target
+    shape = {"scheme": scheme, "backend": backend, "tp_size": plan.options.tp_size}
+    shape["layers"] = layers
     several = {}
     if len(plan.options.targets) > 1:
         several = {
             SERVERS_FIELD: list(plan.options.server_names),
-            TARGETS_FIELD: {
-                t.name: target_fields(t, scheme, backend) for t in plan.options.targets
-            },
+            TARGETS_FIELD: {t.name: target_fields(t, shape) for t in plan.options.targets},
         }
     return {
         "format": FORMAT,
@@ -58,7 +72,7 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "tp_size": plan.options.tp_size,
         SERVER_FIELD: server.name,
         **several,
-        "target": target_fields(server, scheme, backend),
+        "target": target_fields(server, shape),
         "expert_parallel": server.ep_note(scheme, layers),
         "source": {
             "model_type": plan.ckpt.model_type,
@@ -203,8 +217,10 @@ def check_fields(m: dict) -> list[str]:
         refused = server.refuses(scheme.value, backend.value)
         if refused:
             bad("scheme", m["scheme"], f"with backend {backend.value} for {server.name}: {refused}")
-        want = {**server.versions, "gpu_family": server.gpu_family(backend.value, scheme.value)}
+        wants = _accepted_targets(server, m)
         target = m.get("target")
+        # an older fi-convert's target is checked as such; else this one's, field by field
+        want = next((w for w in wants[1:] if same(target, w)), wants[0])
         if not isinstance(target, dict):
             bad("target", target, f"not {show(want)}")
         else:
@@ -254,9 +270,9 @@ def _several_problems(m: dict, first: str) -> list[str]:
         except FiConvertError as e:
             out.append(f"{SERVERS_FIELD} names {show(name)}: {e}")
             continue
-        want = target_fields(server, str(m.get("scheme")), str(m.get("backend")))
-        if not same(targets[name], want):
-            out.append(f"{TARGETS_FIELD}.{name} is {show(targets[name])}, not {show(want)}")
+        wants = _accepted_targets(server, m)
+        if not any(same(targets[name], want) for want in wants):
+            out.append(f"{TARGETS_FIELD}.{name} is {show(targets[name])}, not {show(wants[0])}")
         refused = server.refuses(str(m.get("scheme")), str(m.get("backend")))
         if refused:
             out.append(f"{SERVERS_FIELD} names {name}, for which {refused}")

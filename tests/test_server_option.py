@@ -86,7 +86,8 @@ def test_the_manifest_names_the_server_and_its_releases(converted):
     assert m["server"] == "sglang"
     assert m["target"] == {
         "sglang": "0.5.23",
-        "sglang_versions": "==0.5.23",
+        "sglang_releases": ["0.5.20", "0.5.21", "0.5.22", "0.5.23"],
+        "sglang_versions": ">=0.5.20,<=0.5.23",
         "flashinfer": "0.7.2",
         "flashinfer_layouts": "0.6.18-0.7.4",
         "flashinfer_versions": ">=0.6.18,<0.7.5",
@@ -112,6 +113,7 @@ def test_config_json_and_the_card_say_how_to_serve_it(converted):
     assert LAUNCH.replace("DIR", "org/mixtral-sglang") in card  # the repo id serves as is
     assert "--tp-size 2 --server sglang" in card
     assert "| target SGLang | 0.5.23 |" in card and "vllm serve" not in card
+    assert "| SGLang releases holding these bytes | 0.5.20, 0.5.21, 0.5.22, 0.5.23 |" in card
     vcard = model_card(manifest(converted["vllm"]), repo_id="org/mixtral")
     assert "vllm serve org/mixtral" in vcard and "--server" not in vcard
 
@@ -337,7 +339,10 @@ def test_one_output_for_both_servers(ckpts, tmp_path, backend, tp):
         m, "OUT", tp_size=tp, moe_runner_backend=flag, sglang_version="0.5.23"
     )
     sglang_checks.check_device(m, "OUT", flashinfer_version="0.7.2", capability=(10, 0))
-    with pytest.raises(sglang_checks.PluginError, match="converted for SGLang ==0.5.23"):
+    with pytest.raises(
+        sglang_checks.UnlistedRelease,
+        match="proven for SGLang 0.5.20, .*0.5.23, this is SGLang 0.5.24",
+    ):
         sglang_checks.check_manifest(
             m, "OUT", tp_size=tp, moe_runner_backend=flag, sglang_version="0.5.24"
         )

@@ -32,7 +32,7 @@ import torch
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.format.names import MANIFEST_NAME
 from fi_convert.format.reader import OutputReader
-from fi_convert.servers.sglang import checks, target
+from fi_convert.servers.sglang import checks, releases, target
 from fi_convert.servers.sglang.checks import PluginError
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import hf_checkpoints
@@ -322,7 +322,7 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
     for rank in range(tp):
         theirs = sm.build(sgl(case, backend), tp, rank, ckpt, prefix)
         ours = plugin_layer(out, ckpt, prefix, backend, tp, rank, case=case)
-        assert ours.runner_backend.value == sm.BACKEND[sgl(case, backend)]
+        assert checks.runner_of(ours) == sm.BACKEND[sgl(case, backend)]
         if sm90:  # SGLang took its SM90 branch on both sides
             assert theirs.quant_method._fi_kernel == ours.quant_method._fi_kernel == "cutlass_sm90"
         checks.check_layer(m, str(out), prefix, ours)  # the plugin's checks pass it
@@ -458,7 +458,7 @@ def test_fp8_tensor_on_a_model_without_a_routing_method_is_refused(tmp_path):
     m = json.loads((out / MANIFEST_NAME).read_text()) | {"backend": "trtllm"}
     with sm.sglang_context("trtllm", 1, 0), sm.fp8_quant():
         layer = sm.make_layer(MIXTRAL, ckpt)
-    assert layer.runner_backend.value == "triton"
+    assert checks.runner_of(layer) == "triton"
     with pytest.raises(PluginError, match="declares no routing method for it, so Model"):
         checks.check_layer(m, str(out), MIXTRAL, layer)
 
@@ -623,8 +623,11 @@ def test_a_matching_runtime_passes(manifest):
     ("change", "words"),
     [
         (dict(tp_size=4), "tensor-parallel size 2, SGLang runs 4; pass --tp 2"),
-        (dict(sglang_version="0.5.24"), "this is SGLang 0.5.24, whose layouts may differ"),
-        (dict(sglang_version="0.5.22"), "install an SGLang in ==0.5.23"),
+        (dict(sglang_version="0.5.24"), "this is SGLang 0.5.24, whose layout may differ"),
+        (
+            dict(sglang_version="0.5.19"),
+            "proven for SGLang 0.5.20, 0.5.21, 0.5.22, 0.5.23, this is SGLang 0.5.19",
+        ),
         (
             dict(moe_runner_backend="auto"),
             "started with --moe-runner-backend auto; pass --moe-runner-backend flashinfer_trtllm",
@@ -666,8 +669,9 @@ def test_another_servers_output_is_refused(manifest, outputs):
 
 def test_the_manifest_is_sglangs(manifest):
     """What --server sglang writes: SGLang's target (the helper gives the same fields)."""
-    assert {k: manifest[k] for k in ("server", "target")} == target.sglang_fields("bf16", "trtllm")
-    assert manifest["target"]["sglang_versions"] == "==0.5.23"
+    assert {k: manifest[k] for k in ("server", "target")} == target.sglang_fields(manifest)
+    assert manifest["target"]["sglang_versions"] == ">=0.5.20,<=0.5.23"
+    assert manifest["target"]["sglang_releases"] == ["0.5.20", "0.5.21", "0.5.22", "0.5.23"]
     assert "tp_split" not in manifest["layers"][QWEN]  # I/TP 256: SGLang's split is vLLM's
 
 
@@ -710,14 +714,22 @@ def test_schemes_the_plugin_does_not_load_yet_are_refused(manifest):
         _check(manifest | {"scheme": "fp8-block", "backend": "cutlass"})
 
 
-@pytest.mark.parametrize(("spec", "words"), [("", "(no version range)"), ("0.5 or so", "range")])
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ("", "proven for SGLang 0.5.20, 0.5.21, 0.5.22, 0.5.23, this is SGLang 0.5.24"),
+        ("0.5 or so", "the manifest's SGLang range '0.5 or so' is unreadable; convert again"),
+    ],
+)
 def test_a_missing_or_unreadable_version_range_is_refused(manifest, spec, words):
-    m = manifest | {"target": manifest["target"] | {"sglang_versions": spec}}
-    with pytest.raises(PluginError, match="convert again"):
-        _check(m)
+    """Without the list (an older output), an empty or unreadable range serves the releases
+    proven for the layout, and refuses any other in one line."""
+    t = {k: v for k, v in manifest["target"].items() if k != "sglang_releases"}
+    m = manifest | {"target": t | {"sglang_versions": spec}}
+    _check(m)  # 0.5.23: proven for the layout
     with pytest.raises(PluginError) as e:
-        _check(m)
-    assert words in str(e.value)
+        _check(m, sglang_version="0.5.24")
+    assert words in str(e.value) and "\n" not in str(e.value)
 
 
 # ---- registration: the load format, the hooks, the entry point ----
@@ -831,7 +843,8 @@ def test_the_entry_point_is_declared():
     from fi_convert.servers.sglang import register
 
     assert pkgutil.resolve_name(eps[target.PLUGIN_NAME]) is register
-    assert project["optional-dependencies"]["sglang"] == ["sglang==" + target.TARGET["sglang"]]
+    want = "sglang" + releases.plugin_specifier()
+    assert project["optional-dependencies"]["sglang"] == [want] == ["sglang>=0.5.21,<=0.5.23"]
 
 
 def test_the_facts_and_the_checks_import_no_sglang():

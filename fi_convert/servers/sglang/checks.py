@@ -10,9 +10,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.names import servers_of, target_of
+from . import releases
 from .target import (
     EP_REFUSED,
     EP_SCHEMES,
@@ -105,13 +108,7 @@ def check_manifest(
             f"{root}: the SGLang plugin does not load {scheme}/{backend} outputs yet (it loads "
             f"{ok}); serve the source checkpoint with SGLang's own loader"
         )
-    spec = target_of(manifest, SGLANG).get("sglang_versions", "")
-    if not spec or not mf.version_in(spec, sglang_version, "SGLang", root, PluginError):
-        raise PluginError(
-            f"{root}: converted for SGLang {spec or '(no version range)'}, this is SGLang "
-            f"{sglang_version}, whose layouts may differ; install an SGLang in {spec or 'range'}"
-            " or convert again with an fi-convert that targets it"
-        )
+    check_release(manifest, root, sglang_version)
     want = runner_for(scheme, backend)
     if moe_runner_backend != want:
         raise PluginError(
@@ -134,6 +131,68 @@ def check_manifest(
             f"{root}: converted for tensor-parallel size {manifest['tp_size']}, SGLang runs "
             f"{tp_size}; pass --tp {manifest['tp_size']} or convert again with --tp-size {tp_size}"
         )
+
+
+class UnlistedRelease(PluginError):
+    """The installed SGLang is neither a release the output lists nor one this fi-convert
+    proves for the layout the output holds (releases.py)."""
+
+
+def listed_releases(manifest: dict) -> list[str]:
+    """The releases an output's manifest lists for SGLang (`target.sglang_releases`; an output
+    written before the list existed lists none, only its range `sglang_versions`)."""
+    got = target_of(manifest, SGLANG).get(releases.RELEASES_FIELD)
+    return [str(r) for r in got] if isinstance(got, list) else []
+
+
+def serving_releases(manifest: dict) -> list[str]:
+    """The releases the plugin serves an output on: those its manifest lists, and those this
+    fi-convert proves for the layout it holds (its scheme, backend and layers), oldest first."""
+    return sorted({*listed_releases(manifest), *releases.proven_for(manifest)}, key=Version)
+
+
+def check_release(manifest: dict, root: str, sglang_version: str) -> None:
+    """The installed SGLang: a release that holds the output's bytes, into which the plugin
+    loads the output's layout."""
+    check_releases_bytes(manifest, root, sglang_version)
+    check_plugin_release(manifest, root, sglang_version)
+
+
+def check_releases_bytes(manifest: dict, root: str, sglang_version: str) -> None:
+    """The installed SGLang against the releases that hold the output's bytes: one the manifest
+    lists, or in its range (`sglang_versions`, as an older fi-convert wrote it), or one this
+    fi-convert proves for the output's layout; else `UnlistedRelease`, naming them."""
+    ok = serving_releases(manifest)
+    spec = target_of(manifest, SGLANG).get(releases.VERSIONS_FIELD)
+    if sglang_version in ok or (
+        isinstance(spec, str)
+        and bool(spec)
+        and mf.version_in(spec, sglang_version, "SGLang", root, PluginError)
+    ):
+        return
+    names = ", ".join(ok) or (str(spec) if spec else "none")
+    raise UnlistedRelease(
+        f"{root}: its bytes are proven for SGLang {names}, this is SGLang {sglang_version}, "
+        f"whose layout may differ; install SGLang {ok[-1] if ok else names}, or convert "
+        "again with an fi-convert that proves this release"
+    )
+
+
+def check_plugin_release(manifest: dict, root: str, sglang_version: str) -> None:
+    """A proven release that holds the output's bytes, into which this plugin's load is not
+    proven for the layout (releases.PLUGIN): refused, naming where it loads. (A release newer
+    than every proven one, listed by a newer fi-convert, is left to that proof.)"""
+    scheme, backend = manifest["scheme"], manifest["backend"]
+    loads = releases.plugin_releases(scheme, backend)
+    if sglang_version not in releases.PROVEN or sglang_version in loads:
+        return
+    where = ", ".join(loads) or "no release"
+    raise PluginError(
+        f"{root}: SGLang {sglang_version} holds its bytes, but this fi-convert's plugin loads "
+        f"{scheme}/{backend} outputs into SGLang {where} only (it follows their processing); "
+        f"install SGLang {loads[-1] if loads else where}, or serve the source with SGLang's "
+        "own loader"
+    )
 
 
 def check_expert_parallel(
@@ -319,7 +378,7 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{root}: layer {prefix}: SGLang built per-tensor FP8 for it, the output is "
             "fp8-block; keep the source's quantization config (weight_block_size) as converted"
         )
-    got = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    got = runner_of(layer)
     if method == "ModelOptFp8MoEMethod" and backend == "trtllm" and got == "triton":
         raise PluginError(
             f"{root}: layer {prefix}: SGLang's model class declares no routing method for it, "
@@ -362,6 +421,16 @@ def check_layer(manifest: dict, root: str, prefix: str, layer: Any) -> None:
             f"{sizes}, the output holds {want} (converted for another server's padding?); "
             "convert the source again for SGLang"
         )
+
+
+def runner_of(layer: Any) -> str:
+    """The MoE runner SGLang runs a layer on: the layer's own `runner_backend` (SGLang 0.5.23
+    sets it per layer, from its quant method), else the backend of the runner its quant method
+    created (0.5.20-0.5.22: `quant_method.runner`)."""
+    got = getattr(layer, "runner_backend", None)
+    if got is None:
+        got = getattr(getattr(layer.quant_method, "runner", None), "runner_backend", None)
+    return str(getattr(got, "value", got))
 
 
 def check_clamp(root: str, prefix: str, meta: dict, layer: Any) -> None:
@@ -408,7 +477,7 @@ def allocated_sizes(layer: Any) -> tuple[int, int]:
         if getattr(method, "_fi_kernel", None) == "cutlass_sm90":
             return method._padded_hidden, method._padded_intermediate
         return method.hidden_size, method.intermediate_size_per_partition
-    runner = str(getattr(layer.runner_backend, "value", layer.runner_backend))
+    runner = runner_of(layer)
     align = PROCESS_PADDED.get((type(method).__name__, runner), 1)
     i = layer.intermediate_size_per_partition
     return layer.hidden_size, -(-i // align) * align

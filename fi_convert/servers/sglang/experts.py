@@ -123,7 +123,12 @@ def _placed(layer: Any, ids: list[int]) -> list[int] | None:
     the physical slots `logical_to_all_physical` gives); None where it has none."""
     from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
 
-    meta = get_global_expert_location_metadata() if layer.uses_expert_location else None
+    # (SGLang 0.5.23 marks the layers that use it; before, every layer's loader did)
+    meta = (
+        get_global_expert_location_metadata()
+        if getattr(layer, "uses_expert_location", True)
+        else None
+    )
     if meta is None:
         return None
     row = meta.physical_to_logical_map[layer.layer_id].tolist()
@@ -422,7 +427,7 @@ def _modelopt_fp8(layer: Any, method: Any) -> None:
     by a new Parameter (without the loader's attributes) on the same bytes; CUTLASS's SwiGLU
     parameters, by its own function."""
     cfg = layer.moe_runner_config
-    backend = method.get_moe_runner_backend(layer)
+    backend = _runner_backend(layer, method)
     trtllm, cutlass = backend.is_flashinfer_trtllm(), backend.is_flashinfer_cutlass()
     if not (trtllm or cutlass) or not cfg.is_gated or cfg.activation != "silu":
         raise PluginError(
@@ -440,6 +445,16 @@ def _modelopt_fp8(layer: Any, method: Any) -> None:
         layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
             cfg, int(layer.num_local_experts), layer.w13_weight.device
         )
+
+
+def _runner_backend(layer: Any, method: Any) -> Any:
+    """The MoE runner backend the method runs the layer on: its own answer (SGLang 0.5.23),
+    else the server's --moe-runner-backend (0.5.20-0.5.22, which decide by it alone)."""
+    if hasattr(method, "get_moe_runner_backend"):
+        return method.get_moe_runner_backend(layer)
+    from sglang.srt.layers.moe.utils import get_moe_runner_backend
+
+    return get_moe_runner_backend()
 
 
 # ModelOpt FP8's loaded scales, which its processing reduces (w13: max of w1 and w3; the input

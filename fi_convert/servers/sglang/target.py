@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from ...format.names import DEFAULT_SERVER, SERVER_FIELD, server_of
 from ...target import Layout, Refusal, release_rows
+from . import releases as rel
 
 __all__ = ["DEFAULT_SERVER", "SERVER_FIELD", "SGLANG", "SGLANG_TARGET", "VLLM", "server_of"]
 
@@ -28,17 +29,21 @@ ENTRY_POINT_GROUP = "sglang.srt.plugins"  # SGLang's general-plugin entry points
 ENV_ALLOW_LIST = "SGLANG_PLUGINS"  # SGLang's optional allow-list of plugin names
 PLUGIN_NAME = "fi_convert"  # the entry point's name (what SGLANG_PLUGINS must list, if set)
 
-# The releases whose load-time processing gives an SGLang output's bytes, as the manifest's
-# `target` holds them (PEP 440 specifiers: the plugin refuses any other release).
-# SGLang 0.5.23 pins flashinfer-python 0.7.2; FlashInfer's MoE byte layouts are the same from
-# 0.6.18 through 0.7.4 (shared/SPEC.md).
+# The release whose load-time processing fi-convert's SGLang layouts follow (`sglang`), and
+# FlashInfer's, as the manifest's `target` holds them; beside them the releases proven to hold
+# an output's bytes (releases.py: `sglang_releases`, and `sglang_versions`, the PEP 440 range
+# of exactly those). SGLang 0.5.23 pins flashinfer-python 0.7.2 (0.5.20 and 0.5.21: 0.6.18,
+# 0.5.22: 0.7.1); FlashInfer's MoE byte layouts are the same from 0.6.18 through 0.7.4
+# (shared/SPEC.md).
 TARGET = {
     "sglang": "0.5.23",
-    "sglang_versions": "==0.5.23",
     "flashinfer": "0.7.2",
     "flashinfer_layouts": "0.6.18-0.7.4",
     "flashinfer_versions": ">=0.6.18,<0.7.5",
 }
+# The target every SGLang output held before the releases were proven one by one: still a
+# target `verify` accepts (the plugin serves such an output on every release proven for it)
+FORMER_TARGETS = ({**TARGET, rel.VERSIONS_FIELD: "==0.5.23"},)
 
 # --moe-runner-backend for each fi-convert backend
 MOE_RUNNER_BACKEND = {"trtllm": "flashinfer_trtllm", "cutlass": "flashinfer_cutlass"}
@@ -200,10 +205,12 @@ NO_EP_NOTE = (
 FORMER_EP_NOTES = (NO_EP_NOTE,)
 
 
-def sglang_fields(scheme: str, backend: str) -> dict:
+def sglang_fields(manifest: Mapping) -> dict:
     """The manifest fields that make an output SGLang's: `server` and `target` (as the
-    converter writes them with --server sglang)."""
-    return {SERVER_FIELD: SGLANG, "target": SGLANG_TARGET.target_fields(scheme, backend)}
+    converter writes them with --server sglang, for the output's scheme, backend and layers)."""
+    scheme, backend = str(manifest["scheme"]), str(manifest["backend"])
+    fields = {**SGLANG_TARGET.target_fields(scheme, backend), **rel.release_fields(manifest)}
+    return {SERVER_FIELD: SGLANG, "target": fields}
 
 
 # Backends on which SGLang 0.5.23 may fuse a layer's shared expert into its routed experts
@@ -231,6 +238,12 @@ class SglangTarget:
     versions = TARGET
     ep_schemes: tuple[str, ...] = EP_SCHEMES
     former_ep_notes = FORMER_EP_NOTES
+    former_targets = FORMER_TARGETS
+
+    def release_fields(self, manifest: Mapping) -> dict:
+        """The target's fields naming the releases proven to hold the output's bytes (its
+        scheme, backend and layer entries): `sglang_releases` and `sglang_versions`."""
+        return rel.release_fields(manifest)
 
     def marker_note(self, scheme: str, backend: str, tp: int) -> str:
         return NOTE.format(
@@ -276,7 +289,8 @@ class SglangTarget:
         return launch_command(where, scheme, backend, tp, ep)
 
     def card_rows(self, target: Mapping) -> list[str]:
-        return release_rows(self.label, target.get("sglang"), target)
+        rows = release_rows(self.label, target.get("sglang"), target)
+        return [*rows, f"| SGLang releases holding these bytes | {_listed(target)} |"]
 
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output with fi-convert's SGLang plugin."""
@@ -299,8 +313,8 @@ class SglangTarget:
             "```",
             "",
             *self._ep_lines(repo_id, scheme, backend, tp),
-            "The plugin refuses, before loading anything, an SGLang outside "
-            f"{t.get('sglang_versions')}, another TP size, another `--moe-runner-backend`, "
+            "The plugin refuses, before loading anything, an SGLang release other than "
+            f"{_listed(t)}, another TP size, another `--moe-runner-backend`, "
             f"{self._ep_refused(scheme, tp)}, or a GPU outside the {t.get('gpu_family')} "
             "family. Stock SGLang without `--load-format fi-convert`, and vLLM, must not be "
             "used on this repo.",
@@ -325,6 +339,12 @@ class SglangTarget:
         if scheme in EP_SCHEMES:
             return "redundant experts (EPLB) or a placement other than trivial"
         return "expert parallelism"
+
+
+def _listed(target: Mapping) -> str:
+    """The releases a target lists (an older one: its range)."""
+    releases = target.get(rel.RELEASES_FIELD)
+    return ", ".join(releases) if releases else str(target.get(rel.VERSIONS_FIELD))
 
 
 SGLANG_TARGET = SglangTarget()
