@@ -17,7 +17,7 @@ import torch
 from .. import dtypes, jsontext
 from .. import manifest as mf
 from ..errors import FiConvertError
-from ..families import Family, all_families, config_field, model_type
+from ..families import Family, config_field, model_type, recorded
 from ..format import config_marker
 from ..format import manifest as fm
 from ..format.hashes import sha256_file
@@ -201,7 +201,7 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
     rep.problems += [f"{where}: {p}" for p in mf.check_fields(m)]
     config = _config(root, m, rep)
     src: dict = m["source"] if isinstance(m.get("source"), dict) else {}
-    family = next((f for f in all_families() if f.name == src.get("family")), None)
+    family = recorded(src)
     if config is not None:
         if "model_type" in src and not mf.same(src["model_type"], model_type(config)):
             rep.problems.append(
@@ -465,7 +465,11 @@ def check_source(
         return
     # the output exists: re-derive it even where vLLM cannot serve it (--allow-unservable)
     servers = ",".join(servers_of(m))
-    opts = Options(m["scheme"], m["backend"], m["tp_size"], allow_unservable=True, server=servers)
+    family = recorded(m["source"])  # a user's family file the output holds, or None
+    own = family if family is not None and family.own else None
+    opts = Options(
+        m["scheme"], m["backend"], m["tp_size"], allow_unservable=True, server=servers, family=own
+    )
     plan = make_plan(source, opts)
     rep.problems += [f"{where}: {line}" for line in _source_bound(m, plan)]
     dev = resolve_device(device)
