@@ -413,7 +413,7 @@ def unknown_family(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Group
     names = ", ".join(sorted(f.name for f in all_families() if not f.moe.refuse))
     like = ""
     if found:
-        fam, (_, groups) = found[0]
+        fam, (_, groups) = _likeliest(ckpt, found)[0]
         like = f"; its experts are named as {fam.title}'s ({_first(groups)}): start from that file"
     return (
         f"{ckpt.root / 'config.json'}: {what} is no model family fi-convert knows ({names}); "
@@ -448,10 +448,7 @@ Groups = dict[str, dict[tuple[str, str, int], TensorInfo]]
 
 def _contradiction(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Groups]]]) -> str:
     """config.json names another family, or none, than the expert tensors' names: say both."""
-    # where several families name experts alike (DeepSeek-V3 and Qwen3-MoE), their other
-    # tensors (`markers`) tell them apart
-    score = [sum(any(m.search(n) for m in f.markers) for n in ckpt.tensors) for f, _ in found]
-    best = [found[k] for k, sc in enumerate(score) if sc == max(score)]
+    best = _likeliest(ckpt, found)
     fams = [f for f, _ in best]
     example = _first(best[0][1][1])
     mt = model_type(ckpt.config)
@@ -470,6 +467,16 @@ def _contradiction(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Group
         f"{ckpt.root / 'config.json'} says {says} but the expert tensors are named as {titles} "
         f"({example}); {fix}"
     )
+
+
+def _likeliest(
+    ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Groups]]]
+) -> list[tuple[Family, tuple[Form, Groups]]]:
+    """Of the families whose forms name the experts, those most like the checkpoint: where
+    several name experts alike (DeepSeek-V3, Qwen3-MoE, GLM-4.5), their other tensors
+    (`markers`) tell them apart."""
+    score = [sum(any(m.search(n) for m in f.markers) for n in ckpt.tensors) for f, _ in found]
+    return [found[k] for k, sc in enumerate(score) if sc == max(score)]
 
 
 def _first(groups: Groups) -> str:
