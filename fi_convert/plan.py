@@ -442,7 +442,7 @@ def _choices(ckpt: Checkpoint, layers: list, options: Options) -> list[Choice]:
 def choices(plan: Plan) -> list[Choice]:
     """Every registered scheme x backend for the plan's checkpoint at its TP size: which
     plan and serve, why the others cannot, and which quantize."""
-    _, layers = find_family(plan.ckpt)
+    _, layers = find_family(plan.ckpt, user_families(plan.options))
     return _choices(plan.ckpt, layers, plan.options)
 
 
@@ -526,9 +526,10 @@ def _refused_line(
 ) -> str:
     ok = servable_list(_choices(ckpt, layers, options))
     alts = f"; servable for {options.server} instead: --scheme {ok}" if ok else ""
+    vllm = "; or convert for vLLM (--server vllm)" if options.server != DEFAULT else ""
     return (
         f"--scheme {name.value} --backend {options.backend.value} --server {options.server}: "
-        f"{why}{alts}; or convert for vLLM (--server vllm)"
+        f"{why}{alts}{vllm}"
     )
 
 

@@ -25,8 +25,14 @@ MODELS: dict[str, tuple[str, str, dict]] = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
+        # norm_topk_prob as the released Qwen3-MoE checkpoints set it (transformers' default is
+        # False: softmax routing without renormalization, which vLLM runs on CUTLASS only)
         dict(
-            moe_intermediate_size=128, intermediate_size=128, num_experts=8, num_experts_per_tok=2
+            moe_intermediate_size=128,
+            intermediate_size=128,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
         ),
     ),
     "mixtral": (
