@@ -433,6 +433,8 @@ def _check_form(f: object) -> str | None:
 
 
 def _check_moe(d: dict) -> str | None:
+    if "released_config" in d and not isinstance(d["released_config"], dict):
+        return "released_config: not a map (config.json values as the public checkpoints set them)"
     if "activation" in d and d["activation"] not in ACTIVATIONS:
         return f"activation: not one of {', '.join(ACTIVATIONS)}"
     r = d.get("routing", {})
@@ -476,6 +478,6 @@ FILE_FIELDS = frozenset(
     {
         "name", "title", "description", "checkpoints", "model_types", "architectures",
         "markers", "config_keys", "manifest_keys", "clamp_keys", "forms", "routing",
-        "activation", "refuse",
+        "activation", "refuse", "released_config",
     }
 )  # fmt: skip

@@ -413,8 +413,9 @@ def unknown_family(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Group
     names = ", ".join(sorted(f.name for f in all_families() if not f.moe.refuse))
     like = ""
     if found:
-        fam, (_, groups) = _likeliest(ckpt, found)[0]
-        like = f"; its experts are named as {fam.title}'s ({_first(groups)}): start from that file"
+        best = _likeliest(ckpt, found)
+        titles = " or ".join(f"{f.title}'s" for f, _ in best)
+        like = f"; its experts are named as {titles} ({_first(best[0][1][1])}): start from that file"
     return (
         f"{ckpt.root / 'config.json'}: {what} is no model family fi-convert knows ({names}); "
         f"if a server runs it on FlashInfer's MoE, describe it in a family file and pass "

@@ -101,7 +101,8 @@ MODELS: dict[str, tuple[str, str, dict]] = {
     "olmoe": (  # OLMoE: softmax routing without renormalization (Default)
         "OlmoeConfig",
         "OlmoeForCausalLM",
-        dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2),
+        # (SGLang's OLMoE normalizes q and k over all heads: as many KV heads as heads)
+        dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2, num_key_value_heads=4),
     ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",

@@ -30,10 +30,18 @@ pytestmark = pytest.mark.usefixtures("registered")
 # case: (transformers' model, the source format or None for BF16, sizes)
 CASES = {
     "glm-bf16": ("glm4_moe", None, {}),
+    # 128x128 blocks: every linear's rows per TP rank a multiple of 128 (attention 2 x 128)
     "glm-fp8-block": (
         "glm4_moe",
         "fp8-block",
-        dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=256),
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=256,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=128,
+        ),
     ),
     "glm-nvfp4": ("glm4_moe", "nvfp4", dict(hidden_size=128, moe_intermediate_size=128)),
     "glm-mxfp8": ("glm4_moe", "mxfp8", dict(hidden_size=128, moe_intermediate_size=192)),
@@ -42,7 +50,13 @@ CASES = {
     "minimax-fp8-block": (
         "minimax_m2",
         "fp8-block",
-        dict(hidden_size=128, intermediate_size=256),
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=128,
+        ),
     ),
     "ernie-bf16": ("ernie4_5_moe", None, {}),
     "olmoe-bf16": ("olmoe", None, {}),
@@ -51,7 +65,7 @@ CASES = {
 MOE = {
     "glm4_moe": ["model.layers.1.mlp.experts"],
     "minimax_m2": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
-    "ernie4_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "ernie4_5_moe": ["model.layers.1.mlp.experts"],  # layer 0 dense (moe_layer_start_index)
     "olmoe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)

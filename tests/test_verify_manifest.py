@@ -326,10 +326,27 @@ def test_a_source_bound_field_edited_fails_only_with_source(outputs, tmp_path, f
     assert lines[0].startswith(f"mismatch: {dst / MANIFEST}: {field} is "), lines
 
 
+# the fields of `source` plain verify proves from config.json and the family
+FAMILY_BOUND = ["source.routing", "source.activation"]
+
+
 def test_every_source_bound_field_is_covered(outputs):
     """A field build() adds to `source` is one that only --source proves: it needs a case."""
     m = json.loads((outputs("bf16-trtllm-tp2") / MANIFEST).read_text())
-    assert {f"source.{k}" for k in m["source"]} - {"source.model_type"} <= set(SOURCE_BOUND)
+    fields = {f"source.{k}" for k in m["source"]} - {"source.model_type", *FAMILY_BOUND}
+    assert fields <= set(SOURCE_BOUND)
+
+
+@pytest.mark.parametrize("field", FAMILY_BOUND)
+def test_the_familys_routing_and_activation_are_proven_from_config_json(outputs, tmp_path, field):
+    dst, m = _linked(outputs("bf16-trtllm-tp2"), tmp_path)
+    key = field.rpartition(".")[2]
+    m["source"][key] = "Custom" if key == "routing" else "gelu_tanh"
+    _write(dst, m)
+    r, lines = _cli(dst)
+    assert r.exit_code == 1 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"mismatch: {dst / MANIFEST}: {field} is "), lines
+    assert "'s experts under config.json give " in lines[0]
 
 
 SCHEME_FLIPS = {

@@ -215,6 +215,8 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
                 f"{root / CONFIG_NAME}: quantization_config is not fi-convert's mark, so a stock "
                 "server would load the layouts as the source's weights; convert again"
             )
+    if family is not None and config is not None:
+        rep.problems += [f"{where}: {line}" for line in _moe_problems(src, family, config)]
     planner = _Planner.of(m)
     if m["tp_size"] > MAX_TP:
         rep.problems.append(f"{where}: tp_size is {m['tp_size']}, more than any server runs")
@@ -229,6 +231,18 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
                 f"{info.file}: holds {name}, converted experts of a layer the manifest does "
                 "not list"
             )
+
+
+def _moe_problems(src: dict, family: Family, config: dict) -> list[str]:
+    """`source.routing` and `source.activation` against what the family gives for the
+    output's config.json (the source's)."""
+    want = {"routing": family.moe.routing(config), "activation": family.moe.activation}
+    return [
+        f"source.{key} is {mf.show(src.get(key))}, {family.title}'s experts under "
+        f"{CONFIG_NAME} give {mf.show(value)}"
+        for key, value in want.items()
+        if not mf.same(src.get(key), value)
+    ]
 
 
 def _config(root: Path, m: dict, rep: Report) -> dict | None:
