@@ -415,7 +415,9 @@ def unknown_family(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Group
     if found:
         best = _likeliest(ckpt, found)
         titles = " or ".join(f"{f.title}'s" for f, _ in best)
-        like = f"; its experts are named as {titles} ({_first(best[0][1][1])}): start from that file"
+        like = (
+            f"; its experts are named as {titles} ({_first(best[0][1][1])}): start from that file"
+        )
     return (
         f"{ckpt.root / 'config.json'}: {what} is no model family fi-convert knows ({names}); "
         f"if a server runs it on FlashInfer's MoE, describe it in a family file and pass "

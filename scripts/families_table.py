@@ -4,7 +4,7 @@ checkpoints, router (the FlashInfer routing method it gives), activation, and th
 backends each server runs it with on FlashInfer, or why not.
 
     python scripts/families_table.py           # rewrite the table in docs/converting.md
-    python scripts/families_table.py --check   # exit 1 when the doc differs (tests/test_families.py)
+    python scripts/families_table.py --check   # exit 1 where the doc differs (a test runs it)
 """
 
 from __future__ import annotations

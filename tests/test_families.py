@@ -277,3 +277,33 @@ def test_a_family_no_server_runs_on_flashinfer_is_refused_with_its_reason(
     assert line.startswith(f"error: {model}/config.json: {words}")
     assert line.endswith("; serve the checkpoint as it is")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_docs_families_table_is_the_generated_one():
+    """docs/converting.md's table of families is scripts/families_table.py's, from the family
+    files and the servers' facts (run the script after changing either)."""
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "families_table.py"))
+    text = script["DOC"].read_text()
+    assert script["rewritten"](text) == text
+    for fam in all_families():
+        assert f"| {fam.title} |" in text
+    assert "| ERNIE-4.5-MoE | `Ernie4_5_MoeForCausalLM` |" in text
+    assert "Unspecified | silu | bf16 (cutlass), fp8-block (trtllm, cutlass)" in text
+
+
+def test_architecture_mds_glm_example_is_the_glm_family_file():
+    """docs/architecture.md shows adding a family with GLM-4.5's file: the example is a valid
+    family, and each field it shows is the shipped file's."""
+    import re
+
+    doc = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    example = json.loads(re.search(r"```json\n(.*?)\n```", doc, re.S)[1])
+    assert check_family(example) is None
+    shipped = json.loads((FAMILY_DIR / "glm4_moe.json").read_text())
+    for key, value in example.items():
+        if key == "checkpoints":
+            assert set(value) <= set(shipped[key])
+        else:
+            assert value == shipped[key], key

@@ -73,6 +73,7 @@ def inspect_cmd(
         return
     render_plan(o, plan)
     o.result(f"precision: {escape(here)}")
+    o.result(f"kernel: {escape(plan.summary()['kernel'])}")
     _render_choices(o, plan, cs)
     _render_servers(o, plan, ss)
 
