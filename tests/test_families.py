@@ -149,7 +149,7 @@ def test_a_model_of_no_known_family_is_one_line(ckpt, tmp_path):
     assert "describe it in a family file and pass --family FILE.json" in line
     # DeepSeek-V3 and GLM-4.5 name experts alike, and GLM's MoE layers as DeepSeek's
     assert line.endswith(
-        "its experts are named as DeepSeek-V3's or GLM-4.5's or GLM-5's or GLM-4.7-Flash's "
+        "its experts are named as DeepSeek-V3's or GLM-4.5's "
         "(model.layers.1.mlp.experts.0.gate_proj.weight): start from that file"
     )
     assert "fi_convert/families/" not in line
