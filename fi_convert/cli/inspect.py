@@ -73,7 +73,6 @@ def inspect_cmd(
         return
     render_plan(o, plan)
     o.result(f"precision: {escape(here)}")
-    o.result(f"kernel: {escape(plan.summary()['kernel'])}")
     _render_choices(o, plan, cs)
     _render_servers(o, plan, ss)
 
@@ -87,7 +86,8 @@ def render_plan(o: Output, plan: Plan) -> None:
     how = "detected" if plan.detected else "requested"
     o.result(
         f"[bold]{escape(str(plan.ckpt.root))}[/bold]: family {s['family']} "
-        f"(model_type {s['model_type']}; routing {s['routing']}, activation {s['activation']}), "
+        f"(model_type {s['model_type']}; routing {s['routing']}, activation {s['activation']}: "
+        f"{s['kernel']}), "
         f"scheme [bold]{s['scheme']}[/bold] ({how}), backend {s['backend']}, tp {s['tp_size']}, "
         f"server {s['server']}"
     )
