@@ -297,7 +297,7 @@ def test_the_issue_flips_fail_on_the_command_line(outputs, tmp_path):
 def _source_bound_edit(key: str, value):
     """Another value of the form plain verify checks: it cannot see the edit."""
     if key == "family":  # one whose router and activation are the same under this config.json
-        return "mixtral" if value != "mixtral" else "qwen3-moe"
+        return "qwen3-moe" if value != "qwen3-moe" else "deepseek-v3"
     if isinstance(value, int):
         return value + 1
     if key == "fingerprint":
