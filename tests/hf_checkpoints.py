@@ -91,6 +91,7 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             num_experts_per_tok=2,
             scoring_func="sigmoid",
             use_routing_bias=True,
+            rotary_dim=8,  # released: 64 of head_dim 128 (vLLM's model reads it)
         ),
     ),
     "ernie4_5_moe": (  # ERNIE-4.5-MoE: softmax routing with a correction bias (Unspecified)
