@@ -21,7 +21,9 @@ SERVER ?= vllm
 SERVER_VENV ?= .venv-$(SERVER)
 SERVER_TESTS ?= tests/test_$(SERVER)_plugin.py $(SERVER_MORE_TESTS_$(SERVER)) \
 	tests/test_layers.py tests/test_hub_fetch.py tests/test_server_option.py tests/test_install.py
-SERVER_MORE_TESTS_sglang := tests/test_sglang_models.py tests/test_sglang_ep.py
+SERVER_MORE_TESTS_sglang := tests/test_sglang_models.py tests/test_sglang_ep.py \
+	tests/test_sglang_families.py
+SERVER_MORE_TESTS_vllm := tests/test_vllm_families.py
 SERVER_REQUIREMENTS_vllm := requirements/vllm-cpu-test.txt
 SERVER_REQUIREMENTS_sglang := requirements/sglang-alone-cpu-test.txt
 SERVER_WHEELS_vllm := $(VLLM) xgrammar==0.2.8

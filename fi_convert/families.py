@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 FAMILY_DIR = Path(__file__).with_name("families")
+# the manifest's `source` field that holds a user's family file (`--family`) whole
+FAMILY_FILE = "family_file"
 
 
 @dataclass(frozen=True)
@@ -46,18 +48,26 @@ class Family:
     architectures: tuple[str, ...] = ()
     markers: tuple[re.Pattern[str], ...] = ()
     file: str = ""  # the family file's name
+    moe: MoeFacts = field(default_factory=lambda: MoeFacts())  # routing, activation, refusal
+    source: dict = field(default_factory=dict, compare=False, repr=False)  # the file's JSON
+    own: bool = False  # a user's family file (`--family`), not one of fi-convert's
 
     def config_value(self, config: dict, key: str) -> int | None:
-        for section in (config, _text_config(config)):
-            for k in self.config_keys.get(key, ()):
-                if KINDS["integer"](section.get(k)):
-                    return int(section[k])
+        """The first of the family's `config_keys[key]` config.json holds as an integer: a
+        plain key in config.json or its text_config, a dotted one (`thinker_config.
+        text_config.num_experts`) where it says."""
+        for k in self.config_keys.get(key, ()):
+            v = lookup(config, k)
+            if KINDS["integer"](v):
+                return int(v)  # type: ignore[call-overload]
         return None
 
     def config_fields(self) -> dict[str, str]:
-        """The config.json fields this family reads, each with its kind (KINDS)."""
+        """The config.json fields this family reads, each with its kind (KINDS); dotted
+        ones are checked where they sit (`config_problem`)."""
         fields = {k: "integer" for keys in self.config_keys.values() for k in keys}
-        return fields | {k: "number" for k in (*self.manifest_keys, *self.clamp_keys)}
+        fields |= {k: "number" for k in (*self.manifest_keys, *self.clamp_keys)}
+        return fields | self.moe.config_fields()
 
     def swiglu_limit(self, config: dict) -> float | None:
         """The experts' SwiGLU clamp limit config.json gives (`clamp_keys`), or None."""
@@ -69,24 +79,31 @@ class Family:
 
 
 def _load(path: Path) -> Family:
-    d = json.loads(path.read_text())
-    forms = tuple(
-        Form(f["kind"], re.compile(f["pattern"]), dict(f["projections"]), f.get("refuse"))
-        for f in d["forms"]
-    )
+    return parse(json.loads(path.read_text()), path.name)
+
+
+def _form(f: dict) -> Form:
+    return Form(f["kind"], re.compile(f["pattern"]), dict(f["projections"]), f.get("refuse"))
+
+
+def parse(d: dict, file: str = "") -> Family:
+    """A family from a family file's JSON (`file`: its name, for messages); `check_family`
+    first, for a file fi-convert did not ship."""
     keys = {k: tuple(v) for k, v in d["config_keys"].items()}
     return Family(
         d["name"],
         d.get("description", ""),
-        tuple(d["model_types"]),
+        tuple(d.get("model_types", ())),
         keys,
-        forms,
+        tuple(_form(f) for f in d["forms"]),
         tuple(d.get("manifest_keys", ())),
         tuple(d.get("clamp_keys", ())),
         d.get("title", d["name"]),
         tuple(d.get("architectures", ())),
         tuple(re.compile(m) for m in d.get("markers", ())),
-        path.name,
+        file,
+        _moe_facts(d),
+        d,
     )
 
 
@@ -101,6 +118,7 @@ KINDS = {
     "string": lambda v: isinstance(v, str),
     "list of strings": lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
 }
 # read in config.json and in its text_config; the families add their own (config_fields)
@@ -125,16 +143,17 @@ def _article(kind: str) -> str:
     return ("an " if kind[0] in "aeiou" else "a ") + kind
 
 
-def config_problem(config: dict) -> str | None:
+def config_problem(config: dict, extra: tuple[Family, ...] = ()) -> str | None:
     """The first field fi-convert reads from config.json that holds the wrong kind of value
     (a list where a map is, a string where a number is), in it or in its text_config; the
     family fields are those of the families it declares."""
     fields = dict(SECTION_FIELDS)
-    for fam in declared(config):
+    for fam in declared(config, extra):
         fields |= fam.config_fields()
     quant = config.get("quantization_config") or {}
     return (
         wrong_kind(TOP_FIELDS, config)
+        or _dotted_problem(fields, config)
         or wrong_kind(fields, config)
         or wrong_kind(fields, _text_config(config), "text_config.")
         or wrong_kind(QUANT_FIELDS, quant, "quantization_config.")
@@ -168,12 +187,297 @@ def architectures(config: dict) -> list[str]:
     return out
 
 
-def declared(config: dict) -> tuple[Family, ...]:
+def declared(config: dict, extra: tuple[Family, ...] = ()) -> tuple[Family, ...]:
     """The families config.json names: by `model_type` (its own or its text_config's) or by
-    `architectures`."""
+    `architectures`; those of `extra` (a user's family file) first."""
     found = (config.get("model_type"), _text_config(config).get("model_type"))
     types = {t for t in found if isinstance(t, str)}
     archs = set(architectures(config))
     return tuple(
-        f for f in all_families() if types & set(f.model_types) or archs & set(f.architectures)
+        f
+        for f in (*extra, *all_families())
+        if types & set(f.model_types) or archs & set(f.architectures)
     )
+
+
+def lookup(config: dict, key: str) -> object:
+    """config.json's value of `key`: a plain key in config.json, else in its text_config; a
+    dotted key (`thinker_config.text_config.num_experts`) along its path only."""
+    if "." not in key:
+        return config_field(config, key)
+    node: object = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _dotted_problem(fields: dict[str, str], config: dict) -> str | None:
+    """`wrong_kind` for the dotted fields (a value nested where the family says)."""
+    for key, kind in fields.items():
+        v = lookup(config, key) if "." in key else None
+        if v is not None and not KINDS[kind](v):
+            return wrong_kind({key: kind}, {key: v})
+    return None
+
+
+# ------------------------------------------------ routing and activation: what the experts run
+
+# FlashInfer's routing methods (flashinfer.fused_moe RoutingMethodType; vLLM 0.33 mirrors it in
+# fused_moe/config.py, with DeepseekV4 and Custom for routers no FlashInfer kernel takes)
+ROUTING_METHODS = (
+    "Default",  # softmax -> top-k
+    "Renormalize",  # top-k -> softmax
+    "DeepSeekV3",  # sigmoid + bias -> grouped top-k -> renormalize
+    "Llama4",  # top-1 -> sigmoid
+    "RenormalizeNaive",  # softmax -> top-k -> renormalize
+    "TopK",
+    "SigmoidRenorm",  # sigmoid -> top-k -> renormalize
+    "MiniMax2",  # sigmoid + bias -> top-k -> renormalize
+    "Sigmoid",  # sigmoid -> top-k
+    "Unspecified",  # a router FlashInfer's fused routing does not compute
+    "DeepseekV4",  # sqrtsoftplus (+ bias) -> renormalize: passed to no FlashInfer kernel
+    "Custom",  # the model's own routing function
+)
+# the experts' activation, as vLLM 0.33's MoEActivation names it (lower case)
+ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai", "swiglustep")
+ROUTER_FIELDS = ("scoring", "bias", "renormalize", "groups")
+SCORINGS = ("softmax", "sigmoid", "sqrtsoftplus")
+
+
+@dataclass(frozen=True)
+class MoeFacts:
+    """How a family's MoE layers route and activate: the router as its model builds it (each
+    field a value, or `{"key": config field, "default": value}` read from config.json), or a
+    routing method its model declares itself (`method`); the activation; and `refuse`, why no
+    server runs the family on FlashInfer's MoE kernels."""
+
+    router: dict = field(default_factory=dict)
+    method: str | None = None
+    activation: str = "silu"
+    refuse: str | None = None
+
+    def value(self, config: dict, name: str) -> object:
+        spec = self.router.get(name, ROUTER_DEFAULTS[name])
+        if not isinstance(spec, dict):
+            return spec
+        v = lookup(config, spec["key"])
+        v = spec.get("default", ROUTER_DEFAULTS[name]) if v is None else v
+        return v == spec["is"] if "is" in spec else v
+
+    def routing(self, config: dict) -> str:
+        """The FlashInfer routing method of the family's router for this config.json (as
+        vLLM 0.33's get_routing_method_type derives it, fused_moe/config.py)."""
+        if self.method:
+            return self.method
+        scoring = self.value(config, "scoring")
+        renorm, bias = bool(self.value(config, "renormalize")), bool(self.value(config, "bias"))
+        groups = self.value(config, "groups")
+        grouped = bool(groups) and (groups is True or (isinstance(groups, int) and groups > 0))
+        if scoring == "sqrtsoftplus":
+            return "DeepseekV4" if renorm else "Unspecified"
+        if bias:
+            if scoring != "sigmoid" or not renorm:
+                return "Unspecified"
+            return "DeepSeekV3" if grouped else "MiniMax2"
+        if scoring == "sigmoid":
+            return "SigmoidRenorm" if renorm else "Sigmoid"
+        return "RenormalizeNaive" if renorm else "Default"
+
+    def config_fields(self) -> dict[str, str]:
+        """The config.json fields the router is read from, each with its kind."""
+        return {
+            s["key"]: "string" if "is" in s else ROUTER_KINDS[name]
+            for name, s in self.router.items()
+            if isinstance(s, dict)
+        }
+
+
+ROUTER_KINDS = {
+    "scoring": "string",
+    "bias": "boolean",
+    "renormalize": "boolean",
+    "groups": "integer",
+}
+ROUTER_DEFAULTS: dict[str, object] = {
+    "scoring": "softmax",
+    "bias": False,
+    "renormalize": True,
+    "groups": False,
+}
+
+
+def _moe_facts(d: dict) -> MoeFacts:
+    r = d.get("routing") or {}
+    router = {k: v for k, v in r.items() if k in ROUTER_FIELDS}
+    return MoeFacts(router, r.get("method"), d.get("activation", "silu"), d.get("refuse"))
+
+
+# ------------------------------------------------- a family file of one's own (--family FILE)
+
+
+class FamilyFileError(ValueError):
+    """A family file that does not hold a family: one line naming the field."""
+
+
+def load_file(path: str | Path) -> Family:
+    """A user's family file (`--family FILE.json`), checked field by field."""
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except OSError as e:
+        raise FamilyFileError(f"{p}: cannot read the family file ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise FamilyFileError(f"{p}: not a text file; pass a family JSON file") from None
+    except json.JSONDecodeError as e:
+        raise FamilyFileError(f"{p}: not JSON ({e.msg}, line {e.lineno}); fix the file") from None
+    problem = check_family(d)
+    if problem:
+        raise FamilyFileError(f"{p}: {problem}; fix the family file (docs/architecture.md)")
+    return replace(parse(d, p.name), own=True)
+
+
+def recorded(src: dict) -> Family | None:
+    """The family a manifest's `source` names: a user's family file it holds whole
+    (`FAMILY_FILE`), else fi-convert's family of that name; None for neither."""
+    own = src.get(FAMILY_FILE)
+    if isinstance(own, dict) and check_family(own) is None:
+        fam = replace(parse(own, FAMILY_FILE), own=True)
+        return fam if fam.name == src.get("family") else None
+    return next((f for f in all_families() if f.name == src.get("family")), None)
+
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+SIZE_KEYS = ("num_experts", "intermediate_size", "hidden_size")
+ROLE_SETS = ({"w1", "w3", "w2"}, {"w13", "w2"})
+
+
+def check_family(d: object) -> str | None:
+    """The first field of a family file's JSON that is missing or malformed, said as
+    `forms[0].pattern: ...`; None when it holds a family."""
+    if not isinstance(d, dict):
+        return "not a JSON object"
+    for check in (_check_names, _check_config_keys, _check_forms, _check_moe):
+        problem = check(d)
+        if problem:
+            return problem
+    return None
+
+
+def _strings(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(a, str) and a for a in v)
+
+
+def _check_names(d: dict) -> str | None:
+    unknown = sorted(set(d) - FILE_FIELDS)
+    if unknown:
+        return f"{unknown[0]}: not a family field (fields: {', '.join(sorted(FILE_FIELDS))})"
+    if not (isinstance(d.get("name"), str) and NAME_RE.fullmatch(d["name"])):
+        return 'name: missing or not a lower-case name (e.g. "glm4-moe")'
+    for key in ("title", "description", "refuse"):
+        if key in d and not isinstance(d[key], str):
+            return f"{key}: not a string"
+    for key in ("model_types", "architectures", "manifest_keys", "clamp_keys", "checkpoints"):
+        if key in d and not _strings(d[key]):
+            return f"{key}: not a list of strings"
+    if not (d.get("model_types") or d.get("architectures")):
+        return "model_types: the family names no model_type and no architecture to match"
+    for k, m in enumerate(d.get("markers", [])):
+        if not isinstance(m, str) or _bad_regex(m):
+            return f"markers[{k}]: not a regular expression ({_bad_regex(m) or 'not a string'})"
+    return None
+
+
+def _check_config_keys(d: dict) -> str | None:
+    keys = d.get("config_keys")
+    if not isinstance(keys, dict):
+        return "config_keys: missing or not a map of " + ", ".join(SIZE_KEYS)
+    for k in SIZE_KEYS:
+        if not (_strings(keys.get(k)) and keys[k]):
+            return f"config_keys.{k}: missing or not a list of config.json keys"
+    extra = sorted(set(keys) - set(SIZE_KEYS))
+    return f"config_keys.{extra[0]}: not a size fi-convert reads" if extra else None
+
+
+def _check_forms(d: dict) -> str | None:
+    forms = d.get("forms")
+    if not (isinstance(forms, list) and forms):
+        return "forms: missing or not a list of expert forms"
+    for k, f in enumerate(forms):
+        problem = _check_form(f)
+        if problem:
+            return f"forms[{k}]{problem}"
+    return None
+
+
+def _check_form(f: object) -> str | None:
+    if not isinstance(f, dict):
+        return ": not a map"
+    if f.get("kind") not in ("per_expert", "fused"):
+        return '.kind: not "per_expert" or "fused"'
+    pat = f.get("pattern")
+    why = _bad_regex(pat) if isinstance(pat, str) else "not a string"
+    if why:
+        return f".pattern: not a regular expression ({why})"
+    groups = set(re.compile(str(pat)).groupindex)
+    need = {"prefix", "proj"} | ({"expert"} if f["kind"] == "per_expert" else set())
+    if need - groups:
+        return f".pattern: no named group {sorted(need - groups)[0]!r} (?P<...>)"
+    proj = f.get("projections")
+    if not (isinstance(proj, dict) and proj and all(isinstance(v, str) for v in proj.values())):
+        return ".projections: missing or not a map of tensor names to w1, w3, w2 or w13"
+    if set(proj.values()) not in ROLE_SETS:
+        return f".projections: maps to {sorted(set(proj.values()))}, not w1, w3, w2 or w13, w2"
+    if "refuse" in f and not isinstance(f["refuse"], str):
+        return ".refuse: not a string"
+    return None
+
+
+def _check_moe(d: dict) -> str | None:
+    if "released_config" in d and not isinstance(d["released_config"], dict):
+        return "released_config: not a map (config.json values as the public checkpoints set them)"
+    if "activation" in d and d["activation"] not in ACTIVATIONS:
+        return f"activation: not one of {', '.join(ACTIVATIONS)}"
+    r = d.get("routing", {})
+    if not isinstance(r, dict):
+        return "routing: not a map"
+    for key, spec in r.items():
+        problem = _check_router_field(key, spec)
+        if problem:
+            return f"routing.{key}{problem}"
+    return None
+
+
+def _check_router_field(key: str, spec: object) -> str | None:
+    if key == "method":
+        return None if spec in ROUTING_METHODS else f": not one of {', '.join(ROUTING_METHODS)}"
+    if key not in ROUTER_FIELDS:
+        return f": not a router field ({', '.join((*ROUTER_FIELDS, 'method'))})"
+    if isinstance(spec, dict):
+        if not (isinstance(spec.get("key"), str) and set(spec) <= {"key", "default", "is"}):
+            return ': not {"key": a config.json field, "default": a value, "is": a value}'
+        if "is" in spec:
+            return None if isinstance(spec["is"], str) else ".is: not a string"
+        spec = spec.get("default", ROUTER_DEFAULTS[key])
+    if key == "scoring":
+        return None if spec in SCORINGS else f": not one of {', '.join(SCORINGS)}"
+    ok = isinstance(spec, bool) or (key == "groups" and KINDS["integer"](spec))
+    return None if ok else ": not true or false"
+
+
+def _bad_regex(p: object) -> str | None:
+    if not isinstance(p, str):
+        return "not a string"
+    try:
+        re.compile(p)
+    except re.error as e:
+        return str(e)
+    return None
+
+
+FILE_FIELDS = frozenset(
+    {
+        "name", "title", "description", "checkpoints", "model_types", "architectures",
+        "markers", "config_keys", "manifest_keys", "clamp_keys", "forms", "routing",
+        "activation", "refuse", "released_config",
+    }
+)  # fmt: skip

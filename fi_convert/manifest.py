@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from .errors import FiConvertError
-from .families import all_families
+from .families import FAMILY_FILE, all_families, check_family
 from .format.names import (
     DEFAULT_SERVER,
     FORMAT,
@@ -77,6 +77,7 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "source": {
             "model_type": plan.ckpt.model_type,
             "family": plan.family.name,
+            **family_fields(plan),
             "fingerprint": plan.ckpt.fingerprint,
             "shards": len(plan.ckpt.shards),
             **plan.provenance,
@@ -84,6 +85,14 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "layers": layers,
         "files": {k: files[k] for k in sorted(files)},
     }
+
+
+def family_fields(plan: Plan) -> dict:
+    """The manifest's record of the source's family: its routing method and activation, and
+    a user's family file (`--family`) whole, so that `verify` reads the output by it."""
+    moe = plan.moe()
+    own = {FAMILY_FILE: plan.family.source} if plan.family.own else {}
+    return {"routing": moe["routing"], "activation": moe["activation"], **own}
 
 
 def provenance(repo_id: str | None, commit: str | None, plan: Plan) -> dict:
@@ -289,6 +298,13 @@ def _source_problems(src: object) -> list[str]:
     elif mt is not None and not isinstance(mt, str):
         out.append(f"source.model_type is {show(mt)}, not a string or null")
     families = [f.name for f in all_families()]
+    own = src.get(FAMILY_FILE)
+    if own is not None:
+        problem = check_family(own)
+        if problem:
+            out.append(f"source.{FAMILY_FILE}: {problem}")
+        else:
+            families.append(own["name"])
     if src.get("family") not in families:
         out.append(
             f"source.family is {show(src.get('family'))}, not a family ({', '.join(families)})"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import jsontext, schemes
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
-from .families import Family, config_field
+from .families import Family, FamilyFileError, config_field, load_file
 from .format import config_marker
 from .format.names import INDEX_NAME, MANIFEST_NAME
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
@@ -48,6 +48,9 @@ class Options:
     # the server the output is for (`fi_convert.servers`), or several, comma-separated, where
     # their bytes are the same ("vllm,sglang"): the first is the manifest's `server`
     server: str = DEFAULT
+    # a family file of the user's own (`--family FILE.json`), or the family itself (the one a
+    # manifest records, for `verify --source`), tried before fi-convert's
+    family: str | Family | None = None
 
     def __post_init__(self) -> None:  # accept plain strings from library callers
         object.__setattr__(self, "scheme", SchemeName(self.scheme))
@@ -142,11 +145,19 @@ class Plan:
         }
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
+    def moe(self) -> dict:
+        """The family's routing method and activation for this checkpoint, and the kernel
+        the server runs them on with the plan's scheme and backend."""
+        routing = self.family.moe.routing(self.ckpt.config)
+        kernel = self.target.moe_kernel(self.scheme.value, self.options.backend.value, routing)
+        return {"routing": routing, "activation": self.family.moe.activation, "kernel": kernel}
+
     def summary(self) -> dict:
         return {
             "source": str(self.ckpt.root),
             "model_type": self.ckpt.model_type,
             "family": self.family.name,
+            **self.moe(),
             "scheme": self.scheme.value,
             "scheme_detected": self.detected,
             "backend": self.options.backend.value,
@@ -216,13 +227,8 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     target = options.targets[0]  # an unknown server fails before any reading
     ckpt = open_checkpoint(source)
     _refuse_an_output(ckpt.root, ckpt.config)
-    family, layers = find_family(ckpt)
-    if family is None:
-        raise SourceError(
-            f"{ckpt.root}: no MoE expert tensors found (model_type "
-            f"{ckpt.model_type!r}); supported families are in fi_convert/families/ - add one "
-            "for this model"
-        )
+    family, layers = find_family(ckpt, user_families(options))
+    assert family is not None  # find_family refuses a model of no family
     detected = options.scheme is SchemeName.AUTO
     name = schemes.detect(ckpt, layers) if detected else options.scheme
     scheme = schemes.get(name)
@@ -232,8 +238,12 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
             f"--scheme {name.value} --backend {options.backend.value}: {why}; "
             f"use --backend {scheme.backends[0].value}"
         )
-    refused = target.refuses(name.value, options.backend.value) or target.refuses_source(
-        name.value, options.backend.value, quant_method(ckpt), ckpt.model_type
+    refused = (
+        target.refuses(name.value, options.backend.value)
+        or target.refuses_source(
+            name.value, options.backend.value, quant_method(ckpt), ckpt.model_type
+        )
+        or refuses_moe(target, name, options.backend, layers)
     )
     if refused:
         raise SchemeMismatchError(_refused_line(ckpt, layers, name, options, refused))
@@ -262,6 +272,30 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     for other in options.server_names[1:]:
         _same_for(ckpt, layers, name, options, lps, other)
     return plan
+
+
+def user_families(options: Options) -> tuple[Family, ...]:
+    """The family file of `--family` (checked), or none."""
+    if not options.family:
+        return ()
+    if isinstance(options.family, Family):
+        return (options.family,)
+    try:
+        return (load_file(options.family),)
+    except FamilyFileError as e:
+        raise SourceError(str(e)) from None
+
+
+def refuses_moe(
+    target: ServerTarget, name: SchemeName, backend: Backend, layers: list
+) -> str | None:
+    """Why the server would not run the scheme on the backend for the family's routing and
+    activation (`ServerTarget.refuses_moe`), or None."""
+    first = layers[0]
+    why = target.refuses_moe(
+        name.value, backend.value, first.routing, first.activation, first.swiglu_limit
+    )
+    return why
 
 
 def _same_for(
@@ -336,8 +370,10 @@ def _plan_layers(
     scheme, target = schemes.get(name), options.target
     if backend not in scheme.backends:
         return target.no_path(name.value, backend.value), False, []
-    refused = target.refuses(name.value, backend.value) or target.refuses_source(
-        name.value, backend.value, quant_method(ckpt), ckpt.model_type
+    refused = (
+        target.refuses(name.value, backend.value)
+        or target.refuses_source(name.value, backend.value, quant_method(ckpt), ckpt.model_type)
+        or refuses_moe(target, name, backend, layers)
     )
     if refused:
         return refused, False, []
@@ -406,7 +442,7 @@ def _choices(ckpt: Checkpoint, layers: list, options: Options) -> list[Choice]:
 def choices(plan: Plan) -> list[Choice]:
     """Every registered scheme x backend for the plan's checkpoint at its TP size: which
     plan and serve, why the others cannot, and which quantize."""
-    _, layers = find_family(plan.ckpt)
+    _, layers = find_family(plan.ckpt, user_families(plan.options))
     return _choices(plan.ckpt, layers, plan.options)
 
 
@@ -433,7 +469,7 @@ class ServerChoice:
 
 def servers(plan: Plan) -> list[ServerChoice]:
     """Each registered server's `ServerChoice` for the plan's scheme, backend and TP size."""
-    _, layers = find_family(plan.ckpt)
+    _, layers = find_family(plan.ckpt, user_families(plan.options))
     own = plan.options.server_names[0]
     out = []
     for name in server_names():
@@ -490,9 +526,10 @@ def _refused_line(
 ) -> str:
     ok = servable_list(_choices(ckpt, layers, options))
     alts = f"; servable for {options.server} instead: --scheme {ok}" if ok else ""
+    vllm = "; or convert for vLLM (--server vllm)" if options.server != DEFAULT else ""
     return (
         f"--scheme {name.value} --backend {options.backend.value} --server {options.server}: "
-        f"{why}{alts}; or convert for vLLM (--server vllm)"
+        f"{why}{alts}{vllm}"
     )
 
 

@@ -26,6 +26,7 @@ from .families import (
     architectures,
     config_problem,
     declared,
+    lookup,
     model_type,
     wrong_kind,
 )
@@ -73,6 +74,10 @@ class ExpertLayer:
     params: dict[tuple[str, str, int], TensorInfo] = field(default_factory=dict)
     # the limit of the experts' SwiGLU clamp config.json gives (`Family.swiglu_limit`), or None
     swiglu_limit: float | None = None
+    # the family's FlashInfer routing method for this config.json, and its experts' activation
+    # (`Family.moe`): which kernels a server runs the layer on
+    routing: str = "Unspecified"
+    activation: str = "silu"
 
     def param_names(self) -> set[str]:
         return {p for (_, p, _) in self.params}
@@ -362,21 +367,83 @@ def _natural(s: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-def find_family(ckpt: Checkpoint) -> tuple[Family | None, list[ExpertLayer]]:
-    """The family config.json names (`model_type`, `architectures`) and its MoE layers.
+def find_family(
+    ckpt: Checkpoint, extra: tuple[Family, ...] = ()
+) -> tuple[Family | None, list[ExpertLayer]]:
+    """The family config.json names (`model_type`, `architectures`) and its MoE layers; the
+    families of `extra` (a user's `--family` file) first.
 
     Tensor names only confirm it: expert tensors named as another family's are a contradiction,
-    refused; a model without MoE layers is refused as such. (None, []) when the tensors match
-    no family at all."""
-    found = {fam.name: (fam, m) for fam in all_families() if (m := _match(ckpt, fam))}
-    for fam in declared(ckpt.config):
+    refused; a model without MoE layers is refused as such; a family no server runs on
+    FlashInfer (`MoeFacts.refuse`) is refused with the server's reason; a model of no family
+    fi-convert knows is refused naming it and how to add one."""
+    fams = (*extra, *all_families())
+    if extra:  # the fields a user's family reads, as open_checkpoint checks the others'
+        _refuse_field(ckpt.root / "config.json", config_problem(ckpt.config, extra))
+    found = {fam.name: (fam, m) for fam in fams if (m := _match(ckpt, fam))}
+    for fam in declared(ckpt.config, extra):
+        _refuse_family(ckpt, fam, fam.name in found)
         if fam.name in found:
-            return fam, _layers(ckpt, fam, *found[fam.name][1])
-    if found:
+            layers = _layers(ckpt, fam, *found[fam.name][1])
+            _check_sizes(ckpt, fam, layers)
+            for layer in layers:
+                layer.routing = fam.moe.routing(ckpt.config)
+                layer.activation = fam.moe.activation
+            return fam, layers
+    if found and declared(ckpt.config, extra):
         raise SourceError(_contradiction(ckpt, list(found.values())))
     if _dense(ckpt):
         raise SourceError(f"no MoE layers in {ckpt.root}: nothing to convert")
-    return None, []
+    raise SourceError(unknown_family(ckpt, list(found.values())))
+
+
+def _refuse_family(ckpt: Checkpoint, fam: Family, matched: bool) -> None:
+    """A family no server runs on FlashInfer's MoE: refused with the server's reason, where
+    the model has experts (a dense model of its model_type has nothing to convert)."""
+    if fam.moe.refuse and (matched or (fam.config_value(ckpt.config, "num_experts") or 0) > 1):
+        raise SourceError(f"{ckpt.root / 'config.json'}: {fam.title}: {fam.moe.refuse}")
+
+
+def unknown_family(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Groups]]]) -> str:
+    """A model of no family fi-convert knows: its architecture, the families known, how to
+    add one."""
+    mt = model_type(ckpt.config)
+    archs = architectures(ckpt.config)
+    what = f"{', '.join(archs) or 'no architectures'} (model_type {mt or 'missing'})"
+    names = ", ".join(sorted(f.name for f in all_families() if not f.moe.refuse))
+    like = ""
+    if found:
+        best = _likeliest(ckpt, found)
+        titles = " or ".join(f"{f.title}'s" for f, _ in best)
+        like = (
+            f"; its experts are named as {titles} ({_first(best[0][1][1])}): start from that file"
+        )
+    return (
+        f"{ckpt.root / 'config.json'}: {what} is no model family fi-convert knows ({names}); "
+        f"if a server runs it on FlashInfer's MoE, describe it in a family file and pass "
+        f"--family FILE.json (docs/architecture.md#adding-a-family){like}"
+    )
+
+
+def _check_sizes(ckpt: Checkpoint, fam: Family, layers: list[ExpertLayer]) -> None:
+    """Each size the family reads from config.json against the expert tensors."""
+    for layer in layers:
+        for key, got in (
+            ("hidden_size", layer.hidden_size),
+            ("intermediate_size", layer.intermediate_size),
+        ):
+            said = fam.config_value(ckpt.config, key)
+            if said is not None and said != got:
+                field = next(k for k in fam.config_keys[key] if lookup(ckpt.config, k) == said)
+                raise SourceError(
+                    f"{_first_name(layer)}: {key.replace('_', ' ')} {got} in the shards but "
+                    f"config.json says {field} = {said}; the checkpoint and its config "
+                    "disagree (or the family file reads the wrong field)"
+                )
+
+
+def _first_name(layer: ExpertLayer) -> str:
+    return min(layer.source_names(), key=_natural)
 
 
 Groups = dict[str, dict[tuple[str, str, int], TensorInfo]]
@@ -384,10 +451,7 @@ Groups = dict[str, dict[tuple[str, str, int], TensorInfo]]
 
 def _contradiction(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Groups]]]) -> str:
     """config.json names another family, or none, than the expert tensors' names: say both."""
-    # where several families name experts alike (DeepSeek-V3 and Qwen3-MoE), their other
-    # tensors (`markers`) tell them apart
-    score = [sum(any(m.search(n) for m in f.markers) for n in ckpt.tensors) for f, _ in found]
-    best = [found[k] for k, sc in enumerate(score) if sc == max(score)]
+    best = _likeliest(ckpt, found)
     fams = [f for f, _ in best]
     example = _first(best[0][1][1])
     mt = model_type(ckpt.config)
@@ -399,13 +463,23 @@ def _contradiction(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Group
     fix = "restore the model's config.json"
     if mt:
         fix = (
-            f'fix config.json, or if the model is of that family add "{mt}" to "model_types" '
-            f"in fi_convert/families/{fams[0].file}"
+            f"fix config.json, or if the model is of that family pass a copy of its family "
+            f'file with "{mt}" in "model_types" (--family FILE.json)'
         )
     return (
         f"{ckpt.root / 'config.json'} says {says} but the expert tensors are named as {titles} "
         f"({example}); {fix}"
     )
+
+
+def _likeliest(
+    ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Groups]]]
+) -> list[tuple[Family, tuple[Form, Groups]]]:
+    """Of the families whose forms name the experts, those most like the checkpoint: where
+    several name experts alike (DeepSeek-V3, Qwen3-MoE, GLM-4.5), their other tensors
+    (`markers`) tell them apart."""
+    score = [sum(any(m.search(n) for m in f.markers) for n in ckpt.tensors) for f, _ in found]
+    return [found[k] for k, sc in enumerate(score) if sc == max(score)]
 
 
 def _first(groups: Groups) -> str:

@@ -139,6 +139,18 @@ class ServerTarget(Protocol):
         or runner of the server's reads it, or it is not proven), or None."""
         ...
 
+    def refuses_moe(
+        self, scheme: str, backend: str, routing: str, activation: str, swiglu_limit: float | None
+    ) -> str | None:
+        """Why it would not run this scheme on this backend for a model whose router is
+        `routing` (a FlashInfer routing method, `families.ROUTING_METHODS`), whose experts run
+        `activation`, with this SwiGLU clamp (None: none), or None where it would."""
+        ...
+
+    def moe_kernel(self, scheme: str, backend: str, routing: str) -> str:
+        """Which of its kernels runs the scheme on the backend for this routing method."""
+        ...
+
     def layout(self, scheme: str, backend: str) -> Layout:
         """The layout variant its load-time processing gives the scheme on the backend."""
         ...

@@ -25,8 +25,14 @@ MODELS: dict[str, tuple[str, str, dict]] = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
+        # norm_topk_prob as the released Qwen3-MoE checkpoints set it (transformers' default is
+        # False: softmax routing without renormalization, which vLLM runs on CUTLASS only)
         dict(
-            moe_intermediate_size=128, intermediate_size=128, num_experts=8, num_experts_per_tok=2
+            moe_intermediate_size=128,
+            intermediate_size=128,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
         ),
     ),
     "mixtral": (
@@ -61,6 +67,43 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             num_experts_per_tok=2,
             layer_types=["sliding_attention", "full_attention"],
         ),
+    ),
+    # the families of fi_convert/families/*.json that transformers has (tests/test_families.py)
+    "glm4_moe": (  # GLM-4.5: layer 0 dense, layer 1 MoE with a shared expert, GQA attention
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+    "minimax_m2": (  # MiniMax-M2: block_sparse_moe.experts.E.w{1,2,3}, sigmoid + bias routing
+        "MiniMaxM2Config",
+        "MiniMaxM2ForCausalLM",
+        dict(
+            intermediate_size=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            scoring_func="sigmoid",
+            use_routing_bias=True,
+            rotary_dim=8,  # released: 64 of head_dim 128 (vLLM's model reads it)
+        ),
+    ),
+    "ernie4_5_moe": (  # ERNIE-4.5-MoE: softmax routing with a correction bias (Unspecified)
+        "Ernie4_5_MoeConfig",
+        "Ernie4_5_MoeForCausalLM",
+        dict(intermediate_size=128, moe_intermediate_size=128, moe_num_experts=4, moe_k=2),
+    ),
+    "olmoe": (  # OLMoE: softmax routing without renormalization (Default)
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        # (SGLang's OLMoE normalizes q and k over all heads: as many KV heads as heads)
+        dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2, num_key_value_heads=4),
     ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",

@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 from fi_convert.testing.synthetic import SOURCES, _share_global_scale
 from tests import hf_checkpoints
 
-EXPERT = re.compile(r"^(.*\.experts\.\d+)\.(gate|up|down)_proj\.weight$")
+# (MiniMax-M2's experts are named as Mixtral's: w1, w2, w3)
+EXPERT = re.compile(r"^(.*\.experts\.\d+)\.((gate|up|down)_proj|w1|w2|w3)\.weight$")
 # the other linears DeepSeek-V3's FP8 checkpoints quantize (attention, dense and shared MLPs)
 DENSE = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\..*_proj(_with_mqa)?\.weight$")
 # keys of the released models' config.json that transformers' config classes do not write,
@@ -43,7 +44,7 @@ MODELOPT_EXCLUDE = [
     "model.layers.*.mlp.gate",
     "model.layers.*.mlp.shared_experts*",
 ]
-DENSE_EXCLUDE = {"deepseek_v3": ["model.layers.0.mlp*"]}
+DENSE_EXCLUDE = {"deepseek_v3": ["model.layers.0.mlp*"], "glm4_moe": ["model.layers.0.mlp*"]}
 
 
 def write(

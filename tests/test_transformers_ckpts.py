@@ -156,14 +156,14 @@ def test_vllm_serves_bf16_gpt_oss_on_no_flashinfer_backend(hf_ckpt):
 def test_config_that_contradicts_the_tensors_is_refused(hf_ckpt, tmp_path):
     model, out = copy(hf_ckpt("qwen3_moe"), tmp_path / "model"), tmp_path / "out"
     cfg = json.loads((model / "config.json").read_text())
-    cfg.update(model_type="llama4", architectures=["Llama4ForCausalLM"])
+    cfg.update(model_type="mixtral", architectures=["MixtralForCausalLM"])
     (model / "config.json").write_text(json.dumps(cfg))
     line = the_error(cli("convert", model, out))
     assert line == (
-        f"error: {model}/config.json says model_type llama4 (Llama4ForCausalLM) but the expert "
+        f"error: {model}/config.json says model_type mixtral (MixtralForCausalLM) but the expert "
         "tensors are named as Qwen3-MoE's (model.layers.0.mlp.experts.0.gate_proj.weight); fix "
-        'config.json, or if the model is of that family add "llama4" to "model_types" in '
-        "fi_convert/families/qwen3_moe.json"
+        "config.json, or if the model is of that family pass a copy of its family file with "
+        '"mixtral" in "model_types" (--family FILE.json)'
     )
     assert not out.exists()
     # DeepSeek-V3 and Qwen3-MoE name their experts alike: the other tensors tell which

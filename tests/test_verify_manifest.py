@@ -14,7 +14,6 @@ import shutil
 import pytest
 
 from fi_convert import Options, convert
-from fi_convert.families import all_families
 from fi_convert.schemes import REGISTRY
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from fi_convert.verify import verify
@@ -297,8 +296,8 @@ def test_the_issue_flips_fail_on_the_command_line(outputs, tmp_path):
 
 def _source_bound_edit(key: str, value):
     """Another value of the form plain verify checks: it cannot see the edit."""
-    if key == "family":
-        return next(f.name for f in all_families() if f.name != value)
+    if key == "family":  # one whose router and activation are the same under this config.json
+        return "qwen3-moe" if value != "qwen3-moe" else "deepseek-v3"
     if isinstance(value, int):
         return value + 1
     if key == "fingerprint":
@@ -326,10 +325,27 @@ def test_a_source_bound_field_edited_fails_only_with_source(outputs, tmp_path, f
     assert lines[0].startswith(f"mismatch: {dst / MANIFEST}: {field} is "), lines
 
 
+# the fields of `source` plain verify proves from config.json and the family
+FAMILY_BOUND = ["source.routing", "source.activation"]
+
+
 def test_every_source_bound_field_is_covered(outputs):
     """A field build() adds to `source` is one that only --source proves: it needs a case."""
     m = json.loads((outputs("bf16-trtllm-tp2") / MANIFEST).read_text())
-    assert {f"source.{k}" for k in m["source"]} - {"source.model_type"} <= set(SOURCE_BOUND)
+    fields = {f"source.{k}" for k in m["source"]} - {"source.model_type", *FAMILY_BOUND}
+    assert fields <= set(SOURCE_BOUND)
+
+
+@pytest.mark.parametrize("field", FAMILY_BOUND)
+def test_the_familys_routing_and_activation_are_proven_from_config_json(outputs, tmp_path, field):
+    dst, m = _linked(outputs("bf16-trtllm-tp2"), tmp_path)
+    key = field.rpartition(".")[2]
+    m["source"][key] = "Custom" if key == "routing" else "gelu_tanh"
+    _write(dst, m)
+    r, lines = _cli(dst)
+    assert r.exit_code == 1 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"mismatch: {dst / MANIFEST}: {field} is "), lines
+    assert "'s experts under config.json give " in lines[0]
 
 
 SCHEME_FLIPS = {

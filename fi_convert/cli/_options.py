@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -83,6 +83,16 @@ ServerOpt = Annotated[
         help="The server the output is for: vllm (vLLM 0.33) or sglang (SGLang 0.5.23). Their "
         "layouts differ for several schemes, so an output is loaded only by its server's "
         "fi-convert plugin.",
+    ),
+]
+FamilyOpt = Annotated[
+    Optional[str],  # noqa: UP045 (typer reads the annotation)
+    typer.Option(
+        "--family",
+        metavar="FILE.json",
+        help="A model family file of your own (the schema of fi-convert's families/*.json, "
+        "docs/architecture.md#adding-a-family), for a model fi-convert does not know; the "
+        "output records it.",
     ),
 ]
 DebugOpt = Annotated[

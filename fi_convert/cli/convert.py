@@ -17,6 +17,7 @@ from ._errors import handled
 from ._options import (
     BackendOpt,
     DebugOpt,
+    FamilyOpt,
     JsonOpt,
     QuietOpt,
     SchemeOpt,
@@ -176,6 +177,7 @@ def convert_cmd(
     max_disk: DiskOpt = 0,
     part: PartOpt = None,
     allow_unservable: UnservableOpt = False,
+    family: FamilyOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -185,7 +187,14 @@ def convert_cmd(
     from ..plan import Options
 
     opts = Options(
-        scheme, backend, tp_size, max_shard_size, max_memory, allow_unservable, server=server
+        scheme,
+        backend,
+        tp_size,
+        max_shard_size,
+        max_memory,
+        allow_unservable,
+        server=server,
+        family=family,
     )
     parts = _check_flags(push_to, private, base_model, stream, max_disk, part)
     how = progress_mode(err, quiet, as_json)

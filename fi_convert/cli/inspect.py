@@ -10,7 +10,16 @@ from rich.markup import escape
 
 from ..names import Backend, SchemeName
 from ._errors import handled
-from ._options import BackendOpt, DebugOpt, JsonOpt, SchemeOpt, ServerOpt, TpOpt, UnservableOpt
+from ._options import (
+    BackendOpt,
+    DebugOpt,
+    FamilyOpt,
+    JsonOpt,
+    SchemeOpt,
+    ServerOpt,
+    TpOpt,
+    UnservableOpt,
+)
 from ._output import Output
 from ._progress import size
 
@@ -25,6 +34,7 @@ def inspect_cmd(
     tp_size: TpOpt = 1,
     server: ServerOpt = "vllm",
     allow_unservable: UnservableOpt = False,
+    family: FamilyOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -37,7 +47,14 @@ def inspect_cmd(
 
     o = Output(as_json=as_json)
     with handled(debug):
-        opts = Options(scheme, backend, tp_size, allow_unservable=allow_unservable, server=server)
+        opts = Options(
+            scheme,
+            backend,
+            tp_size,
+            allow_unservable=allow_unservable,
+            server=server,
+            family=family,
+        )
         plan = make_plan(model_dir, opts)
         cs = choices(plan)
         ss = servers(plan)
@@ -69,7 +86,8 @@ def render_plan(o: Output, plan: Plan) -> None:
     how = "detected" if plan.detected else "requested"
     o.result(
         f"[bold]{escape(str(plan.ckpt.root))}[/bold]: family {s['family']} "
-        f"(model_type {s['model_type']}), "
+        f"(model_type {s['model_type']}; routing {s['routing']}, activation {s['activation']}: "
+        f"{s['kernel']}), "
         f"scheme [bold]{s['scheme']}[/bold] ({how}), backend {s['backend']}, tp {s['tp_size']}, "
         f"server {s['server']}"
     )

@@ -17,7 +17,7 @@ import torch
 from .. import dtypes, jsontext
 from .. import manifest as mf
 from ..errors import FiConvertError
-from ..families import Family, all_families, config_field, model_type
+from ..families import Family, config_field, model_type, recorded
 from ..format import config_marker
 from ..format import manifest as fm
 from ..format.hashes import sha256_file
@@ -201,7 +201,7 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
     rep.problems += [f"{where}: {p}" for p in mf.check_fields(m)]
     config = _config(root, m, rep)
     src: dict = m["source"] if isinstance(m.get("source"), dict) else {}
-    family = next((f for f in all_families() if f.name == src.get("family")), None)
+    family = recorded(src)
     if config is not None:
         if "model_type" in src and not mf.same(src["model_type"], model_type(config)):
             rep.problems.append(
@@ -215,6 +215,8 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
                 f"{root / CONFIG_NAME}: quantization_config is not fi-convert's mark, so a stock "
                 "server would load the layouts as the source's weights; convert again"
             )
+    if family is not None and config is not None:
+        rep.problems += [f"{where}: {line}" for line in _moe_problems(src, family, config)]
     planner = _Planner.of(m)
     if m["tp_size"] > MAX_TP:
         rep.problems.append(f"{where}: tp_size is {m['tp_size']}, more than any server runs")
@@ -229,6 +231,18 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
                 f"{info.file}: holds {name}, converted experts of a layer the manifest does "
                 "not list"
             )
+
+
+def _moe_problems(src: dict, family: Family, config: dict) -> list[str]:
+    """`source.routing` and `source.activation` against what the family gives for the
+    output's config.json (the source's)."""
+    want = {"routing": family.moe.routing(config), "activation": family.moe.activation}
+    return [
+        f"source.{key} is {mf.show(src.get(key))}, {family.title}'s experts under "
+        f"{CONFIG_NAME} give {mf.show(value)}"
+        for key, value in want.items()
+        if not mf.same(src.get(key), value)
+    ]
 
 
 def _config(root: Path, m: dict, rep: Report) -> dict | None:
@@ -465,7 +479,11 @@ def check_source(
         return
     # the output exists: re-derive it even where vLLM cannot serve it (--allow-unservable)
     servers = ",".join(servers_of(m))
-    opts = Options(m["scheme"], m["backend"], m["tp_size"], allow_unservable=True, server=servers)
+    family = recorded(m["source"])  # a user's family file the output holds, or None
+    own = family if family is not None and family.own else None
+    opts = Options(
+        m["scheme"], m["backend"], m["tp_size"], allow_unservable=True, server=servers, family=own
+    )
     plan = make_plan(source, opts)
     rep.problems += [f"{where}: {line}" for line in _source_bound(m, plan)]
     dev = resolve_device(device)

@@ -117,15 +117,32 @@ SOURCES_REFUSED = {
     ),
 }
 
-# Model types whose SGLang model class declares no routing method to its FusedMoE
-# (models/mixtral.py), so that ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
-# FlashInfer TRT-LLM only for a declared one: Qwen3-MoE's Renormalize, DeepSeek's DeepSeekV3)
-NO_ROUTING_METHOD = {
-    "mixtral": (
-        "SGLang {sglang}'s Mixtral declares no routing method, so its ModelOpt FP8 method runs "
-        "Triton, not FlashInfer TRT-LLM, on flashinfer_trtllm; use --backend cutlass"
-    ),
+# Model types whose SGLang model class declares no routing method to its FusedMoE (no
+# `routing_method_type=` in models/mixtral.py, glm4_moe_lite.py, minimax_m2.py, ernie4.py,
+# hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py), so that
+# ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs FlashInfer TRT-LLM only for a
+# declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's DeepSeekV3, ...)
+_UNDECLARED = {
+    "mixtral": "Mixtral",
+    "glm4_moe_lite": "GLM-4.7-Flash",
+    "minimax_m2": "MiniMax-M2",
+    "ernie4_5_moe": "ERNIE-4.5-MoE",
+    "hy_v3": "HY v3",
+    "olmoe": "OLMoE",
+    "phimoe": "Phi-3.5-MoE",
+    "lfm2_moe": "LFM2-MoE",
+    "afmoe": "AFMoE",
+    "deepseek": "DeepSeek-MoE",
 }
+NO_ROUTING_METHOD = {
+    mt: (
+        f"SGLang {{sglang}}'s {title} declares no routing method, so its ModelOpt FP8 method "
+        "runs Triton, not FlashInfer TRT-LLM, on flashinfer_trtllm; use --backend cutlass"
+    )
+    for mt, title in _UNDECLARED.items()
+}
+
+NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
 
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
@@ -267,6 +284,17 @@ class SglangTarget:
         if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
             why = NO_ROUTING_METHOD.get(model_type or "")
         return why.format(sglang=TARGET["sglang"]) if why else None
+
+    def refuses_moe(
+        self, scheme: str, backend: str, routing: str, activation: str, swiglu_limit: float | None
+    ) -> str | None:
+        if routing in NO_FLASHINFER_ROUTING:
+            return f"SGLang {TARGET['sglang']} runs {routing} routing on no FlashInfer MoE kernel"
+        return None  # its runners take the routing they are given (refuses_source: ModelOpt FP8)
+
+    def moe_kernel(self, scheme: str, backend: str, routing: str) -> str:
+        runner = "flashinfer_cutlass" if backend == "cutlass" else "flashinfer_trtllm"
+        return f"SGLang's {runner} MoE runner (routing {routing})"
 
     def layout(self, scheme: str, backend: str) -> Layout:
         return LAYOUTS[scheme, backend]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +39,19 @@ def _capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability()
 
 
-def moe_layers(model: torch.nn.Module) -> dict[str, tuple[str, RoutedExperts]]:
-    """The model's MoE layers, keyed by their checkpoint prefix: (module name, module)."""
-    return {
-        mod.layer_name: (name, mod)
-        for name, mod in model.named_modules()
-        if isinstance(mod, RoutedExperts)
-    }
+def moe_layers(
+    model: torch.nn.Module, output: Collection[str] = ()
+) -> dict[str, tuple[str, RoutedExperts]]:
+    """The model's MoE layers, keyed by their checkpoint prefix: (module name, module). That
+    is the layer's name, or where the output names the module's path instead, that path
+    (MiniMax-M2: vLLM's `block_sparse_moe` module is named `mlp`, its checkpoint's is not)."""
+    out = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, RoutedExperts):
+            path = name.removesuffix(".routed_experts")
+            key = path if path in output and mod.layer_name not in output else mod.layer_name
+            out[key] = (name, mod)
+    return out
 
 
 class FiConvertModelLoader(DefaultModelLoader):
@@ -114,7 +120,7 @@ class FiConvertModelLoader(DefaultModelLoader):
     def load_weights(self, model: Any, model_config: ModelConfig) -> None:
         root, m = self._output(model_config)
         mode = experts.test_cpu_mode()
-        layers = moe_layers(model)
+        layers = moe_layers(model, m["layers"])
         # the multi-token-prediction layers vLLM's model skips (a draft model's), by its rule
         spec = mtp_layers(m, getattr(model_config, "hf_config", None))
         missing = sorted(set(m["layers"]) - set(layers) - spec)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ...target import VLLM_LAYOUT, Layout, Refusal, release_rows
+from . import routing as routing_facts
 
 NOTE = (
     "MoE experts pre-shuffled into FlashInfer kernel layouts by fi-convert: serve with "
@@ -78,6 +79,14 @@ class VllmTarget:
         self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
     ) -> str | None:
         return None  # each scheme's every source format is proven against vLLM's own code
+
+    def refuses_moe(
+        self, scheme: str, backend: str, routing: str, activation: str, swiglu_limit: float | None
+    ) -> str | None:
+        return routing_facts.refuses_moe(scheme, backend, routing, activation, swiglu_limit)
+
+    def moe_kernel(self, scheme: str, backend: str, routing: str) -> str:
+        return routing_facts.kernel(scheme, backend, routing)
 
     def layout(self, scheme: str, backend: str) -> Layout:
         return VLLM_LAYOUT

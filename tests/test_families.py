@@ -1,0 +1,309 @@
+"""fi_convert/families.py and families/*.json: every family file is a valid family; the routing
+method and activation each family gives, and the schemes and backends each server refuses for
+them (with the server's reason); a model of no known family (one line naming it and how to add
+one); a user's family file (`--family FILE.json`): each malformed field one line, and an output
+converted with it verified from the family the manifest records; families no server runs on
+FlashInfer refused with the server's reason; sizes config.json gives checked against the
+tensors. The servers' own model code proves the new families in tests/test_sglang_families.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fi_convert.families import FAMILY_DIR, all_families, check_family, load_file
+from fi_convert.servers.vllm.routing import refuses_moe
+from tests import hf_checkpoints as hf
+
+from .conftest import cli
+from .test_errors import error_line
+
+FILES = sorted(FAMILY_DIR.glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """transformers' checkpoint of each kind (tests/hf_checkpoints.py), written on first use."""
+    base = tmp_path_factory.mktemp("families")
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = hf.save(kind, base / kind)
+        return made[kind]
+
+    return get
+
+
+def _copy(src: Path, dst: Path, **config: object) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(cfg | config))
+    return dst
+
+
+# ------------------------------------------------------------------ the shipped family files
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_every_family_file_holds_a_family(path):
+    d = json.loads(path.read_text())
+    assert check_family(d) is None
+    fam = load_file(path)
+    assert fam.name == d["name"] and fam.own
+
+
+def test_names_and_architectures_are_each_one_familys():
+    fams = all_families()
+    names = [f.name for f in fams]
+    assert len(names) == len(set(names))
+    for key in ("model_types", "architectures"):
+        seen = [x for f in fams for x in getattr(f, key)]
+        assert len(seen) == len(set(seen)), key
+
+
+# the routing method each family's router is (vLLM 0.33's get_routing_method_type on the
+# config its model builds the router from), for the config transformers writes or a released one
+ROUTING = [
+    ("glm4-moe", {"norm_topk_prob": True}, "DeepSeekV3"),
+    ("minimax-m2", {"scoring_func": "sigmoid", "use_routing_bias": True}, "MiniMax2"),
+    ("ernie4.5-moe", {}, "Unspecified"),
+    ("olmoe", {}, "Default"),
+    ("phimoe", {}, "Custom"),
+    ("qwen3-moe", {"norm_topk_prob": True}, "RenormalizeNaive"),
+    ("qwen3-moe", {"norm_topk_prob": False}, "Default"),
+    ("deepseek-v3", {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, "DeepSeekV3"),
+    ("deepseek-v3", {"topk_method": "greedy", "norm_topk_prob": False}, "Default"),
+    (
+        "bailing-moe-v2",
+        {"score_function": "sigmoid", "moe_router_enable_expert_bias": True, "n_group": 8},
+        "DeepSeekV3",
+    ),  # fmt: skip
+    ("cohere2-moe", {"expert_selection_fn": "sigmoid"}, "SigmoidRenorm"),
+    ("qwen3-omni-moe", {"thinker_config": {"text_config": {"norm_topk_prob": False}}}, "Default"),
+    ("deepseek-v4", {}, "DeepseekV4"),
+]
+
+
+@pytest.mark.parametrize(("name", "config", "method"), ROUTING)
+def test_each_familys_routing_method(name, config, method):
+    fam = next(f for f in all_families() if f.name == name)
+    assert fam.moe.routing(config) == method
+
+
+def test_vllms_refusals_by_routing_name_its_reason():
+    # TRT-LLM's monolithic kernels take DeepSeekV3; BF16 and FP8 per-tensor have no modular ones
+    assert refuses_moe("bf16", "trtllm", "DeepSeekV3", "silu", None) is None
+    for scheme in ("bf16", "fp8-tensor"):
+        why = refuses_moe(scheme, "trtllm", "Unspecified", "silu", None)
+        assert why and "monolithic TRT-LLM" in why and why.endswith("use --backend cutlass")
+        assert refuses_moe(scheme, "cutlass", "Unspecified", "silu", None) is None
+    # the others run modular TRT-LLM experts under TP
+    for scheme in ("fp8-block", "mxfp8", "nvfp4", "mxfp4"):
+        assert refuses_moe(scheme, "trtllm", "Default", "silu", None) is None
+    assert "swiglu_limit" in str(refuses_moe("fp8-tensor", "trtllm", "DeepSeekV3", "silu", 7.0))
+    assert "no gelu_tanh activation" in str(
+        refuses_moe("bf16", "trtllm", "Custom", "gelu_tanh", None)
+    )
+
+
+def test_inspect_says_each_schemes_refusal_by_routing(ckpt):
+    """ERNIE-4.5's softmax + bias router (Unspecified): vLLM runs BF16 on CUTLASS only."""
+    res = cli("inspect", ckpt("ernie4_5_moe"), "--backend", "cutlass", "--json")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert (s["family"], s["routing"], s["activation"]) == ("ernie4.5-moe", "Unspecified", "silu")
+    ok = {(c["scheme"], c["backend"]): c for c in s["choices"]}
+    assert ok["bf16", "cutlass"]["ok"]
+    assert "vLLM 0.33's monolithic TRT-LLM bf16 experts" in ok["bf16", "trtllm"]["why_not"]
+    assert ok["mxfp8", "trtllm"]["ok"]  # modular TRT-LLM MXFP8
+    res = cli("convert", ckpt("ernie4_5_moe"), ckpt("ernie4_5_moe").parent / "o", "--dry-run")
+    line = error_line(res, "--scheme bf16 --backend trtllm --server vllm: the model's router")
+    assert line.endswith("; servable for vllm instead: --scheme bf16 (cutlass), mxfp8 (trtllm)")
+
+
+def test_glm_plans_on_every_backend_and_says_its_kernel(ckpt):
+    res = cli("inspect", ckpt("glm4_moe"), "--json")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert (s["family"], s["routing"]) == ("glm4-moe", "DeepSeekV3")
+    assert s["kernel"].startswith("TRT-LLM monolithic")
+
+
+# ---------------------------------------------------------------- a family fi-convert lacks
+
+
+def test_a_model_of_no_known_family_is_one_line(ckpt, tmp_path):
+    model = _copy(
+        ckpt("glm4_moe"), tmp_path / "m", model_type="glm9_moe", architectures=["Glm9ForCausalLM"]
+    )
+    line = error_line(cli("convert", model, tmp_path / "out"))
+    assert line.startswith(
+        f"error: {model}/config.json: Glm9ForCausalLM (model_type glm9_moe) is no model family "
+        "fi-convert knows (afmoe, bailing-moe-v2, "
+    )
+    assert "describe it in a family file and pass --family FILE.json" in line
+    # DeepSeek-V3 and GLM-4.5 name experts alike, and GLM's MoE layers as DeepSeek's
+    assert line.endswith(
+        "its experts are named as DeepSeek-V3's or GLM-4.5's "
+        "(model.layers.1.mlp.experts.0.gate_proj.weight): start from that file"
+    )
+    assert "fi_convert/families/" not in line
+    assert not (tmp_path / "out").exists()
+
+
+def _user_family(tmp_path: Path, **edit: object) -> Path:
+    d = json.loads((FAMILY_DIR / "glm4_moe.json").read_text())
+    d.update(name="glm9-moe", title="GLM-9", model_types=["glm9_moe"], architectures=[])
+    d.update(edit)
+    p = tmp_path / "glm9.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_a_users_family_file_converts_and_verifies(ckpt, tmp_path):
+    model = _copy(ckpt("glm4_moe"), tmp_path / "m", model_type="glm9_moe", architectures=[])
+    fam, out = _user_family(tmp_path), tmp_path / "out"
+    res = cli("inspect", model, "--family", fam, "--json")
+    assert res.exit_code == 0, res.output
+    assert (json.loads(res.stdout)["family"], json.loads(res.stdout)["routing"]) == (
+        "glm9-moe",
+        "DeepSeekV3",
+    )
+    res = cli("convert", model, out, "--family", fam, "--tp-size", 2, "-q")
+    assert res.exit_code == 0, res.output
+    src = json.loads((out / "fi-convert-manifest.json").read_text())["source"]
+    assert src["family"] == "glm9-moe"
+    assert src["family_file"] == json.loads(fam.read_text())
+    assert (src["routing"], src["activation"]) == ("DeepSeekV3", "silu")
+    fam.unlink()  # verify reads the family the output records
+    res = cli("verify", out, "--source", model)
+    assert res.exit_code == 0, res.output
+    # the control: a family file changed in the manifest (another routing) is caught
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
+    m["source"]["family_file"]["routing"] = {"scoring": "softmax"}
+    (out / "fi-convert-manifest.json").write_text(json.dumps(m))
+    res = cli("verify", out, "--source", model)
+    assert res.exit_code == 1
+
+
+BAD = [
+    ({"name": "GLM 9"}, 'name: missing or not a lower-case name (e.g. "glm4-moe")'),
+    ({"model_types": "glm9_moe"}, "model_types: not a list of strings"),
+    ({"model_types": [], "architectures": []}, "model_types: the family names no model_type"),
+    ({"config_keys": {"num_experts": ["n"], "intermediate_size": ["i"]}},
+     "config_keys.hidden_size: missing or not a list of config.json keys"),
+    ({"forms": []}, "forms: missing or not a list of expert forms"),
+    ({"forms": [{"kind": "per_expert", "pattern": "(", "projections": {}}]},
+     "forms[0].pattern: not a regular expression (missing ), unterminated subpattern"),
+    ({"forms": [{"kind": "per_expert", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"gate_proj": "w1"}}]},
+     "forms[0].pattern: no named group 'expert' (?P<...>)"),
+    ({"forms": [{"kind": "fused", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"gate_up_proj": "w13"}}]},
+     "forms[0].projections: maps to ['w13'], not w1, w3, w2 or w13, w2"),
+    ({"routing": {"scoring": "tanh"}}, "routing.scoring: not one of softmax, sigmoid, "),
+    ({"routing": {"renormalize": {"key": 3}}}, "routing.renormalize: not {\"key\": a config.json"),
+    ({"routing": {"method": "Fancy"}}, "routing.method: not one of Default, Renormalize, "),
+    ({"activation": "tanh"}, "activation: not one of silu, gelu_tanh, relu2_no_mul"),
+    ({"experts": 4}, "experts: not a family field (fields: activation, architectures, "),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("edit", "words"), BAD, ids=[w.split(":")[0] for _, w in BAD])
+def test_each_malformed_field_of_a_family_file_is_one_line(ckpt, tmp_path, edit, words):
+    fam = _user_family(tmp_path, **edit)
+    line = error_line(cli("inspect", ckpt("glm4_moe"), "--family", fam))
+    assert line.startswith(f"error: {fam}: {words}"), line
+    assert line.endswith("; fix the family file (docs/architecture.md)")
+
+
+def test_a_family_file_that_is_no_json_is_one_line(ckpt, tmp_path):
+    fam = tmp_path / "f.json"
+    fam.write_text("{'name': 1}")
+    line = error_line(cli("inspect", ckpt("glm4_moe"), "--family", fam))
+    assert line.startswith(f"error: {fam}: not JSON (")
+    line = error_line(cli("inspect", ckpt("glm4_moe"), "--family", tmp_path / "none.json"))
+    assert line.startswith(f"error: {tmp_path / 'none.json'}: cannot read the family file")
+
+
+def test_a_users_family_field_of_the_wrong_kind_is_one_line(ckpt, tmp_path):
+    model = _copy(ckpt("glm4_moe"), tmp_path / "m", model_type="glm9_moe", norm_topk_prob="yes")
+    line = error_line(cli("inspect", model, "--family", _user_family(tmp_path)))
+    assert line == (
+        f'error: {model}/config.json: norm_topk_prob is "yes", not a boolean; fix that field '
+        "or restore the model's config.json"
+    )
+
+
+# ------------------------------------------------------- what config.json says, and refusals
+
+
+def test_a_size_config_json_contradicts_is_one_line(ckpt, tmp_path):
+    model = _copy(ckpt("glm4_moe"), tmp_path / "m", moe_intermediate_size=96)
+    line = error_line(cli("inspect", model))
+    assert line == (
+        "error: model.layers.1.mlp.experts.0.down_proj.weight: intermediate size 128 in the "
+        "shards but config.json says moe_intermediate_size = 96; the checkpoint and its config "
+        "disagree (or the family file reads the wrong field)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_type", "arch", "words"),
+    [
+        ("deepseek_v4", "DeepseekV4ForCausalLM", "DeepSeek-V4: vLLM 0.33 routes DeepSeek-V4's"),
+        ("minicpm", "MiniCPMForCausalLM", "MiniCPM-MoE: vLLM 0.33's MiniCPM-MoE calls its"),
+        ("step3p5", "Step3p5ForCausalLM", "Step-3.5: vLLM 0.33 runs Step-3.5's MoE layers"),
+    ],
+)
+def test_a_family_no_server_runs_on_flashinfer_is_refused_with_its_reason(
+    ckpt, tmp_path, model_type, arch, words
+):
+    model = _copy(
+        ckpt("glm4_moe"),
+        tmp_path / "m",
+        model_type=model_type,
+        architectures=[arch],
+        n_routed_experts=4,
+        num_experts=4,
+        moe_num_experts=4,
+    )
+    line = error_line(cli("convert", model, tmp_path / "out"))
+    assert line.startswith(f"error: {model}/config.json: {words}")
+    assert line.endswith("; serve the checkpoint as it is")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_docs_families_table_is_the_generated_one():
+    """docs/converting.md's table of families is scripts/families_table.py's, from the family
+    files and the servers' facts (run the script after changing either)."""
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "families_table.py"))
+    text = script["DOC"].read_text()
+    assert script["rewritten"](text) == text
+    for fam in all_families():
+        assert f"| {fam.title} |" in text
+    assert "| ERNIE-4.5-MoE | `Ernie4_5_MoeForCausalLM` |" in text
+    assert "Unspecified | silu | bf16 (cutlass), fp8-block (trtllm, cutlass)" in text
+
+
+def test_architecture_mds_glm_example_is_the_glm_family_file():
+    """docs/architecture.md shows adding a family with GLM-4.5's file: the example is a valid
+    family, and each field it shows is the shipped file's."""
+    import re
+
+    doc = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    example = json.loads(re.search(r"```json\n(.*?)\n```", doc, re.S)[1])
+    assert check_family(example) is None
+    shipped = json.loads((FAMILY_DIR / "glm4_moe.json").read_text())
+    for key, value in example.items():
+        if key == "checkpoints":
+            assert set(value) <= set(shipped[key])
+        else:
+            assert value == shipped[key], key
