@@ -280,7 +280,8 @@ def backend_of(method: object) -> str | None:
     for attr in BACKEND_ATTRS:
         chosen = getattr(method, attr, None)
         if chosen is not None:
-            name = str(getattr(chosen, "value", chosen)).upper()
+            # (vLLM 0.33's UnquantizedMoeBackend values read "FlashInfer TRTLLM")
+            name = str(getattr(chosen, "value", chosen)).upper().replace(" ", "_")
             if name.startswith("FLASHINFER_TRTLLM"):
                 return "trtllm"
             if name.startswith("FLASHINFER_CUTLASS"):

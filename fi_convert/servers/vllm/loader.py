@@ -1,7 +1,8 @@
 """`--load-format fi-convert`: a vLLM 0.33 model loader for fi-convert outputs.
 
-Non-expert tensors go through the model's own `load_weights`, as with vLLM's default loader
-(`format.dense`).
+Non-expert tensors are read beside the experts, at the same speed: where the model's own
+`load_weights` only copies them (asked of it, `format.dense`) straight into its parameters, else
+through that `load_weights`.
 The converted MoE tensors bypass it (its expert weight loader would TP-split them again): each
 layer's rank slice is read straight into the layer's parameters, and the layer's processing is
 replaced by kernel setup only. Every other module is processed by vLLM's own driver.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,10 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ...bulk_read import HostBuffers, ReadStats, host_buffers
+from ...bulk_read import BulkRead, HostBuffers, ReadStats, host_buffers
 from ...errors import FiConvertError
 from ...format import manifest as mf
-from ...format.dense import OtherTensors
+from ...format.dense import DenseLoad
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -131,25 +131,44 @@ class FiConvertModelLoader(DefaultModelLoader):
             checks.check_split(
                 m, str(root), lp, mod.moe_config.moe_parallel_config, mod.global_num_experts
             )
-        moe, dense = _Clock(), _Clock()
+        loaded, line = self._read_all(model, root, m, layers)
+        for lp, (_, mod) in layers.items():
+            if mode is None:
+                experts.set_up_kernel_only(mod, m["layers"][lp])
+            else:
+                experts.undo_for_cpu(mod, m, mode)
+        logger.info("%s", line.finish(time.perf_counter()))
+        if model_config.quantization is None:
+            self.track_weights_loading(model, loaded)
+
+    def _read_all(
+        self, model: Any, root: Path, m: dict, layers: dict[str, tuple[str, RoutedExperts]]
+    ) -> tuple[set[str], _LoadLine]:
+        """Every tensor of the output into the model: the experts' and the non-expert tensors'
+        byte ranges in one bulk read (those the model's loading only copies, `format.dense`),
+        the other non-expert tensors through the model's `load_weights` beside it."""
+        t0 = time.perf_counter()
         with OutputReader(root, m) as reader:
-            bulk = reader.bulk(_device(layers), buffers=self._buffers)
+            bulk = reader.bulk(_model_device(model), buffers=self._buffers)
+            dense: DenseLoad | None = None
             loaded: set[str] = set()
             try:
+                dense = DenseLoad(reader, model, model.load_weights, bulk.device)
                 for lp, (name, mod) in layers.items():
                     rank = mod.moe_config.moe_parallel_config.tp_rank
                     for p in experts.install(mod, reader, lp, rank, bulk):
                         loaded.add(f"{name}.{p}")
-                moe(bulk.start)  # the experts' bytes are read beside the dense tensors
-                others = OtherTensors(reader)
-                loaded |= set(dense(lambda: model.load_weights(iter(others))))
-                dense.nbytes = others.nbytes
+                moe_bytes = bulk.nbytes
+                dense.add_to(bulk)
+                t1 = time.perf_counter()
+                bulk.start()
+                dense.load_rest()
                 stats = bulk.wait()
             except FiConvertError as e:
-                bulk.abort()
+                _abort(bulk, dense)
                 raise PluginError(f"{e}") from None
             except (KeyboardInterrupt, SystemExit):
-                bulk.abort()
+                _abort(bulk, dense)
                 logger.error(
                     "fi-convert: loading %s interrupted; its reader threads are stopped and "
                     "their pinned memory freed: start the server again",
@@ -157,18 +176,12 @@ class FiConvertModelLoader(DefaultModelLoader):
                 )
                 raise
             except BaseException:
-                bulk.abort()
+                _abort(bulk, dense)
                 raise
-        for lp, (_, mod) in layers.items():
-            if mode is None:
-                experts.set_up_kernel_only(mod, m["layers"][lp])
-            else:
-                experts.undo_for_cpu(mod, m, mode)
         # this process is one rank of every layer: any layer's split names it
         split = next(iter(layers.values()))[1].moe_config.moe_parallel_config if layers else None
-        logger.info("%s", _load_line(root, len(layers), split, moe, stats, dense))
-        if model_config.quantization is None:
-            self.track_weights_loading(model, loaded)
+        line = _LoadLine(_who(split), root, len(layers), t0, t1, moe_bytes, stats, dense)
+        return loaded | dense.loaded, line
 
 
 def mtp_layers(manifest: dict, config: Any) -> set[str]:
@@ -187,45 +200,61 @@ def mtp_layers(manifest: dict, config: Any) -> set[str]:
     }
 
 
-class _Clock:
-    """The wall time of the calls it makes, and a byte count."""
-
-    def __init__(self) -> None:
-        self.nbytes, self.seconds = 0, 0.0
-
-    def __call__(self, fn: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn() or ()
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-
-def _device(layers: dict[str, tuple[str, RoutedExperts]]) -> torch.device:
-    """Where the MoE parameters live (the reads go there)."""
-    for _, mod in layers.values():
-        for p in mod.parameters(recurse=False):
+def _model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live (the reads go there)."""
+    for p in model.parameters():
+        if p.device.type != "meta":
             return p.device
     return torch.device("cpu")
 
 
-def _load_line(root: Path, n: int, split: Any, moe: _Clock, stats: ReadStats, dense: _Clock) -> str:
-    """The one line a rank logs at the end of its load."""
-    who = "rank"
-    if split is not None:
-        who = (
-            f"EP rank {split.ep_rank}/{split.ep_size}"
-            if split.use_ep
-            else f"TP rank {split.tp_rank}/{split.tp_size}"
+def _who(split: Any) -> str:
+    if split is None:
+        return "rank"
+    if split.use_ep:
+        return f"EP rank {split.ep_rank}/{split.ep_size}"
+    return f"TP rank {split.tp_rank}/{split.tp_size}"
+
+
+def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:
+    bulk.abort()
+    if dense is not None:
+        dense.abort()
+
+
+class _LoadLine:
+    """The one line a rank logs at the end of its load: the whole load's time and speed, and
+    how it splits (asking the model, the read, kernel setup)."""
+
+    def __init__(
+        self,
+        who: str,
+        root: Path,
+        n: int,
+        t0: float,
+        t1: float,
+        moe_bytes: int,
+        stats: ReadStats,
+        dense: DenseLoad,
+    ) -> None:
+        self.who, self.root, self.n, self.t0, self.t1 = who, root, n, t0, t1
+        self.moe_bytes, self.stats, self.dense = moe_bytes, stats, dense
+        self.t2 = time.perf_counter()
+
+    def finish(self, t3: float) -> str:
+        d, st = self.dense, self.stats
+        total = st.bytes + d.rest_bytes
+        whole = t3 - self.t0
+        return (
+            f"fi-convert: {self.who} loaded {_gb(total)} in {whole:.2f} s "
+            f"({total / whole / 1e9 if whole else 0:.1f} GB/s): the experts of {self.n} MoE "
+            f"layers ({_gb(self.moe_bytes)}) and non-expert tensors ({_gb(d.direct_bytes)}) "
+            f"read at once in {self.t2 - self.t1:.2f} s ({st.threads} thread"
+            f"{'s' if st.threads != 1 else ''}, {st.pinned_peak / 2**20:.0f} MiB pinned), "
+            f"non-expert {_gb(d.rest_bytes)} through the model's load_weights in "
+            f"{d.rest_s:.2f} s beside them; the model asked where in {d.probe_s:.2f} s, "
+            f"kernel setup {t3 - self.t2:.2f} s; from {self.root}"
         )
-    moe_s = moe.seconds + stats.seconds
-    return (
-        f"fi-convert: {who} loaded {n} MoE layers, {_gb(stats.bytes)} in {moe_s:.2f} s "
-        f"({stats.bytes / moe_s / 1e9 if moe_s else 0:.1f} GB/s, {stats.threads} thread"
-        f"{'s' if stats.threads != 1 else ''}, "
-        f"{stats.pinned_peak / 2**20:.0f} MiB pinned); non-expert {_gb(dense.nbytes)} "
-        f"in {dense.seconds:.2f} s, read beside them; from {root}"
-    )
 
 
 def _gb(n: int) -> str:

@@ -1,0 +1,151 @@
+"""Where a model's own weight loading puts each byte of a checkpoint tensor, asked of the model.
+
+Each tensor is handed to the model's `load_weights` as a probe: a tensor of the checkpoint
+tensor's name, shape and dtype that holds no data. Its views (narrow, slice, split, view,
+reshape, ...) are followed on a meta tensor, so a view knows which bytes of the checkpoint
+tensor it is; a copy of a view into a tensor the model holds is recorded, not done. Whatever
+else the model does with a probe (arithmetic, a dtype conversion, `.item()`, a transpose copied,
+a copy into a temporary) stops the probe: that tensor must go through `load_weights` with its
+data. So fused QKV, stacked gate/up, renames and tensor-parallel row slices all come out as
+byte ranges of the file into byte ranges of the model's parameters, as the model itself cut
+them, and are read there directly; the rest is left to the model.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+aten = torch.ops.aten
+
+
+class _Stop(BaseException):  # noqa: N818 (not an error: it ends a probe, past any `except Exception`)
+    """The model did something with a probe other than a view or a copy into its tensors."""
+
+
+@dataclass
+class Copy:
+    """`dst` (a contiguous view of a tensor the model holds) takes `nbytes` bytes of the
+    checkpoint tensor from byte `offset` of its data."""
+
+    dst: torch.Tensor
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class Probed:
+    """One checkpoint tensor's probe: its copies, or why it must be loaded with its data."""
+
+    name: str
+    copies: list[Copy] = field(default_factory=list)
+    stopped: str | None = None  # the operation that stopped it
+    refs: list[weakref.ref] = field(default_factory=list, repr=False)  # its probes and views
+
+    @property
+    def direct(self) -> bool:
+        return self.stopped is None
+
+
+class _Probe(torch.Tensor):
+    """A data-less stand-in for a checkpoint tensor (or a view of one)."""
+
+    meta: torch.Tensor
+    probed: Probed
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, probed: Probed) -> _Probe:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls,
+            meta.shape,
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=meta.dtype,
+            device="cpu",
+        )
+
+    def __init__(self, meta: torch.Tensor, probed: Probed) -> None:
+        self.meta, self.probed = meta, probed
+        probed.refs.append(weakref.ref(self))
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    def __repr__(self) -> str:  # (a model may log a tensor it is given)
+        return f"probe({self.probed.name}, {tuple(self.shape)}, {self.dtype})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is aten.copy_.default:
+            return _record(*args, **kwargs)
+        probed = _probed_of(args, kwargs)
+        if getattr(func, "is_view", False):
+            metas = tree_map(lambda a: a.meta if isinstance(a, _Probe) else a, (args, kwargs))
+            out = func(*metas[0], **metas[1])
+            return tree_map(lambda t: _Probe(t, probed) if isinstance(t, torch.Tensor) else t, out)
+        raise _Stop(f"{func}")
+
+
+def _probed_of(args: Any, kwargs: Any) -> Probed:
+    found: list[Probed] = []
+    tree_map(lambda a: found.append(a.probed) if isinstance(a, _Probe) else a, (args, kwargs))
+    if len({id(p) for p in found}) != 1:
+        raise _Stop("an operation on two checkpoint tensors")
+    return found[0]
+
+
+def _record(dst: Any, src: Any, non_blocking: bool = False) -> Any:
+    """`dst.copy_(src)`: recorded where `src` is a contiguous view of the probe of the same
+    dtype and shape as `dst`, a contiguous tensor the model holds."""
+    if isinstance(dst, _Probe) or not isinstance(src, _Probe):
+        raise _Stop("a copy into a checkpoint tensor")
+    meta = src.meta
+    if dst.dtype != meta.dtype or dst.shape != meta.shape or dst.is_sparse:
+        raise _Stop(f"a copy into {dst.dtype} {tuple(dst.shape)}")
+    if not (dst.is_contiguous() and meta.is_contiguous()):
+        raise _Stop("a strided copy")
+    size = meta.element_size()
+    src.probed.copies.append(Copy(dst, meta.storage_offset() * size, meta.numel() * size))
+    return dst
+
+
+def probe(
+    load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any],
+    tensors: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
+    owned: Callable[[torch.Tensor], bool],
+) -> list[Probed]:
+    """Probe each (name, shape, dtype) through `load_weights` (called as a server calls it:
+    with an iterator, as often as needed). A copy counts only into a tensor `owned` accepts
+    (the model's parameters and buffers); a probe the model keeps a reference to is stopped."""
+    todo = list(tensors)
+    done: list[Probed] = []
+    while len(done) < len(todo):
+        current: list[Probed] = []
+        try:
+            load_weights(_probes(todo[len(done) :], current))
+        except _Stop as e:
+            current[-1].stopped = str(e) or "stopped"
+        for p in current:
+            if p.direct and not all(owned(c.dst) for c in p.copies):
+                p.stopped = "a copy into a tensor the model does not hold"
+            if p.direct and any(r() is not None for r in p.refs):
+                p.stopped = "kept by the model"
+            p.refs.clear()
+        done += current
+    return done
+
+
+def _probes(
+    todo: list[tuple[str, tuple[int, ...], torch.dtype]], current: list[Probed]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, shape, dtype in todo:
+        p = Probed(name)
+        current.append(p)
+        t = _Probe(torch.empty(shape, dtype=dtype, device="meta"), p)
+        yield name, t
+        del t
