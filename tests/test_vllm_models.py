@@ -17,7 +17,6 @@ CPU one: none is chosen on this CPU-less platform); vLLM's process group is gloo
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import socket
 import types
@@ -43,18 +42,7 @@ from tests import vllm_moe as vm
 CASES = {
     # norm_topk_prob: Qwen3-30B-A3B's (renormalized routing, which TRT-LLM's BF16 MoE runs)
     "qwen3-bf16": ("qwen3_moe", None, dict(norm_topk_prob=True), "bf16"),
-    # q_lora_rank 128: vLLM fuses q_a_proj with kv_a_proj_with_mqa; layer 0 dense
-    "deepseek-fp8-block": (
-        "deepseek_v3",
-        "fp8-block",
-        dict(
-            hidden_size=128,
-            intermediate_size=256,
-            moe_intermediate_size=256,
-            q_lora_rank=128,
-        ),
-        "fp8-block",
-    ),
+    "mixtral-bf16": ("mixtral", None, {}, "bf16"),
 }
 
 

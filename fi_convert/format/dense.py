@@ -23,11 +23,12 @@ import torch
 from .. import dtypes
 from ..bulk_read import BulkRead, ReadError
 from ..st_io import TensorInfo
-from .probe import Probed, probe
+from .probe import probe, replay
 from .reader import OutputReader
 
 LoadWeights = Callable[[Iterable[tuple[str, torch.Tensor]]], Any]
-BATCH = 64 << 20  # host memory of one batch of tensors handed to load_weights (two are held)
+BATCH = 64 << 20  # host memory of one batch of tensors handed to load_weights
+RING = 3  # batches held at once: one read ahead, one handed out, one the model may still hold
 ALIGN = 64  # each tensor of a batch starts at a multiple of this
 
 
@@ -47,7 +48,11 @@ class DenseLoad:
         self._load_weights = load_weights
         self.loaded: set[str] = set()
         self.rest_s = 0.0
+        self._pinned = self.device.type == "cuda"
         self._batch: BulkRead | None = None
+        self._blocks = _Blocks(0, False)
+        self._batches: list[list[str]] = []
+        self._ahead: tuple[list[tuple[str, torch.Tensor]], BulkRead] | None = None
         self.infos = self._infos()
         held = _held(model, self.device)
         t0 = time.perf_counter()
@@ -98,33 +103,54 @@ class DenseLoad:
             for c in p.copies if p.direct else ():
                 self.reader.read_bytes_into(self.infos[name], c.offset, c.dst, bulk)
 
-    # -- the rest: through load_weights -----------------------------------------------------
+    # -- then load_weights over every tensor ------------------------------------------------
 
-    def load_rest(self) -> None:
-        """The other tensors read in batches into host memory, each batch handed to
-        load_weights while the next is read."""
+    def prefetch(self) -> None:
+        """Start reading the first batch of the tensors load_weights takes with their data
+        (call as the bulk read starts)."""
+        self._blocks = _Blocks(min(BATCH, _padded_total(self.rest, self.infos)), self._pinned)
+        self._batches = list(_batches(self.rest, self.infos, self._blocks.size))
+        self._ahead = self._read(self._batches[0]) if self._batches else None
+
+    def finish(self) -> None:
+        """Once the bulk read is done: the model's load_weights over every tensor in the
+        output's order, the directly read ones as probes that copy nothing (their bytes are in
+        place), the others with their data, read in batches ahead of it."""
         t0 = time.perf_counter()
-        pinned = self.device.type == "cuda"
-        blocks = _Blocks(min(BATCH, _padded_total(self.rest, self.infos)), pinned)
-        batches = list(_batches(self.rest, self.infos, blocks.size))
-        ahead = self._read(batches[0], blocks) if batches else None
-        for k in range(len(batches)):
-            assert ahead is not None
-            tensors, bulk = ahead
-            bulk.wait()
-            self._batch = None
-            del bulk  # (its requests hold views of the block)
-            ahead = self._read(batches[k + 1], blocks) if k + 1 < len(batches) else None
-            self._call(iter(tensors))
-            del tensors
-            blocks.release(pinned)
+        stopped = replay(self._call, self._replayed())
+        if stopped is not None:
+            raise ReadError(
+                f"{self.reader.root}: the model's load_weights took {stopped} otherwise than "
+                "when it was asked where each tensor goes; report this to fi-convert"
+            )
         self.rest_s = time.perf_counter() - t0
 
-    def _read(
-        self, names: list[str], blocks: _Blocks
-    ) -> tuple[list[tuple[str, torch.Tensor]], BulkRead]:
+    def _replayed(self) -> Iterator[tuple[str, torch.Tensor | tuple[tuple[int, ...], Any]]]:
+        batch: dict[str, torch.Tensor] = {}
+        k = 0
+        for name, info in self.infos.items():
+            if self.probed[name].direct:
+                yield name, (info.shape, dtypes_of(info))
+                continue
+            if name not in batch:
+                batch = self._next_batch(k)
+                k += 1
+            yield name, batch.pop(name)
+
+    def _next_batch(self, k: int) -> dict[str, torch.Tensor]:
+        """Batch k, once read; batch k+1 starts reading."""
+        assert self._ahead is not None
+        tensors, bulk = self._ahead
+        bulk.wait()
+        self._batch = None
+        del bulk  # (its requests hold views of the block)
+        more = k + 1 < len(self._batches)
+        self._ahead = self._read(self._batches[k + 1]) if more else None
+        return dict(tensors)
+
+    def _read(self, names: list[str]) -> tuple[list[tuple[str, torch.Tensor]], BulkRead]:
         """Start reading `names` into host memory (a block, or one tensor larger than one)."""
-        block = blocks.take(_padded_total(names, self.infos))
+        block = self._blocks.take(_padded_total(names, self.infos))
         bulk = self.reader.bulk("cpu")
         out, pos = [], 0
         for name in names:
@@ -153,38 +179,33 @@ class DenseLoad:
 
 
 class _Blocks:
-    """Two reused host blocks of `size` bytes, taken in turn; a batch larger than a block gets
-    one of its own. A block the model kept a view of is left to it (a fresh one replaces it)."""
+    """RING reused host blocks of `size` bytes, taken in turn (a batch larger than a block gets
+    memory of its own). A block is refilled only once nothing but this holds its memory: one
+    the model kept a view of is left to it, and a fresh one takes its place."""
 
     def __init__(self, size: int, pinned: bool) -> None:
         self.size, self.pinned = size, pinned
-        self._free: list[torch.Tensor] = []
-        self._used: list[torch.Tensor] = []
-        self._made = 0
+        self._ring: list[torch.Tensor] = []
 
     def take(self, nbytes: int) -> torch.Tensor:
         if nbytes > self.size:
-            block = torch.empty(nbytes, dtype=torch.uint8)  # too large to pin for one use
-        elif self._free:
-            block = self._free.pop()
-        else:
-            block = torch.empty(self.size, dtype=torch.uint8, pin_memory=self.pinned)
-            self._made += 1
-        self._used.append(block)
+            return torch.empty(nbytes, dtype=torch.uint8)  # too large to pin for one use
+        if len(self._ring) == RING:
+            oldest = self._ring.pop(0)
+            if self.pinned:  # the model's copies out of it may still run
+                torch.cuda.current_stream().synchronize()
+            if not _shared(oldest):
+                self._ring.append(oldest)
+                return oldest
+        block = torch.empty(self.size, dtype=torch.uint8, pin_memory=self.pinned)
+        self._ring.append(block)
         return block
 
-    def release(self, pinned: bool) -> None:
-        """The oldest block in use back to the free list, once the model is done with it."""
-        block = self._used.pop(0)
-        if pinned:  # the model's copies out of it may be asynchronous
-            torch.cuda.current_stream().synchronize()
-        if block.numel() == self.size and _uses(block) == 1:
-            self._free.append(block)
 
-
-def _uses(block: torch.Tensor) -> int:
-    """References to the block's memory besides views that were dropped: 1 = ours alone."""
-    return int(torch._C._storage_Use_Count(block.untyped_storage()._cdata))
+def _shared(block: torch.Tensor) -> bool:
+    """Whether anything but this tensor holds the block's memory (a view the model kept)."""
+    storage = block.untyped_storage()
+    return int(torch._C._storage_Use_Count(storage._cdata)) > 2  # the tensor, and `storage`
 
 
 def _batches(names: list[str], infos: dict[str, TensorInfo], size: int) -> Iterator[list[str]]:

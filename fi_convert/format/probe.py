@@ -25,7 +25,12 @@ aten = torch.ops.aten
 
 
 class _Stop(BaseException):  # noqa: N818 (not an error: it ends a probe, past any `except Exception`)
-    """The model did something with a probe other than a view or a copy into its tensors."""
+    """The model did something with a probe other than a view or a copy into its tensors;
+    `involved`: the probes it did it with."""
+
+    def __init__(self, what: str, involved: list[Probed] | None = None) -> None:
+        super().__init__(what)
+        self.involved = involved or []
 
 
 @dataclass
@@ -83,27 +88,28 @@ class _Probe(torch.Tensor):
         kwargs = kwargs or {}
         if func is aten.copy_.default:
             return _record(*args, **kwargs)
-        probed = _probed_of(args, kwargs)
+        found = _probes_in(args, kwargs)
+        probed = found[0]
+        if len({id(p) for p in found}) != 1:
+            raise _Stop("an operation on two checkpoint tensors", found)
         if getattr(func, "is_view", False):
             metas = tree_map(lambda a: a.meta if isinstance(a, _Probe) else a, (args, kwargs))
             out = func(*metas[0], **metas[1])
             return tree_map(lambda t: _Probe(t, probed) if isinstance(t, torch.Tensor) else t, out)
-        raise _Stop(f"{func}")
+        raise _Stop(f"{func}", found)
 
 
-def _probed_of(args: Any, kwargs: Any) -> Probed:
+def _probes_in(args: Any, kwargs: Any) -> list[Probed]:
     found: list[Probed] = []
     tree_map(lambda a: found.append(a.probed) if isinstance(a, _Probe) else a, (args, kwargs))
-    if len({id(p) for p in found}) != 1:
-        raise _Stop("an operation on two checkpoint tensors")
-    return found[0]
+    return found
 
 
 def _record(dst: Any, src: Any, non_blocking: bool = False) -> Any:
     """`dst.copy_(src)`: recorded where `src` is a contiguous view of the probe of the same
     dtype and shape as `dst`, a contiguous tensor the model holds."""
     if isinstance(dst, _Probe) or not isinstance(src, _Probe):
-        raise _Stop("a copy into a checkpoint tensor")
+        raise _Stop("a copy into a checkpoint tensor", _probes_in((dst, src), {}))
     meta = src.meta
     if dst.dtype != meta.dtype or dst.shape != meta.shape or dst.is_sparse:
         raise _Stop(f"a copy into {dst.dtype} {tuple(dst.shape)}")
@@ -129,7 +135,11 @@ def probe(
         try:
             load_weights(_probes(todo[len(done) :], current))
         except _Stop as e:
-            current[-1].stopped = str(e) or "stopped"
+            for p in [current[-1], *e.involved]:
+                p.stopped = str(e) or "stopped"
+            for p in current:  # maybe held for a later tensor of the interrupted call
+                if p.direct and not p.copies:
+                    p.stopped = "unused when the model's loading was interrupted"
         for p in current:
             if p.direct and not all(owned(c.dst) for c in p.copies):
                 p.stopped = "a copy into a tensor the model does not hold"
@@ -149,3 +159,30 @@ def _probes(
         t = _Probe(torch.empty(shape, dtype=dtype, device="meta"), p)
         yield name, t
         del t
+
+
+def replay(
+    load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any],
+    items: Iterable[tuple[str, torch.Tensor | tuple[tuple[int, ...], torch.dtype]]],
+) -> str | None:
+    """One call of `load_weights` over `items`: a tensor as it is, a (shape, dtype) as a probe
+    whose copies do nothing (its bytes were put in place already), so that the model sees every
+    name once, in order, with its tensors in place (what it does after its loop, such as
+    SGLang's DeepSeek deriving its MLA weights, comes out right). None, or what stopped a probe
+    (the model took a tensor otherwise than when it was probed)."""
+    try:
+        load_weights(_stand_ins(items))
+    except _Stop as e:
+        return f"{e.involved[0].name if e.involved else 'a tensor'}: {e}"
+    return None
+
+
+def _stand_ins(
+    items: Iterable[tuple[str, torch.Tensor | tuple[tuple[int, ...], torch.dtype]]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in items:
+        if isinstance(t, torch.Tensor):
+            yield name, t
+        else:
+            shape, dtype = t
+            yield name, _Probe(torch.empty(shape, dtype=dtype, device="meta"), Probed(name))

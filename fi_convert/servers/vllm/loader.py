@@ -22,10 +22,11 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ...bulk_read import BulkRead, HostBuffers, ReadStats, host_buffers
+from ...bulk_read import BulkRead, HostBuffers, host_buffers
 from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.dense import DenseLoad
+from ...format.load_report import LoadReport
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -131,19 +132,19 @@ class FiConvertModelLoader(DefaultModelLoader):
             checks.check_split(
                 m, str(root), lp, mod.moe_config.moe_parallel_config, mod.global_num_experts
             )
-        loaded, line = self._read_all(model, root, m, layers)
+        loaded, report = self._read_all(model, root, m, layers)
         for lp, (_, mod) in layers.items():
             if mode is None:
                 experts.set_up_kernel_only(mod, m["layers"][lp])
             else:
                 experts.undo_for_cpu(mod, m, mode)
-        logger.info("%s", line.finish(time.perf_counter()))
+        logger.info("%s", report.line(time.perf_counter()))
         if model_config.quantization is None:
             self.track_weights_loading(model, loaded)
 
     def _read_all(
         self, model: Any, root: Path, m: dict, layers: dict[str, tuple[str, RoutedExperts]]
-    ) -> tuple[set[str], _LoadLine]:
+    ) -> tuple[set[str], LoadReport]:
         """Every tensor of the output into the model: the experts' and the non-expert tensors'
         byte ranges in one bulk read (those the model's loading only copies, `format.dense`),
         the other non-expert tensors through the model's `load_weights` beside it."""
@@ -162,8 +163,10 @@ class FiConvertModelLoader(DefaultModelLoader):
                 dense.add_to(bulk)
                 t1 = time.perf_counter()
                 bulk.start()
-                dense.load_rest()
+                dense.prefetch()
                 stats = bulk.wait()
+                t2 = time.perf_counter()
+                dense.finish()
             except FiConvertError as e:
                 _abort(bulk, dense)
                 raise PluginError(f"{e}") from None
@@ -180,8 +183,8 @@ class FiConvertModelLoader(DefaultModelLoader):
                 raise
         # this process is one rank of every layer: any layer's split names it
         split = next(iter(layers.values()))[1].moe_config.moe_parallel_config if layers else None
-        line = _LoadLine(_who(split), root, len(layers), t0, t1, moe_bytes, stats, dense)
-        return loaded | dense.loaded, line
+        report = LoadReport(_who(split), root, len(layers), moe_bytes, stats, dense, t0, t1, t2)
+        return loaded | dense.loaded, report
 
 
 def mtp_layers(manifest: dict, config: Any) -> set[str]:
@@ -220,42 +223,3 @@ def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:
     bulk.abort()
     if dense is not None:
         dense.abort()
-
-
-class _LoadLine:
-    """The one line a rank logs at the end of its load: the whole load's time and speed, and
-    how it splits (asking the model, the read, kernel setup)."""
-
-    def __init__(
-        self,
-        who: str,
-        root: Path,
-        n: int,
-        t0: float,
-        t1: float,
-        moe_bytes: int,
-        stats: ReadStats,
-        dense: DenseLoad,
-    ) -> None:
-        self.who, self.root, self.n, self.t0, self.t1 = who, root, n, t0, t1
-        self.moe_bytes, self.stats, self.dense = moe_bytes, stats, dense
-        self.t2 = time.perf_counter()
-
-    def finish(self, t3: float) -> str:
-        d, st = self.dense, self.stats
-        total = st.bytes + d.rest_bytes
-        whole = t3 - self.t0
-        return (
-            f"fi-convert: {self.who} loaded {_gb(total)} in {whole:.2f} s "
-            f"({total / whole / 1e9 if whole else 0:.1f} GB/s): the experts of {self.n} MoE "
-            f"layers ({_gb(self.moe_bytes)}) and non-expert tensors ({_gb(d.direct_bytes)}) "
-            f"read at once in {self.t2 - self.t1:.2f} s ({st.threads} thread"
-            f"{'s' if st.threads != 1 else ''}, {st.pinned_peak / 2**20:.0f} MiB pinned), "
-            f"non-expert {_gb(d.rest_bytes)} through the model's load_weights in "
-            f"{d.rest_s:.2f} s beside them; the model asked where in {d.probe_s:.2f} s, "
-            f"kernel setup {t3 - self.t2:.2f} s; from {self.root}"
-        )
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
