@@ -71,7 +71,7 @@ class _Probe(torch.Tensor):
             strides=meta.stride(),
             storage_offset=meta.storage_offset(),
             dtype=meta.dtype,
-            device="cpu",
+            device=torch.device("cpu"),
         )
 
     def __init__(self, meta: torch.Tensor, probed: Probed) -> None:
@@ -80,11 +80,13 @@ class _Probe(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
-    def __repr__(self) -> str:  # (a model may log a tensor it is given)
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return f"probe({self.probed.name}, {tuple(self.shape)}, {self.dtype})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is aten.copy_.default:
             return _record(*args, **kwargs)
@@ -116,7 +118,8 @@ def _record(dst: Any, src: Any, non_blocking: bool = False) -> Any:
     if not (dst.is_contiguous() and meta.is_contiguous()):
         raise _Stop("a strided copy")
     size = meta.element_size()
-    src.probed.copies.append(Copy(dst, meta.storage_offset() * size, meta.numel() * size))
+    offset = int(meta.storage_offset()) * size
+    src.probed.copies.append(Copy(dst, offset, meta.numel() * size))
     return dst
 
 
