@@ -21,13 +21,14 @@ from typing import Any
 import torch
 
 from .. import dtypes
-from ..bulk_read import BulkRead, ReadError
+from ..bulk_read import BulkRead, ReadError, default_host_memory
 from ..st_io import TensorInfo
 from .probe import probe, replay
 from .reader import OutputReader
 
 LoadWeights = Callable[[Iterable[tuple[str, torch.Tensor]]], Any]
 BATCH = 64 << 20  # host memory of one batch of tensors handed to load_weights
+MIN_BATCH = 1 << 20  # pinned batches smaller than this are not worth it: host memory instead
 RING = 3  # batches held at once: one read ahead, one handed out, one the model may still hold
 ALIGN = 64  # each tensor of a batch starts at a multiple of this
 
@@ -43,12 +44,15 @@ class DenseLoad:
         model: torch.nn.Module,
         load_weights: LoadWeights,
         device: torch.device,
+        host_memory: int | None = None,
     ) -> None:
         self.reader, self.device = reader, torch.device(device)
+        # the pinned memory its batches may take (the budget's share the bulk read leaves)
+        self.host_memory = default_host_memory() if host_memory is None else host_memory
         self._load_weights = load_weights
         self.loaded: set[str] = set()
         self.rest_s = 0.0
-        self._pinned = self.device.type == "cuda"
+        self._pinned = self.device.type == "cuda"  # batches pinned, within host_memory
         self._batch: BulkRead | None = None
         self._blocks = _Blocks(0, False)
         self._batches: list[list[str]] = []
@@ -97,6 +101,11 @@ class DenseLoad:
     def nbytes(self) -> int:
         return self.direct_bytes + self.rest_bytes
 
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host memory of the batches handed to load_weights (allocated so far)."""
+        return self._blocks.made * self._blocks.size if self._blocks.pinned else 0
+
     def add_to(self, bulk: BulkRead) -> None:
         """The direct copies' byte ranges, into `bulk` (on the model's device)."""
         for name, p in self.probed.items():
@@ -108,7 +117,11 @@ class DenseLoad:
     def prefetch(self) -> None:
         """Start reading the first batch of the tensors load_weights takes with their data
         (call as the bulk read starts)."""
-        self._blocks = _Blocks(min(BATCH, _padded_total(self.rest, self.infos)), self._pinned)
+        size = min(BATCH, _padded_total(self.rest, self.infos))
+        pinned = self._pinned and self.host_memory >= RING * size
+        if self._pinned and not pinned and self.host_memory >= RING * MIN_BATCH:
+            size, pinned = self.host_memory // RING, True
+        self._blocks = _Blocks(size, pinned)
         self._batches = list(_batches(self.rest, self.infos, self._blocks.size))
         self._ahead = self._read(self._batches[0]) if self._batches else None
 
@@ -186,6 +199,7 @@ class _Blocks:
     def __init__(self, size: int, pinned: bool) -> None:
         self.size, self.pinned = size, pinned
         self._ring: list[torch.Tensor] = []
+        self.made = 0  # blocks allocated
 
     def take(self, nbytes: int) -> torch.Tensor:
         if nbytes > self.size:
@@ -198,6 +212,7 @@ class _Blocks:
                 self._ring.append(oldest)
                 return oldest
         block = torch.empty(self.size, dtype=torch.uint8, pin_memory=self.pinned)
+        self.made += 1
         self._ring.append(block)
         return block
 

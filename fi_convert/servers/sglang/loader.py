@@ -31,7 +31,7 @@ from sglang.srt.model_loader.loader import (
 )
 from sglang.srt.model_loader.utils import set_default_torch_dtype
 
-from ...bulk_read import BulkRead, HostBuffers, host_buffers
+from ...bulk_read import BulkRead, HostBuffers, default_host_memory, host_buffers
 from ...errors import FiConvertError
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
@@ -179,6 +179,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                     model,
                     lambda w: DefaultModelLoader.load_weights_only(model, w, target_device),
                     bulk.device,
+                    _left(self._buffers),
                 )
                 for prefix, layer in layers.items():
                     experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
@@ -205,6 +206,11 @@ def _who(layers: dict[str, Any]) -> str:
         f"MoE TP rank {getattr(first, 'moe_tp_rank', 0)}, EP rank "
         f"{getattr(first, 'moe_ep_rank', 0)}/{getattr(first, 'moe_ep_size', 1)}"
     )
+
+
+def _left(buffers: HostBuffers | None) -> int:
+    """The host memory budget the experts' pinned buffers leave."""
+    return default_host_memory() - (buffers.nbytes if buffers is not None else 0)
 
 
 def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:

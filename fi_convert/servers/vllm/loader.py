@@ -22,7 +22,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ...bulk_read import BulkRead, HostBuffers, host_buffers
+from ...bulk_read import BulkRead, HostBuffers, default_host_memory, host_buffers
 from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.dense import DenseLoad
@@ -154,7 +154,9 @@ class FiConvertModelLoader(DefaultModelLoader):
             dense: DenseLoad | None = None
             loaded: set[str] = set()
             try:
-                dense = DenseLoad(reader, model, model.load_weights, bulk.device)
+                dense = DenseLoad(
+                    reader, model, model.load_weights, bulk.device, _left(self._buffers)
+                )
                 for lp, (name, mod) in layers.items():
                     rank = mod.moe_config.moe_parallel_config.tp_rank
                     for p in experts.install(mod, reader, lp, rank, bulk):
@@ -217,6 +219,11 @@ def _who(split: Any) -> str:
     if split.use_ep:
         return f"EP rank {split.ep_rank}/{split.ep_size}"
     return f"TP rank {split.tp_rank}/{split.tp_size}"
+
+
+def _left(buffers: HostBuffers | None) -> int:
+    """The host memory budget the experts' pinned buffers leave."""
+    return default_host_memory() - (buffers.nbytes if buffers is not None else 0)
 
 
 def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:
