@@ -1,7 +1,7 @@
-"""`make bench`, serving half: a MoE layer (and a whole small model) loaded into vLLM 0.33's own
-FusedMoE layer three ways, side by side in one run.
+"""`make bench`, serving half: a MoE layer (and whole models) loaded into vLLM 0.33's own
+FusedMoE layers three ways, side by side in one run.
 
-    python scripts/bench_vllm_load.py [--out DIR] [--repeat R] [--quick]
+    python scripts/bench_vllm_load.py [--out DIR] [--repeat R] [--quick] [--cases model]
 
 - vLLM's default path: vLLM's own `safetensors_weights_iterator` (model_loader/weight_utils.py)
   over the source's shards, the layer's tensors into its `load_weights` (gpt-oss: the model's
@@ -15,8 +15,12 @@ FusedMoE layer three ways, side by side in one run.
 Each with the page cache warm, and cold (`/proc/sys/vm/drop_caches` before each run, where the
 machine allows it: the report says when it does not). On CUDA: every scheme on its own backend
 (DeepSeek-V3 shapes, 64 experts; fp8-block with 256 too, a whole DeepSeek-V3 layer; gpt-oss-120b
-shapes for mxfp4) and a whole small model (3 layers, non-expert tensors too). On CPU (no GPU
-here): fp8-block, bf16 and fp8-tensor at 16 experts, warm only; the limit reads into host memory.
+shapes for mxfp4) and whole models at real proportions, TP 1 and rank 0 of TP 8 (Qwen3-30B-A3B,
+gpt-oss-120b, DeepSeek-V3: scripts/bench_models.py; every tensor of the rank, the non-expert
+ones through one rank's model; the limit reads the bytes the rank keeps). On CPU (no GPU here):
+fp8-block, bf16 and fp8-tensor at 16 experts and Qwen3-30B-A3B's whole model at a smaller size,
+warm only; the limit reads into host memory (for a whole model, pages never touched, as its new
+parameters are).
 Medians of R runs, the three paths alternating. Writes vllm-load-<device>.json and a chart
 (scripts/bench_chart.py).
 """
@@ -474,7 +478,7 @@ def summary(runs: dict[str, list[dict]], side: str, key: str, cold: bool) -> dic
     }
 
 
-def cases(dev: str, quick: bool, which: str) -> list[dict]:
+def cases(dev: str, quick: bool, which: str, models: list[str] | None = None) -> list[dict]:
     ds = "model.layers.{}.mlp.experts"
 
     def one(name, quant, experts, family="deepseek-v3", **kw):
@@ -488,7 +492,7 @@ def cases(dev: str, quick: bool, which: str) -> list[dict]:
             "prefixes": [ds.format(1 if family == "deepseek-v3" else 0)],
         }
 
-    models = model_cases(dev)
+    models = model_cases(dev, models)
     if dev != "cuda":
         layers = [one(f"{q} x16", q, 16) for q in ("fp8-block", "bf16", "fp8-tensor")]
         return models if which == "model" else layers + models
@@ -504,10 +508,10 @@ def cases(dev: str, quick: bool, which: str) -> list[dict]:
     return big if which == "big" else out + big + models
 
 
-def model_cases(dev: str) -> list[dict]:
-    """Whole models at real proportions (scripts/bench_models.py), TP 1 and rank 0 of TP 8;
-    on CPU, Qwen3-30B-A3B's at `make bench`'s size."""
-    names = list(bm.MODELS) if dev == "cuda" else ["Qwen3-30B-A3B"]
+def model_cases(dev: str, names: list[str] | None = None) -> list[dict]:
+    """Whole models at real proportions (scripts/bench_models.py), TP 1 and rank 0 of TP 8:
+    `names`, else all on CUDA and Qwen3-30B-A3B's on CPU (at `make bench`'s size there)."""
+    names = names or (list(bm.MODELS) if dev == "cuda" else ["Qwen3-30B-A3B"])
     out = []
     for name in names:
         spec, scheme = bm.spec_of(name, dev == "cuda")
@@ -546,6 +550,12 @@ def main() -> None:
     )
     ap.add_argument("--only", default=None, help="only the cases whose name starts with this")
     ap.add_argument(
+        "--models",
+        default=None,
+        help=f"the whole models, comma-separated, of {', '.join(bm.MODELS)} (default: all on "
+        "CUDA, Qwen3-30B-A3B on CPU, at a smaller size there)",
+    )
+    ap.add_argument(
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
     )
     a = ap.parse_args()
@@ -558,7 +568,9 @@ def main() -> None:
     limit = None
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         todo = [
-            c for c in cases(dev, a.quick, a.cases) if not a.only or c["name"].startswith(a.only)
+            c
+            for c in cases(dev, a.quick, a.cases, a.models.split(",") if a.models else None)
+            if not a.only or c["name"].startswith(a.only)
         ]
         for i, case in enumerate(todo):
             key = case.get("source", case["name"].split()[0])
