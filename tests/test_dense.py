@@ -63,6 +63,8 @@ class Toy:
                 self.kept.append(t[1:])
             elif name == "temporary":
                 torch.empty(6, 4).copy_(t)
+            elif name == "numpy":  # (a probe has no data to give)
+                self.plain.copy_(torch.from_numpy(t.numpy()))
             elif name in ("a", "b"):  # a held until b comes, then both joined
                 self.held[name] = t
                 if len(self.held) == 2:
@@ -98,6 +100,7 @@ def test_copies_become_byte_ranges_of_the_tensor_into_the_models_own():
         ("transposed", "a strided copy"),
         ("kept", "kept by the model"),
         ("temporary", "a tensor the model does not hold"),
+        ("numpy", "RuntimeError"),
     ],
 )
 def test_anything_but_a_copy_leaves_the_tensor_to_the_model(name, why):
@@ -277,3 +280,21 @@ def test_ctrl_c_in_a_batch_read_stops_its_threads(out, monkeypatch):
         d.abort()
         monkeypatch.setattr(bulk_read.BulkRead, "wait", real)
     assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+
+
+def test_an_error_of_the_models_own_comes_out_of_the_load(out):
+    """A probe that makes the model raise is loaded with its data; where the model raises
+    then too (its own error, as with its default load), the load ends with that error."""
+    stored = _stored(out)
+
+    class Strict(Plain):
+        def load_weights(self, weights):
+            for n, t in weights:
+                if n == "model.norm.weight":
+                    raise ValueError(f"no parameter for {n}")
+                getattr(self, self.names[n]).data.copy_(t)
+            return set()
+
+    model = Strict(stored)
+    with pytest.raises(ValueError, match="no parameter for model.norm.weight"):
+        _load(out, model)

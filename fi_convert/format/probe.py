@@ -5,8 +5,8 @@ tensor's name, shape and dtype that holds no data. Its views (narrow, slice, spl
 reshape, ...) are followed on a meta tensor, so a view knows which bytes of the checkpoint
 tensor it is; a copy of a view into a tensor the model holds is recorded, not done. Whatever
 else the model does with a probe (arithmetic, a dtype conversion, `.item()`, a transpose copied,
-a copy into a temporary) stops the probe: that tensor must go through `load_weights` with its
-data. So fused QKV, stacked gate/up, renames and tensor-parallel row slices all come out as
+a copy into a temporary, an error it raises) stops the probe: that tensor must go through
+`load_weights` with its data (where an error of the model's own comes again). So fused QKV, stacked gate/up, renames and tensor-parallel row slices all come out as
 byte ranges of the file into byte ranges of the model's parameters, as the model itself cut
 them, and are read there directly; the rest is left to the model.
 """
@@ -137,9 +137,10 @@ def probe(
         current: list[Probed] = []
         try:
             load_weights(_probes(todo[len(done) :], current))
-        except _Stop as e:
-            for p in [current[-1], *e.involved]:
-                p.stopped = str(e) or "stopped"
+        except (_Stop, Exception) as e:  # (an error a probe caused: its data will tell)
+            involved = e.involved if isinstance(e, _Stop) else []
+            for p in [current[-1], *involved]:
+                p.stopped = str(e) if isinstance(e, _Stop) else f"{type(e).__name__}: {e}"
             for p in current:  # maybe held for a later tensor of the interrupted call
                 if p.direct and not p.copies:
                     p.stopped = "unused when the model's loading was interrupted"
