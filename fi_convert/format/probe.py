@@ -6,9 +6,10 @@ reshape, ...) are followed on a meta tensor, so a view knows which bytes of the 
 tensor it is; a copy of a view into a tensor the model holds is recorded, not done. Whatever
 else the model does with a probe (arithmetic, a dtype conversion, `.item()`, a transpose copied,
 a copy into a temporary, an error it raises) stops the probe: that tensor must go through
-`load_weights` with its data (where an error of the model's own comes again). So fused QKV, stacked gate/up, renames and tensor-parallel row slices all come out as
-byte ranges of the file into byte ranges of the model's parameters, as the model itself cut
-them, and are read there directly; the rest is left to the model.
+`load_weights` with its data (where an error of the model's own comes again). So fused QKV,
+stacked gate/up, renames and tensor-parallel row slices all come out as byte ranges of the file
+into byte ranges of the model's parameters, as the model itself cut them, and are read there
+directly; the rest is left to the model.
 """
 
 from __future__ import annotations
