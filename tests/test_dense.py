@@ -36,12 +36,13 @@ class Toy:
     def __init__(self) -> None:
         self.qkv = torch.zeros(12, 4)
         self.rows = torch.zeros(3, 4)
+        self.cols = torch.zeros(6, 2)
         self.plain = torch.zeros(6, 4)
         self.kept: list[torch.Tensor] = []
         self.held: dict[str, torch.Tensor] = {}
 
     def owned(self, t: torch.Tensor) -> bool:
-        mine = (self.qkv, self.rows, self.plain)
+        mine = (self.qkv, self.rows, self.cols, self.plain)
         return t.untyped_storage().data_ptr() in {m.untyped_storage().data_ptr() for m in mine}
 
     def load_weights(self, weights) -> None:
@@ -53,6 +54,8 @@ class Toy:
                 self.qkv.narrow(0, 9, 3).copy_(t.narrow(0, 3, 3))
             elif name == "rank1":  # rank 1 of 2 keeps rows 3..5
                 self.rows.copy_(t.narrow(0, 3, 3))
+            elif name == "columns":  # a row-parallel rank 1 of 2 keeps columns 2..3
+                self.cols.copy_(t.narrow(1, 2, 2))
             elif name == "plain":
                 self.plain.data.copy_(t)
             elif name == "scalar":
@@ -81,9 +84,16 @@ def _probe(toy: Toy, names: list[str], shape=(6, 4)) -> dict:
 
 def test_copies_become_byte_ranges_of_the_tensor_into_the_models_own():
     toy = Toy()
-    got = _probe(toy, ["q", "k", "rank1", "plain", "unused"])
+    got = _probe(toy, ["q", "k", "rank1", "columns", "plain", "unused"])
     assert all(p.direct for p in got.values())
-    ranges = {n: [(c.offset, c.nbytes, c.dst.data_ptr()) for c in p.copies] for n, p in got.items()}
+    (cols,) = got["columns"].copies  # 6 rows of 2 floats, a row (4 floats) apart, from col 2
+    assert (cols.offset, cols.nbytes, cols.rows) == (2 * 4, 12 * 4, (6, 2 * 4, 4 * 4))
+    assert cols.dst.data_ptr() == toy.cols.data_ptr()
+    ranges = {
+        n: [(c.offset, c.nbytes, c.dst.data_ptr()) for c in p.copies]
+        for n, p in got.items()
+        if n != "columns"
+    }
     q, row = toy.qkv.data_ptr(), 4 * 4
     assert ranges["q"] == [(0, 6 * row, q)]
     assert ranges["k"] == [(0, 3 * row, q + 6 * row), (3 * row, 3 * row, q + 9 * row)]

@@ -110,7 +110,11 @@ class DenseLoad:
         """The direct copies' byte ranges, into `bulk` (on the model's device)."""
         for name, p in self.probed.items():
             for c in p.copies if p.direct else ():
-                self.reader.read_bytes_into(self.infos[name], c.offset, c.dst, bulk)
+                info = self.infos[name]
+                if c.rows is None:
+                    self.reader.read_bytes_into(info, c.offset, c.dst, bulk)
+                else:
+                    self.reader.read_rows_into(info, c.offset, c.rows, c.dst, bulk)
 
     # -- then load_weights over every tensor ------------------------------------------------
 

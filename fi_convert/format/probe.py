@@ -37,11 +37,13 @@ class _Stop(BaseException):  # noqa: N818 (not an error: it ends a probe, past a
 @dataclass
 class Copy:
     """`dst` (a contiguous view of a tensor the model holds) takes `nbytes` bytes of the
-    checkpoint tensor from byte `offset` of its data."""
+    checkpoint tensor from byte `offset` of its data; with `rows` = (n, size, stride), n rows
+    of `size` bytes `stride` apart from there (a column slice: a row-parallel rank's)."""
 
     dst: torch.Tensor
     offset: int
     nbytes: int
+    rows: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -116,11 +118,16 @@ def _record(dst: Any, src: Any, non_blocking: bool = False) -> Any:
     meta = src.meta
     if dst.dtype != meta.dtype or dst.shape != meta.shape or dst.is_sparse:
         raise _Stop(f"a copy into {dst.dtype} {tuple(dst.shape)}")
-    if not (dst.is_contiguous() and meta.is_contiguous()):
-        raise _Stop("a strided copy")
     size = meta.element_size()
+    rows = None
+    if not meta.is_contiguous():  # rows of a column slice, else not a byte range
+        if meta.dim() != 2 or meta.stride(1) != 1 or meta.stride(0) < meta.shape[1]:
+            raise _Stop("a strided copy", [src.probed])
+        rows = (int(meta.shape[0]), int(meta.shape[1]) * size, int(meta.stride(0)) * size)
+    if not dst.is_contiguous():
+        raise _Stop("a copy into a strided tensor", [src.probed])
     offset = int(meta.storage_offset()) * size
-    src.probed.copies.append(Copy(dst, offset, meta.numel() * size))
+    src.probed.copies.append(Copy(dst, offset, meta.numel() * size, rows))
     return dst
 
 

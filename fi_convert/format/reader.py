@@ -191,6 +191,22 @@ class OutputReader:
             raise ValueError(f"{info.name}: bytes {offset}..{offset + size} out of range")
         self._read_spans(info, [(info.start + offset, size)], dst, bulk)
 
+    def read_rows_into(
+        self,
+        info: TensorInfo,
+        offset: int,
+        rows: tuple[int, int, int],
+        dst: torch.Tensor,
+        bulk: BulkRead,
+    ) -> None:
+        """Fill `dst` with `rows` = (n, size, stride) of the stored tensor `info`: n rows of
+        `size` bytes, `stride` apart, from byte `offset` of its data (a column slice), when
+        `bulk` runs."""
+        n, size, stride = rows
+        if not 0 <= offset <= offset + (n - 1) * stride + size <= info.nbytes:
+            raise ValueError(f"{info.name}: rows out of range")
+        bulk.add_rows(info.file, self._files.fd(info.file), info.start + offset, rows, dst)
+
     def _read_spans(
         self,
         info: TensorInfo,
