@@ -308,3 +308,24 @@ def test_an_error_of_the_models_own_comes_out_of_the_load(out):
     model = Strict(stored)
     with pytest.raises(ValueError, match="no parameter for model.norm.weight"):
         _load(out, model)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_every_tensor_lands_and_the_batches_are_pinned_within_the_budget(out):
+    """Into a model on CUDA: the direct copies through the bulk read's pinned buffers, the
+    others in pinned batches within the host memory left to them; then equal to the CPU's."""
+    stored = _stored(out)
+    norms = [n for n in stored if n.endswith("norm.weight")]
+    model = Plain(stored, convert=norms).cuda()
+    with OutputReader(out) as reader:
+        d = DenseLoad(reader, model, model.load_weights, torch.device("cuda"), 32 << 20)
+        bulk = reader.bulk("cuda")
+        d.add_to(bulk)
+        bulk.start()
+        d.prefetch()
+        bulk.wait()
+        d.finish()
+    assert sorted(d.rest) == sorted(norms) and 0 < d.pinned_bytes <= 32 << 20
+    for n, t in stored.items():
+        got = getattr(model, model.names[n]).cpu()
+        assert torch.equal(got, t.to(got.dtype)), n
