@@ -166,9 +166,9 @@ class FiConvertModelLoader(DefaultModelLoader):
         target_device: torch.device,
     ) -> LoadReport:
         """Every tensor of the output into the model: the experts' and the non-expert
-        tensors' byte ranges in one bulk read (those SGLang's loading only copies,
-        `format.dense`), the other non-expert tensors through SGLang's `load_weights_only`
-        beside it."""
+        tensors' byte ranges in one bulk read (where SGLang's loading only copies them,
+        `format.dense`), then SGLang's `load_weights_only` over every non-expert tensor, with
+        the data of those it does more with (read ahead in batches)."""
         t0 = time.perf_counter()
         with OutputReader(root, manifest) as reader:
             bulk = reader.bulk(_model_device(model), buffers=self._buffers)

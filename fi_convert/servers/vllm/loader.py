@@ -146,8 +146,9 @@ class FiConvertModelLoader(DefaultModelLoader):
         self, model: Any, root: Path, m: dict, layers: dict[str, tuple[str, RoutedExperts]]
     ) -> tuple[set[str], LoadReport]:
         """Every tensor of the output into the model: the experts' and the non-expert tensors'
-        byte ranges in one bulk read (those the model's loading only copies, `format.dense`),
-        the other non-expert tensors through the model's `load_weights` beside it."""
+        byte ranges in one bulk read (where the model's loading only copies them,
+        `format.dense`), then the model's `load_weights` over every non-expert tensor, with the
+        data of those it does more with (read ahead in batches)."""
         t0 = time.perf_counter()
         with OutputReader(root, m) as reader:
             bulk = reader.bulk(_model_device(model), buffers=self._buffers)
