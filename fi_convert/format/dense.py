@@ -6,10 +6,12 @@ the model's own `load_weights` as a probe holding no data. Where the model only 
 (whole, or the slices a tensor-parallel rank keeps, or into its shard of a fused QKV or
 stacked gate/up parameter, under any name), those byte ranges join the experts' `BulkRead`
 and are read straight into the parameters (`add_to`): each rank reads only the bytes it keeps.
-Where the model does more (a dtype conversion, a transposed copy, `.item()`, a tensor it keeps),
-the tensor is read, in batches, into reused host memory (pinned for a GPU) and handed to
-`load_weights` with its data (`load_rest`), while the bulk read runs. A tensor the model skips
-is not read at all.
+Where the model does more (a dtype conversion, a transposed copy, `.item()`, a tensor it keeps
+or joins to another), the tensor is read in batches into reused host memory (pinned for a GPU,
+the first batch while the bulk read runs). Once the bulk read is done, `load_weights` runs once
+over every tensor in the output's order (`finish`): those read directly as probes that copy
+nothing, the others with their data; so what the model does after its loop sees every byte in
+place. A tensor the model skips is not read at all.
 """
 
 from __future__ import annotations
