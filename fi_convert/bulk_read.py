@@ -186,6 +186,9 @@ class _Job:
     offset: int
     size: int
     pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # rows of a strided request: (rows, bytes of each, stride) from the job's start into its
+    # one piece, the rows one after another
+    rows: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,7 @@ class BulkRead:
             self.chunk = max(1, min(self.chunk, buffers.nbytes // DEPTH))
             self.threads = max(1, min(self.threads, buffers.nbytes // (DEPTH * self.chunk)))
         self._requests: list[tuple[Path, int, int, torch.Tensor]] = []
+        self._strided: list[_Job] = []  # jobs of add_rows, cut already
         self._threads: list[threading.Thread] = []
         # set by each thread as its last act: Thread.join and is_alive cannot be trusted once
         # a join was interrupted (CPython 3.11 then marks a running thread stopped, gh-90882)
@@ -250,9 +254,33 @@ class BulkRead:
         if flat.numel():
             self._requests.append((path, fd, offset, flat))
 
+    def add_rows(
+        self, path: Path, fd: int, offset: int, rows: tuple[int, int, int], dst: torch.Tensor
+    ) -> None:
+        """Fill the contiguous `dst` with `rows` = (n, size, stride): n rows of `size` bytes,
+        `stride` bytes apart in the file from `offset` (a column slice of a row-major tensor),
+        when the read runs. Each job reads whole rows of its span (the bytes between rows
+        too) and copies the rows out in one strided copy."""
+        n, size, stride = rows
+        flat = dst.reshape(-1).view(torch.uint8)
+        if not dst.is_contiguous() or flat.numel() != n * size:
+            raise ValueError(f"{path}: rows destination of wrong size or not contiguous")
+        if size > self.chunk:  # rows longer than a chunk: each one a read of its own
+            for r in range(n):
+                self.add(path, fd, offset + r * stride, flat[r * size : (r + 1) * size])
+            return
+        per = max(1, (self.chunk - size) // stride + 1)  # rows whose span fits a chunk
+        for r in range(0, n, per):
+            k = min(per, n - r)
+            piece = flat[r * size : (r + k) * size]
+            job = _Job(path, fd, offset + r * stride, (k - 1) * stride + size, [(0, piece)])
+            job.rows = (k, size, stride)
+            self._strided.append(job)
+
     @property
     def nbytes(self) -> int:
-        return sum(flat.numel() for *_, flat in self._requests)
+        rows = sum(j.pieces[0][1].numel() for j in self._strided)
+        return sum(flat.numel() for *_, flat in self._requests) + rows
 
     def run(self) -> ReadStats:
         self.start()
@@ -378,7 +406,7 @@ class BulkRead:
                 last.size = offset + flat.numel() - last.offset
             else:
                 runs.append(_Job(path, fd, offset, flat.numel(), [(0, flat)]))
-        return [job for run in runs for job in self._cut(run)]
+        return [job for run in runs for job in self._cut(run)] + self._strided
 
     def _cut(self, run: _Job) -> list[_Job]:
         """`run` cut into jobs of at most `chunk` bytes, each trimmed to its pieces."""
@@ -437,6 +465,11 @@ class BulkRead:
 
     def _work_direct(self, todo: queue.SimpleQueue[_Job | None]) -> None:
         while not self._stop.is_set() and (job := todo.get()) is not None:
+            if job.rows is not None:  # the span, then its rows
+                buf = torch.empty(job.size, dtype=torch.uint8)
+                self._read(job, job.offset, _bytes(buf))
+                self._copy_out(job, buf, None)
+                continue
             for at, flat in job.pieces:
                 self._read(job, job.offset + at, _bytes(flat))
 
@@ -464,13 +497,16 @@ class BulkRead:
                 stream.synchronize()  # no copy reads the buffers once this thread ends
 
     def _copy_out(self, job: _Job, buf: torch.Tensor, stream: Any) -> Any:
+        pieces = [(_rows_of(job, buf), flat) for _, flat in job.pieces] if job.rows else None
+        if pieces is None:
+            pieces = [(buf[at : at + flat.numel()], flat) for at, flat in job.pieces]
         if stream is None:
-            for at, flat in job.pieces:
-                flat.copy_(buf[at : at + flat.numel()])
+            for src, flat in pieces:
+                flat.view_as(src).copy_(src)
             return None
         with torch.cuda.stream(stream):
-            for at, flat in job.pieces:
-                flat.copy_(buf[at : at + flat.numel()], non_blocking=True)
+            for src, flat in pieces:
+                flat.view_as(src).copy_(src, non_blocking=True)
         event = torch.cuda.Event()
         event.record(stream)
         return event
@@ -512,6 +548,13 @@ def _bare(e: BaseException) -> BaseException:
     reader thread's locals (views of the host buffers), which would outlive the read."""
     e.__context__ = e.__cause__ = None
     return e.with_traceback(None)
+
+
+def _rows_of(job: _Job, buf: torch.Tensor) -> torch.Tensor:
+    """The job's rows in its buffer: (rows, size) bytes, `stride` apart."""
+    assert job.rows is not None
+    k, size, stride = job.rows
+    return buf.as_strided((k, size), (stride, 1))
 
 
 def _bytes(t: torch.Tensor) -> memoryview:

@@ -1,7 +1,7 @@
-"""`make bench`, serving half: a MoE layer (and a whole small model) loaded into vLLM 0.33's own
-FusedMoE layer three ways, side by side in one run.
+"""`make bench`, serving half: a MoE layer (and whole models) loaded into vLLM 0.33's own
+FusedMoE layers three ways, side by side in one run.
 
-    python scripts/bench_vllm_load.py [--out DIR] [--repeat R] [--quick]
+    python scripts/bench_vllm_load.py [--out DIR] [--repeat R] [--quick] [--cases model]
 
 - vLLM's default path: vLLM's own `safetensors_weights_iterator` (model_loader/weight_utils.py)
   over the source's shards, the layer's tensors into its `load_weights` (gpt-oss: the model's
@@ -15,8 +15,12 @@ FusedMoE layer three ways, side by side in one run.
 Each with the page cache warm, and cold (`/proc/sys/vm/drop_caches` before each run, where the
 machine allows it: the report says when it does not). On CUDA: every scheme on its own backend
 (DeepSeek-V3 shapes, 64 experts; fp8-block with 256 too, a whole DeepSeek-V3 layer; gpt-oss-120b
-shapes for mxfp4) and a whole small model (3 layers, non-expert tensors too). On CPU (no GPU
-here): fp8-block, bf16 and fp8-tensor at 16 experts, warm only; the limit reads into host memory.
+shapes for mxfp4) and whole models at real proportions, TP 1 and rank 0 of TP 8 (Qwen3-30B-A3B,
+gpt-oss-120b, DeepSeek-V3: scripts/bench_models.py; every tensor of the rank, the non-expert
+ones through one rank's model; the limit reads the bytes the rank keeps). On CPU (no GPU here):
+fp8-block, bf16 and fp8-tensor at 16 experts and Qwen3-30B-A3B's whole model at a smaller size,
+warm only; the limit reads into host memory (for a whole model, pages never touched, as its new
+parameters are).
 Medians of R runs, the three paths alternating. Writes vllm-load-<device>.json and a chart
 (scripts/bench_chart.py).
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -34,16 +39,18 @@ import threading
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fi_convert import Backend, Options, SchemeName, convert, dtypes  # noqa: E402
+from fi_convert import Backend, Options, SchemeName, convert  # noqa: E402
 from fi_convert.bulk_read import host_buffers  # noqa: E402
 from fi_convert.format.reader import OutputReader  # noqa: E402
 from fi_convert.servers.vllm import experts as plugin  # noqa: E402
 from fi_convert.testing.synthetic import Spec, write_checkpoint  # noqa: E402
+from scripts import bench_models as bm  # noqa: E402
 from tests import vllm_moe as vm  # noqa: E402
 
 H, INTER = 7168, 2048
@@ -97,10 +104,10 @@ def _shards(ckpt: Path) -> list[str]:
 # -- vLLM's default path -----------------------------------------------------------------------
 
 
-def _vllm_read(layers: dict[str, torch.nn.Module], src: Path, dense: dict | None) -> float:
+def _vllm_read(layers: dict[str, torch.nn.Module], src: Path, dense: Any = None) -> float:
     """vLLM's iterator over the source's shards: each MoE layer's tensors into its
-    load_weights; with `dense`, every other tensor copied into its device tensor (as the
-    model's default weight loader does); else the time of the layers' tensors alone."""
+    load_weights; with `dense` (a bench_models.RankModel), every other tensor into its
+    load_weights; else the time of the layers' tensors alone."""
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
 
     it = safetensors_weights_iterator(_shards(src), use_tqdm_on_load=False)
@@ -113,22 +120,28 @@ def _vllm_read(layers: dict[str, torch.nn.Module], src: Path, dense: dict | None
             rel = f"{e}.{vm.MIXTRAL_NAMES.get(proj, proj)}.{param}"
             list(layers[prefix].load_weights([(rel, tensor)]))  # a generator
             spent += time.perf_counter() - t0
-        elif dense is not None:
-            dense[name].copy_(tensor)
+        elif dense is not None and name in dense.places:
+            dense.load_weights([(name, tensor)])
             spent += time.perf_counter() - t0
         t0 = time.perf_counter()
     return spent
 
 
-def vllm_path(src: Path, prefixes: list[str], dev: str, dense: dict | None = None) -> dict:
+def vllm_path(src: Path, prefixes: list[str], dev: str, model: dict | None = None) -> dict:
+    """vLLM's default load + processing; with `model` (a whole model case: its tp, rank and
+    the places of its other tensors), every tensor of the source into one rank's model."""
     oss = json.loads((src / "config.json").read_text()).get("model_type") == "gpt_oss"
-    with vm.vllm_context("trtllm", 1, 0, device=dev):
-        layers = {p: vm.make_layer(p, src, 1) for p in prefixes}
+    tp, rank = (model["tp"], model["rank"]) if model else (1, 0)
+    with vm.vllm_context("trtllm", tp, rank, device=dev):
+        layers = {p: vm.make_layer(p, src, tp) for p in prefixes}
+        dense = _rank_model(model, layers) if model else None
         with Peak(dev) as peak:
             t0 = time.perf_counter()
             if oss:  # the model's own MXFP4 loader reads the layer's tensors
                 for p, layer in layers.items():
                     vm.load_gpt_oss(layer, src, p)
+                if dense is not None:
+                    _vllm_read_others(src, dense)
                 read = time.perf_counter() - t0
             else:
                 read = _vllm_read(layers, src, dense)
@@ -140,6 +153,29 @@ def vllm_path(src: Path, prefixes: list[str], dev: str, dense: dict | None = Non
             t2 = time.perf_counter()
     nbytes = sum(_layer_bytes(layer) for layer in layers.values())
     return {"read_s": read, "process_s": t2 - t1, "extra_bytes": peak.extra, "layer_bytes": nbytes}
+
+
+def _vllm_read_others(src: Path, model: Any) -> None:
+    """The non-expert tensors of a gpt-oss source, as vLLM's iterator reads them (safetensors,
+    tensor by tensor), into the model's load_weights (its experts are read apart)."""
+    from safetensors import safe_open
+
+    for shard in _shards(src):
+        with safe_open(shard, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118
+                if name in model.places:
+                    model.load_weights([(name, f.get_tensor(name))])
+
+
+def _rank_model(model: dict, layers: dict[str, torch.nn.Module]) -> torch.nn.Module:
+    """One rank's model: its other tensors' parameters (bench_models.RankModel, on the current
+    device) and the MoE layers."""
+    from fi_convert.format.dense import dtypes_of
+
+    m = bm.RankModel(model["infos"], model["places"], dtypes_of)
+    for i, layer in enumerate(layers.values()):
+        m.add_module(f"moe{i}", layer)
+    return m
 
 
 # -- the plugin ----------------------------------------------------------------------------
@@ -177,40 +213,43 @@ def plugin_path(src: Path, out: Path, prefixes: list[str], dev: str) -> dict:
     }
 
 
-def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, dense: dict) -> dict:
-    """The plugin's whole load (FiConvertModelLoader.load_weights: every MoE layer in one bulk
-    read beside the non-expert tensors, which go through the model's load_weights), then vLLM's
-    post-load driver, which runs only the kernel setup for the MoE layers."""
+def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model: dict) -> dict:
+    """The plugin's whole load (FiConvertModelLoader.load_weights: every MoE layer and the
+    non-expert tensors the model only copies in one bulk read, then the model's load_weights
+    with the others), then vLLM's post-load driver, which runs only the kernel setup for the
+    MoE layers. Its log line is kept."""
+    from unittest import mock
+
     from vllm.config.load import LoadConfig
 
-    from fi_convert.servers.vllm.loader import FiConvertModelLoader
+    from fi_convert.servers.vllm import loader as plugin_loader
 
-    class Model(torch.nn.Module):
-        def load_weights(self, weights):
-            for name, t in weights:
-                dense[name].copy_(t)
-            return set()
-
-    with vm.vllm_context("trtllm", 1, 0, device=dev):
-        model = Model()
-        for i, p in enumerate(prefixes):
-            model.add_module(f"moe{i}", vm.make_layer(p, src, 1))
+    tp, rank = model["tp"], model["rank"]
+    with vm.vllm_context("trtllm", tp, rank, device=dev):
+        layers = {p: vm.make_layer(p, src, tp) for p in prefixes}
+        m = _rank_model(model, layers)
         cfg = types.SimpleNamespace(model=str(out), revision=None, quantization="fp8")
-        loader = FiConvertModelLoader(LoadConfig(load_format="fi-convert"))
+        loader = plugin_loader.FiConvertModelLoader(LoadConfig(load_format="fi-convert"))
         if dev == "cuda":  # as its load_model does, before vLLM builds the model
             loader._buffers = host_buffers().allocate(background=True)
-        with Peak(dev) as peak:
+        with Peak(dev) as peak, mock.patch.object(plugin_loader, "logger") as log:
             t0 = time.perf_counter()
-            loader.load_weights(model, cfg)
+            loader.load_weights(m, cfg)
             _sync(dev)
             t1 = time.perf_counter()
-            for layer in model.children():
+            for layer in layers.values():
                 vm.process(layer)
             _sync(dev)
             t2 = time.perf_counter()
     if loader._buffers is not None:
         loader._buffers.free()
-    return {"read_s": t1 - t0, "setup_s": t2 - t1, "extra_bytes": peak.extra}
+    said = log.info.call_args.args
+    return {
+        "read_s": t1 - t0,
+        "setup_s": t2 - t1,
+        "extra_bytes": peak.extra,
+        "line": said[0] % said[1:],
+    }
 
 
 # -- the limit -----------------------------------------------------------------------------
@@ -228,6 +267,20 @@ def _ranges(out: Path, prefixes: list[str], dense: bool) -> list[tuple[str, int,
                 if prefix in prefixes or dense:
                     spans.append((str(out / shard), info.start, info.nbytes))
     return spans
+
+
+def _model_spans(out: Path, prefixes: list[str], model: dict) -> list[tuple[str, int, int]]:
+    """The byte ranges one rank of a whole model reads: its slices of the experts, and of
+    the other tensors the rows it keeps (all of one split by columns, or replicated)."""
+    spans = []
+    with OutputReader(out) as r:
+        for p in prefixes:
+            for name in r.layer(p)["tensors"]:
+                info, _, _ = r.info(p, name)
+                spans.append(
+                    (str(info.file), info.start + model["rank"] * info.row_bytes, info.row_bytes)
+                )
+    return spans + bm.kept_spans(model["infos"], model["places"])
 
 
 def limit_path(spans: list, dev: str, threads: int, chunk: int, fresh: bool = False) -> dict:
@@ -342,10 +395,16 @@ def _env(values: dict[str, str]):
 # -- one case ------------------------------------------------------------------------------
 
 
-def make_case(name: str, quant: str, spec: Spec, tmp: Path, dev: str) -> tuple[Path, Path]:
-    src = write_checkpoint(tmp / f"{name}-src", spec)
-    out = tmp / f"{name}-out"
-    convert(src, out, Options(SchemeName(quant), Backend.TRTLLM, 1), device=dev)
+def make_case(
+    name: str, quant: str, spec: Spec, tmp: Path, dev: str, tp: int = 1
+) -> tuple[Path, Path]:
+    """The case's source (written once per name) and its output for `tp`."""
+    src = tmp / f"{name}-src"
+    if not (src / "model.safetensors.index.json").exists():
+        write_checkpoint(src, spec)
+    out = tmp / f"{name}-out-tp{tp}"
+    if not out.exists():
+        convert(src, out, Options(SchemeName(quant), Backend.TRTLLM, tp), device=dev)
     return src, out
 
 
@@ -355,20 +414,15 @@ def med(runs: list[dict], key: str) -> float:
 
 def measure(case: dict, src: Path, out: Path, dev: str, limit: tuple, cold: bool, r: int) -> dict:
     prefixes = case["prefixes"]
-    spans = _ranges(out, prefixes, case.get("model", False))
-    dense = None
-    if case.get("model"):  # the non-expert tensors' device tensors, as the model holds them
+    model = None
+    if case.get("model"):  # the rank's non-expert tensors and where its model holds them
         with OutputReader(out) as rd:
-            from safetensors import safe_open
-
-            dense = {}
-            for shard in rd.shards():
-                with safe_open(out / shard, framework="pt") as f:
-                    for n in f.keys():  # noqa: SIM118
-                        if not rd.is_expert_tensor(n):
-                            sl = f.get_slice(n)
-                            dtype = dtypes.to_torch(sl.get_dtype())
-                            dense[n] = torch.empty(sl.get_shape(), dtype=dtype, device=dev)
+            infos = bm.non_expert_infos(out, rd.is_expert_tensor)
+        places = bm.places(infos, case["tp"], case["rank"])
+        model = {"tp": case["tp"], "rank": case["rank"], "infos": infos, "places": places}
+        spans = _model_spans(out, prefixes, model)
+    else:
+        spans = _ranges(out, prefixes, False)
     runs: dict[str, list[dict]] = {"vllm": [], "plugin": [], "limit": []}
     order = ["vllm", "plugin", "limit"]
     for k in range(r):
@@ -376,13 +430,15 @@ def measure(case: dict, src: Path, out: Path, dev: str, limit: tuple, cold: bool
             if cold:
                 drop_caches()
             if side == "vllm":
-                runs[side].append(vllm_path(src, prefixes, dev, dense))
-            elif side == "plugin" and dense is not None:
-                runs[side].append(plugin_model_path(src, out, prefixes, dev, dense))
+                runs[side].append(vllm_path(src, prefixes, dev, model))
+            elif side == "plugin" and model is not None:
+                runs[side].append(plugin_model_path(src, out, prefixes, dev, model))
             elif side == "plugin":
                 runs[side].append(plugin_path(src, out, prefixes, dev))
-            else:
-                runs[side].append(limit_path(spans, dev, *limit))
+            else:  # (on CPU into fresh pages, as a model's new parameters are)
+                fresh = model is not None and dev == "cpu"
+                runs[side].append(limit_path(spans, dev, *limit, fresh=fresh))
+            gc.collect()
             if dev == "cuda":
                 torch.cuda.empty_cache()
     return summary(runs, "vllm", "vllm", cold) | {
@@ -394,6 +450,7 @@ def measure(case: dict, src: Path, out: Path, dev: str, limit: tuple, cold: bool
         "plugin_alloc_s": med(runs["plugin"], "alloc_s")
         if "alloc_s" in runs["plugin"][0]
         else None,
+        "plugin_line": runs["plugin"][-1].get("line"),
         "runs": runs,
     }
 
@@ -421,7 +478,7 @@ def summary(runs: dict[str, list[dict]], side: str, key: str, cold: bool) -> dic
     }
 
 
-def cases(dev: str, quick: bool, which: str) -> list[dict]:
+def cases(dev: str, quick: bool, which: str, models: list[str] | None = None) -> list[dict]:
     ds = "model.layers.{}.mlp.experts"
 
     def one(name, quant, experts, family="deepseek-v3", **kw):
@@ -435,36 +492,47 @@ def cases(dev: str, quick: bool, which: str) -> list[dict]:
             "prefixes": [ds.format(1 if family == "deepseek-v3" else 0)],
         }
 
+    models = model_cases(dev, models)
     if dev != "cuda":
-        return [one(f"{q} x16", q, 16) for q in ("fp8-block", "bf16", "fp8-tensor")]
+        layers = [one(f"{q} x16", q, 16) for q in ("fp8-block", "bf16", "fp8-tensor")]
+        return models if which == "model" else layers + models
     out = [one(f"{q} x64", q, 64) for q in ("fp8-block", "bf16", "fp8-tensor", "nvfp4", "mxfp8")]
     out.append(one("mxfp4 x128 (gpt-oss)", "mxfp4", 128, family="gpt-oss"))
     if quick:
         return out[:2]
     if which == "layers":
         return out
-    big = [] if which == "model" else [one("fp8-block x256", "fp8-block", 256)]
-    model = Spec(
-        "deepseek-v3",
-        layers=4,
-        dense_layers=1,
-        experts=64,
-        hidden=H,
-        intermediate=INTER,
-        quant="fp8-block",
-        vocab=32768,
-    )
-    big.append(
-        {
-            "name": "whole model (3 MoE layers)",
-            "scheme": "fp8-block",
-            "experts": 64,
-            "spec": model,
-            "prefixes": [ds.format(k) for k in (1, 2, 3)],
-            "model": True,
-        }
-    )
-    return big if which in ("big", "model") else out + big
+    big = [one("fp8-block x256", "fp8-block", 256)]
+    if which == "model":
+        return models
+    return big if which == "big" else out + big + models
+
+
+def model_cases(dev: str, names: list[str] | None = None) -> list[dict]:
+    """Whole models at real proportions (scripts/bench_models.py), TP 1 and rank 0 of TP 8:
+    `names`, else all on CUDA and Qwen3-30B-A3B's on CPU (at `make bench`'s size there)."""
+    names = names or (list(bm.MODELS) if dev == "cuda" else ["Qwen3-30B-A3B"])
+    out = []
+    for name in names:
+        spec, scheme = bm.spec_of(name, dev == "cuda")
+        first = spec.dense_layers if spec.family == "deepseek-v3" else 0
+        for tp in (1, 8):
+            out.append(
+                {
+                    "name": f"{name} {'TP 1' if tp == 1 else 'TP 8 rank 0'}",
+                    "source": name,
+                    "scheme": scheme,
+                    "experts": spec.experts,
+                    "spec": spec,
+                    "prefixes": [
+                        f"model.layers.{k}.mlp.experts" for k in range(first, spec.layers)
+                    ],
+                    "model": True,
+                    "tp": tp,
+                    "rank": 0,
+                }
+            )
+    return out
 
 
 def main() -> None:
@@ -482,6 +550,12 @@ def main() -> None:
     )
     ap.add_argument("--only", default=None, help="only the cases whose name starts with this")
     ap.add_argument(
+        "--models",
+        default=None,
+        help=f"the whole models, comma-separated, of {', '.join(bm.MODELS)} (default: all on "
+        "CUDA, Qwen3-30B-A3B on CPU, at a smaller size there)",
+    )
+    ap.add_argument(
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
     )
     a = ap.parse_args()
@@ -493,13 +567,17 @@ def main() -> None:
     path = Path(a.out) / f"vllm-load-{dev}{'' if a.cases == 'all' else '-' + a.cases}.json"
     limit = None
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
-        for case in cases(dev, a.quick, a.cases):
-            if a.only and not case["name"].startswith(a.only):
-                continue
+        todo = [
+            c
+            for c in cases(dev, a.quick, a.cases, a.models.split(",") if a.models else None)
+            if not a.only or c["name"].startswith(a.only)
+        ]
+        for i, case in enumerate(todo):
+            key = case.get("source", case["name"].split()[0])
             src, out = make_case(
-                case["name"].split()[0], case["scheme"], case["spec"], Path(tmp), dev
+                key, case["scheme"], case["spec"], Path(tmp), dev, case.get("tp", 1)
             )
-            if limit is None:
+            if limit is None:  # (swept on the first case's experts)
                 spans = _ranges(out, case["prefixes"], False)
                 *limit, tried = best_limit(spans, dev)
                 report["limit_sweep"] = tried
@@ -515,8 +593,9 @@ def main() -> None:
             with contextlib.suppress(OSError):
                 import shutil
 
-                shutil.rmtree(src)
                 shutil.rmtree(out)
+                if not any(c.get("source") == key for c in todo[i + 1 :]):
+                    shutil.rmtree(src)
     if not can_drop:
         print("cold: not measured (the page cache cannot be dropped here)")
     print(f"wrote {path}")

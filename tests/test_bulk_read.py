@@ -81,6 +81,26 @@ def test_every_range_lands_in_its_destination(two_files, staged, seed):
     assert bulk.pinned_bytes == 0 and not _reader_threads()
 
 
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize(
+    ("rows", "size", "stride"),
+    [(500, 2048, 16384), (5, 4096, 4096), (3, 3 * MiB // 2, 2 * MiB), (1, 1, 1)],
+)
+def test_rows_a_stride_apart_land_one_after_another(two_files, staged, rows, size, stride):
+    """A column slice of a row-major tensor (a row-parallel rank's): `rows` rows of `size`
+    bytes, `stride` apart; rows longer than a chunk (1 MiB here) are read one by one."""
+    data, fds = two_files
+    path, raw = next(iter(data.items()))
+    bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    dst = torch.empty(rows * size, dtype=torch.uint8)
+    bulk.add_rows(path, fds[path], 777, (rows, size, stride), dst)
+    assert bulk.nbytes == rows * size
+    stats = bulk.run()
+    want = b"".join(raw[777 + r * stride : 777 + r * stride + size] for r in range(rows))
+    assert dst.numpy().tobytes() == want and stats.bytes == rows * size
+    assert not _reader_threads()
+
+
 def test_destinations_of_any_dtype_and_shape_take_the_bytes(two_files):
     data, fds = two_files
     (path, raw), fd = next(iter(data.items())), fds[next(iter(data))]

@@ -1,6 +1,13 @@
-"""fi_convert/format/dense.py: an output's other tensors, for a server's own weight loading."""
+"""fi_convert/format/probe.py and dense.py: where a model's own loading puts each byte of the
+output's non-expert tensors, asked of it with data-less probes; those it only copies read
+straight into its tensors, the rest handed to it with their data. (Whole models of both
+servers' own classes: tests/test_vllm_models.py, tests/test_sglang_models.py.)"""
 
 from __future__ import annotations
+
+import json
+import shutil
+import threading
 
 import pytest
 import torch
@@ -8,11 +15,119 @@ from safetensors import safe_open
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.bulk_read import ReadError
-from fi_convert.format.dense import OtherTensors
+from fi_convert.errors import FiConvertError
+from fi_convert.format import dense
+from fi_convert.format.dense import DenseLoad
+from fi_convert.format.probe import probe
 from fi_convert.format.reader import OutputReader
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 SPEC = Spec("deepseek-v3", layers=3, dense_layers=1, experts=8, quant="fp8-block", vocab=512)
+F32 = torch.float32
+
+
+# -- the probe: what the model does with a tensor ------------------------------------------
+
+
+class Toy:
+    """A model's loading in miniature: a fused QKV parameter, a TP rank's row slice, a plain
+    copy, a scalar read with .item(), a transposed copy, a tensor kept, two tensors joined."""
+
+    def __init__(self) -> None:
+        self.qkv = torch.zeros(12, 4)
+        self.rows = torch.zeros(3, 4)
+        self.cols = torch.zeros(6, 2)
+        self.plain = torch.zeros(6, 4)
+        self.kept: list[torch.Tensor] = []
+        self.held: dict[str, torch.Tensor] = {}
+
+    def owned(self, t: torch.Tensor) -> bool:
+        mine = (self.qkv, self.rows, self.cols, self.plain)
+        return t.untyped_storage().data_ptr() in {m.untyped_storage().data_ptr() for m in mine}
+
+    def load_weights(self, weights) -> None:
+        for name, t in weights:
+            if name == "q":
+                self.qkv[:6].copy_(t)
+            elif name == "k":  # two halves into two places
+                self.qkv.narrow(0, 6, 3).copy_(t[:3])
+                self.qkv.narrow(0, 9, 3).copy_(t.narrow(0, 3, 3))
+            elif name == "rank1":  # rank 1 of 2 keeps rows 3..5
+                self.rows.copy_(t.narrow(0, 3, 3))
+            elif name == "columns":  # a row-parallel rank 1 of 2 keeps columns 2..3
+                self.cols.copy_(t.narrow(1, 2, 2))
+            elif name == "plain":
+                self.plain.data.copy_(t)
+            elif name == "scalar":
+                self.plain[0, 0] = t.item()
+            elif name == "transposed":
+                self.plain.copy_(t.t())
+            elif name == "kept":
+                self.kept.append(t[1:])
+            elif name == "temporary":
+                torch.empty(6, 4).copy_(t)
+            elif name == "numpy":  # (a probe has no data to give)
+                self.plain.copy_(torch.from_numpy(t.numpy()))
+            elif name in ("a", "b"):  # a held until b comes, then both joined
+                self.held[name] = t
+                if len(self.held) == 2:
+                    self.qkv.copy_(torch.cat([self.held.pop("a"), self.held.pop("b")]))
+
+
+def _probe(toy: Toy, names: list[str], shape=(6, 4)) -> dict:
+    shapes = {"scalar": (1,), "transposed": (4, 6), "a": (6, 4), "b": (6, 4)}
+    return {
+        p.name: p
+        for p in probe(toy.load_weights, [(n, shapes.get(n, shape), F32) for n in names], toy.owned)
+    }
+
+
+def test_copies_become_byte_ranges_of_the_tensor_into_the_models_own():
+    toy = Toy()
+    got = _probe(toy, ["q", "k", "rank1", "columns", "plain", "unused"])
+    assert all(p.direct for p in got.values())
+    (cols,) = got["columns"].copies  # 6 rows of 2 floats, a row (4 floats) apart, from col 2
+    assert (cols.offset, cols.nbytes, cols.rows) == (2 * 4, 12 * 4, (6, 2 * 4, 4 * 4))
+    assert cols.dst.data_ptr() == toy.cols.data_ptr()
+    ranges = {
+        n: [(c.offset, c.nbytes, c.dst.data_ptr()) for c in p.copies]
+        for n, p in got.items()
+        if n != "columns"
+    }
+    q, row = toy.qkv.data_ptr(), 4 * 4
+    assert ranges["q"] == [(0, 6 * row, q)]
+    assert ranges["k"] == [(0, 3 * row, q + 6 * row), (3 * row, 3 * row, q + 9 * row)]
+    assert ranges["rank1"] == [(3 * row, 3 * row, toy.rows.data_ptr())]  # its rows only
+    assert ranges["plain"] == [(0, 6 * row, toy.plain.data_ptr())]
+    assert ranges["unused"] == []  # the model skips it: not read at all
+    assert not toy.qkv.any() and not toy.plain.any()  # nothing was written
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("scalar", "_local_scalar_dense"),
+        ("transposed", "a strided copy"),
+        ("kept", "kept by the model"),
+        ("temporary", "a tensor the model does not hold"),
+        ("numpy", "RuntimeError"),
+    ],
+)
+def test_anything_but_a_copy_leaves_the_tensor_to_the_model(name, why):
+    got = _probe(Toy(), ["q", name, "plain"])
+    assert not got[name].direct and why in got[name].stopped
+    assert got["q"].direct and got["plain"].direct  # the others: probed on, in later calls
+
+
+def test_tensors_the_model_joins_are_both_left_to_it():
+    """A tensor held for a later one (SGLang's DeepSeek fuses q_a_proj with
+    kv_a_proj_with_mqa so) is left to the model with it, not taken for one it skips."""
+    got = _probe(Toy(), ["a", "q", "b", "plain"])
+    assert not got["a"].direct and not got["b"].direct
+    assert got["q"].direct and got["plain"].direct
+
+
+# -- the load: a model's parameters filled from an output ----------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +138,7 @@ def out(tmp_path_factory):
     return out
 
 
-def _safetensors_own(out) -> dict[str, torch.Tensor]:
+def _stored(out) -> dict[str, torch.Tensor]:
     """Every non-expert tensor of the output, as safetensors itself loads it."""
     with OutputReader(out) as reader:
         want = {}
@@ -35,31 +150,182 @@ def _safetensors_own(out) -> dict[str, torch.Tensor]:
     return want
 
 
-def test_every_other_tensor_as_safetensors_loads_it(out):
-    want = _safetensors_own(out)
-    assert len(want) > 10 and any(t.dtype == torch.float8_e4m3fn for t in want.values())
+class Plain(torch.nn.Module):
+    """A parameter per tensor, copied whole; those named in `convert` held in another dtype
+    (FP32, or BF16 for FP32: which leaves them to the model, with their data); `keep` kept as
+    it comes."""
+
+    def __init__(self, stored: dict[str, torch.Tensor], convert=(), keep="") -> None:
+        super().__init__()
+        self.names = {n: n.replace(".", "__") for n in stored}
+        for n, t in stored.items():
+            other = torch.bfloat16 if t.dtype == F32 else F32
+            like = torch.zeros(t.shape, dtype=other if n in convert else t.dtype)
+            self.register_parameter(self.names[n], torch.nn.Parameter(like, requires_grad=False))
+        self.keep, self.kept = keep, {}
+        self.last: list[str] = []
+
+    def load_weights(self, weights):
+        self.last = []
+        for n, t in weights:
+            self.last.append(n)
+            if n == self.keep:
+                self.kept[n] = t
+            getattr(self, self.names[n]).data.copy_(t)  # (converted where the dtypes differ)
+        return set(self.names)
+
+
+def _load(out, model, monkeypatch=None, batch=None):
     with OutputReader(out) as reader:
-        assert not any(reader.is_expert_tensor(n) for n in want)
-        assert any(reader.is_expert_tensor(f"{p}.w13_weight") for p in reader.layers)
-        others = OtherTensors(reader)
-        got = dict(iter(others))
-    assert got.keys() == want.keys()
-    for name, t in want.items():
-        assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), name
-    assert others.nbytes == sum(t.numel() * t.element_size() for t in want.values())
+        d = DenseLoad(reader, model, model.load_weights, torch.device("cpu"))
+        bulk = reader.bulk("cpu")
+        d.add_to(bulk)
+        bulk.start()
+        d.prefetch()
+        bulk.wait()
+        d.finish()
+    return d
 
 
-def test_a_shard_truncated_after_the_headers_is_one_line(out, tmp_path):
-    import shutil
+def test_every_tensor_lands_as_the_models_own_loading_puts_it(out):
+    stored = _stored(out)
+    assert len(stored) > 10 and any(t.dtype == torch.float8_e4m3fn for t in stored.values())
+    biases = [n for n in stored if n.endswith("e_score_correction_bias")]
+    model = Plain(stored, convert=biases, keep="lm_head.weight")
+    d = _load(out, model)
+    assert sorted(d.rest) == sorted([*biases, "lm_head.weight"])
+    for n, t in stored.items():
+        got = getattr(model, model.names[n])
+        assert torch.equal(got, t.to(got.dtype)), n
+    assert d.direct_bytes + d.rest_bytes == sum(
+        t.numel() * t.element_size() for t in stored.values()
+    )
+    # the model's load_weights saw every tensor once more, in order, with the bytes in place
+    assert model.last == list(d.infos) and sorted(model.last) == sorted(stored)
+    assert set(model.names) <= d.loaded  # (what it returned, and the parameters filled)
 
+
+def test_a_kept_batch_is_left_to_the_model_and_the_blocks_stay_few(out, monkeypatch):
+    """A batch per tensor: the one the model keeps a view of is never refilled, and the
+    blocks stay at the ring's size however many batches pass."""
+    made = []
+    real = torch.empty
+
+    def empty(*a, **k):
+        t = real(*a, **k)
+        if k.get("dtype") is torch.uint8 and "pin_memory" in k:
+            made.append(t.numel())
+        return t
+
+    stored = _stored(out)
+    norms = [n for n in stored if n.endswith("norm.weight")]
+    keep = norms[1]
+    model = Plain(stored, convert=norms, keep=keep)
+    one = max(stored[n].numel() * stored[n].element_size() for n in norms)
+    monkeypatch.setattr(dense, "BATCH", one)
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty", empty)
+        d = _load(out, model)
+    assert sorted(d.rest) == sorted(norms) and len(norms) > dense.RING + 2
+    assert torch.equal(model.kept[keep], stored[keep])  # not refilled by a later batch
+    assert len(made) == dense.RING + 1  # one more block, in place of the kept one
+
+
+@pytest.mark.parametrize("when", ["before the load", "after the headers were read"])
+def test_a_truncated_shard_is_one_line_naming_it(out, tmp_path, when):
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    stored = _stored(copy)
+    with OutputReader(copy) as reader:
+        shard = copy / reader.shards()[-1]
+
+        def cut():
+            with open(shard, "r+b") as f:
+                f.truncate(shard.stat().st_size // 2)
+
+        model = Plain(stored)
+        with pytest.raises(FiConvertError) as e:
+            if when == "before the load":
+                cut()
+            d = DenseLoad(reader, model, model.load_weights, torch.device("cpu"))
+            cut()
+            bulk = reader.bulk("cpu")
+            d.add_to(bulk)
+            bulk.start()
+    msg = str(e.value)
+    assert msg.startswith(f"{shard}: ") and "\n" not in msg and "truncated" in msg
+
+
+def test_a_dtype_torch_cannot_hold_is_one_line(out, tmp_path):
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
     with OutputReader(copy) as reader:
-        shard = copy / reader.shards()[-1]
-        with open(shard, "r+b") as f:
-            f.truncate(shard.stat().st_size // 2)
+        name = "model.norm.weight"
+        info = reader.header(
+            json.loads((copy / "model.safetensors.index.json").read_text())["weight_map"][name]
+        )[name]
+        object.__setattr__(info, "dtype", "F4")  # (as a header of a newer format would say)
         with pytest.raises(ReadError) as e:
-            dict(iter(OtherTensors(reader)))
+            dense.dtypes_of(info)
     msg = str(e.value)
-    assert str(shard) in msg and "\n" not in msg and "again" in msg
-    assert e.value.__cause__ is None and e.value.__suppress_context__
+    assert msg.startswith(f"{info.file}: tensor {name} has dtype F4") and "\n" not in msg
+
+
+def test_ctrl_c_in_a_batch_read_stops_its_threads(out, monkeypatch):
+    from fi_convert import bulk_read
+
+    stored = _stored(out)
+    model = Plain(stored, convert=[n for n in stored if n.endswith("norm.weight")])
+    real = bulk_read.BulkRead.wait
+
+    def wait(self):
+        raise KeyboardInterrupt
+
+    with OutputReader(out) as reader:
+        d = DenseLoad(reader, model, model.load_weights, torch.device("cpu"))
+        d.prefetch()
+        monkeypatch.setattr(bulk_read.BulkRead, "wait", wait)
+        with pytest.raises(KeyboardInterrupt):
+            d.finish()
+        d.abort()
+        monkeypatch.setattr(bulk_read.BulkRead, "wait", real)
+    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+
+
+def test_an_error_of_the_models_own_comes_out_of_the_load(out):
+    """A probe that makes the model raise is loaded with its data; where the model raises
+    then too (its own error, as with its default load), the load ends with that error."""
+    stored = _stored(out)
+
+    class Strict(Plain):
+        def load_weights(self, weights):
+            for n, t in weights:
+                if n == "model.norm.weight":
+                    raise ValueError(f"no parameter for {n}")
+                getattr(self, self.names[n]).data.copy_(t)
+            return set()
+
+    model = Strict(stored)
+    with pytest.raises(ValueError, match="no parameter for model.norm.weight"):
+        _load(out, model)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_every_tensor_lands_and_the_batches_are_pinned_within_the_budget(out):
+    """Into a model on CUDA: the direct copies through the bulk read's pinned buffers, the
+    others in pinned batches within the host memory left to them; then equal to the CPU's."""
+    stored = _stored(out)
+    norms = [n for n in stored if n.endswith("norm.weight")]
+    model = Plain(stored, convert=norms).cuda()
+    with OutputReader(out) as reader:
+        d = DenseLoad(reader, model, model.load_weights, torch.device("cuda"), 32 << 20)
+        bulk = reader.bulk("cuda")
+        d.add_to(bulk)
+        bulk.start()
+        d.prefetch()
+        bulk.wait()
+        d.finish()
+    assert sorted(d.rest) == sorted(norms) and 0 < d.pinned_bytes <= 32 << 20
+    for n, t in stored.items():
+        got = getattr(model, model.names[n]).cpu()
+        assert torch.equal(got, t.to(got.dtype)), n

@@ -215,6 +215,33 @@ def test_reads_into_cuda_equal_the_cpu_read(tmp_path):
             assert torch.equal(dev.cpu().view(torch.uint8), cpu.view(torch.uint8)), name
 
 
+def test_rows_a_stride_apart_into_cuda_equal_the_cpu_read(tmp_path):
+    """A row-parallel rank's columns (rows a stride apart: BulkRead.add_rows) read into a GPU
+    (pinned buffers, one strided copy per chunk on each thread's stream) give the CPU read's
+    bytes; rows longer than a chunk too."""
+    import os
+
+    from fi_convert.bulk_read import MIN_CHUNK, BulkRead
+
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(9 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for rows in [(500, 2048, 16384), (3, 3 << 19, 2 << 20)]:
+            n, size, _ = rows
+            cpu = torch.empty(n * size, dtype=torch.uint8)
+            dev = torch.empty(n * size, dtype=torch.uint8, device="cuda")
+            one = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=False)
+            one.add_rows(path, fd, 777, rows, cpu)
+            one.run()
+            gpu = BulkRead("cuda", threads=3, chunk=MIN_CHUNK, host_memory=64 << 20)
+            gpu.add_rows(path, fd, 777, rows, dev)
+            gpu.run()
+            assert torch.equal(dev.cpu(), cpu), rows
+    finally:
+        os.close(fd)
+
+
 def test_load_moe_layer_on_cuda_equals_cpu(tmp_path):
     from fi_convert import load_moe_layer
 

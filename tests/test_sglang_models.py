@@ -338,3 +338,31 @@ def test_control_the_nextn_layer_of_an_output_was_refused(sources, tmp_path):
         pytest.raises(PluginError, match="has no MoE layer model.layers.2.mlp.experts"),
     ):
         _both(src, out, "fp8-block", "trtllm")
+
+
+def test_each_rank_logs_its_whole_load_and_how_it_splits(sources, tmp_path):
+    """One line per rank: the whole load's bytes, time and speed; the experts' and the
+    non-expert bytes read at once; the non-expert tensors SGLang's load_weights took with their
+    data (DeepSeek's q_a and kv_a projections, which its loader joins); asking the model; the
+    post-load processing."""
+    import re
+
+    src = sources("fp8-block")
+    out = _convert(src, tmp_path / "out", "fp8-block", "trtllm", 2)
+    with sm.sglang_context("trtllm", 2, 1), platform("fp8-block", "trtllm"):
+        from fi_convert.servers.sglang import loader
+
+        with mock.patch.object(loader, "logger") as log:
+            _model(None, out, "fi-convert", "trtllm")
+    said = log.info.call_args.args
+    line = said[0] % said[1:]
+    assert re.fullmatch(
+        r"fi-convert: MoE TP rank 1, EP rank 0/1 loaded [\d.]+ MB in [\d.]+ s \([\d.]+ GB/s\): "
+        r"the experts of 1 MoE layers \([\d.]+ MB\) and non-expert tensors \([\d.]+ MB\) read "
+        r"at once in [\d.]+ s \(\d+ threads?, \d+ MiB pinned\), then the model's load_weights "
+        r"in [\d.]+ s \(non-expert [\d.]+ MB with their data, (\d+) tensors\); the model asked "
+        rf"where in [\d.]+ s, post-load processing [\d.]+ s; from {re.escape(str(out))}",
+        line,
+    ), line
+    joined = int(re.search(r"with their data, (\d+) tensors", line).group(1))
+    assert joined >= 4  # q_a_proj and kv_a_proj_with_mqa of 2 layers (and their scales)

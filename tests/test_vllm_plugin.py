@@ -295,15 +295,19 @@ def test_loader_under_expert_parallelism_loads_the_ranks_experts(src, out_tp1, e
     vm.assert_same_layer(theirs, ours)  # parameters, MoE sizes, kernel and its state
     said = log.info.call_args.args
     line = said[0] % said[1:]
-    # one line per rank at the end: who, the experts' bytes and speed, the non-expert part
+    # one line per rank at the end: who, the whole load's bytes, time and speed, and how it
+    # splits (the experts' and the non-expert bytes read at once, the model's load_weights then
+    # with the tensors it takes with their data, asking the model, kernel setup)
     assert re.fullmatch(
-        rf"fi-convert: EP rank {rank}/{ep} loaded 1 MoE layers, [\d.]+ MB in [\d.]+ s "
-        r"\([\d.]+ GB/s, \d+ threads, \d+ MiB pinned\); non-expert [\d.]+ MB in [\d.]+ s, "
-        rf"read beside them; from {re.escape(str(out_tp1))}",
+        rf"fi-convert: EP rank {rank}/{ep} loaded [\d.]+ MB in [\d.]+ s \([\d.]+ GB/s\): "
+        r"the experts of 1 MoE layers \(([\d.]+) MB\) and non-expert tensors \([\d.]+ MB\) "
+        r"read at once in [\d.]+ s \(\d+ threads, \d+ MiB pinned\), then the model's "
+        r"load_weights in [\d.]+ s \(non-expert [\d.]+ MB with their data, \d+ tensors\); the "
+        rf"model asked where in [\d.]+ s, kernel setup [\d.]+ s; from {re.escape(str(out_tp1))}",
         line,
     ), line
     moe = sum(p.numel() * p.element_size() for p in ours.parameters(recurse=False))
-    assert f" {moe / 1e6:.1f} MB in" in line
+    assert f"the experts of 1 MoE layers ({moe / 1e6:.1f} MB)" in line
 
 
 def test_loader_refuses_a_layer_on_another_backend(src, out):

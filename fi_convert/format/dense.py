@@ -1,45 +1,280 @@
-"""An output's other tensors (attention, embeddings, dense MLPs, shared experts, norms): every
-tensor that is not a converted MoE tensor, for a server's own weight loading.
+"""An output's other tensors (attention, embeddings, dense MLPs, shared experts, norms, router
+gates) into a server's model, at the speed of the experts' read.
 
-They are read as a server's default loader reads them (safetensors, shard by shard, in the
-loading thread). Measured on the H200 (docs/speed.md): reading them ahead in batches by
-parallel threads into fresh host tensors was slower beside the experts' bulk read (a whole
-small model 862 ms against 621 ms), so the simple path stays.
+Which bytes go where is asked of the model itself (`probe.py`): each tensor is first handed to
+the model's own `load_weights` as a probe holding no data. Where the model only copies it
+(whole, or the slices a tensor-parallel rank keeps, or into its shard of a fused QKV or
+stacked gate/up parameter, under any name), those byte ranges join the experts' `BulkRead`
+and are read straight into the parameters (`add_to`): each rank reads only the bytes it keeps.
+Where the model does more (a dtype conversion, a transposed copy, `.item()`, a tensor it keeps
+or joins to another), the tensor is read in batches into reused host memory (pinned for a GPU,
+the first batch while the bulk read runs). Once the bulk read is done, `load_weights` runs once
+over every tensor in the output's order (`finish`): those read directly as probes that copy
+nothing, the others with their data; so what the model does after its loop sees every byte in
+place. A tensor the model skips is not read at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
-from ..bulk_read import ReadError
+from .. import dtypes
+from ..bulk_read import BulkRead, ReadError, default_host_memory
+from ..st_io import TensorInfo
+from .probe import probe, replay
 from .reader import OutputReader
 
+LoadWeights = Callable[[Iterable[tuple[str, torch.Tensor]]], Any]
+BATCH = 64 << 20  # host memory of one batch of tensors handed to load_weights
+MIN_BATCH = 1 << 20  # pinned batches smaller than this are not worth it: host memory instead
+RING = 3  # batches held at once: one read ahead, one handed out, one the model may still hold
+ALIGN = 64  # each tensor of a batch starts at a multiple of this
 
-class OtherTensors:
-    """Iterate (name, host tensor) over the output's other tensors; `nbytes` counts the bytes
-    delivered so far."""
 
-    def __init__(self, reader: OutputReader) -> None:
-        self.nbytes = 0
-        self._reader = reader
+class DenseLoad:
+    """The output's non-expert tensors for `model`, planned by probing `load_weights` (the
+    model's own loading, as the server calls it). Then `add_to` a bulk read and `load_rest`
+    while it runs. `loaded`: the names of the parameters filled (for a server's check)."""
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        reader = self._reader
-        for shard in reader.shards():
-            path = reader.root / shard
-            try:
-                with safe_open(path, framework="pt") as f:
-                    for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                        if not reader.is_expert_tensor(name):
-                            t = f.get_tensor(name)
-                            self.nbytes += t.numel() * t.element_size()
-                            yield name, t
-            except (SafetensorError, OSError) as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise ReadError(
-                    f"{path}: cannot be read ({first}): truncated or corrupt; restore the file "
-                    "(convert or download it again), then load again"
-                ) from None
+    def __init__(
+        self,
+        reader: OutputReader,
+        model: torch.nn.Module,
+        load_weights: LoadWeights,
+        device: torch.device,
+        host_memory: int | None = None,
+    ) -> None:
+        self.reader, self.device = reader, torch.device(device)
+        # the pinned memory its batches may take (the budget's share the bulk read leaves)
+        self.host_memory = default_host_memory() if host_memory is None else host_memory
+        self._load_weights = load_weights
+        self.loaded: set[str] = set()
+        self.rest_s = 0.0
+        self._pinned = self.device.type == "cuda"  # batches pinned, within host_memory
+        self._batch: BulkRead | None = None
+        self._blocks = _Blocks(0, False)
+        self._batches: list[list[str]] = []
+        self._ahead: tuple[list[tuple[str, torch.Tensor]], BulkRead] | None = None
+        self.infos = self._infos()
+        held = _held(model, self.device)
+        t0 = time.perf_counter()
+        wanted = [(n, i.shape, dtypes_of(i)) for n, i in self.infos.items()]
+        self.probed = {p.name: p for p in probe(self._call, wanted, lambda t: _key(t) in held)}
+        self.probe_s = time.perf_counter() - t0
+        for p in self.probed.values():
+            if p.direct:
+                self.loaded |= {held[_key(c.dst)] for c in p.copies}
+
+    def _infos(self) -> dict[str, TensorInfo]:
+        r = self.reader
+        return {
+            name: info
+            for shard in r.shards()
+            for name, info in r.header(shard).items()
+            if not r.is_expert_tensor(name)
+        }
+
+    def _call(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        names = self._load_weights(weights)
+        if isinstance(names, set):  # vLLM's models say which parameters they loaded
+            self.loaded |= {n for n in names if isinstance(n, str)}
+
+    # -- the plan ---------------------------------------------------------------------------
+
+    @property
+    def direct_bytes(self) -> int:
+        """Bytes read straight into the model's tensors."""
+        return sum(c.nbytes for p in self.probed.values() if p.direct for c in p.copies)
+
+    @property
+    def rest(self) -> list[str]:
+        """The tensors handed to load_weights with their data."""
+        return [n for n, p in self.probed.items() if not p.direct]
+
+    @property
+    def rest_bytes(self) -> int:
+        return sum(self.infos[n].nbytes for n in self.rest)
+
+    @property
+    def nbytes(self) -> int:
+        return self.direct_bytes + self.rest_bytes
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host memory of the batches handed to load_weights (allocated so far)."""
+        return self._blocks.made * self._blocks.size if self._blocks.pinned else 0
+
+    def add_to(self, bulk: BulkRead) -> None:
+        """The direct copies' byte ranges, into `bulk` (on the model's device)."""
+        for name, p in self.probed.items():
+            for c in p.copies if p.direct else ():
+                info = self.infos[name]
+                if c.rows is None:
+                    self.reader.read_bytes_into(info, c.offset, c.dst, bulk)
+                else:
+                    self.reader.read_rows_into(info, c.offset, c.rows, c.dst, bulk)
+
+    # -- then load_weights over every tensor ------------------------------------------------
+
+    def prefetch(self) -> None:
+        """Start reading the first batch of the tensors load_weights takes with their data
+        (call as the bulk read starts)."""
+        size = min(BATCH, _padded_total(self.rest, self.infos))
+        pinned = self._pinned and self.host_memory >= RING * size
+        if self._pinned and not pinned and self.host_memory >= RING * MIN_BATCH:
+            size, pinned = self.host_memory // RING, True
+        self._blocks = _Blocks(size, pinned)
+        self._batches = list(_batches(self.rest, self.infos, self._blocks.size))
+        self._ahead = self._read(self._batches[0]) if self._batches else None
+
+    def finish(self) -> None:
+        """Once the bulk read is done: the model's load_weights over every tensor in the
+        output's order, the directly read ones as probes that copy nothing (their bytes are in
+        place), the others with their data, read in batches ahead of it."""
+        t0 = time.perf_counter()
+        stopped = replay(self._call, self._replayed())
+        if stopped is not None:
+            raise ReadError(
+                f"{self.reader.root}: the model's load_weights took {stopped} otherwise than "
+                "when it was asked where each tensor goes; report this to fi-convert"
+            )
+        self.rest_s = time.perf_counter() - t0
+
+    def _replayed(self) -> Iterator[tuple[str, torch.Tensor | tuple[tuple[int, ...], Any]]]:
+        batch: dict[str, torch.Tensor] = {}
+        k = 0
+        for name, info in self.infos.items():
+            if self.probed[name].direct:
+                yield name, (info.shape, dtypes_of(info))
+                continue
+            if name not in batch:
+                batch = self._next_batch(k)
+                k += 1
+            yield name, batch.pop(name)
+
+    def _next_batch(self, k: int) -> dict[str, torch.Tensor]:
+        """Batch k, once read; batch k+1 starts reading."""
+        assert self._ahead is not None
+        tensors, bulk = self._ahead
+        bulk.wait()
+        self._batch = None
+        del bulk  # (its requests hold views of the block)
+        more = k + 1 < len(self._batches)
+        self._ahead = self._read(self._batches[k + 1]) if more else None
+        return dict(tensors)
+
+    def _read(self, names: list[str]) -> tuple[list[tuple[str, torch.Tensor]], BulkRead]:
+        """Start reading `names` into host memory (a block, or one tensor larger than one)."""
+        block = self._blocks.take(_padded_total(names, self.infos))
+        bulk = self.reader.bulk("cpu")
+        out, pos = [], 0
+        for name in names:
+            info = self.infos[name]
+            flat = block[pos : pos + info.nbytes]
+            t = flat.view(dtypes_of(info)).view(info.shape) if info.nbytes else _empty(info)
+            self.reader.read_bytes_into(info, 0, flat, bulk)
+            out.append((name, t))
+            pos += _aligned(info.nbytes)
+        self._batch = bulk
+        bulk.start()
+        return out, bulk
+
+    def abort(self) -> None:
+        """Stop a batch read under way (Ctrl-C, or a fault elsewhere)."""
+        if self._batch is not None:
+            self._batch.abort()
+            self._batch = None
+
+    def summary(self) -> str:
+        """What went where, for a load's log line."""
+        return (
+            f"{_gb(self.direct_bytes)} read straight into the model's tensors, "
+            f"{_gb(self.rest_bytes)} through its load_weights ({len(self.rest)} tensors)"
+        )
+
+
+class _Blocks:
+    """RING reused host blocks of `size` bytes, taken in turn (a batch larger than a block gets
+    memory of its own). A block is refilled only once nothing but this holds its memory: one
+    the model kept a view of is left to it, and a fresh one takes its place."""
+
+    def __init__(self, size: int, pinned: bool) -> None:
+        self.size, self.pinned = size, pinned
+        self._ring: list[torch.Tensor] = []
+        self.made = 0  # blocks allocated
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if nbytes > self.size:
+            return torch.empty(nbytes, dtype=torch.uint8)  # too large to pin for one use
+        if len(self._ring) == RING:
+            oldest = self._ring.pop(0)
+            if self.pinned:  # the model's copies out of it may still run
+                torch.cuda.current_stream().synchronize()
+            if not _shared(oldest):
+                self._ring.append(oldest)
+                return oldest
+        block = torch.empty(self.size, dtype=torch.uint8, pin_memory=self.pinned)
+        self.made += 1
+        self._ring.append(block)
+        return block
+
+
+def _shared(block: torch.Tensor) -> bool:
+    """Whether anything but this tensor holds the block's memory (a view the model kept)."""
+    storage = block.untyped_storage()
+    return int(torch._C._storage_Use_Count(storage._cdata)) > 2  # the tensor, and `storage`
+
+
+def _batches(names: list[str], infos: dict[str, TensorInfo], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    used = 0
+    for name in names:
+        n = _aligned(infos[name].nbytes)
+        if batch and used + n > size:
+            yield batch
+            batch, used = [], 0
+        batch.append(name)
+        used += n
+    if batch:
+        yield batch
+
+
+def _padded_total(names: Iterable[str], infos: dict[str, TensorInfo]) -> int:
+    return max(ALIGN, sum(_aligned(infos[n].nbytes) for n in names))
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _empty(info: TensorInfo) -> torch.Tensor:
+    return torch.empty(info.shape, dtype=dtypes_of(info))
+
+
+def dtypes_of(info: TensorInfo) -> torch.dtype:
+    """The torch dtype of a stored tensor; one line where torch has none for it."""
+    try:
+        return dtypes.to_torch(info.dtype)
+    except KeyError:
+        raise ReadError(
+            f"{info.file}: tensor {info.name} has dtype {info.dtype}, which this torch "
+            f"({torch.__version__}) cannot hold; upgrade torch or convert again"
+        ) from None
+
+
+def _key(t: torch.Tensor) -> tuple[str, int]:
+    return t.device.type, t.untyped_storage().data_ptr()
+
+
+def _held(model: torch.nn.Module, device: torch.device) -> dict[tuple[str, int], str]:
+    """The model's parameters and buffers on `device` (the bulk read's), by their memory."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return {_key(t): name for name, t in named if t.device.type == device.type and t.numel()}
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"

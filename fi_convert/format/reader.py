@@ -181,6 +181,32 @@ class OutputReader:
                 spans.append((base + e * per, per))
         self._read_spans(info, spans, dst, bulk)
 
+    def read_bytes_into(
+        self, info: TensorInfo, offset: int, dst: torch.Tensor, bulk: BulkRead | None = None
+    ) -> None:
+        """Fill `dst` with its byte size of the stored tensor `info` (a header entry of one of
+        the output's shards) from byte `offset` of its data: now, or with `bulk` when that runs."""
+        size = dst.numel() * dst.element_size()
+        if not 0 <= offset <= offset + size <= info.nbytes:
+            raise ValueError(f"{info.name}: bytes {offset}..{offset + size} out of range")
+        self._read_spans(info, [(info.start + offset, size)], dst, bulk)
+
+    def read_rows_into(
+        self,
+        info: TensorInfo,
+        offset: int,
+        rows: tuple[int, int, int],
+        dst: torch.Tensor,
+        bulk: BulkRead,
+    ) -> None:
+        """Fill `dst` with `rows` = (n, size, stride) of the stored tensor `info`: n rows of
+        `size` bytes, `stride` apart, from byte `offset` of its data (a column slice), when
+        `bulk` runs."""
+        n, size, stride = rows
+        if not 0 <= offset <= offset + (n - 1) * stride + size <= info.nbytes:
+            raise ValueError(f"{info.name}: rows out of range")
+        bulk.add_rows(info.file, self._files.fd(info.file), info.start + offset, rows, dst)
+
     def _read_spans(
         self,
         info: TensorInfo,

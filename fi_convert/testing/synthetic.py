@@ -44,6 +44,10 @@ class Spec:
     # config.json fields of the family's model beside the generated ones, e.g. a SwiGLU clamp
     # ({"swiglu_limit": 10.0}: what SGLang's DeepSeek MoE passes its experts)
     config: dict = field(default_factory=dict)
+    # the attention's linears as (name, (out, in)), e.g. a real model's (the benchmarks'
+    # whole models); default: q, k, v and o projections of (hidden, hidden)
+    attention: tuple[tuple[str, tuple[int, int]], ...] | None = None
+    dense_intermediate: int | None = None  # a dense MLP's (DeepSeek's layers before the MoE)
 
 
 # each scheme's synthetic sources (`Scheme.synthetic`), by `Spec.quant` name
@@ -68,7 +72,7 @@ def _config(spec: Spec, quant: str) -> dict:
         cfg = {
             "architectures": ["DeepseekV3ForCausalLM"],
             "model_type": "deepseek_v3",
-            "intermediate_size": 2 * i,
+            "intermediate_size": spec.dense_intermediate or 2 * i,
             "moe_intermediate_size": i,
             "n_routed_experts": e,
             "n_shared_experts": 1,
@@ -136,13 +140,15 @@ def _tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:
         p = f"model.layers.{layer}"
         yield f"{p}.input_layernorm.weight", torch.ones(h, dtype=torch.bfloat16)
         yield f"{p}.post_attention_layernorm.weight", torch.ones(h, dtype=torch.bfloat16)
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            yield from parts(f"{p}.self_attn.{proj}", mk((h, h), g))
+        for proj, shape in spec.attention or [(n, (h, h)) for n in ("q", "k", "v", "o")]:
+            name = proj if spec.attention else f"{proj}_proj"
+            yield from parts(f"{p}.self_attn.{name}", mk(shape, g))
         moe = layer >= spec.dense_layers or spec.family != "deepseek-v3"
         if not moe:
-            yield from parts(f"{p}.mlp.gate_proj", mk((2 * i, h), g))
-            yield from parts(f"{p}.mlp.up_proj", mk((2 * i, h), g))
-            yield from parts(f"{p}.mlp.down_proj", mk((h, 2 * i), g))
+            di = spec.dense_intermediate or 2 * i
+            yield from parts(f"{p}.mlp.gate_proj", mk((di, h), g))
+            yield from parts(f"{p}.mlp.up_proj", mk((di, h), g))
+            yield from parts(f"{p}.mlp.down_proj", mk((h, di), g))
             continue
         if spec.family == "gpt-oss":
             yield from _gpt_oss_experts(p, e, h, i, g).items()
@@ -222,7 +228,9 @@ def write_checkpoint(out: str | Path, spec: Spec | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     # the names first, from the same spec at a tiny size (the names do not depend on it), so
     # that each shard is made, written and let go in turn: never the whole checkpoint in memory
-    tiny = replace(spec, hidden=128, intermediate=128, vocab=8)
+    small = tuple((n, (128, 128)) for n, _ in spec.attention) if spec.attention else None
+    tiny = replace(spec, hidden=128, intermediate=128, vocab=8, attention=small)
+    tiny = replace(tiny, dense_intermediate=None)
     count = sum(1 for _ in _tensors(tiny, quant))
     n = max(1, min(spec.shards, count))
     per = -(-count // n)

@@ -1,8 +1,9 @@
 """`--load-format fi-convert`: an SGLang 0.5.23 model loader for fi-convert outputs.
 
 It builds the model as SGLang's `DefaultModelLoader.load_model` does (SGLang's own quantization
-config and model initialization). Non-expert tensors go through SGLang's own
-`load_weights_only` (the model's `load_weights`, `format.dense`).
+config and model initialization). Non-expert tensors are read beside the experts, at the same
+speed: where SGLang's own `load_weights_only` (the model's `load_weights`) only copies them
+(asked of it, `format.dense`), straight into the parameters, else through it.
 The converted MoE tensors bypass it (its expert weight loader would TP-split and pad them
 again): each layer's rank slice is read with fi-convert's fast read path straight into the
 layer's parameters, and the layer gets kernel setup only (experts.finish). Every other module
@@ -30,9 +31,10 @@ from sglang.srt.model_loader.loader import (
 )
 from sglang.srt.model_loader.utils import set_default_torch_dtype
 
-from ...bulk_read import HostBuffers, host_buffers
+from ...bulk_read import BulkRead, HostBuffers, default_host_memory, host_buffers
 from ...errors import FiConvertError
-from ...format.dense import OtherTensors
+from ...format.dense import DenseLoad
+from ...format.load_report import LoadReport
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -151,35 +153,70 @@ class FiConvertModelLoader(DefaultModelLoader):
         layers = moe_layers(model)
         nextn = checks.nextn_layers(manifest, getattr(model, "config", None))
         checks.check_layers(manifest, str(root), layers, skipped=nextn)
+        report = self._read_all(model, root, manifest, layers, target_device)
+        postprocess(model, set(layers.values()), target_device)
+        logger.info("%s", report.line(time.perf_counter(), "post-load processing"))
+
+    def _read_all(
+        self,
+        model: torch.nn.Module,
+        root: Path,
+        manifest: dict,
+        layers: dict[str, Any],
+        target_device: torch.device,
+    ) -> LoadReport:
+        """Every tensor of the output into the model: the experts' and the non-expert
+        tensors' byte ranges in one bulk read (where SGLang's loading only copies them,
+        `format.dense`), then SGLang's `load_weights_only` over every non-expert tensor, with
+        the data of those it does more with (read ahead in batches)."""
         t0 = time.perf_counter()
         with OutputReader(root, manifest) as reader:
-            bulk = reader.bulk(_device(layers), buffers=self._buffers)
+            bulk = reader.bulk(_model_device(model), buffers=self._buffers)
+            dense: DenseLoad | None = None
             try:
+                dense = DenseLoad(
+                    reader,
+                    model,
+                    lambda w: DefaultModelLoader.load_weights_only(model, w, target_device),
+                    bulk.device,
+                    _left(self._buffers),
+                )
                 for prefix, layer in layers.items():
                     experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
-                bulk.start()  # the experts' bytes are read beside the dense tensors
-                others = OtherTensors(reader)
-                DefaultModelLoader.load_weights_only(model, iter(others), target_device)
+                moe_bytes = bulk.nbytes
+                dense.add_to(bulk)
+                t1 = time.perf_counter()
+                bulk.start()
+                dense.prefetch()
                 stats = bulk.wait()
+                t2 = time.perf_counter()
+                dense.finish()
             except FiConvertError as e:
-                bulk.abort()
+                _abort(bulk, dense)
                 raise PluginError(f"{e}") from None
             except BaseException:
-                bulk.abort()
+                _abort(bulk, dense)
                 raise
-        postprocess(model, set(layers.values()), target_device)
-        first = next(iter(layers.values()), None)
-        logger.info(
-            "fi-convert: MoE TP rank %s, EP rank %s/%s loaded %d MoE layers, %.2f GB in %.2f s, "
-            "from %s",
-            getattr(first, "moe_tp_rank", 0),
-            getattr(first, "moe_ep_rank", 0),
-            getattr(first, "moe_ep_size", 1),
-            len(layers),
-            stats.bytes / 1e9,
-            time.perf_counter() - t0,
-            root,
-        )
+        return LoadReport(_who(layers), root, len(layers), moe_bytes, stats, dense, t0, t1, t2)
+
+
+def _who(layers: dict[str, Any]) -> str:
+    first = next(iter(layers.values()), None)
+    return (
+        f"MoE TP rank {getattr(first, 'moe_tp_rank', 0)}, EP rank "
+        f"{getattr(first, 'moe_ep_rank', 0)}/{getattr(first, 'moe_ep_size', 1)}"
+    )
+
+
+def _left(buffers: HostBuffers | None) -> int:
+    """The host memory budget the experts' pinned buffers leave."""
+    return default_host_memory() - (buffers.nbytes if buffers is not None else 0)
+
+
+def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:
+    bulk.abort()
+    if dense is not None:
+        dense.abort()
 
 
 def postprocess(model: torch.nn.Module, converted: set, target_device: torch.device) -> None:
@@ -193,9 +230,9 @@ def postprocess(model: torch.nn.Module, converted: set, target_device: torch.dev
                 quant_method.process_weights_after_loading(module)
 
 
-def _device(layers: dict[str, Any]) -> torch.device:
-    """Where the MoE parameters live (the reads go there)."""
-    for layer in layers.values():
-        for p in layer.parameters(recurse=False):
+def _model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live (the reads go there)."""
+    for p in model.parameters():
+        if p.device.type != "meta":
             return p.device
     return torch.device("cpu")

@@ -1,7 +1,8 @@
 """`--load-format fi-convert`: a vLLM 0.33 model loader for fi-convert outputs.
 
-Non-expert tensors go through the model's own `load_weights`, as with vLLM's default loader
-(`format.dense`).
+Non-expert tensors are read beside the experts, at the same speed: where the model's own
+`load_weights` only copies them (asked of it, `format.dense`) straight into its parameters, else
+through that `load_weights`.
 The converted MoE tensors bypass it (its expert weight loader would TP-split them again): each
 layer's rank slice is read straight into the layer's parameters, and the layer's processing is
 replaced by kernel setup only. Every other module is processed by vLLM's own driver.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,11 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ...bulk_read import HostBuffers, ReadStats, host_buffers
+from ...bulk_read import BulkRead, HostBuffers, default_host_memory, host_buffers
 from ...errors import FiConvertError
 from ...format import manifest as mf
-from ...format.dense import OtherTensors
+from ...format.dense import DenseLoad
+from ...format.load_report import LoadReport
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -137,25 +139,49 @@ class FiConvertModelLoader(DefaultModelLoader):
             checks.check_split(
                 m, str(root), lp, mod.moe_config.moe_parallel_config, mod.global_num_experts
             )
-        moe, dense = _Clock(), _Clock()
+        loaded, report = self._read_all(model, root, m, layers)
+        for lp, (_, mod) in layers.items():
+            if mode is None:
+                experts.set_up_kernel_only(mod, m["layers"][lp])
+            else:
+                experts.undo_for_cpu(mod, m, mode)
+        logger.info("%s", report.line(time.perf_counter()))
+        if model_config.quantization is None:
+            self.track_weights_loading(model, loaded)
+
+    def _read_all(
+        self, model: Any, root: Path, m: dict, layers: dict[str, tuple[str, RoutedExperts]]
+    ) -> tuple[set[str], LoadReport]:
+        """Every tensor of the output into the model: the experts' and the non-expert tensors'
+        byte ranges in one bulk read (where the model's loading only copies them,
+        `format.dense`), then the model's `load_weights` over every non-expert tensor, with the
+        data of those it does more with (read ahead in batches)."""
+        t0 = time.perf_counter()
         with OutputReader(root, m) as reader:
-            bulk = reader.bulk(_device(layers), buffers=self._buffers)
+            bulk = reader.bulk(_model_device(model), buffers=self._buffers)
+            dense: DenseLoad | None = None
             loaded: set[str] = set()
             try:
+                dense = DenseLoad(
+                    reader, model, model.load_weights, bulk.device, _left(self._buffers)
+                )
                 for lp, (name, mod) in layers.items():
                     rank = mod.moe_config.moe_parallel_config.tp_rank
                     for p in experts.install(mod, reader, lp, rank, bulk):
                         loaded.add(f"{name}.{p}")
-                moe(bulk.start)  # the experts' bytes are read beside the dense tensors
-                others = OtherTensors(reader)
-                loaded |= set(dense(lambda: model.load_weights(iter(others))))
-                dense.nbytes = others.nbytes
+                moe_bytes = bulk.nbytes
+                dense.add_to(bulk)
+                t1 = time.perf_counter()
+                bulk.start()
+                dense.prefetch()
                 stats = bulk.wait()
+                t2 = time.perf_counter()
+                dense.finish()
             except FiConvertError as e:
-                bulk.abort()
+                _abort(bulk, dense)
                 raise PluginError(f"{e}") from None
             except (KeyboardInterrupt, SystemExit):
-                bulk.abort()
+                _abort(bulk, dense)
                 logger.error(
                     "fi-convert: loading %s interrupted; its reader threads are stopped and "
                     "their pinned memory freed: start the server again",
@@ -163,18 +189,12 @@ class FiConvertModelLoader(DefaultModelLoader):
                 )
                 raise
             except BaseException:
-                bulk.abort()
+                _abort(bulk, dense)
                 raise
-        for lp, (_, mod) in layers.items():
-            if mode is None:
-                experts.set_up_kernel_only(mod, m["layers"][lp])
-            else:
-                experts.undo_for_cpu(mod, m, mode)
         # this process is one rank of every layer: any layer's split names it
         split = next(iter(layers.values()))[1].moe_config.moe_parallel_config if layers else None
-        logger.info("%s", _load_line(root, len(layers), split, moe, stats, dense))
-        if model_config.quantization is None:
-            self.track_weights_loading(model, loaded)
+        report = LoadReport(_who(split), root, len(layers), moe_bytes, stats, dense, t0, t1, t2)
+        return loaded | dense.loaded, report
 
 
 def mtp_layers(manifest: dict, config: Any) -> set[str]:
@@ -193,46 +213,28 @@ def mtp_layers(manifest: dict, config: Any) -> set[str]:
     }
 
 
-class _Clock:
-    """The wall time of the calls it makes, and a byte count."""
-
-    def __init__(self) -> None:
-        self.nbytes, self.seconds = 0, 0.0
-
-    def __call__(self, fn: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn() or ()
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-
-def _device(layers: dict[str, tuple[str, RoutedExperts]]) -> torch.device:
-    """Where the MoE parameters live (the reads go there)."""
-    for _, mod in layers.values():
-        for p in mod.parameters(recurse=False):
+def _model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live (the reads go there)."""
+    for p in model.parameters():
+        if p.device.type != "meta":
             return p.device
     return torch.device("cpu")
 
 
-def _load_line(root: Path, n: int, split: Any, moe: _Clock, stats: ReadStats, dense: _Clock) -> str:
-    """The one line a rank logs at the end of its load."""
-    who = "rank"
-    if split is not None:
-        who = (
-            f"EP rank {split.ep_rank}/{split.ep_size}"
-            if split.use_ep
-            else f"TP rank {split.tp_rank}/{split.tp_size}"
-        )
-    moe_s = moe.seconds + stats.seconds
-    return (
-        f"fi-convert: {who} loaded {n} MoE layers, {_gb(stats.bytes)} in {moe_s:.2f} s "
-        f"({stats.bytes / moe_s / 1e9 if moe_s else 0:.1f} GB/s, {stats.threads} thread"
-        f"{'s' if stats.threads != 1 else ''}, "
-        f"{stats.pinned_peak / 2**20:.0f} MiB pinned); non-expert {_gb(dense.nbytes)} "
-        f"in {dense.seconds:.2f} s, read beside them; from {root}"
-    )
+def _who(split: Any) -> str:
+    if split is None:
+        return "rank"
+    if split.use_ep:
+        return f"EP rank {split.ep_rank}/{split.ep_size}"
+    return f"TP rank {split.tp_rank}/{split.tp_size}"
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+def _left(buffers: HostBuffers | None) -> int:
+    """The host memory budget the experts' pinned buffers leave."""
+    return default_host_memory() - (buffers.nbytes if buffers is not None else 0)
+
+
+def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:
+    bulk.abort()
+    if dense is not None:
+        dense.abort()

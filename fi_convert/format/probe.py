@@ -1,0 +1,200 @@
+"""Where a model's own weight loading puts each byte of a checkpoint tensor, asked of the model.
+
+Each tensor is handed to the model's `load_weights` as a probe: a tensor of the checkpoint
+tensor's name, shape and dtype that holds no data. Its views (narrow, slice, split, view,
+reshape, ...) are followed on a meta tensor, so a view knows which bytes of the checkpoint
+tensor it is; a copy of a view into a tensor the model holds is recorded, not done. Whatever
+else the model does with a probe (arithmetic, a dtype conversion, `.item()`, a transpose copied,
+a copy into a temporary, an error it raises) stops the probe: that tensor must go through
+`load_weights` with its data (where an error of the model's own comes again). So fused QKV,
+stacked gate/up, renames and tensor-parallel row slices all come out as byte ranges of the file
+into byte ranges of the model's parameters, as the model itself cut them, and are read there
+directly; the rest is left to the model.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+aten = torch.ops.aten
+
+
+class _Stop(BaseException):  # noqa: N818 (not an error: it ends a probe, past any `except Exception`)
+    """The model did something with a probe other than a view or a copy into its tensors;
+    `involved`: the probes it did it with."""
+
+    def __init__(self, what: str, involved: list[Probed] | None = None) -> None:
+        super().__init__(what)
+        self.involved = involved or []
+
+
+@dataclass
+class Copy:
+    """`dst` (a contiguous view of a tensor the model holds) takes `nbytes` bytes of the
+    checkpoint tensor from byte `offset` of its data; with `rows` = (n, size, stride), n rows
+    of `size` bytes `stride` apart from there (a column slice: a row-parallel rank's)."""
+
+    dst: torch.Tensor
+    offset: int
+    nbytes: int
+    rows: tuple[int, int, int] | None = None
+
+
+@dataclass
+class Probed:
+    """One checkpoint tensor's probe: its copies, or why it must be loaded with its data."""
+
+    name: str
+    copies: list[Copy] = field(default_factory=list)
+    stopped: str | None = None  # the operation that stopped it
+    refs: list[weakref.ref] = field(default_factory=list, repr=False)  # its probes and views
+
+    @property
+    def direct(self) -> bool:
+        return self.stopped is None
+
+
+class _Probe(torch.Tensor):
+    """A data-less stand-in for a checkpoint tensor (or a view of one)."""
+
+    meta: torch.Tensor
+    probed: Probed
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, probed: Probed) -> _Probe:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls,
+            meta.shape,
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=meta.dtype,
+            device=torch.device("cpu"),
+        )
+
+    def __init__(self, meta: torch.Tensor, probed: Probed) -> None:
+        self.meta, self.probed = meta, probed
+        probed.refs.append(weakref.ref(self))
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return f"probe({self.probed.name}, {tuple(self.shape)}, {self.dtype})"
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is aten.copy_.default:
+            return _record(*args, **kwargs)
+        found = _probes_in(args, kwargs)
+        probed = found[0]
+        if len({id(p) for p in found}) != 1:
+            raise _Stop("an operation on two checkpoint tensors", found)
+        if getattr(func, "is_view", False):
+            metas = tree_map(lambda a: a.meta if isinstance(a, _Probe) else a, (args, kwargs))
+            out = func(*metas[0], **metas[1])
+            return tree_map(lambda t: _Probe(t, probed) if isinstance(t, torch.Tensor) else t, out)
+        raise _Stop(f"{func}", found)
+
+
+def _probes_in(args: Any, kwargs: Any) -> list[Probed]:
+    found: list[Probed] = []
+    tree_map(lambda a: found.append(a.probed) if isinstance(a, _Probe) else a, (args, kwargs))
+    return found
+
+
+def _record(dst: Any, src: Any, non_blocking: bool = False) -> Any:
+    """`dst.copy_(src)`: recorded where `src` is a contiguous view of the probe of the same
+    dtype and shape as `dst`, a contiguous tensor the model holds."""
+    if isinstance(dst, _Probe) or not isinstance(src, _Probe):
+        raise _Stop("a copy into a checkpoint tensor", _probes_in((dst, src), {}))
+    meta = src.meta
+    if dst.dtype != meta.dtype or dst.shape != meta.shape or dst.is_sparse:
+        raise _Stop(f"a copy into {dst.dtype} {tuple(dst.shape)}")
+    size = meta.element_size()
+    rows = None
+    if not meta.is_contiguous():  # rows of a column slice, else not a byte range
+        if meta.dim() != 2 or meta.stride(1) != 1 or meta.stride(0) < meta.shape[1]:
+            raise _Stop("a strided copy", [src.probed])
+        rows = (int(meta.shape[0]), int(meta.shape[1]) * size, int(meta.stride(0)) * size)
+    if not dst.is_contiguous():
+        raise _Stop("a copy into a strided tensor", [src.probed])
+    offset = int(meta.storage_offset()) * size
+    src.probed.copies.append(Copy(dst, offset, meta.numel() * size, rows))
+    return dst
+
+
+def probe(
+    load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any],
+    tensors: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
+    owned: Callable[[torch.Tensor], bool],
+) -> list[Probed]:
+    """Probe each (name, shape, dtype) through `load_weights` (called as a server calls it:
+    with an iterator, as often as needed). A copy counts only into a tensor `owned` accepts
+    (the model's parameters and buffers); a probe the model keeps a reference to is stopped."""
+    todo = list(tensors)
+    done: list[Probed] = []
+    while len(done) < len(todo):
+        current: list[Probed] = []
+        try:
+            load_weights(_probes(todo[len(done) :], current))
+        except (_Stop, Exception) as e:  # (an error a probe caused: its data will tell)
+            involved = e.involved if isinstance(e, _Stop) else []
+            for p in [current[-1], *involved]:
+                p.stopped = str(e) if isinstance(e, _Stop) else f"{type(e).__name__}: {e}"
+            for p in current:  # maybe held for a later tensor of the interrupted call
+                if p.direct and not p.copies:
+                    p.stopped = "unused when the model's loading was interrupted"
+        for p in current:
+            if p.direct and not all(owned(c.dst) for c in p.copies):
+                p.stopped = "a copy into a tensor the model does not hold"
+            if p.direct and any(r() is not None for r in p.refs):
+                p.stopped = "kept by the model"
+            p.refs.clear()
+        done += current
+    return done
+
+
+def _probes(
+    todo: list[tuple[str, tuple[int, ...], torch.dtype]], current: list[Probed]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, shape, dtype in todo:
+        p = Probed(name)
+        current.append(p)
+        t = _Probe(torch.empty(shape, dtype=dtype, device="meta"), p)
+        yield name, t
+        del t
+
+
+def replay(
+    load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any],
+    items: Iterable[tuple[str, torch.Tensor | tuple[tuple[int, ...], torch.dtype]]],
+) -> str | None:
+    """One call of `load_weights` over `items`: a tensor as it is, a (shape, dtype) as a probe
+    whose copies do nothing (its bytes were put in place already), so that the model sees every
+    name once, in order, with its tensors in place (what it does after its loop, such as
+    SGLang's DeepSeek deriving its MLA weights, comes out right). None, or what stopped a probe
+    (the model took a tensor otherwise than when it was probed)."""
+    try:
+        load_weights(_stand_ins(items))
+    except _Stop as e:
+        return f"{e.involved[0].name if e.involved else 'a tensor'}: {e}"
+    return None
+
+
+def _stand_ins(
+    items: Iterable[tuple[str, torch.Tensor | tuple[tuple[int, ...], torch.dtype]]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in items:
+        if isinstance(t, torch.Tensor):
+            yield name, t
+        else:
+            shape, dtype = t
+            yield name, _Probe(torch.empty(shape, dtype=dtype, device="meta"), Probed(name))

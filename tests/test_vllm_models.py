@@ -1,0 +1,167 @@
+"""Whole models in vLLM 0.33's own model classes, on CPU: the plugin's load of fi-convert's
+output (FiConvertModelLoader.load_weights, then vLLM's post-load driver) against vLLM's default
+load of the source (DefaultModelLoader.load_weights over the source's shards, the same driver),
+at TP 1 and 2, every rank. Every parameter and buffer of the two models is byte-equal.
+
+The non-expert tensors are read by the plugin beside the experts (fi_convert/format/dense.py):
+where the model's own loading only copies a tensor (asked of it with a data-less probe), its
+byte ranges are read straight into the parameters, the rank's slices only; the rest go through
+the model's `load_weights`. These tests also show which went which way.
+
+The sources are transformers-written models (tests/hf_checkpoints.py), DeepSeek-V3's linears
+in DeepSeek's FP8 block format (tests/quantized_checkpoints.py). What is patched is only where
+vLLM asks what hardware it runs on (tests/vllm_moe.py) and which attention backend it picks (its
+CPU one: none is chosen on this CPU-less platform); vLLM's process group is gloo, of one rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import types
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from vllm.config import DeviceConfig, KernelConfig, LoadConfig, VllmConfig, set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+from vllm.utils.torch_utils import set_default_torch_dtype
+
+from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.servers.vllm import loader as plugin_loader
+from fi_convert.servers.vllm.loader import FiConvertModelLoader
+from tests import hf_checkpoints
+from tests import quantized_checkpoints as qc
+from tests import vllm_moe as vm
+
+# case: (transformers' model, the source format (None: BF16), sizes, fi-convert's scheme)
+CASES = {
+    # norm_topk_prob: Qwen3-30B-A3B's (renormalized routing, which TRT-LLM's BF16 MoE runs)
+    "qwen3-bf16": ("qwen3_moe", None, dict(norm_topk_prob=True), "bf16"),
+    "mixtral-bf16": ("mixtral", None, {}, "bf16"),
+}
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """vLLM's process groups, of one rank (its model classes ask for the PP group)."""
+    from vllm.distributed import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ps.init_distributed_environment(
+        world_size=1,
+        rank=0,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+        local_rank=0,
+        backend="gloo",
+    )
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        ps.initialize_model_parallel(1, 1)
+    yield
+    ps.destroy_model_parallel()
+    ps.destroy_distributed_environment()
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-models-src")
+    done: dict[str, Path] = {}
+
+    def get(case: str) -> Path:
+        if case not in done:
+            kind, quant, sizes, _ = CASES[case]
+            if quant is None:
+                done[case] = hf_checkpoints.save(kind, root / case, **sizes)
+            else:
+                done[case] = qc.write(kind, root / case, quant, **sizes)
+        return done[case]
+
+    return get
+
+
+@contextlib.contextmanager
+def _vllm(src: Path, tp: int, rank: int):
+    """vLLM's config of the source as rank `rank` of `tp` (its model classes built here)."""
+    from vllm.model_executor.layers.attention import attention
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    mc = EngineArgs(model=str(src), dtype="bfloat16").create_model_config()
+    cfg = VllmConfig(
+        model_config=mc,
+        kernel_config=KernelConfig(moe_backend=vm.MOE_BACKEND["trtllm"]),
+        device_config=DeviceConfig(device="cpu"),
+        load_config=LoadConfig(),
+    )
+    with (
+        vm.vllm_context("trtllm", tp, rank),
+        mock.patch.object(attention, "get_attn_backend", lambda *a, **k: CPUAttentionBackend),
+        set_current_vllm_config(cfg),
+        set_default_torch_dtype(mc.dtype),
+    ):
+        yield cfg
+
+
+def vllms_load(src: Path, tp: int, rank: int) -> torch.nn.Module:
+    """vLLM's default load of the source, then its post-load driver."""
+    with _vllm(src, tp, rank) as cfg:
+        model = initialize_model(vllm_config=cfg)
+        DefaultModelLoader(LoadConfig()).load_weights(model, cfg.model_config)
+        process_weights_after_loading(model, cfg.model_config, torch.device("cpu"))
+    return model
+
+
+def plugins_load(src: Path, out: Path, tp: int, rank: int) -> tuple[torch.nn.Module, str]:
+    """The plugin's load of the output into the same model, then vLLM's post-load driver;
+    and the line the plugin logged."""
+    with _vllm(src, tp, rank) as cfg:
+        model = initialize_model(vllm_config=cfg)
+        mc = cfg.model_config
+        at = types.SimpleNamespace(
+            model=str(out), revision=None, quantization=mc.quantization, hf_config=mc.hf_config
+        )
+        with mock.patch.object(plugin_loader, "logger") as log:
+            FiConvertModelLoader(LoadConfig(load_format="fi-convert")).load_weights(model, at)
+        process_weights_after_loading(model, mc, torch.device("cpu"))
+    said = log.info.call_args.args
+    return model, said[0] % said[1:]
+
+
+def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters()) | {f"buffer:{n}": b for n, b in model.named_buffers()}
+
+
+def differing(theirs: dict, ours: dict) -> list[str]:
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        if (a.dtype, a.shape) != (b.dtype, b.shape):
+            return False
+        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+    names = list(theirs) + [n for n in ours if n not in theirs]
+    return [n for n in names if n not in theirs or n not in ours or not same(theirs[n], ours[n])]
+
+
+def _convert(src: Path, out: Path, scheme: str, tp: int) -> Path:
+    convert(src, out, Options(SchemeName(scheme), Backend.TRTLLM, tp), device="cpu")
+    return out
+
+
+@pytest.mark.usefixtures("gloo")
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_whole_model_equals_vllms_default_load(case, tp, sources, tmp_path):
+    src = sources(case)
+    out = _convert(src, tmp_path / "out", CASES[case][3], tp)
+    for rank in range(tp):
+        theirs = vllms_load(src, tp, rank)
+        ours, line = plugins_load(src, out, tp, rank)
+        assert differing(_tensors(theirs), _tensors(ours)) == [], f"rank {rank} of {tp}"
+        assert re.search(rf"TP rank {rank}/{tp} loaded ", line), line
