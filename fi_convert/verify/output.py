@@ -542,7 +542,8 @@ def _same_bytes(files: SourceFiles, a: TensorInfo, b: TensorInfo, piece: int = 6
     if a.nbytes != b.nbytes:
         return False
     piece = max(1, min(piece, a.nbytes))
-    x, y = torch.empty(piece, dtype=torch.uint8), torch.empty(piece, dtype=torch.uint8)
+    x = torch.empty(piece, dtype=torch.uint8, device="cpu")
+    y = torch.empty(piece, dtype=torch.uint8, device="cpu")
     for off in range(0, a.nbytes, piece):
         n = min(piece, a.nbytes - off)
         files.read_bytes(a.file, a.start + off, x[:n])
@@ -554,7 +555,7 @@ def _same_bytes(files: SourceFiles, a: TensorInfo, b: TensorInfo, piece: int = 6
 
 def _stored(files: SourceFiles, info: TensorInfo, rank: int) -> torch.Tensor:
     """One rank's slice of a stored tensor."""
-    t = torch.empty(info.shape[1:], dtype=dtypes.to_torch(info.dtype))
+    t = torch.empty(info.shape[1:], dtype=dtypes.to_torch(info.dtype), device="cpu")
     files.read_rows(info, rank, rank + 1, t)
     return t
 
@@ -565,7 +566,7 @@ def _stored_expert(files: SourceFiles, info: TensorInfo, rank: int, e: int) -> t
     rows = TensorInfo(
         info.name, info.dtype, (tp * n, *info.shape[2:]), info.start, info.nbytes, info.file
     )
-    t = torch.empty((1, *info.shape[2:]), dtype=dtypes.to_torch(info.dtype))
+    t = torch.empty((1, *info.shape[2:]), dtype=dtypes.to_torch(info.dtype), device="cpu")
     files.read_rows(rows, rank * n + e, rank * n + e + 1, t)
     return t
 
