@@ -451,7 +451,7 @@ def test_files_the_manifest_does_not_list_are_reported(outputs, tmp_path):
     (dst / "sub" / "deeper" / "notes.txt").write_text("x")
     (dst / "config.json.fi-convert-tmp").write_text("{}")
     os.symlink(tmp_path, dst / "linked")
-    # not reported: a run's state folder and what a Hub download adds
+    # reported as such: a run's state folder; not reported: what a Hub download adds
     (dst / ".fi-convert").mkdir()
     (dst / ".fi-convert" / "state.json").write_text("{}")
     (dst / ".gitattributes").write_text("*.safetensors filter=lfs\n")
@@ -460,7 +460,12 @@ def test_files_the_manifest_does_not_list_are_reported(outputs, tmp_path):
     rep = verify(dst)
     said = "in the folder, but the manifest does not list it; remove it (or convert again)"
     assert not rep.ok and rep.problems == []  # what the manifest lists is intact
-    assert rep.unlisted == [
+    state = (
+        f"{dst / '.fi-convert'}: a conversion's state folder, which a finished output does not "
+        "hold (a run was killed after its manifest, or one is writing here); run the "
+        "conversion's command again, which removes it (or remove it)"
+    )
+    assert rep.unlisted == [state] + [
         f"{dst / name}: {said}"
         for name in (
             "config.json.fi-convert-tmp",

@@ -102,10 +102,19 @@ def verify(
 
 def _check_unlisted(root: Path, m: dict, rep: Report) -> None:
     """Every file in the folder is one the manifest lists (a loader that globs, or an upload,
-    would take an unlisted one for part of the output): all but the manifest itself, the state
-    folder of a run and what a Hub download adds. Unlisted files are named, never read."""
-    skip = {STATE_DIR, *HUB_DIRS}
+    would take an unlisted one for part of the output): all but the manifest itself and what a
+    Hub download adds. A run's state folder is named as such: a finished output holds none.
+    Unlisted files are named, never read."""
+    skip = {*HUB_DIRS}
     found: list[str] = []
+    state = root / STATE_DIR
+    if state.exists() or state.is_symlink():
+        rep.unlisted.append(
+            f"{state}: a conversion's state folder, which a finished output does not hold (a run "
+            "was killed after its manifest, or one is writing here); run the conversion's "
+            "command again, which removes it (or remove it)"
+        )
+        skip.add(STATE_DIR)
 
     def cannot(e: OSError) -> None:
         rep.unlisted.append(f"{e.filename}: cannot list ({e.strerror})")
