@@ -8,9 +8,9 @@ temporary file about to be removed), `cleanup` (the out-dir's cleanup after a fa
 first says how many worker threads are still alive: `workers N`). Each stops once, saying
 `at POINT`: until the test says `go(POINT)`, or, for a point given as `stop`, until the shard
 workers are shut down (after they were told to stop). `committed` (the manifest written, the
-state folder not yet removed) stops after its step, the others before theirs. Each signal the child's handler takes
-is said (`signal N`); when CPython runs that handler is its own affair, so tests wait on what
-the run does next, not on these.
+state folder not yet removed) stops after its step, the others before theirs. Each signal
+the child's handler takes is said (`signal N`); when CPython runs that handler is its own
+affair, so tests wait on what the run does next, not on these.
 """
 
 from __future__ import annotations
