@@ -36,6 +36,7 @@ from ...format.dense import OtherTensors
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
+from .config import CONVERTED_ATTR
 
 logger = logging.getLogger("sglang.plugins.fi_convert")
 TEST_CPU_ENV = "FI_CONVERT_SGLANG_TEST_CPU"  # test-only: "1" skips the GPU and FlashInfer checks
@@ -168,6 +169,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                 bulk.abort()
                 raise
         postprocess(model, set(layers.values()), target_device)
+        setattr(model, CONVERTED_ATTR, frozenset(layers))  # updates of these are refused
         first = next(iter(layers.values()), None)
         logger.info(
             "fi-convert: MoE TP rank %s, EP rank %s/%s loaded %d MoE layers, %.2f GB in %.2f s, "
