@@ -480,6 +480,29 @@ def test_files_the_manifest_does_not_list_are_reported(outputs, tmp_path):
     ]
 
 
+@pytest.mark.parametrize(
+    ("names", "ok"),
+    [
+        (["progress.json"], True),  # a streamed conversion's record, in a download of its repo
+        (["progress-1-of-2.json", "progress-2-of-2.json"], True),
+        (["progress.json", "lock"], False),  # a local run's lock beside it
+        (["state.json"], False),
+        ([], False),
+    ],
+)
+def test_only_a_streamed_repos_progress_records_pass_in_the_state_folder(
+    outputs, tmp_path, names, ok
+):
+    dst, m = _linked(outputs("mxfp8-trtllm-tp2"), tmp_path)
+    _write(dst, m)
+    (dst / ".fi-convert").mkdir()
+    for name in names:
+        (dst / ".fi-convert" / name).write_text("{}")
+    rep = verify(dst)
+    assert rep.ok is ok, rep.unlisted
+    assert rep.problems == [] and len(rep.unlisted) == (0 if ok else 1)
+
+
 def test_a_file_left_out_of_the_manifest_is_reported(outputs, tmp_path):
     dst, m = _linked(outputs("mxfp8-trtllm-tp2"), tmp_path)
     del m["files"]["tokenizer.json"]
