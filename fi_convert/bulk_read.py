@@ -117,7 +117,11 @@ class HostBuffers:
     def _allocate(self) -> None:
         t0 = time.perf_counter()
         try:
-            self._block = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+            # on the CPU whatever the ambient default device (`torch.set_default_device`, a
+            # `with torch.device(...)` block around a server's load)
+            self._block = torch.empty(
+                self.nbytes, dtype=torch.uint8, device="cpu", pin_memory=self.pinned
+            )
         except BaseException as e:  # raised to the reader that waits for the block
             self._error = e
         finally:
@@ -128,10 +132,7 @@ class HostBuffers:
         """The block, once allocated."""
         self._ready.wait()
         if self._block is None:
-            raise ReadError(
-                f"cannot allocate {self.nbytes} bytes of pinned host memory ({self._error}); "
-                f"lower {HOST_MEMORY_ENV} or {THREADS_ENV}"
-            )
+            raise ReadError(_alloc_failure(self.nbytes, self.pinned, self._error))
         return self._block
 
     @property
@@ -167,6 +168,23 @@ class HostBuffers:
 
     def wait_freed(self) -> None:
         self._freed.wait()
+
+
+def _alloc_failure(nbytes: int, pinned: bool, e: BaseException | None) -> str:
+    """The one line for a host block that could not be allocated: its budget is the fix only
+    where memory ran out; any other cause is named as it is."""
+    what = f"cannot allocate {nbytes} bytes of {'pinned ' if pinned else ''}host memory"
+    text = str(e).strip().splitlines()[0] if e is not None and str(e).strip() else repr(e)
+    if _out_of_memory(e):
+        return f"{what} (out of memory: {text}); lower {HOST_MEMORY_ENV} or {THREADS_ENV}"
+    return f"{what} ({text}); this is not a lack of memory: check the CUDA driver and torch"
+
+
+def _out_of_memory(e: BaseException | None) -> bool:
+    if isinstance(e, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(e).lower()
+    return any(s in text for s in ("out of memory", "can't allocate memory"))
 
 
 def host_buffers() -> HostBuffers:

@@ -30,7 +30,7 @@ for _name, _attr in (
 _BY_DTYPE = {v: k for k, v in _BY_NAME.items()}
 
 ITEMSIZE: dict[str, int] = {
-    name: torch.empty((), dtype=dt).element_size() for name, dt in _BY_NAME.items()
+    name: torch.empty((), dtype=dt, device="cpu").element_size() for name, dt in _BY_NAME.items()
 }
 
 

@@ -375,7 +375,7 @@ class OutDir:
     def __enter__(self) -> OutDir:
         check_out_dir(self.plan, self.root)
         claim = survey(self.plan, self.root, self.overwrite, self.target)  # refuses early
-        if claim.kind != "up_to_date":
+        if claim.kind != "up_to_date" or self._state_left():
             claim = self._claim()
         if claim.note:
             self.notes.append(claim.note)
@@ -418,8 +418,19 @@ class OutDir:
             self._release(made)
             raise
         if claim.kind == "up_to_date":
-            self._release(made)
+            if made:
+                self._release(made)
+            else:  # a killed run's state folder in a finished output: not part of it
+                self._remove_state()
         return claim
+
+    def _state_left(self) -> bool:
+        """Whether the out-dir holds a state folder (`survey` refused already if a run holds
+        its lock): a run killed after its manifest was written, before it removed it."""
+        try:
+            return self.state_dir.is_dir() and not self.state_dir.is_symlink()
+        except OSError:
+            return False
 
     def _release(self, made: bool) -> None:
         """Give up the lock without having written, and the state folder if this run made it

@@ -546,7 +546,8 @@ class _Ring:
         """The next host buffer, `nbytes` long (uint8); free once DEPTH later ones were taken
         and their writes waited for (the pipeline keeps at most DEPTH in flight)."""
         if len(self.slots) <= DEPTH:
-            self.slots.append(torch.empty(self.capacity, dtype=torch.uint8, pin_memory=self.pin))
+            block = torch.empty(self.capacity, dtype=torch.uint8, device="cpu", pin_memory=self.pin)
+            self.slots.append(block)
         k = self.turn % len(self.slots)
         self.turn += 1
         return self.slots[k][:nbytes]

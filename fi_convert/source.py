@@ -183,7 +183,7 @@ def read_rows_into(
     if cols is None and dst.is_contiguous() and dst.numel() == count * math.prod(info.shape[1:]):
         files.read_rows(info, start, start + count, dst)
         return
-    tmp = torch.empty((count, *info.shape[1:]), dtype=dst.dtype)
+    tmp = torch.empty((count, *info.shape[1:]), dtype=dst.dtype, device="cpu")
     files.read_rows(info, start, start + count, tmp)
     part = tmp if cols is None else tmp[:, cols[0] : cols[1]]
     dst[:count, : part.shape[1]].copy_(part)

@@ -313,7 +313,7 @@ class SourceFiles:
             )
 
     def read(self, info: TensorInfo) -> torch.Tensor:
-        t = torch.empty(info.shape, dtype=dtypes.to_torch(info.dtype))
+        t = torch.empty(info.shape, dtype=dtypes.to_torch(info.dtype), device="cpu")
         pread_into(self.fd(info.file), info.start, t, info.file)
         return t
 

@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ from .hub_server import PROXIES, FakeHub, hf_env, loopback_only
 
 # The escape sequences of colours and styles, for comparing what the CLI printed.
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+_OWN_BASETEMP = pytest.StashKey[Path]()
 
 
 def cli(*args: object, env: dict[str, str] | None = None) -> Result:
@@ -54,6 +58,23 @@ def _module_server(name: str) -> str | None:
 def _other(config) -> str | None:
     server = config.getoption("--server")
     return None if server is None else next(s for s in SERVERS if s != server)
+
+
+def pytest_configure(config):
+    """A temp root of this session's own: pytest's shared `pytest-of-USER` folder, with its
+    `pytest-current` link that each session's cleanup removes, breaks a second session run
+    beside this one (two clones' `make test` at once: FileNotFoundError at the end)."""
+    if config.option.basetemp is None and "PYTEST_DEBUG_TEMPROOT" not in os.environ:
+        config.option.basetemp = tempfile.mkdtemp(prefix="pytest-fi-convert-")
+        config.stash[_OWN_BASETEMP] = Path(config.option.basetemp)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """This session's temp root goes when every test passed, as pytest's own would (the
+    retention policy: a failed test's folder stays for a look)."""
+    own = session.config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and exitstatus == 0:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def pytest_ignore_collect(collection_path, config):

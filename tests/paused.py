@@ -7,9 +7,10 @@ started, inside `Thread.start`), `write` (the first write of a shard), `abort` (
 temporary file about to be removed), `cleanup` (the out-dir's cleanup after a failure, which
 first says how many worker threads are still alive: `workers N`). Each stops once, saying
 `at POINT`: until the test says `go(POINT)`, or, for a point given as `stop`, until the shard
-workers are shut down (after they were told to stop). Each signal the child's handler takes
-is said (`signal N`); when CPython runs that handler is its own affair, so tests wait on what
-the run does next, not on these.
+workers are shut down (after they were told to stop). `committed` (the manifest written, the
+state folder not yet removed) stops after its step, the others before theirs. Each signal
+the child's handler takes is said (`signal N`); when CPython runs that handler is its own
+affair, so tests wait on what the run does next, not on these.
 """
 
 from __future__ import annotations
@@ -89,12 +90,24 @@ def cleanup(od, real=outdir.OutDir._cleanup):
     real(od)
 
 
+def after(cls, name, point):
+    real = getattr(cls, name)
+
+    def wrapped(*args, **kwargs):
+        out = real(*args, **kwargs)
+        pause(point)
+        return out
+
+    setattr(cls, name, wrapped)
+
+
 _process._on_signal = on_signal
 pipeline.ThreadPoolExecutor = Pool
 outdir.OutDir._cleanup = cleanup
 before(st_io.ShardWriter, "write_bytes", "write")
 before(st_io.ShardWriter, "abort", "abort")
 before(outdir.OutDir, "_lock", "lock")
+after(outdir.OutDir, "commit", "committed")
 real_start = threading.Thread.start
 
 

@@ -485,3 +485,96 @@ def test_a_signal_during_the_read_stops_the_threads_and_frees_the_buffers(
         return
     said = json.loads(out.splitlines()[-1])
     assert said == {"raised": raised, "alive": [], "buffers": 0}
+
+
+@pytest.fixture
+def ambient_meta():
+    """The ambient default device set elsewhere (a caller's `torch.set_default_device`, a
+    server's `with torch.device(...)` around the load); meta stands in for "cuda" on CPU."""
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_host_memory_is_on_the_cpu_whatever_the_ambient_device(two_files, ambient_meta, staged):
+    data, fds = two_files
+    block = bulk_read.HostBuffers(MIN_CHUNK, pinned=False).allocate().block()
+    assert block.device.type == "cpu"
+    bulk = BulkRead("cpu", threads=2, chunk=MIN_CHUNK, staged=staged, host_memory=16 * MiB)
+    (path, raw), dst = (
+        next(iter(data.items())),
+        torch.empty(3 * MiB + 1, dtype=torch.uint8, device="cpu"),
+    )
+    bulk.add(path, fds[path], 5, dst)
+    bulk.run()
+    assert dst.view(torch.uint8).numpy().tobytes() == raw[5 : 5 + dst.nbytes]
+
+
+def test_load_moe_layer_under_an_ambient_device_reads_the_same_bytes(tmp_path):
+    from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
+
+    spec = Spec("deepseek-v3", layers=2, experts=4, hidden=256, intermediate=256)
+    src = write_checkpoint(tmp_path / "src", spec)
+    convert(src, tmp_path / "out", Options(SchemeName.FP8_BLOCK, Backend.TRTLLM, 1), device="cpu")
+    want = load_moe_layer(tmp_path / "out", "model.layers.1.mlp.experts")
+    torch.set_default_device("meta")
+    try:
+        got = load_moe_layer(tmp_path / "out", "model.layers.1.mlp.experts", device="cpu")
+    finally:
+        torch.set_default_device(None)
+    assert sorted(got) == sorted(want)
+    assert all(got[k].device.type == "cpu" and torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize(
+    ("error", "cause", "fix"),
+    [
+        (torch.OutOfMemoryError("CUDA error: out of memory"), "out of memory", "lower"),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory"), "out of memory", "lower"),
+        (
+            RuntimeError("Only dense CPU tensors can be pinned"),
+            "Only dense CPU tensors can be pinned",
+            "not a lack of memory",
+        ),
+        (
+            RuntimeError("pin_memory=True requires a CUDA or other accelerator backend"),
+            "requires a CUDA",
+            "not a lack of memory",
+        ),
+    ],
+)
+def test_a_host_block_that_cannot_be_had_names_the_real_cause(monkeypatch, error, cause, fix):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(bulk_read.torch, "empty", fail)
+    buffers = bulk_read.HostBuffers(1 << 29).allocate()
+    with pytest.raises(ReadError) as e:
+        buffers.block()
+    line = str(e.value)
+    assert "\n" not in line and cause in line and fix in line, line
+    assert ("FI_CONVERT_HOST_MEMORY" in line) == (fix == "lower"), line
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["set_default_device", "with"])
+def test_pinned_reads_into_the_gpu_under_an_ambient_cuda_device(two_files, how):
+    data, fds = two_files
+    (path, raw) = next(iter(data.items()))
+    dst = torch.empty(3 * MiB + 1, dtype=torch.uint8, device="cuda")
+    bulk = BulkRead("cuda", threads=2, chunk=MIN_CHUNK, host_memory=16 * MiB)
+    bulk.add(path, fds[path], 5, dst)
+    if how == "with":
+        with torch.device("cuda"):
+            bulk.run()
+    else:
+        torch.set_default_device("cuda")
+        try:
+            bulk.run()
+        finally:
+            torch.set_default_device(None)
+    assert dst.cpu().numpy().tobytes() == raw[5 : 5 + dst.numel()]

@@ -334,6 +334,7 @@ def test_push_uploads_the_files_card_and_manifest_and_no_state(hub, ref_out, tmp
     before = (out / MANIFEST).read_bytes()
     (out / ".fi-convert").mkdir()
     (out / ".fi-convert" / "state.json").write_text("{}")
+    (out / ".fi-convert" / "lock").write_text("1")  # a run killed after its manifest
     (out / "model-00009-of-00009.safetensors.fi-convert-tmp").write_bytes(b"partial")
     (out / "notes.txt").write_text("not in the manifest")
 

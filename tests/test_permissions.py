@@ -61,21 +61,21 @@ def _in_the_way(path: Path) -> Path | None:
 
 
 def _namespace(home: Path) -> list[str]:
-    """Run as uid 65534 where this Python is installed out of its reach (pyenv under /root,
-    mode 700): in a private mount namespace whose folder in the way is a tmpfs that holds only
-    what the run needs, bound back to where it was."""
-    blocked = {_in_the_way(n) for n in NEEDED} - {None}
-    if len(blocked) != 1:
+    """Run as uid 65534 where this Python, or this clone, is out of its reach (pyenv under
+    /root, a clone in a `mktemp -d` folder: mode 700): in a private mount namespace where each
+    folder in the way is a tmpfs that holds only what the run needs, bound back to where it
+    was."""
+    tops = sorted({str(t) for t in map(_in_the_way, NEEDED) if t is not None})
+    under = [t for t in tops if str(home.resolve()).startswith(t + "/")]
+    if not tops or under:  # a tmpfs there would hide the test's own folders
         return []
-    top = str(blocked.pop())
-    if str(home.resolve()).startswith(top + "/"):  # the tmpfs would hide the test's folders
-        return []
-    needs = [shlex.quote(str(n)) for n in NEEDED if str(n).startswith(top + "/")]
+    inside = [n for n in NEEDED if any(str(n).startswith(t + "/") for t in tops)]
+    needs = [shlex.quote(str(n)) for n in inside]
     hold = [shlex.quote(str(home / "hold" / str(k))) for k in range(len(needs))]
     script = ["set -e"]
     for n, h in zip(needs, hold, strict=True):
         script += [f"mkdir -p {h}", f"mount --bind {n} {h}"]
-    script.append(f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(top)}")
+    script += [f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(t)}" for t in tops]
     for n, h in zip(needs, hold, strict=True):
         script += [f"mkdir -p {n}", f"mount --bind {h} {n}"]
     script.append(f'exec {shlex.join(SETPRIV)} "$@"')
@@ -126,15 +126,16 @@ def pristine(base) -> Path:
 
 
 @pytest.fixture
-def folder(base, pristine, request) -> Path:
-    """This test's folder, owned by the user the CLI runs as: `model` and its output `out`;
+def folder(base, pristine, unprivileged, request) -> Path:
+    """This test's folder, owned by the user the CLI runs as (uid 65534, or root without its
+    capabilities, whom the modes deny as they deny any owner): `model` and its output `out`;
     `ro` and `od`, empty; `locked`, with a copy of `model`."""
     path = base / re.sub(r"[^\w.-]+", "_", request.node.name)
     shutil.copytree(pristine, path)
     shutil.copytree(path / "model", path / "locked" / "model")
     for name in ("home", "ro", "od"):
         (path / name).mkdir()
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and unprivileged != NO_DAC:
         for p in [path, *path.rglob("*")]:
             os.chown(p, NOBODY, NOBODY, follow_symlinks=False)
     return path

@@ -676,3 +676,86 @@ def test_ctrl_c_while_the_workers_start_stops_every_worker(larger, tmp_path):
         assert run.said[-2] == "workers 0"
         run.go("cleanup")
         _stopped_cleanly(*run.finish()[::2], out)
+
+
+# ------------------------------------------- a finished output holds only what a clean run writes
+
+
+def _verify(out: Path) -> dict:
+    cmd = [sys.executable, "-m", "fi_convert", "verify", str(out), "--json"]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True).stdout)
+
+
+def _all_files(d: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()
+    }
+
+
+def test_a_run_killed_after_its_manifest_is_finished_by_the_rerun(src, reference_out, tmp_path):
+    """SIGKILL between the manifest's write and the state folder's removal: the folder holds
+    the lock of a dead run; `verify` names it, and the rerun (up to date) removes it."""
+    out = tmp_path / "out"
+    with Paused(_args(src, out), {"committed": "go"}) as run:
+        run.wait_for("at committed")
+        run.interrupt(signal.SIGKILL)
+        code, _, _ = run.finish()
+    assert code == -signal.SIGKILL
+    assert (out / MANIFEST).exists() and (out / ".fi-convert" / "lock").exists()
+    said = _verify(out)
+    assert said["ok"] is False
+    assert [p for p in said["problems"] if ".fi-convert" in p] == [
+        f"{out / '.fi-convert'}: a conversion's state folder, which a finished output does not "
+        "hold (a run was killed after its manifest, or one is writing here); run the "
+        "conversion's command again, which removes it (or remove it)"
+    ], said
+    r = _run(src, out)
+    assert r.returncode == 0, r.stderr
+    assert not (out / ".fi-convert").exists()
+    assert _all_files(out) == _all_files(reference_out)
+    assert _verify(out)["ok"] is True
+
+
+@pytest.mark.parametrize("left", [["lock"], ["lock", "state.json"], []])
+def test_a_stale_state_folder_in_a_finished_output_is_removed_by_a_rerun(
+    src, reference_out, tmp_path, left
+):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(reference_out, out)
+    (out / ".fi-convert").mkdir()
+    for name in left:
+        (out / ".fi-convert" / name).write_text("{}" if name == "state.json" else "1")
+    assert _verify(out)["ok"] is False
+    r = _run(src, out, extra=["--json"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["up_to_date"] is True  # nothing of the output rewritten
+    assert not (out / ".fi-convert").exists()
+    assert _all_files(out) == _all_files(reference_out)
+    assert _verify(out)["ok"] is True
+
+
+def test_a_finished_output_whose_lock_a_live_run_holds_is_left_to_it(src, reference_out, tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(reference_out, out)
+    (out / ".fi-convert").mkdir()
+    lock = out / ".fi-convert" / "lock"
+    hold = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(lock)!r}, os.O_CREAT | os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode())\n"
+        "print('held', flush=True); sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        r = _run(src, out)
+        _busy(r.returncode, r.stderr, out, holder.pid)
+        assert lock.exists()
+    finally:
+        holder.communicate("")

@@ -14,7 +14,9 @@ from packaging.version import InvalidVersion, Version
 from .. import jsontext
 from ..errors import ManifestError
 from ..paths import OUTPUT_FIX, denied, exists
+from ..version import __version__
 from .hashes import sha256_file
+from .keys import unknown_keys
 from .names import FORMAT, FORMAT_VERSION, MANIFEST_NAME
 
 HASH_JOBS = 8  # files `check_files` hashes at once, at most
@@ -37,14 +39,53 @@ def read(out_dir: str | Path) -> dict:
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise ManifestError(f"{path}: not an fi-convert manifest")
     if m.get("format_version") != FORMAT_VERSION:
-        raise ManifestError(
-            f"{path}: format version {m.get('format_version')}, this fi-convert reads "
-            f"{FORMAT_VERSION}; convert again with this version or use a matching fi-convert"
-        )
+        raise ManifestError(_other_format(path, m))
+    unknown = unknown_keys(m)
+    if unknown:
+        raise ManifestError(_unknown_key(path, m, unknown[0]))
     bad = _malformed(m)
     if bad:
         raise ManifestError(f"{path}: {bad}; the manifest is damaged, convert again")
     return m
+
+
+def _writer(m: dict) -> str:
+    v = m.get("fi_convert_version")
+    return f"fi-convert {v}" if isinstance(v, str) and v else "an fi-convert of unknown version"
+
+
+def _newer(m: dict) -> bool:
+    """Whether the manifest says a newer fi-convert than this one wrote it."""
+    try:
+        return Version(str(m.get("fi_convert_version"))) > Version(__version__)
+    except InvalidVersion:
+        return False
+
+
+def _other_format(path: Path, m: dict) -> str:
+    fv = m.get("format_version")
+    if type(fv) is int and fv > FORMAT_VERSION:
+        return (
+            f"{path}: format version {fv}, written by {_writer(m)}; this fi-convert "
+            f"({__version__}) reads format version {FORMAT_VERSION}: upgrade fi-convert to "
+            "read it"
+        )
+    return (
+        f"{path}: format version {fv}, this fi-convert reads {FORMAT_VERSION}; convert again "
+        "with this version or use a matching fi-convert"
+    )
+
+
+def _unknown_key(path: Path, m: dict, key: str) -> str:
+    """The line for a key the reader does not know: a newer writer's, or damage."""
+    if _newer(m):
+        return (
+            f"{path}: key {key!r} is not one this fi-convert ({__version__}) knows; "
+            f"{_writer(m)}, a newer release, wrote the manifest: upgrade fi-convert to read it"
+        )
+    return (
+        f"{path}: key {key!r} is not one fi-convert writes; the manifest is damaged, convert again"
+    )
 
 
 def _malformed(m: dict) -> str | None:

@@ -326,7 +326,7 @@ class RemoteSourceFiles(SourceFiles):
         self._ask(self._name(info.file), offset, count * info.row_bytes)
 
     def read(self, info: TensorInfo) -> torch.Tensor:
-        t = torch.empty(info.shape, dtype=dtypes.to_torch(info.dtype))
+        t = torch.empty(info.shape, dtype=dtypes.to_torch(info.dtype), device="cpu")
         self._fill(self._name(info.file), info.start, t)
         return t
 

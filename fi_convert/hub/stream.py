@@ -127,7 +127,7 @@ class Staging:
         """A source shard without experts, byte for byte, read through the source."""
         dst, tmp = self.root / rel, self.root / (rel + ".fi-convert-tmp")
         size = src.stat().st_size
-        buf = torch.empty(min(COPY_PIECE, max(size, 1)), dtype=torch.uint8)
+        buf = torch.empty(min(COPY_PIECE, max(size, 1)), dtype=torch.uint8, device="cpu")
         h = hashlib.sha256()  # hashed as written, as every shard is
         taken, stop = 0, threading.Event()
         try:

@@ -8,6 +8,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ from ..version import __version__
 # and huggingface_hub's metadata of a `--local-dir` download.
 HUB_FILES = (".gitattributes",)
 HUB_DIRS = (".cache/huggingface",)
+# ... and, from a streamed conversion's repo, its progress records in the state folder
+PROGRESS_RE = re.compile(r"progress(-\d+-of-\d+)?\.json")
 # Sizes a layer entry is re-planned for; past them it is garbled (no model comes close), and
 # re-planning it would build index tensors of any size.
 MAX_EXPERTS, MAX_SIZE, MAX_MATRIX, MAX_TP = 2**14, 2**20, 2**31, 2**12
@@ -102,10 +105,18 @@ def verify(
 
 def _check_unlisted(root: Path, m: dict, rep: Report) -> None:
     """Every file in the folder is one the manifest lists (a loader that globs, or an upload,
-    would take an unlisted one for part of the output): all but the manifest itself, the state
-    folder of a run and what a Hub download adds. Unlisted files are named, never read."""
-    skip = {STATE_DIR, *HUB_DIRS}
+    would take an unlisted one for part of the output): all but the manifest itself and what a
+    Hub download adds. A run's state folder is named as such: a finished output holds none.
+    Unlisted files are named, never read."""
+    skip = {*HUB_DIRS, STATE_DIR}
     found: list[str] = []
+    state = root / STATE_DIR
+    if _run_state(state):
+        rep.unlisted.append(
+            f"{state}: a conversion's state folder, which a finished output does not hold (a run "
+            "was killed after its manifest, or one is writing here); run the conversion's "
+            "command again, which removes it (or remove it)"
+        )
 
     def cannot(e: OSError) -> None:
         rep.unlisted.append(f"{e.filename}: cannot list ({e.strerror})")
@@ -130,6 +141,18 @@ def _check_unlisted(root: Path, m: dict, rep: Report) -> None:
                 f"{root / rel}: in the folder, but the manifest does not list it; remove it "
                 "(or convert again)"
             )
+
+
+def _run_state(state: Path) -> bool:
+    """Whether `state` is there, holding more than the progress records a streamed conversion
+    keeps on its Hub repo (which a download of the repo holds): a local run's lock, journal."""
+    if not (state.exists() or state.is_symlink()):
+        return False
+    try:
+        names = [p.name for p in state.iterdir()] if not state.is_symlink() else []
+    except OSError:
+        return True
+    return not names or not all(PROGRESS_RE.fullmatch(n) for n in names)
 
 
 def check_index(root: Path, m: dict, rep: Report) -> dict[str, TensorInfo]:
@@ -560,7 +583,8 @@ def _same_bytes(files: SourceFiles, a: TensorInfo, b: TensorInfo, piece: int = 6
     if a.nbytes != b.nbytes:
         return False
     piece = max(1, min(piece, a.nbytes))
-    x, y = torch.empty(piece, dtype=torch.uint8), torch.empty(piece, dtype=torch.uint8)
+    x = torch.empty(piece, dtype=torch.uint8, device="cpu")
+    y = torch.empty(piece, dtype=torch.uint8, device="cpu")
     for off in range(0, a.nbytes, piece):
         n = min(piece, a.nbytes - off)
         files.read_bytes(a.file, a.start + off, x[:n])
@@ -572,7 +596,7 @@ def _same_bytes(files: SourceFiles, a: TensorInfo, b: TensorInfo, piece: int = 6
 
 def _stored(files: SourceFiles, info: TensorInfo, rank: int) -> torch.Tensor:
     """One rank's slice of a stored tensor."""
-    t = torch.empty(info.shape[1:], dtype=dtypes.to_torch(info.dtype))
+    t = torch.empty(info.shape[1:], dtype=dtypes.to_torch(info.dtype), device="cpu")
     files.read_rows(info, rank, rank + 1, t)
     return t
 
@@ -583,7 +607,7 @@ def _stored_expert(files: SourceFiles, info: TensorInfo, rank: int, e: int) -> t
     rows = TensorInfo(
         info.name, info.dtype, (tp * n, *info.shape[2:]), info.start, info.nbytes, info.file
     )
-    t = torch.empty((1, *info.shape[2:]), dtype=dtypes.to_torch(info.dtype))
+    t = torch.empty((1, *info.shape[2:]), dtype=dtypes.to_torch(info.dtype), device="cpu")
     files.read_rows(rows, rank * n + e, rank * n + e + 1, t)
     return t
 

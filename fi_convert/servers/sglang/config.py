@@ -11,6 +11,11 @@ no-op unless the load format is fi-convert:
   source.
 - `ServerArgs.check_server_args`: the manifest checks that need no model and no GPU, in the
   process that parses the arguments, before SGLang starts its scheduler processes.
+- `WeightUpdater.update_weights_from_tensor`: on a model the plugin loaded, an update that
+  names a converted layer's experts is refused (SGLang loads such tensors through the experts'
+  weight loader and runs no processing after, so checkpoint-format tensors would land in
+  kernel layouts); `load_format="direct"` (tensors in the served layout, copied by name) and
+  updates of other tensors go on.
 """
 
 from __future__ import annotations
@@ -35,7 +40,15 @@ HOOKS = (
     ("sglang.srt.configs.model_config.ModelConfig.from_server_args", "model_config", "AROUND"),
     ("sglang.srt.utils.hf_transformers.config.get_config", "get_config", "AROUND"),
     ("sglang.srt.server_args.ServerArgs.check_server_args", "check_server_args", "AFTER"),
+    (
+        "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater."
+        "update_weights_from_tensor",
+        "update_weights_from_tensor",
+        "AROUND",
+    ),
 )
+# set by the loader on a model it loaded: the prefixes of the MoE layers that hold kernel layouts
+CONVERTED_ATTR = "_fi_convert_converted_experts"
 
 
 def is_fi_convert(load_format: Any) -> bool:
@@ -115,3 +128,27 @@ def check_server_args(result: Any, self: Any) -> None:
         sglang_version=checks.installed("sglang") or "0",
     )
     return None
+
+
+def update_weights_from_tensor(
+    original: Any, self: Any, named_tensors: Any, load_format: Any = None, *args: Any, **kw: Any
+) -> Any:
+    """AROUND WeightUpdater.update_weights_from_tensor: SGLang's (ok, message) answer, refused
+    in one line for a converted layer's experts (see the module's docstring)."""
+    converted = getattr(self.get_model(), CONVERTED_ATTR, None)
+    if converted and load_format != "direct":
+        names = named_tensors if isinstance(named_tensors, list | tuple) else ()
+        hit = next((n for n, _ in names if _layer_of(str(n), converted)), None)
+        if hit is not None:
+            return False, (
+                f"fi-convert: {hit}: an expert of a layer loaded from an fi-convert output, "
+                "which holds kernel layouts that SGLang's update_weights_from_tensor writes "
+                "into without its processing; update from a checkpoint with "
+                "update_weights_from_disk (load_format 'auto'), or send the served layout "
+                "with load_format 'direct'"
+            )
+    return original(self, named_tensors, load_format, *args, **kw)
+
+
+def _layer_of(name: str, prefixes: frozenset[str]) -> bool:
+    return any(name.startswith(p + ".") for p in prefixes)

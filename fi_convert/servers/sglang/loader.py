@@ -38,6 +38,7 @@ from ...format.load_report import LoadReport
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
+from .config import CONVERTED_ATTR
 
 logger = logging.getLogger("sglang.plugins.fi_convert")
 TEST_CPU_ENV = "FI_CONVERT_SGLANG_TEST_CPU"  # test-only: "1" skips the GPU and FlashInfer checks
@@ -155,6 +156,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         checks.check_layers(manifest, str(root), layers, skipped=nextn)
         report = self._read_all(model, root, manifest, layers, target_device)
         postprocess(model, set(layers.values()), target_device)
+        setattr(model, CONVERTED_ATTR, frozenset(layers))  # updates of these are refused
         logger.info("%s", report.line(time.perf_counter(), "post-load processing"))
 
     def _read_all(

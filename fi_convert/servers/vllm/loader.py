@@ -28,6 +28,7 @@ from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
+from ...format.names import MANIFEST_NAME
 from ...format.reader import OutputReader
 from . import checks, experts
 from .checks import PluginError
@@ -92,6 +93,15 @@ class FiConvertModelLoader(DefaultModelLoader):
 
     def download_model(self, model_config: ModelConfig) -> None:
         self._output(model_config)
+
+    def get_all_weights(self, model_config: ModelConfig, model: torch.nn.Module) -> Any:
+        """What vLLM's `reload_weights` from disk loads (`collective_rpc("reload_weights")`,
+        model_config.model the folder, or `weights_path`): a checkpoint's tensors go through
+        vLLM's own processing, as on its own load; an fi-convert output's experts are kernel
+        layouts, which that processing would transform again, so it is refused here, before
+        vLLM has touched the model."""
+        refuse_reload(model_config.model)
+        return super().get_all_weights(model_config, model)
 
     def load_model(
         self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = ""
@@ -195,6 +205,20 @@ class FiConvertModelLoader(DefaultModelLoader):
         split = next(iter(layers.values()))[1].moe_config.moe_parallel_config if layers else None
         report = LoadReport(_who(split), root, len(layers), moe_bytes, stats, dense, t0, t1, t2)
         return loaded | dense.loaded, report
+
+
+def refuse_reload(model: str) -> None:
+    """Refuse a reload from disk of an fi-convert output (a local folder, or a Hub repo id
+    whose snapshot is one), in one line."""
+    path = Path(model)
+    if path.is_dir() and not (path / MANIFEST_NAME).is_file():
+        return  # a checkpoint: vLLM processes it as on its own load
+    raise PluginError(
+        f"{model}: reload_weights from disk reads an fi-convert output's experts, which are "
+        "kernel layouts vLLM would process again; reload from the source checkpoint "
+        "(weights_path=CHECKPOINT_DIR, or weights in checkpoint format), or start vLLM on "
+        "the new output"
+    )
 
 
 def mtp_layers(manifest: dict, config: Any) -> set[str]:
