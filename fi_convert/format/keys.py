@@ -45,7 +45,18 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
         }
     ),
     "source": frozenset(
-        {"model_type", "family", "fingerprint", "shards", "repo_id", "revision", "command"}
+        {
+            "model_type",
+            "family",
+            "fingerprint",
+            "shards",
+            "repo_id",
+            "revision",
+            "command",
+            "routing",  # the family's FlashInfer routing method and activation (2026-12-03)
+            "activation",
+            "family_file",  # a user's family (--family), whole; checked as a family file
+        }
     ),
     "layers.*": frozenset(
         {
