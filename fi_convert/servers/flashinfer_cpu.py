@@ -57,6 +57,9 @@ def installed(packages: tuple[str, ...]) -> Iterator[None]:
     if torch.cuda.is_available():
         yield
         return
+    with contextlib.suppress(ImportError):  # the servers import FlashInfer's names lazily
+        import flashinfer  # noqa: F401
+        import flashinfer.fused_moe  # noqa: F401
     with contextlib.ExitStack() as stack:
         for name, module in list(sys.modules.items()):
             if module is None or not name.startswith(("flashinfer", *packages)):
