@@ -10,6 +10,7 @@ replaced by kernel setup only. Every other module is processed by vLLM's own dri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +91,8 @@ class FiConvertModelLoader(DefaultModelLoader):
     ) -> torch.nn.Module:
         root, m = self._output(model_config)
         pc = vllm_config.parallel_config
-        checks.check_output(
+        check = functools.partial(
+            checks.check_output,
             m,
             str(root),
             tp_size=pc.tensor_parallel_size,
@@ -102,6 +104,13 @@ class FiConvertModelLoader(DefaultModelLoader):
             capability=_capability(),
             test_cpu=experts.test_cpu_mode() is not None,
         )
+        try:
+            check()
+        except checks.UnlistedRelease as unlisted:
+            check(release_proven=True)  # the other refusals first: they cost nothing
+            from .proof import check_release  # the converter's code, for this case only
+
+            logger.info("%s", check_release(m, str(root), unlisted, _moe_rank(pc)))
         if torch.cuda.is_available():  # pinned while vLLM builds the model
             self._buffers = host_buffers().allocate(background=True)
         try:
@@ -169,6 +178,17 @@ class FiConvertModelLoader(DefaultModelLoader):
         logger.info("%s", _load_line(root, len(layers), split, moe, stats, dense))
         if model_config.quantization is None:
             self.track_weights_loading(model, loaded)
+
+
+def _moe_rank(pc: Any) -> int:
+    """This worker's rank of the MoE layers' TP split: vLLM's TP rank, flattened over its
+    data-parallel ranks without EP (under EP an output has TP size 1)."""
+    if pc.enable_expert_parallel:
+        return 0
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    dp_rank = getattr(pc, "data_parallel_rank", 0) or 0
+    return dp_rank * pc.tensor_parallel_size + get_tensor_model_parallel_rank()
 
 
 def mtp_layers(manifest: dict, config: Any) -> set[str]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 from ..proving import Proof, ProofError, Shape, prove
-from .checks import vllm_version
+from .checks import PluginError, UnlistedRelease, vllm_version
 
 SERVER = "vllm"
 # The GPU vLLM is told it runs on, by (scheme, backend): where vLLM runs that path
@@ -87,3 +87,31 @@ def _on_cpu() -> Iterator[None]:
     constants (gpt-oss's SwiGLU alphas) on `torch.accelerator.current_device_index()`."""
     with mock.patch.object(torch.accelerator, "current_device_index", lambda: "cpu"):
         yield
+
+
+def check_release(manifest: Mapping, root: str, unlisted: UnlistedRelease, rank: int) -> str:
+    """The plugin's hook for a vLLM release the output does not list: prove it on the output's
+    shapes for this rank; the log line when it is proven, else PluginError (one line: the
+    first tensor that differs and where, or why the proof cannot run here, and the fix)."""
+    proof = prove_installed(manifest, ranks=[rank])
+    if proof.ok:
+        return proof.line("vLLM")
+    raise PluginError(refusal(proof, root, unlisted.listed))
+
+
+def refusal(proof: Proof, root: str, listed: str) -> str:
+    """Why a failed proof refuses the output, in one line with the fix."""
+    row = proof.first_failure()
+    assert row is not None
+    rel = proof.release
+    fix = f"install a vLLM in {listed}, or an fi-convert that lists vLLM {rel}"
+    if row.result == "differs":
+        return (
+            f"{root}: vLLM {rel} is not a release this output lists ({listed}), and its own "
+            f"MoE processing holds other bytes: {row.tensor} of the layer shape {row.shape} "
+            f"(rank {row.rank}) differs from the output's, {row.where}; {fix}"
+        )
+    return (
+        f"{root}: vLLM {rel} is not a release this output lists ({listed}), and fi-convert "
+        f"cannot prove it here: {row.where}; {fix}"
+    )
