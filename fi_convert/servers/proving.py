@@ -15,6 +15,8 @@ It imports no server: the server's part is the `Run` a server's `proof.py` hands
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import FiConvertError, ManifestError
 from ..version import __version__
 
 CACHE_ENV = "FI_CONVERT_CACHE"
@@ -49,8 +52,50 @@ FAMILY = {
 EXPERTS = 2
 
 
+# The servers a proof runs on: (the module that must import, its name, how to install it)
+SERVERS = {
+    "vllm": ("vllm", "vLLM", "pip install vllm"),
+    "sglang": ("sglang", "SGLang", 'pip install "sglang[all]"'),
+}
+
+
 class ProofError(Exception):
     """The proof could not run on this server release (a hook it needs is missing)."""
+
+
+class ServerNotInstalled(FiConvertError):
+    """The server whose release is to be proven is not installed here."""
+
+
+def prove_output(
+    out_dir: str | Path, server: str, *, ranks: list[int] | None = None, cache: bool = True
+) -> Proof:
+    """`fi-convert verify OUT --server NAME`: the load-time proof of the installed release of
+    `server` on the output's layer shapes (every TP rank unless `ranks`)."""
+    from ..format import manifest as mf
+    from ..format.names import servers_of
+
+    m = mf.read(out_dir)
+    module, label, install = SERVERS[server]
+    if server not in servers_of(m):
+        first = servers_of(m)[0]
+        raise ManifestError(
+            f"{out_dir}: converted for {first}, whose layouts differ from {label}'s; prove it "
+            f"with --server {first}"
+        )
+    bad = [r for r in ranks or () if not 0 <= r < m["tp_size"]]
+    if bad:
+        raise ManifestError(
+            f"{out_dir}: converted for tensor-parallel size {m['tp_size']}, which has no rank "
+            f"{bad[0]}; pass --rank 0 to {m['tp_size'] - 1}"
+        )
+    if importlib.util.find_spec(module) is None:
+        raise ServerNotInstalled(
+            f"{label} is not installed here, so no release of it can be proven; install it "
+            f"beside fi-convert ({install}) or run this where it serves"
+        )
+    proof = importlib.import_module(f"fi_convert.servers.{server}.proof")
+    return proof.prove_installed(m, ranks=ranks, cache=cache)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

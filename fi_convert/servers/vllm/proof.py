@@ -18,7 +18,8 @@ from unittest import mock
 import torch
 
 from ..proving import Proof, ProofError, Shape, prove
-from .checks import PluginError, UnlistedRelease, vllm_version
+from . import checks
+from .checks import PluginError, UnlistedRelease
 
 SERVER = "vllm"
 # The GPU vLLM is told it runs on, by (scheme, backend): where vLLM runs that path
@@ -31,7 +32,7 @@ def prove_installed(
     manifest: Mapping, *, ranks: list[int] | None = None, cache: bool = True
 ) -> Proof:
     """Prove the installed vLLM on the output's shapes (every TP rank unless `ranks`)."""
-    release = vllm_version()
+    release = checks.vllm_version()
     try:
         from . import moe_layer  # noqa: F401  (vLLM's modules the proof builds on)
     except (ImportError, AttributeError) as e:
@@ -75,7 +76,7 @@ def run(shape: Shape, src: Path, prefix: str, rank: int, names: list[str]) -> di
     except Exception as e:  # a hook missing or changed: the proof cannot run here
         why = str(e).splitlines()[0] if str(e) else ""
         raise ProofError(
-            f"vLLM {vllm_version()}'s own MoE processing did not run here "
+            f"vLLM {checks.vllm_version()}'s own MoE processing did not run here "
             f"({type(e).__name__}: {why})"
         ) from None
     return {name: ml.held(layer, name) for name in names}
