@@ -115,10 +115,8 @@ class Shape:
 
     @property
     def label(self) -> str:
-        more = f" (+{len(self.layers) - 1} layers)" if len(self.layers) > 1 else ""
         return (
-            f"{self.scheme}/{self.backend} H {self.hidden} I {self.intermediate}"
-            f" TP {self.tp_size}{more}"
+            f"{self.scheme}/{self.backend} H {self.hidden} I {self.intermediate} TP {self.tp_size}"
         )
 
     def key(self) -> dict:

@@ -85,9 +85,18 @@ def run(shape: Shape, src: Path, prefix: str, rank: int, names: list[str]) -> di
 @contextlib.contextmanager
 def _on_cpu() -> Iterator[None]:
     """Without CUDA the current device is the CPU: vLLM's kernel objects allocate their small
-    constants (gpt-oss's SwiGLU alphas) on `torch.accelerator.current_device_index()`."""
-    with mock.patch.object(torch.accelerator, "current_device_index", lambda: "cpu"):
+    constants (gpt-oss's SwiGLU alphas) on `torch.accelerator.current_device_index()`, and its
+    NVFP4 CUTLASS scale swizzle (`nvfp4_utils.swizzle_blockscale`, plain PyTorch) ends with
+    `.cuda()`: both stay on the CPU."""
+    with (
+        mock.patch.object(torch.accelerator, "current_device_index", lambda: "cpu"),
+        mock.patch.object(torch.Tensor, "cuda", _stay),
+    ):
         yield
+
+
+def _stay(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return self
 
 
 def check_release(manifest: Mapping, root: str, unlisted: UnlistedRelease, rank: int) -> str:
