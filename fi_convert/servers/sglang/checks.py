@@ -37,6 +37,19 @@ class PluginError(ValueError):
         super().__init__(PREFIX + msg)
 
 
+class UnlistedRelease(PluginError):
+    """The installed SGLang is a release the output does not list: the plugin proves it on the
+    output's layer shapes with SGLang's own code before it loads (`proof.py`), or refuses."""
+
+    def __init__(self, msg: str, *, release: str, listed: str) -> None:
+        super().__init__(msg)
+        self.release, self.listed = release, listed
+
+
+def sglang_version() -> str:
+    return installed("sglang") or "0"
+
+
 def installed(dist: str) -> str | None:
     """The installed version of a distribution, or None."""
     try:
@@ -87,10 +100,13 @@ def check_manifest(
     placement: str = "trivial",
     moe_dp_size: int = 1,
     a2a: str = "none",
+    release_proven: bool = False,
 ) -> None:
     """The checks that need no GPU and no model: the output's server, what the plugin loads,
     the SGLang version, the MoE runner backend flag, TP (`tp_size`: SGLang's MoE TP size), EP
-    and EPLB (`redundant`: --ep-num-redundant-experts, `placement`: --init-expert-location)."""
+    and EPLB (`redundant`: --ep-num-redundant-experts, `placement`: --init-expert-location).
+    An SGLang release the output does not list is `UnlistedRelease`, unless `release_proven`
+    (the load-time proof passed on it)."""
     server = server_of(manifest)
     scheme, backend = manifest["scheme"], manifest["backend"]
     if SGLANG not in servers_of(manifest):
@@ -106,11 +122,14 @@ def check_manifest(
             f"{ok}); serve the source checkpoint with SGLang's own loader"
         )
     spec = target_of(manifest, SGLANG).get("sglang_versions", "")
-    if not spec or not mf.version_in(spec, sglang_version, "SGLang", root, PluginError):
-        raise PluginError(
+    listed = bool(spec) and mf.version_in(spec, sglang_version, "SGLang", root, PluginError)
+    if not release_proven and not listed:
+        raise UnlistedRelease(
             f"{root}: converted for SGLang {spec or '(no version range)'}, this is SGLang "
             f"{sglang_version}, whose layouts may differ; install an SGLang in {spec or 'range'}"
-            " or convert again with an fi-convert that targets it"
+            " or convert again with an fi-convert that targets it",
+            release=sglang_version,
+            listed=spec or "(no version range)",
         )
     want = runner_for(scheme, backend)
     if moe_runner_backend != want:
