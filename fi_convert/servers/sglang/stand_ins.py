@@ -82,7 +82,7 @@ class _StubModule(types.ModuleType):
 def _importer() -> str:
     """The module whose code runs the import being resolved (the first frame outside
     importlib's machinery)."""
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if not name.startswith(("importlib", "_frozen_importlib")):

@@ -1,3 +1,6 @@
+# mypy: disable-error-code="arg-type,assignment,attr-defined,operator,index"
+# (it drives vLLM's internals with stand-ins for what a server process holds: a model of one
+# layer, namespaces for its configs; vLLM's annotations do not describe them)
 """vLLM's own fused-MoE layers, built, loaded and processed in one process that plays rank r
 of N on a GPU of the backend's family: the load-time proof's authority (`proof.py`) and the
 tests' (tests/vllm_moe.py, tests/test_vllm*.py).
