@@ -322,6 +322,27 @@ def test_every_scheme_and_backend_the_plugin_serves_is_proven_on_the_installed_v
     assert {r.tensors for r in got.rows} == {len(lay["tensors"])}
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("scheme", "backend"),
+    [
+        ("nvfp4", "trtllm"),
+        ("nvfp4", "cutlass"),
+        ("mxfp8", "trtllm"),
+        ("mxfp4", "trtllm"),
+        ("mxfp4", "cutlass"),
+    ],
+)
+def test_on_a_gpu_the_proof_runs_flashinfers_own_swizzles(tmp_path, scheme, backend):
+    """Where CUDA is there, vLLM's processing calls FlashInfer's CUDA-only swizzles themselves
+    (no CPU stand-in is installed), with the layer on the GPU."""
+    src = write_checkpoint(tmp_path / "src", SOURCES[scheme])
+    convert(src, tmp_path / "out", Options(SchemeName(scheme), Backend(backend), 2), device="cpu")
+    got = proof.prove_installed(mf.read(tmp_path / "out"), cache=False)
+    assert got.device == "cuda"
+    assert got.ok, got.first_failure()
+
+
 def test_distinct_layer_shapes_are_proven_once_each():
     """Layers of one shape are one proof; another size, a SwiGLU clamp or a layout is another."""
     m = {
