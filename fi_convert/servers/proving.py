@@ -376,12 +376,12 @@ def _differs(ours: torch.Tensor, theirs: torch.Tensor | None) -> str | None:
         )
     a = ours.contiguous().view(-1).view(torch.uint8)
     b = theirs.contiguous().view(-1).view(torch.uint8)
-    diff = torch.nonzero(a != b)
-    if diff.numel() == 0:
+    if torch.equal(a, b):
         return None
-    element = int(diff[0]) // ours.dtype.itemsize
+    unequal = a != b
+    element = int(torch.nonzero(unequal)[0]) // ours.dtype.itemsize
     index = list(torch.unravel_index(torch.tensor(element), ours.shape))
-    count = int((a != b).view(-1, ours.dtype.itemsize).any(dim=1).sum())
+    count = int(unequal.view(-1, ours.dtype.itemsize).any(dim=1).sum())
     return f"first at index {[int(i) for i in index]} ({count} of {ours.numel()} elements differ)"
 
 
