@@ -47,7 +47,9 @@ def main() -> None:
         importlib.import_module("fi_convert.servers.vllm.moe_layer")
     else:
         proof.OWN_PROCESS = False  # time the proof, not a process start and SGLang's import
-        importlib.import_module("fi_convert.servers.sglang.moe_layer")
+        ml = importlib.import_module("fi_convert.servers.sglang.moe_layer")
+        with ml.sglang_context("trtllm", 1, 0):  # SGLang imported, its one-process world set up
+            pass
     print(f"{args.server} imported in {time.perf_counter() - t0:.1f} s", flush=True)
     for scheme in args.schemes:
         family, quant = SOURCE[scheme]
