@@ -284,6 +284,8 @@ def _prove_one(
             theirs = run(shape, src, prefix, rank, list(ours))
         except ProofError as e:
             row.result, row.where = "cannot run", str(e)
+        except FiConvertError as e:  # this fi-convert no longer converts such a layer
+            row.result, row.where = "cannot run", f"fi-convert's conversion of it: {e}"
     row.tensors = len(ours)
     if row.result == "proven":
         diff = first_difference(ours, theirs)
