@@ -162,6 +162,29 @@ def test_the_other_refusals_come_first(out, newer, monkeypatch):
     assert (e.value.release, e.value.listed) == ("0.35.0", "==0.33.0")
 
 
+def test_a_layer_this_fi_convert_lays_out_otherwise_is_not_proven(out):
+    """The proof compares the output's own description of a layer with this fi-convert's:
+    an output written by another fi-convert, whose layout this one does not write, is not
+    proven (so not loaded on a release it does not list)."""
+    m = mf.read(out)
+    for lay in m["layers"].values():
+        lay["tensors"]["w2_weight"]["epilogue_tile_m"] = 128
+    got = proof.prove_installed(m, ranks=[0], cache=False)
+    assert (got.rows[0].result, got.rows[0].where) == (
+        "cannot run",
+        "this fi-convert lays the layer out otherwise than the output's manifest says "
+        "(converted by another fi-convert version?)",
+    )
+
+
+def test_a_layer_this_fi_convert_no_longer_converts_is_one_line(out, monkeypatch):
+    from fi_convert.errors import LayoutError
+
+    monkeypatch.setattr(proving, "_convert", mock.Mock(side_effect=LayoutError("no rule")))
+    row = proof.prove_installed(mf.read(out), ranks=[0], cache=False).rows[0]
+    assert (row.result, row.where) == ("cannot run", "fi-convert's conversion of it: no rule")
+
+
 # ---------------------------------------------------------------- the cache
 
 
