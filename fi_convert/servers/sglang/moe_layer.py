@@ -63,9 +63,10 @@ _STATE: dict = {}
 def _init(backend: str) -> None:
     """The one-process gloo world and model-parallel groups (once), and ServerArgs published
     with `--moe-runner-backend` (again whenever the backend changes)."""
+    from sglang.srt import runtime_context as rc
     from sglang.srt.distributed import parallel_state
     from sglang.srt.layers.moe.utils import initialize_moe_config
-    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+    from sglang.srt.runtime_context import get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
     if _STATE.get("backend") == backend:
@@ -81,12 +82,15 @@ def _init(backend: str) -> None:
         parallel_state.init_distributed_environment(
             world_size=1, rank=0, local_rank=0, backend="gloo"
         )
-    stamp = dict(get_parallel()._stamp)  # the groups built so far
+    stamp = dict(_built_widths(get_parallel()))  # the groups built so far
     reset_context()
     args = ServerArgs(
         model_path="dummy", tp_size=1, ep_size=1, pp_size=1, moe_runner_backend=BACKEND[backend]
     )
-    publish(args, role="test", ranks=SpawnRanks(world_rank=0))
+    if hasattr(rc, "SpawnRanks"):  # 0.5.21 on: the process's ranks are published with it
+        publish(args, role="test", ranks=rc.SpawnRanks(world_rank=0))
+    else:  # 0.5.20: its ranks are the live groups'
+        publish(args, role="test")
     if stamp:
         get_parallel().override_permanently(**stamp)
     elif parallel_state._WORLD is not None:
@@ -113,10 +117,17 @@ def sglang_context(backend: str, tp_size: int, tp_rank: int, ep_size: int = 1) -
             if ep_size != 1
             else dict(tp_size=tp_size, tp_rank=tp_rank, moe_tp_size=tp_size, moe_tp_rank=tp_rank)
         )
-        stack.enter_context(mock.patch.object(runtime_context, "_validate_parallel", _no_check))
+        if hasattr(runtime_context, "_validate_parallel"):  # 0.5.21 on (0.5.20 checks none)
+            stack.enter_context(mock.patch.object(runtime_context, "_validate_parallel", _no_check))
         stack.enter_context(runtime_context.get_parallel().override(**ranks))
         stack.enter_context(torch.device("cpu"))
         yield
+
+
+def _built_widths(parallel) -> dict:
+    """The widths SGLang set permanently as it built the groups: its `_stamp` (0.5.21 on), its
+    `_derived` (0.5.20)."""
+    return getattr(parallel, "_stamp", None) or getattr(parallel, "_derived", None) or {}
 
 
 def ep_ranks(backend: str, tp_size: int, tp_rank: int, ep_size: int) -> dict[str, int]:

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ...format.names import target_of
 from ..proving import Proof, ProofError, Row, Shape, prove
 from . import checks
 from .checks import PluginError, UnlistedRelease
@@ -99,7 +100,17 @@ def check_release(manifest: Mapping, root: str, unlisted: UnlistedRelease, rank:
     proof = prove_installed(manifest, ranks=[rank])
     if proof.ok:
         return proof.line("SGLang")
-    raise PluginError(refusal(proof, root, unlisted.listed))
+    listed = getattr(unlisted, "listed", None) or listed_releases(manifest)
+    raise PluginError(refusal(proof, root, listed))
+
+
+def listed_releases(manifest: Mapping) -> str:
+    """The releases the output lists (its target's list, else its range), for a refusal."""
+    target = target_of(dict(manifest), SERVER)
+    got = target.get("sglang_releases")
+    if isinstance(got, list) and got:
+        return ", ".join(map(str, got))
+    return str(target.get("sglang_versions") or "none")
 
 
 def refusal(proof: Proof, root: str, listed: str) -> str:

@@ -96,8 +96,11 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if fullname.split(".")[0] not in STUBBED:
             return None
         # only SGLang's own imports get a stand-in: torch probes for Triton too, and must
-        # keep finding none
-        if not _importer().startswith(("sglang", *STUBBED)):
+        # keep finding none; a submodule of a stand-in is one too, whoever imports it
+        # (SGLang 0.5.20's configs import transformers' AutoProcessor after SGLang took the
+        # torchvision stand-in, and transformers then imports torchvision.transforms)
+        top = sys.modules.get(fullname.split(".")[0])
+        if not (_importer().startswith(("sglang", *STUBBED)) or isinstance(top, _StubModule)):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 

@@ -17,6 +17,7 @@ from unittest import mock
 
 import torch
 
+from ...format.names import target_of
 from ..proving import Proof, ProofError, Shape, prove
 from . import checks
 from .checks import PluginError, UnlistedRelease
@@ -106,7 +107,17 @@ def check_release(manifest: Mapping, root: str, unlisted: UnlistedRelease, rank:
     proof = prove_installed(manifest, ranks=[rank])
     if proof.ok:
         return proof.line("vLLM")
-    raise PluginError(refusal(proof, root, unlisted.listed))
+    listed = getattr(unlisted, "listed", None) or listed_releases(manifest)
+    raise PluginError(refusal(proof, root, listed))
+
+
+def listed_releases(manifest: Mapping) -> str:
+    """The releases the output lists (its target's list, else its range), for a refusal."""
+    target = target_of(dict(manifest), SERVER)
+    got = target.get("vllm_releases")
+    if isinstance(got, list) and got:
+        return ", ".join(map(str, got))
+    return str(target.get("vllm_versions") or "none")
 
 
 def refusal(proof: Proof, root: str, listed: str) -> str:
