@@ -393,3 +393,12 @@ def test_distinct_layer_shapes_are_proven_once_each():
     assert [s.layers for s in got] == [("a", "b"), ("c",), ("d",)]
     assert got[1].config == (("swiglu_limit", 10.0),)
     assert got[0].family == "deepseek-v3"
+
+
+def test_a_refusal_names_the_releases_the_output_lists():
+    """From the plugin's UnlistedRelease where it carries them, else from the manifest: its
+    list of releases (`target.vllm_releases`) or, as older outputs hold, its range."""
+    old = {"server": "vllm", "target": {"vllm_versions": "==0.33.0"}}
+    new = {"server": "vllm", "target": {"vllm_releases": ["0.30.0", "0.34.0"]}}
+    assert proof.listed_releases(old) == "==0.33.0"
+    assert proof.listed_releases(new) == "0.30.0, 0.34.0"
