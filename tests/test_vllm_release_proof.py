@@ -162,6 +162,21 @@ def test_the_other_refusals_come_first(out, newer, monkeypatch):
     assert (e.value.release, e.value.listed) == ("0.35.0", "==0.33.0")
 
 
+def test_the_engine_process_leaves_the_proof_to_the_workers(out, newer, monkeypatch):
+    """Before vLLM starts an engine, an unlisted release is not refused (each worker proves it
+    for its rank at load); the other checks still refuse there."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from fi_convert.servers.vllm import register
+
+    monkeypatch.setattr(proof, "prove_installed", mock.Mock(side_effect=AssertionError))
+    register()
+    args = dict(model=str(out), load_format="fi-convert")
+    assert EngineArgs(**args, tensor_parallel_size=2).create_model_config()
+    with pytest.raises(PluginError, match="tensor-parallel size 2, vLLM runs 4"):
+        EngineArgs(**args, tensor_parallel_size=4).create_model_config()
+
+
 def test_a_layer_this_fi_convert_lays_out_otherwise_is_not_proven(out):
     """The proof compares the output's own description of a layer with this fi-convert's:
     an output written by another fi-convert, whose layout this one does not write, is not
