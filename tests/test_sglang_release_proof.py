@@ -27,6 +27,7 @@ from fi_convert.servers.sglang.checks import PluginError
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import sglang_moe as sm
 from tests.conftest import cli
+from tests.test_sglang_plugin import registered  # noqa: F401  (a fixture)
 
 SPEC = Spec("deepseek-v3", layers=3, experts=4, hidden=256, intermediate=512, shards=1)
 
@@ -120,6 +121,31 @@ def test_the_other_refusals_come_first(out, newer, monkeypatch):
     monkeypatch.setattr(proof, "prove_installed", mock.Mock(side_effect=AssertionError))
     with pytest.raises(PluginError, match="converted for tensor-parallel size 2, SGLang runs 4"):
         _check_output(out, rank=0, tp=4)
+
+
+def test_the_launcher_leaves_the_proof_to_the_schedulers(
+    registered,  # noqa: F811  (the plugin's fixture)
+    out,
+    newer,
+    monkeypatch,
+):
+    """SGLang's check_server_args (before any scheduler process starts) does not refuse an
+    unlisted release (each scheduler proves it for its rank at load); the rest it still does."""
+    monkeypatch.setattr(proof, "prove_installed", mock.Mock(side_effect=AssertionError))
+    with sm.sglang_context("trtllm", 2, 0):
+        from sglang.srt.server_args import prepare_server_args
+
+        line = f"--model-path {out} --load-format fi-convert --device cpu".split()
+        line += ["--moe-runner-backend", "flashinfer_trtllm"]
+        ok = prepare_server_args([*line, "--tp", "2"])
+        ok.resolve_once()
+        ok.check_server_args()
+        bad = prepare_server_args([*line, "--tp", "4"])
+        bad.resolve_once()
+        with pytest.raises(
+            PluginError, match="converted for tensor-parallel size 2, SGLang runs 4"
+        ):
+            bad.check_server_args()
 
 
 def test_the_plugins_proof_runs_in_a_process_of_its_own(out, cache):

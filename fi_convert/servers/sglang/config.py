@@ -114,7 +114,7 @@ def check_server_args(result: Any, self: Any) -> None:
         moe_dp_size=dp,
         a2a=str(getattr(view, "moe_a2a_backend", "none") or "none"),
         moe_runner_backend=str(view.moe_runner_backend),
-        sglang_version=checks.installed("sglang") or "0",
+        sglang_version=checks.sglang_version(),
     )
     try:
         check()
