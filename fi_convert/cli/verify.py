@@ -50,6 +50,30 @@ FlashInferOpt = Annotated[
     ),
 ]
 DeviceOpt = Annotated[str, device_option("Where to re-derive: auto, cpu, cuda or cuda:N.")]
+ServerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        metavar="SERVER",
+        help="Prove the installed release of this server (vllm or sglang) on the output's "
+        "layer shapes, with the server's own MoE processing, as its plugin does for a release "
+        "the output does not list; prints a table.",
+    ),
+]
+RankOpt = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--rank",
+        metavar="N",
+        help="With --server: prove this TP rank (repeatable; default: every rank).",
+    ),
+]
+NoCacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-cache", help="With --server: prove again, whatever the cache of passed proofs holds."
+    ),
+]
 
 
 def verify_cmd(
@@ -59,6 +83,9 @@ def verify_cmd(
     full: FullOpt = False,
     against_flashinfer: FlashInferOpt = False,
     device: DeviceOpt = "auto",
+    server: ServerOpt = None,
+    rank: RankOpt = None,
+    no_cache: NoCacheOpt = False,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -66,8 +93,17 @@ def verify_cmd(
 
     Files against their SHA-256s, the index against the shards, the manifest's shapes and
     dtypes; --source re-derives a sample of experts (--full: all), with fi-convert's code or
-    (--against-flashinfer) FlashInfer's.
+    (--against-flashinfer) FlashInfer's. --server proves the installed server release instead.
     """
+    if server is not None:
+        if server not in ("vllm", "sglang"):
+            raise typer.BadParameter(f"--server {server!r}: vllm or sglang")
+        if source is not None:
+            raise typer.BadParameter("--server proves a release; --source goes without it")
+        _prove(out_dir, server, rank or None, not no_cache, Output(as_json=as_json), debug)
+        return
+    if rank or no_cache:
+        raise typer.BadParameter(f"{'--rank' if rank else '--no-cache'} goes with --server")
     from ..hub import is_repo_id
     from ..hub.remote_verify import verify_remote
     from ..verify import verify
@@ -120,3 +156,37 @@ def _render(o: Output, rep: Report, figures: dict, hub_reads: dict | None) -> No
         what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in rep.checked.items())
         how = "checked" if hub_reads is None else "read from the Hub"
         o.result(f"[green]ok[/green]: {escape(what)}; {figures_text(figures, how)}")
+
+
+def _prove(
+    out_dir: Path, server: str, ranks: list[int] | None, cache: bool, o: Output, debug: bool
+) -> None:
+    """`verify --server`: the load-time proof of the installed release, as a table."""
+    from ..servers.proving import SERVERS, prove_output
+
+    with handled(debug, stopped=f"proof on {escape(str(out_dir))} stopped; nothing was changed"):
+        proof = prove_output(out_dir, server, ranks=ranks, cache=cache)
+    if o.as_json:
+        o.json(proof.as_dict())
+    else:
+        rows = [
+            (r.shape, str(r.layers), str(r.rank), str(r.tensors), r.result, f"{r.seconds:.2f}")
+            for r in proof.rows
+        ]
+        o.table(("shape", "layers", "rank", "tensors", "result", "seconds"), rows)
+    label = SERVERS[server][1]
+    bad = proof.first_failure()
+    if bad is None:
+        if not o.as_json:
+            o.result(
+                f"[green]ok[/green]: {label} {proof.release}'s own MoE processing gives the "
+                f"output's bytes on {len(proof.rows)} shape x rank proofs ({proof.device}, "
+                f"{proof.seconds:.1f} s)"
+            )
+        return
+    what = f"{bad.tensor} differs, {bad.where}" if bad.result == "differs" else bad.where
+    o.problem(
+        "mismatch" if bad.result == "differs" else "error",
+        escape(f"{label} {proof.release} on {bad.shape} (rank {bad.rank}): {what}"),
+    )
+    raise typer.Exit(1)

@@ -48,6 +48,9 @@ class Spec:
     # whole models); default: q, k, v and o projections of (hidden, hidden)
     attention: tuple[tuple[str, tuple[int, int]], ...] | None = None
     dense_intermediate: int | None = None  # a dense MLP's (DeepSeek's layers before the MoE)
+    # only the MoE layers' expert tensors (no embeddings, attention, norms, routers, shared
+    # experts): the load-time proof's two-expert layer at a real model's sizes
+    moe_only: bool = False
 
 
 # each scheme's synthetic sources (`Scheme.synthetic`), by `Spec.quant` name
@@ -124,12 +127,23 @@ def _config(spec: Spec, quant: str) -> dict:
 
 def _tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors in order, made one layer (or one expert) at a time."""
+    made = _all_tensors(spec, quant)
+    if not spec.moe_only:
+        return made
+    return ((n, t) for n, t in made if ".experts." in n)
+
+
+def _all_tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(spec.seed)
     h, i, e = spec.hidden, spec.intermediate, spec.experts
     made = SOURCES.get(quant)
     expert = made.make if made is not None and made.make is not None else _bf16
     mk = expert if made is not None and made.dense_too else _bf16  # non-expert linears
     bf = lambda *s: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731
+    bf_experts = bf
+    if spec.moe_only:  # the other tensors are dropped (`_tensors`): not made at full size
+        mk = lambda shape, g: {}  # noqa: E731
+        bf = lambda *s: torch.zeros(0, dtype=torch.bfloat16)  # noqa: E731
 
     def parts(prefix: str, made: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         for k, v in made.items():
@@ -166,8 +180,8 @@ def _tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield from parts(f"{p}.mlp.shared_experts.up_proj", mk((i, h), g))
             yield from parts(f"{p}.mlp.shared_experts.down_proj", mk((h, i), g))
         if spec.family == "qwen3-moe-fused":
-            yield f"{p}.mlp.experts.gate_up_proj", bf(e, 2 * i, h)
-            yield f"{p}.mlp.experts.down_proj", bf(e, h, i)
+            yield f"{p}.mlp.experts.gate_up_proj", bf_experts(e, 2 * i, h)
+            yield f"{p}.mlp.experts.down_proj", bf_experts(e, h, i)
             continue
         for x in range(e):
             one: dict[str, torch.Tensor] = {}

@@ -40,6 +40,19 @@ class PluginError(ValueError):
         super().__init__(PREFIX + msg)
 
 
+class UnlistedRelease(PluginError):
+    """The installed SGLang is a release the output does not list: the plugin proves it on the
+    output's layer shapes with SGLang's own code before it loads (`proof.py`), or refuses."""
+
+    def __init__(self, msg: str, *, release: str, listed: str) -> None:
+        super().__init__(msg)
+        self.release, self.listed = release, listed
+
+
+def sglang_version() -> str:
+    return installed("sglang") or "0"
+
+
 def installed(dist: str) -> str | None:
     """The installed version of a distribution, or None."""
     try:
@@ -90,10 +103,13 @@ def check_manifest(
     placement: str = "trivial",
     moe_dp_size: int = 1,
     a2a: str = "none",
+    release_proven: bool = False,
 ) -> None:
     """The checks that need no GPU and no model: the output's server, what the plugin loads,
     the SGLang version, the MoE runner backend flag, TP (`tp_size`: SGLang's MoE TP size), EP
-    and EPLB (`redundant`: --ep-num-redundant-experts, `placement`: --init-expert-location)."""
+    and EPLB (`redundant`: --ep-num-redundant-experts, `placement`: --init-expert-location).
+    An SGLang release the output does not list is `UnlistedRelease`, unless `release_proven`
+    (the load-time proof passed on it)."""
     server = server_of(manifest)
     scheme, backend = manifest["scheme"], manifest["backend"]
     if SGLANG not in servers_of(manifest):
@@ -108,7 +124,8 @@ def check_manifest(
             f"{root}: the SGLang plugin does not load {scheme}/{backend} outputs yet (it loads "
             f"{ok}); serve the source checkpoint with SGLang's own loader"
         )
-    check_release(manifest, root, sglang_version)
+    if not release_proven:
+        check_release(manifest, root, sglang_version)
     want = runner_for(scheme, backend)
     if moe_runner_backend != want:
         raise PluginError(
@@ -131,11 +148,6 @@ def check_manifest(
             f"{root}: converted for tensor-parallel size {manifest['tp_size']}, SGLang runs "
             f"{tp_size}; pass --tp {manifest['tp_size']} or convert again with --tp-size {tp_size}"
         )
-
-
-class UnlistedRelease(PluginError):
-    """The installed SGLang is neither a release the output lists nor one this fi-convert
-    proves for the layout the output holds (releases.py)."""
 
 
 def listed_releases(manifest: dict) -> list[str]:
@@ -174,7 +186,9 @@ def check_releases_bytes(manifest: dict, root: str, sglang_version: str) -> None
     raise UnlistedRelease(
         f"{root}: its bytes are proven for SGLang {names}, this is SGLang {sglang_version}, "
         f"whose layout may differ; install SGLang {ok[-1] if ok else names}, or convert "
-        "again with an fi-convert that proves this release"
+        "again with an fi-convert that proves this release",
+        release=sglang_version,
+        listed=names,
     )
 
 

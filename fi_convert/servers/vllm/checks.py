@@ -67,6 +67,15 @@ class PluginError(ValueError):
         super().__init__(PREFIX + msg)
 
 
+class UnlistedRelease(PluginError):
+    """The installed vLLM is a release the output does not list: the plugin proves it on the
+    output's layer shapes with vLLM's own code before it loads (`proof.py`), or refuses."""
+
+    def __init__(self, msg: str, *, release: str, listed: str) -> None:
+        super().__init__(msg)
+        self.release, self.listed = release, listed
+
+
 def check_output(
     manifest: dict,
     root: str,
@@ -79,6 +88,7 @@ def check_output(
     test_cpu: bool = False,
     dp_size: int = 1,
     eplb: bool = False,
+    release_proven: bool = False,
 ) -> None:
     """Refuse an output this vLLM cannot serve as converted (raises PluginError)."""
     check_manifest(
@@ -89,6 +99,7 @@ def check_output(
         vllm_version=vllm_version,
         dp_size=dp_size,
         eplb=eplb,
+        release_proven=release_proven,
     )
     if not test_cpu:
         check_device(manifest, root, flashinfer_version=flashinfer_version, capability=capability)
@@ -103,10 +114,12 @@ def check_manifest(
     vllm_version: str,
     dp_size: int = 1,
     eplb: bool = False,
+    release_proven: bool = False,
 ) -> None:
     """The checks that need no GPU: what the plugin loads, the vLLM version, TP, DP and EP
     (`dp_size`: data-parallel x prefill-context-parallel size, over which vLLM splits the
-    MoE layers too)."""
+    MoE layers too). A vLLM release the output does not list is `UnlistedRelease`, unless
+    `release_proven` (the load-time proof passed on it)."""
     scheme, backend = manifest["scheme"], manifest["backend"]
     target = target_of(manifest, VLLM.name)
     server = server_of(manifest)
@@ -132,10 +145,13 @@ def check_manifest(
             "fp8-block"
         )
     vspec = target.get("vllm_versions", "")
-    if not mf.version_in(vspec, vllm_version, "vLLM", root, PluginError):
-        raise PluginError(
-            f"{root}: converted for vLLM {vspec}, this is vLLM {vllm_version}, whose layouts may "
-            f"differ; install a vLLM in {vspec} or convert again with an fi-convert that targets it"
+    if not release_proven and not mf.version_in(vspec, vllm_version, "vLLM", root, PluginError):
+        raise UnlistedRelease(
+            f"{root}: converted for vLLM {vspec}, this is vLLM {vllm_version}, whose layouts "
+            f"may differ; install a vLLM in {vspec} or convert again with an fi-convert that "
+            "targets it",
+            release=vllm_version,
+            listed=vspec,
         )
     if use_ep:
         check_expert_parallel(manifest, root, eplb=eplb)

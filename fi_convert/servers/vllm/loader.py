@@ -11,6 +11,7 @@ replaced by kernel setup only. Every other module is processed by vLLM's own dri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -108,7 +109,8 @@ class FiConvertModelLoader(DefaultModelLoader):
     ) -> torch.nn.Module:
         root, m = self._output(model_config)
         pc = vllm_config.parallel_config
-        checks.check_output(
+        check = functools.partial(
+            checks.check_output,
             m,
             str(root),
             tp_size=pc.tensor_parallel_size,
@@ -120,6 +122,13 @@ class FiConvertModelLoader(DefaultModelLoader):
             capability=_capability(),
             test_cpu=experts.test_cpu_mode() is not None,
         )
+        try:
+            check()
+        except checks.UnlistedRelease as unlisted:
+            check(release_proven=True)  # the other refusals first: they cost nothing
+            from .proof import check_release  # the converter's code, for this case only
+
+            logger.info("%s", check_release(m, str(root), unlisted, _moe_rank(pc)))
         if torch.cuda.is_available():  # pinned while vLLM builds the model
             self._buffers = host_buffers().allocate(background=True)
         try:
@@ -219,6 +228,17 @@ def refuse_reload(model: str) -> None:
         "(weights_path=CHECKPOINT_DIR, or weights in checkpoint format), or start vLLM on "
         "the new output"
     )
+
+
+def _moe_rank(pc: Any) -> int:
+    """This worker's rank of the MoE layers' TP split: vLLM's TP rank, flattened over its
+    data-parallel ranks without EP (under EP an output has TP size 1)."""
+    if pc.enable_expert_parallel:
+        return 0
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    dp_rank = getattr(pc, "data_parallel_rank", 0) or 0
+    return dp_rank * pc.tensor_parallel_size + get_tensor_model_parallel_rank()
 
 
 def mtp_layers(manifest: dict, config: Any) -> set[str]:
