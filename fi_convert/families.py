@@ -25,10 +25,16 @@ FAMILY_DIR = Path(__file__).with_name("families")
 
 @dataclass(frozen=True)
 class Form:
-    kind: str  # "per_expert" | "fused"
+    # "per_expert": one [out, in] tensor per expert and projection; "fused": one [E, 2I, H]
+    # w13 tensor ([gate; up]) and one [E, H, I] w2; "stacked": one [E, out, in] tensor per
+    # projection (fi_convert/forms.py has the shapes of each)
+    kind: str
     pattern: re.Pattern[str]
     projections: dict[str, str]
     refuse: str | None = None  # why this form is recognized but not converted
+    # the roles ("w13", "w1", "w3", "w2") stored [in, out] per expert, as torch.bmm's
+    # operands (Llama-4's gate_up_proj [E, H, 2I]), which the server's loader transposes
+    transposed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,13 @@ class Family:
 def _load(path: Path) -> Family:
     d = json.loads(path.read_text())
     forms = tuple(
-        Form(f["kind"], re.compile(f["pattern"]), dict(f["projections"]), f.get("refuse"))
+        Form(
+            f["kind"],
+            re.compile(f["pattern"]),
+            dict(f["projections"]),
+            f.get("refuse"),
+            tuple(f.get("transposed", ())),
+        )
         for f in d["forms"]
     )
     keys = {k: tuple(v) for k, v in d["config_keys"].items()}
