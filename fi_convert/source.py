@@ -472,12 +472,25 @@ def _make_layer(
         sizes = _mxfp4_sizes(ckpt, fam, params)
     else:
         _require_weights(ckpt, form, prefix, params)
+        _refuse_quantized_transposed(fam, form, params)
         sizes = _sizes(ckpt, fam, form, prefix, params)
         for (role, param, _), info in sorted(params.items(), key=lambda kv: kv[1].name):
             if param == "weight":
                 forms.check_shape(info, form, role, sizes, fam.title)
     e, h, i = sizes.num_experts, sizes.hidden_size, sizes.intermediate_size
     return ExpertLayer(prefix, form, e, h, i, dict(params), fam.swiglu_limit(ckpt.config))
+
+
+def _refuse_quantized_transposed(fam: Family, form: Form, params: dict) -> None:
+    """A transposed form's tensors are read in BF16 only: where a quantized parameter's
+    orientation goes is the server's per-parameter rule, not proven here."""
+    other = next((i for (_, p, _), i in params.items() if p != "weight"), None)
+    if form.transposed and other is not None:
+        raise SourceError(
+            f"{other.name}: fi-convert reads {fam.title}'s transposed fused experts in BF16 "
+            "only; convert the BF16 checkpoint (with --scheme bf16, or a scheme that quantizes "
+            "it), or one that stores the experts one tensor per expert"
+        )
 
 
 def _require_weights(ckpt: Checkpoint, form: Form, prefix: str, params: dict) -> None:

@@ -35,12 +35,17 @@ def _get(root: Path, name: str) -> torch.Tensor:
         return f.get_tensor(name)
 
 
-def stacked(root: Path, prefix: str, num_experts: int, param: str = "weight"):
-    """vLLM's stacking: w13 = [gate; up] per expert, w2 = down. Returns (w13, w2)."""
+def stacked(
+    root: Path, prefix: str, num_experts: int, param: str = "weight", transposed: bool = False
+):
+    """vLLM's stacking: w13 = [gate; up] per expert, w2 = down. Returns (w13, w2).
+    `transposed`: the model class's fused tensors are stored [E, in, out] (Llama-4,
+    Qwen3-VL-MoE), which vLLM's loader turns (`is_fused_checkpoint_transposed`)."""
     root = Path(root)
     index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
     if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
-        return _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
+        fused = _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
+        return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
     g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
     w13 = torch.stack(
         [
@@ -473,14 +478,17 @@ def _mxfp4_cutlass(w13, sc13, bb13, w2, sc2, bb2):
     }
 
 
-def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu"):
+def expected(
+    root, prefix, num_experts, scheme, backend, tp, rank, device="cpu", transposed=False
+):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
-    `device` is where the checkpoint tensors go before the FlashInfer steps run on them.
+    `device` is where the checkpoint tensors go before the FlashInfer steps run on them;
+    `transposed`: the model's fused expert tensors are stored [E, in, out] (`stacked`).
     """
 
     def load(param="weight"):
-        return tuple(t.to(device) for t in stacked(root, prefix, num_experts, param))
+        return tuple(t.to(device) for t in stacked(root, prefix, num_experts, param, transposed))
 
     if scheme == "bf16":
         w13, w2 = tp_slice(*load(), tp, rank)
