@@ -92,7 +92,9 @@ def tensor_sizes(form: Form, w1: TensorInfo) -> tuple[int, int]:
     that gives none."""
     shape = list(w1.shape[1:] if form.kind != "per_expert" else w1.shape)
     if len(shape) != 2:
-        raise SourceError(f"{w1.name}: expected a 2-D matrix per expert, got shape {list(w1.shape)}")
+        raise SourceError(
+            f"{w1.name}: expected a 2-D matrix per expert, got shape {list(w1.shape)}"
+        )
     out, k = shape[::-1] if transposed(form, "w1") else shape
     if w1.dtype == "U8":
         k *= 2
