@@ -169,7 +169,7 @@ def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.M
 def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
     """A text model holding only the MoE layer, where the real one holds it
     (layers[L].feed_forward.experts or layers[L].mlp.experts)."""
-    from vllm.model_executor.models import llama4
+    from vllm.model_executor.models import llama4, qwen3_moe
 
     path = MODELS[kind]["moe"].removeprefix(MODELS[kind]["strip"]).split(".")
     _, index, block, leaf = path
@@ -182,6 +182,8 @@ def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
         model.num_experts = runner.routed_experts.global_num_experts
         model.n_redundant_experts = 0
         model.load_moe_expert_weights = llama4.Llama4Model.load_moe_expert_weights.__get__(model)
+    else:
+        model.hf_to_vllm_mapper = qwen3_moe.Qwen3MoeModel.hf_to_vllm_mapper
     return model
 
 

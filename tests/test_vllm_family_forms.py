@@ -1,0 +1,99 @@
+"""Llama-4 and Qwen3-VL-MoE as published (fused experts stored transposed), through vLLM 0.33's
+own model code on CPU (tests/family_forms_models.py): the MoE layer built with the model's MoE
+block's arguments and loaded by the text model class's own `load_weights` (Llama4Model's fused
+and transposed expert loading, Qwen3MoeModel's through MoERunner with
+`is_fused_checkpoint_transposed`), then vLLM's post-load processing; against the plugin's load
+of fi-convert's output (its tensors into a fresh layer, kernel setup only). Every parameter,
+the MoE sizes and the kernel's state are equal, and every parameter vLLM holds is the output's
+tensor byte for byte; bf16 on TRT-LLM and CUTLASS, TP 1 and 2, every rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fi_convert import Backend, Options, SchemeName, convert
+from tests import family_forms_models as ffm
+from tests import vllm_moe as vm
+
+CASES = [
+    (kind, backend, tp, rank)
+    for kind in ("llama4", "qwen3_vl_moe")
+    for backend in ("trtllm", "cutlass")
+    for tp in (1, 2)
+    for rank in range(tp)
+]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    base = tmp_path_factory.mktemp("vllm-family-forms")
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = ffm.save(kind, base / kind)
+        return made[kind]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory, ckpt):
+    base = tmp_path_factory.mktemp("vllm-family-forms-out")
+    made: dict[tuple, Path] = {}
+
+    def get(kind: str, backend: str, tp: int) -> Path:
+        key = (kind, backend, tp)
+        if key not in made:
+            out = base / "-".join(map(str, key))
+            convert(ckpt(kind), out, Options(SchemeName.BF16, Backend(backend), tp), device="cpu")
+            made[key] = out
+        return made[key]
+
+    return get
+
+
+def _vllm(kind, ckpt, backend, tp, rank):
+    """vLLM's own path: the model's load_weights, then its post-load driver."""
+    with vm.vllm_context(backend, tp, rank):
+        runner = ffm.make_runner(kind, ckpt, tp)
+        loaded = ffm.vllm_load(kind, runner, ckpt)
+        vm.process(runner.routed_experts)
+    assert {n.rsplit(".", 1)[-1] for n in loaded} == {"w13_weight", "w2_weight"}, loaded
+    return runner.routed_experts
+
+
+def _plugin(kind, ckpt, out, backend, tp, rank):
+    from fi_convert.format.reader import OutputReader
+    from fi_convert.servers.vllm import experts as plugin
+
+    prefix = ffm.MODELS[kind]["moe"]
+    with vm.vllm_context(backend, tp, rank):
+        layer = ffm.make_runner(kind, ckpt, tp).routed_experts
+        with OutputReader(out) as reader:
+            plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
+            plugin.finish(layer, reader.layer(prefix))
+    return layer
+
+
+@pytest.mark.parametrize(("kind", "backend", "tp", "rank"), CASES)
+def test_the_models_own_load_equals_the_plugins(ckpt, output, kind, backend, tp, rank):
+    src, out = ckpt(kind), output(kind, backend, tp)
+    theirs = _vllm(kind, src, backend, tp, rank)
+    assert theirs.moe_config.moe_parallel_config.tp_rank == rank
+    vm.assert_holds_output_bytes(theirs, out, ffm.MODELS[kind]["moe"], rank)
+    vm.assert_same_layer(theirs, _plugin(kind, src, out, backend, tp, rank))
+
+
+def test_control_the_model_reading_the_experts_unturned_differs(ckpt, output):
+    """vLLM's Qwen3-VL-MoE turns the published tensors (`is_fused_checkpoint_transposed`):
+    the same layer built without it cannot load them (the shapes do not fit), so the
+    equality above rests on the turn."""
+    src = ckpt("qwen3_vl_moe")
+    with vm.vllm_context("trtllm", 1, 0):
+        runner = ffm.make_runner("qwen3_vl_moe", src, 1)
+        runner.routed_experts.is_fused_checkpoint_transposed = False
+        with pytest.raises((AssertionError, RuntimeError, ValueError)):
+            ffm.vllm_load("qwen3_vl_moe", runner, src)
