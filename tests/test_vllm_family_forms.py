@@ -5,7 +5,8 @@ and transposed expert loading, Qwen3MoeModel's through MoERunner with
 `is_fused_checkpoint_transposed`), then vLLM's post-load processing; against the plugin's load
 of fi-convert's output (its tensors into a fresh layer, kernel setup only). Every parameter,
 the MoE sizes and the kernel's state are equal, and every parameter vLLM holds is the output's
-tensor byte for byte; bf16 on TRT-LLM and CUTLASS, TP 1 and 2, every rank."""
+tensor byte for byte; bf16 on TRT-LLM and CUTLASS, TP 1 and 2, every rank; and vLLM's online
+MXFP8 of them on a CUDA GPU (marker `gpu`: its quantization is FlashInfer's CUDA kernel)."""
 
 from __future__ import annotations
 
@@ -44,34 +45,46 @@ def output(tmp_path_factory, ckpt):
     base = tmp_path_factory.mktemp("vllm-family-forms-out")
     made: dict[tuple, Path] = {}
 
-    def get(kind: str, backend: str, tp: int) -> Path:
-        key = (kind, backend, tp)
+    def get(kind: str, backend: str, tp: int, scheme: str = "bf16") -> Path:
+        key = (kind, backend, tp, scheme)
         if key not in made:
             out = base / "-".join(map(str, key))
-            convert(ckpt(kind), out, Options(SchemeName.BF16, Backend(backend), tp), device="cpu")
+            opts = Options(SchemeName(scheme), Backend(backend), tp)
+            convert(ckpt(kind), out, opts, device="cpu")
             made[key] = out
         return made[key]
 
     return get
 
 
-def _vllm(kind, ckpt, backend, tp, rank):
+def _online(scheme: str):
+    """vLLM's quantization config for a BF16 source converted to `scheme` (None for bf16):
+    `--quantization mxfp8`, its online MXFP8."""
+    if scheme == "bf16":
+        return None
+    from vllm.config.quantization import _ONLINE_SHORTHANDS
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+
+    return OnlineQuantizationConfig(_ONLINE_SHORTHANDS[scheme])
+
+
+def _vllm(kind, ckpt, backend, tp, rank, scheme="bf16", device="cpu"):
     """vLLM's own path: the model's load_weights, then its post-load driver."""
-    with vm.vllm_context(backend, tp, rank):
-        runner = ffm.make_runner(kind, ckpt, tp)
+    with vm.vllm_context(backend, tp, rank, device=device):
+        runner = ffm.make_runner(kind, ckpt, tp, _online(scheme))
         loaded = ffm.vllm_load(kind, runner, ckpt)
         vm.process(runner.routed_experts)
     assert {n.rsplit(".", 1)[-1] for n in loaded} == {"w13_weight", "w2_weight"}, loaded
     return runner.routed_experts
 
 
-def _plugin(kind, ckpt, out, backend, tp, rank):
+def _plugin(kind, ckpt, out, backend, tp, rank, scheme="bf16", device="cpu"):
     from fi_convert.format.reader import OutputReader
     from fi_convert.servers.vllm import experts as plugin
 
     prefix = ffm.MODELS[kind]["moe"]
-    with vm.vllm_context(backend, tp, rank):
-        layer = ffm.make_runner(kind, ckpt, tp).routed_experts
+    with vm.vllm_context(backend, tp, rank, device=device):
+        layer = ffm.make_runner(kind, ckpt, tp, _online(scheme)).routed_experts
         with OutputReader(out) as reader:
             plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
             plugin.finish(layer, reader.layer(prefix))
@@ -97,3 +110,21 @@ def test_control_the_model_reading_the_experts_unturned_differs(ckpt, output):
         runner.routed_experts.is_fused_checkpoint_transposed = False
         with pytest.raises((AssertionError, RuntimeError, ValueError)):
             ffm.vllm_load("qwen3_vl_moe", runner, src)
+
+
+GPU_CASES = [
+    (kind, tp, rank) for kind in ("llama4", "qwen3_vl_moe") for tp in (1, 2) for rank in range(tp)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("kind", "tp", "rank"), GPU_CASES)
+def test_online_mxfp8_equals_the_plugins_on_cuda(ckpt, output, kind, tp, rank):
+    """The quantized scheme of these BF16 families: vLLM's online MXFP8 (`--quantization
+    mxfp8`) quantizes with FlashInfer's CUDA-only mxfp8_quantize, so this runs on a GPU
+    (here fi-convert's MXFP8 of them is checked against FlashInfer's reference pipeline,
+    tests/test_family_forms.py)."""
+    src, out = ckpt(kind), output(kind, "trtllm", tp, "mxfp8")
+    theirs = _vllm(kind, src, "trtllm", tp, rank, "mxfp8", "cuda")
+    vm.assert_holds_output_bytes(theirs, out, ffm.MODELS[kind]["moe"], rank)
+    vm.assert_same_layer(theirs, _plugin(kind, src, out, "trtllm", tp, rank, "mxfp8", "cuda"))
