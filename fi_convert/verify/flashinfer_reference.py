@@ -478,9 +478,7 @@ def _mxfp4_cutlass(w13, sc13, bb13, w2, sc2, bb2):
     }
 
 
-def expected(
-    root, prefix, num_experts, scheme, backend, tp, rank, device="cpu", transposed=False
-):
+def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu", transposed=False):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
     `device` is where the checkpoint tensors go before the FlashInfer steps run on them;
