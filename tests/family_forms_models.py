@@ -88,6 +88,39 @@ MODELS: dict[str, dict] = {
     ),
 }
 MAX_SHARD_SIZE = "200KB"
+# Mixtral with its experts named gate_proj/up_proj/down_proj (W8A8 compressed-tensors exports;
+# vLLM's MixtralModel maps the names to w1/w3/w2): fi-convert's synthetic Mixtral renamed
+MIXTRAL = dict(moe="model.layers.0.block_sparse_moe.experts", strip="model.")
+MIXTRAL_NAMES = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
+
+
+def save_mixtral_named(root: Path, quant: str = "bf16") -> Path:
+    """fi-convert's synthetic Mixtral (one MoE layer: H 128, I 192, 4 experts; `quant` its
+    format: bf16, or ModelOpt fp8-tensor) with its experts' projections renamed."""
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
+
+    q = {} if quant == "bf16" else {"quant": quant}
+    spec = Spec("mixtral", layers=1, experts=4, hidden=128, intermediate=192, shards=1, **q)
+    write_checkpoint(root, spec)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    renamed = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(root / shard)
+        new = {_rename(n): t for n, t in tensors.items()}
+        renamed |= {n: shard for n in new}
+        save_file(new, root / shard, metadata={"format": "pt"})
+    index["weight_map"] = renamed
+    index_path.write_text(json.dumps(index, indent=2))
+    return root
+
+
+def _rename(name: str) -> str:
+    if ".block_sparse_moe.experts." not in name:
+        return name
+    for old, new in MIXTRAL_NAMES.items():
+        name = name.replace(old, new)
+    return name
 
 
 def save(kind: str, root: Path, published: bool = True, seed: int = 0, **text: object) -> Path:
@@ -137,6 +170,8 @@ def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.M
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
     from vllm.model_executor.models import llama4
 
+    if kind == "mixtral":
+        return _mixtral_runner(ckpt, tp, quant_config)
     cfg = text_config(ckpt)
     if kind == "llama4":
         num, inter = cfg["num_local_experts"], cfg["intermediate_size"]
@@ -166,12 +201,37 @@ def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.M
     )
 
 
+def _mixtral_runner(ckpt: Path, tp: int, quant_config) -> torch.nn.Module:
+    """MixtralMoE's arguments (models/mixtral.py): renormalized top-k, w1/w2/w3 names."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    return FusedMoEFactory(
+        num_experts=cfg["num_local_experts"],
+        top_k=cfg["num_experts_per_tok"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        params_dtype=torch.bfloat16,
+        renormalize=True,
+        quant_config=quant_config,
+        tp_size=tp,
+        dp_size=1,
+        pcp_size=1,
+        prefix=MIXTRAL["moe"],
+        ckpt_names=("w1", "w2", "w3"),
+    )
+
+
+def spec(kind: str) -> dict:
+    return MIXTRAL if kind == "mixtral" else MODELS[kind]
+
+
 def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
     """A text model holding only the MoE layer, where the real one holds it
     (layers[L].feed_forward.experts or layers[L].mlp.experts)."""
-    from vllm.model_executor.models import llama4, qwen3_moe
+    from vllm.model_executor.models import llama4, mixtral, qwen3_moe
 
-    path = MODELS[kind]["moe"].removeprefix(MODELS[kind]["strip"]).split(".")
+    path = spec(kind)["moe"].removeprefix(spec(kind)["strip"]).split(".")
     _, index, block, leaf = path
     model = torch.nn.Module()
     model.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(int(index) + 1))
@@ -182,6 +242,8 @@ def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
         model.num_experts = runner.routed_experts.global_num_experts
         model.n_redundant_experts = 0
         model.load_moe_expert_weights = llama4.Llama4Model.load_moe_expert_weights.__get__(model)
+    elif kind == "mixtral":
+        model.hf_to_vllm_mapper = mixtral.MixtralModel.hf_to_vllm_mapper
     else:
         model.hf_to_vllm_mapper = qwen3_moe.Qwen3MoeModel.hf_to_vllm_mapper
     return model
@@ -190,7 +252,7 @@ def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
 def expert_weights(kind: str, ckpt: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The MoE layer's checkpoint tensors, named as the multimodal model hands them to its
     text model (`language_model.model.` / `model.language_model.` dropped)."""
-    prefix, strip = MODELS[kind]["moe"], MODELS[kind]["strip"]
+    prefix, strip = spec(kind)["moe"], spec(kind)["strip"]
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
     for name, shard in sorted(index.items()):
         if name.startswith(prefix + "."):
@@ -201,8 +263,9 @@ def expert_weights(kind: str, ckpt: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def vllm_load(kind: str, runner: torch.nn.Module, ckpt: Path) -> set[str]:
     """The text model class's own `load_weights` over the layer's tensors, on a stand-in
     holding the layer; returns the parameters it says it loaded."""
-    from vllm.model_executor.models import llama4, qwen3_moe
+    from vllm.model_executor.models import llama4, mixtral, qwen3_moe
 
     model = _stand_in(kind, runner)
-    cls = llama4.Llama4Model if kind == "llama4" else qwen3_moe.Qwen3MoeModel
+    models = {"llama4": llama4.Llama4Model, "mixtral": mixtral.MixtralModel}
+    cls = models.get(kind, qwen3_moe.Qwen3MoeModel)
     return set(cls.load_weights(model, expert_weights(kind, ckpt)))

@@ -34,7 +34,10 @@ def ckpt(tmp_path_factory):
 
     def get(kind: str) -> Path:
         if kind not in made:
-            made[kind] = ffm.save(kind, base / kind)
+            if kind.startswith("mixtral"):  # "mixtral-bf16", "mixtral-fp8-tensor"
+                made[kind] = ffm.save_mixtral_named(base / kind, kind.split("-", 1)[1])
+            else:
+                made[kind] = ffm.save(kind, base / kind)
         return made[kind]
 
     return get
@@ -68,13 +71,18 @@ def _online(scheme: str):
     return OnlineQuantizationConfig(_ONLINE_SHORTHANDS[scheme])
 
 
+def _quant(kind, ckpt, scheme):
+    """vLLM's quantization config: the checkpoint's own (ModelOpt FP8 Mixtral), or online."""
+    return vm.quant_config(ckpt) if kind == "mixtral" else _online(scheme)
+
+
 def _vllm(kind, ckpt, backend, tp, rank, scheme="bf16", device="cpu"):
     """vLLM's own path: the model's load_weights, then its post-load driver."""
     with vm.vllm_context(backend, tp, rank, device=device):
-        runner = ffm.make_runner(kind, ckpt, tp, _online(scheme))
+        runner = ffm.make_runner(kind, ckpt, tp, _quant(kind, ckpt, scheme))
         loaded = ffm.vllm_load(kind, runner, ckpt)
         vm.process(runner.routed_experts)
-    assert {n.rsplit(".", 1)[-1] for n in loaded} == {"w13_weight", "w2_weight"}, loaded
+    assert {"w13_weight", "w2_weight"} <= {n.rsplit(".", 1)[-1] for n in loaded}, loaded
     return runner.routed_experts
 
 
@@ -82,9 +90,9 @@ def _plugin(kind, ckpt, out, backend, tp, rank, scheme="bf16", device="cpu"):
     from fi_convert.format.reader import OutputReader
     from fi_convert.servers.vllm import experts as plugin
 
-    prefix = ffm.MODELS[kind]["moe"]
+    prefix = ffm.spec(kind)["moe"]
     with vm.vllm_context(backend, tp, rank, device=device):
-        layer = ffm.make_runner(kind, ckpt, tp, _online(scheme)).routed_experts
+        layer = ffm.make_runner(kind, ckpt, tp, _quant(kind, ckpt, scheme)).routed_experts
         with OutputReader(out) as reader:
             plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
             plugin.finish(layer, reader.layer(prefix))
@@ -98,6 +106,26 @@ def test_the_models_own_load_equals_the_plugins(ckpt, output, kind, backend, tp,
     assert theirs.moe_config.moe_parallel_config.tp_rank == rank
     vm.assert_holds_output_bytes(theirs, out, ffm.MODELS[kind]["moe"], rank)
     vm.assert_same_layer(theirs, _plugin(kind, src, out, backend, tp, rank))
+
+
+MIXTRAL = [
+    (scheme, backend, tp, rank)
+    for scheme in ("bf16", "fp8-tensor")
+    for backend in ("trtllm", "cutlass")
+    for tp in (1, 2)
+    for rank in range(tp)
+]
+
+
+@pytest.mark.parametrize(("scheme", "backend", "tp", "rank"), MIXTRAL)
+def test_mixtral_named_gate_up_down_loads_as_vllms_mixtral(ckpt, output, scheme, backend, tp, rank):
+    """Mixtral with gate_proj/up_proj/down_proj experts (W8A8 exports), BF16 and ModelOpt
+    FP8: vLLM's MixtralModel.load_weights (its mapper renames them w1/w3/w2) equals the
+    plugin's load."""
+    src, out = ckpt(f"mixtral-{scheme}"), output(f"mixtral-{scheme}", backend, tp, scheme)
+    theirs = _vllm("mixtral", src, backend, tp, rank, scheme)
+    vm.assert_holds_output_bytes(theirs, out, ffm.MIXTRAL["moe"], rank)
+    vm.assert_same_layer(theirs, _plugin("mixtral", src, out, backend, tp, rank, scheme))
 
 
 def test_control_the_model_reading_the_experts_unturned_differs(ckpt, output):

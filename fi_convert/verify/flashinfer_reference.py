@@ -29,6 +29,14 @@ NAMES = {
 }
 
 
+def _names(root: Path, prefix: str) -> tuple[str, str, str]:
+    """The layer's gate, up and down names: w1/w3/w2 for Mixtral's block_sparse_moe, unless it
+    names them gate_proj/up_proj/down_proj (W8A8 exports, which vLLM's Mixtral maps)."""
+    index = json.loads((Path(root) / "model.safetensors.index.json").read_text())["weight_map"]
+    named = any(n.startswith(f"{prefix}.0.gate_proj.") for n in index)
+    return NAMES["mixtral" if "block_sparse_moe" in prefix and not named else "per_expert"]
+
+
 def _get(root: Path, name: str) -> torch.Tensor:
     index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
     with safe_open(root / index[name], "pt") as f:
@@ -46,7 +54,7 @@ def stacked(
     if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
         fused = _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
         return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
-    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+    g, u, d = _names(root, prefix)
     w13 = torch.stack(
         [
             torch.cat(
@@ -255,7 +263,7 @@ def scalars(root, prefix, num_experts, role_names, param):
 
 
 def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
-    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+    g, u, d = _names(root, prefix)
     w13, w2 = (t.to(device) for t in stacked(root, prefix, num_experts))
     w13, w2 = tp_slice(w13, w2, tp, rank)
     out = {}
@@ -301,7 +309,7 @@ def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
 
 def _param_name(root, prefix, *names):
     index = json.loads((Path(root) / "model.safetensors.index.json").read_text())["weight_map"]
-    g = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"][0]
+    g = _names(root, prefix)[0]
     return next(n for n in names if f"{prefix}.0.{g}.{n}" in index)
 
 
@@ -323,7 +331,7 @@ def pad_halves_to(t, rows_per_half):
 
 
 def nvfp4(root, prefix, num_experts, backend, tp, rank, device):
-    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+    g, u, d = _names(root, prefix)
     wname = _param_name(root, prefix, "weight", "weight_packed")
     w13, w2 = (t.to(device) for t in stacked(root, prefix, num_experts, wname))
     s13, s2 = (
