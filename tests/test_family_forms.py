@@ -67,6 +67,18 @@ def test_published_checkpoint_converts_and_verifies_against_flashinfer(
     assert report["checked"]["tensors_vs_flashinfer"] == expected, report
 
 
+@pytest.mark.parametrize("scheme", ["bf16", "fp8-tensor"])
+def test_mixtral_named_gate_up_down_converts_and_verifies(tmp_path, scheme):
+    """Mixtral's experts named gate_proj/up_proj/down_proj (W8A8 exports) read as w1/w3/w2."""
+    src, out = ffm.save_mixtral_named(tmp_path / "src", scheme), tmp_path / "out"
+    res = cli("convert", src, out, "--scheme", scheme, "--tp-size", 2, "-q")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / MANIFEST).read_text())["source"]["family"] == "mixtral"
+    res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["checked"]["tensors_vs_flashinfer"] > 0
+
+
 def test_the_source_is_read_transposed(ckpt):
     """The converter's reading of one expert equals the tensor turned, for gate, up and down
     (independently of the layouts: the matrices as vLLM's FusedMoE holds them)."""
