@@ -35,6 +35,10 @@ class Form:
     # the roles ("w13", "w1", "w3", "w2") stored [in, out] per expert, as torch.bmm's
     # operands (Llama-4's gate_up_proj [E, H, 2I]), which the server's loader transposes
     transposed: tuple[str, ...] = ()
+    # appended to the `prefix` group to name the server's MoE module, where the checkpoint's
+    # names have no module of their own for the experts (Granite's block_sparse_moe.
+    # input_linear: vLLM's module is block_sparse_moe.experts)
+    module: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ def _load(path: Path) -> Family:
             dict(f["projections"]),
             f.get("refuse"),
             tuple(f.get("transposed", ())),
+            f.get("module", ""),
         )
         for f in d["forms"]
     )

@@ -450,7 +450,7 @@ def _match(ckpt: Checkpoint, fam: Family) -> tuple[Form, Groups] | None:
             expert = int(m["expert"]) if form.kind == "per_expert" else -1
             raw = m.groupdict().get("param") or "weight"
             param = PARAM_ALIASES.get(raw, raw)
-            groups[m["prefix"]][(role, param, expert)] = info
+            groups[m["prefix"] + form.module][(role, param, expert)] = info
         if groups:
             return form, groups
     return None

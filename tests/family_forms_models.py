@@ -86,6 +86,19 @@ MODELS: dict[str, dict] = {
         moe="model.language_model.layers.1.mlp.experts",
         strip="model.language_model.",
     ),
+    # a text model (no vision config); H 64, I 128; input_linear [E, 2I, H] beside the router
+    "granitemoe": dict(
+        config="GraniteMoeConfig",
+        model="GraniteMoeForCausalLM",
+        text=dict(intermediate_size=128, num_local_experts=4, num_experts_per_tok=2),
+        moe="model.layers.1.block_sparse_moe.experts",
+        strip="model.",
+        # the layer's tensors, where their names are not under the MoE module's
+        tensors=(
+            "model.layers.1.block_sparse_moe.input_linear.",
+            "model.layers.1.block_sparse_moe.output_linear.",
+        ),
+    ),
 }
 MAX_SHARD_SIZE = "200KB"
 # Mixtral with its experts named gate_proj/up_proj/down_proj (W8A8 compressed-tensors exports;
@@ -130,9 +143,11 @@ def save(kind: str, root: Path, published: bool = True, seed: int = 0, **text: o
     import transformers
 
     m = MODELS[kind]
-    config = getattr(transformers, m["config"])(
-        text_config=TEXT | m["text"] | text, vision_config=m["vision"]
-    )
+    cls = getattr(transformers, m["config"])
+    if "vision" in m:
+        config = cls(text_config=TEXT | m["text"] | text, vision_config=m["vision"])
+    else:
+        config = cls(**(TEXT | m["text"] | text))
     torch.manual_seed(seed)
     model = getattr(transformers, m["model"])(config).to(torch.bfloat16)
     model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
@@ -159,7 +174,8 @@ def _as_published(root: Path) -> None:
 
 
 def text_config(ckpt: Path) -> dict:
-    return json.loads((ckpt / "config.json").read_text())["text_config"]
+    cfg = json.loads((ckpt / "config.json").read_text())
+    return cfg.get("text_config", cfg)
 
 
 def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.Module:
@@ -170,8 +186,8 @@ def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.M
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
     from vllm.model_executor.models import llama4
 
-    if kind == "mixtral":
-        return _mixtral_runner(ckpt, tp, quant_config)
+    if kind in ("mixtral", "granitemoe"):  # MixtralMoE's or GraniteMoeMoE's arguments
+        return _mixtral_runner(ckpt, tp, quant_config, spec(kind)["moe"], kind == "mixtral")
     cfg = text_config(ckpt)
     if kind == "llama4":
         num, inter = cfg["num_local_experts"], cfg["intermediate_size"]
@@ -201,8 +217,9 @@ def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.M
     )
 
 
-def _mixtral_runner(ckpt: Path, tp: int, quant_config) -> torch.nn.Module:
-    """MixtralMoE's arguments (models/mixtral.py): renormalized top-k, w1/w2/w3 names."""
+def _mixtral_runner(ckpt: Path, tp: int, quant_config, prefix: str, w123: bool) -> torch.nn.Module:
+    """MixtralMoE's arguments (models/mixtral.py: renormalized top-k, `w123`: its w1/w2/w3
+    names) and GraniteMoeMoE's (models/granitemoe.py: renormalized top-k)."""
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -217,8 +234,8 @@ def _mixtral_runner(ckpt: Path, tp: int, quant_config) -> torch.nn.Module:
         tp_size=tp,
         dp_size=1,
         pcp_size=1,
-        prefix=MIXTRAL["moe"],
-        ckpt_names=("w1", "w2", "w3"),
+        prefix=prefix,
+        **({"ckpt_names": ("w1", "w2", "w3")} if w123 else {}),
     )
 
 
@@ -229,7 +246,7 @@ def spec(kind: str) -> dict:
 def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
     """A text model holding only the MoE layer, where the real one holds it
     (layers[L].feed_forward.experts or layers[L].mlp.experts)."""
-    from vllm.model_executor.models import llama4, mixtral, qwen3_moe
+    from vllm.model_executor.models import granitemoe, llama4, mixtral, qwen3_moe
 
     path = spec(kind)["moe"].removeprefix(spec(kind)["strip"]).split(".")
     _, index, block, leaf = path
@@ -244,6 +261,8 @@ def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
         model.load_moe_expert_weights = llama4.Llama4Model.load_moe_expert_weights.__get__(model)
     elif kind == "mixtral":
         model.hf_to_vllm_mapper = mixtral.MixtralModel.hf_to_vllm_mapper
+    elif kind == "granitemoe":
+        model.hf_to_vllm_mapper = granitemoe.GraniteMoeModel.hf_to_vllm_mapper
     else:
         model.hf_to_vllm_mapper = qwen3_moe.Qwen3MoeModel.hf_to_vllm_mapper
     return model
@@ -252,10 +271,11 @@ def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
 def expert_weights(kind: str, ckpt: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The MoE layer's checkpoint tensors, named as the multimodal model hands them to its
     text model (`language_model.model.` / `model.language_model.` dropped)."""
-    prefix, strip = spec(kind)["moe"], spec(kind)["strip"]
+    strip = spec(kind)["strip"]
+    prefixes = spec(kind).get("tensors", (spec(kind)["moe"] + ".",))
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
     for name, shard in sorted(index.items()):
-        if name.startswith(prefix + "."):
+        if name.startswith(prefixes):
             with safe_open(ckpt / shard, framework="pt") as f:
                 yield name.removeprefix(strip), f.get_tensor(name)
 
@@ -263,9 +283,13 @@ def expert_weights(kind: str, ckpt: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def vllm_load(kind: str, runner: torch.nn.Module, ckpt: Path) -> set[str]:
     """The text model class's own `load_weights` over the layer's tensors, on a stand-in
     holding the layer; returns the parameters it says it loaded."""
-    from vllm.model_executor.models import llama4, mixtral, qwen3_moe
+    from vllm.model_executor.models import granitemoe, llama4, mixtral, qwen3_moe
 
     model = _stand_in(kind, runner)
-    models = {"llama4": llama4.Llama4Model, "mixtral": mixtral.MixtralModel}
+    models = {
+        "llama4": llama4.Llama4Model,
+        "mixtral": mixtral.MixtralModel,
+        "granitemoe": granitemoe.GraniteMoeModel,
+    }
     cls = models.get(kind, qwen3_moe.Qwen3MoeModel)
     return set(cls.load_weights(model, expert_weights(kind, ckpt)))

@@ -18,7 +18,7 @@ from .conftest import cli
 from .test_transformers_ckpts import the_error
 
 MANIFEST = "fi-convert-manifest.json"
-FAMILY = {"llama4": "llama4", "qwen3_vl_moe": "qwen3-vl-moe"}
+FAMILY = {"llama4": "llama4", "qwen3_vl_moe": "qwen3-vl-moe", "granitemoe": "granite-moe"}
 CASES = [(k, s, tp) for k in FAMILY for s in ("bf16", "mxfp8") for tp in (1, 2)]
 
 
@@ -56,7 +56,7 @@ def test_published_checkpoint_converts_and_verifies_against_flashinfer(
     m = json.loads((out / MANIFEST).read_text())
     assert m["source"]["family"] == FAMILY[kind]
     # Llama-4: MoE every interleave_moe_layer_step (2) layers; Qwen3-VL-MoE: every layer
-    assert len(m["layers"]) == {"llama4": 1, "qwen3_vl_moe": 2}[kind]
+    assert len(m["layers"]) == {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2}[kind]
     layer = m["layers"][ffm.MODELS[kind]["moe"]]
     assert (layer["num_experts"], layer["hidden_size"], layer["intermediate_size"]) == (4, 64, 128)
     res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")

@@ -1,4 +1,5 @@
-"""Llama-4 and Qwen3-VL-MoE as published (fused experts stored transposed), through vLLM 0.33's
+"""Llama-4 and Qwen3-VL-MoE as published (fused experts stored transposed), Granite-MoE's fused
+input_linear/output_linear and Mixtral's gate/up/down_proj names, through vLLM 0.33's
 own model code on CPU (tests/family_forms_models.py): the MoE layer built with the model's MoE
 block's arguments and loaded by the text model class's own `load_weights` (Llama4Model's fused
 and transposed expert loading, Qwen3MoeModel's through MoERunner with
@@ -20,7 +21,7 @@ from tests import vllm_moe as vm
 
 CASES = [
     (kind, backend, tp, rank)
-    for kind in ("llama4", "qwen3_vl_moe")
+    for kind in ("llama4", "qwen3_vl_moe", "granitemoe")
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2)
     for rank in range(tp)
@@ -104,7 +105,7 @@ def test_the_models_own_load_equals_the_plugins(ckpt, output, kind, backend, tp,
     src, out = ckpt(kind), output(kind, backend, tp)
     theirs = _vllm(kind, src, backend, tp, rank)
     assert theirs.moe_config.moe_parallel_config.tp_rank == rank
-    vm.assert_holds_output_bytes(theirs, out, ffm.MODELS[kind]["moe"], rank)
+    vm.assert_holds_output_bytes(theirs, out, ffm.spec(kind)["moe"], rank)
     vm.assert_same_layer(theirs, _plugin(kind, src, out, backend, tp, rank))
 
 

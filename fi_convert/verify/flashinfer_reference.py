@@ -54,6 +54,11 @@ def stacked(
     if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
         fused = _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
         return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
+    granite = prefix.removesuffix(".experts")
+    if f"{granite}.input_linear.{param}" in index:  # Granite-MoE: [E, 2I, H] and [E, H, I]
+        return _get(root, f"{granite}.input_linear.{param}"), _get(
+            root, f"{granite}.output_linear.{param}"
+        )
     g, u, d = _names(root, prefix)
     w13 = torch.stack(
         [
