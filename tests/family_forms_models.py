@@ -178,7 +178,9 @@ def text_config(ckpt: Path) -> dict:
     return cfg.get("text_config", cfg)
 
 
-def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.Module:
+def make_runner(
+    kind: str, ckpt: Path, tp: int, quant_config=None, prefix: str | None = None
+) -> torch.nn.Module:
     """vLLM's MoE layer (its MoERunner) as the model's MoE block builds it (call inside
     tests.vllm_moe.vllm_context): Llama4MoE's arguments (top-1, Llama-4's custom routing
     function, router weight on the input, no renormalization), or Qwen3MoeSparseMoeBlock's
@@ -187,7 +189,9 @@ def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.M
     from vllm.model_executor.models import llama4
 
     if kind in ("mixtral", "granitemoe"):  # MixtralMoE's or GraniteMoeMoE's arguments
-        return _mixtral_runner(ckpt, tp, quant_config, spec(kind)["moe"], kind == "mixtral")
+        return _mixtral_runner(
+            ckpt, tp, quant_config, prefix or spec(kind)["moe"], kind == "mixtral"
+        )
     cfg = text_config(ckpt)
     if kind == "llama4":
         num, inter = cfg["num_local_experts"], cfg["intermediate_size"]
@@ -212,7 +216,7 @@ def make_runner(kind: str, ckpt: Path, tp: int, quant_config=None) -> torch.nn.M
         tp_size=tp,
         dp_size=1,
         pcp_size=1,
-        prefix=MODELS[kind]["moe"],
+        prefix=prefix or MODELS[kind]["moe"],
         **own,
     )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from fi_convert import Backend, Options, SchemeName, convert
 from tests import family_forms_models as ffm
@@ -157,3 +158,79 @@ def test_online_mxfp8_equals_the_plugins_on_cuda(ckpt, output, kind, tp, rank):
     theirs = _vllm(kind, src, "trtllm", tp, rank, "mxfp8", "cuda")
     vm.assert_holds_output_bytes(theirs, out, ffm.MODELS[kind]["moe"], rank)
     vm.assert_same_layer(theirs, _plugin(kind, src, out, "trtllm", tp, rank, "mxfp8", "cuda"))
+
+
+class VlmModel(torch.nn.Module):
+    """Qwen3-VL-MoE's MoE layers where vLLM's Qwen3VLMoeForConditionalGeneration holds them
+    (language_model.model.layers.L.mlp.experts) with its `hf_to_vllm_mapper` (models/
+    qwen3_vl.py, Qwen3VLForConditionalGeneration; the class itself imports torchvision, which
+    this CPU install lacks); the other tensors are taken by name."""
+
+    def __init__(self, ckpt: Path, tp: int) -> None:
+        from vllm.model_executor.models.utils import WeightsMapper
+
+        super().__init__()
+        self.hf_to_vllm_mapper = WeightsMapper(
+            orig_to_new_prefix={
+                "model.visual.": "visual.",
+                "lm_head.": "language_model.lm_head.",
+                "model.language_model.": "language_model.model.",
+            }
+        )
+        self.seen: dict[str, torch.Tensor] = {}
+        self.language_model = torch.nn.Module()
+        self.language_model.model = torch.nn.Module()
+        self.language_model.model.layers = torch.nn.ModuleList()
+        for i in range(2):
+            layer = torch.nn.Module()
+            layer.mlp = torch.nn.Module()
+            name = f"language_model.model.layers.{i}.mlp.experts"
+            layer.mlp.experts = ffm.make_runner("qwen3_vl_moe", ckpt, tp, prefix=name)
+            self.language_model.model.layers.append(layer)
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            self.seen[name] = t
+        return set()
+
+
+@pytest.mark.parametrize(("backend", "tp", "rank"), [("trtllm", 1, 0), ("cutlass", 2, 1)])
+def test_the_plugins_loader_finds_layers_vllm_renames(ckpt, output, backend, tp, rank):
+    """vLLM names Qwen3-VL-MoE's MoE layers by its mapper, not as the checkpoint (and the
+    output) does: the plugin's loader maps the output's prefixes with the model's own mapper
+    and loads each layer as vLLM's own path does."""
+    import types
+
+    from vllm.config.load import LoadConfig
+
+    from fi_convert.servers.vllm.loader import FiConvertModelLoader
+
+    src, out = ckpt("qwen3_vl_moe"), output("qwen3_vl_moe", backend, tp)
+    mc = types.SimpleNamespace(model=str(out), revision=None, quantization=None, hf_config=None)
+    with vm.vllm_context(backend, tp, rank):
+        model = VlmModel(src, tp)
+        FiConvertModelLoader(LoadConfig(load_format="fi-convert")).load_weights(model, mc)
+        vm.process(model)
+    assert "model.language_model.layers.0.mlp.experts.gate_up_proj" not in model.seen
+    assert "model.language_model.embed_tokens.weight" in model.seen  # the rest: the model's
+    theirs = _vllm("qwen3_vl_moe", src, backend, tp, rank)  # layer 1, vLLM's own load
+    ours = model.language_model.model.layers[1].mlp.experts.routed_experts
+    vm.assert_same_layer(theirs, ours)
+
+
+def test_the_plugin_reads_bf16_backends_by_name():
+    """vLLM 0.33's UnquantizedMoeBackend values are "FlashInfer TRTLLM" / "FlashInfer
+    CUTLASS" (the other methods' values are their names): a BF16 layer's backend is read by
+    the member's name, or every BF16 output would be refused on a real load."""
+    import types
+
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+
+    from fi_convert.servers.vllm.checks import backend_of
+
+    for member, want in (("FLASHINFER_TRTLLM", "trtllm"), ("FLASHINFER_CUTLASS", "cutlass")):
+        method = types.SimpleNamespace(unquantized_backend=UnquantizedMoeBackend[member])
+        assert backend_of(method) == want
+    assert (
+        backend_of(types.SimpleNamespace(unquantized_backend=UnquantizedMoeBackend.TRITON)) is None
+    )

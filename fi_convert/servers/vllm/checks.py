@@ -280,7 +280,9 @@ def backend_of(method: object) -> str | None:
     for attr in BACKEND_ATTRS:
         chosen = getattr(method, attr, None)
         if chosen is not None:
-            name = str(getattr(chosen, "value", chosen)).upper()
+            # an enum member by its name: UnquantizedMoeBackend's values are "FlashInfer
+            # TRTLLM" and "FlashInfer CUTLASS" (BF16), the other methods' their names
+            name = str(getattr(chosen, "name", chosen)).upper()
             if name.startswith("FLASHINFER_TRTLLM"):
                 return "trtllm"
             if name.startswith("FLASHINFER_CUTLASS"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +39,30 @@ def _capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability()
 
 
-def moe_layers(model: torch.nn.Module) -> dict[str, tuple[str, RoutedExperts]]:
-    """The model's MoE layers, keyed by their checkpoint prefix: (module name, module)."""
-    return {
+def moe_layers(
+    model: torch.nn.Module, output: Collection[str] = ()
+) -> dict[str, tuple[str, RoutedExperts]]:
+    """The model's MoE layers, keyed by their checkpoint prefix: (module name, module). A
+    layer vLLM names otherwise than the checkpoint (its model's `hf_to_vllm_mapper`: Qwen3-VL-
+    MoE's model.language_model.layers.L is vLLM's language_model.model.layers.L) is keyed by
+    the `output`'s prefix that maps to it."""
+    built = {
         mod.layer_name: (name, mod)
         for name, mod in model.named_modules()
         if isinstance(mod, RoutedExperts)
     }
+    mapped = {_vllm_name(model, p): p for p in output if p not in built}
+    return {mapped.get(n, n): v for n, v in built.items()}
+
+
+def _vllm_name(model: torch.nn.Module, prefix: str) -> str:
+    """The name vLLM's model gives the checkpoint's MoE layer `prefix`, by its own mapper."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is None:
+        return prefix
+    probe = f"{prefix}.w13_weight"
+    name = mapper._map_name(probe)
+    return name.removesuffix(".w13_weight") if name else prefix
 
 
 class FiConvertModelLoader(DefaultModelLoader):
@@ -114,7 +131,7 @@ class FiConvertModelLoader(DefaultModelLoader):
     def load_weights(self, model: Any, model_config: ModelConfig) -> None:
         root, m = self._output(model_config)
         mode = experts.test_cpu_mode()
-        layers = moe_layers(model)
+        layers = moe_layers(model, m["layers"])
         # the multi-token-prediction layers vLLM's model skips (a draft model's), by its rule
         spec = mtp_layers(m, getattr(model_config, "hf_config", None))
         missing = sorted(set(m["layers"]) - set(layers) - spec)
