@@ -20,6 +20,7 @@ load_weights`: their name and expert mappings, their transposes), then vLLM's po
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,6 +129,70 @@ def save_mixtral_named(root: Path, quant: str = "bf16") -> Path:
     return root
 
 
+# Step-3 (Step3TextForCausalLM): transformers has no such model; the names and config keys
+# vLLM's models/step3_text.py reads, experts packed per projection [E, out, in]
+STEP3 = dict(
+    moe="model.layers.1.moe.experts",
+    strip="model.",
+    tensors=tuple(f"model.layers.1.moe.{p}_proj." for p in ("gate", "up", "down")),
+)
+STEP3_CONFIG = dict(
+    model_type="step3_text",
+    architectures=["Step3TextForCausalLM"],
+    hidden_size=64,
+    moe_intermediate_size=128,
+    moe_num_experts=4,
+    moe_top_k=2,
+    norm_expert_weight=True,
+    share_expert_dim=96,
+    share_q_dim=64,
+    head_dim=16,
+    num_hidden_layers=2,
+    moe_layers_enum="1",
+    vocab_size=128,
+)
+
+
+def save_step3(root: Path, seed: int = 0) -> Path:
+    """A tiny Step-3 text checkpoint in the names vLLM's Step3TextModel reads: layer 0 dense,
+    layer 1 MoE (its packed experts, router and shared expert), in two shards."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, e, s = 64, 128, 4, 96
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
+
+    moe = "model.layers.1.moe"
+    shards = {
+        "model-00001-of-00002.safetensors": {
+            "model.embed_tokens.weight": w(128, h),
+            "model.layers.0.mlp.gate_proj.weight": w(s, h),
+            "model.layers.0.mlp.up_proj.weight": w(s, h),
+            "model.layers.0.mlp.down_proj.weight": w(h, s),
+        },
+        "model-00002-of-00002.safetensors": {
+            f"{moe}.gate_proj.weight": w(e, i, h),
+            f"{moe}.up_proj.weight": w(e, i, h),
+            f"{moe}.down_proj.weight": w(e, h, i),
+            f"{moe}.gate.weight": w(e, h),
+            "model.layers.1.share_expert.gate_proj.weight": w(s, h),
+            "model.layers.1.share_expert.up_proj.weight": w(s, h),
+            "model.layers.1.share_expert.down_proj.weight": w(h, s),
+            "lm_head.weight": w(128, h),
+        },
+    }
+    root.mkdir(parents=True)
+    index = {}
+    for shard, tensors in shards.items():
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+        index |= {n: shard for n in tensors}
+    total = sum(t.numel() * 2 for ts in shards.values() for t in ts.values())
+    meta = {"metadata": {"total_size": total}, "weight_map": index}
+    (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
+    (root / "config.json").write_text(json.dumps(STEP3_CONFIG, indent=2))
+    return root
+
+
 def _rename(name: str) -> str:
     if ".block_sparse_moe.experts." not in name:
         return name
@@ -188,6 +253,9 @@ def make_runner(
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
     from vllm.model_executor.models import llama4
 
+    if kind == "step3":  # Step3TextMoEMLP's arguments
+        cfg = STEP3_CONFIG
+        return _runner(ckpt, tp, quant_config, prefix or STEP3["moe"], cfg)
     if kind in ("mixtral", "granitemoe"):  # MixtralMoE's or GraniteMoeMoE's arguments
         return _mixtral_runner(
             ckpt, tp, quant_config, prefix or spec(kind)["moe"], kind == "mixtral"
@@ -221,6 +289,24 @@ def make_runner(
     )
 
 
+def _runner(ckpt: Path, tp: int, quant_config, prefix: str, cfg: dict) -> torch.nn.Module:
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    return FusedMoEFactory(
+        num_experts=cfg["moe_num_experts"],
+        top_k=cfg["moe_top_k"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["moe_intermediate_size"],
+        params_dtype=torch.bfloat16,
+        renormalize=cfg["norm_expert_weight"],
+        quant_config=quant_config,
+        tp_size=tp,
+        dp_size=1,
+        pcp_size=1,
+        prefix=prefix,
+    )
+
+
 def _mixtral_runner(ckpt: Path, tp: int, quant_config, prefix: str, w123: bool) -> torch.nn.Module:
     """MixtralMoE's arguments (models/mixtral.py: renormalized top-k, `w123`: its w1/w2/w3
     names) and GraniteMoeMoE's (models/granitemoe.py: renormalized top-k)."""
@@ -244,7 +330,7 @@ def _mixtral_runner(ckpt: Path, tp: int, quant_config, prefix: str, w123: bool) 
 
 
 def spec(kind: str) -> dict:
-    return MIXTRAL if kind == "mixtral" else MODELS[kind]
+    return {"mixtral": MIXTRAL, "step3": STEP3}.get(kind) or MODELS[kind]
 
 
 def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
@@ -267,6 +353,8 @@ def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
         model.hf_to_vllm_mapper = mixtral.MixtralModel.hf_to_vllm_mapper
     elif kind == "granitemoe":
         model.hf_to_vllm_mapper = granitemoe.GraniteMoeModel.hf_to_vllm_mapper
+    elif kind == "step3":  # what Step3TextModel.load_weights reads of its config
+        model.config = types.SimpleNamespace(**STEP3_CONFIG)
     else:
         model.hf_to_vllm_mapper = qwen3_moe.Qwen3MoeModel.hf_to_vllm_mapper
     return model
@@ -287,10 +375,11 @@ def expert_weights(kind: str, ckpt: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def vllm_load(kind: str, runner: torch.nn.Module, ckpt: Path) -> set[str]:
     """The text model class's own `load_weights` over the layer's tensors, on a stand-in
     holding the layer; returns the parameters it says it loaded."""
-    from vllm.model_executor.models import granitemoe, llama4, mixtral, qwen3_moe
+    from vllm.model_executor.models import granitemoe, llama4, mixtral, qwen3_moe, step3_text
 
     model = _stand_in(kind, runner)
     models = {
+        "step3": step3_text.Step3TextModel,
         "llama4": llama4.Llama4Model,
         "mixtral": mixtral.MixtralModel,
         "granitemoe": granitemoe.GraniteMoeModel,

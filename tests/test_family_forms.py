@@ -18,7 +18,12 @@ from .conftest import cli
 from .test_transformers_ckpts import the_error
 
 MANIFEST = "fi-convert-manifest.json"
-FAMILY = {"llama4": "llama4", "qwen3_vl_moe": "qwen3-vl-moe", "granitemoe": "granite-moe"}
+FAMILY = {
+    "llama4": "llama4",
+    "qwen3_vl_moe": "qwen3-vl-moe",
+    "granitemoe": "granite-moe",
+    "step3": "step3",
+}
 CASES = [(k, s, tp) for k in FAMILY for s in ("bf16", "mxfp8") for tp in (1, 2)]
 
 
@@ -30,7 +35,8 @@ def ckpt(tmp_path_factory):
 
     def get(kind: str) -> Path:
         if kind not in made:
-            made[kind] = ffm.save(kind, base / kind)
+            save = ffm.save_step3 if kind == "step3" else lambda root: ffm.save(kind, root)
+            made[kind] = save(base / kind)
         return made[kind]
 
     return get
@@ -56,8 +62,8 @@ def test_published_checkpoint_converts_and_verifies_against_flashinfer(
     m = json.loads((out / MANIFEST).read_text())
     assert m["source"]["family"] == FAMILY[kind]
     # Llama-4: MoE every interleave_moe_layer_step (2) layers; Qwen3-VL-MoE: every layer
-    assert len(m["layers"]) == {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2}[kind]
-    layer = m["layers"][ffm.MODELS[kind]["moe"]]
+    assert len(m["layers"]) == {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2, "step3": 1}[kind]
+    layer = m["layers"][ffm.spec(kind)["moe"]]
     assert (layer["num_experts"], layer["hidden_size"], layer["intermediate_size"]) == (4, 64, 128)
     res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
     assert res.exit_code == 0, res.output

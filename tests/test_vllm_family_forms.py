@@ -22,7 +22,7 @@ from tests import vllm_moe as vm
 
 CASES = [
     (kind, backend, tp, rank)
-    for kind in ("llama4", "qwen3_vl_moe", "granitemoe")
+    for kind in ("llama4", "qwen3_vl_moe", "granitemoe", "step3")
     for backend in ("trtllm", "cutlass")
     for tp in (1, 2)
     for rank in range(tp)
@@ -38,6 +38,8 @@ def ckpt(tmp_path_factory):
         if kind not in made:
             if kind.startswith("mixtral"):  # "mixtral-bf16", "mixtral-fp8-tensor"
                 made[kind] = ffm.save_mixtral_named(base / kind, kind.split("-", 1)[1])
+            elif kind == "step3":
+                made[kind] = ffm.save_step3(base / kind)
             else:
                 made[kind] = ffm.save(kind, base / kind)
         return made[kind]
@@ -156,7 +158,7 @@ def test_online_mxfp8_equals_the_plugins_on_cuda(ckpt, output, kind, tp, rank):
     tests/test_family_forms.py)."""
     src, out = ckpt(kind), output(kind, "trtllm", tp, "mxfp8")
     theirs = _vllm(kind, src, "trtllm", tp, rank, "mxfp8", "cuda")
-    vm.assert_holds_output_bytes(theirs, out, ffm.MODELS[kind]["moe"], rank)
+    vm.assert_holds_output_bytes(theirs, out, ffm.spec(kind)["moe"], rank)
     vm.assert_same_layer(theirs, _plugin(kind, src, out, "trtllm", tp, rank, "mxfp8", "cuda"))
 
 

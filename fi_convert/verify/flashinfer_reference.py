@@ -59,6 +59,9 @@ def stacked(
         return _get(root, f"{granite}.input_linear.{param}"), _get(
             root, f"{granite}.output_linear.{param}"
         )
+    if f"{granite}.gate_proj.{param}" in index:  # Step-3: one [E, out, in] per projection
+        gate, up, down = (_get(root, f"{granite}.{n}.{param}") for n in NAMES["per_expert"])
+        return torch.cat([gate, up], dim=1), down
     g, u, d = _names(root, prefix)
     w13 = torch.stack(
         [
