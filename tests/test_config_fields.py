@@ -28,8 +28,14 @@ SPECS = {
         family="gpt-oss", layers=2, experts=4, hidden=256, intermediate=128, quant="mxfp4"
     ),
 }
-# the families of the tensor forms (tests/family_forms_models.py), written by transformers
-SAVED = {"llama4": "llama4", "qwen3-vl-moe": "qwen3_vl_moe", "granite-moe": "granitemoe"}
+# the families of the tensor forms (tests/family_forms_models.py): transformers writes them
+# (Step-3: in the names vLLM's model reads)
+SAVED = {
+    "llama4": "llama4",
+    "qwen3-vl-moe": "qwen3_vl_moe",
+    "granite-moe": "granitemoe",
+    "step3": "step3",
+}
 # values of every kind but the one each kind names
 WRONG: dict[str, list] = {
     "integer": ["8", [8], {"value": 8}, True, 8.5],
@@ -80,7 +86,9 @@ def pristine(tmp_path_factory) -> dict[str, Path]:
 
     base = tmp_path_factory.mktemp("config-fields")
     made = {name: write_checkpoint(base / name, spec) for name, spec in SPECS.items()}
-    return made | {name: ffm.save(kind, base / name) for name, kind in SAVED.items()}
+    for name, kind in SAVED.items():
+        made[name] = ffm.save_step3(base / name) if kind == "step3" else ffm.save(kind, base / name)
+    return made
 
 
 def _with_config(src: Path, dst: Path, edit) -> Path:
