@@ -27,10 +27,20 @@ FAMILY_FILE = "family_file"
 
 @dataclass(frozen=True)
 class Form:
-    kind: str  # "per_expert" | "fused"
+    # "per_expert": one [out, in] tensor per expert and projection; "fused": one [E, 2I, H]
+    # w13 tensor ([gate; up]) and one [E, H, I] w2; "stacked": one [E, out, in] tensor per
+    # projection (fi_convert/forms.py has the shapes of each)
+    kind: str
     pattern: re.Pattern[str]
     projections: dict[str, str]
     refuse: str | None = None  # why this form is recognized but not converted
+    # the roles ("w13", "w1", "w3", "w2") stored [in, out] per expert, as torch.bmm's
+    # operands (Llama-4's gate_up_proj [E, H, 2I]), which the server's loader transposes
+    transposed: tuple[str, ...] = ()
+    # appended to the `prefix` group to name the server's MoE module, where the checkpoint's
+    # names have no module of their own for the experts (Granite's block_sparse_moe.
+    # input_linear: vLLM's module is block_sparse_moe.experts)
+    module: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,14 @@ def _load(path: Path) -> Family:
 
 
 def _form(f: dict) -> Form:
-    return Form(f["kind"], re.compile(f["pattern"]), dict(f["projections"]), f.get("refuse"))
+    return Form(
+        f["kind"],
+        re.compile(f["pattern"]),
+        dict(f["projections"]),
+        f.get("refuse"),
+        tuple(f.get("transposed", ())),
+        f.get("module", ""),
+    )
 
 
 def parse(d: dict, file: str = "") -> Family:
@@ -409,11 +426,14 @@ def _check_forms(d: dict) -> str | None:
     return None
 
 
+FORM_KINDS = ("per_expert", "fused", "stacked")
+
+
 def _check_form(f: object) -> str | None:
     if not isinstance(f, dict):
         return ": not a map"
-    if f.get("kind") not in ("per_expert", "fused"):
-        return '.kind: not "per_expert" or "fused"'
+    if f.get("kind") not in FORM_KINDS:
+        return f".kind: not one of {', '.join(map(repr, FORM_KINDS))}"
     pat = f.get("pattern")
     why = _bad_regex(pat) if isinstance(pat, str) else "not a string"
     if why:
@@ -429,6 +449,12 @@ def _check_form(f: object) -> str | None:
         return f".projections: maps to {sorted(set(proj.values()))}, not w1, w3, w2 or w13, w2"
     if "refuse" in f and not isinstance(f["refuse"], str):
         return ".refuse: not a string"
+    if "transposed" in f and not (
+        _strings(f["transposed"]) and set(f["transposed"]) <= set(proj.values())
+    ):
+        return ".transposed: not a list of the form's roles (w1, w3, w2, w13) stored [in, out]"
+    if "module" in f and not isinstance(f["module"], str):
+        return ".module: not a string (appended to the prefix to name the server's MoE module)"
     return None
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import jsontext
+from . import forms, jsontext
 from .errors import SourceError
 from .families import (
     QUANT_FIELDS,
@@ -83,15 +83,13 @@ class ExpertLayer:
         return {p for (_, p, _) in self.params}
 
     def tensor(self, role: str, param: str, expert: int) -> TensorInfo:
-        if self.form.kind == "fused":
-            key = ("w13" if role in ("w1", "w3") else role, param, -1)
-        else:
-            key = (role, param, expert)
-        return self.params[key]
+        if self.form.kind == "per_expert":
+            return self.params[(role, param, expert)]
+        return self.params[(forms.stored_role(self.form, role), param, -1)]
 
     def has(self, param: str) -> bool:
-        if self.form.kind == "fused":
-            return ("w13", param, -1) in self.params and ("w2", param, -1) in self.params
+        if self.form.kind != "per_expert":
+            return all((r, param, -1) in self.params for r in forms.STORED[self.form.kind])
         return all((r, param, e) in self.params for r in ROLES for e in range(self.num_experts))
 
     def source_names(self) -> list[str]:
@@ -100,10 +98,13 @@ class ExpertLayer:
     def proj_shape(self, role: str, param: str) -> tuple[int, ...]:
         """Shape of one expert's matrix of `role` (the fused tensor split into its halves)."""
         info = self.tensor(role, param, 0)
-        if self.form.kind != "fused":
+        if self.form.kind == "per_expert":
             return info.shape
         shape = info.shape[1:]
-        return (shape[0] // 2, *shape[1:]) if role != "w2" else shape
+        if forms.transposed(self.form, role):
+            shape = shape[::-1]
+        fused = forms.stored_role(self.form, role) == "w13"
+        return (shape[0] // 2, *shape[1:]) if fused else shape
 
     def read(
         self,
@@ -116,23 +117,22 @@ class ExpertLayer:
         dst: torch.Tensor,
     ) -> None:
         """Copy rows [a, b) (and columns [c, d)) of each expert's `role` matrix into dst[i]."""
-        n = rows[1] - rows[0]
         # the next chunk of experts will want the same rows
         after = range(experts.stop, min(experts.stop + len(experts), self.num_experts))
-        where = [self._rows(role, param, e, rows[0]) for e in (*experts, *after)]
+        where = [self._span(role, param, e, rows, cols) for e in (*experts, *after)]
         for i in range(len(experts)):
             # a source read over a link: the next `read_ahead` reads are in flight while
             # this one is taken (one at a time, each would wait out the link's latency)
-            for info, start in where[i + 1 : i + 1 + files.read_ahead]:
-                files.prefetch(info, start, n)
-            read_rows_into(files, where[i][0], where[i][1], n, cols, dst[i])
+            for s in where[i + 1 : i + 1 + files.read_ahead]:
+                files.prefetch(s.info, s.start, s.count)
+            read_span_into(files, where[i], dst[i])
         if not files.read_ahead:
             # local files: have the kernel start reading the next chunk now, so that a cold
             # source is read while this chunk is transformed and written
-            for info, start in where[len(experts) :]:
-                files.prefetch(info, start, n)
+            for s in where[len(experts) :]:
+                files.prefetch(s.info, s.start, s.count)
         else:
-            self._ask_next_call(files, (role, param, experts, rows), ask=not after)
+            self._ask_next_call(files, (role, param, experts, rows, cols), ask=not after)
 
     def _ask_next_call(self, files: SourceFiles, call: tuple, ask: bool) -> None:
         """A source read over a link, at the end of a read with no next chunk (`ask`): the
@@ -148,24 +148,36 @@ class ExpertLayer:
         made = learnt.setdefault("calls made", {})  # per layer, in this run
         k = made[self.prefix] = made.get(self.prefix, -1) + 1
         if ask and k + 1 < len(calls):
-            role, param, experts, rows = calls[k + 1]
+            role, param, experts, rows, cols = calls[k + 1]
             for e in experts[: files.read_ahead]:
-                info, start = self._rows(role, param, e, rows[0])
-                files.prefetch(info, start, rows[1] - rows[0])
+                s = self._span(role, param, e, rows, cols)
+                files.prefetch(s.info, s.start, s.count)
 
-    def _rows(self, role: str, param: str, e: int, a: int) -> tuple[TensorInfo, int]:
-        """The 2-D tensor that holds expert e's `role` matrix, and where its row `a` is in it."""
-        info = self.tensor(role, param, e)
-        if self.form.kind != "fused":
-            return info, a
-        per = info.shape[1]
-        return expert_rows(info), e * per + a + (per // 2 if role == "w3" else 0)
+    def _span(
+        self, role: str, param: str, e: int, rows: tuple[int, int], cols: tuple[int, int] | None
+    ) -> forms.Span:
+        """Where rows [a, b) (columns [c, d)) of expert e's `role` matrix are stored."""
+        return forms.span(self.form, role, self.tensor(role, param, e), e, rows, cols)
 
 
 def expert_rows(info: TensorInfo) -> TensorInfo:
     """A fused [E, R, ...] tensor seen as [E*R, rest]: expert e's row r is row e*R + r."""
-    shape = (info.shape[0] * info.shape[1], math.prod(info.shape[2:]))
-    return TensorInfo(info.name, info.dtype, shape, info.start, info.nbytes, info.file)
+    return forms.flat_rows(info)
+
+
+def read_span_into(files: SourceFiles, s: forms.Span, dst: torch.Tensor) -> None:
+    """dst[:rows, :cols] = the part of one expert's matrix at `s` (transposed where it is
+    stored [in, out]: its stored rows read, then turned)."""
+    if not s.transposed:
+        read_rows_into(files, s.info, s.start, s.count, s.cols, dst)
+        return
+    assert s.cols is not None
+    width = s.cols[1] - s.cols[0]
+    if width <= 0 or s.count <= 0:
+        return
+    tmp = torch.empty((s.count, width), dtype=dst.dtype)
+    read_rows_into(files, s.info, s.start, s.count, s.cols, tmp)
+    dst[:width, : s.count].copy_(tmp.T)
 
 
 def read_rows_into(
@@ -512,7 +524,7 @@ def _match(ckpt: Checkpoint, fam: Family) -> tuple[Form, Groups] | None:
             expert = int(m["expert"]) if form.kind == "per_expert" else -1
             raw = m.groupdict().get("param") or "weight"
             param = PARAM_ALIASES.get(raw, raw)
-            groups[m["prefix"]][(role, param, expert)] = info
+            groups[m["prefix"] + form.module][(role, param, expert)] = info
         if groups:
             return form, groups
     return None
@@ -528,54 +540,114 @@ def _layers(ckpt: Checkpoint, fam: Family, form: Form, groups: Groups) -> list[E
 def _make_layer(
     ckpt: Checkpoint, fam: Family, form: Form, prefix: str, params: dict
 ) -> ExpertLayer:
-    where = f"{ckpt.root}: {prefix}"
-    cfg_e = fam.config_value(ckpt.config, "num_experts")
+    """The layer's experts, each of their weight tensors checked against config.json's sizes
+    under the form's one reading."""
     if form.kind == "fused" and ("w13", "blocks", -1) in params:  # gpt-oss MXFP4
-        w13, w2 = params[("w13", "blocks", -1)], params.get(("w2", "blocks", -1))
-        if w2 is None or len(w13.shape) != 4 or len(w2.shape) != 4 or w13.shape[1] % 2:
-            raise SourceError(
-                f"{w13.name}: expected [E, 2I, H/32, 16] gate_up_proj_blocks and "
-                "[E, H, I/32, 16] down_proj_blocks"
-            )
-        num, hidden, inter = w13.shape[0], w13.shape[2] * 32, w13.shape[1] // 2
-    elif form.kind == "fused":
-        w13 = params.get(("w13", "weight", -1))
-        w2 = params.get(("w2", "weight", -1))
-        if w13 is None or w2 is None:
-            raise SourceError(f"{where}: fused experts need gate_up_proj and down_proj tensors")
-        if len(w13.shape) != 3 or len(w2.shape) != 3 or w13.shape[1] % 2:
-            raise SourceError(f"{w13.name}: expected [E, 2I, H] and [E, H, I] fused tensors")
-        num, hidden, inter = w13.shape[0], w13.shape[2], w13.shape[1] // 2
+        sizes = _mxfp4_sizes(ckpt, fam, params)
     else:
-        experts = sorted({e for (_, _, e) in params})
-        num = len(experts)
-        if experts != list(range(num)):
-            missing = sorted(set(range(experts[-1] + 1)) - set(experts))
-            raise SourceError(
-                f"{where}: experts {missing[:5]} are missing (found {num} of "
-                f"{experts[-1] + 1}); the checkpoint is incomplete - download it again"
-            )
-        for e in experts:
-            for r in ROLES:
-                if (r, "weight", e) not in params:
-                    raise SourceError(
-                        f"{where}.{e}: no {_proj(form, r)} weight; the checkpoint is "
-                        "incomplete - download it again"
-                    )
-        gate = params[("w1", "weight", 0)]
-        if len(gate.shape) != 2:
-            raise SourceError(f"{gate.name}: expected a 2-D weight, got shape {list(gate.shape)}")
-        inter, hidden = gate.shape
-        if gate.dtype == "U8":  # packed FP4: two values a byte along K
-            hidden *= 2
+        _require_weights(ckpt, form, prefix, params)
+        _refuse_quantized_transposed(fam, form, params)
+        sizes = _sizes(ckpt, fam, form, prefix, params)
+        for (role, param, _), info in sorted(params.items(), key=lambda kv: kv[1].name):
+            if param == "weight":
+                forms.check_shape(info, form, role, sizes, fam.title)
+    e, h, i = sizes.num_experts, sizes.hidden_size, sizes.intermediate_size
+    return ExpertLayer(prefix, form, e, h, i, dict(params), fam.swiglu_limit(ckpt.config))
+
+
+def _refuse_quantized_transposed(fam: Family, form: Form, params: dict) -> None:
+    """A transposed form's tensors are read in BF16 only: where a quantized parameter's
+    orientation goes is the server's per-parameter rule, not proven here."""
+    other = next((i for (_, p, _), i in params.items() if p != "weight"), None)
+    if form.transposed and other is not None:
+        raise SourceError(
+            f"{other.name}: fi-convert reads {fam.title}'s transposed fused experts in BF16 "
+            "only; convert the BF16 checkpoint (with --scheme bf16, or a scheme that quantizes "
+            "it), or one that stores the experts one tensor per expert"
+        )
+
+
+def _require_weights(ckpt: Checkpoint, form: Form, prefix: str, params: dict) -> None:
+    """Every expert's weight of each role the form stores is there."""
+    where = f"{ckpt.root}: {prefix}"
+    if form.kind != "per_expert":
+        for r in forms.STORED[form.kind]:
+            if (r, "weight", -1) not in params:
+                names = " and ".join(_proj(form, x) for x in forms.STORED[form.kind])
+                raise SourceError(
+                    f"{where}: no {_proj(form, r)} weight beside the others; {form.kind} "
+                    f"experts need {names} - the checkpoint is incomplete, download it again"
+                )
+        return
+    experts = sorted({e for (_, _, e) in params})
+    num = len(experts)
+    if experts != list(range(num)):
+        missing = sorted(set(range(experts[-1] + 1)) - set(experts))
+        raise SourceError(
+            f"{where}: experts {missing[:5]} are missing (found {num} of "
+            f"{experts[-1] + 1}); the checkpoint is incomplete - download it again"
+        )
+    for e in experts:
+        for r in ROLES:
+            if (r, "weight", e) not in params:
+                raise SourceError(
+                    f"{where}.{e}: no {_proj(form, r)} weight; the checkpoint is "
+                    "incomplete - download it again"
+                )
+
+
+def _sizes(ckpt: Checkpoint, fam: Family, form: Form, prefix: str, params: dict) -> forms.Sizes:
+    """E, H and I from config.json; where it gives none, from the first expert's gate."""
+    if form.kind == "per_expert":
+        first = params[("w1", "weight", 0)]
+        num = len({e for (_, _, e) in params})
+    else:
+        first = params[(forms.stored_role(form, "w1"), "weight", -1)]
+        num = first.shape[0] if first.shape else 0
+    cfg_e = fam.config_value(ckpt.config, "num_experts")
     if cfg_e is not None and cfg_e != num:
         raise SourceError(
-            f"{where}: {num} experts in the shards but config.json says {cfg_e}; "
+            f"{ckpt.root}: {prefix}: {num} experts in the shards but config.json says {cfg_e}; "
             "the checkpoint and its config disagree - download both again"
         )
-    return ExpertLayer(
-        prefix, form, num, hidden, inter, dict(params), fam.swiglu_limit(ckpt.config)
-    )
+    h = fam.config_value(ckpt.config, "hidden_size")
+    i = fam.config_value(ckpt.config, "intermediate_size")
+    if h is not None and i is not None:
+        return forms.Sizes(num, h, i)
+    th, ti = forms.tensor_sizes(form, first)
+    return forms.Sizes(num, h or th, i or ti, f"config.json and {first.name}")
+
+
+def _mxfp4_sizes(ckpt: Checkpoint, fam: Family, params: dict) -> forms.Sizes:
+    """gpt-oss MXFP4's [E, 2I, H/32, 16] gate_up_proj_blocks and [E, H, I/32, 16]
+    down_proj_blocks, against config.json's sizes."""
+    w13, w2 = params[("w13", "blocks", -1)], params.get(("w2", "blocks", -1))
+    if w2 is None or len(w13.shape) != 4 or len(w2.shape) != 4 or w13.shape[1] % 2:
+        raise SourceError(
+            f"{w13.name}: expected [E, 2I, H/32, 16] gate_up_proj_blocks and "
+            "[E, H, I/32, 16] down_proj_blocks"
+        )
+    num, hidden, inter = w13.shape[0], w13.shape[2] * 32, w13.shape[1] // 2
+    cfg = {k: fam.config_value(ckpt.config, k) for k in ("num_experts", "hidden_size")}
+    cfg["intermediate_size"] = fam.config_value(ckpt.config, "intermediate_size")
+    if cfg["num_experts"] not in (None, num):
+        raise SourceError(
+            f"{ckpt.root}: {w13.name.rsplit('.', 1)[0]}: {num} experts in the shards but "
+            f"config.json says {cfg['num_experts']}; the checkpoint and its config disagree - "
+            "download both again"
+        )
+    e, h, i = num, cfg["hidden_size"] or hidden, cfg["intermediate_size"] or inter
+    for info, want, letters in (
+        (w13, (e, 2 * i, h // 32, 16), "E, 2I, H/32, 16"),
+        (w2, (e, h, i // 32, 16), "E, H, I/32, 16"),
+    ):
+        if info.shape != want:
+            raise SourceError(
+                f"{info.name}: shape {list(info.shape)}, expected {list(want)} ([{letters}] "
+                f"with E={e}, H={h}, I={i} from config.json); the checkpoint and config.json "
+                "disagree - download both again"
+            )
+    return forms.Sizes(e, h, i)
 
 
 def _proj(form: Form, role: str) -> str:

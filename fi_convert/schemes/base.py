@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from .. import dtypes
+from .. import dtypes, forms
 from .. import layout as L
 from ..errors import LayoutError, SchemeMismatchError, SourceError
 from ..families import Form
@@ -270,8 +270,8 @@ def require_dtype(layer: ExpertLayer, param: str, allowed: tuple[str, ...], fix:
 
 
 def require_param(layer: ExpertLayer, param: str, what: str) -> None:
-    if layer.form.kind == "fused":
-        for role in ("w13", "w2"):
+    if layer.form.kind != "per_expert":
+        for role in forms.STORED[layer.form.kind]:
             if (role, param, -1) not in layer.params:
                 w = layer.params[(role, "weight", -1)].name
                 raise SourceError(f"{w}: no {param} beside it; {what}")
@@ -284,13 +284,12 @@ def require_param(layer: ExpertLayer, param: str, what: str) -> None:
 
 
 def require_shapes(layer: ExpertLayer, param: str, w13: tuple, w2: tuple) -> None:
-    """Every expert's w1/w3 `param` has shape `w13` and w2 has `w2` (fused: per half)."""
-    if layer.form.kind == "fused":
-        checks = [
-            ("w13", (layer.num_experts, 2 * w13[0], *w13[1:])),
-            ("w2", (layer.num_experts, *w2)),
-        ]
-        for role, want in checks:
+    """Every expert's w1/w3 `param` has shape `w13` and w2 has `w2` (fused: per half; a
+    stored tensor as its form keeps them, fi_convert/forms.py)."""
+    if layer.form.kind != "per_expert":
+        for role in forms.STORED[layer.form.kind]:
+            matrix = w2 if role == "w2" else w13
+            want = forms.stored_shape(layer.form, role, layer.num_experts, tuple(matrix))
             info = layer.params[(role, param, -1)]
             if info.shape != want:
                 raise SourceError(f"{info.name}: shape {list(info.shape)}, expected {list(want)}")

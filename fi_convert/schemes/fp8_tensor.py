@@ -116,7 +116,7 @@ class Fp8TensorScheme(Scheme):
             refuse_other_format(layer, "fp8-tensor")
         w = layer.tensor("w1", "weight", 0)
         i, h = layer.intermediate_size, layer.hidden_size
-        if layer.form.kind == "fused":
+        if layer.form.kind != "per_expert":
             raise SchemeMismatchError(f"{w.name}: fp8-tensor reads per-expert tensors only")
         require_shapes(layer, "weight", (i, h), (h, i))
         if weight_dtype(layer) == "BF16":

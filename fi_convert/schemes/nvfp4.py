@@ -137,7 +137,7 @@ class Nvfp4Scheme(Scheme):
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         refuse_other_format(layer, "nvfp4")
-        if layer.form.kind == "fused":
+        if layer.form.kind != "per_expert":
             raise SourceError(f"{layer.source_names()[0]}: nvfp4 reads per-expert tensors only")
         require_dtype(layer, "weight", ("U8",), "NVFP4 weights are packed E2M1 bytes")
         require_param(layer, SCALE, "NVFP4 needs an E4M3 scale per 16 values (weight_scale)")

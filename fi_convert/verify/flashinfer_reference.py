@@ -29,19 +29,40 @@ NAMES = {
 }
 
 
+def _names(root: Path, prefix: str) -> tuple[str, str, str]:
+    """The layer's gate, up and down names: w1/w3/w2 for Mixtral's block_sparse_moe, unless it
+    names them gate_proj/up_proj/down_proj (W8A8 exports, which vLLM's Mixtral maps)."""
+    index = json.loads((Path(root) / "model.safetensors.index.json").read_text())["weight_map"]
+    named = any(n.startswith(f"{prefix}.0.gate_proj.") for n in index)
+    return NAMES["mixtral" if "block_sparse_moe" in prefix and not named else "per_expert"]
+
+
 def _get(root: Path, name: str) -> torch.Tensor:
     index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
     with safe_open(root / index[name], "pt") as f:
         return f.get_tensor(name)
 
 
-def stacked(root: Path, prefix: str, num_experts: int, param: str = "weight"):
-    """vLLM's stacking: w13 = [gate; up] per expert, w2 = down. Returns (w13, w2)."""
+def stacked(
+    root: Path, prefix: str, num_experts: int, param: str = "weight", transposed: bool = False
+):
+    """vLLM's stacking: w13 = [gate; up] per expert, w2 = down. Returns (w13, w2).
+    `transposed`: the model class's fused tensors are stored [E, in, out] (Llama-4,
+    Qwen3-VL-MoE), which vLLM's loader turns (`is_fused_checkpoint_transposed`)."""
     root = Path(root)
     index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
     if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
-        return _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
-    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+        fused = _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
+        return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
+    granite = prefix.removesuffix(".experts")
+    if f"{granite}.input_linear.{param}" in index:  # Granite-MoE: [E, 2I, H] and [E, H, I]
+        return _get(root, f"{granite}.input_linear.{param}"), _get(
+            root, f"{granite}.output_linear.{param}"
+        )
+    if f"{granite}.gate_proj.{param}" in index:  # Step-3: one [E, out, in] per projection
+        gate, up, down = (_get(root, f"{granite}.{n}.{param}") for n in NAMES["per_expert"])
+        return torch.cat([gate, up], dim=1), down
+    g, u, d = _names(root, prefix)
     w13 = torch.stack(
         [
             torch.cat(
@@ -250,7 +271,7 @@ def scalars(root, prefix, num_experts, role_names, param):
 
 
 def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
-    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+    g, u, d = _names(root, prefix)
     w13, w2 = (t.to(device) for t in stacked(root, prefix, num_experts))
     w13, w2 = tp_slice(w13, w2, tp, rank)
     out = {}
@@ -296,7 +317,7 @@ def fp8_tensor(root, prefix, num_experts, backend, tp, rank, device):
 
 def _param_name(root, prefix, *names):
     index = json.loads((Path(root) / "model.safetensors.index.json").read_text())["weight_map"]
-    g = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"][0]
+    g = _names(root, prefix)[0]
     return next(n for n in names if f"{prefix}.0.{g}.{n}" in index)
 
 
@@ -318,7 +339,7 @@ def pad_halves_to(t, rows_per_half):
 
 
 def nvfp4(root, prefix, num_experts, backend, tp, rank, device):
-    g, u, d = NAMES["mixtral" if "block_sparse_moe" in prefix else "per_expert"]
+    g, u, d = _names(root, prefix)
     wname = _param_name(root, prefix, "weight", "weight_packed")
     w13, w2 = (t.to(device) for t in stacked(root, prefix, num_experts, wname))
     s13, s2 = (
@@ -473,14 +494,15 @@ def _mxfp4_cutlass(w13, sc13, bb13, w2, sc2, bb2):
     }
 
 
-def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu"):
+def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu", transposed=False):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
-    `device` is where the checkpoint tensors go before the FlashInfer steps run on them.
+    `device` is where the checkpoint tensors go before the FlashInfer steps run on them;
+    `transposed`: the model's fused expert tensors are stored [E, in, out] (`stacked`).
     """
 
     def load(param="weight"):
-        return tuple(t.to(device) for t in stacked(root, prefix, num_experts, param))
+        return tuple(t.to(device) for t in stacked(root, prefix, num_experts, param, transposed))
 
     if scheme == "bf16":
         w13, w2 = tp_slice(*load(), tp, rank)

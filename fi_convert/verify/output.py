@@ -672,6 +672,8 @@ def _against_flashinfer(plan, tensors, files, full, dev, rep) -> None:
             "`pip install flashinfer-python==0.7.2.post1` (or `make install`), or verify without it"
         ) from None
     tp = plan.options.tp_size
+    # the family's fused form is stored transposed ([E, in, out]), which vLLM's loader turns
+    transposed = any(f.transposed for f in plan.family.forms if f.kind == "fused")
     layers = plan.layers if full else [plan.layers[0], plan.layers[-1]]
     for lp in {id(x): x for x in layers}.values():
         for rank in range(tp):
@@ -684,6 +686,7 @@ def _against_flashinfer(plan, tensors, files, full, dev, rep) -> None:
                 tp,
                 rank,
                 str(dev),
+                transposed=transposed,
             )
             for name, t in want.items():
                 info = tensors.get(f"{lp.prefix}.{name}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,18 @@ def _capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability()
 
 
-def moe_layers(model: torch.nn.Module) -> dict[str, Any]:
-    """The model's FusedMoE layers, keyed by their module name (the checkpoint prefix)."""
-    return {name: mod for name, mod in model.named_modules() if isinstance(mod, FusedMoE)}
+def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str, Any]:
+    """The model's FusedMoE layers, keyed by the checkpoint prefix: their module name, or
+    where the `output` names a layer by the prefix SGLang built it with (its `layer_name`)
+    and not by its module name, that prefix (Qwen3-VL-MoE: the checkpoint's and the layer's
+    model.language_model.layers.L.mlp.experts, a module model.layers.L.mlp.experts, which its
+    load_weights renames to)."""
+    out = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, FusedMoE):
+            built = getattr(mod, "layer_name", name)
+            out[built if name not in output and built in output else name] = mod
+    return out
 
 
 def check_output(manifest: dict, root: str) -> None:
@@ -166,7 +175,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         self, model: torch.nn.Module, root: Path, manifest: dict, target_device: torch.device
     ) -> None:
         """The output's tensors into `model` (built by SGLang), then its post-load step."""
-        layers = moe_layers(model)
+        layers = moe_layers(model, manifest["layers"])
         nextn = checks.nextn_layers(manifest, getattr(model, "config", None))
         checks.check_layers(manifest, str(root), layers, skipped=nextn)
         report = self._read_all(model, root, manifest, layers, target_device)

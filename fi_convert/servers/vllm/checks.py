@@ -296,8 +296,9 @@ def backend_of(method: object) -> str | None:
     for attr in BACKEND_ATTRS:
         chosen = getattr(method, attr, None)
         if chosen is not None:
-            # (vLLM 0.33's UnquantizedMoeBackend values are spelt "FlashInfer TRTLLM")
-            name = str(getattr(chosen, "value", chosen)).upper().replace(" ", "_")
+            # an enum member by its name: UnquantizedMoeBackend's values are "FlashInfer
+            # TRTLLM" and "FlashInfer CUTLASS" (BF16), the other methods' their names
+            name = str(getattr(chosen, "name", chosen)).upper().replace(" ", "_")
             if name.startswith("FLASHINFER_TRTLLM"):
                 return "trtllm"
             if name.startswith("FLASHINFER_CUTLASS"):

@@ -48,14 +48,28 @@ def moe_layers(
 ) -> dict[str, tuple[str, RoutedExperts]]:
     """The model's MoE layers, keyed by their checkpoint prefix: (module name, module). That
     is the layer's name, or where the output names the module's path instead, that path
-    (MiniMax-M2: vLLM's `block_sparse_moe` module is named `mlp`, its checkpoint's is not)."""
-    out = {}
+    (MiniMax-M2: vLLM's `block_sparse_moe` module is named `mlp`, its checkpoint's is not); a
+    layer vLLM names otherwise than the checkpoint (its model's `hf_to_vllm_mapper`: Qwen3-VL-
+    MoE's model.language_model.layers.L is vLLM's language_model.model.layers.L) is keyed by
+    the `output`'s prefix that maps to it."""
+    built = {}
     for name, mod in model.named_modules():
         if isinstance(mod, RoutedExperts):
             path = name.removesuffix(".routed_experts")
             key = path if path in output and mod.layer_name not in output else mod.layer_name
-            out[key] = (name, mod)
-    return out
+            built[key] = (name, mod)
+    mapped = {_vllm_name(model, p): p for p in output if p not in built}
+    return {mapped.get(n, n): v for n, v in built.items()}
+
+
+def _vllm_name(model: torch.nn.Module, prefix: str) -> str:
+    """The name vLLM's model gives the checkpoint's MoE layer `prefix`, by its own mapper."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is None:
+        return prefix
+    probe = f"{prefix}.w13_weight"
+    name = mapper._map_name(probe)
+    return name.removesuffix(".w13_weight") if name else prefix
 
 
 class FiConvertModelLoader(DefaultModelLoader):

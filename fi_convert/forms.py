@@ -1,0 +1,154 @@
+"""The tensor forms of routed experts: the shape each stored tensor must have, from the sizes in
+config.json, and where one expert's [out, in] matrix lies in it.
+
+A role's matrix is what vLLM's FusedMoE holds per expert: w1 (gate) and w3 (up) [I, H], w2
+(down) [H, I], w13 ([gate; up]) [2I, H]. A form stores it per expert ("per_expert": one tensor
+per expert and projection), fused ("fused": one [E, 2I, H] w13 and one [E, H, I] w2) or
+stacked ("stacked": one [E, out, in] tensor per projection); a role the form lists as
+`transposed` is stored [in, out] per expert (Llama-4's gate_up_proj [E, H, 2I]). A tensor is
+read under its form's one reading, never another: a shape that does not fit it is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import SourceError
+from .families import Form
+from .st_io import TensorInfo
+
+# each role's [out, in] matrix in the sizes' letters
+ROLE_DIMS = {"w1": ("I", "H"), "w3": ("I", "H"), "w2": ("H", "I"), "w13": ("2I", "H")}
+# the stored tensors each form keeps, by role
+STORED = {"per_expert": ("w1", "w3", "w2"), "fused": ("w13", "w2"), "stacked": ("w1", "w3", "w2")}
+
+
+def stored_role(form: Form, role: str) -> str:
+    """The role of the tensor that holds `role`'s matrix (a fused form's w13 holds w1 and w3)."""
+    return "w13" if form.kind == "fused" and role in ("w1", "w3") else role
+
+
+def transposed(form: Form, role: str) -> bool:
+    return stored_role(form, role) in form.transposed
+
+
+def dims(form: Form, role: str) -> tuple[str, ...]:
+    """The stored tensor's shape in letters: ("E", "H", "2I") for Llama-4's gate_up_proj."""
+    d = ROLE_DIMS[stored_role(form, role)]
+    d = d[::-1] if transposed(form, role) else d
+    return d if form.kind == "per_expert" else ("E", *d)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The layer's sizes and where they come from ("config.json", or a tensor's name where
+    config.json gives none)."""
+
+    num_experts: int
+    hidden_size: int
+    intermediate_size: int
+    origin: str = "config.json"
+
+    def value(self, letter: str) -> int:
+        i = self.intermediate_size
+        return {"E": self.num_experts, "H": self.hidden_size, "I": i, "2I": 2 * i}[letter]
+
+    def said(self) -> str:
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        return f"E={e}, H={h}, I={i} from {self.origin}"
+
+
+def expected(form: Form, role: str, sizes: Sizes, dtype: str) -> tuple[int, ...]:
+    """The stored tensor's shape; packed FP4 (U8) holds two values a byte along K (in)."""
+    shape = [sizes.value(d) for d in dims(form, role)]
+    if dtype == "U8":
+        k = -2 if transposed(form, role) else -1
+        shape[k] //= 2
+    return tuple(shape)
+
+
+def check_shape(info: TensorInfo, form: Form, role: str, sizes: Sizes, title: str) -> None:
+    """One line naming the tensor, the shape its form reads and the shape found."""
+    want = expected(form, role, sizes, info.dtype)
+    if info.shape == want:
+        return
+    letters = dims(form, role)
+    found, shown = list(info.shape), f"[{', '.join(letters)}]"
+    msg = f"{info.name}: shape {found}, expected {list(want)} ({shown} with {sizes.said()})"
+    swapped = (*want[:-2], want[-1], want[-2])
+    if len(want) >= 2 and info.shape == swapped and want != swapped:
+        other = f"[{', '.join((*letters[:-2], letters[-1], letters[-2]))}]"
+        raise SourceError(
+            f"{msg}; transposed? it is stored {other}, which is not how {title} checkpoints "
+            "store it - check config.json's model_type and architectures, or export the "
+            f"experts as {title} does"
+        )
+    raise SourceError(f"{msg}; the checkpoint and config.json disagree - download both again")
+
+
+def tensor_sizes(form: Form, w1: TensorInfo) -> tuple[int, int]:
+    """(H, I) as the w1 (or fused w13) tensor gives them under its form, for a config.json
+    that gives none."""
+    shape = list(w1.shape[1:] if form.kind != "per_expert" else w1.shape)
+    if len(shape) != 2:
+        raise SourceError(
+            f"{w1.name}: expected a 2-D matrix per expert, got shape {list(w1.shape)}"
+        )
+    out, k = shape[::-1] if transposed(form, "w1") else shape
+    if w1.dtype == "U8":
+        k *= 2
+    return k, out // 2 if form.kind == "fused" else out
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where part of one expert's matrix lies: rows [start, start + count) of the 2-D `info`,
+    its columns `cols` (all when None); `transposed`: those rows are the matrix's columns."""
+
+    info: TensorInfo
+    start: int
+    count: int
+    cols: tuple[int, int] | None
+    transposed: bool = False
+
+
+def span(
+    form: Form,
+    role: str,
+    info: TensorInfo,
+    expert: int,
+    rows: tuple[int, int],
+    cols: tuple[int, int] | None,
+) -> Span:
+    """Rows [a, b) and columns [c, d) (all when None) of expert `expert`'s `role` matrix, in
+    the tensor `info` that holds it."""
+    a, b = rows
+    if form.kind == "per_expert":
+        return Span(info, a, b - a, cols)
+    flat = flat_rows(info)
+    per, width = info.shape[1], flat.shape[1]
+    half = stored_role(form, role) == "w13" and role == "w3"
+    if not transposed(form, role):
+        off = per // 2 if half else 0
+        return Span(flat, expert * per + off + a, b - a, cols)
+    off = width // 2 if half else 0
+    c, d = cols or (0, per)
+    return Span(flat, expert * per + c, d - c, (off + a, off + b), True)
+
+
+def flat_rows(info: TensorInfo) -> TensorInfo:
+    """A stacked [E, R, ...] tensor seen as [E*R, rest]: expert e's row r is row e*R + r."""
+    shape = (info.shape[0] * info.shape[1], math.prod(info.shape[2:]))
+    return TensorInfo(info.name, info.dtype, shape, info.start, info.nbytes, info.file)
+
+
+def stored_shape(form: Form, role: str, num_experts: int, matrix: tuple[int, ...]) -> tuple:
+    """The stored tensor of `role` (a key of STORED) for per-expert matrices of shape `matrix`
+    (a w13 tensor's is one half's: gate's)."""
+    shape = tuple(matrix)
+    if role == "w13":
+        shape = (2 * shape[0], *shape[1:])
+    if role in form.transposed:
+        shape = shape[::-1]
+    return shape if form.kind == "per_expert" else (num_experts, *shape)

@@ -1,0 +1,388 @@
+"""Test support for the tensor forms' families (fi_convert/forms.py): tiny checkpoints of
+Llama-4 and Qwen3-VL-MoE written by transformers' own `save_pretrained`, in the form their
+public checkpoints have, and vLLM 0.33's own model code loading them.
+
+- Llama-4 (`Llama4ForConditionalGeneration`): transformers writes it as published
+  (`language_model.model.layers.L.feed_forward.experts.gate_up_proj [E, H, 2I]`,
+  `down_proj [E, I, H]`, the sizes in `text_config`).
+- Qwen3-VL-MoE (`Qwen3VLMoeForConditionalGeneration`): transformers 5.20 writes the fused
+  experts in its own orientation (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`) and the
+  expert count as `num_local_experts`; the public checkpoints (Qwen/Qwen3-VL-30B-A3B-Instruct)
+  store them `[E, H, 2I]` / `[E, I, H]` with `num_experts`, which is what vLLM's and SGLang's
+  loaders read (both transpose). `save(..., published=True)` rewrites the two as published.
+
+vLLM's side: its MoE layer built as the model's MoE block builds it (`FusedMoEFactory` with
+the block's arguments), loaded by the model class's own `load_weights` run on a stand-in model
+that holds only that layer at its place (`Llama4Model.load_weights`, `Qwen3MoeModel.
+load_weights`: their name and expert mappings, their transposes), then vLLM's post-load driver.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+# per family: transformers' config and model classes, the text config's own arguments, the
+# vision config (as small as it goes), the MoE layer, and the prefix vLLM's text model drops
+TEXT = dict(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
+MODELS: dict[str, dict] = {
+    # H 64, I 128 (2I 256; I/TP a multiple of 32 for MXFP8): no size equals another; layer 0
+    # dense (interleave_moe_layer_step 2,
+    # as Maverick), layer 1 MoE with its shared expert
+    "llama4": dict(
+        config="Llama4Config",
+        model="Llama4ForConditionalGeneration",
+        text=dict(
+            intermediate_size=128,
+            intermediate_size_mlp=96,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+        ),
+        vision=dict(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            image_size=28,
+            patch_size=14,
+            vision_output_dim=32,
+            projector_input_dim=32,
+            projector_output_dim=32,
+        ),
+        moe="language_model.model.layers.1.feed_forward.experts",
+        strip="language_model.model.",
+    ),
+    "qwen3_vl_moe": dict(
+        config="Qwen3VLMoeConfig",
+        model="Qwen3VLMoeForConditionalGeneration",
+        text=dict(
+            intermediate_size=96,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
+        ),
+        vision=dict(
+            hidden_size=32,
+            depth=1,
+            num_heads=2,
+            intermediate_size=64,
+            out_hidden_size=64,
+            deepstack_visual_indexes=[0],
+        ),
+        moe="model.language_model.layers.1.mlp.experts",
+        strip="model.language_model.",
+    ),
+    # a text model (no vision config); H 64, I 128; input_linear [E, 2I, H] beside the router
+    "granitemoe": dict(
+        config="GraniteMoeConfig",
+        model="GraniteMoeForCausalLM",
+        text=dict(intermediate_size=128, num_local_experts=4, num_experts_per_tok=2),
+        moe="model.layers.1.block_sparse_moe.experts",
+        strip="model.",
+        # the layer's tensors, where their names are not under the MoE module's
+        tensors=(
+            "model.layers.1.block_sparse_moe.input_linear.",
+            "model.layers.1.block_sparse_moe.output_linear.",
+        ),
+    ),
+}
+MAX_SHARD_SIZE = "200KB"
+# Mixtral with its experts named gate_proj/up_proj/down_proj (W8A8 compressed-tensors exports;
+# vLLM's MixtralModel maps the names to w1/w3/w2): fi-convert's synthetic Mixtral renamed
+MIXTRAL = dict(moe="model.layers.0.block_sparse_moe.experts", strip="model.")
+MIXTRAL_NAMES = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
+
+
+def save_mixtral_named(root: Path, quant: str = "bf16") -> Path:
+    """fi-convert's synthetic Mixtral (one MoE layer: H 128, I 192, 4 experts; `quant` its
+    format: bf16, or ModelOpt fp8-tensor) with its experts' projections renamed."""
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
+
+    q = {} if quant == "bf16" else {"quant": quant}
+    spec = Spec("mixtral", layers=1, experts=4, hidden=128, intermediate=192, shards=1, **q)
+    write_checkpoint(root, spec)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    renamed = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(root / shard)
+        new = {_rename(n): t for n, t in tensors.items()}
+        renamed |= {n: shard for n in new}
+        save_file(new, root / shard, metadata={"format": "pt"})
+    index["weight_map"] = renamed
+    index_path.write_text(json.dumps(index, indent=2))
+    return root
+
+
+# Step-3 (Step3TextForCausalLM): transformers has no such model; the names and config keys
+# vLLM's models/step3_text.py reads, experts packed per projection [E, out, in]
+STEP3 = dict(
+    moe="model.layers.1.moe.experts",
+    strip="model.",
+    tensors=tuple(f"model.layers.1.moe.{p}_proj." for p in ("gate", "up", "down")),
+)
+STEP3_CONFIG = dict(
+    model_type="step3_text",
+    architectures=["Step3TextForCausalLM"],
+    hidden_size=64,
+    moe_intermediate_size=128,
+    moe_num_experts=4,
+    moe_top_k=2,
+    norm_expert_weight=True,
+    share_expert_dim=96,
+    share_q_dim=64,
+    head_dim=16,
+    num_hidden_layers=2,
+    moe_layers_enum="1",
+    vocab_size=128,
+)
+
+
+def save_step3(root: Path, seed: int = 0) -> Path:
+    """A tiny Step-3 text checkpoint in the names vLLM's Step3TextModel reads: layer 0 dense,
+    layer 1 MoE (its packed experts, router and shared expert), in two shards."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, e, s = 64, 128, 4, 96
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
+
+    moe = "model.layers.1.moe"
+    shards = {
+        "model-00001-of-00002.safetensors": {
+            "model.embed_tokens.weight": w(128, h),
+            "model.layers.0.mlp.gate_proj.weight": w(s, h),
+            "model.layers.0.mlp.up_proj.weight": w(s, h),
+            "model.layers.0.mlp.down_proj.weight": w(h, s),
+        },
+        "model-00002-of-00002.safetensors": {
+            f"{moe}.gate_proj.weight": w(e, i, h),
+            f"{moe}.up_proj.weight": w(e, i, h),
+            f"{moe}.down_proj.weight": w(e, h, i),
+            f"{moe}.gate.weight": w(e, h),
+            "model.layers.1.share_expert.gate_proj.weight": w(s, h),
+            "model.layers.1.share_expert.up_proj.weight": w(s, h),
+            "model.layers.1.share_expert.down_proj.weight": w(h, s),
+            "lm_head.weight": w(128, h),
+        },
+    }
+    root.mkdir(parents=True)
+    index = {}
+    for shard, tensors in shards.items():
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+        index |= {n: shard for n in tensors}
+    total = sum(t.numel() * 2 for ts in shards.values() for t in ts.values())
+    meta = {"metadata": {"total_size": total}, "weight_map": index}
+    (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
+    (root / "config.json").write_text(json.dumps(STEP3_CONFIG, indent=2))
+    return root
+
+
+def _rename(name: str) -> str:
+    if ".block_sparse_moe.experts." not in name:
+        return name
+    for old, new in MIXTRAL_NAMES.items():
+        name = name.replace(old, new)
+    return name
+
+
+def save(kind: str, root: Path, published: bool = True, seed: int = 0, **text: object) -> Path:
+    """Model `kind` written by transformers' `save_pretrained` (several shards), BF16; `text`
+    replaces text-config arguments. Qwen3-VL-MoE's experts as published unless `published`
+    is False (transformers' own orientation)."""
+    import transformers
+
+    m = MODELS[kind]
+    cls = getattr(transformers, m["config"])
+    if "vision" in m:
+        config = cls(text_config=TEXT | m["text"] | text, vision_config=m["vision"])
+    else:
+        config = cls(**(TEXT | m["text"] | text))
+    torch.manual_seed(seed)
+    model = getattr(transformers, m["model"])(config).to(torch.bfloat16)
+    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    if kind == "qwen3_vl_moe" and published:
+        _as_published(root)
+    return root
+
+
+def _as_published(root: Path) -> None:
+    """Qwen3-VL-MoE's fused experts turned to the public checkpoints' [E, H, 2I] / [E, I, H]
+    (where transformers 5.20 writes [E, 2I, H] / [E, H, I]), and the expert count under the
+    public config's key `num_experts`."""
+    index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    for shard in sorted(set(index.values())):
+        tensors = load_file(root / shard)
+        fused = [n for n in tensors if n.endswith((".experts.gate_up_proj", ".experts.down_proj"))]
+        if fused:
+            for n in fused:
+                tensors[n] = tensors[n].transpose(-1, -2).contiguous()
+            save_file(tensors, root / shard, metadata={"format": "pt"})
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["text_config"]["num_experts"] = cfg["text_config"].pop("num_local_experts")
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def text_config(ckpt: Path) -> dict:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    return cfg.get("text_config", cfg)
+
+
+def make_runner(
+    kind: str, ckpt: Path, tp: int, quant_config=None, prefix: str | None = None
+) -> torch.nn.Module:
+    """vLLM's MoE layer (its MoERunner) as the model's MoE block builds it (call inside
+    tests.vllm_moe.vllm_context): Llama4MoE's arguments (top-1, Llama-4's custom routing
+    function, router weight on the input, no renormalization), or Qwen3MoeSparseMoeBlock's
+    with Qwen3VLMoeDecoderLayer's `is_fused_checkpoint_transposed=True`."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+    from vllm.model_executor.models import llama4
+
+    if kind == "step3":  # Step3TextMoEMLP's arguments
+        cfg = STEP3_CONFIG
+        return _runner(ckpt, tp, quant_config, prefix or STEP3["moe"], cfg)
+    if kind in ("mixtral", "granitemoe"):  # MixtralMoE's or GraniteMoeMoE's arguments
+        return _mixtral_runner(
+            ckpt, tp, quant_config, prefix or spec(kind)["moe"], kind == "mixtral"
+        )
+    cfg = text_config(ckpt)
+    if kind == "llama4":
+        num, inter = cfg["num_local_experts"], cfg["intermediate_size"]
+        own = dict(
+            custom_routing_function=llama4.Llama4MoE.custom_routing_function,
+            apply_router_weight_on_input=True,
+            renormalize=False,
+        )
+    else:
+        num, inter = (
+            cfg.get("num_experts") or cfg["num_local_experts"],
+            cfg["moe_intermediate_size"],
+        )
+        own = dict(renormalize=cfg.get("norm_topk_prob", True), is_fused_checkpoint_transposed=True)
+    return FusedMoEFactory(
+        num_experts=num,
+        top_k=cfg["num_experts_per_tok"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=inter,
+        params_dtype=torch.bfloat16,
+        quant_config=quant_config,
+        tp_size=tp,
+        dp_size=1,
+        pcp_size=1,
+        prefix=prefix or MODELS[kind]["moe"],
+        **own,
+    )
+
+
+def _runner(ckpt: Path, tp: int, quant_config, prefix: str, cfg: dict) -> torch.nn.Module:
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    return FusedMoEFactory(
+        num_experts=cfg["moe_num_experts"],
+        top_k=cfg["moe_top_k"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["moe_intermediate_size"],
+        params_dtype=torch.bfloat16,
+        renormalize=cfg["norm_expert_weight"],
+        quant_config=quant_config,
+        tp_size=tp,
+        dp_size=1,
+        pcp_size=1,
+        prefix=prefix,
+    )
+
+
+def _mixtral_runner(ckpt: Path, tp: int, quant_config, prefix: str, w123: bool) -> torch.nn.Module:
+    """MixtralMoE's arguments (models/mixtral.py: renormalized top-k, `w123`: its w1/w2/w3
+    names) and GraniteMoeMoE's (models/granitemoe.py: renormalized top-k)."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    return FusedMoEFactory(
+        num_experts=cfg["num_local_experts"],
+        top_k=cfg["num_experts_per_tok"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        params_dtype=torch.bfloat16,
+        renormalize=True,
+        quant_config=quant_config,
+        tp_size=tp,
+        dp_size=1,
+        pcp_size=1,
+        prefix=prefix,
+        **({"ckpt_names": ("w1", "w2", "w3")} if w123 else {}),
+    )
+
+
+def spec(kind: str) -> dict:
+    return {"mixtral": MIXTRAL, "step3": STEP3}.get(kind) or MODELS[kind]
+
+
+def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
+    """A text model holding only the MoE layer, where the real one holds it
+    (layers[L].feed_forward.experts or layers[L].mlp.experts)."""
+    from vllm.model_executor.models import granitemoe, llama4, mixtral, qwen3_moe
+
+    path = spec(kind)["moe"].removeprefix(spec(kind)["strip"]).split(".")
+    _, index, block, leaf = path
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(int(index) + 1))
+    holder = torch.nn.Module()
+    holder.add_module(leaf, runner)
+    model.layers[int(index)].add_module(block, holder)
+    if kind == "llama4":
+        model.num_experts = runner.routed_experts.global_num_experts
+        model.n_redundant_experts = 0
+        model.load_moe_expert_weights = llama4.Llama4Model.load_moe_expert_weights.__get__(model)
+    elif kind == "mixtral":
+        model.hf_to_vllm_mapper = mixtral.MixtralModel.hf_to_vllm_mapper
+    elif kind == "granitemoe":
+        model.hf_to_vllm_mapper = granitemoe.GraniteMoeModel.hf_to_vllm_mapper
+    elif kind == "step3":  # what Step3TextModel.load_weights reads of its config
+        model.config = types.SimpleNamespace(**STEP3_CONFIG)
+    else:
+        model.hf_to_vllm_mapper = qwen3_moe.Qwen3MoeModel.hf_to_vllm_mapper
+    return model
+
+
+def expert_weights(kind: str, ckpt: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The MoE layer's checkpoint tensors, named as the multimodal model hands them to its
+    text model (`language_model.model.` / `model.language_model.` dropped)."""
+    strip = spec(kind)["strip"]
+    prefixes = spec(kind).get("tensors", (spec(kind)["moe"] + ".",))
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    for name, shard in sorted(index.items()):
+        if name.startswith(prefixes):
+            with safe_open(ckpt / shard, framework="pt") as f:
+                yield name.removeprefix(strip), f.get_tensor(name)
+
+
+def vllm_load(kind: str, runner: torch.nn.Module, ckpt: Path) -> set[str]:
+    """The text model class's own `load_weights` over the layer's tensors, on a stand-in
+    holding the layer; returns the parameters it says it loaded."""
+    from vllm.model_executor.models import granitemoe, llama4, mixtral, qwen3_moe, step3_text
+
+    model = _stand_in(kind, runner)
+    models = {
+        "step3": step3_text.Step3TextModel,
+        "llama4": llama4.Llama4Model,
+        "mixtral": mixtral.MixtralModel,
+        "granitemoe": granitemoe.GraniteMoeModel,
+    }
+    cls = models.get(kind, qwen3_moe.Qwen3MoeModel)
+    return set(cls.load_weights(model, expert_weights(kind, ckpt)))

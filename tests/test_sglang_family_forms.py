@@ -1,0 +1,74 @@
+"""The tensor forms' families through SGLang 0.5.23's own whole models on CPU
+(tests/family_forms_models.py's checkpoints; tests/test_sglang_models.py's way): SGLang's
+default load of the source (its model class's `load_weights`: Llama-4's and Qwen3-VL-MoE's
+transposes, Granite-MoE's input_linear/output_linear) against the plugin's load of
+fi-convert's `--server sglang` output; every parameter, buffer and tensor attribute equal,
+bf16, TP 1 and 2, every rank. Qwen3-VL-MoE's layers are modules model.layers.L.mlp.experts
+built with the checkpoint's prefix model.language_model.layers.L.mlp.experts (the plugin
+finds them by it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fi_convert import Backend, Options, SchemeName, convert
+from tests import family_forms_models as ffm
+from tests import sglang_moe as sm
+from tests.test_sglang_models import _moe, _tensors
+from tests.test_sglang_plugin import _model, differing, registered  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("registered")
+
+CASES = [
+    (kind, backend, tp)
+    for kind in ("llama4", "qwen3_vl_moe", "granitemoe")
+    for backend, tp in (("trtllm", 1), ("trtllm", 2), ("cutlass", 2))
+]
+# the MoE modules SGLang builds for each
+MOE = {
+    "llama4": ["language_model.model.layers.1.feed_forward.experts"],
+    "qwen3_vl_moe": ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"],
+    "granitemoe": [
+        "model.layers.0.block_sparse_moe.experts",
+        "model.layers.1.block_sparse_moe.experts",
+    ],
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")  # no GPU here: skip its checks
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sglang-family-forms")
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = ffm.save(kind, base / kind)
+        return made[kind]
+
+    return get
+
+
+@pytest.mark.parametrize(("kind", "backend", "tp"), CASES)
+def test_a_whole_model_equals_sglangs_default_load(ckpt, tmp_path, kind, backend, tp):
+    src, out = ckpt(kind), tmp_path / "out"
+    opts = Options(SchemeName.BF16, Backend(backend), tp, server="sglang")
+    convert(src, out, opts, device="cpu")
+    for rank in range(tp):
+        with sm.sglang_context(backend, tp, rank):
+            ours = _model(None, out, "fi-convert", backend)
+            theirs = _model(None, src, "auto", backend)
+        moe = _moe(theirs)
+        assert sorted(moe) == MOE[kind]
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        # SGLang's own load read the experts (not left as allocated); on TRT-LLM it splits I by
+        # the padded size per rank (I 128 at TP 2: rank 0 holds all rows, rank 1 none)
+        if rank == 0:
+            assert all(m.w13_weight.abs().sum() > 0 for m in moe.values())
+        assert differing(_tensors(theirs), _tensors(ours)) == [], f"rank {rank} of {tp}"
