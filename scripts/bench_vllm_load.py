@@ -535,6 +535,27 @@ def model_cases(dev: str, names: list[str] | None = None) -> list[dict]:
     return out
 
 
+def profile(case: dict, src: Path, out: Path, dev: str, where: Path) -> None:
+    """One warm plugin load of a whole-model case under cProfile: the 40 entries of most
+    cumulative time, into `where`/profile-<case>.txt."""
+    import cProfile
+    import io
+    import pstats
+
+    with OutputReader(out) as rd:
+        infos = bm.non_expert_infos(out, rd.is_expert_tensor)
+    places = bm.places(infos, case["tp"], case["rank"])
+    model = {"tp": case["tp"], "rank": case["rank"], "infos": infos, "places": places}
+    prof = cProfile.Profile()
+    prof.enable()
+    r = plugin_model_path(src, out, case["prefixes"], dev, model)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+    name = "".join(c if c.isalnum() else "-" for c in case["name"])
+    (where / f"profile-{name}.txt").write_text(f"read_s {r['read_s']:.3f}\n" + text.getvalue())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-out")
@@ -557,6 +578,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also one warm plugin load of each whole-model case under cProfile "
+        "(OUT/profile-<case>.txt: where the time outside the read goes)",
     )
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -586,6 +613,8 @@ def main() -> None:
                     report["plugin_sweep"] = plugin_sweep(src, out, case["prefixes"], dev, can_drop)
             for cold in (False, True) if can_drop and not a.quick else (False,):
                 r = measure(case, src, out, dev, tuple(limit), cold, a.repeat)
+                if a.profile and not cold and case.get("model"):
+                    profile(case, src, out, dev, Path(a.out))
                 r |= {"case": case["name"], "scheme": case["scheme"], "experts": case["experts"]}
                 results.append(r)
                 print(_row(r), flush=True)

@@ -358,6 +358,7 @@ def test_each_rank_logs_its_whole_load_and_how_it_splits(sources, tmp_path):
     line = said[0] % said[1:]
     assert re.fullmatch(
         r"fi-convert: MoE TP rank 1, EP rank 0/1 loaded [\d.]+ MB in [\d.]+ s \([\d.]+ GB/s\): "
+        r"prepared in [\d.]+ s \(the experts' parameters, the read's plan\), "
         r"the experts of 1 MoE layers \([\d.]+ MB\) and non-expert tensors \([\d.]+ MB\) read "
         r"at once in [\d.]+ s \(\d+ threads?, \d+ MiB pinned\), then the model's load_weights "
         r"in [\d.]+ s \(non-expert [\d.]+ MB with their data, (\d+) tensors\); the model asked "

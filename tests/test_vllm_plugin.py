@@ -300,6 +300,7 @@ def test_loader_under_expert_parallelism_loads_the_ranks_experts(src, out_tp1, e
     # with the tensors it takes with their data, asking the model, kernel setup)
     assert re.fullmatch(
         rf"fi-convert: EP rank {rank}/{ep} loaded [\d.]+ MB in [\d.]+ s \([\d.]+ GB/s\): "
+        r"prepared in [\d.]+ s \(the experts' parameters, the read's plan\), "
         r"the experts of 1 MoE layers \(([\d.]+) MB\) and non-expert tensors \([\d.]+ MB\) "
         r"read at once in [\d.]+ s \(\d+ threads, \d+ MiB pinned\), then the model's "
         r"load_weights in [\d.]+ s \(non-expert [\d.]+ MB with their data, \d+ tensors\); the "

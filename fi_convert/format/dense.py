@@ -209,7 +209,9 @@ class _Blocks:
 
     def take(self, nbytes: int) -> torch.Tensor:
         if nbytes > self.size:
-            return torch.empty(nbytes, dtype=torch.uint8)  # too large to pin for one use
+            return torch.empty(
+                nbytes, dtype=torch.uint8, device="cpu"
+            )  # too large to pin for one use
         if len(self._ring) == RING:
             oldest = self._ring.pop(0)
             if self.pinned:  # the model's copies out of it may still run
@@ -217,7 +219,7 @@ class _Blocks:
             if not _shared(oldest):
                 self._ring.append(oldest)
                 return oldest
-        block = torch.empty(self.size, dtype=torch.uint8, pin_memory=self.pinned)
+        block = torch.empty(self.size, dtype=torch.uint8, device="cpu", pin_memory=self.pinned)
         self.made += 1
         self._ring.append(block)
         return block
@@ -252,7 +254,7 @@ def _aligned(n: int) -> int:
 
 
 def _empty(info: TensorInfo) -> torch.Tensor:
-    return torch.empty(info.shape, dtype=dtypes_of(info))
+    return torch.empty(info.shape, dtype=dtypes_of(info), device="cpu")
 
 
 def dtypes_of(info: TensorInfo) -> torch.dtype:

@@ -35,7 +35,9 @@ class LoadReport:
         whole = ended - self.started
         return (
             f"fi-convert: {self.who} loaded {_gb(self.nbytes)} in {whole:.2f} s "
-            f"({self.nbytes / whole / 1e9 if whole > 0 else 0:.1f} GB/s): the experts of "
+            f"({self.nbytes / whole / 1e9 if whole > 0 else 0:.1f} GB/s): prepared in "
+            f"{self.read_started - self.started - d.probe_s:.2f} s (the experts' parameters, "
+            "the read's plan), the experts of "
             f"{self.layers} MoE layers ({_gb(self.moe_bytes)}) and non-expert tensors "
             f"({_gb(d.direct_bytes)}) read at once in {self.read_ended - self.read_started:.2f} s "
             f"({st.threads} thread{'s' if st.threads != 1 else ''}, "
