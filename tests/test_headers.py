@@ -503,6 +503,23 @@ def test_verify_refuses_a_shard_the_library_cannot_open(pristine, tmp_path):
     assert shard.name in res.output
 
 
+def test_the_plugins_reader_goes_without_the_librarys_parse(pristine, tmp_path, monkeypatch):
+    """The plugins' loads read every byte by fi-convert's own strict parse (`OutputReader(...,
+    library_check=False)`): the safetensors library is not asked (it cost ~20 ms a shard on
+    the H200, 0.17 s of a 0.3 s load); the reader of `load_moe_layer` and `verify` asks it."""
+    from fi_convert.format.reader import OutputReader
+
+    out = tmp_path / "out"
+    assert convert(pristine, out, "--scheme", "bf16").exit_code == 0
+    asked: list[Path] = []
+    monkeypatch.setattr(st_io, "_library_check", lambda path, names: asked.append(path))
+    for check, want in ((False, 0), (True, 1)):
+        asked.clear()
+        with OutputReader(out, library_check=check) as reader:
+            reader.header(reader.shards()[0])
+        assert len(asked) == want
+
+
 @pytest.mark.parametrize(
     "entries",
     [

@@ -27,7 +27,13 @@ from .names import INDEX_NAME
 class OutputReader:
     """A finished output, opened for reading rank slices of its MoE tensors."""
 
-    def __init__(self, out_dir: str | Path, manifest: dict | None = None) -> None:
+    def __init__(
+        self, out_dir: str | Path, manifest: dict | None = None, *, library_check: bool = True
+    ) -> None:
+        # library_check: also the safetensors library's parse of each shard's header
+        # (st_io.read_header); the plugins' loads, which read every byte by fi-convert's own
+        # strict parse, go without it
+        self.library_check = library_check
         self.root = Path(out_dir)
         self.manifest = mf.read(self.root) if manifest is None else manifest
         self.tp_size: int = self.manifest["tp_size"]
@@ -95,7 +101,7 @@ class OutputReader:
         """The shard's header, read from the file that stays open for the reads (a file
         replaced in between would give other bytes than the header checked)."""
         fd = self._files.fd(path)
-        infos = read_header(path)[0]
+        infos = read_header(path, self.library_check)[0]
         st, ft = os.stat(path), os.fstat(fd)
         if (st.st_dev, st.st_ino) != (ft.st_dev, ft.st_ino):
             raise ManifestError(f"{path}: replaced while it was opened; load again")

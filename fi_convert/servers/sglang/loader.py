@@ -196,7 +196,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         `format.dense`), then SGLang's `load_weights_only` over every non-expert tensor, with
         the data of those it does more with (read ahead in batches)."""
         t0 = time.perf_counter()
-        with OutputReader(root, manifest) as reader:
+        with OutputReader(root, manifest, library_check=False) as reader:
             bulk = reader.bulk(_model_device(model), buffers=self._buffers)
             dense: DenseLoad | None = None
             try:

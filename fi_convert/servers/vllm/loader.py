@@ -190,7 +190,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         `format.dense`), then the model's `load_weights` over every non-expert tensor, with the
         data of those it does more with (read ahead in batches)."""
         t0 = time.perf_counter()
-        with OutputReader(root, m) as reader:
+        with OutputReader(root, m, library_check=False) as reader:
             bulk = reader.bulk(_model_device(model), buffers=self._buffers)
             dense: DenseLoad | None = None
             loaded: set[str] = set()
