@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import FiConvertError
@@ -29,13 +30,18 @@ from .plan import Plan
 from .schemes import REGISTRY
 from .server_lookup import of_manifest, resolve
 from .st_io import TMP_SUFFIX
-from .target import ServerTarget
+from .target import ServerTarget, release_fields
 from .version import __version__
 
 
-def target_fields(server: ServerTarget, scheme: str, backend: str) -> dict:
-    """A server's `target`: the releases an output's bytes are, and where it runs them."""
-    return {**server.versions, "gpu_family": server.gpu_family(backend, scheme)}
+def target_fields(server: ServerTarget, scheme: str, backend: str, layers: Mapping) -> dict:
+    """A server's `target`: the releases an output's bytes are (those proven for its layers'
+    sizes among them), and where it runs them."""
+    return {
+        **server.versions,
+        **release_fields(server, scheme, backend, layers),
+        "gpu_family": server.gpu_family(backend, scheme),
+    }
 
 
 def build(plan: Plan, files: dict[str, dict]) -> dict:
@@ -46,7 +52,7 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         several = {
             SERVERS_FIELD: list(plan.options.server_names),
             TARGETS_FIELD: {
-                t.name: target_fields(t, scheme, backend) for t in plan.options.targets
+                t.name: target_fields(t, scheme, backend, layers) for t in plan.options.targets
             },
         }
     return {
@@ -58,7 +64,7 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "tp_size": plan.options.tp_size,
         SERVER_FIELD: server.name,
         **several,
-        "target": target_fields(server, scheme, backend),
+        "target": target_fields(server, scheme, backend, layers),
         "expert_parallel": server.ep_note(scheme, layers),
         "source": {
             "model_type": plan.ckpt.model_type,
@@ -203,12 +209,15 @@ def check_fields(m: dict) -> list[str]:
         refused = server.refuses(scheme.value, backend.value)
         if refused:
             bad("scheme", m["scheme"], f"with backend {backend.value} for {server.name}: {refused}")
-        want = {**server.versions, "gpu_family": server.gpu_family(backend.value, scheme.value)}
+        want = target_fields(server, scheme.value, backend.value, m["layers"])
+        since = release_fields(server, scheme.value, backend.value, m["layers"])
         target = m.get("target")
         if not isinstance(target, dict):
             bad("target", target, f"not {show(want)}")
         else:
             for key in sorted(set(want) | set(target)):
+                if key not in target and key in since:
+                    continue  # written since: an older output's plugin derives it (FORMAT.md)
                 if key not in target:
                     out.append(f"target.{key} is missing ({show(want[key])})")
                 elif key not in want:
@@ -254,7 +263,11 @@ def _several_problems(m: dict, first: str) -> list[str]:
         except FiConvertError as e:
             out.append(f"{SERVERS_FIELD} names {show(name)}: {e}")
             continue
-        want = target_fields(server, str(m.get("scheme")), str(m.get("backend")))
+        scheme, backend = str(m.get("scheme")), str(m.get("backend"))
+        want = target_fields(server, scheme, backend, m["layers"])
+        if isinstance(targets[name], dict):  # fields written since: an older output lacks them
+            since = release_fields(server, scheme, backend, m["layers"])
+            want = {k: v for k, v in want.items() if k in targets[name] or k not in since}
         if not same(targets[name], want):
             out.append(f"{TARGETS_FIELD}.{name} is {show(targets[name])}, not {show(want)}")
         refused = server.refuses(str(m.get("scheme")), str(m.get("backend")))

@@ -152,6 +152,10 @@ class ServerTarget(Protocol):
         """The GPUs where it runs the scheme with the backend (the manifest's `gpu_family`)."""
         ...
 
+    # A server may also have `release_fields(scheme, backend, layers) -> dict`: the `target`
+    # fields that depend on the output's layers (vLLM's: the releases proven for their sizes,
+    # `vllm_releases`); see `release_fields` below.
+
     def ep_note(self, scheme: str, layers: Mapping[str, dict]) -> str:
         """The manifest's `expert_parallel`: the EP sizes the output serves as converted."""
         ...
@@ -169,6 +173,15 @@ class ServerTarget(Protocol):
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output (manifest `m`) from the Hub repo."""
         ...
+
+
+def release_fields(
+    server: ServerTarget, scheme: str, backend: str, layers: Mapping[str, Mapping]
+) -> dict:
+    """The `target` fields a server derives from the output's layers (the releases whose own
+    processing is proven to hold their bytes); {} for a server that lists none."""
+    fields = getattr(server, "release_fields", None)
+    return {} if fields is None else dict(fields(scheme, backend, layers))
 
 
 def release_rows(label: str, release: object, target: Mapping) -> list[str]:
