@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.format import manifest as mf
