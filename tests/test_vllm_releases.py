@@ -216,3 +216,24 @@ def test_the_vllm_extra_accepts_the_proven_range():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     first, last = releases.PROVEN[0], releases.PROVEN[-1]
     assert project["optional-dependencies"]["vllm"] == [f"vllm>={first},<={last}"]
+
+
+def test_the_docs_support_table_is_the_proven_tables():
+    """docs/serving.md holds what scripts/support_table.py makes of releases.py, not a table
+    written by hand; and the script's --check fails on a page that differs."""
+    import runpy
+
+    script = runpy.run_path(str(ROOT / "scripts" / "support_table.py"))
+    page = (ROOT / "docs" / "serving.md").read_text()
+    assert script["with_table"](page) == page
+    assert releases.support_table() in page
+    edited = page.replace("| mxfp8 | trtllm | other sizes | refused (1)", "| mxfp8 | trtllm | x")
+    assert edited != page and script["with_table"](edited) == page
+
+
+def test_the_support_table_marks_each_release_of_each_row():
+    table = releases.support_table()
+    assert "| bf16 | trtllm | any size | " + " | ".join(["proven"] * 5) + " |" in table
+    row = "| mxfp8 | trtllm | other sizes | " + " | ".join(["refused (1)"] * 3 + ["proven"] * 2)
+    assert row in table
+    assert "(1) vLLM 0.30-0.32 do not pad" in table
