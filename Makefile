@@ -109,7 +109,7 @@ test-server: install-server
 # test-releases` runs every release of RELEASES_$(SERVER) (0.33.0 is `make install`'s venv).
 RELEASE ?= 0.30.0
 RELEASES_vllm ?= 0.30.0 0.31.0 0.32.0 0.34.0
-RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_plugin.py tests/test_vllm_ep.py \
+RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_plugin.py tests/test_vllm_ep.py \
 	tests/test_vllm_releases.py
 
 install-release:
