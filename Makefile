@@ -33,7 +33,7 @@ OTHER_SERVER_sglang := vllm
 export SERVER_CHECK = $(SERVER_CHECK_$(SERVER))
 
 .PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean install-server \
-	test-server install-release test-release test-releases
+	test-server install-release test-release install-releases test-releases
 
 install: $(VENV)/.installed
 
@@ -106,7 +106,8 @@ test-server: install-server
 # (scripts/release_env_$(SERVER).sh, under $${FI_CONVERT_CACHE:-~/.cache/fi-convert}/venvs),
 # then runs RELEASE_TESTS_$(SERVER) there against this clone's code (PYTHONPATH; the clone's
 # editable-install metadata, from `make install`, gives the plugin's entry point). `make
-# test-releases` runs every release of RELEASES_$(SERVER) (0.33.0 is `make install`'s venv).
+# test-releases` runs every release of RELEASES_$(SERVER) (0.33.0 is `make install`'s venv);
+# `make install-releases` builds their venvs only (CI, beside `make install`).
 RELEASE ?= 0.30.0
 RELEASES_vllm ?= 0.30.0 0.31.0 0.32.0 0.34.0
 RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_plugin.py tests/test_vllm_ep.py \
@@ -119,6 +120,9 @@ test-release:
 	venv=$$(bash scripts/release_env_$(SERVER).sh $(RELEASE)) && \
 		PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server $(SERVER) \
 		--release $(RELEASE) $(RELEASE_TESTS_$(SERVER))
+
+install-releases:
+	for r in $(RELEASES_$(SERVER)); do $(MAKE) install-release SERVER=$(SERVER) RELEASE=$$r || exit 1; done
 
 test-releases:
 	for r in $(RELEASES_$(SERVER)); do $(MAKE) test-release SERVER=$(SERVER) RELEASE=$$r || exit 1; done
