@@ -75,10 +75,10 @@ class UnlistedRelease(PluginError):
     fi-convert proves for the output's layout (releases.py): nothing says its processing holds
     these bytes. `release` is the running one, `listed` those that are proven."""
 
-    def __init__(self, msg: str, release: str, listed: list[str]) -> None:
+    def __init__(self, msg: str, release: str = "", listed: list[str] | None = None) -> None:
         super().__init__(msg)
         self.release = release
-        self.listed = listed
+        self.listed = listed or []
 
 
 def served_releases(manifest: dict, root: str) -> list[str]:
