@@ -35,7 +35,8 @@ OTHER_SERVER_sglang := vllm
 export SERVER_CHECK = $(SERVER_CHECK_$(SERVER))
 
 .PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean install-server \
-	test-server install-sglang-releases test-sglang-release print-sglang-releases
+	test-server install-sglang-releases test-sglang-release print-sglang-releases \
+	install-release test-release install-releases test-releases
 
 install: $(VENV)/.installed
 
@@ -133,6 +134,36 @@ test-sglang-release:
 		$(SGLANG_RELEASE_TESTS) -k "$(SGLANG_RELEASE_K)" $(if $(SGLANG_PLUGIN_K_$(SGLANG_RELEASE)),\
 	&& PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server sglang \
 		$(SGLANG_PLUGIN_TESTS) -k "$(SGLANG_PLUGIN_K_$(SGLANG_RELEASE))")
+
+# One server release as the test authority (docs/development.md, "vLLM releases"):
+# `make test-release SERVER=vllm RELEASE=0.30.0` builds that release's venv unless it is cached
+# (scripts/release_env_$(SERVER).sh, under $${FI_CONVERT_CACHE:-~/.cache/fi-convert}/venvs),
+# then runs RELEASE_TESTS_$(SERVER) there against this clone's code (PYTHONPATH; the clone's
+# editable-install metadata, from `make install`, gives the plugin's entry point). `make
+# test-releases` runs every release of RELEASES_$(SERVER) (0.33.0 is `make install`'s venv);
+# `make install-releases` builds their venvs only (CI, beside `make install`).
+RELEASE ?= 0.30.0
+RELEASES_vllm ?= 0.30.0 0.31.0 0.32.0 0.34.0
+# CI_SUBSET=1 (CI's legs): the layer cases at TP (and EP) 1 and 2 only, every rank; TP 4 runs in
+# `make test` (0.33) and in a plain `make test-release`.
+CI_SUBSET ?=
+RELEASE_SUBSET := -k "not -4-"
+RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_plugin.py tests/test_vllm_ep.py \
+	tests/test_vllm_releases.py
+
+install-release:
+	bash scripts/release_env_$(SERVER).sh $(RELEASE) >/dev/null
+
+test-release:
+	venv=$$(bash scripts/release_env_$(SERVER).sh $(RELEASE)) && \
+		PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server $(SERVER) \
+		--release $(RELEASE) $(if $(CI_SUBSET),$(RELEASE_SUBSET)) $(RELEASE_TESTS_$(SERVER))
+
+install-releases:
+	for r in $(RELEASES_$(SERVER)); do $(MAKE) install-release SERVER=$(SERVER) RELEASE=$$r || exit 1; done
+
+test-releases:
+	for r in $(RELEASES_$(SERVER)); do $(MAKE) test-release SERVER=$(SERVER) RELEASE=$$r || exit 1; done
 
 # The header fuzz at full size (about a minute on 2 cores): thousands of random corruptions of a
 # shard's header at the reader, a few hundred through the CLI; `make test` runs a few hundred.

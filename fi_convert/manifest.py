@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import FiConvertError
@@ -29,25 +30,26 @@ from .plan import Plan
 from .schemes import REGISTRY
 from .server_lookup import of_manifest, resolve
 from .st_io import TMP_SUFFIX
-from .target import ServerTarget
+from .target import ServerTarget, release_fields
 from .version import __version__
 
 
-def target_fields(server: ServerTarget, m: dict) -> dict:
-    """A server's `target` for an output (manifest `m`: its scheme, backend and layers): the
-    releases its bytes are, and where it runs them."""
-    scheme, backend = str(m.get("scheme")), str(m.get("backend"))
-    fields = {**server.versions, "gpu_family": server.gpu_family(backend, scheme)}
-    # a server whose releases are proven per layout names those of the output's (SGLang)
-    releases = getattr(server, "release_fields", None)
-    return {**fields, **releases(m)} if releases else fields
+def target_fields(server: ServerTarget, scheme: str, backend: str, layers: Mapping) -> dict:
+    """A server's `target`: the releases an output's bytes are (those proven for its layers'
+    sizes among them), and where it runs them."""
+    return {
+        **server.versions,
+        **release_fields(server, scheme, backend, layers),
+        "gpu_family": server.gpu_family(backend, scheme),
+    }
 
 
 def _accepted_targets(server: ServerTarget, m: dict) -> list[dict]:
     """The targets `verify` accepts for the output: this fi-convert's, and any a server lists
     as what older fi-convert releases wrote (`former_targets`)."""
-    gpu = {"gpu_family": server.gpu_family(str(m.get("backend")), str(m.get("scheme")))}
-    return [target_fields(server, m)] + [
+    scheme, backend = str(m.get("scheme")), str(m.get("backend"))
+    gpu = {"gpu_family": server.gpu_family(backend, scheme)}
+    return [target_fields(server, scheme, backend, m["layers"])] + [
         {**t, **gpu} for t in getattr(server, "former_targets", ())
     ]
 
@@ -55,13 +57,13 @@ def _accepted_targets(server: ServerTarget, m: dict) -> list[dict]:
 def build(plan: Plan, files: dict[str, dict]) -> dict:
     layers = plan.summary()["layers"]
     scheme, backend, server = plan.scheme.value, plan.options.backend.value, plan.target
-    shape = {"scheme": scheme, "backend": backend, "tp_size": plan.options.tp_size}
-    shape["layers"] = layers
     several = {}
     if len(plan.options.targets) > 1:
         several = {
             SERVERS_FIELD: list(plan.options.server_names),
-            TARGETS_FIELD: {t.name: target_fields(t, shape) for t in plan.options.targets},
+            TARGETS_FIELD: {
+                t.name: target_fields(t, scheme, backend, layers) for t in plan.options.targets
+            },
         }
     return {
         "format": FORMAT,
@@ -72,7 +74,7 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "tp_size": plan.options.tp_size,
         SERVER_FIELD: server.name,
         **several,
-        "target": target_fields(server, shape),
+        "target": target_fields(server, scheme, backend, layers),
         "expert_parallel": server.ep_note(scheme, layers),
         "source": {
             "model_type": plan.ckpt.model_type,
@@ -227,6 +229,7 @@ def check_fields(m: dict) -> list[str]:
         if refused:
             bad("scheme", m["scheme"], f"with backend {backend.value} for {server.name}: {refused}")
         wants = _accepted_targets(server, m)
+        since = release_fields(server, scheme.value, backend.value, m["layers"])
         target = m.get("target")
         # an older fi-convert's target is checked as such; else this one's, field by field
         want = next((w for w in wants[1:] if same(target, w)), wants[0])
@@ -234,6 +237,8 @@ def check_fields(m: dict) -> list[str]:
             bad("target", target, f"not {show(want)}")
         else:
             for key in sorted(set(want) | set(target)):
+                if key not in target and key in since:
+                    continue  # written since: an older output's plugin derives it (FORMAT.md)
                 if key not in target:
                     out.append(f"target.{key} is missing ({show(want[key])})")
                 elif key not in want:
@@ -279,9 +284,14 @@ def _several_problems(m: dict, first: str) -> list[str]:
         except FiConvertError as e:
             out.append(f"{SERVERS_FIELD} names {show(name)}: {e}")
             continue
+        scheme, backend = str(m.get("scheme")), str(m.get("backend"))
+        since = release_fields(server, scheme, backend, m["layers"])
         wants = _accepted_targets(server, m)
-        if not any(same(targets[name], want) for want in wants):
-            out.append(f"{TARGETS_FIELD}.{name} is {show(targets[name])}, not {show(wants[0])}")
+        got = targets[name]
+        if isinstance(got, dict):  # fields written since: an older output lacks them
+            wants = [{k: v for k, v in w.items() if k in got or k not in since} for w in wants]
+        if not any(same(got, want) for want in wants):
+            out.append(f"{TARGETS_FIELD}.{name} is {show(got)}, not {show(wants[0])}")
         refused = server.refuses(str(m.get("scheme")), str(m.get("backend")))
         if refused:
             out.append(f"{SERVERS_FIELD} names {name}, for which {refused}")

@@ -32,7 +32,7 @@ from .source import (
     open_checkpoint,
 )
 from .st_io import OutEntry, TensorInfo
-from .target import DEFAULT, Layout, Refusal, ServerTarget
+from .target import DEFAULT, Layout, Refusal, ServerTarget, release_fields
 from .version import __version__
 
 
@@ -450,12 +450,14 @@ def choices(plan: Plan) -> list[Choice]:
 class ServerChoice:
     """What one server (`--server`) would get of a plan's scheme, backend and TP size: why
     fi-convert writes no output of it for that server (None: it writes one), how its layout
-    compares with the plan's server's, and its serve line."""
+    compares with the plan's server's, its serve line, and the server releases proven to
+    hold the bytes (the manifest target's fields that say so, `target.release_fields`)."""
 
     server: str
     why_not: str | None
     layout_note: str
     serve: str
+    releases: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         return {
@@ -464,6 +466,7 @@ class ServerChoice:
             "why_not": self.why_not,
             "layout": self.layout_note,
             "serve": self.serve,
+            "releases": self.releases,
         }
 
 
@@ -483,7 +486,12 @@ def servers(plan: Plan) -> list[ServerChoice]:
             note = f"other bytes, first {diff}" if diff else f"the same bytes as for {own}"
             if not diff:
                 note += f" (one output serves both: --server {own},{name})"
-        out.append(ServerChoice(name, why, note, opts.target.serve_command("OUT", *plan.serving)))
+        serve = opts.target.serve_command("OUT", *plan.serving)
+        rel = {}
+        if why is None:
+            infos = {lp.prefix: lp.info for lp in lps}
+            rel = release_fields(opts.target, plan.scheme.value, plan.options.backend.value, infos)
+        out.append(ServerChoice(name, why, note, serve, rel))
     return out
 
 

@@ -164,6 +164,11 @@ class ServerTarget(Protocol):
         """The GPUs where it runs the scheme with the backend (the manifest's `gpu_family`)."""
         ...
 
+    # A server may also have `release_fields(m) -> dict` (`m`: the output's scheme, backend
+    # and layer entries): the `target` fields that depend on the output's layers (the releases
+    # proven for their sizes, `vllm_releases`, `sglang_releases`); see `release_fields` below.
+    # And `former_targets`: targets older fi-convert releases wrote, which `verify` accepts.
+
     def ep_note(self, scheme: str, layers: Mapping[str, dict]) -> str:
         """The manifest's `expert_parallel`: the EP sizes the output serves as converted."""
         ...
@@ -181,6 +186,16 @@ class ServerTarget(Protocol):
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output (manifest `m`) from the Hub repo."""
         ...
+
+
+def release_fields(
+    server: ServerTarget, scheme: str, backend: str, layers: Mapping[str, Mapping]
+) -> dict:
+    """The `target` fields a server derives from the output's layers (the releases whose own
+    processing is proven to hold their bytes); {} for a server that lists none."""
+    fields = getattr(server, "release_fields", None)
+    m = {"scheme": scheme, "backend": backend, "layers": layers}
+    return {} if fields is None else dict(fields(m))
 
 
 def release_rows(label: str, release: object, target: Mapping) -> list[str]:

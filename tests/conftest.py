@@ -48,6 +48,30 @@ def pytest_addoption(parser):
         help="run in a venv that holds this server alone (`make test-server`): the other "
         "server's modules are not collected and its marked tests are deselected",
     )
+    parser.addoption(
+        "--release",
+        default=None,
+        help="with --server: the release of it this venv holds, as the test authority "
+        "(`make test-release`); the run stops before collecting if another is installed",
+    )
+
+
+def pytest_configure(config):
+    """--release: the tests run against the installed server, so it must be that release."""
+    release = config.getoption("--release")
+    if release is None:
+        return
+    from importlib import metadata
+
+    server = config.getoption("--server")
+    if server is None:
+        raise pytest.UsageError("--release needs --server (the server it is a release of)")
+    try:
+        got = metadata.version(server)
+    except metadata.PackageNotFoundError:
+        got = "not installed"
+    if got != release:
+        raise pytest.UsageError(f"--release {release}: this venv's {server} is {got}")
 
 
 def _module_server(name: str) -> str | None:
@@ -88,10 +112,16 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_report_header(config):
     other = _other(config)
     if other is not None:
-        return [
+        lines = [
             f"--server {config.getoption('--server')}: test_{other}*.py not collected, tests "
             f"marked {other} deselected"
         ]
+        if config.getoption("--release"):
+            lines.append(
+                f"the test authority: {config.getoption('--server')} "
+                f"{config.getoption('--release')}"
+            )
+        return lines
     return []
 
 

@@ -56,3 +56,28 @@ SGLANG_SM90_WEIGHT_SHAPES: frozenset[tuple[int, int]] = frozenset(
         (768, 64),
     }
 )
+
+# The [M, K] scale shapes (M rows of an expert, K scale columns: K/16 for NVFP4, K/32 for MXFP8)
+# vLLM's own processing passes to FlashInfer's CUDA-only `block_scale_interleave` in the CPU
+# tests of every proven vLLM release (tests/test_vllm_scales.py, where tests/vllm_moe.py's CPU
+# version stands in for it). The same rule: any other shape is refused there, and
+# tests/test_gpu.py checks each listed one against FlashInfer's function on CUDA.
+VLLM_SCALE_SHAPES: frozenset[tuple[int, int]] = frozenset(
+    {
+        # vLLM 0.30-0.32 pass MXFP8's w13 scales unpadded (H 320: 10 columns), and their own
+        # reshape after the swizzle fails (tests/test_vllm_scales.py proves it there)
+        (192, 10),
+        (384, 10),
+        (768, 10),
+        (256, 16),
+        (256, 32),
+        (384, 32),
+        (512, 4),
+        (512, 8),
+        (512, 12),
+        (512, 16),
+        (512, 24),
+        (768, 16),
+        (768, 32),
+    }
+)

@@ -144,6 +144,7 @@ def test_inspect_bf16_qwen3_lists_what_it_takes(ckpts):
     assert got[servers + 1 :] == [
         "  vllm: this plan; serve with `vllm serve OUT --load-format fi-convert -tp 1 "
         "--moe-backend flashinfer_trtllm`",
+        "    vllm_releases: 0.30.0, 0.31.0, 0.32.0, 0.33.0, 0.34.0",  # releases.py
         "  sglang: the same bytes as for vllm (one output serves both: --server vllm,sglang); "
         "serve with `python -m sglang.launch_server "
         "--model-path OUT --load-format fi-convert --moe-runner-backend flashinfer_trtllm`",

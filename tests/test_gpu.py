@@ -20,7 +20,7 @@ from fi_convert.servers.sglang.target import LAYOUTS as SGLANG_LAYOUTS
 from fi_convert.servers.sglang.target import SGLANG_TARGET
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from fi_convert.verify import flashinfer_reference as ref
-from tests.swizzle_shapes import SGLANG_SCALE_SHAPES
+from tests.swizzle_shapes import SGLANG_SCALE_SHAPES, VLLM_SCALE_SHAPES
 
 pytestmark = pytest.mark.gpu
 
@@ -142,6 +142,22 @@ def test_the_cpu_block_scale_interleave_of_the_sglang_tests_is_flashinfers(shape
     sf = torch.randint(0, 256, shape, dtype=torch.uint8)
     want = block_scale_interleave(sf.cuda()).cpu()
     assert torch.equal(_block_scale_interleave(sf).reshape(-1), want.reshape(-1))
+
+
+@pytest.mark.parametrize("shape", sorted(VLLM_SCALE_SHAPES))
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float8_e4m3fn])
+def test_the_cpu_block_scale_interleave_of_the_vllm_tests_is_flashinfers(shape, dtype):
+    """The CPU version vLLM's own processing runs in the CPU tests of every release
+    (tests/vllm_moe.py `cpu_swizzle`), against FlashInfer's CUDA function, on each scale shape
+    those tests pass it, batched over experts as vLLM passes it."""
+    from flashinfer import block_scale_interleave
+
+    from tests.vllm_moe import block_scale_interleave_cpu
+
+    sf = torch.randint(0, 256, (3, *shape), dtype=torch.uint8).view(dtype)
+    want = block_scale_interleave(sf.view(torch.uint8).cuda()).cpu()
+    got = block_scale_interleave_cpu(sf).view(torch.uint8)
+    assert torch.equal(got.reshape(-1), want.reshape(-1))
 
 
 @pytest.mark.parametrize("m,ks", [(256, 8), (512, 4), (384, 12)])

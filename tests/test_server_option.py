@@ -262,7 +262,9 @@ def test_inspect_shows_what_each_server_gets(ckpts):
         'tp_split (the rows of I each TP rank holds) is "padded" for sglang, absent for vllm'
         in (got[at + 1])
     )
-    assert got[at + 2].startswith("  sglang: this plan; serve with `python -m sglang.launch_")
+    # the vLLM releases that would hold its bytes (servers/vllm/releases.py)
+    assert got[at + 2] == "    vllm_releases: 0.30.0, 0.31.0, 0.32.0, 0.33.0, 0.34.0"
+    assert got[at + 3].startswith("  sglang: this plan; serve with `python -m sglang.launch_")
     cut = cli("inspect", ckpts["mixtral"], "--tp-size", "2", "--backend", "cutlass", "--json")
     servers = {s["server"]: s for s in json.loads(cut.stdout)["servers"]}
     assert servers["sglang"]["layout"] == (

@@ -86,3 +86,53 @@ def plugin_layer(
         plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
         plugin.finish(layer, reader.layer(prefix))
     return layer
+
+
+def block_scale_interleave_cpu(
+    sf: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """FlashInfer's `block_scale_interleave` (CUDA only) on CPU, as vLLM's processing calls it:
+    the 128x4 swizzle of a [M, K] (or [E, M, K]) uint8 or float8 scale tensor, M padded to 128
+    and K to 4 with zeros, flat, in the input's dtype. Built from fi_convert.layout's index, so
+    vLLM's scale bytes here are checked up to this swizzle; the swizzle itself is checked
+    against FlashInfer's on the GPU machine for every shape tests/swizzle_shapes.py lists
+    (VLLM_SCALE_SHAPES; any other shape is refused here)."""
+    from fi_convert.layout import swizzle_128x4_index
+    from tests.swizzle_shapes import VLLM_SCALE_SHAPES
+
+    shape = tuple(sf.shape[-2:])
+    if shape not in VLLM_SCALE_SHAPES or sf.element_size() != 1:
+        raise AssertionError(
+            f"block_scale_interleave of {tuple(sf.shape)} {sf.dtype}: a shape the CPU version "
+            "has not been checked against FlashInfer's for; add it to tests/swizzle_shapes.py "
+            "(VLLM_SCALE_SHAPES) and run tests/test_gpu.py on the GPU machine"
+        )
+    e = sf.shape[0] if sf.ndim == 3 else 1
+    x = sf.reshape(e, *shape).view(torch.uint8).cpu()
+    idx = swizzle_128x4_index(*shape)
+    flat = torch.cat([x.reshape(e, -1), torch.zeros(e, 1, dtype=torch.uint8)], dim=1)
+    res = flat[:, idx].reshape(-1).view(sf.dtype).to(sf.device)
+    return res if out is None else out.copy_(res)
+
+
+SWIZZLES = ("block_scale_interleave", "nvfp4_block_scale_interleave")
+
+
+@contextlib.contextmanager
+def cpu_swizzle() -> Iterator[None]:
+    """FlashInfer's CUDA-only scale swizzle replaced by the CPU version above wherever vLLM's
+    processing (or FlashInfer's Python around it) takes it from: every FlashInfer and vLLM
+    module that binds one of its names. The only stand-in in the NVFP4 and MXFP8 tests, with
+    one move: vLLM's own NVFP4 CUTLASS swizzle (pure PyTorch, `swizzle_blockscale`) ends with
+    `.cuda()`, which stays on the CPU here."""
+    import flashinfer  # noqa: F401  (its submodules bind the names)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(torch.Tensor, "cuda", lambda t, *a, **k: t))
+        for name, module in list(sys.modules.items()):
+            if module is None or not name.startswith(("flashinfer", "vllm")):
+                continue
+            for attr in SWIZZLES:
+                if callable(vars(module).get(attr)):
+                    stack.enter_context(mock.patch.object(module, attr, block_scale_interleave_cpu))
+        yield

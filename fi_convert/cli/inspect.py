@@ -149,3 +149,6 @@ def _render_servers(o: Output, plan: Plan, ss: list[ServerChoice]) -> None:
             o.result(f"  {x.server}: cannot: {escape(x.why_not)}")
         else:
             o.result(f"  {x.server}: {escape(x.layout_note)}; serve with `{escape(x.serve)}`")
+            for key, value in x.releases.items():
+                shown = ", ".join(value) if isinstance(value, list) else str(value)
+                o.result(f"    {key}: {escape(shown or 'none')}")

