@@ -56,7 +56,7 @@ def pytest_addoption(parser):
     )
 
 
-def pytest_configure(config):
+def _check_release(config):
     """--release: the tests run against the installed server, so it must be that release."""
     release = config.getoption("--release")
     if release is None:
@@ -87,7 +87,9 @@ def _other(config) -> str | None:
 def pytest_configure(config):
     """A temp root of this session's own: pytest's shared `pytest-of-USER` folder, with its
     `pytest-current` link that each session's cleanup removes, breaks a second session run
-    beside this one (two clones' `make test` at once: FileNotFoundError at the end)."""
+    beside this one (two clones' `make test` at once: FileNotFoundError at the end). And
+    --release's check."""
+    _check_release(config)
     if config.option.basetemp is None and "PYTEST_DEBUG_TEMPROOT" not in os.environ:
         config.option.basetemp = tempfile.mkdtemp(prefix="pytest-fi-convert-")
         config.stash[_OWN_BASETEMP] = Path(config.option.basetemp)

@@ -4,7 +4,11 @@ too); these are the tests' assertions over it."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import torch
 
