@@ -54,7 +54,7 @@ def _family_fields() -> list[tuple[str, str, str]]:
     out = []
     for path in sorted(FAMILY_DIR.glob("*.json")):
         d = json.loads(path.read_text())
-        if d["name"] not in SPECS:
+        if d["name"] not in SPECS and d["name"] not in SAVED:
             continue
         fam = next(f for f in all_families() if f.name == d["name"])
         fields = {**SECTION_FIELDS, **fam.config_fields()}

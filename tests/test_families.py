@@ -247,9 +247,9 @@ def test_a_size_config_json_contradicts_is_one_line(ckpt, tmp_path):
     model = _copy(ckpt("glm4_moe"), tmp_path / "m", moe_intermediate_size=96)
     line = error_line(cli("inspect", model))
     assert line == (
-        "error: model.layers.1.mlp.experts.0.down_proj.weight: intermediate size 128 in the "
-        "shards but config.json says moe_intermediate_size = 96; the checkpoint and its config "
-        "disagree (or the family file reads the wrong field)"
+        "error: model.layers.1.mlp.experts.0.down_proj.weight: shape [64, 128], expected "
+        "[64, 96] ([H, I] with E=4, H=64, I=96 from config.json); the checkpoint and "
+        "config.json disagree - download both again"
     )
 
 

@@ -107,6 +107,10 @@ def test_a_release_the_output_does_not_list_is_proven_then_loads(out, monkeypatc
     ), lines[0]
 
 
+# the releases the fp8-block output lists (servers/vllm/releases.py)
+LISTED = "0.30.0, 0.31.0, 0.32.0, 0.33.0, 0.34.0"
+
+
 def test_a_layout_change_in_a_newer_release_is_refused_naming_the_tensor(out, newer, planted):
     with pytest.raises(PluginError) as e:
         _load_model(out)
@@ -120,7 +124,7 @@ def test_a_layout_change_in_a_newer_release_is_refused_naming_the_tensor(out, ne
         r"\d+ elements differ\)",
         msg,
     ), msg
-    assert msg.endswith("install a vLLM in ==0.33.0, or an fi-convert that lists vLLM 0.35.0")
+    assert msg.endswith(f"install a vLLM in {LISTED}, or an fi-convert that lists vLLM 0.35.0")
 
 
 def test_a_refusal_comes_before_vllm_builds_the_model(out, newer, planted):
@@ -139,10 +143,10 @@ def test_a_release_the_proof_cannot_run_on_is_refused_naming_why(out, newer, mon
     with pytest.raises(PluginError) as e:
         _load_model(out)
     assert str(e.value) == (
-        f"fi-convert: {out}: vLLM 0.35.0 is not a release this output lists (==0.33.0), and "
+        f"fi-convert: {out}: vLLM 0.35.0 is not a release this output lists ({LISTED}), and "
         "fi-convert cannot prove it here: vLLM 0.35.0's own MoE processing did not run here "
         "(AttributeError: module 'vllm...layer' has no attribute 'FusedMoEFactory'); install a "
-        "vLLM in ==0.33.0, or an fi-convert that lists vLLM 0.35.0"
+        f"vLLM in {LISTED}, or an fi-convert that lists vLLM 0.35.0"
     )
 
 
@@ -159,7 +163,7 @@ def test_the_other_refusals_come_first(out, newer, monkeypatch):
         _load_model(out, rank=0, tp=4)
     with pytest.raises(checks.UnlistedRelease, match="this is vLLM 0.35.0") as e:
         checks.check_manifest(mf.read(out), "OUT", tp_size=2, use_ep=False, vllm_version="0.35.0")
-    assert (e.value.release, e.value.listed) == ("0.35.0", "==0.33.0")
+    assert (e.value.release, e.value.listed) == ("0.35.0", LISTED)
 
 
 def test_the_engine_process_leaves_the_proof_to_the_workers(out, newer, monkeypatch):
