@@ -110,7 +110,8 @@ def test_a_layout_change_in_a_newer_release_is_refused_naming_the_tensor(out, ne
         msg,
     ), msg
     assert msg.endswith(
-        "install an SGLang in 0.5.20, 0.5.21, 0.5.22, 0.5.23, or an fi-convert that lists SGLang 0.5.24"
+        "install an SGLang in 0.5.20, 0.5.21, 0.5.22, 0.5.23, or an fi-convert that lists "
+        "SGLang 0.5.24"
     )
 
 
