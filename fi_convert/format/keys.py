@@ -35,6 +35,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "vllm",
             "vllm_versions",
             "vllm_releases",
+            "vllm_releases_left_out",  # why proven releases cannot hold the bytes (2026-12-03)
             "sglang",
             "sglang_versions",
             "sglang_releases",
