@@ -20,7 +20,8 @@ from .harness import MANIFEST, REPORT, TEST_CPU_ENV, compare
 
 PLUGIN_FORMAT = "fi-convert"
 REGISTERED = "fi-convert: registered load format 'fi-convert'"
-LOADING = r"fi-convert: TP rank (\d+)/(\d+) loaded (\d+) MoE layers, .* from (\S+)"
+# each rank's one line at the end of its load (format/load_report.py)
+LOADING = r"fi-convert: TP rank (\d+)/(\d+) loaded .* the experts of (\d+) MoE layers .* from (\S+)"
 NUM_MOE_LAYERS = 2  # scripts/engine_tiny_model.py
 # Same weights, same TP, same kernels: the runs should agree exactly; 1e-2 is below one bf16
 # step of these logits (>= 1/64 for |logit| >= 2), so any change in the weights shows.
