@@ -148,6 +148,8 @@ def test_inspect_bf16_qwen3_lists_what_it_takes(ckpts):
         "  sglang: the same bytes as for vllm (one output serves both: --server vllm,sglang); "
         "serve with `python -m sglang.launch_server "
         "--model-path OUT --load-format fi-convert --moe-runner-backend flashinfer_trtllm`",
+        "    sglang_releases: 0.5.20, 0.5.21, 0.5.22, 0.5.23",  # servers/sglang/releases.py
+        "    sglang_versions: >=0.5.20,<=0.5.23",
     ]
 
 
