@@ -1,7 +1,7 @@
 """The load-time proof's cost per distinct layer shape, on this machine:
 
     python scripts/bench_release_proof.py [--server vllm] [--hidden 7168] [--intermediate 2048]
-        [--tp-size 1] [SCHEME ...]
+        [--tp-size 1] [--backend trtllm] [SCHEME ...]
 
 For each scheme (default: fp8-block, nvfp4, bf16; TRT-LLM), an output of one MoE layer at those
 sizes (DeepSeek-V3's by default) is made first (not timed), then the installed server proven on
@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--intermediate", type=int, default=2048)
     ap.add_argument("--tp-size", type=int, default=1)
+    ap.add_argument("--backend", default="trtllm", choices=[b.value for b in Backend])
     args = ap.parse_args()
     proof = importlib.import_module(f"fi_convert.servers.{args.server}.proof")
     t0 = time.perf_counter()
@@ -66,7 +67,7 @@ def main() -> None:
                 moe_only=True,
             )
             src = write_checkpoint(Path(tmp) / "src", spec)
-            opts = Options(SchemeName(scheme), Backend.TRTLLM, args.tp_size, server=args.server)
+            opts = Options(SchemeName(scheme), Backend(args.backend), args.tp_size, server=args.server)
             convert(src, Path(tmp) / "out", opts, device="cpu", fsync=False)
             m = mf.read(Path(tmp) / "out")
             t, cpu = time.perf_counter(), time.process_time()
