@@ -29,7 +29,8 @@ FAMILY_FILE = "family_file"
 class Form:
     # "per_expert": one [out, in] tensor per expert and projection; "fused": one [E, 2I, H]
     # w13 tensor ([gate; up]) and one [E, H, I] w2; "stacked": one [E, out, in] tensor per
-    # projection (fi_convert/forms.py has the shapes of each)
+    # projection; "flat": one [E*out, in] per projection (fi_convert/forms.py has the shapes
+    # of each)
     kind: str
     pattern: re.Pattern[str]
     projections: dict[str, str]
@@ -426,7 +427,7 @@ def _check_forms(d: dict) -> str | None:
     return None
 
 
-FORM_KINDS = ("per_expert", "fused", "stacked")
+FORM_KINDS = ("per_expert", "fused", "stacked", "flat")
 
 
 def _check_form(f: object) -> str | None:

@@ -100,7 +100,7 @@ class ExpertLayer:
         info = self.tensor(role, param, 0)
         if self.form.kind == "per_expert":
             return info.shape
-        shape = info.shape[1:]
+        shape = forms.matrix_shape(self.form, info, self.num_experts)
         if forms.transposed(self.form, role):
             shape = shape[::-1]
         fused = forms.stored_role(self.form, role) == "w13"
@@ -157,7 +157,8 @@ class ExpertLayer:
         self, role: str, param: str, e: int, rows: tuple[int, int], cols: tuple[int, int] | None
     ) -> forms.Span:
         """Where rows [a, b) (columns [c, d)) of expert e's `role` matrix are stored."""
-        return forms.span(self.form, role, self.tensor(role, param, e), e, rows, cols)
+        info = self.tensor(role, param, e)
+        return forms.span(self.form, role, info, e, rows, cols, self.num_experts)
 
 
 def expert_rows(info: TensorInfo) -> TensorInfo:
@@ -603,8 +604,17 @@ def _sizes(ckpt: Checkpoint, fam: Family, form: Form, prefix: str, params: dict)
         num = len({e for (_, _, e) in params})
     else:
         first = params[(forms.stored_role(form, "w1"), "weight", -1)]
-        num = first.shape[0] if first.shape else 0
     cfg_e = fam.config_value(ckpt.config, "num_experts")
+    if form.kind != "per_expert":
+        counted = forms.expert_count(form, first, cfg_e)
+        if counted is None:  # a flat tensor's rows are E experts' of a count it does not say
+            keys = " or ".join(fam.config_keys["num_experts"])
+            raise SourceError(
+                f"{first.name}: {fam.title} stores the experts one after another in one "
+                f"tensor, and config.json gives no expert count ({keys}); restore the model's "
+                "config.json"
+            )
+        num = counted
     if cfg_e is not None and cfg_e != num:
         raise SourceError(
             f"{ckpt.root}: {prefix}: {num} experts in the shards but config.json says {cfg_e}; "
@@ -614,7 +624,7 @@ def _sizes(ckpt: Checkpoint, fam: Family, form: Form, prefix: str, params: dict)
     i = fam.config_value(ckpt.config, "intermediate_size")
     if h is not None and i is not None:
         return forms.Sizes(num, h, i)
-    th, ti = forms.tensor_sizes(form, first)
+    th, ti = forms.tensor_sizes(form, first, num)
     return forms.Sizes(num, h or th, i or ti, f"config.json and {first.name}")
 
 

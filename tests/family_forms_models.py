@@ -329,8 +329,16 @@ def _mixtral_runner(ckpt: Path, tp: int, quant_config, prefix: str, w123: bool) 
     )
 
 
+# DBRX (tests/hf_checkpoints.py's "dbrx", written by transformers): flat experts [E*I, H]
+DBRX = dict(
+    moe="transformer.blocks.1.ffn.experts",
+    strip="transformer.",
+    tensors=tuple(f"transformer.blocks.1.ffn.experts.mlp.{p}" for p in ("w1", "v1", "w2")),
+)
+
+
 def spec(kind: str) -> dict:
-    return {"mixtral": MIXTRAL, "step3": STEP3}.get(kind) or MODELS[kind]
+    return {"mixtral": MIXTRAL, "step3": STEP3, "dbrx": DBRX}.get(kind) or MODELS[kind]
 
 
 def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:

@@ -86,6 +86,7 @@ ROUTING = [
     ("cohere2-moe", {"expert_selection_fn": "sigmoid"}, "SigmoidRenorm"),
     ("qwen3-omni-moe", {"thinker_config": {"text_config": {"norm_topk_prob": False}}}, "Default"),
     ("deepseek-v4", {}, "DeepseekV4"),
+    ("dbrx", {}, "RenormalizeNaive"),  # DbrxMoE: softmax, renormalize=True
 ]
 
 

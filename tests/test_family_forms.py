@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from . import family_forms_models as ffm
+from . import hf_checkpoints as hf
 from .conftest import cli
 from .test_transformers_ckpts import the_error
 
@@ -23,7 +24,10 @@ FAMILY = {
     "qwen3_vl_moe": "qwen3-vl-moe",
     "granitemoe": "granite-moe",
     "step3": "step3",
+    "dbrx": "dbrx",
 }
+# each kind's (experts, H, I) as its checkpoint has them
+SIZES = {"dbrx": (4, 64, 256)}
 CASES = [(k, s, tp) for k in FAMILY for s in ("bf16", "mxfp8") for tp in (1, 2)]
 
 
@@ -35,8 +39,11 @@ def ckpt(tmp_path_factory):
 
     def get(kind: str) -> Path:
         if kind not in made:
-            save = ffm.save_step3 if kind == "step3" else lambda root: ffm.save(kind, root)
-            made[kind] = save(base / kind)
+            if kind == "dbrx":
+                made[kind] = hf.save("dbrx", base / kind)
+            else:
+                save = ffm.save_step3 if kind == "step3" else lambda root: ffm.save(kind, root)
+                made[kind] = save(base / kind)
         return made[kind]
 
     return get
@@ -62,9 +69,11 @@ def test_published_checkpoint_converts_and_verifies_against_flashinfer(
     m = json.loads((out / MANIFEST).read_text())
     assert m["source"]["family"] == FAMILY[kind]
     # Llama-4: MoE every interleave_moe_layer_step (2) layers; Qwen3-VL-MoE: every layer
-    assert len(m["layers"]) == {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2, "step3": 1}[kind]
+    layers = {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2, "step3": 1, "dbrx": 2}
+    assert len(m["layers"]) == layers[kind]
     layer = m["layers"][ffm.spec(kind)["moe"]]
-    assert (layer["num_experts"], layer["hidden_size"], layer["intermediate_size"]) == (4, 64, 128)
+    sizes = (layer["num_experts"], layer["hidden_size"], layer["intermediate_size"])
+    assert sizes == SIZES.get(kind, (4, 64, 128))
     res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -196,3 +205,105 @@ def test_without_sizes_in_config_json_the_tensor_gives_them(ckpt, tmp_path):
     assert res.exit_code == 0, res.output
     layer = json.loads(res.stdout)["layers"][ffm.MODELS["llama4"]["moe"]]
     assert (layer["hidden_size"], layer["intermediate_size"]) == (64, 128)
+
+
+# ------------------------------------------------------------- the flat form (DBRX)
+
+
+def _dbrx_tensor(src: Path, name: str):
+    from safetensors import safe_open
+
+    index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(src / index[name], "pt") as f:
+        return f.get_tensor(name)
+
+
+def test_the_flat_form_is_read_one_expert_at_a_time(ckpt):
+    """DBRX's [E*I, H] w1 and v1 are read as rows [e*I, (e+1)*I), its w2 (each expert's [I, H]
+    stored turned) as those rows turned: gate, up and down of expert 2 as the tensors hold them."""
+    import torch
+
+    from fi_convert.source import find_family, open_checkpoint
+    from fi_convert.st_io import SourceFiles
+
+    src = ckpt("dbrx")
+    fam, layers = find_family(open_checkpoint(src))
+    assert fam is not None and fam.name == "dbrx"
+    layer = layers[1]
+    assert (layer.form.kind, layer.form.transposed) == ("flat", ("w2",))
+    assert layer.proj_shape("w1", "weight") == (256, 64)
+    assert layer.proj_shape("w2", "weight") == (64, 256)
+    w1, v1, w2 = (_dbrx_tensor(src, f"{layer.prefix}.mlp.{n}") for n in ("w1", "v1", "w2"))
+    e, i = 2, 256
+    files = SourceFiles()
+    try:
+        for role, rows, cols, want in (
+            ("w1", (8, 40), None, w1[e * i + 8 : e * i + 40]),
+            ("w3", (0, 24), None, v1[e * i : e * i + 24]),
+            ("w2", (0, 64), (100, 124), w2[e * i : (e + 1) * i].T[:, 100:124]),
+        ):
+            width = 64 if cols is None else cols[1] - cols[0]
+            dst = torch.zeros((1, rows[1] - rows[0], width), dtype=torch.bfloat16)
+            layer.read(files, role, "weight", range(e, e + 1), rows, cols, dst)
+            assert torch.equal(dst[0], want), role
+    finally:
+        files.close()
+
+
+def _rewrite(src: Path, dst: Path, name: str, turn) -> Path:
+    """A copy of `src` with tensor `name` replaced by `turn(tensor)`."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    shard = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(dst / shard)
+    tensors[name] = turn(tensors[name]).contiguous()
+    save_file(tensors, dst / shard, metadata={"format": "pt"})
+    return dst
+
+
+def test_a_flat_w2_stored_unturned_is_refused_as_transposed(ckpt, tmp_path):
+    """DBRX's w2 holds each expert's down projection [I, H] (turned): one stored [H, I] per
+    expert ([E*H, I]) is refused in one line, not read under the other reading."""
+    name = "transformer.blocks.0.ffn.experts.mlp.w2"
+    model = _rewrite(
+        ckpt("dbrx"),
+        tmp_path / "model",
+        name,
+        lambda t: t.reshape(4, 256, 64).transpose(1, 2).reshape(4 * 64, 256),
+    )
+    line = the_error(cli("convert", model, tmp_path / "out"))
+    assert line == (
+        f"error: {name}: shape [256, 256], expected [1024, 64] ([E*I, H] with E=4, H=64, I=256 "
+        "from config.json); transposed? it is stored [E*H, I], which is not how DBRX "
+        "checkpoints store it - check config.json's model_type and architectures, or export "
+        "the experts as DBRX does"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_flat_tensor_of_another_size_is_refused(ckpt, tmp_path):
+    """A flat w1 whose rows are not E experts of config.json's I: one line naming both."""
+    name = "transformer.blocks.1.ffn.experts.mlp.v1"
+    model = _rewrite(ckpt("dbrx"), tmp_path / "model", name, lambda t: t[:-64])
+    line = the_error(cli("inspect", model))
+    assert line == (
+        f"error: {name}: shape [960, 64], expected [1024, 64] ([E*I, H] with E=4, H=64, "
+        "I=256 from config.json); the checkpoint and config.json disagree - download both again"
+    )
+
+
+def test_a_flat_form_without_an_expert_count_in_config_json_is_refused(ckpt, tmp_path):
+    """A flat tensor does not say how many experts it holds: without config.json's count it
+    is refused, not guessed."""
+
+    def edit(cfg):
+        del cfg["ffn_config"]["moe_num_experts"]
+
+    model = _edit_config(ckpt("dbrx"), tmp_path / "model", edit)
+    line = the_error(cli("inspect", model))
+    assert line == (
+        "error: transformer.blocks.0.ffn.experts.mlp.w1: DBRX stores the experts one after "
+        "another in one tensor, and config.json gives no expert count "
+        "(ffn_config.moe_num_experts); restore the model's config.json"
+    )

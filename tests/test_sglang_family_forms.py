@@ -15,9 +15,12 @@ import pytest
 
 from fi_convert import Backend, Options, SchemeName, convert
 from tests import family_forms_models as ffm
+from tests import hf_checkpoints as hf
 from tests import sglang_moe as sm
+from tests.conftest import cli
 from tests.test_sglang_models import _moe, _tensors
 from tests.test_sglang_plugin import _model, differing, registered  # noqa: F401
+from tests.test_transformers_ckpts import the_error
 
 pytestmark = pytest.mark.usefixtures("registered")
 
@@ -72,3 +75,26 @@ def test_a_whole_model_equals_sglangs_default_load(ckpt, tmp_path, kind, backend
         if rank == 0:
             assert all(m.w13_weight.abs().sum() > 0 for m in moe.values())
         assert differing(_tensors(theirs), _tensors(ours)) == [], f"rank {rank} of {tp}"
+
+
+def test_dbrx_is_refused_for_sglang_with_sglangs_reason(tmp_path):
+    """SGLang 0.5.23's DBRX builds no FusedMoE layer: its DbrxExperts holds `ws`/`w2s` of its
+    own and calls the Triton `fused_moe` (so no --moe-runner-backend reaches FlashInfer);
+    fi-convert refuses a --server sglang output of it, naming that."""
+    with sm.sglang_context("trtllm", 1, 0):  # its imports, on CPU
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_moe
+        from sglang.srt.models import dbrx
+
+    assert not issubclass(dbrx.DbrxExperts, FusedMoE)
+    assert not any(isinstance(v, type) and issubclass(v, FusedMoE) for v in vars(dbrx).values())
+    assert dbrx.fused_moe is fused_moe
+    src = hf.save("dbrx", tmp_path / "dbrx")
+    res = cli("convert", src, tmp_path / "out", "--server", "sglang")
+    assert the_error(res) == (
+        "error: --scheme bf16 --backend trtllm --server sglang: SGLang 0.5.23's DBRX "
+        "(models/dbrx.py, DbrxExperts) holds its experts in parameters of its own (ws, w2s) and "
+        "runs them through its Triton fused_moe, not a FusedMoE layer, so no FlashInfer MoE "
+        "runner serves it; or convert for vLLM (--server vllm)"
+    )
+    assert not (tmp_path / "out").exists()

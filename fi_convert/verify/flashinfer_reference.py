@@ -54,6 +54,11 @@ def stacked(
     if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
         fused = _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
         return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
+    if f"{prefix}.mlp.w1" in index:  # DBRX: [E*I, H] w1, v1 and w2, w2 [I, H] per expert
+        w1, v1, w2 = (_get(root, f"{prefix}.mlp.{n}") for n in ("w1", "v1", "w2"))
+        i = w1.shape[0] // num_experts
+        w13 = torch.cat([w1.reshape(num_experts, i, -1), v1.reshape(num_experts, i, -1)], dim=1)
+        return w13, w2.reshape(num_experts, i, -1).transpose(1, 2).contiguous()
     granite = prefix.removesuffix(".experts")
     if f"{granite}.input_linear.{param}" in index:  # Granite-MoE: [E, 2I, H] and [E, H, I]
         return _get(root, f"{granite}.input_linear.{param}"), _get(

@@ -144,6 +144,16 @@ NO_ROUTING_METHOD = {
 
 NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
 
+# Model types whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
+# (by config.json's model_type), and why: fi-convert writes no SGLang output of them
+NO_FLASHINFER_MODEL = {
+    "dbrx": (
+        "SGLang {sglang}'s DBRX (models/dbrx.py, DbrxExperts) holds its experts in parameters "
+        "of its own (ws, w2s) and runs them through its Triton fused_moe, not a FusedMoE "
+        "layer, so no FlashInfer MoE runner serves it"
+    ),
+}
+
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
         "SGLang 0.5.23 has no FlashInfer CUTLASS path for block FP8 (asked for "
@@ -280,7 +290,9 @@ class SglangTarget:
     def refuses_source(
         self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
     ) -> str | None:
-        why = SOURCES_REFUSED.get((scheme, quant_method))
+        why = NO_FLASHINFER_MODEL.get(model_type or "") or SOURCES_REFUSED.get(
+            (scheme, quant_method)
+        )
         if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
             why = NO_ROUTING_METHOD.get(model_type or "")
         return why.format(sglang=TARGET["sglang"]) if why else None
