@@ -87,6 +87,31 @@ MODELS: dict[str, dict] = {
         moe="model.language_model.layers.1.mlp.experts",
         strip="model.language_model.",
     ),
+    # Aria: experts.fc1 [E, H, 2I] ([gate | up] along its last dimension: transformers' Aria
+    # chunks x @ fc1 into gate, then up) and fc2 [E, I, H], beside a shared expert; every
+    # layer MoE; the smallest image-to-query map its projector takes
+    "aria": dict(
+        config="AriaConfig",
+        model="AriaForConditionalGeneration",
+        text=dict(
+            model_type="aria_text",
+            intermediate_size=128,
+            moe_num_experts=4,
+            moe_topk=2,
+            moe_num_shared_experts=1,
+        ),
+        vision=dict(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            image_size=28,
+            patch_size=14,
+        ),
+        extra=dict(projector_patch_to_query_dict={4: 4, 1: 1}),
+        moe="language_model.model.layers.1.mlp.experts",
+        strip="language_model.model.",
+    ),
     # a text model (no vision config); H 64, I 128; input_linear [E, 2I, H] beside the router
     "granitemoe": dict(
         config="GraniteMoeConfig",
@@ -210,7 +235,9 @@ def save(kind: str, root: Path, published: bool = True, seed: int = 0, **text: o
     m = MODELS[kind]
     cls = getattr(transformers, m["config"])
     if "vision" in m:
-        config = cls(text_config=TEXT | m["text"] | text, vision_config=m["vision"])
+        config = cls(
+            text_config=TEXT | m["text"] | text, vision_config=m["vision"], **m.get("extra", {})
+        )
     else:
         config = cls(**(TEXT | m["text"] | text))
     torch.manual_seed(seed)

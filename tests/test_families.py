@@ -87,6 +87,7 @@ ROUTING = [
     ("qwen3-omni-moe", {"thinker_config": {"text_config": {"norm_topk_prob": False}}}, "Default"),
     ("deepseek-v4", {}, "DeepseekV4"),
     ("dbrx", {}, "RenormalizeNaive"),  # DbrxMoE: softmax, renormalize=True
+    ("aria", {}, "RenormalizeNaive"),  # AriaTextMoELayer: FusedMoEFactory's defaults
 ]
 
 

@@ -25,6 +25,7 @@ FAMILY = {
     "granitemoe": "granite-moe",
     "step3": "step3",
     "dbrx": "dbrx",
+    "aria": "aria",
 }
 # each kind's (experts, H, I) as its checkpoint has them
 SIZES = {"dbrx": (4, 64, 256)}
@@ -69,7 +70,7 @@ def test_published_checkpoint_converts_and_verifies_against_flashinfer(
     m = json.loads((out / MANIFEST).read_text())
     assert m["source"]["family"] == FAMILY[kind]
     # Llama-4: MoE every interleave_moe_layer_step (2) layers; Qwen3-VL-MoE: every layer
-    layers = {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2, "step3": 1, "dbrx": 2}
+    layers = {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2, "step3": 1, "dbrx": 2, "aria": 2}
     assert len(m["layers"]) == layers[kind]
     layer = m["layers"][ffm.spec(kind)["moe"]]
     sizes = (layer["num_experts"], layer["hidden_size"], layer["intermediate_size"])
@@ -210,7 +211,7 @@ def test_without_sizes_in_config_json_the_tensor_gives_them(ckpt, tmp_path):
 # ------------------------------------------------------------- the flat form (DBRX)
 
 
-def _dbrx_tensor(src: Path, name: str):
+def _tensor(src: Path, name: str):
     from safetensors import safe_open
 
     index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
@@ -233,7 +234,7 @@ def test_the_flat_form_is_read_one_expert_at_a_time(ckpt):
     assert (layer.form.kind, layer.form.transposed) == ("flat", ("w2",))
     assert layer.proj_shape("w1", "weight") == (256, 64)
     assert layer.proj_shape("w2", "weight") == (64, 256)
-    w1, v1, w2 = (_dbrx_tensor(src, f"{layer.prefix}.mlp.{n}") for n in ("w1", "v1", "w2"))
+    w1, v1, w2 = (_tensor(src, f"{layer.prefix}.mlp.{n}") for n in ("w1", "v1", "w2"))
     e, i = 2, 256
     files = SourceFiles()
     try:
@@ -307,3 +308,32 @@ def test_a_flat_form_without_an_expert_count_in_config_json_is_refused(ckpt, tmp
         "another in one tensor, and config.json gives no expert count "
         "(ffn_config.moe_num_experts); restore the model's config.json"
     )
+
+
+def test_arias_fc1_is_read_gate_first(ckpt):
+    """Aria's fc1 [E, H, 2I]: transformers' Aria chunks x @ fc1[e] into (gate, up), vLLM's
+    loader takes its first I columns as w1: fi-convert reads w1 (gate) from columns [0, I),
+    w3 (up) from [I, 2I), and w2 from fc2 [E, I, H] turned."""
+    import torch
+
+    from fi_convert.source import find_family, open_checkpoint
+    from fi_convert.st_io import SourceFiles
+
+    src = ckpt("aria")
+    fam, layers = find_family(open_checkpoint(src))
+    assert fam is not None and fam.name == "aria"
+    layer = layers[1]
+    fc1, fc2 = (_tensor(src, f"{layer.prefix}.{n}.weight") for n in ("fc1", "fc2"))
+    e, i = 3, 128
+    files = SourceFiles()
+    try:
+        for role, want in (
+            ("w1", fc1[e].T[:i]),
+            ("w3", fc1[e].T[i:]),
+            ("w2", fc2[e].T),
+        ):
+            dst = torch.zeros((1, *want.shape), dtype=torch.bfloat16)
+            layer.read(files, role, "weight", range(e, e + 1), (0, want.shape[0]), None, dst)
+            assert torch.equal(dst[0], want), role
+    finally:
+        files.close()

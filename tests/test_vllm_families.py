@@ -35,6 +35,7 @@ from vllm.platforms import current_platform
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
+from tests import family_forms_models as ffm
 from tests import hf_checkpoints as hf
 from tests import quantized_checkpoints as qc
 from tests import vllm_moe as vm
@@ -57,6 +58,8 @@ CASES = {
     "olmoe-bf16": ("olmoe", "olmoe.OlmoeForCausalLM", None, {}),
     # flat experts [E*I, H], w2 turned (DbrxExperts' own weight loader splits them)
     "dbrx-bf16": ("dbrx", "dbrx.DbrxForCausalLM", None, {}),
+    # fused experts stored turned (fc1 [E, H, 2I], fc2 [E, I, H]), beside a shared expert
+    "aria-bf16": ("aria", "aria.AriaForConditionalGeneration", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing) and OLMoE (Default) run BF16 on
 # CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -71,6 +74,8 @@ RUNS = [
     ("olmoe-bf16", "cutlass", "bf16"),
     ("dbrx-bf16", "trtllm", "bf16"),
     ("dbrx-bf16", "cutlass", "bf16"),
+    ("aria-bf16", "trtllm", "bf16"),
+    ("aria-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -102,7 +107,8 @@ def sources(tmp_path_factory):
         if case not in done:
             kind, _, quant, sizes = CASES[case]
             if quant is None:
-                done[case] = hf.save(kind, root / case, **sizes)
+                save = ffm.save if kind in ffm.MODELS else hf.save  # multimodal: text + vision
+                done[case] = save(kind, root / case, **sizes)
             else:
                 done[case] = qc.write(kind, root / case, quant, **sizes)
         return done[case]

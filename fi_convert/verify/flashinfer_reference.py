@@ -54,6 +54,9 @@ def stacked(
     if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
         fused = _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
         return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
+    if f"{prefix}.fc1.weight" in index:  # Aria: fc1 [E, H, 2I], fc2 [E, I, H], turned
+        fused = _get(root, f"{prefix}.fc1.weight"), _get(root, f"{prefix}.fc2.weight")
+        return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
     if f"{prefix}.mlp.w1" in index:  # DBRX: [E*I, H] w1, v1 and w2, w2 [I, H] per expert
         w1, v1, w2 = (_get(root, f"{prefix}.mlp.{n}") for n in ("w1", "v1", "w2"))
         i = w1.shape[0] // num_experts

@@ -152,6 +152,7 @@ NO_FLASHINFER_MODEL = {
         "of its own (ws, w2s) and runs them through its Triton fused_moe, not a FusedMoE "
         "layer, so no FlashInfer MoE runner serves it"
     ),
+    "aria": "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)",
 }
 
 NO_FLASHINFER = {
