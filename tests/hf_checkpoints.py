@@ -121,6 +121,24 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             ffn_config=dict(ffn_hidden_size=256, moe_num_experts=4, moe_top_k=2),
         ),
     ),
+    # Jamba: layer 0 attention + dense MLP, layer 1 Mamba + MoE (softmax, no renormalization)
+    "jamba": (
+        "JambaConfig",
+        "JambaForCausalLM",
+        dict(
+            intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            attn_layer_period=2,
+            attn_layer_offset=0,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_dt_rank=8,
+        ),
+    ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",
         "Qwen3ForCausalLM",

@@ -88,6 +88,7 @@ ROUTING = [
     ("deepseek-v4", {}, "DeepseekV4"),
     ("dbrx", {}, "RenormalizeNaive"),  # DbrxMoE: softmax, renormalize=True
     ("aria", {}, "RenormalizeNaive"),  # AriaTextMoELayer: FusedMoEFactory's defaults
+    ("jamba", {}, "Default"),  # JambaMoE: renormalize=False
 ]
 
 
@@ -126,6 +127,28 @@ def test_inspect_says_each_schemes_refusal_by_routing(ckpt):
     res = cli("convert", ckpt("ernie4_5_moe"), ckpt("ernie4_5_moe").parent / "o", "--dry-run")
     line = error_line(res, "--scheme bf16 --backend trtllm --server vllm: the model's router")
     assert line.endswith("; servable for vllm instead: --scheme bf16 (cutlass), mxfp8 (trtllm)")
+
+
+def test_jamba_runs_bf16_and_fp8_tensor_on_cutlass_only(ckpt, tmp_path):
+    """Jamba's softmax router without renormalization (Default): vLLM 0.33's monolithic
+    TRT-LLM kernels take no Default routing, and BF16 and FP8 per tensor have no modular TRT-LLM
+    path under TP; the modular ones of the other schemes take it. SGLang 0.5.23 has no Jamba."""
+    res = cli("inspect", ckpt("jamba"), "--backend", "cutlass", "--json")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert (s["family"], s["routing"], s["activation"]) == ("jamba", "Default", "silu")
+    ok = {(c["scheme"], c["backend"]): c for c in s["choices"]}
+    assert ok["bf16", "cutlass"]["ok"] and ok["mxfp8", "trtllm"]["ok"]
+    why = ok["bf16", "trtllm"]["why_not"]
+    assert why.startswith(
+        "the model's router is Default routing, which vLLM 0.33's monolithic TRT-LLM bf16 "
+        "experts do not take"
+    )
+    line = error_line(cli("convert", ckpt("jamba"), tmp_path / "o", "--server", "sglang"))
+    assert line == (
+        "error: --scheme bf16 --backend trtllm --server sglang: SGLang 0.5.23 has no model "
+        "class for Jamba (JambaForCausalLM); or convert for vLLM (--server vllm)"
+    )
 
 
 def test_glm_plans_on_every_backend_and_says_its_kernel(ckpt):

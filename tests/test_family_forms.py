@@ -337,3 +337,19 @@ def test_arias_fc1_is_read_gate_first(ckpt):
             assert torch.equal(dst[0], want), role
     finally:
         files.close()
+
+
+@pytest.mark.parametrize(("scheme", "backend"), [("bf16", "cutlass"), ("mxfp8", "trtllm")])
+def test_jamba_converts_and_verifies_against_flashinfer(tmp_path, scheme, backend):
+    """Jamba's feed_forward.experts.E.*_proj (transformers' JambaForCausalLM, Mamba layers
+    beside them), on the backends vLLM runs its Default routing on."""
+    src, out = hf.save("jamba", tmp_path / "src"), tmp_path / "out"
+    res = cli("convert", src, out, "--scheme", scheme, "--backend", backend, "--tp-size", 2, "-q")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["source"]["family"] == "jamba" and list(m["layers"]) == [
+        "model.layers.1.feed_forward.experts"
+    ]
+    res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["checked"]["tensors_vs_flashinfer"] > 0

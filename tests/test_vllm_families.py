@@ -60,9 +60,11 @@ CASES = {
     "dbrx-bf16": ("dbrx", "dbrx.DbrxForCausalLM", None, {}),
     # fused experts stored turned (fc1 [E, H, 2I], fc2 [E, I, H]), beside a shared expert
     "aria-bf16": ("aria", "aria.AriaForConditionalGeneration", None, {}),
+    # Mamba layers beside the MoE; softmax routing without renormalization (Default)
+    "jamba-bf16": ("jamba", "jamba.JambaForCausalLM", None, {}),
 }
-# (case, backend, scheme): ERNIE-4.5 (Unspecified routing) and OLMoE (Default) run BF16 on
-# CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
+# (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
+# on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
 RUNS = [
     ("glm-bf16", "trtllm", "bf16"),
     ("glm-bf16", "cutlass", "bf16"),
@@ -76,6 +78,7 @@ RUNS = [
     ("dbrx-bf16", "cutlass", "bf16"),
     ("aria-bf16", "trtllm", "bf16"),
     ("aria-bf16", "cutlass", "bf16"),
+    ("jamba-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

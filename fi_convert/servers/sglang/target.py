@@ -153,6 +153,7 @@ NO_FLASHINFER_MODEL = {
         "layer, so no FlashInfer MoE runner serves it"
     ),
     "aria": "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)",
+    "jamba": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
 }
 
 NO_FLASHINFER = {
