@@ -421,3 +421,122 @@ def vllm_load(kind: str, runner: torch.nn.Module, ckpt: Path) -> set[str]:
     }
     cls = models.get(kind, qwen3_moe.Qwen3MoeModel)
     return set(cls.load_weights(model, expert_weights(kind, ckpt)))
+
+
+# ERNIE-4.5-VL (Ernie4_5_VLMoeForConditionalGeneration): transformers 5.20's ernie4_5_vl_moe
+# reads another config (its text_config, one expert count) that vLLM's model does not, so the
+# checkpoint is written here in the published names and config.json fields vLLM's
+# models/ernie45_vl_moe.py reads: each MoE layer's 2N experts model.layers.L.mlp.experts.E.*
+# (E < N text, N <= E < 2N vision), the routers mlp.gate.weight / gate.weight_1 stored [H, N],
+# both sets' correction biases in mlp.moe_statics.e_score_correction_bias [2, N]; the vision
+# tower and resampler, which its language model skips, left out
+ERNIE_VL = dict(
+    moe="model.layers.1.mlp.text_experts",
+    vision_moe="model.layers.1.mlp.vision_experts",
+    strip="",
+)
+ERNIE_VL_CONFIG = dict(
+    architectures=["Ernie4_5_VLMoeForConditionalGeneration"],
+    model_type="ernie4_5_moe_vl",
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=[128, 64],
+    moe_num_experts=[4, 4],
+    moe_k=2,
+    moe_layer_start_index=[1, 1],
+    moe_layer_end_index=[1, 1],
+    moe_layer_interval=1,
+    moe_num_shared_experts=1,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    hidden_act="silu",
+    rms_norm_eps=1e-5,
+    vocab_size=128,
+    max_position_embeddings=128,
+    rope_theta=500000,
+    rope_3d=True,
+    freq_allocation=2,
+    im_patch_id=100,
+    tie_word_embeddings=False,
+    use_bias=False,
+)
+
+
+def save_ernie45_vl(root: Path, seed: int = 0) -> Path:
+    """A tiny ERNIE-4.5-VL checkpoint as published (above): layer 0 dense, layer 1 MoE with
+    its text and vision experts (I 128 and 64), routers and shared expert, in two shards."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = ERNIE_VL_CONFIG
+    h, d, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["moe_num_experts"][0]
+    i_text, i_vision = cfg["moe_intermediate_size"]
+
+    def w(*shape: int, dtype=torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    def attn(layer: int) -> dict:
+        p = f"model.layers.{layer}"
+        return {
+            f"{p}.self_attn.q_proj.weight": w(64, h),
+            f"{p}.self_attn.k_proj.weight": w(32, h),
+            f"{p}.self_attn.v_proj.weight": w(32, h),
+            f"{p}.self_attn.o_proj.weight": w(h, 64),
+            f"{p}.input_layernorm.weight": w(h),
+            f"{p}.post_attention_layernorm.weight": w(h),
+        }
+
+    moe = "model.layers.1.mlp"
+    experts = {}
+    for e in range(2 * n):
+        i = i_text if e < n else i_vision
+        experts |= {
+            f"{moe}.experts.{e}.gate_proj.weight": w(i, h),
+            f"{moe}.experts.{e}.up_proj.weight": w(i, h),
+            f"{moe}.experts.{e}.down_proj.weight": w(h, i),
+        }
+    shards = {
+        "model-00001-of-00002.safetensors": {
+            "model.embed_tokens.weight": w(128, h),
+            **attn(0),
+            "model.layers.0.mlp.gate_proj.weight": w(d, h),
+            "model.layers.0.mlp.up_proj.weight": w(d, h),
+            "model.layers.0.mlp.down_proj.weight": w(h, d),
+        },
+        "model-00002-of-00002.safetensors": {
+            **attn(1),
+            **experts,
+            f"{moe}.gate.weight": w(h, n, dtype=torch.float32),
+            f"{moe}.gate.weight_1": w(h, n, dtype=torch.float32),
+            f"{moe}.moe_statics.e_score_correction_bias": w(2, n, dtype=torch.float32),
+            f"{moe}.shared_experts.gate_proj.weight": w(i_text, h),
+            f"{moe}.shared_experts.up_proj.weight": w(i_text, h),
+            f"{moe}.shared_experts.down_proj.weight": w(h, i_text),
+            "model.norm.weight": w(h),
+            "lm_head.weight": w(128, h),
+        },
+    }
+    root.mkdir(parents=True)
+    index = {}
+    for shard, tensors in shards.items():
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+        index |= {n: shard for n in tensors}
+    total = sum(t.numel() * t.element_size() for ts in shards.values() for t in ts.values())
+    meta = {"metadata": {"total_size": total}, "weight_map": index}
+    (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
+    (root / "config.json").write_text(json.dumps(ERNIE_VL_CONFIG, indent=2))
+    return root
+
+
+def register_ernie45_vl_config() -> None:
+    """transformers' AutoConfig reads ERNIE-4.5-VL's config.json (model_type
+    ernie4_5_moe_vl, which the published checkpoints' remote code defines and transformers
+    5.20 does not know) as a plain PretrainedConfig of its fields, as vLLM's ModelConfig then
+    hands them to the model; once per process."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    mt = ERNIE_VL_CONFIG["model_type"]
+    try:
+        AutoConfig.for_model(mt)
+    except ValueError:
+        AutoConfig.register(mt, type("Ernie45VLConfig", (PretrainedConfig,), {"model_type": mt}))

@@ -89,6 +89,7 @@ ROUTING = [
     ("dbrx", {}, "RenormalizeNaive"),  # DbrxMoE: softmax, renormalize=True
     ("aria", {}, "RenormalizeNaive"),  # AriaTextMoELayer: FusedMoEFactory's defaults
     ("jamba", {}, "Default"),  # JambaMoE: renormalize=False
+    ("ernie4.5-vl-moe", {}, "Unspecified"),  # softmax + e_score_correction_bias, both sets
 ]
 
 
@@ -169,7 +170,7 @@ def test_a_model_of_no_known_family_is_one_line(ckpt, tmp_path):
     line = error_line(cli("convert", model, tmp_path / "out"))
     assert line.startswith(
         f"error: {model}/config.json: Glm9ForCausalLM (model_type glm9_moe) is no model family "
-        "fi-convert knows (afmoe, bailing-moe-v2, "
+        "fi-convert knows (afmoe, aria, bailing-moe-v2, "
     )
     assert "describe it in a family file and pass --family FILE.json" in line
     # DeepSeek-V3 and GLM-4.5 name experts alike, and GLM's MoE layers as DeepSeek's

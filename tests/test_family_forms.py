@@ -353,3 +353,81 @@ def test_jamba_converts_and_verifies_against_flashinfer(tmp_path, scheme, backen
     res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["checked"]["tensors_vs_flashinfer"] > 0
+
+
+# ------------------------------------------------- expert sets (ERNIE-4.5-VL's text and vision)
+
+
+@pytest.mark.parametrize(("scheme", "backend"), [("bf16", "cutlass"), ("mxfp8", "trtllm")])
+def test_ernie_vl_converts_both_expert_sets_and_verifies(tmp_path, scheme, backend):
+    """ERNIE-4.5-VL's layer of 2N experts is two MoE layers, text_experts (the first N, I
+    moe_intermediate_size[0]) and vision_experts (the next N, I [1]); both converted, TP 2,
+    and checked against FlashInfer's pipeline on the source's experts E and N + E."""
+    src, out = ffm.save_ernie45_vl(tmp_path / "src"), tmp_path / "out"
+    res = cli("convert", src, out, "--scheme", scheme, "--backend", backend, "--tp-size", 2, "-q")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["source"]["family"] == "ernie4.5-vl-moe"
+    sizes = {
+        p: (x["num_experts"], x["hidden_size"], x["intermediate_size"])
+        for p, x in m["layers"].items()
+    }
+    assert sizes == {
+        "model.layers.1.mlp.text_experts": (4, 64, 128),
+        "model.layers.1.mlp.vision_experts": (4, 64, 64),
+    }
+    res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["ok"] is True, report
+    assert report["checked"]["tensors_vs_flashinfer"] == 2 * sum(
+        len(x["tensors"]) for x in m["layers"].values()
+    )
+
+
+def test_the_vision_set_is_read_from_the_experts_after_the_text_ones(tmp_path):
+    """vision_experts' expert e is the checkpoint's mlp.experts.(N + e)."""
+    import torch
+
+    from fi_convert.source import find_family, open_checkpoint
+    from fi_convert.st_io import SourceFiles
+
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+    _, layers = find_family(open_checkpoint(src))
+    vision = next(x for x in layers if x.prefix.endswith(".vision_experts"))
+    want = _tensor(src, "model.layers.1.mlp.experts.5.up_proj.weight")  # N = 4: vision's 1
+    dst = torch.zeros((1, *want.shape), dtype=torch.bfloat16)
+    files = SourceFiles()
+    try:
+        vision.read(files, "w3", "weight", range(1, 2), (0, want.shape[0]), None, dst)
+    finally:
+        files.close()
+    assert torch.equal(dst[0], want)
+
+
+def test_expert_sets_without_counts_in_config_json_are_refused(tmp_path):
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+
+    def edit(cfg):
+        del cfg["moe_num_experts"]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    assert the_error(cli("inspect", model)) == (
+        "error: model.layers.1.mlp.experts.0.gate_proj.weight: ERNIE-4.5-VL's experts are 2 "
+        "sets one after another, and config.json gives no expert count per set "
+        "(moe_num_experts); restore the model's config.json"
+    )
+
+
+def test_an_expert_set_config_json_sizes_otherwise_is_refused(tmp_path):
+    """config.json's vision intermediate size (the set's entry of moe_intermediate_size)
+    against the vision experts' tensors: one line."""
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+
+    def edit(cfg):
+        cfg["moe_intermediate_size"] = [128, 96]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("inspect", model))
+    assert line.startswith("error: model.layers.1.mlp.experts.4.")
+    assert "expected" in line and "I=96 from config.json" in line

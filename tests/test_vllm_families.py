@@ -62,6 +62,10 @@ CASES = {
     "aria-bf16": ("aria", "aria.AriaForConditionalGeneration", None, {}),
     # Mamba layers beside the MoE; softmax routing without renormalization (Default)
     "jamba-bf16": ("jamba", "jamba.JambaForCausalLM", None, {}),
+    # ERNIE-4.5-VL's language model (its MoE layers and load_weights, which splits each layer's
+    # 2N experts into text_experts and vision_experts); the whole multimodal class adds the
+    # vision tower and resampler, which hold no experts (tests/family_forms_models.py)
+    "ernie-vl-bf16": ("ernie4_5_moe_vl", "ernie45_vl_moe.Ernie4_5_VLMoeForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -79,6 +83,7 @@ RUNS = [
     ("aria-bf16", "trtllm", "bf16"),
     ("aria-bf16", "cutlass", "bf16"),
     ("jamba-bf16", "cutlass", "bf16"),
+    ("ernie-vl-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -109,7 +114,9 @@ def sources(tmp_path_factory):
     def get(case: str) -> Path:
         if case not in done:
             kind, _, quant, sizes = CASES[case]
-            if quant is None:
+            if kind == "ernie4_5_moe_vl":
+                done[case] = ffm.save_ernie45_vl(root / case)
+            elif quant is None:
                 save = ffm.save if kind in ffm.MODELS else hf.save  # multimodal: text + vision
                 done[case] = save(kind, root / case, **sizes)
             else:
@@ -126,6 +133,7 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
     import importlib
 
     module, cls = CASES[case][1].split(".")
+    ffm.register_ernie45_vl_config()
     model_cls = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), cls)
     attn = classmethod(lambda c, *a, **k: ATTENTION)
     with (

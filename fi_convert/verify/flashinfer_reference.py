@@ -71,15 +71,22 @@ def stacked(
         gate, up, down = (_get(root, f"{granite}.{n}.{param}") for n in NAMES["per_expert"])
         return torch.cat([gate, up], dim=1), down
     g, u, d = _names(root, prefix)
+    first = 0
+    if prefix.endswith((".text_experts", ".vision_experts")):
+        # ERNIE-4.5-VL: the layer's mlp.experts.E are N text experts, then N vision experts
+        # (vLLM's Ernie4_5_VLMoeForCausalLM.load_weights; its two sets are of one size)
+        first = num_experts if prefix.endswith(".vision_experts") else 0
+        prefix = prefix.rsplit(".", 1)[0] + ".experts"
+    experts = range(first, first + num_experts)
     w13 = torch.stack(
         [
             torch.cat(
                 [_get(root, f"{prefix}.{e}.{g}.{param}"), _get(root, f"{prefix}.{e}.{u}.{param}")]
             )
-            for e in range(num_experts)
+            for e in experts
         ]
     )
-    w2 = torch.stack([_get(root, f"{prefix}.{e}.{d}.{param}") for e in range(num_experts)])
+    w2 = torch.stack([_get(root, f"{prefix}.{e}.{d}.{param}") for e in experts])
     return w13, w2
 
 
