@@ -461,6 +461,24 @@ ERNIE_VL_CONFIG = dict(
     im_patch_id=100,
     tie_word_embeddings=False,
     use_bias=False,
+    torch_dtype="bfloat16",
+    # the vision tower and resampler SGLang's model builds (their weights left out: they hold
+    # no experts, and the comparisons leave them out)
+    rope_scaling={"type": "default", "mrope_section": [2, 3, 3]},
+    pixel_hidden_size=32,
+    spatial_conv_size=2,
+    temporal_conv_size=2,
+    use_temporal_conv=True,
+    vision_config=dict(
+        patch_size=14,
+        spatial_merge_size=2,
+        in_chans=3,
+        hidden_size=32,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        mlp_ratio=2,
+    ),
 )
 
 
@@ -536,7 +554,15 @@ def register_ernie45_vl_config() -> None:
     from transformers import AutoConfig, PretrainedConfig
 
     mt = ERNIE_VL_CONFIG["model_type"]
+
+    class Ernie45VLConfig(PretrainedConfig):
+        model_type = mt
+
+        def __init__(self, vision_config: dict | None = None, **kwargs: object) -> None:
+            super().__init__(**kwargs)
+            self.vision_config = PretrainedConfig(**(vision_config or {}))
+
     try:
         AutoConfig.for_model(mt)
     except ValueError:
-        AutoConfig.register(mt, type("Ernie45VLConfig", (PretrainedConfig,), {"model_type": mt}))
+        AutoConfig.register(mt, Ernie45VLConfig)

@@ -115,3 +115,54 @@ def test_aria_is_refused_for_sglang_which_has_no_aria(tmp_path):
         "error: --scheme bf16 --backend trtllm --server sglang: SGLang 0.5.23 has no model "
         "class for Aria (AriaForConditionalGeneration); or convert for vLLM (--server vllm)"
     )
+
+
+# the towers of ERNIE-4.5-VL's multimodal model, whose weights the tiny checkpoint leaves out
+# (they hold no experts): left as allocated on both sides, so left out of the comparison
+ERNIE_VL_TOWERS = ("vision_model.", "resampler_model.")
+
+
+@pytest.mark.parametrize(
+    ("backend", "tp"), [("trtllm", 1), ("trtllm", 2), ("cutlass", 1), ("cutlass", 2)]
+)
+def test_ernie_vl_equals_sglangs_default_load(tmp_path, backend, tp):
+    """ERNIE-4.5-VL (tests/family_forms_models.py's checkpoint in the published names) through
+    SGLang 0.5.23's whole Ernie4_5_VLMoeForConditionalGeneration: its load_weights splits each
+    layer's 2N experts into text_experts and vision_experts (FusedMoE layers of their own I);
+    SGLang's default load of the source equals the plugin's load of the output, every
+    parameter, buffer and MoE layer state but the towers' (above), every rank."""
+    from tests.test_sglang_models import _both, _convert, _differences
+
+    ffm.register_ernie45_vl_config()
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    moe = ["model.layers.1.mlp.text_experts", "model.layers.1.mlp.vision_experts"]
+    for rank in range(tp):
+        ours, theirs = _both(src, out, "bf16", backend, tp, rank)
+        layers = _moe(theirs)
+        assert sorted(layers) == moe
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in layers.values()} == {(tp, rank)}
+        params, states = _differences(ours, theirs)
+        assert [n for n in params if not n.startswith(ERNIE_VL_TOWERS)] == [], rank
+        assert states == {}, f"rank {rank} of {tp}"
+        assert all(n.startswith(ERNIE_VL_TOWERS) for n in params)
+
+
+def test_sglangs_ernie_vl_declares_no_routing_method(tmp_path):
+    """SGLang 0.5.23's ERNIE-4.5-VL builds its FusedMoE layers without a routing method, so
+    its ModelOpt FP8 method would run Triton on flashinfer_trtllm: fi-convert refuses that
+    output (servers/sglang/target.py, NO_ROUTING_METHOD) and takes CUTLASS."""
+    import inspect
+
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.models import ernie45_moe_vl
+
+    assert "routing_method_type" not in inspect.getsource(ernie45_moe_vl)
+    from fi_convert.servers.sglang.target import SglangTarget
+
+    why = SglangTarget().refuses_source("fp8-tensor", "trtllm", "modelopt", "ernie4_5_moe_vl")
+    assert why and "ERNIE-4.5-VL declares no routing method" in why
+    assert (
+        SglangTarget().refuses_source("fp8-tensor", "cutlass", "modelopt", "ernie4_5_moe_vl")
+        is None
+    )

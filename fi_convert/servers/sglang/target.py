@@ -119,7 +119,7 @@ SOURCES_REFUSED = {
 
 # Model types whose SGLang model class declares no routing method to its FusedMoE (no
 # `routing_method_type=` in models/mixtral.py, glm4_moe_lite.py, minimax_m2.py, ernie4.py,
-# hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py), so that
+# ernie45_moe_vl.py, hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py), so
 # ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs FlashInfer TRT-LLM only for a
 # declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's DeepSeekV3, ...)
 _UNDECLARED = {
@@ -127,6 +127,7 @@ _UNDECLARED = {
     "glm4_moe_lite": "GLM-4.7-Flash",
     "minimax_m2": "MiniMax-M2",
     "ernie4_5_moe": "ERNIE-4.5-MoE",
+    "ernie4_5_moe_vl": "ERNIE-4.5-VL",  # models/ernie45_moe_vl.py
     "hy_v3": "HY v3",
     "olmoe": "OLMoE",
     "phimoe": "Phi-3.5-MoE",
