@@ -237,6 +237,17 @@ BAD = [
     ({"routing": {"method": "Fancy"}}, "routing.method: not one of Default, Renormalize, "),
     ({"activation": "tanh"}, "activation: not one of silu, gelu_tanh, relu2_no_mul"),
     ({"experts": 4}, "experts: not a family field (fields: activation, architectures, "),
+    ({"forms": [{"kind": "flat", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"w1": "w1", "v1": "w3", "w2": "w2"}, "transposed": ["w13"]}]},
+     "forms[0].transposed: not a list of the form's roles (w1, w3, w2, w13) stored [in, out]"),
+    ({"forms": [{"kind": "flattened", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"w1": "w1", "v1": "w3", "w2": "w2"}}]},
+     "forms[0].kind: not one of 'per_expert', 'fused', 'stacked', 'flat'"),
+    ({"forms": [{"kind": "fused", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"gate_up_proj": "w13", "down_proj": "w2"},
+                 "expert_sets": [".text_experts", ".vision_experts"]}]},
+     "forms[0].expert_sets: not a list of two or more MoE modules (appended to the prefix) of "
+     "a per_expert form"),
 ]  # fmt: skip
 
 

@@ -431,3 +431,14 @@ def test_an_expert_set_config_json_sizes_otherwise_is_refused(tmp_path):
     line = the_error(cli("inspect", model))
     assert line.startswith("error: model.layers.1.mlp.experts.4.")
     assert "expected" in line and "I=96 from config.json" in line
+
+
+def test_an_expert_set_size_of_the_wrong_kind_is_one_line(tmp_path):
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+
+    def edit(cfg):
+        cfg["moe_intermediate_size"] = [128, "64"]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("inspect", model))
+    assert 'moe_intermediate_size is [128, "64"], not an integer or list of integers' in line
