@@ -337,6 +337,13 @@ def _open_checkpoint(root: Path) -> Checkpoint:
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder; pass the folder that holds config.json")
     cfg_path = root / "config.json"
+    if not (cfg_path.exists() or cfg_path.is_symlink()) and (root / "params.json").is_file():
+        raise SourceError(
+            f"{root}: params.json and no config.json: a checkpoint in Mistral's own format "
+            "(Mistral Large 3 as published: consolidated*.safetensors, layers.L.experts.E.w1), "
+            "which fi-convert does not read yet; serve it with the server's own load (without "
+            "--load-format fi-convert)"
+        )
     if not (cfg_path.exists() or cfg_path.is_symlink()):
         raise SourceError(
             f"{root}: no config.json; fi-convert takes the model family and sizes from it and "

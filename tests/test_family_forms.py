@@ -442,3 +442,28 @@ def test_an_expert_set_size_of_the_wrong_kind_is_one_line(tmp_path):
     model = _edit_config(src, tmp_path / "model", edit)
     line = the_error(cli("inspect", model))
     assert 'moe_intermediate_size is [128, "64"], not an integer or list of integers' in line
+
+
+def test_a_mistral_format_checkpoint_is_refused_naming_its_format(tmp_path):
+    """Mistral Large 3 is published in Mistral's own format (params.json, consolidated
+    shards, Mistral's tensor names, which vLLM's MistralLarge3ForCausalLM maps with its
+    hf_to_vllm_mapper): fi-convert does not read it yet, and says so in one line."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = tmp_path / "mistral-large-3"
+    root.mkdir()
+    params = {"dim": 64, "n_layers": 2, "moe": {"num_experts": 4, "num_shared_experts": 1}}
+    (root / "params.json").write_text(json.dumps(params))
+    save_file(
+        {"layers.1.experts.0.w1.weight": torch.zeros(8, 64, dtype=torch.bfloat16)},
+        root / "consolidated.safetensors",
+    )
+    line = the_error(cli("convert", root, tmp_path / "out"))
+    assert line == (
+        f"error: {root}: params.json and no config.json: a checkpoint in Mistral's own format "
+        "(Mistral Large 3 as published: consolidated*.safetensors, layers.L.experts.E.w1), "
+        "which fi-convert does not read yet; serve it with the server's own load (without "
+        "--load-format fi-convert)"
+    )
+    assert not (tmp_path / "out").exists()
