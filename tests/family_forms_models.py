@@ -429,7 +429,8 @@ def vllm_load(kind: str, runner: torch.nn.Module, ckpt: Path) -> set[str]:
 # models/ernie45_vl_moe.py reads: each MoE layer's 2N experts model.layers.L.mlp.experts.E.*
 # (E < N text, N <= E < 2N vision), the routers mlp.gate.weight / gate.weight_1 stored [H, N],
 # both sets' correction biases in mlp.moe_statics.e_score_correction_bias [2, N]; the vision
-# tower and resampler, which its language model skips, left out
+# tower vision_model.* and the resampler model.resampler_model.* (spatial_linear.0, ...) as
+# both servers' models read them
 ERNIE_VL = dict(
     moe="model.layers.1.mlp.text_experts",
     vision_moe="model.layers.1.mlp.vision_experts",
@@ -462,8 +463,7 @@ ERNIE_VL_CONFIG = dict(
     tie_word_embeddings=False,
     use_bias=False,
     torch_dtype="bfloat16",
-    # the vision tower and resampler SGLang's model builds (their weights left out: they hold
-    # no experts, and the comparisons leave them out)
+    # the vision tower and resampler the multimodal models build
     rope_scaling={"type": "default", "mrope_section": [2, 3, 3]},
     pixel_hidden_size=32,
     spatial_conv_size=2,
@@ -473,6 +473,7 @@ ERNIE_VL_CONFIG = dict(
         patch_size=14,
         spatial_merge_size=2,
         in_chans=3,
+        in_channels=3,
         hidden_size=32,
         embed_dim=32,
         depth=1,
@@ -515,6 +516,7 @@ def save_ernie45_vl(root: Path, seed: int = 0) -> Path:
         }
     shards = {
         "model-00001-of-00002.safetensors": {
+            **_ernie45_vl_towers(w),
             "model.embed_tokens.weight": w(128, h),
             **attn(0),
             "model.layers.0.mlp.gate_proj.weight": w(d, h),
@@ -544,6 +546,43 @@ def save_ernie45_vl(root: Path, seed: int = 0) -> Path:
     (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
     (root / "config.json").write_text(json.dumps(ERNIE_VL_CONFIG, indent=2))
     return root
+
+
+def _ernie45_vl_towers(w) -> dict[str, torch.Tensor]:
+    """ERNIE-4.5-VL's vision tower (one block) and resampler, in the published names, of
+    ERNIE_VL_CONFIG's sizes (`w(*shape)`: a random tensor)."""
+    v = ERNIE_VL_CONFIG["vision_config"]
+    e, p = v["embed_dim"], v["patch_size"]
+    m = int(e * v["mlp_ratio"])
+    pix, h = ERNIE_VL_CONFIG["pixel_hidden_size"], ERNIE_VL_CONFIG["hidden_size"]
+    sp = pix * ERNIE_VL_CONFIG["spatial_conv_size"] ** 2
+    tmp = sp * ERNIE_VL_CONFIG["temporal_conv_size"]
+    b = "vision_model.blocks.0"
+    out = {
+        "vision_model.patch_embed.proj.weight": w(e, v["in_chans"] * p * p),
+        f"{b}.attn.qkv.weight": w(3 * e, e),
+        f"{b}.attn.qkv.bias": w(3 * e),
+        f"{b}.attn.proj.weight": w(e, e),
+        f"{b}.attn.proj.bias": w(e),
+        f"{b}.mlp.fc1.weight": w(m, e),
+        f"{b}.mlp.fc1.bias": w(m),
+        f"{b}.mlp.fc2.weight": w(e, m),
+        f"{b}.mlp.fc2.bias": w(e),
+    }
+    for norm in (f"{b}.norm1", f"{b}.norm2", "vision_model.ln"):
+        out |= {f"{norm}.weight": w(e), f"{norm}.bias": w(e)}
+    r = "model.resampler_model"
+    for name, (rows, cols) in {
+        "spatial_linear.0": (sp, sp),
+        "spatial_linear.2": (sp, sp),
+        "temporal_linear.0": (sp, tmp),
+        "temporal_linear.2": (sp, sp),
+        "mlp": (h, sp),
+    }.items():
+        out |= {f"{r}.{name}.weight": w(rows, cols), f"{r}.{name}.bias": w(rows)}
+    for norm in ("spatial_linear.3", "temporal_linear.3"):
+        out |= {f"{r}.{norm}.weight": w(sp), f"{r}.{norm}.bias": w(sp)}
+    return out | {f"{r}.after_norm.weight": w(h)}
 
 
 def register_ernie45_vl_config() -> None:

@@ -62,10 +62,15 @@ CASES = {
     "aria-bf16": ("aria", "aria.AriaForConditionalGeneration", None, {}),
     # Mamba layers beside the MoE; softmax routing without renormalization (Default)
     "jamba-bf16": ("jamba", "jamba.JambaForCausalLM", None, {}),
-    # ERNIE-4.5-VL's language model (its MoE layers and load_weights, which splits each layer's
-    # 2N experts into text_experts and vision_experts); the whole multimodal class adds the
-    # vision tower and resampler, which hold no experts (tests/family_forms_models.py)
-    "ernie-vl-bf16": ("ernie4_5_moe_vl", "ernie45_vl_moe.Ernie4_5_VLMoeForCausalLM", None, {}),
+    # ERNIE-4.5-VL, the whole multimodal model: its language model's load_weights splits each
+    # layer's 2N experts into text_experts and vision_experts, and its mapper names the layers
+    # language_model.model.layers.L (tests/family_forms_models.py)
+    "ernie-vl-bf16": (
+        "ernie4_5_moe_vl",
+        "ernie45_vl.Ernie4_5_VLMoeForConditionalGeneration",
+        None,
+        {},
+    ),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
