@@ -35,8 +35,7 @@ OTHER_SERVER_sglang := vllm
 export SERVER_CHECK = $(SERVER_CHECK_$(SERVER))
 
 .PHONY: install test fuzz test-engine test-gpu lint demo bench wheel docs clean install-server \
-	test-server install-sglang-releases test-sglang-release print-sglang-releases \
-	install-release test-release install-releases test-releases
+	test-server print-releases install-release test-release install-releases test-releases
 
 install: $(VENV)/.installed
 
@@ -104,63 +103,50 @@ $(SERVER_VENV)/.installed: pyproject.toml Makefile requirements/torch-cpu.txt \
 test-server: install-server
 	$(SERVER_VENV)/bin/pytest -q -p no:cacheprovider --server $(SERVER) $(SERVER_TESTS)
 
-# Each older SGLang release as a test authority (fi_convert/servers/sglang/releases.py): its
-# own venv, cached outside the clone (scripts/release_env_sglang.sh), and there its own MoE
-# processing against every --server sglang layout (each release left out of a layout's list
-# is refuted by the same test), and the releases table's tests. 0.5.23 is `make install`'s
-# venv (`make test`). SGLANG_RELEASE=0.5.21 picks one; SGLANG_RELEASE_TESTS and
-# SGLANG_RELEASE_K (pytest -k) other tests (the plugin's: docs/development.md).
-SGLANG_RELEASES ?= 0.5.20 0.5.21 0.5.22
-SGLANG_RELEASE ?= 0.5.22
-SGLANG_RELEASE_TESTS ?= tests/test_sglang.py tests/test_releases_sglang.py
-SGLANG_RELEASE_K ?= own_bytes or control or releases
-# ... and the plugin's tests of the layouts releases.PLUGIN lists for the release (its load, whole
-# models, EP, registration), where it lists some (0.5.20: none)
+# Each server release other than make install's (vLLM 0.33.0, SGLang 0.5.23) as a test authority
+# (docs/development.md, "vLLM releases", "SGLang releases"): a venv of its own packages over the
+# clone's one-server venv ($(SERVER_VENV), `make install-server`), cached outside the clone
+# (scripts/release_env.sh: the release's wheel and the pins of it that the one-server venv does
+# not hold installed, every other package of that venv linked in), the clone on PYTHONPATH.
+RELEASES_vllm ?= 0.30.0 0.31.0 0.32.0 0.34.0
+RELEASES_sglang ?= 0.5.20 0.5.21 0.5.22
+RELEASE ?= $(lastword $(RELEASES_$(SERVER)))
+# vLLM: the release's own FusedMoE processing against every layout, the plugin on it, EP, and the
+# releases table's tests. CI_SUBSET=1 (CI's legs): the layer cases at TP (and EP) 1 and 2 only,
+# every rank; TP 4 runs in `make test` (0.33) and in a plain `make test-release`.
+CI_SUBSET ?=
+RELEASE_SUBSET_vllm := -k "not -4-"
+RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_plugin.py \
+	tests/test_vllm_ep.py tests/test_vllm_releases.py
+# SGLang: its own MoE processing against every --server sglang layout (each release left out of a
+# layout's list is refuted by the same test) and the releases table's tests; then, where
+# fi_convert/servers/sglang/releases.py's PLUGIN lists layouts for the release, the plugin's
+# tests of those layouts (its load, whole models, EP, registration; 0.5.20: none).
+RELEASE_TESTS_sglang ?= tests/test_sglang.py tests/test_releases_sglang.py
+RELEASE_SUBSET_sglang := -k "own_bytes or control or releases"
 SGLANG_PLUGIN_TESTS ?= tests/test_sglang_plugin.py tests/test_sglang_models.py tests/test_sglang_ep.py
 SGLANG_PLUGIN_K := (cutlass and (qwen3 or mixtral)) or deepseek or gpt-oss or mxfp8 or fp8-block \
 	or register
 SGLANG_PLUGIN_K_0.5.21 := $(SGLANG_PLUGIN_K)
 SGLANG_PLUGIN_K_0.5.22 := $(SGLANG_PLUGIN_K)
+RELEASE_PYTEST = PYTHONPATH=$(CURDIR) $$venv/bin/python -m pytest -q -p no:cacheprovider \
+	--server $(SERVER) --release $(RELEASE)
 
-print-sglang-releases:
-	@echo $(SGLANG_RELEASES)
+print-releases:
+	@echo $(RELEASES_$(SERVER))
 
-install-sglang-releases:
-	for r in $(SGLANG_RELEASES); do bash scripts/release_env_sglang.sh $$r >/dev/null || exit 1; done
+install-release: install-server
+	bash scripts/release_env.sh $(SERVER) $(RELEASE) >/dev/null
 
-test-sglang-release:
-	venv=$$(bash scripts/release_env_sglang.sh $(SGLANG_RELEASE)) && \
-	PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server sglang \
-		$(SGLANG_RELEASE_TESTS) -k "$(SGLANG_RELEASE_K)" $(if $(SGLANG_PLUGIN_K_$(SGLANG_RELEASE)),\
-	&& PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server sglang \
-		$(SGLANG_PLUGIN_TESTS) -k "$(SGLANG_PLUGIN_K_$(SGLANG_RELEASE))")
+test-release: install-server
+	venv=$$(bash scripts/release_env.sh $(SERVER) $(RELEASE)) && \
+	$(RELEASE_PYTEST) $(if $(filter sglang,$(SERVER)),$(RELEASE_SUBSET_sglang),\
+		$(if $(CI_SUBSET),$(RELEASE_SUBSET_vllm))) $(RELEASE_TESTS_$(SERVER)) \
+	$(if $(filter sglang,$(SERVER)),$(if $(SGLANG_PLUGIN_K_$(RELEASE)),\
+	&& $(RELEASE_PYTEST) $(SGLANG_PLUGIN_TESTS) -k "$(SGLANG_PLUGIN_K_$(RELEASE))"))
 
-# One server release as the test authority (docs/development.md, "vLLM releases"):
-# `make test-release SERVER=vllm RELEASE=0.30.0` builds that release's venv unless it is cached
-# (scripts/release_env_$(SERVER).sh, under $${FI_CONVERT_CACHE:-~/.cache/fi-convert}/venvs),
-# then runs RELEASE_TESTS_$(SERVER) there against this clone's code (PYTHONPATH; the clone's
-# editable-install metadata, from `make install`, gives the plugin's entry point). `make
-# test-releases` runs every release of RELEASES_$(SERVER) (0.33.0 is `make install`'s venv);
-# `make install-releases` builds their venvs only (CI, beside `make install`).
-RELEASE ?= 0.30.0
-RELEASES_vllm ?= 0.30.0 0.31.0 0.32.0 0.34.0
-# CI_SUBSET=1 (CI's legs): the layer cases at TP (and EP) 1 and 2 only, every rank; TP 4 runs in
-# `make test` (0.33) and in a plain `make test-release`.
-CI_SUBSET ?=
-RELEASE_SUBSET := -k "not -4-"
-RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_plugin.py tests/test_vllm_ep.py \
-	tests/test_vllm_releases.py
-
-install-release:
-	bash scripts/release_env_$(SERVER).sh $(RELEASE) >/dev/null
-
-test-release:
-	venv=$$(bash scripts/release_env_$(SERVER).sh $(RELEASE)) && \
-		PYTHONPATH=$(CURDIR) $$venv/bin/pytest -q -p no:cacheprovider --server $(SERVER) \
-		--release $(RELEASE) $(if $(CI_SUBSET),$(RELEASE_SUBSET)) $(RELEASE_TESTS_$(SERVER))
-
-install-releases:
-	for r in $(RELEASES_$(SERVER)); do $(MAKE) install-release SERVER=$(SERVER) RELEASE=$$r || exit 1; done
+install-releases: install-server
+	for r in $(RELEASES_$(SERVER)); do bash scripts/release_env.sh $(SERVER) $$r >/dev/null || exit 1; done
 
 test-releases:
 	for r in $(RELEASES_$(SERVER)); do $(MAKE) test-release SERVER=$(SERVER) RELEASE=$$r || exit 1; done

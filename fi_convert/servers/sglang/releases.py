@@ -3,7 +3,7 @@ MoE code (its FusedMoE, weight loader and `process_weights_after_loading`, on CP
 fi-convert's `--server sglang` output, for every scheme, backend, TP size and rank of
 tests/test_sglang.py, and the plugin's load in that release (tests/test_sglang_plugin.py,
 test_sglang_models.py, test_sglang_ep.py), run in a venv of each release
-(scripts/release_env_sglang.sh; docs/development.md says where CI runs which).
+(scripts/release_env.sh; docs/development.md says where CI runs which).
 
 The table is data: per scheme and backend, the releases proven for any shape, and the releases
 proven only where each layer's shape meets a condition (a layer entry of the manifest: its
