@@ -105,6 +105,141 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         # (SGLang's OLMoE normalizes q and k over all heads: as many KV heads as heads)
         dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2, num_key_value_heads=4),
     ),
+    # the families proven through the servers' model classes by tests/test_vllm_families.py
+    # and tests/test_sglang_families.py (issue 32): config keys the servers read that
+    # transformers' config classes do not write are the released configs' (beside them)
+    "phimoe": (  # Phi-3.5-MoE: block_sparse_moe.experts.E.w{1,2,3}, sparsemixer routing
+        "PhimoeConfig",
+        "PhimoeForCausalLM",
+        # attention and lm_head biases as released (vLLM's PhiMoE always builds them)
+        dict(
+            intermediate_size=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            attention_bias=True,
+            lm_head_bias=True,
+        ),
+    ),
+    "exaone_moe": (  # K-EXAONE: layer 0 dense, sigmoid + bias routing, a shared expert
+        "ExaoneMoeConfig",
+        "ExaoneMoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+    "afmoe": (  # Arcee Trinity: layer 0 dense, sigmoid + expert_bias routing
+        "AfmoeConfig",
+        "AfmoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_shared_experts=1,
+            num_dense_layers=1,
+            global_attn_every_n_layers=2,
+            sliding_window=64,
+            score_func="sigmoid",  # released (Trinity-Mini's config.json)
+            route_norm=True,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+    "hy_v3": (  # HY v3: sigmoid + bias routing, a shared expert
+        "HYV3Config",
+        "HYV3ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            expert_hidden_dim=128,  # the key vLLM's and SGLang's HY v3 read
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_shared_experts=1,
+            route_norm=True,
+            first_k_dense_replace=1,  # as mlp_layer_types (vLLM's HY v3 reads it)
+            qk_norm=True,
+        ),
+    ),
+    "lfm2_moe": (  # LFM2-MoE: feed_forward.experts.E.w{1,2,3}, conv and attention layers
+        "Lfm2MoeConfig",
+        "Lfm2MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_dense_layers=1,
+            layer_types=["conv", "full_attention"],
+        ),
+    ),
+    "cohere2_moe": (  # Cohere2-MoE: softmax routing, renormalized
+        "Cohere2MoeConfig",
+        "Cohere2MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=64,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "mimo_v2_flash": (  # MiMo-V2-Flash: layer 0 dense, sigmoid + bias routing
+        "MiMoV2FlashConfig",
+        "MiMoV2FlashForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            v_head_dim=16,
+            sliding_window=64,
+            mlp_layer_types=["dense", "sparse"],
+            # the released config's keys for the same (vLLM's and SGLang's MiMo-V2 read them)
+            hybrid_layer_pattern=[0, 1],
+            moe_layer_freq=[0, 1],
+            swa_num_attention_heads=4,
+            swa_num_key_value_heads=2,
+            swa_head_dim=16,
+            swa_v_head_dim=16,
+            sliding_window_size=64,
+            add_swa_attention_sink_bias=True,
+            add_full_attention_sink_bias=False,
+            layernorm_epsilon=1e-5,
+        ),
+    ),
+    "deepseek_v32": (  # DeepSeek-V3.2: DeepSeek-V3's layers with the DSA indexer's tensors
+        "DeepseekV32Config",
+        "DeepseekV32ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            index_topk=8,
+            index_head_dim=16,
+            index_n_heads=2,
+            # the released config's routing keys, which transformers' class does not write
+            topk_method="noaux_tc",
+            scoring_func="sigmoid",
+        ),
+    ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",
         "Qwen3ForCausalLM",
