@@ -6,6 +6,7 @@ them shows up here before users see it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -131,6 +132,7 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             first_k_dense_replace=1,
             n_group=1,
             topk_group=1,
+            is_moe_layer=[False, True],  # the released config's key (SGLang's model reads it)
         ),
     ),
     "afmoe": (  # Arcee Trinity: layer 0 dense, sigmoid + expert_bias routing
@@ -235,9 +237,10 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             index_topk=8,
             index_head_dim=16,
             index_n_heads=2,
-            # the released config's routing keys, which transformers' class does not write
+            # the released config's keys, which transformers' class does not write
             topk_method="noaux_tc",
             scoring_func="sigmoid",
+            moe_layer_freq=1,
         ),
     ),
     "qwen3": (  # dense: no MoE layer at all
@@ -246,6 +249,9 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         dict(intermediate_size=128),
     ),
 }
+# where the released config.json names the architecture otherwise than transformers' class
+# (the servers pick their model class by it): microsoft/Phi-3.5-MoE-instruct's
+RELEASED_ARCHITECTURES = {"phimoe": ["PhiMoEForCausalLM"]}
 # several shards for every model above (their BF16 weights are 0.2-1 MB)
 MAX_SHARD_SIZE = "200KB"
 
@@ -260,4 +266,8 @@ def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
     model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    if kind in RELEASED_ARCHITECTURES:
+        cfg = json.loads((root / "config.json").read_text())
+        cfg["architectures"] = RELEASED_ARCHITECTURES[kind]
+        (root / "config.json").write_text(json.dumps(cfg, indent=2))
     return root

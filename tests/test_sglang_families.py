@@ -9,8 +9,21 @@ module holds, and each MoE layer's state, must be equal, at TP 1 and 2, every ra
 
 GLM-4.5 (Glm4MoeForCausalLM: DeepSeek's expert names, sigmoid + bias routing) in every scheme
 SGLang's plugin loads from a source of that family; MiniMax-M2 (MiniMaxM2ForCausalLM: Mixtral's
-w1/w2/w3 names, MiniMax2 routing) in BF16 and FP8 block; ERNIE-4.5-MoE (softmax + bias routing)
-and OLMoE (softmax, no renormalization) in BF16.
+w1/w2/w3 names, MiniMax2 routing) in BF16 and FP8 block; DeepSeek-V3.2 (DeepseekV32ForCausalLM,
+with its DSA indexer) in its published FP8 block format and BF16; ERNIE-4.5-MoE (softmax + bias
+routing), OLMoE (softmax, no renormalization), Phi-3.5-MoE (PhiMoEForCausalLM, sparsemixer),
+K-EXAONE (ExaoneMoeForCausalLM), HY v3 (HYV3ForCausalLM), LFM2-MoE (Lfm2MoeForCausalLM: its
+lm_head tied to the embedding after its loading loop) and Cohere2-MoE in BF16.
+
+Not proven here, and why:
+- Arcee Trinity (AFMoE): SGLang 0.5.23's AfmoeMoE holds its experts as per-expert MLPs and calls
+  its fused_experts function itself, building no FusedMoE layer: SGLang never runs it on
+  FlashInfer's MoE kernels (test_sglangs_afmoe_builds_no_moe_layer);
+- MiMo-V2-Flash: SGLang 0.5.23's MiMoV2 model builds its rotary embedding from
+  `config.rope_scaling`, which transformers 5.20's MiMoV2FlashConfig (the config class SGLang
+  loads a `mimo_v2_flash` config.json with) gives as a dict per layer type, and SGLang's rope
+  cache fails on it (`unhashable type: 'dict'`): the model is not built;
+- Ling 2.0, DeepSeek-MoE v1 and the Qwen3-Omni-MoE thinker: as in tests/test_vllm_families.py.
 """
 
 from __future__ import annotations
@@ -60,6 +73,18 @@ CASES = {
     ),
     "ernie-bf16": ("ernie4_5_moe", None, {}),
     "olmoe-bf16": ("olmoe", None, {}),
+    # q_lora_rank 128: SGLang fuses q_a_proj with kv_a_proj_with_mqa, and their block scales
+    "deepseek-v32-fp8-block": (
+        "deepseek_v32",
+        "fp8-block",
+        dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=256, q_lora_rank=128),
+    ),
+    "deepseek-v32-bf16": ("deepseek_v32", None, {}),
+    "phimoe-bf16": ("phimoe", None, {}),
+    "exaone-bf16": ("exaone_moe", None, {}),
+    "hy-v3-bf16": ("hy_v3", None, {}),
+    "lfm2-bf16": ("lfm2_moe", None, {}),
+    "cohere2-bf16": ("cohere2_moe", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 MOE = {
@@ -67,6 +92,12 @@ MOE = {
     "minimax_m2": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     "ernie4_5_moe": ["model.layers.1.mlp.experts"],  # layer 0 dense (moe_layer_start_index)
     "olmoe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "deepseek_v32": ["model.layers.1.mlp.experts"],
+    "phimoe": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
+    "exaone_moe": ["model.layers.1.mlp.experts"],
+    "hy_v3": ["model.layers.1.mlp.experts"],
+    "lfm2_moe": ["model.layers.1.feed_forward.experts"],
+    "cohere2_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -84,6 +115,14 @@ RUNS = [
     ("ernie-bf16", "cutlass", "bf16"),
     ("ernie-bf16", "trtllm", "bf16"),
     ("olmoe-bf16", "cutlass", "bf16"),
+    ("deepseek-v32-fp8-block", "trtllm", "fp8-block"),
+    ("deepseek-v32-bf16", "trtllm", "bf16"),
+    ("phimoe-bf16", "trtllm", "bf16"),
+    ("phimoe-bf16", "cutlass", "bf16"),
+    ("exaone-bf16", "trtllm", "bf16"),
+    ("hy-v3-bf16", "trtllm", "bf16"),
+    ("lfm2-bf16", "trtllm", "bf16"),
+    ("cohere2-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -93,7 +132,7 @@ def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("sgl-families-src")
     done: dict[str, Path] = {}
 
-    def get(case: str) -> Path:
+    def get(case: str) -> Path:  # (get.root: where the sources are written)
         if case not in done:
             kind, quant, sizes = CASES[case]
             if quant is None:
@@ -102,6 +141,7 @@ def sources(tmp_path_factory):
                 done[case] = qc.write(kind, root / case, quant, **sizes)
         return done[case]
 
+    get.root = root  # type: ignore[attr-defined]
     return get
 
 
@@ -118,3 +158,20 @@ def test_a_whole_model_of_the_family_equals_sglangs_default_load(
         assert sorted(moe) == MOE[kind]
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+def test_sglangs_afmoe_builds_no_moe_layer(sources):
+    """Why AFMoE has no case above: SGLang 0.5.23's own AFMoE model (its default load of a
+    transformers-written Arcee Trinity checkpoint) holds no FusedMoE layer, its experts are
+    per-expert MLPs it runs itself."""
+    from sglang.srt.models.afmoe import AfmoeForCausalLM
+
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("afmoe", sources.root / "afmoe-bf16")
+    with sm.sglang_context("trtllm", 1, 0):
+        model = _model(None, src, "auto", "trtllm")
+    assert isinstance(model, AfmoeForCausalLM)
+    assert _moe(model) == {}
+    assert len(model.model.layers[1].mlp.experts) == 4  # its own per-expert MLPs
