@@ -164,14 +164,33 @@ def test_sglangs_afmoe_builds_no_moe_layer(sources):
     """Why AFMoE has no case above: SGLang 0.5.23's own AFMoE model (its default load of a
     transformers-written Arcee Trinity checkpoint) holds no FusedMoE layer, its experts are
     per-expert MLPs it runs itself."""
-    from sglang.srt.models.afmoe import AfmoeForCausalLM
-
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
 
-    src = hf.save("afmoe", sources.root / "afmoe-bf16")
+    src = sources.root / "afmoe-bf16"
+    if not src.exists():
+        hf.save("afmoe", src)
     with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.models.afmoe import AfmoeForCausalLM, AfmoeMoE
+
         model = _model(None, src, "auto", "trtllm")
     assert isinstance(model, AfmoeForCausalLM)
+    assert isinstance(model.model.layers[1].mlp, AfmoeMoE)
     assert _moe(model) == {}
     assert len(model.model.layers[1].mlp.experts) == 4  # its own per-expert MLPs
+
+
+def test_an_afmoe_output_for_sglang_is_refused_at_plan_time(sources, tmp_path):
+    """fi-convert writes no `--server sglang` output of AFMoE (SGLang would not serve it: the
+    test above), in one line naming why; vLLM's is planned."""
+    from fi_convert.errors import SchemeMismatchError
+
+    src = sources.root / "afmoe-bf16"
+    if not src.exists():
+        hf.save("afmoe", src)
+    with pytest.raises(SchemeMismatchError, match="building no FusedMoE layer"):
+        _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    from fi_convert import Backend, Options, SchemeName, convert
+
+    convert(src, tmp_path / "vllm", Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
+    assert read(tmp_path / "vllm")["layers"]

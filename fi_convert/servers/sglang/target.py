@@ -144,6 +144,16 @@ NO_ROUTING_METHOD = {
 
 NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
 
+# model types whose SGLang model builds no FusedMoE layer (it runs its experts itself), so no
+# output of them is served: the plugin would refuse it at load, finding no MoE layer
+NO_FUSED_MOE = {
+    "afmoe": (
+        "SGLang {sglang}'s AFMoE model (models/afmoe.py, AfmoeMoE) holds its experts as "
+        "per-expert MLPs and calls its fused_experts function itself, building no FusedMoE "
+        "layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
+    ),
+}
+
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
         "SGLang 0.5.23 has no FlashInfer CUTLASS path for block FP8 (asked for "
@@ -280,7 +290,7 @@ class SglangTarget:
     def refuses_source(
         self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
     ) -> str | None:
-        why = SOURCES_REFUSED.get((scheme, quant_method))
+        why = NO_FUSED_MOE.get(model_type or "") or SOURCES_REFUSED.get((scheme, quant_method))
         if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
             why = NO_ROUTING_METHOD.get(model_type or "")
         return why.format(sglang=TARGET["sglang"]) if why else None
