@@ -38,11 +38,17 @@ Not proven here, and why:
   `get_and_maybe_dequant_weights`) dequantizes a block-FP8 kv_b_proj with `scaled_dequantize`,
   which takes the block size as a list and fails (`'list' object has no attribute
   'is_per_tensor'`) on every path but DeepGEMM's and Marlin's, both CUDA-only;
-- Ling 2.0 (BailingMoeV2ForCausalLM), DeepSeek-MoE v1 (DeepseekForCausalLM) and the
-  Qwen3-Omni-MoE thinker: transformers 5.20 has no Ling 2.0 or DeepSeek-MoE v1 model to write a
-  checkpoint with, and vLLM's Qwen3OmniMoeThinkerForConditionalGeneration builds its audio and
-  vision towers (not yet written here);
-- Qwen3-VL-MoE FP8 (Qwen/Qwen3-VL-30B-A3B-Instruct-FP8): not written here yet.
+- Ling 2.0 (BailingMoeV2ForCausalLM, model_type bailing_moe_v2) and DeepSeek-MoE v1
+  (DeepseekForCausalLM, model_type deepseek): transformers 5.20 has neither model nor config
+  class (the published checkpoints ship theirs as remote code, config.json's auto_map), so
+  vLLM's ModelConfig refuses such a config.json without trust_remote_code and a configuration
+  module beside it; a checkpoint with one is not written here yet;
+- the Qwen3-OmniMoE thinker (Qwen3OmniMoeThinkerForConditionalGeneration): it builds its audio
+  and vision towers from a whole Qwen3-Omni config (thinker, talker, code2wav); not written
+  here yet;
+- Qwen3-VL-MoE, whole: Qwen3VLMoeForConditionalGeneration imports torchvision, which this
+  install lacks (tests/test_vllm_family_forms.py proves its MoE layers through Qwen3MoeModel's
+  own load_weights, in BF16); its FP8 release is not written here yet.
 """
 
 from __future__ import annotations
