@@ -13,7 +13,8 @@ w1/w2/w3 names, MiniMax2 routing) in BF16 and FP8 block; DeepSeek-V3.2 (Deepseek
 with its DSA indexer) in its published FP8 block format and BF16; ERNIE-4.5-MoE (softmax + bias
 routing), OLMoE (softmax, no renormalization), Phi-3.5-MoE (PhiMoEForCausalLM, sparsemixer),
 K-EXAONE (ExaoneMoeForCausalLM), HY v3 (HYV3ForCausalLM), LFM2-MoE (Lfm2MoeForCausalLM: its
-lm_head tied to the embedding after its loading loop) and Cohere2-MoE in BF16.
+lm_head tied to the embedding after its loading loop), Cohere2-MoE and Ling 2.0
+(BailingMoeV2ForCausalLM, test_ling2_equals_sglangs_default_load) in BF16.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE): SGLang 0.5.23's AfmoeMoE holds its experts as per-expert MLPs and calls
@@ -23,7 +24,7 @@ Not proven here, and why:
   `config.rope_scaling`, which transformers 5.20's MiMoV2FlashConfig (the config class SGLang
   loads a `mimo_v2_flash` config.json with) gives as a dict per layer type, and SGLang's rope
   cache fails on it (`unhashable type: 'dict'`): the model is not built;
-- Ling 2.0, DeepSeek-MoE v1 and the Qwen3-Omni-MoE thinker: as in tests/test_vllm_families.py.
+- DeepSeek-MoE v1 and the Qwen3-Omni-MoE thinker: as in tests/test_vllm_families.py.
 """
 
 from __future__ import annotations
@@ -194,3 +195,26 @@ def test_an_afmoe_output_for_sglang_is_refused_at_plan_time(sources, tmp_path):
 
     convert(src, tmp_path / "vllm", Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
     assert read(tmp_path / "vllm")["layers"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_ling2_equals_sglangs_default_load(tmp_path_factory, tmp_path, tp):
+    """Ling 2.0 (BailingMoeV2ForCausalLM) in BF16 on TRT-LLM, its config class remote code as
+    published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads)."""
+    from tests import remote_code_checkpoints as rc
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = tmp_path_factory.getbasetemp() / "sgl-ling2-src"
+    if not src.exists():
+        rc.save_ling2(src)
+    out = _convert(src, tmp_path / "out", "bf16", "trtllm", tp)
+    with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
+        for rank in range(tp):
+            with sm.sglang_context("trtllm", tp, rank):
+                ours = _model(None, out, "fi-convert", "trtllm", trust_remote_code=True)
+                theirs = _model(None, src, "auto", "trtllm", trust_remote_code=True)
+            moe = _moe(theirs)
+            assert sorted(moe) == ["model.layers.1.mlp.experts"]
+            assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+            assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"

@@ -30,7 +30,7 @@ Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
-Arcee Trinity (AFMoE), HY v3, LFM2-MoE and Cohere2-MoE (bf16).
+Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE and Ling 2.0 (bf16).
 
 Not proven here, and why:
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
@@ -38,11 +38,12 @@ Not proven here, and why:
   `get_and_maybe_dequant_weights`) dequantizes a block-FP8 kv_b_proj with `scaled_dequantize`,
   which takes the block size as a list and fails (`'list' object has no attribute
   'is_per_tensor'`) on every path but DeepGEMM's and Marlin's, both CUDA-only;
-- Ling 2.0 (BailingMoeV2ForCausalLM, model_type bailing_moe_v2) and DeepSeek-MoE v1
-  (DeepseekForCausalLM, model_type deepseek): transformers 5.20 has neither model nor config
-  class (the published checkpoints ship theirs as remote code, config.json's auto_map), so
-  vLLM's ModelConfig refuses such a config.json without trust_remote_code and a configuration
-  module beside it; a checkpoint with one is not written here yet;
+- Ling 2.0 in FP8: its FP8 releases were not checked for their format here (Ling 2.0 is
+  proven in BF16, with the names and a config module of tests/remote_code_checkpoints.py:
+  transformers 5.20 has no Ling 2.0 model, its checkpoints ship their config class as remote
+  code);
+- DeepSeek-MoE v1 (DeepseekForCausalLM, model_type deepseek): transformers 5.20 has no model or
+  config class for it either (remote code); a checkpoint of it is not written here yet;
 - the Qwen3-OmniMoE thinker (Qwen3OmniMoeThinkerForConditionalGeneration): it builds its audio
   and vision towers from a whole Qwen3-Omni config (thinker, talker, code2wav); not written
   here yet;
@@ -75,10 +76,12 @@ from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
 from tests import hf_checkpoints as hf
 from tests import quantized_checkpoints as qc
+from tests import remote_code_checkpoints as rc
 from tests import vllm_moe as vm
 
 ATTENTION = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
 FP8B = "fp8-block"
+REMOTE_CODE = {"ling2": rc.save_ling2}
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 BLOCK_SIZES = dict(
     hidden_size=128,
@@ -139,6 +142,8 @@ CASES = {
     "hy-v3-bf16": ("hy_v3", "hy_v3.HYV3ForCausalLM", None, {}),
     "lfm2-bf16": ("lfm2_moe", "lfm2_moe.Lfm2MoeForCausalLM", None, {}),
     "cohere2-bf16": ("cohere2_moe", "cohere2_moe.Cohere2MoeForCausalLM", None, {}),
+    # Ling 2.0: names and config of tests/remote_code_checkpoints.py
+    "ling2-bf16": ("ling2", "bailing_moe.BailingMoeV2ForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing) and OLMoE (Default) run BF16 on
 # CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -165,6 +170,7 @@ RUNS = [
     ("hy-v3-bf16", "trtllm", "bf16"),
     ("lfm2-bf16", "trtllm", "bf16"),
     ("cohere2-bf16", "cutlass", "bf16"),
+    ("ling2-bf16", "trtllm", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -187,6 +193,12 @@ def _one_process_group() -> None:
     ps.initialize_model_parallel(1, 1)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _remote_code(tmp_path_factory):
+    with rc.modules_cache(tmp_path_factory.mktemp("hf-modules")):
+        yield
+
+
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-families-src")
@@ -195,7 +207,9 @@ def sources(tmp_path_factory):
     def get(case: str) -> Path:
         if case not in done:
             kind, _, quant, sizes = CASES[case]
-            if quant is None:
+            if kind in REMOTE_CODE:
+                done[case] = REMOTE_CODE[kind](root / case, **sizes)
+            elif quant is None:
                 done[case] = hf.save(kind, root / case, **sizes)
             else:
                 done[case] = qc.write(kind, root / case, quant, **sizes)
@@ -224,7 +238,11 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
     ):
         _one_process_group()
         cfg = get_current_vllm_config()
-        mc = ModelConfig(model=str(src), skip_tokenizer_init=True, dtype="bfloat16")
+        # (a family whose published config class is remote code: tests/remote_code_checkpoints)
+        remote = CASES[case][0] in REMOTE_CODE
+        mc = ModelConfig(
+            model=str(src), skip_tokenizer_init=True, dtype="bfloat16", trust_remote_code=remote
+        )
         cfg.model_config = mc
         # what VllmConfig sets once it has a model (DeepSeek-V3.2's indexer reads it): 5 up
         # to a max_model_len of 256K
