@@ -17,14 +17,15 @@ lm_head tied to the embedding after its loading loop), Cohere2-MoE and Ling 2.0
 (BailingMoeV2ForCausalLM, test_ling2_equals_sglangs_default_load) in BF16.
 
 Not proven here, and why:
-- Arcee Trinity (AFMoE): SGLang 0.5.23's AfmoeMoE holds its experts as per-expert MLPs and calls
-  its fused_experts function itself, building no FusedMoE layer: SGLang never runs it on
-  FlashInfer's MoE kernels (test_sglangs_afmoe_builds_no_moe_layer);
+- Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
+  experts as per-expert MLPs and call SGLang's fused_moe function themselves, building no
+  FusedMoE layer: SGLang never runs them on FlashInfer's MoE kernels, and `--server sglang`
+  refuses them (test_sglangs_model_builds_no_moe_layer);
 - MiMo-V2-Flash: SGLang 0.5.23's MiMoV2 model builds its rotary embedding from
   `config.rope_scaling`, which transformers 5.20's MiMoV2FlashConfig (the config class SGLang
   loads a `mimo_v2_flash` config.json with) gives as a dict per layer type, and SGLang's rope
   cache fails on it (`unhashable type: 'dict'`): the model is not built;
-- DeepSeek-MoE v1 and the Qwen3-Omni-MoE thinker: as in tests/test_vllm_families.py.
+- the Qwen3-Omni-MoE thinker: as in tests/test_vllm_families.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import pytest
 from fi_convert.format.manifest import read
 from tests import hf_checkpoints as hf
 from tests import quantized_checkpoints as qc
+from tests import remote_code_checkpoints as rc
 from tests.test_sglang_models import _both, _convert, _differences, _moe, _no_gpu  # noqa: F401
 from tests.test_sglang_plugin import registered  # noqa: F401
 
@@ -161,39 +163,67 @@ def test_a_whole_model_of_the_family_equals_sglangs_default_load(
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
 
-def test_sglangs_afmoe_builds_no_moe_layer(sources):
-    """Why AFMoE has no case above: SGLang 0.5.23's own AFMoE model (its default load of a
-    transformers-written Arcee Trinity checkpoint) holds no FusedMoE layer, its experts are
-    per-expert MLPs it runs itself."""
+# families whose SGLang 0.5.23 model builds no FusedMoE layer: (its model module, the model
+# class, its MoE block class, the source's writer, trust_remote_code)
+NO_FUSED_MOE = {
+    "afmoe": ("afmoe", "AfmoeForCausalLM", "AfmoeMoE", lambda root: hf.save("afmoe", root), False),
+    "deepseek-v1": (
+        "deepseek",
+        "DeepseekForCausalLM",
+        "DeepseekMoE",
+        lambda root: rc.save_deepseek_v1(root),
+        True,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def no_fused_moe(tmp_path_factory):
+    """The sources of NO_FUSED_MOE, written once; transformers' copies of remote code kept in
+    a temporary folder meanwhile."""
+    root, made = tmp_path_factory.mktemp("sgl-no-fused-moe"), {}
+    with rc.modules_cache(root / "hf-modules"):
+
+        def get(kind: str) -> Path:
+            if kind not in made:
+                made[kind] = NO_FUSED_MOE[kind][3](root / kind)
+            return made[kind]
+
+        yield get
+
+
+@pytest.mark.parametrize("kind", sorted(NO_FUSED_MOE))
+def test_sglangs_model_builds_no_moe_layer(no_fused_moe, kind):
+    """Why AFMoE and DeepSeek-MoE v1 have no case above: SGLang 0.5.23's own model of each (its
+    default load of a checkpoint of the family) holds no FusedMoE layer; its experts are
+    per-expert MLPs it runs through SGLang's fused_moe function itself."""
+    import importlib
+
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
 
-    src = sources.root / "afmoe-bf16"
-    if not src.exists():
-        hf.save("afmoe", src)
+    module, cls, block, _, remote = NO_FUSED_MOE[kind]
+    src = no_fused_moe(kind)
     with sm.sglang_context("trtllm", 1, 0):
-        from sglang.srt.models.afmoe import AfmoeForCausalLM, AfmoeMoE
-
-        model = _model(None, src, "auto", "trtllm")
-    assert isinstance(model, AfmoeForCausalLM)
-    assert isinstance(model.model.layers[1].mlp, AfmoeMoE)
+        models = importlib.import_module(f"sglang.srt.models.{module}")
+        model = _model(None, src, "auto", "trtllm", trust_remote_code=remote)
+    assert type(model) is getattr(models, cls)
+    assert isinstance(model.model.layers[1].mlp, getattr(models, block))
     assert _moe(model) == {}
     assert len(model.model.layers[1].mlp.experts) == 4  # its own per-expert MLPs
 
 
-def test_an_afmoe_output_for_sglang_is_refused_at_plan_time(sources, tmp_path):
-    """fi-convert writes no `--server sglang` output of AFMoE (SGLang would not serve it: the
-    test above), in one line naming why; vLLM's is planned."""
+@pytest.mark.parametrize("kind", sorted(NO_FUSED_MOE))
+def test_an_output_for_sglang_is_refused_at_plan_time(no_fused_moe, kind, tmp_path):
+    """fi-convert writes no `--server sglang` output of these families (SGLang would not serve
+    it: the test above), in one line naming why; vLLM's is planned."""
+    from fi_convert import Backend, Options, SchemeName, convert
     from fi_convert.errors import SchemeMismatchError
 
-    src = sources.root / "afmoe-bf16"
-    if not src.exists():
-        hf.save("afmoe", src)
+    src = no_fused_moe(kind)
     with pytest.raises(SchemeMismatchError, match="building no FusedMoE layer"):
-        _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
-    from fi_convert import Backend, Options, SchemeName, convert
-
-    convert(src, tmp_path / "vllm", Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
+        _convert(src, tmp_path / "out", "bf16", "cutlass", 1)
+    convert(src, tmp_path / "vllm", Options(SchemeName.BF16, Backend.CUTLASS, 1), device="cpu")
     assert read(tmp_path / "vllm")["layers"]
 
 
@@ -201,7 +231,6 @@ def test_an_afmoe_output_for_sglang_is_refused_at_plan_time(sources, tmp_path):
 def test_ling2_equals_sglangs_default_load(tmp_path_factory, tmp_path, tp):
     """Ling 2.0 (BailingMoeV2ForCausalLM) in BF16 on TRT-LLM, its config class remote code as
     published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads)."""
-    from tests import remote_code_checkpoints as rc
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
 

@@ -30,20 +30,21 @@ Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
-Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE and Ling 2.0 (bf16).
+Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0 and DeepSeek-MoE v1 (bf16; the
+last two with the names and a config module of tests/remote_code_checkpoints.py, their published
+config classes being remote code).
 
 Not proven here, and why:
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
   (`MLAAttention.process_weights_after_loading` -> `split_kv_b_proj` ->
   `get_and_maybe_dequant_weights`) dequantizes a block-FP8 kv_b_proj with `scaled_dequantize`,
-  which takes the block size as a list and fails (`'list' object has no attribute
-  'is_per_tensor'`) on every path but DeepGEMM's and Marlin's, both CUDA-only;
+  and fails on the block size it is given as a list (`'list' object has no attribute
+  'is_per_tensor'`) wherever vLLM uses neither DeepGEMM nor Marlin for the linear (both
+  CUDA-only), as on this CPU;
 - Ling 2.0 in FP8: its FP8 releases were not checked for their format here (Ling 2.0 is
   proven in BF16, with the names and a config module of tests/remote_code_checkpoints.py:
   transformers 5.20 has no Ling 2.0 model, its checkpoints ship their config class as remote
   code);
-- DeepSeek-MoE v1 (DeepseekForCausalLM, model_type deepseek): transformers 5.20 has no model or
-  config class for it either (remote code); a checkpoint of it is not written here yet;
 - the Qwen3-OmniMoE thinker (Qwen3OmniMoeThinkerForConditionalGeneration): it builds its audio
   and vision towers from a whole Qwen3-Omni config (thinker, talker, code2wav); not written
   here yet;
@@ -81,7 +82,7 @@ from tests import vllm_moe as vm
 
 ATTENTION = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
 FP8B = "fp8-block"
-REMOTE_CODE = {"ling2": rc.save_ling2}
+REMOTE_CODE = {"ling2": rc.save_ling2, "deepseek_v1": rc.save_deepseek_v1}
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 BLOCK_SIZES = dict(
     hidden_size=128,
@@ -144,6 +145,7 @@ CASES = {
     "cohere2-bf16": ("cohere2_moe", "cohere2_moe.Cohere2MoeForCausalLM", None, {}),
     # Ling 2.0: names and config of tests/remote_code_checkpoints.py
     "ling2-bf16": ("ling2", "bailing_moe.BailingMoeV2ForCausalLM", None, {}),
+    "deepseek-v1-bf16": ("deepseek_v1", "deepseek_v2.DeepseekForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing) and OLMoE (Default) run BF16 on
 # CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -171,6 +173,8 @@ RUNS = [
     ("lfm2-bf16", "trtllm", "bf16"),
     ("cohere2-bf16", "cutlass", "bf16"),
     ("ling2-bf16", "trtllm", "bf16"),
+    # DeepSeek-MoE v1's softmax without renormalization (Default routing): CUTLASS only
+    ("deepseek-v1-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

@@ -149,8 +149,13 @@ NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek
 NO_FUSED_MOE = {
     "afmoe": (
         "SGLang {sglang}'s AFMoE model (models/afmoe.py, AfmoeMoE) holds its experts as "
-        "per-expert MLPs and calls its fused_experts function itself, building no FusedMoE "
+        "per-expert MLPs and calls its fused_moe function itself, building no FusedMoE "
         "layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
+    ),
+    "deepseek": (
+        "SGLang {sglang}'s DeepSeek-MoE model (models/deepseek.py, DeepseekMoE) holds its "
+        "experts as per-expert MLPs and calls its fused_moe function itself, building no "
+        "FusedMoE layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
     ),
 }
 
