@@ -257,9 +257,13 @@ MAX_SHARD_SIZE = "200KB"
 
 
 def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
-    """Write model `kind` of MODELS with transformers' `save_pretrained` into `root`; `sizes`
-    replace config arguments of COMMON and MODELS (a quantized scheme's sizes)."""
+    """Write model `kind` of MODELS (or SAVERS) with transformers' `save_pretrained` into
+    `root`; `sizes` replace config arguments of COMMON and MODELS (a quantized scheme's
+    sizes)."""
     import transformers
+
+    if kind in SAVERS:
+        return SAVERS[kind](root, seed)
 
     config_cls, model_cls, own = MODELS[kind]
     config = getattr(transformers, config_cls)(**(COMMON | own | sizes))
@@ -271,3 +275,94 @@ def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
         cfg["architectures"] = RELEASED_ARCHITECTURES[kind]
         (root / "config.json").write_text(json.dumps(cfg, indent=2))
     return root
+
+
+# Qwen3-Omni-MoE: the whole model (thinker with its audio and vision towers, talker with its
+# own MoE layers, code2wav), each part's config tiny; fi-convert converts the thinker's experts
+OMNI_TEXT = COMMON | dict(
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_experts=4,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+)
+OMNI = dict(
+    thinker_config=dict(
+        text_config=OMNI_TEXT,
+        audio_config=dict(
+            num_mel_bins=16,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            d_model=32,
+            output_dim=64,
+            downsample_hidden_size=16,
+            max_source_positions=64,
+            n_window=4,
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0],
+            patch_size=4,
+        ),
+    ),
+    talker_config=dict(
+        text_config=dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+        code_predictor_config=dict(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_code_groups=2,
+        ),
+        num_code_groups=2,
+        thinker_hidden_size=64,
+        accept_hidden_layer=1,
+        spatial_merge_size=2,
+    ),
+    code2wav_config=dict(
+        codebook_size=64,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_quantizers=2,
+        decoder_dim=32,
+        upsample_rates=[2, 2],
+        upsampling_ratios=[2],
+    ),
+)
+
+
+def _save_qwen3_omni(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Qwen3OmniMoeConfig(**OMNI)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3OmniMoeForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    return root
+
+
+SAVERS = {"qwen3_omni_moe": _save_qwen3_omni}

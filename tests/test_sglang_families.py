@@ -13,7 +13,9 @@ w1/w2/w3 names, MiniMax2 routing) in BF16 and FP8 block; DeepSeek-V3.2 (Deepseek
 with its DSA indexer) in its published FP8 block format and BF16; ERNIE-4.5-MoE (softmax + bias
 routing), OLMoE (softmax, no renormalization), Phi-3.5-MoE (PhiMoEForCausalLM, sparsemixer),
 K-EXAONE (ExaoneMoeForCausalLM), HY v3 (HYV3ForCausalLM), LFM2-MoE (Lfm2MoeForCausalLM: its
-lm_head tied to the embedding after its loading loop), Cohere2-MoE and Ling 2.0
+lm_head tied to the embedding after its loading loop), Cohere2-MoE, Qwen3-Omni-MoE
+(Qwen3OmniMoeForConditionalGeneration, the whole model transformers writes: its thinker's
+experts converted, its talker's MoE tensors carried as they are) and Ling 2.0
 (BailingMoeV2ForCausalLM, test_ling2_equals_sglangs_default_load) in BF16.
 
 Not proven here, and why:
@@ -24,8 +26,7 @@ Not proven here, and why:
 - MiMo-V2-Flash: SGLang 0.5.23's MiMoV2 model builds its rotary embedding from
   `config.rope_scaling`, which transformers 5.20's MiMoV2FlashConfig (the config class SGLang
   loads a `mimo_v2_flash` config.json with) gives as a dict per layer type, and SGLang's rope
-  cache fails on it (`unhashable type: 'dict'`): the model is not built;
-- the Qwen3-Omni-MoE thinker: as in tests/test_vllm_families.py.
+  cache fails on it (`unhashable type: 'dict'`): the model is not built.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ CASES = {
     "hy-v3-bf16": ("hy_v3", None, {}),
     "lfm2-bf16": ("lfm2_moe", None, {}),
     "cohere2-bf16": ("cohere2_moe", None, {}),
+    "omni-bf16": ("qwen3_omni_moe", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 MOE = {
@@ -101,6 +103,7 @@ MOE = {
     "hy_v3": ["model.layers.1.mlp.experts"],
     "lfm2_moe": ["model.layers.1.feed_forward.experts"],
     "cohere2_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "qwen3_omni_moe": [f"thinker.model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -126,6 +129,7 @@ RUNS = [
     ("hy-v3-bf16", "trtllm", "bf16"),
     ("lfm2-bf16", "trtllm", "bf16"),
     ("cohere2-bf16", "cutlass", "bf16"),
+    ("omni-bf16", "trtllm", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

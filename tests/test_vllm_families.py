@@ -45,9 +45,10 @@ Not proven here, and why:
   proven in BF16, with the names and a config module of tests/remote_code_checkpoints.py:
   transformers 5.20 has no Ling 2.0 model, its checkpoints ship their config class as remote
   code);
-- the Qwen3-OmniMoE thinker (Qwen3OmniMoeThinkerForConditionalGeneration): it builds its audio
-  and vision towers from a whole Qwen3-Omni config (thinker, talker, code2wav); not written
-  here yet;
+- the Qwen3-Omni-MoE thinker (Qwen3OmniMoeThinkerForConditionalGeneration): its module imports
+  vLLM's Qwen2-VL code, which imports transformers' Qwen2-VL image processor, which needs
+  torchvision, absent from this CPU install (tests/test_sglang_families.py proves it through
+  SGLang's model);
 - Qwen3-VL-MoE, whole: Qwen3VLMoeForConditionalGeneration imports torchvision, which this
   install lacks (tests/test_vllm_family_forms.py proves its MoE layers through Qwen3MoeModel's
   own load_weights, in BF16); its FP8 release is not written here yet.
