@@ -77,7 +77,9 @@ def served(fam: Family, server: str, routing: str) -> str:
         ]
         if ok:
             out.append(f"{name} ({', '.join(ok)})")
-    return ", ".join(out) or "none"
+    mt = fam.model_types[0] if fam.model_types else None
+    why = target.refuses_source("bf16", "trtllm", None, mt)  # a whole family (SGLang's AFMoE)
+    return ", ".join(out) or ("refused: " + why.split(";")[0] if why else "none")
 
 
 def row(fam: Family) -> str:

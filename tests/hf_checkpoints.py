@@ -6,6 +6,7 @@ them shows up here before users see it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -139,24 +140,263 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             mamba_dt_rank=8,
         ),
     ),
+    # the families proven through the servers' model classes by tests/test_vllm_families.py
+    # and tests/test_sglang_families.py (issue 32): config keys the servers read that
+    # transformers' config classes do not write are the released configs' (beside them)
+    "phimoe": (  # Phi-3.5-MoE: block_sparse_moe.experts.E.w{1,2,3}, sparsemixer routing
+        "PhimoeConfig",
+        "PhimoeForCausalLM",
+        # attention and lm_head biases as released (vLLM's PhiMoE always builds them)
+        dict(
+            intermediate_size=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            attention_bias=True,
+            lm_head_bias=True,
+        ),
+    ),
+    "exaone_moe": (  # K-EXAONE: layer 0 dense, sigmoid + bias routing, a shared expert
+        "ExaoneMoeConfig",
+        "ExaoneMoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            is_moe_layer=[False, True],  # the released config's key (SGLang's model reads it)
+        ),
+    ),
+    "afmoe": (  # Arcee Trinity: layer 0 dense, sigmoid + expert_bias routing
+        "AfmoeConfig",
+        "AfmoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_shared_experts=1,
+            num_dense_layers=1,
+            global_attn_every_n_layers=2,
+            sliding_window=64,
+            score_func="sigmoid",  # released (Trinity-Mini's config.json)
+            route_norm=True,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+    "hy_v3": (  # HY v3: sigmoid + bias routing, a shared expert
+        "HYV3Config",
+        "HYV3ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            expert_hidden_dim=128,  # the key vLLM's and SGLang's HY v3 read
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_shared_experts=1,
+            route_norm=True,
+            first_k_dense_replace=1,  # as mlp_layer_types (vLLM's HY v3 reads it)
+            qk_norm=True,
+        ),
+    ),
+    "lfm2_moe": (  # LFM2-MoE: feed_forward.experts.E.w{1,2,3}, conv and attention layers
+        "Lfm2MoeConfig",
+        "Lfm2MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_dense_layers=1,
+            layer_types=["conv", "full_attention"],
+        ),
+    ),
+    "cohere2_moe": (  # Cohere2-MoE: softmax routing, renormalized
+        "Cohere2MoeConfig",
+        "Cohere2MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=64,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "mimo_v2_flash": (  # MiMo-V2-Flash: layer 0 dense, sigmoid + bias routing
+        "MiMoV2FlashConfig",
+        "MiMoV2FlashForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            v_head_dim=16,
+            sliding_window=64,
+            mlp_layer_types=["dense", "sparse"],
+            # the released config's keys for the same (vLLM's and SGLang's MiMo-V2 read them)
+            hybrid_layer_pattern=[0, 1],
+            moe_layer_freq=[0, 1],
+            swa_num_attention_heads=4,
+            swa_num_key_value_heads=2,
+            swa_head_dim=16,
+            swa_v_head_dim=16,
+            sliding_window_size=64,
+            add_swa_attention_sink_bias=True,
+            add_full_attention_sink_bias=False,
+            layernorm_epsilon=1e-5,
+        ),
+    ),
+    "deepseek_v32": (  # DeepSeek-V3.2: DeepSeek-V3's layers with the DSA indexer's tensors
+        "DeepseekV32Config",
+        "DeepseekV32ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            index_topk=8,
+            index_head_dim=16,
+            index_n_heads=2,
+            # the released config's keys, which transformers' class does not write
+            topk_method="noaux_tc",
+            scoring_func="sigmoid",
+            moe_layer_freq=1,
+        ),
+    ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",
         "Qwen3ForCausalLM",
         dict(intermediate_size=128),
     ),
 }
+# where the released config.json names the architecture otherwise than transformers' class
+# (the servers pick their model class by it): microsoft/Phi-3.5-MoE-instruct's
+RELEASED_ARCHITECTURES = {"phimoe": ["PhiMoEForCausalLM"]}
 # several shards for every model above (their BF16 weights are 0.2-1 MB)
 MAX_SHARD_SIZE = "200KB"
 
 
 def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
-    """Write model `kind` of MODELS with transformers' `save_pretrained` into `root`; `sizes`
-    replace config arguments of COMMON and MODELS (a quantized scheme's sizes)."""
+    """Write model `kind` of MODELS (or SAVERS) with transformers' `save_pretrained` into
+    `root`; `sizes` replace config arguments of COMMON and MODELS (a quantized scheme's
+    sizes)."""
     import transformers
+
+    if kind in SAVERS:
+        return SAVERS[kind](root, seed)
 
     config_cls, model_cls, own = MODELS[kind]
     config = getattr(transformers, config_cls)(**(COMMON | own | sizes))
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
     model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    if kind in RELEASED_ARCHITECTURES:
+        cfg = json.loads((root / "config.json").read_text())
+        cfg["architectures"] = RELEASED_ARCHITECTURES[kind]
+        (root / "config.json").write_text(json.dumps(cfg, indent=2))
     return root
+
+
+# Qwen3-Omni-MoE: the whole model (thinker with its audio and vision towers, talker with its
+# own MoE layers, code2wav), each part's config tiny; fi-convert converts the thinker's experts
+OMNI_TEXT = COMMON | dict(
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_experts=4,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+)
+OMNI = dict(
+    thinker_config=dict(
+        text_config=OMNI_TEXT,
+        audio_config=dict(
+            num_mel_bins=16,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            d_model=32,
+            output_dim=64,
+            downsample_hidden_size=16,
+            max_source_positions=64,
+            n_window=4,
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0],
+            patch_size=4,
+        ),
+    ),
+    talker_config=dict(
+        text_config=dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+        code_predictor_config=dict(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_code_groups=2,
+        ),
+        num_code_groups=2,
+        thinker_hidden_size=64,
+        accept_hidden_layer=1,
+        spatial_merge_size=2,
+    ),
+    code2wav_config=dict(
+        codebook_size=64,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_quantizers=2,
+        decoder_dim=32,
+        upsample_rates=[2, 2],
+        upsampling_ratios=[2],
+    ),
+)
+
+
+def _save_qwen3_omni(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Qwen3OmniMoeConfig(**OMNI)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3OmniMoeForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    return root
+
+
+SAVERS = {"qwen3_omni_moe": _save_qwen3_omni}

@@ -25,15 +25,20 @@ from tests import hf_checkpoints
 EXPERT = re.compile(r"^(.*\.experts\.\d+)\.((gate|up|down)_proj|w1|w2|w3)\.weight$")
 # the other linears DeepSeek-V3's FP8 checkpoints quantize (attention, dense and shared MLPs)
 DENSE = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\..*_proj(_with_mqa)?\.weight$")
+# DeepSeek-V3.2's indexer as its FP8 checkpoint holds it: wq_b and wk quantized, weights_proj
+# not (vLLM builds wq_b with the checkpoint's quantization, weights_proj without)
+INDEXER_FP8 = re.compile(r"\.self_attn\.indexer\.(wq_b|wk)\.weight$")
+INDEXER_BF16 = re.compile(r"\.self_attn\.indexer\.weights_proj\.weight$")
 # keys of the released models' config.json that transformers' config classes do not write,
 # and SGLang's model classes read (DeepSeek-V3's `moe_layer_freq`)
 RELEASED_KEYS = {
+    "deepseek_v32": {"moe_layer_freq": 1, "ep_size": 1},
     "deepseek_v3": {
         "moe_layer_freq": 1,
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
         "ep_size": 1,
-    }
+    },
 }
 # ModelOpt: what the exporters leave unquantized here (SGLang's fnmatch-style patterns), and
 # per model the dense MLPs (DeepSeek-V3's layer 0; Qwen3-MoE's layer 0 is MoE, its experts
@@ -44,7 +49,11 @@ MODELOPT_EXCLUDE = [
     "model.layers.*.mlp.gate",
     "model.layers.*.mlp.shared_experts*",
 ]
-DENSE_EXCLUDE = {"deepseek_v3": ["model.layers.0.mlp*"], "glm4_moe": ["model.layers.0.mlp*"]}
+DENSE_EXCLUDE = {
+    "deepseek_v3": ["model.layers.0.mlp*"],
+    "deepseek_v32": ["model.layers.0.mlp*"],
+    "glm4_moe": ["model.layers.0.mlp*"],
+}
 
 
 def write(
@@ -90,7 +99,8 @@ def _quantized(name: str, t: torch.Tensor, quant: str, g: torch.Generator) -> di
     made = SOURCES[quant]
     if quant == "mxfp4":
         return _gpt_oss(name, t, g)
-    if EXPERT.match(name) or (made.dense_too and DENSE.match(name)):
+    dense = (DENSE.match(name) and not INDEXER_BF16.search(name)) or INDEXER_FP8.search(name)
+    if EXPERT.match(name) or (made.dense_too and dense):
         stem = name.removesuffix(".weight")
         assert made.make is not None
         return {f"{stem}.{k}": v for k, v in made.make(tuple(t.shape), g).items()}

@@ -205,6 +205,46 @@ def test_every_tensor_lands_as_the_models_own_loading_puts_it(out):
     assert set(model.names) <= d.loaded  # (what it returned, and the parameters filled)
 
 
+class Tied(Plain):
+    """Plain, with an lm_head that its loading ties to the embedding after its loop, from the
+    tensor it kept of it (SGLang's LFM2-MoE does so)."""
+
+    EMBED = "model.embed_tokens.weight"
+
+    def __init__(self, stored: dict[str, torch.Tensor], convert=()) -> None:
+        super().__init__(stored, convert)
+        like = torch.zeros(stored[self.EMBED].shape, dtype=stored[self.EMBED].dtype)
+        self.tied = torch.nn.Parameter(like, requires_grad=False)
+
+    def load_weights(self, weights):
+        embed = None
+        for n, t in weights:
+            self.last.append(n)
+            if n == self.EMBED:
+                embed = t
+            getattr(self, self.names[n]).data.copy_(t)
+        if embed is not None:
+            self.tied.data.copy_(embed)
+        return set(self.names) | {"tied"}
+
+
+def test_a_copy_the_model_makes_after_its_loop_lands_too(out):
+    """A tensor the model copies once more after its loop (a tied lm_head) from the tensor it
+    kept: probing, interrupted by a later tensor it leaves to the model (a bias it converts),
+    never sees that copy; the one uninterrupted call over every tensor makes it, and the load
+    reads it there."""
+    stored = _stored(out)
+    biases = [n for n in stored if n.endswith("e_score_correction_bias")]
+    order = list(stored)
+    assert order.index(Tied.EMBED) < max(order.index(b) for b in biases)  # interrupted after
+    model = Tied(stored, convert=biases)
+    d = _load(out, model)
+    assert d.probed[Tied.EMBED].direct and len(d.probed[Tied.EMBED].copies) == 1
+    assert torch.equal(model.tied, stored[Tied.EMBED])
+    assert torch.equal(getattr(model, model.names[Tied.EMBED]), stored[Tied.EMBED])
+    assert "tied" in d.loaded
+
+
 def test_a_kept_batch_is_left_to_the_model_and_the_blocks_stay_few(out, monkeypatch):
     """A batch per tensor: the one the model keeps a view of is never refilled, and the
     blocks stay at the ring's size however many batches pass."""

@@ -869,9 +869,11 @@ def _model(
     backend: str,
     revision: str | None = None,
     download_dir: Path | None = None,
+    trust_remote_code: bool = False,
 ):
     """SGLang's ModelConfig and get_model_loader for `path`, as its scheduler loads a model
-    (`download_dir`: --download-dir, into the LoadConfig, as SGLang's model runner does)."""
+    (`download_dir`: --download-dir, into the LoadConfig, as SGLang's model runner does;
+    `trust_remote_code`: --trust-remote-code)."""
     from sglang.srt.configs.device_config import DeviceConfig
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.configs.model_config import ModelConfig
@@ -885,6 +887,7 @@ def _model(
         moe_runner_backend=sm.BACKEND[backend],
         revision=revision,
         download_dir=dl,
+        trust_remote_code=trust_remote_code,
     )
     mc = ModelConfig.from_server_args(args)
     loader = get_model_loader(LoadConfig(load_format=load_format, download_dir=dl), mc)

@@ -10,9 +10,48 @@ buffer, and each MoE layer's kernel and its state (tests/vllm_moe.assert_same_la
 equal, at TP 1 and 2, every rank.
 
 What is patched is what tests/vllm_moe.py patches (device checks, the capability, the TP rank)
-and, to build a whole model on a CPU-less platform, the attention backend's name (Triton's:
-the attention layers hold no weights it changes) and a one-process gloo group for vLLM's
-pipeline-parallel checks.
+and, to build a whole model on a CPU-less platform, the attention backend's name (Triton's;
+for DeepSeek-V3.2's sparse MLA, FlashInfer's TRT-LLM sparse MLA, the one vLLM picks on SM100:
+the attention layers hold no weights), the platform's device type ("cpu", where DeepSeek-V3.2
+allocates its indexer's buffer) and a one-process gloo group for vLLM's pipeline-parallel
+checks.
+
+Published FP8 block checkpoints (DeepSeek-style 128x128 `weight_scale_inv`: GLM-4.5-FP8 and
+GLM-4.7-FP8, MiniMax-M2, MiMo-V2-Flash) quantize the attention, dense and shared-expert linears
+too, and vLLM 0.33's CPU kernels for block-FP8 linears need its compiled ops (AMX), which this
+install lacks. So the tests give those linears the kernel class vLLM's CUDA list ends on where
+no faster one is present, TritonFp8BlockScaledMMKernel (its device check answered yes, as
+tests/vllm_moe.py answers the MoE kernels'): a real vLLM class whose post-load processing is
+vLLM's own (`process_fp8_weight_block_strategy`, pure PyTorch) and whose GEMM never runs here.
+Nothing of the MoE layers is stood in for: their FP8 block processing and kernel state are
+vLLM's and FlashInfer's, as in every case.
+
+Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2 (bf16,
+fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
+platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
+`vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
+Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0 and DeepSeek-MoE v1 (bf16; the
+last two with the names and a config module of tests/remote_code_checkpoints.py, their published
+config classes being remote code).
+
+Not proven here, and why:
+- DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
+  (`MLAAttention.process_weights_after_loading` -> `split_kv_b_proj` ->
+  `get_and_maybe_dequant_weights`) dequantizes a block-FP8 kv_b_proj with `scaled_dequantize`,
+  and fails on the block size it is given as a list (`'list' object has no attribute
+  'is_per_tensor'`) wherever vLLM uses neither DeepGEMM nor Marlin for the linear (both
+  CUDA-only), as on this CPU;
+- Ling 2.0 in FP8: its FP8 releases were not checked for their format here (Ling 2.0 is
+  proven in BF16, with the names and a config module of tests/remote_code_checkpoints.py:
+  transformers 5.20 has no Ling 2.0 model, its checkpoints ship their config class as remote
+  code);
+- the Qwen3-Omni-MoE thinker (Qwen3OmniMoeThinkerForConditionalGeneration): its module imports
+  vLLM's Qwen2-VL code, which imports transformers' Qwen2-VL image processor, which needs
+  torchvision, absent from this CPU install (tests/test_sglang_families.py proves it through
+  SGLang's model);
+- Qwen3-VL-MoE, whole: Qwen3VLMoeForConditionalGeneration imports torchvision, which this
+  install lacks (tests/test_vllm_family_forms.py proves its MoE layers through Qwen3MoeModel's
+  own load_weights, in BF16); its FP8 release is not written here yet.
 """
 
 from __future__ import annotations
@@ -28,19 +67,33 @@ import torch
 from vllm.config import ModelConfig, get_current_vllm_config
 from vllm.config.load import LoadConfig
 from vllm.distributed import parallel_state as ps
+from vllm.model_executor.kernels import linear as linear_kernels
+from vllm.model_executor.kernels.linear.scaled_mm.triton import TritonFp8BlockScaledMMKernel
 from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import MoERunnerInterface
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
-from vllm.platforms import current_platform
+from vllm.platforms import PlatformEnum, current_platform
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
 from tests import family_forms_models as ffm
 from tests import hf_checkpoints as hf
 from tests import quantized_checkpoints as qc
+from tests import remote_code_checkpoints as rc
 from tests import vllm_moe as vm
 
 ATTENTION = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
+FP8B = "fp8-block"
+REMOTE_CODE = {"ling2": rc.save_ling2, "deepseek_v1": rc.save_deepseek_v1}
+SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
+BLOCK_SIZES = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=256,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=128,
+)
 # case: (transformers' model, vLLM's model class, the source format or None for BF16, sizes)
 CASES = {
     "glm-bf16": ("glm4_moe", "glm4_moe.Glm4MoeForCausalLM", None, {}),
@@ -71,6 +124,45 @@ CASES = {
         None,
         {},
     ),
+    # DeepSeek-style FP8 block, as GLM-4.5-FP8 / GLM-4.7-FP8, MiniMax-M2 and MiMo-V2-Flash are
+    # published (every linear but routers and lm_head): 128x128 blocks, so every linear's rows
+    # per TP rank a multiple of 128 (attention 2 heads x 128)
+    "glm-fp8-block": ("glm4_moe", "glm4_moe.Glm4MoeForCausalLM", "fp8-block", BLOCK_SIZES),
+    "minimax-fp8-block": (
+        "minimax_m2",
+        "minimax_m2.MiniMaxM2ForCausalLM",
+        "fp8-block",
+        {k: v for k, v in BLOCK_SIZES.items() if k != "moe_intermediate_size"},
+    ),
+    "mimo-fp8-block": (
+        "mimo_v2_flash",
+        "mimo_v2.MiMoV2FlashForCausalLM",
+        "fp8-block",
+        BLOCK_SIZES
+        | dict(
+            v_head_dim=128,
+            swa_num_attention_heads=2,
+            swa_num_key_value_heads=2,
+            swa_head_dim=128,
+            swa_v_head_dim=128,
+        ),
+    ),
+    "mimo-bf16": ("mimo_v2_flash", "mimo_v2.MiMoV2FlashForCausalLM", None, {}),
+    "deepseek-v32-bf16": (
+        "deepseek_v32",
+        "vllm.models.deepseek_v32.DeepseekV32ForCausalLM",
+        None,
+        {},
+    ),
+    "phimoe-bf16": ("phimoe", "phimoe.PhiMoEForCausalLM", None, {}),
+    "exaone-bf16": ("exaone_moe", "exaone_moe.ExaoneMoeForCausalLM", None, {}),
+    "afmoe-bf16": ("afmoe", "afmoe.AfmoeForCausalLM", None, {}),
+    "hy-v3-bf16": ("hy_v3", "hy_v3.HYV3ForCausalLM", None, {}),
+    "lfm2-bf16": ("lfm2_moe", "lfm2_moe.Lfm2MoeForCausalLM", None, {}),
+    "cohere2-bf16": ("cohere2_moe", "cohere2_moe.Cohere2MoeForCausalLM", None, {}),
+    # Ling 2.0: names and config of tests/remote_code_checkpoints.py
+    "ling2-bf16": ("ling2", "bailing_moe.BailingMoeV2ForCausalLM", None, {}),
+    "deepseek-v1-bf16": ("deepseek_v1", "deepseek_v2.DeepseekForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -89,6 +181,23 @@ RUNS = [
     ("aria-bf16", "cutlass", "bf16"),
     ("jamba-bf16", "cutlass", "bf16"),
     ("ernie-vl-bf16", "cutlass", "bf16"),
+    ("glm-fp8-block", "trtllm", "fp8-block"),
+    ("glm-fp8-block", "cutlass", "fp8-block"),
+    ("minimax-fp8-block", "trtllm", "fp8-block"),
+    ("minimax-fp8-block", "cutlass", "fp8-block"),
+    ("mimo-fp8-block", "trtllm", "fp8-block"),
+    ("mimo-bf16", "trtllm", "bf16"),
+    ("deepseek-v32-bf16", "trtllm", "bf16"),
+    # Phi-3.5-MoE's sparsemixer (Custom routing): BF16 on CUTLASS only
+    ("phimoe-bf16", "cutlass", "bf16"),
+    ("exaone-bf16", "trtllm", "bf16"),
+    ("afmoe-bf16", "trtllm", "bf16"),
+    ("hy-v3-bf16", "trtllm", "bf16"),
+    ("lfm2-bf16", "trtllm", "bf16"),
+    ("cohere2-bf16", "cutlass", "bf16"),
+    ("ling2-bf16", "trtllm", "bf16"),
+    # DeepSeek-MoE v1's softmax without renormalization (Default routing): CUTLASS only
+    ("deepseek-v1-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -111,6 +220,12 @@ def _one_process_group() -> None:
     ps.initialize_model_parallel(1, 1)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _remote_code(tmp_path_factory):
+    with rc.modules_cache(tmp_path_factory.mktemp("hf-modules")):
+        yield
+
+
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-families-src")
@@ -121,6 +236,8 @@ def sources(tmp_path_factory):
             kind, _, quant, sizes = CASES[case]
             if kind == "ernie4_5_moe_vl":
                 done[case] = ffm.save_ernie45_vl(root / case)
+            elif kind in REMOTE_CODE:
+                done[case] = REMOTE_CODE[kind](root / case, **sizes)
             elif quant is None:
                 save = ffm.save if kind in ffm.MODELS else hf.save  # multimodal: text + vision
                 done[case] = save(kind, root / case, **sizes)
@@ -134,21 +251,33 @@ def sources(tmp_path_factory):
 @contextlib.contextmanager
 def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
     """vLLM's own model class for the case, built as rank `rank` of `tp` (inside its
-    context: the MoE layers' kernel setup needs it), with the source's model config."""
+    context: the MoE layers' kernel setup needs it), with the source's model config, on an
+    SM100 GPU (SM90 for FP8 block on CUTLASS, which vLLM runs there only)."""
     import importlib
 
-    module, cls = CASES[case][1].split(".")
+    module, cls = CASES[case][1].rsplit(".", 1)
+    if not module.startswith("vllm."):  # a module of vllm/model_executor/models
+        module = f"vllm.model_executor.models.{module}"
     ffm.register_ernie45_vl_config()
-    model_cls = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), cls)
-    attn = classmethod(lambda c, *a, **k: ATTENTION)
+    model_cls = getattr(importlib.import_module(module), cls)
+    quant = CASES[case][2]
     with (
-        vm.vllm_context(backend, tp, rank),
-        mock.patch.object(type(current_platform), "get_attn_backend_cls", attn),
+        vm.vllm_context(backend, tp, rank, sm=90 if (quant, backend) == (FP8B, "cutlass") else 100),
+        mock.patch.object(type(current_platform), "get_attn_backend_cls", _attention),
+        mock.patch.object(type(current_platform), "device_type", "cpu"),
+        _block_fp8_linears(),
     ):
         _one_process_group()
         cfg = get_current_vllm_config()
-        mc = ModelConfig(model=str(src), skip_tokenizer_init=True, dtype="bfloat16")
+        # (a family whose published config class is remote code: tests/remote_code_checkpoints)
+        remote = CASES[case][0] in REMOTE_CODE
+        mc = ModelConfig(
+            model=str(src), skip_tokenizer_init=True, dtype="bfloat16", trust_remote_code=remote
+        )
         cfg.model_config = mc
+        # what VllmConfig sets once it has a model (DeepSeek-V3.2's indexer reads it): 5 up
+        # to a max_model_len of 256K
+        cfg.attention_config.sparse_mla_prefill_workspace_factor = 5
         cfg.quant_config = vm.quant_config(src)
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
@@ -157,6 +286,26 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         finally:
             torch.set_default_dtype(default)
         yield model, mc
+
+
+@classmethod
+def _attention(cls, selected, attn_selector_config, num_heads=None) -> str:
+    """The attention backend's class name: Triton's, or for sparse MLA (DeepSeek-V3.2's DSA)
+    FlashInfer's TRT-LLM sparse MLA."""
+    return SPARSE_MLA if attn_selector_config.use_sparse else ATTENTION
+
+
+@contextlib.contextmanager
+def _block_fp8_linears():
+    """vLLM's Triton block-FP8 linear kernel class for the non-MoE linears of an FP8 block
+    checkpoint (the module docstring says why), its device check answered yes."""
+    supported = classmethod(lambda cls, compute_capability=None: (True, None))
+    kernels = {PlatformEnum.UNSPECIFIED: [TritonFp8BlockScaledMMKernel]}
+    with (
+        mock.patch.dict(linear_kernels._POSSIBLE_FP8_BLOCK_KERNELS, kernels),
+        mock.patch.object(TritonFp8BlockScaledMMKernel, "is_supported", supported),
+    ):
+        yield
 
 
 def _tensors(model) -> dict[str, torch.Tensor]:

@@ -60,7 +60,7 @@ class DenseLoad:
         self._batches: list[list[str]] = []
         self._ahead: tuple[list[tuple[str, torch.Tensor]], BulkRead] | None = None
         self.infos = self._infos()
-        held = _held(model, self.device)
+        held = self._held = _held(model, self.device)
         t0 = time.perf_counter()
         wanted = [(n, i.shape, dtypes_of(i)) for n, i in self.infos.items()]
         self.probed = {p.name: p for p in probe(self._call, wanted, lambda t: _key(t) in held)}
@@ -136,13 +136,39 @@ class DenseLoad:
         output's order, the directly read ones as probes that copy nothing (their bytes are in
         place), the others with their data, read in batches ahead of it."""
         t0 = time.perf_counter()
-        stopped = replay(self._call, self._replayed())
+        seen: list = []
+        stopped = replay(self._call, self._replayed(), seen)
         if stopped is not None:
             raise ReadError(
                 f"{self.reader.root}: the model's load_weights took {stopped} otherwise than "
                 "when it was asked where each tensor goes; report this to fi-convert"
             )
+        self._late_copies(seen)
         self.rest_s = time.perf_counter() - t0
+
+    def _late_copies(self, seen: list) -> None:
+        """The copies the model made in the whole call that probing did not see (it made them
+        after its loop, from a tensor it kept: a tied lm_head), read now."""
+        bulk, late = self.reader.bulk(self.device), False
+        for p in seen:
+            planned = {(_key(c.dst), c.dst.storage_offset()) for c in self.probed[p.name].copies}
+            for c in p.copies:
+                if (_key(c.dst), c.dst.storage_offset()) in planned:
+                    continue
+                if _key(c.dst) not in self._held:
+                    raise ReadError(
+                        f"{self.reader.root}: the model's load_weights copied {p.name} into a "
+                        "tensor it does not hold; report this to fi-convert"
+                    )
+                info = self.infos[p.name]
+                if c.rows is None:
+                    self.reader.read_bytes_into(info, c.offset, c.dst, bulk)
+                else:
+                    self.reader.read_rows_into(info, c.offset, c.rows, c.dst, bulk)
+                self.loaded.add(self._held[_key(c.dst)])
+                late = True
+        if late:
+            bulk.run()
 
     def _replayed(self) -> Iterator[tuple[str, torch.Tensor | tuple[tuple[int, ...], Any]]]:
         batch: dict[str, torch.Tensor] = {}

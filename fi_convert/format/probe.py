@@ -176,14 +176,18 @@ def _probes(
 def replay(
     load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any],
     items: Iterable[tuple[str, torch.Tensor | tuple[tuple[int, ...], torch.dtype]]],
+    seen: list[Probed] | None = None,
 ) -> str | None:
     """One call of `load_weights` over `items`: a tensor as it is, a (shape, dtype) as a probe
     whose copies do nothing (its bytes were put in place already), so that the model sees every
     name once, in order, with its tensors in place (what it does after its loop, such as
     SGLang's DeepSeek deriving its MLA weights, comes out right). None, or what stopped a probe
-    (the model took a tensor otherwise than when it was probed)."""
+    (the model took a tensor otherwise than when it was probed). `seen` gets each probe's
+    copies as the model made them in this call: a copy its loop makes after the last tensor
+    from a tensor it kept (SGLang's LFM2-MoE ties lm_head to embed_tokens so) is made only in
+    an uninterrupted call over every tensor, which probing cannot be where a tensor stops it."""
     try:
-        load_weights(_stand_ins(items))
+        load_weights(_stand_ins(items, [] if seen is None else seen))
     except _Stop as e:
         return f"{e.involved[0].name if e.involved else 'a tensor'}: {e}"
     return None
@@ -191,10 +195,12 @@ def replay(
 
 def _stand_ins(
     items: Iterable[tuple[str, torch.Tensor | tuple[tuple[int, ...], torch.dtype]]],
+    seen: list[Probed],
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for name, t in items:
         if isinstance(t, torch.Tensor):
             yield name, t
         else:
             shape, dtype = t
-            yield name, _Probe(torch.empty(shape, dtype=dtype, device="meta"), Probed(name))
+            seen.append(Probed(name))
+            yield name, _Probe(torch.empty(shape, dtype=dtype, device="meta"), seen[-1])

@@ -146,7 +146,8 @@ NO_ROUTING_METHOD = {
 NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
 
 # Model types whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
-# (by config.json's model_type), and why: fi-convert writes no SGLang output of them
+# (by config.json's model_type), and why: fi-convert writes no SGLang output of them (the plugin
+# would refuse it at load, finding no MoE layer)
 NO_FLASHINFER_MODEL = {
     "dbrx": (
         "SGLang {sglang}'s DBRX (models/dbrx.py, DbrxExperts) holds its experts in parameters "
@@ -155,6 +156,16 @@ NO_FLASHINFER_MODEL = {
     ),
     "aria": "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)",
     "jamba": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
+    "afmoe": (
+        "SGLang {sglang}'s AFMoE model (models/afmoe.py, AfmoeMoE) holds its experts as "
+        "per-expert MLPs and calls its fused_moe function itself, building no FusedMoE "
+        "layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
+    ),
+    "deepseek": (
+        "SGLang {sglang}'s DeepSeek-MoE model (models/deepseek.py, DeepseekMoE) holds its "
+        "experts as per-expert MLPs and calls its fused_moe function itself, building no "
+        "FusedMoE layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
+    ),
 }
 
 NO_FLASHINFER = {

@@ -1,0 +1,213 @@
+"""Tiny checkpoints of families transformers has no model for, whose published checkpoints ship
+their config class as remote code (config.json's `auto_map`): the tensor names and config keys
+the servers' own model classes read, and a configuration module of our own beside them (a
+plain `PretrainedConfig` of the family's model_type: the servers read the keys, not the class),
+loaded with trust_remote_code as the published checkpoints are.
+
+Ling 2.0 (inclusionAI/Ling-mini-2.0, BailingMoeV2ForCausalLM): fused QKV `attention.
+query_key_value`, `attention.dense`, RMS q/k norms, layer 0 a dense MLP, layer 1 MoE with its
+router (`mlp.gate.weight`, `mlp.gate.expert_bias`), a shared expert and per-expert
+gate/up/down_proj; `model.word_embeddings`, `model.norm`, `lm_head`.
+
+DeepSeek-MoE v1 (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM): Llama's attention
+(q/k/v/o_proj), layer 0 a dense MLP, layer 1 MoE with its router (`mlp.gate.weight`), shared
+experts and per-expert gate/up/down_proj; softmax routing without renormalization as released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import torch
+from safetensors.torch import save_file
+
+LING2_CONFIG = dict(
+    model_type="bailing_moe_v2",
+    architectures=["BailingMoeV2ForCausalLM"],
+    auto_map={"AutoConfig": "configuration_bailing_moe_v2.BailingMoeV2Config"},
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    moe_shared_expert_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=4,
+    num_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    # routing as Ling-mini-2.0 releases it: sigmoid scores, an expert bias, grouped top-k
+    score_function="sigmoid",
+    moe_router_enable_expert_bias=True,
+    n_group=2,
+    topk_group=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    router_dtype="fp32",
+    use_qk_norm=True,
+    use_rmsnorm=True,
+    use_bias=False,
+    use_qkv_bias=False,
+    partial_rotary_factor=0.5,
+    rope_theta=600000,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    embedding_dropout=0.0,
+    output_dropout=0.0,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+CONFIG_MODULE = '''"""The family's model_type's configuration class (fi-convert's tests)."""
+
+from transformers import PretrainedConfig
+
+
+class {cls}(PretrainedConfig):
+    model_type = "{model_type}"
+
+    def __init__(self, rope_theta=10000.0, rope_parameters=None, **kwargs):
+        # as transformers' own config classes give it: the rotary embedding as rope_parameters
+        self.rope_theta = rope_theta
+        default = {{"rope_type": "default", "rope_theta": rope_theta}}
+        self.rope_parameters = rope_parameters or default
+        super().__init__(**kwargs)
+'''
+
+
+def save_ling2(root: Path, seed: int = 0) -> Path:
+    """A tiny Ling 2.0 checkpoint in two shards (layer 1's experts in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    c = LING2_CONFIG
+    h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
+    d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    first: dict[str, torch.Tensor] = {"model.word_embeddings.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p = f"model.layers.{layer}."
+        shard |= {
+            p + "input_layernorm.weight": w(h),
+            p + "post_attention_layernorm.weight": w(h),
+            p + "attention.query_key_value.weight": w((nq + 2 * nkv) * d, h),
+            p + "attention.dense.weight": w(h, nq * d),
+            p + "attention.query_layernorm.weight": w(d),
+            p + "attention.key_layernorm.weight": w(d),
+        }
+        mlps = [p + "mlp."] if layer == 0 else [p + "mlp.shared_experts."]
+        mlps += [f"{p}mlp.experts.{x}." for x in range(e)] if layer else []
+        size = c["intermediate_size"] if layer == 0 else i
+        for m in mlps:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        if layer:
+            shard[p + "mlp.gate.weight"] = w(e, h)
+            shard[p + "mlp.gate.expert_bias"] = w(e, dtype=torch.float32)
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    module = CONFIG_MODULE.format(cls="BailingMoeV2Config", model_type="bailing_moe_v2")
+    return _write(root, shards, c, "configuration_bailing_moe_v2.py", module)
+
+
+@contextlib.contextmanager
+def modules_cache(path: Path) -> Iterator[None]:
+    """transformers' copies of remote code (trust_remote_code) kept under `path`, not the
+    user's HF_MODULES_CACHE."""
+    from transformers import dynamic_module_utils
+
+    with mock.patch.object(dynamic_module_utils, "HF_MODULES_CACHE", str(path)):
+        yield
+
+
+DEEPSEEK_V1_CONFIG = dict(
+    model_type="deepseek",
+    architectures=["DeepseekForCausalLM"],
+    pad_token_id=None,  # (transformers 5's PretrainedConfig sets none; SGLang's model reads it)
+    auto_map={"AutoConfig": "configuration_deepseek.DeepseekConfig"},
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    moe_layer_freq=1,
+    scoring_func="softmax",
+    norm_topk_prob=False,
+    rope_theta=10000,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_deepseek_v1(root: Path, seed: int = 0) -> Path:
+    """A tiny DeepSeek-MoE v1 checkpoint in two shards (layer 1's experts in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    c = DEEPSEEK_V1_CONFIG
+    h, i, e, v = (
+        c["hidden_size"],
+        c["moe_intermediate_size"],
+        c["n_routed_experts"],
+        c["vocab_size"],
+    )
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
+
+    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p = f"model.layers.{layer}."
+        shard |= {p + "input_layernorm.weight": w(h), p + "post_attention_layernorm.weight": w(h)}
+        shard |= {f"{p}self_attn.{x}_proj.weight": w(h, h) for x in "qkvo"}
+        mlps = [p + "mlp."] if layer == 0 else [p + "mlp.shared_experts."]
+        mlps += [f"{p}mlp.experts.{x}." for x in range(e)] if layer else []
+        size = c["intermediate_size"] if layer == 0 else i
+        for m in mlps:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        if layer:
+            shard[p + "mlp.gate.weight"] = w(e, h)
+    module = CONFIG_MODULE.format(cls="DeepseekConfig", model_type="deepseek")
+    return _write(
+        root,
+        {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second},
+        c,
+        "configuration_deepseek.py",
+        module,
+    )
+
+
+def _write(root: Path, shards: dict, config: dict, module_name: str, module: str) -> Path:
+    root.mkdir(parents=True)
+    index: dict[str, str] = {}
+    for name, tensors in shards.items():
+        save_file(tensors, root / name, metadata={"format": "pt"})
+        index |= dict.fromkeys(tensors, name)
+    total = sum(t.numel() * t.element_size() for ts in shards.values() for t in ts.values())
+    meta = {"metadata": {"total_size": total}, "weight_map": index}
+    (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    (root / module_name).write_text(module)
+    return root
