@@ -193,6 +193,13 @@ def test_a_different_server_is_another_conversion(converted, ckpts, tmp_path):
         ("mixtral", ["--server", "tgi"], "server 'tgi' is not one fi-convert converts for"),
         (
             "mixtral",
+            ["--server", "sglang==0.5.22"],
+            "--server takes a server's name, not a release: drop '==0.5.22'. An output for "
+            "--server sglang serves every sglang release proven to hold its layout",
+        ),
+        ("mixtral", ["--server", "vllm==0.31.0"], "drop '==0.31.0'"),
+        (
+            "mixtral",
             ["--server", "sglang", "--scheme", "fp8-tensor"],
             "--scheme fp8-tensor --backend trtllm --server sglang: BF16 experts: SGLang "
             "0.5.23 quantizes them itself on load (--quantization fp8, Fp8MoEMethod's online "

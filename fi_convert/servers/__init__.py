@@ -19,6 +19,14 @@ TARGETS: dict[str, ServerTarget] = {"vllm": VLLM, "sglang": SGLANG_TARGET}
 
 
 def get(name: str) -> ServerTarget:
+    server, sep, release = name.partition("==")
+    if sep and server in TARGETS:  # `--server sglang==0.5.22`: one output serves many releases
+        raise FiConvertError(
+            f"--server takes a server's name, not a release: drop '=={release}'. An output for "
+            f"--server {server} serves every {server} release proven to hold its layout (its "
+            f"manifest lists them; `fi-convert inspect SRC --server {server}` shows them before "
+            "converting), and a release it does not list is proven at load on its own code"
+        )
     if name not in TARGETS:
         raise FiConvertError(
             f"server {name!r} is not one fi-convert converts for (available: {', '.join(TARGETS)})"
