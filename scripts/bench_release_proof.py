@@ -67,7 +67,9 @@ def main() -> None:
                 moe_only=True,
             )
             src = write_checkpoint(Path(tmp) / "src", spec)
-            opts = Options(SchemeName(scheme), Backend(args.backend), args.tp_size, server=args.server)
+            opts = Options(
+                SchemeName(scheme), Backend(args.backend), args.tp_size, server=args.server
+            )
             convert(src, Path(tmp) / "out", opts, device="cpu", fsync=False)
             m = mf.read(Path(tmp) / "out")
             t, cpu = time.perf_counter(), time.process_time()

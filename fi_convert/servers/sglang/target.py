@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ...families import gated
 from ...format.names import DEFAULT_SERVER, SERVER_FIELD, server_of
 from ...target import Layout, Refusal, release_rows
 from . import releases as rel
@@ -143,6 +144,14 @@ NO_ROUTING_METHOD = {
 }
 
 NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
+# Non-gated experts (Nemotron-H, relu2_no_mul): SGLang runs them on FlashInfer
+# (models/nemotron_h.py builds its MoE with is_gated=False; moe_runner/flashinfer_trtllm.py pads
+# a non-gated w13 to 128 and skips the interleave, and computes output1 as ones * (1 / a2), not
+# vLLM's ones / a2), but no fi-convert layout of them is proven against SGLang's processing yet
+NON_GATED_WHY = (
+    "fi-convert has not proven SGLang {sglang}'s layout of non-gated ({activation}) experts "
+    "(its MoE runners' is_gated=False path) against its own processing yet"
+)
 
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
@@ -290,6 +299,8 @@ class SglangTarget:
     ) -> str | None:
         if routing in NO_FLASHINFER_ROUTING:
             return f"SGLang {TARGET['sglang']} runs {routing} routing on no FlashInfer MoE kernel"
+        if not gated(activation):
+            return NON_GATED_WHY.format(sglang=TARGET["sglang"], activation=activation)
         return None  # its runners take the routing they are given (refuses_source: ModelOpt FP8)
 
     def moe_kernel(self, scheme: str, backend: str, routing: str) -> str:

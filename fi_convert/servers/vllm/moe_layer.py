@@ -207,21 +207,59 @@ def make_layer(
         has_bias=True, activation="swigluoai", routed_experts_cls=gpt_oss.GptOssRoutedExperts
     )
     grouped = dict(use_grouped_topk=True, num_expert_group=groups, topk_group=1)
-    runner = FusedMoEFactory(
-        num_experts=experts,
-        top_k=2,
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=inter,
-        params_dtype=torch.bfloat16,
-        quant_config=None if unquantized else quant_config(ckpt),
-        tp_size=tp_size,
-        dp_size=1,
-        pcp_size=1,
-        prefix=prefix,
-        **(oss if cfg.get("model_type") == "gpt_oss" else {}),
-        **({} if groups is None else grouped),
-    )
+    special = oss if cfg.get("model_type") == "gpt_oss" else {}
+    if cfg.get("model_type") == "nemotron_h":
+        special = nemotron_h_experts(cfg, experts)
+    with _non_gated_on_cpu(special.get("activation")):
+        runner = FusedMoEFactory(
+            num_experts=experts,
+            top_k=2,
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=inter,
+            params_dtype=torch.bfloat16,
+            quant_config=None if unquantized else quant_config(ckpt),
+            tp_size=tp_size,
+            dp_size=1,
+            pcp_size=1,
+            prefix=prefix,
+            **special,
+            **({} if groups is None else grouped),
+        )
     return runner.routed_experts
+
+
+def nemotron_h_experts(cfg: dict, experts: int) -> dict:
+    """The FusedMoEFactory arguments of Nemotron-H's routed experts as its model builds them
+    (models/nemotron_h.py NemotronHMoE): non-gated relu2_no_mul experts, checkpoint names
+    ("up_proj", "down_proj", None), sigmoid routing with a correction bias over groups."""
+    from vllm.model_executor.layers.fused_moe import activation_without_mul
+
+    return dict(
+        renormalize=cfg.get("norm_topk_prob", True),
+        ckpt_names=("up_proj", "down_proj", None),
+        use_grouped_topk=True,
+        num_expert_group=cfg.get("n_group", 1),
+        topk_group=cfg.get("topk_group", 1),
+        scoring_func="sigmoid",
+        e_score_correction_bias=torch.zeros(experts, dtype=torch.float32),
+        activation=activation_without_mul(cfg.get("mlp_hidden_act", "relu2")),
+        routed_scaling_factor=cfg.get("routed_scaling_factor", 1.0),
+        apply_routed_scale_to_output=True,
+        router_logits_dtype=torch.float32,
+    )
+
+
+@contextlib.contextmanager
+def _non_gated_on_cpu(activation: str | None) -> Iterator[None]:
+    """vLLM's FusedMoEConfig refuses non-gated experts (`is_act_and_mul` False) unless the
+    platform is CUDA-like (fused_moe/config.py: "supported only for CUDA, XPU and ROCm"): while
+    a non-gated layer is built, the platform says it is (what hardware it runs on, as the
+    capability above); nothing else is patched."""
+    if activation is None or not activation.endswith("_no_mul") or current_platform.is_cuda_alike():
+        yield
+        return
+    with mock.patch.object(type(current_platform), "is_cuda_alike", classmethod(lambda c: True)):
+        yield
 
 
 def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
