@@ -105,6 +105,23 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         # (SGLang's OLMoE normalizes q and k over all heads: as many KV heads as heads)
         dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2, num_key_value_heads=4),
     ),
+    "nemotron_h": (  # Nemotron-H: a MoE mixer (non-gated relu2 experts) and an attention one
+        # (no Mamba mixer: its weights are loaded as any linear's, and vLLM's Mamba layer needs
+        # its CUDA ops to be built)
+        "NemotronHConfig",
+        "NemotronHForCausalLM",
+        dict(
+            layers_block_type=["moe", "attention"],
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            moe_shared_expert_intermediate_size=64,
+            n_shared_experts=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",
         "Qwen3ForCausalLM",

@@ -55,6 +55,20 @@ CASES = {
     "minimax-bf16": ("minimax_m2", "minimax_m2.MiniMaxM2ForCausalLM", None, {}),
     "ernie-bf16": ("ernie4_5_moe", "ernie45_moe.Ernie4_5_MoeForCausalLM", None, {}),
     "olmoe-bf16": ("olmoe", "olmoe.OlmoeForCausalLM", None, {}),
+    # Nemotron-H: non-gated experts (relu2_no_mul); I 192: padded per rank
+    "nemotron-bf16": (
+        "nemotron_h",
+        "nemotron_h.NemotronHForCausalLM",
+        None,
+        dict(moe_intermediate_size=192),
+    ),
+    # ModelOpt FP8 per tensor (as nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8), I 200
+    "nemotron-fp8-tensor": (
+        "nemotron_h",
+        "nemotron_h.NemotronHForCausalLM",
+        "fp8-tensor",
+        dict(hidden_size=128, moe_intermediate_size=200),
+    ),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing) and OLMoE (Default) run BF16 on
 # CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -67,6 +81,10 @@ RUNS = [
     ("minimax-bf16", "cutlass", "bf16"),
     ("ernie-bf16", "cutlass", "bf16"),
     ("olmoe-bf16", "cutlass", "bf16"),
+    ("nemotron-bf16", "trtllm", "bf16"),
+    ("nemotron-bf16", "cutlass", "bf16"),
+    ("nemotron-fp8-tensor", "trtllm", "fp8-tensor"),
+    ("nemotron-fp8-tensor", "cutlass", "fp8-tensor"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
