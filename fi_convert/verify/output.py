@@ -664,6 +664,15 @@ def refuse_against_flashinfer(root: Path, m: dict) -> None:
             "--against-flashinfer (its layouts are proven against SGLang's own processing in "
             "fi-convert's tests)"
         )
+    layers = m.get("layers") if isinstance(m.get("layers"), dict) else {}
+    non_gated = next((p for p, lay in layers.items() if lay.get("gated") is False), None)
+    if non_gated is not None:
+        raise FiConvertError(
+            f"{root}: {non_gated} holds non-gated experts (w13 the up projection alone), and "
+            "--against-flashinfer re-derives vLLM's pipeline of gated ones only; verify it "
+            "against the source without --against-flashinfer (its layouts are proven against "
+            "vLLM's own processing in fi-convert's tests)"
+        )
 
 
 def _against_flashinfer(plan, tensors, files, full, dev, rep) -> None:
