@@ -664,8 +664,9 @@ def refuse_against_flashinfer(root: Path, m: dict) -> None:
             "--against-flashinfer (its layouts are proven against SGLang's own processing in "
             "fi-convert's tests)"
         )
-    layers = m.get("layers") if isinstance(m.get("layers"), dict) else {}
-    non_gated = next((p for p, lay in layers.items() if lay.get("gated") is False), None)
+    layers = m.get("layers")
+    entries = layers.items() if isinstance(layers, dict) else ()
+    non_gated = next((p for p, lay in entries if lay.get("gated") is False), None)
     if non_gated is not None:
         raise FiConvertError(
             f"{root}: {non_gated} holds non-gated experts (w13 the up projection alone), and "
