@@ -69,6 +69,7 @@ VLLM_SCALE_SHAPES: frozenset[tuple[int, int]] = frozenset(
         (192, 10),
         (384, 10),
         (768, 10),
+        (128, 32),  # a non-gated w13 (Nemotron-H NVFP4: I_p 128, H_p 512)
         (256, 16),
         (256, 32),
         (384, 32),

@@ -36,6 +36,12 @@ def fp8_src(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("nemotron-fp8") / "src", spec)
 
 
+@pytest.fixture(scope="module")
+def nvfp4_src(tmp_path_factory):
+    spec = Spec("nemotron-h", layers=1, experts=3, hidden=256, intermediate=384, quant="nvfp4")
+    return write_checkpoint(tmp_path_factory.mktemp("nemotron-nvfp4") / "src", spec)
+
+
 def _family() -> dict:
     return json.loads((FAMILY_DIR / "nemotron_h.json").read_text())
 
@@ -83,14 +89,25 @@ def test_a_non_gated_w13_is_neither_swapped_nor_interleaved():
 
 
 @pytest.mark.parametrize(
-    ("scheme", "backend", "w13"),
-    [("bf16", "trtllm", [3, 2, 128, 64]), ("bf16", "cutlass", [3, 96, 128])],
+    ("scheme", "backend", "w13", "i_p"),
+    [
+        ("bf16", "trtllm", [3, 2, 128, 64], 128),
+        ("bf16", "cutlass", [3, 96, 128], 96),
+        # I_r 192 -> 256 (128 per rank for non-gated experts)
+        ("nvfp4", "trtllm", [3, 256, 128], 256),
+        # w13's rows padded to the scale swizzle's 256; vLLM's MoE config keeps I_r 192
+        ("nvfp4", "cutlass", [3, 256, 128], 192),
+    ],
 )
-def test_the_manifest_says_non_gated_and_verify_passes(src, tmp_path, scheme, backend, w13):
+def test_the_manifest_says_non_gated_and_verify_passes(
+    src, nvfp4_src, tmp_path, scheme, backend, w13, i_p
+):
     out = tmp_path / "out"
+    src = nvfp4_src if scheme == "nvfp4" else src
     convert(src, out, Options(SchemeName(scheme), Backend(backend), 2), device="cpu")
     m = mf.read(out)
     lay = m["layers"][PREFIX]
+    assert lay["padded_intermediate_size_per_rank"] == i_p
     assert lay["gated"] is False
     t = lay["tensors"]["w13_weight"]
     assert (t["row_order"], t["gated_interleave"], t["shape_per_rank"]) == ("up", False, w13)
@@ -128,9 +145,9 @@ def test_fp8_tensor_pads_a_non_gated_w13_to_128_on_cutlass_too(fp8_src, tmp_path
     ("args", "why"),
     [
         (
-            ["--scheme", "nvfp4"],
-            "fi-convert writes no nvfp4 layout of non-gated (relu2_no_mul) experts yet; "
-            "convert with --scheme bf16 or fp8-tensor",
+            ["--scheme", "mxfp8"],
+            "fi-convert writes no mxfp8 layout of non-gated (relu2_no_mul) experts yet; "
+            "convert with --scheme bf16 or fp8-tensor or nvfp4",
         ),
         (
             ["--scheme", "mxfp4"],

@@ -370,6 +370,9 @@ NEMOTRON = {  # non-gated experts (relu2_no_mul): w13 the up projection alone
         "nemotron-h", layers=1, experts=3, hidden=128, intermediate=192, shards=1,
         quant="fp8-tensor",
     ),
+    "nvfp4": Spec(
+        "nemotron-h", layers=1, experts=3, hidden=256, intermediate=256, shards=1, quant="nvfp4",
+    ),
 }  # fmt: skip
 
 

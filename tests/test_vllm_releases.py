@@ -235,7 +235,7 @@ def test_the_support_table_marks_each_release_of_each_row():
     table = releases.support_table()
     assert "| bf16 | trtllm | any size | " + " | ".join(["proven"] * 5) + " |" in table
     one = ["not proven (1)"] * 3 + ["proven", "not proven (1)"]
-    for scheme in ("bf16", "fp8-tensor"):  # non-gated experts (Nemotron-H): 0.33 alone
+    for scheme in ("bf16", "fp8-tensor", "nvfp4"):  # non-gated experts (Nemotron-H): 0.33
         for backend in ("trtllm", "cutlass"):
             row = f"| {scheme} | {backend} | non-gated experts | " + " | ".join(one) + " |"
             assert row in table

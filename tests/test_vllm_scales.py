@@ -31,6 +31,15 @@ CASES = {
         "model.layers.1.mlp.experts",
         ("trtllm", "cutlass"),
     ),
+    # Nemotron-H ModelOpt NVFP4 (as nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4): non-gated
+    # experts, w13 the up projection alone; H 320 (-> 512 on TRT-LLM), I 384 (per rank 384,
+    # 192, 96: -> 384, 256, 128 on both backends, CUTLASS padding along to its swizzle's rows)
+    "nemotron-nvfp4": (
+        "nvfp4",
+        Spec("nemotron-h", layers=1, experts=3, hidden=320, intermediate=384, quant="nvfp4"),
+        "backbone.layers.0.mixer.experts",
+        ("trtllm", "cutlass"),
+    ),
     # ModelOpt MXFP8 whose sizes need no padding at TP 1 and 2 (H 512, I per rank 256, 128)
     "qwen3-mxfp8": (
         "mxfp8",

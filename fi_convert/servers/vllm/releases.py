@@ -81,6 +81,8 @@ TABLE: tuple[Row, ...] = (
     _non_gated_row("bf16", "cutlass"),
     _non_gated_row("fp8-tensor", "trtllm"),
     _non_gated_row("fp8-tensor", "cutlass"),
+    _non_gated_row("nvfp4", "trtllm"),
+    _non_gated_row("nvfp4", "cutlass"),
     Row("bf16", "trtllm", ALL),
     Row("bf16", "cutlass", ALL),
     Row("fp8-block", "trtllm", ALL),
