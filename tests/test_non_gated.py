@@ -145,9 +145,9 @@ def test_fp8_tensor_pads_a_non_gated_w13_to_128_on_cutlass_too(fp8_src, tmp_path
     ("args", "why"),
     [
         (
-            ["--scheme", "mxfp8"],
-            "fi-convert writes no mxfp8 layout of non-gated (relu2_no_mul) experts yet; "
-            "convert with --scheme bf16 or fp8-tensor or nvfp4",
+            ["--scheme", "fp8-block"],
+            "fi-convert writes no fp8-block layout of non-gated (relu2_no_mul) experts yet; "
+            "convert with --scheme bf16 or fp8-tensor or mxfp8 or nvfp4",
         ),
         (
             ["--scheme", "mxfp4"],

@@ -83,6 +83,7 @@ TABLE: tuple[Row, ...] = (
     _non_gated_row("fp8-tensor", "cutlass"),
     _non_gated_row("nvfp4", "trtllm"),
     _non_gated_row("nvfp4", "cutlass"),
+    _non_gated_row("mxfp8", "trtllm"),
     Row("bf16", "trtllm", ALL),
     Row("bf16", "cutlass", ALL),
     Row("fp8-block", "trtllm", ALL),
