@@ -90,6 +90,20 @@ CASES = {
         ),
         "backbone.layers.0.mixer.experts",
     ),
+    # Nemotron-H in DeepSeek-style block FP8 (non-gated; I per rank 512, 256, 128)
+    "nemotron-fp8-block": (
+        "fp8-block",
+        Spec(
+            "nemotron-h",
+            layers=1,
+            experts=4,
+            hidden=256,
+            intermediate=512,
+            shards=1,
+            quant="fp8-block",
+        ),
+        "backbone.layers.0.mixer.experts",
+    ),
     "deepseek-fp8-block": (
         "fp8-block",
         Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512, shards=2),

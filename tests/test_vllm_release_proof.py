@@ -376,6 +376,10 @@ NEMOTRON = {  # non-gated experts (relu2_no_mul): w13 the up projection alone
     "mxfp8": Spec(
         "nemotron-h", layers=1, experts=3, hidden=256, intermediate=256, shards=1, quant="mxfp8",
     ),
+    "fp8-block": Spec(
+        "nemotron-h", layers=1, experts=4, hidden=256, intermediate=256, shards=1,
+        quant="fp8-block",
+    ),
 }  # fmt: skip
 
 

@@ -235,7 +235,8 @@ def test_the_support_table_marks_each_release_of_each_row():
     table = releases.support_table()
     assert "| bf16 | trtllm | any size | " + " | ".join(["proven"] * 5) + " |" in table
     one = ["not proven (1)"] * 3 + ["proven", "not proven (1)"]
-    non_gated = [(s, b) for s in ("bf16", "fp8-tensor", "nvfp4") for b in ("trtllm", "cutlass")]
+    schemes = ("bf16", "fp8-block", "fp8-tensor", "nvfp4")
+    non_gated = [(s, b) for s in schemes for b in ("trtllm", "cutlass")]
     for scheme, backend in [*non_gated, ("mxfp8", "trtllm")]:  # Nemotron-H: 0.33 alone
         row = f"| {scheme} | {backend} | non-gated experts | " + " | ".join(one) + " |"
         assert row in table

@@ -79,6 +79,8 @@ def _non_gated_row(scheme: str, backend: str) -> Row:
 TABLE: tuple[Row, ...] = (
     _non_gated_row("bf16", "trtllm"),
     _non_gated_row("bf16", "cutlass"),
+    _non_gated_row("fp8-block", "trtllm"),
+    _non_gated_row("fp8-block", "cutlass"),
     _non_gated_row("fp8-tensor", "trtllm"),
     _non_gated_row("fp8-tensor", "cutlass"),
     _non_gated_row("nvfp4", "trtllm"),
