@@ -153,10 +153,6 @@ def test_fp8_tensor_pads_a_non_gated_w13_to_128_on_cutlass_too(fp8_src, tmp_path
             ["--scheme", "mxfp4"],
             "vLLM 0.33's FlashInfer TRT-LLM mxfp4 experts take no relu2_no_mul activation",
         ),
-        (
-            ["--server", "sglang"],
-            "fi-convert has not proven SGLang 0.5.23's layout of non-gated (relu2_no_mul) experts",
-        ),
     ],
 )
 def test_what_is_not_written_for_non_gated_experts_is_one_line(src, tmp_path, args, why):

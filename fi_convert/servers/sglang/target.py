@@ -147,10 +147,13 @@ NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek
 # Non-gated experts (Nemotron-H, relu2_no_mul): SGLang runs them on FlashInfer
 # (models/nemotron_h.py builds its MoE with is_gated=False; moe_runner/flashinfer_trtllm.py pads
 # a non-gated w13 to 128 and skips the interleave, and computes output1 as ones * (1 / a2), not
-# vLLM's ones / a2), but no fi-convert layout of them is proven against SGLang's processing yet
+# vLLM's ones / a2). fi-convert's layouts of them are proven against SGLang's own processing
+# for these schemes (tests/test_sglang_non_gated.py), both backends; the others are refused
+NON_GATED_PROVEN = ("bf16",)
 NON_GATED_WHY = (
-    "fi-convert has not proven SGLang {sglang}'s layout of non-gated ({activation}) experts "
-    "(its MoE runners' is_gated=False path) against its own processing yet"
+    "fi-convert has not proven SGLang {sglang}'s {scheme} layout of non-gated ({activation}) "
+    "experts (its MoE runners' is_gated=False path) against its own processing yet; "
+    "convert with --scheme " + " or ".join(NON_GATED_PROVEN)
 )
 
 NO_FLASHINFER = {
@@ -299,8 +302,10 @@ class SglangTarget:
     ) -> str | None:
         if routing in NO_FLASHINFER_ROUTING:
             return f"SGLang {TARGET['sglang']} runs {routing} routing on no FlashInfer MoE kernel"
-        if not gated(activation):
-            return NON_GATED_WHY.format(sglang=TARGET["sglang"], activation=activation)
+        if not gated(activation) and scheme not in NON_GATED_PROVEN:
+            return NON_GATED_WHY.format(
+                sglang=TARGET["sglang"], activation=activation, scheme=scheme
+            )
         return None  # its runners take the routing they are given (refuses_source: ModelOpt FP8)
 
     def moe_kernel(self, scheme: str, backend: str, routing: str) -> str:
