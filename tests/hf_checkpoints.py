@@ -6,6 +6,7 @@ them shows up here before users see it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -142,4 +143,21 @@ def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
     model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    if kind in RELEASED_CONFIG:
+        path = root / "config.json"
+        path.write_text(json.dumps(RELEASED_CONFIG[kind](json.loads(path.read_text())), indent=2))
     return root
+
+
+def _nemotron_h_pattern(cfg: dict) -> dict:
+    """Nemotron-H's layer kinds as NVIDIA's published config.json gives them,
+    `hybrid_override_pattern` ("M" Mamba, "E" MoE, "*" attention, "-" MLP), where transformers
+    5 writes `layers_block_type` with names (`full_attention`) SGLang 0.5.23's own
+    NemotronHConfig refuses; transformers' config class reads either."""
+    letters = {"mamba": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
+    kinds = cfg.pop("layers_block_type")
+    return cfg | {"hybrid_override_pattern": "".join(letters[k] for k in kinds)}
+
+
+# config.json as the released checkpoints write it, where transformers writes it otherwise
+RELEASED_CONFIG = {"nemotron_h": _nemotron_h_pattern}
