@@ -64,6 +64,21 @@ CASES = {
         Spec("nemotron-h", layers=1, experts=5, hidden=128, intermediate=192, shards=1),
         "backbone.layers.0.mixer.experts",
     ),
+    # a latent MoE (Nemotron-3 Super/Ultra): the experts run in moe_latent_size (128), not
+    # hidden_size (config.json's 512; the synthetic experts are made at the latent size)
+    "nemotron-latent-bf16": (
+        "bf16",
+        Spec(
+            "nemotron-h",
+            layers=1,
+            experts=4,
+            hidden=128,
+            intermediate=192,
+            shards=1,
+            config={"moe_latent_size": 128, "hidden_size": 512},
+        ),
+        "backbone.layers.0.mixer.experts",
+    ),
     "nemotron-fp8-tensor": (  # ModelOpt FP8 (as nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8)
         "fp8-tensor",
         Spec(

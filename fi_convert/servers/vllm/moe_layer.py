@@ -222,7 +222,8 @@ def make_layer(
     runner = FusedMoEFactory(
         num_experts=experts,
         top_k=2,
-        hidden_size=cfg["hidden_size"],
+        # a latent MoE's experts run in moe_latent_size (models/nemotron_h.py moe_hidden_size)
+        hidden_size=cfg.get("moe_latent_size") or cfg["hidden_size"],
         intermediate_size=inter,
         params_dtype=torch.bfloat16,
         quant_config=None if unquantized else quant_config(ckpt),
