@@ -3,8 +3,11 @@ FusedMoE built as models/nemotron_h.py builds it (`is_gated=False`, DeepSeekV3 r
 sglang_moe.py), the checkpoint's up_proj through its own weight loader as that model maps it
 (FusedMoE's w1), and its `process_weights_after_loading`, one process playing TP rank r of N.
 
-(a) `--server sglang` BF16 outputs hold SGLang's own bytes on both runners, every rank (TP 1, 2
-    and 4: I/TP 192, 96, 48, padded to 256, 128, 128 on TRT-LLM and sharded by the padded size);
+(a) `--server sglang` BF16 and ModelOpt FP8 (per tensor) outputs hold SGLang's own bytes on
+    both runners, every rank (TP 1, 2 and 4: BF16 I/TP 192, 96, 48, padded to 256, 128, 128 on
+    TRT-LLM and sharded by the padded size; FP8 I/TP 200, 100, 50: on TRT-LLM padded to 256,
+    128, 128 and sharded by it, its output1 scale ones * (1 / a2); on CUTLASS padded to 16, as
+    for gated experts, where vLLM pads non-gated ones to 128);
 (b) the plugin's path (the output's tensors into SGLang's layer, kernel setup only) leaves the
     layer as SGLang's own path does;
 (c) what is not proven for SGLang is refused in one line.
@@ -25,34 +28,41 @@ from tests.conftest import cli
 from tests.test_sglang_plugin import differing, param_attrs, plugin_layer, state_diff
 
 PREFIX = "backbone.layers.0.mixer.experts"
-SPEC = Spec("nemotron-h", layers=1, experts=5, hidden=128, intermediate=192, shards=1)
-RUNS = [(backend, tp) for backend in ("trtllm", "cutlass") for tp in (1, 2, 4)]
+SPECS = {
+    "bf16": Spec("nemotron-h", layers=1, experts=5, hidden=128, intermediate=192, shards=1),
+    "fp8-tensor": Spec(
+        "nemotron-h", layers=1, experts=5, hidden=128, intermediate=200, shards=1,
+        quant="fp8-tensor",
+    ),
+}  # fmt: skip
+RUNS = [(s, b, tp) for s in SPECS for b in ("trtllm", "cutlass") for tp in (1, 2, 4)]
 
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("sglang-nemotron") / "src", SPEC)
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sglang-nemotron")
+    return {s: write_checkpoint(root / s, spec) for s, spec in SPECS.items()}
 
 
 @pytest.fixture(scope="module")
-def outputs(tmp_path_factory, src):
+def outputs(tmp_path_factory, sources):
     root = tmp_path_factory.mktemp("sglang-nemotron-out")
     done: dict = {}
 
-    def get(backend: str, tp: int):
-        if (backend, tp) not in done:
-            out = root / f"{backend}-{tp}"
-            opts = Options(SchemeName.BF16, Backend(backend), tp, server="sglang")
-            convert(src, out, opts, device="cpu")
-            done[backend, tp] = out
-        return done[backend, tp]
+    def get(scheme: str, backend: str, tp: int):
+        if (scheme, backend, tp) not in done:
+            out = root / f"{scheme}-{backend}-{tp}"
+            opts = Options(SchemeName(scheme), Backend(backend), tp, server="sglang")
+            convert(sources[scheme], out, opts, device="cpu")
+            done[scheme, backend, tp] = out
+        return done[scheme, backend, tp]
 
     return get
 
 
-@pytest.mark.parametrize(("backend", "tp"), RUNS)
-def test_sglang_output_equals_sglangs_own_non_gated_bytes(backend, tp, src, outputs):
-    out = outputs(backend, tp)
+@pytest.mark.parametrize(("scheme", "backend", "tp"), RUNS)
+def test_sglang_output_equals_sglangs_own_non_gated_bytes(scheme, backend, tp, sources, outputs):
+    src, out = sources[scheme], outputs(scheme, backend, tp)
     m = json.loads((out / "fi-convert-manifest.json").read_text())
     assert m["server"] == "sglang" and m["target"]["sglang_releases"] == ["0.5.23"]
     lay = m["layers"][PREFIX]
@@ -63,16 +73,20 @@ def test_sglang_output_equals_sglangs_own_non_gated_bytes(backend, tp, src, outp
         assert checks.runner_of(layer) == sm.BACKEND[backend]
         theirs, ours = sm.params(layer), load_moe_layer(out, PREFIX, tp_rank=rank)
         assert differing(theirs, ours) == [], (backend, tp, rank)
-        rows = lay["padded_intermediate_size_per_rank"]
-        assert theirs["w13_weight"].numel() == SPEC.experts * rows * SPEC.hidden  # up alone
+        rows, spec = lay["padded_intermediate_size_per_rank"], SPECS[scheme]
+        assert theirs["w13_weight"].numel() == spec.experts * rows * spec.hidden  # up alone
 
 
-@pytest.mark.parametrize(("backend", "tp"), [("trtllm", 2), ("cutlass", 2), ("trtllm", 4)])
-def test_the_plugin_path_leaves_the_layer_as_sglangs_own(backend, tp, src, outputs):
-    out = outputs(backend, tp)
+@pytest.mark.parametrize(
+    ("scheme", "backend", "tp"),
+    [(s, b, tp) for s in SPECS for b, tp in (("trtllm", 2), ("cutlass", 2), ("trtllm", 4))],
+)
+def test_the_plugin_path_leaves_the_layer_as_sglangs_own(scheme, backend, tp, sources, outputs):
+    src, out = sources[scheme], outputs(scheme, backend, tp)
     for rank in range(tp):
         theirs = sm.build(backend, tp, rank, src, PREFIX)
-        ours = plugin_layer(out, src, PREFIX, backend, tp, rank)
+        # (the case names tests/test_sglang_plugin.py gives SGLang's CPU stand-ins by)
+        ours = plugin_layer(out, src, PREFIX, backend, tp, rank, case=scheme)
         m = json.loads((out / "fi-convert-manifest.json").read_text())
         checks.check_layer(m, str(out), PREFIX, ours)
         assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
@@ -80,14 +94,14 @@ def test_the_plugin_path_leaves_the_layer_as_sglangs_own(backend, tp, src, outpu
         assert param_attrs(ours) == param_attrs(theirs)
 
 
-def test_control_another_ranks_bytes_are_caught(src, outputs):
-    out = outputs("trtllm", 2)
+def test_control_another_ranks_bytes_are_caught(sources, outputs):
+    src, out = sources["bf16"], outputs("bf16", "trtllm", 2)
     theirs = sm.build("trtllm", 2, 0, src, PREFIX)
     ours = plugin_layer(out, src, PREFIX, "trtllm", 2, 0, read_rank=1)
     assert "w13_weight" in differing(sm.params(theirs), sm.params(ours))
 
 
-@pytest.mark.parametrize("scheme", ["fp8-tensor", "nvfp4"])
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp8"])
 def test_a_scheme_not_proven_for_sglangs_non_gated_experts_is_one_line(scheme, tmp_path):
     spec = Spec("nemotron-h", layers=1, experts=3, hidden=128, intermediate=256, quant=scheme)
     src = write_checkpoint(tmp_path / "src", spec)
@@ -98,13 +112,14 @@ def test_a_scheme_not_proven_for_sglangs_non_gated_experts_is_one_line(scheme, t
         f"fi-convert has not proven SGLang 0.5.23's {scheme} layout of non-gated (relu2_no_mul) "
         "experts" in res.stderr
     )
-    assert "convert with --scheme bf16" in res.stderr
+    assert "convert with --scheme bf16 or fp8-tensor" in res.stderr
 
 
-def test_the_layers_are_built_non_gated_only_for_nemotron_h(src):
+def test_the_layers_are_built_non_gated_only_for_nemotron_h(sources):
     """The control: the same harness builds a gated layer for a gated family."""
     qwen = write_checkpoint(
-        src.parent / "qwen", Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=128)
+        sources["bf16"].parent / "qwen",
+        Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=128),
     )
     layer = sm.build("trtllm", 1, 0, qwen, "model.layers.0.mlp.experts")
     assert layer.moe_runner_config.is_gated is True

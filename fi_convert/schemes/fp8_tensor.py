@@ -21,6 +21,12 @@ FusedMoE (`pad_i_128`) and sharded by the padded size (`shard_padded`). On CUTLA
 of w1's and w3's its loader reads last, A13 their max over experts; TRT-LLM output1 =
 g1 * float32(1 / A2); CUTLASS fc1_dequant = S13 * A13, fc2_quant = float32(1 / A2),
 fc2_dequant = A2 * S2, fc1_input_dequant = A13.
+
+Non-gated experts (Nemotron-H, relu2_no_mul): w13 is the up projection alone, its bytes kept (one
+scale per expert: no requantization), A13 the max of its input scales; I per rank padded to 128
+(vLLM's min_alignment for non-gated experts, both backends; SGLang's CUTLASS path pads to 16, its
+TRT-LLM FusedMoE to 128); no swap, no interleave; TRT-LLM's output1 is 1 / a2 (vLLM: ones / a2,
+SGLang: ones * (1 / a2)).
 """
 
 from __future__ import annotations
@@ -152,7 +158,9 @@ class Fp8TensorScheme(Scheme):
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
         trt = backend is Backend.TRTLLM
-        i_p = L.round_up(i_r, TILE if trt and layout.pad_i_128 else PAD_I[layer.gated])
+        # SGLang's CUTLASS path (gate_up_rows) pads to 16 gated or not; vLLM by PAD_I
+        pad = PAD_I[layer.gated or layout.gate_up_rows]
+        i_p = L.round_up(i_r, TILE if trt and layout.pad_i_128 else pad)
         rows = RankRows(layer.intermediate_size, tp, i_p, trt and layout.shard_padded)
         if trt and h % 32:
             raise LayoutError(
@@ -360,6 +368,8 @@ def _scale_outputs(
         return g1(ctx, rank) / a2(ctx, rank)
 
     def out1_sglang(ctx, rank):  # SGLang multiplies by the reciprocal: g1 * (1.0 / a2)
+        if not s.layer.gated:  # non-gated: ones * (1.0 / a2) (align_fp8_moe_weights_for_...)
+            return torch.ones_like(g1(ctx, rank)) * a2_inv(ctx, rank)
         return g1(ctx, rank) * a2_inv(ctx, rank)
 
     fns: dict[str, tuple[Callable, tuple[int, ...]]] = {

@@ -147,9 +147,10 @@ NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek
 # Non-gated experts (Nemotron-H, relu2_no_mul): SGLang runs them on FlashInfer
 # (models/nemotron_h.py builds its MoE with is_gated=False; moe_runner/flashinfer_trtllm.py pads
 # a non-gated w13 to 128 and skips the interleave, and computes output1 as ones * (1 / a2), not
-# vLLM's ones / a2). fi-convert's layouts of them are proven against SGLang's own processing
-# for these schemes (tests/test_sglang_non_gated.py), both backends; the others are refused
-NON_GATED_PROVEN = ("bf16",)
+# vLLM's ones / a2; on CUTLASS it pads I/TP to 16 where vLLM pads non-gated experts to 128).
+# fi-convert's layouts of them are proven against SGLang's own processing for these schemes
+# (tests/test_sglang_non_gated.py), both backends; the others are refused
+NON_GATED_PROVEN = ("bf16", "fp8-tensor")
 NON_GATED_WHY = (
     "fi-convert has not proven SGLang {sglang}'s {scheme} layout of non-gated ({activation}) "
     "experts (its MoE runners' is_gated=False path) against its own processing yet; "
