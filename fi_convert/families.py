@@ -31,7 +31,8 @@ FAMILY_FILE = "family_file"
 class Form:
     # "per_expert": one [out, in] tensor per expert and projection; "fused": one [E, 2I, H]
     # w13 tensor ([gate; up]) and one [E, H, I] w2; "stacked": one [E, out, in] tensor per
-    # projection (fi_convert/forms.py has the shapes of each)
+    # projection; "flat": one [E*out, in] per projection (fi_convert/forms.py has the shapes
+    # of each)
     kind: str
     pattern: re.Pattern[str]
     projections: dict[str, str]
@@ -43,6 +44,11 @@ class Form:
     # names have no module of their own for the experts (Granite's block_sparse_moe.
     # input_linear: vLLM's module is block_sparse_moe.experts)
     module: str = ""
+    # per-expert forms whose experts are several MoE layers of the server's, one after
+    # another: each set's module (appended to `prefix`), its experts the next `num_experts[k]`
+    # of the checkpoint's (ERNIE-4.5-VL's 2N experts: N text_experts, then N vision_experts),
+    # its sizes the k-th of config.json's lists
+    sets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,20 +70,33 @@ class Family:
     source: dict = field(default_factory=dict, compare=False, repr=False)  # the file's JSON
     own: bool = False  # a user's family file (`--family`), not one of fi-convert's
 
-    def config_value(self, config: dict, key: str) -> int | None:
+    def config_value(self, config: dict, key: str, layer: str = "") -> int | None:
         """The first of the family's `config_keys[key]` config.json holds as an integer: a
         plain key in config.json or its text_config, a dotted one (`thinker_config.
-        text_config.num_experts`) where it says."""
+        text_config.num_experts`) where it says; for the MoE layer `layer` of an expert set
+        (`Form.sets`), the set's entry of a list."""
+        k_set = self.set_index(layer)
         for k in self.config_keys.get(key, ()):
             v = lookup(config, k)
+            if isinstance(v, list) and k_set is not None and k_set < len(v):
+                v = v[k_set]
             if KINDS["integer"](v):
                 return int(v)  # type: ignore[call-overload]
+        return None
+
+    def set_index(self, layer: str) -> int | None:
+        """Which expert set (`Form.sets`) the MoE layer `layer` is, or None."""
+        for form in self.forms:
+            for k, module in enumerate(form.sets):
+                if layer.endswith(module):
+                    return k
         return None
 
     def config_fields(self) -> dict[str, str]:
         """The config.json fields this family reads, each with its kind (KINDS); dotted
         ones are checked where they sit (`config_problem`)."""
-        fields = {k: "integer" for keys in self.config_keys.values() for k in keys}
+        size = "integer or list of integers" if any(f.sets for f in self.forms) else "integer"
+        fields = {k: size for keys in self.config_keys.values() for k in keys}
         fields |= {k: "number" for k in (*self.manifest_keys, *self.clamp_keys)}
         return fields | self.moe.config_fields()
 
@@ -102,6 +121,7 @@ def _form(f: dict) -> Form:
         f.get("refuse"),
         tuple(f.get("transposed", ())),
         f.get("module", ""),
+        tuple(f.get("expert_sets", ())),
     )
 
 
@@ -131,12 +151,20 @@ def all_families() -> tuple[Family, ...]:
     return tuple(_load(p) for p in sorted(FAMILY_DIR.glob("*.json")))
 
 
+def _integer(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 # what a field fi-convert reads from config.json must hold (absent or null: not read)
 KINDS = {
     "map": lambda v: isinstance(v, dict),
     "string": lambda v: isinstance(v, str),
     "list of strings": lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    # an expert-set family's sizes: one, or one per set
+    "integer or list of integers": lambda v: (
+        _integer(v) or (isinstance(v, list) and bool(v) and all(_integer(a) for a in v))
+    ),
     "boolean": lambda v: isinstance(v, bool),
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
 }
@@ -440,7 +468,7 @@ def _check_forms(d: dict) -> str | None:
     return None
 
 
-FORM_KINDS = ("per_expert", "fused", "stacked")
+FORM_KINDS = ("per_expert", "fused", "stacked", "flat")
 
 
 def _check_form(f: object) -> str | None:
@@ -472,6 +500,13 @@ def _check_form(f: object) -> str | None:
         return ".transposed: not a list of the form's roles (w1, w3, w2, w13) stored [in, out]"
     if "module" in f and not isinstance(f["module"], str):
         return ".module: not a string (appended to the prefix to name the server's MoE module)"
+    if "expert_sets" in f and not (
+        _strings(f["expert_sets"]) and f["kind"] == "per_expert" and len(f["expert_sets"]) > 1
+    ):
+        return (
+            ".expert_sets: not a list of two or more MoE modules (appended to the prefix) of a "
+            "per_expert form"
+        )
     return None
 
 

@@ -5,10 +5,11 @@ A role's matrix is what vLLM's FusedMoE holds per expert: w1 (gate) and w3 (up) 
 (down) [H, I], w13 ([gate; up]) [2I, H]; a non-gated expert (Nemotron-H's relu2_no_mul) has no
 gate: its up projection is w1, and its w13 is w1 alone ([I, H]). A form stores it per expert
 ("per_expert": one tensor per expert and projection), fused ("fused": one [E, 2I, H] w13 and
-one [E, H, I] w2) or stacked ("stacked": one [E, out, in] tensor per projection); a role the
-form lists as `transposed` is stored [in, out] per expert (Llama-4's gate_up_proj [E, H, 2I]).
-A tensor is read under its form's one reading, never another: a shape that does not fit it is
-refused.
+one [E, H, I] w2), stacked ("stacked": one [E, out, in] tensor per projection) or flat ("flat":
+one 2-D [E*out, in] tensor per projection, the experts' matrices one after another: DBRX's
+[E*I, H] w1, v1 and w2, its w2 stored transposed); a role the form lists as `transposed` is
+stored [in, out] per expert (Llama-4's gate_up_proj [E, H, 2I]). A tensor is read under its
+form's one reading, never another: a shape that does not fit it is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from .st_io import TensorInfo
 # each role's [out, in] matrix in the sizes' letters
 ROLE_DIMS = {"w1": ("I", "H"), "w3": ("I", "H"), "w2": ("H", "I"), "w13": ("2I", "H")}
 # the stored tensors each form keeps, by role
-STORED = {"per_expert": ("w1", "w3", "w2"), "fused": ("w13", "w2"), "stacked": ("w1", "w3", "w2")}
+STORED = {
+    "per_expert": ("w1", "w3", "w2"),
+    "fused": ("w13", "w2"),
+    "stacked": ("w1", "w3", "w2"),
+    "flat": ("w1", "w3", "w2"),
+}
 
 
 def gated(form: Form) -> bool:
@@ -51,10 +57,13 @@ def transposed(form: Form, role: str) -> bool:
     return stored_role(form, role) in form.transposed
 
 
-def dims(form: Form, role: str) -> tuple[str, ...]:
-    """The stored tensor's shape in letters: ("E", "H", "2I") for Llama-4's gate_up_proj."""
+def dims(form: Form, role: str, turned: bool | None = None) -> tuple[str, ...]:
+    """The stored tensor's shape in letters: ("E", "H", "2I") for Llama-4's gate_up_proj,
+    ("E*I", "H") for DBRX's w2; `turned`: as if the role were stored the other way (or not)."""
     d = ROLE_DIMS[stored_role(form, role)]
-    d = d[::-1] if transposed(form, role) else d
+    d = d[::-1] if (transposed(form, role) if turned is None else turned) else d
+    if form.kind == "flat":
+        return (f"E*{d[0]}", d[1])
     return d if form.kind == "per_expert" else ("E", *d)
 
 
@@ -69,6 +78,8 @@ class Sizes:
     origin: str = "config.json"
 
     def value(self, letter: str) -> int:
+        if "*" in letter:  # a flat form's rows: "E*I"
+            return math.prod(self.value(p) for p in letter.split("*"))
         i = self.intermediate_size
         return {"E": self.num_experts, "H": self.hidden_size, "I": i, "2I": 2 * i}[letter]
 
@@ -77,11 +88,15 @@ class Sizes:
         return f"E={e}, H={h}, I={i} from {self.origin}"
 
 
-def expected(form: Form, role: str, sizes: Sizes, dtype: str) -> tuple[int, ...]:
-    """The stored tensor's shape; packed FP4 (U8) holds two values a byte along K (in)."""
-    shape = [sizes.value(d) for d in dims(form, role)]
+def expected(
+    form: Form, role: str, sizes: Sizes, dtype: str, turned: bool | None = None
+) -> tuple[int, ...]:
+    """The stored tensor's shape (`turned`: as `dims`); packed FP4 (U8) holds two values a byte
+    along K (in)."""
+    t = transposed(form, role) if turned is None else turned
+    shape = [sizes.value(d) for d in dims(form, role, t)]
     if dtype == "U8":
-        k = -2 if transposed(form, role) else -1
+        k = -2 if t else -1
         shape[k] //= 2
     return tuple(shape)
 
@@ -94,9 +109,12 @@ def check_shape(info: TensorInfo, form: Form, role: str, sizes: Sizes, title: st
     letters = dims(form, role)
     found, shown = list(info.shape), f"[{', '.join(letters)}]"
     msg = f"{info.name}: shape {found}, expected {list(want)} ({shown} with {sizes.said()})"
-    swapped = (*want[:-2], want[-1], want[-2])
-    if len(want) >= 2 and info.shape == swapped and want != swapped:
-        other = f"[{', '.join((*letters[:-2], letters[-1], letters[-2]))}]"
+    # the shape of the other orientation of each expert's matrix (its last two dims swapped;
+    # a flat form's [E*in, out] for [E*out, in])
+    turned = not transposed(form, role)
+    swapped = expected(form, role, sizes, info.dtype, turned)
+    if info.shape == swapped and want != swapped:
+        other = f"[{', '.join(dims(form, role, turned))}]"
         raise SourceError(
             f"{msg}; transposed? it is stored {other}, which is not how {title} checkpoints "
             "store it - check config.json's model_type and architectures, or export the "
@@ -105,10 +123,10 @@ def check_shape(info: TensorInfo, form: Form, role: str, sizes: Sizes, title: st
     raise SourceError(f"{msg}; the checkpoint and config.json disagree - download both again")
 
 
-def tensor_sizes(form: Form, w1: TensorInfo) -> tuple[int, int]:
+def tensor_sizes(form: Form, w1: TensorInfo, num_experts: int = 1) -> tuple[int, int]:
     """(H, I) as the w1 (or fused w13) tensor gives them under its form, for a config.json
-    that gives none."""
-    shape = list(w1.shape[1:] if form.kind != "per_expert" else w1.shape)
+    that gives none (a flat form's rows are `num_experts` experts')."""
+    shape = matrix_shape(form, w1, num_experts)
     if len(shape) != 2:
         raise SourceError(
             f"{w1.name}: expected a 2-D matrix per expert, got shape {list(w1.shape)}"
@@ -117,6 +135,25 @@ def tensor_sizes(form: Form, w1: TensorInfo) -> tuple[int, int]:
     if w1.dtype == "U8":
         k *= 2
     return k, out // 2 if form.kind == "fused" else out
+
+
+def matrix_shape(form: Form, info: TensorInfo, num_experts: int) -> tuple[int, ...]:
+    """One expert's part of the stored tensor `info`, as stored ([in, out] where transposed):
+    a flat form's [E*R, C] is E parts [R, C]."""
+    if form.kind == "per_expert":
+        return tuple(info.shape)
+    if form.kind == "flat":
+        rows = info.shape[0] // num_experts if info.shape and num_experts else 0
+        return (rows, *info.shape[1:])
+    return tuple(info.shape[1:])
+
+
+def expert_count(form: Form, w1: TensorInfo, said: int | None) -> int | None:
+    """How many experts the w1 (or w13) tensor holds: a stacked or fused tensor's first
+    dimension; a flat form's tensor does not say (config.json's count, `said`)."""
+    if form.kind == "flat":
+        return said
+    return w1.shape[0] if w1.shape else 0
 
 
 @dataclass(frozen=True)
@@ -138,14 +175,15 @@ def span(
     expert: int,
     rows: tuple[int, int],
     cols: tuple[int, int] | None,
+    num_experts: int = 0,
 ) -> Span:
     """Rows [a, b) and columns [c, d) (all when None) of expert `expert`'s `role` matrix, in
-    the tensor `info` that holds it."""
+    the tensor `info` that holds it (a flat form's: one of `num_experts` experts')."""
     a, b = rows
     if form.kind == "per_expert":
         return Span(info, a, b - a, cols)
-    flat = flat_rows(info)
-    per, width = info.shape[1], flat.shape[1]
+    flat = info if form.kind == "flat" else flat_rows(info)
+    per, width = matrix_shape(form, info, num_experts)[0], flat.shape[1]
     half = stored_role(form, role) == "w13" and role == "w3"
     if not transposed(form, role):
         off = per // 2 if half else 0
@@ -169,4 +207,6 @@ def stored_shape(form: Form, role: str, num_experts: int, matrix: tuple[int, ...
         shape = (2 * shape[0], *shape[1:])
     if role in form.transposed:
         shape = shape[::-1]
+    if form.kind == "flat":
+        return (num_experts * shape[0], *shape[1:])
     return shape if form.kind == "per_expert" else (num_experts, *shape)

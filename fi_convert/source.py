@@ -35,7 +35,6 @@ from .paths import MODEL_FIX, denied, model_error, model_exists
 from .st_io import SourceFiles, TensorInfo, read_header
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-ROLES = ("w1", "w3", "w2")
 # compressed-tensors calls packed FP4 weights `weight_packed`; schemes see them as `weight`
 PARAM_ALIASES = {"weight_packed": "weight"}
 # huggingface_hub's marker of its cache-wide blob store (`<cache>/blobs/`, see _allowed_roots)
@@ -118,7 +117,7 @@ class ExpertLayer:
         info = self.tensor(role, param, 0)
         if self.form.kind == "per_expert":
             return info.shape
-        shape = info.shape[1:]
+        shape = forms.matrix_shape(self.form, info, self.num_experts)
         if forms.transposed(self.form, role):
             shape = shape[::-1]
         fused = forms.stored_role(self.form, role) == "w13"
@@ -175,7 +174,8 @@ class ExpertLayer:
         self, role: str, param: str, e: int, rows: tuple[int, int], cols: tuple[int, int] | None
     ) -> forms.Span:
         """Where rows [a, b) (columns [c, d)) of expert e's `role` matrix are stored."""
-        return forms.span(self.form, role, self.tensor(role, param, e), e, rows, cols)
+        info = self.tensor(role, param, e)
+        return forms.span(self.form, role, info, e, rows, cols, self.num_experts)
 
 
 def expert_rows(info: TensorInfo) -> TensorInfo:
@@ -354,6 +354,13 @@ def _open_checkpoint(root: Path) -> Checkpoint:
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder; pass the folder that holds config.json")
     cfg_path = root / "config.json"
+    if not (cfg_path.exists() or cfg_path.is_symlink()) and (root / "params.json").is_file():
+        raise SourceError(
+            f"{root}: params.json and no config.json: a checkpoint in Mistral's own format "
+            "(Mistral Large 3 as published: consolidated*.safetensors, layers.L.experts.E.w1), "
+            "which fi-convert does not read yet; serve it with the server's own load (without "
+            "--load-format fi-convert)"
+        )
     if not (cfg_path.exists() or cfg_path.is_symlink()):
         raise SourceError(
             f"{root}: no config.json; fi-convert takes the model family and sizes from it and "
@@ -462,14 +469,19 @@ def _check_sizes(ckpt: Checkpoint, fam: Family, layers: list[ExpertLayer]) -> No
             ("hidden_size", layer.hidden_size),
             ("intermediate_size", layer.intermediate_size),
         ):
-            said = fam.config_value(ckpt.config, key)
+            said = fam.config_value(ckpt.config, key, layer.prefix)
             if said is not None and said != got:
-                field = next(k for k in fam.config_keys[key] if lookup(ckpt.config, k) == said)
+                field = next(k for k in fam.config_keys[key] if _said(lookup(ckpt.config, k), said))
                 raise SourceError(
                     f"{_first_name(layer)}: {key.replace('_', ' ')} {got} in the shards but "
                     f"config.json says {field} = {said}; the checkpoint and its config "
                     "disagree (or the family file reads the wrong field)"
                 )
+
+
+def _said(value: object, said: int) -> bool:
+    """config.json's `value` gives `said` (itself, or an expert set's entry of a list)."""
+    return value == said or (isinstance(value, list) and said in value)
 
 
 def _first_name(layer: ExpertLayer) -> str:
@@ -534,6 +546,7 @@ def _match(ckpt: Checkpoint, fam: Family) -> tuple[Form, Groups] | None:
     """The family's first form that names tensors of the checkpoint, with them by MoE module."""
     for form in fam.forms:
         groups: Groups = defaultdict(dict)
+        counts = _set_counts(ckpt, fam, form)
         for name, info in ckpt.tensors.items():
             m = form.pattern.match(name)
             if not m or m["proj"] not in form.projections:
@@ -542,16 +555,38 @@ def _match(ckpt: Checkpoint, fam: Family) -> tuple[Form, Groups] | None:
             expert = int(m["expert"]) if form.kind == "per_expert" else -1
             raw = m.groupdict().get("param") or "weight"
             param = PARAM_ALIASES.get(raw, raw)
-            groups[m["prefix"] + form.module][(role, param, expert)] = info
+            module = form.module
+            if form.sets:  # the set the expert is in, and its index in that set
+                k = 0
+                while counts and k < len(counts) - 1 and expert >= counts[k]:
+                    expert, k = expert - counts[k], k + 1
+                module = form.sets[k]
+            groups[m["prefix"] + module][(role, param, expert)] = info
         if groups:
             return form, groups
     return None
+
+
+def _set_counts(ckpt: Checkpoint, fam: Family, form: Form) -> list[int] | None:
+    """Each expert set's expert count (`Form.sets`) as config.json gives it (one count for
+    every set, or one per set), or None where it gives none."""
+    if not form.sets:
+        return None
+    counts = [fam.config_value(ckpt.config, "num_experts", m) for m in form.sets]
+    return [c for c in counts if c is not None] if all(counts) else None
 
 
 def _layers(ckpt: Checkpoint, fam: Family, form: Form, groups: Groups) -> list[ExpertLayer]:
     prefixes = sorted(groups, key=_natural)
     if form.refuse:
         raise SourceError(f"{_first(groups)}: {form.refuse}")
+    if form.sets and _set_counts(ckpt, fam, form) is None:
+        keys = " or ".join(fam.config_keys["num_experts"])
+        raise SourceError(
+            f"{_first(groups)}: {fam.title}'s experts are {len(form.sets)} sets one after "
+            f"another, and config.json gives no expert count per set ({keys}); restore the "
+            "model's config.json"
+        )
     return [_make_layer(ckpt, fam, form, p, groups[p]) for p in prefixes]
 
 
@@ -621,18 +656,27 @@ def _sizes(ckpt: Checkpoint, fam: Family, form: Form, prefix: str, params: dict)
         num = len({e for (_, _, e) in params})
     else:
         first = params[(forms.stored_role(form, "w1"), "weight", -1)]
-        num = first.shape[0] if first.shape else 0
-    cfg_e = fam.config_value(ckpt.config, "num_experts")
+    cfg_e = fam.config_value(ckpt.config, "num_experts", prefix)
+    if form.kind != "per_expert":
+        counted = forms.expert_count(form, first, cfg_e)
+        if counted is None:  # a flat tensor's rows are E experts' of a count it does not say
+            keys = " or ".join(fam.config_keys["num_experts"])
+            raise SourceError(
+                f"{first.name}: {fam.title} stores the experts one after another in one "
+                f"tensor, and config.json gives no expert count ({keys}); restore the model's "
+                "config.json"
+            )
+        num = counted
     if cfg_e is not None and cfg_e != num:
         raise SourceError(
             f"{ckpt.root}: {prefix}: {num} experts in the shards but config.json says {cfg_e}; "
             "the checkpoint and its config disagree - download both again"
         )
-    h = fam.config_value(ckpt.config, "hidden_size")
-    i = fam.config_value(ckpt.config, "intermediate_size")
+    h = fam.config_value(ckpt.config, "hidden_size", prefix)
+    i = fam.config_value(ckpt.config, "intermediate_size", prefix)
     if h is not None and i is not None:
         return forms.Sizes(num, h, i)
-    th, ti = forms.tensor_sizes(form, first)
+    th, ti = forms.tensor_sizes(form, first, num)
     return forms.Sizes(num, h or th, i or ti, f"config.json and {first.name}")
 
 

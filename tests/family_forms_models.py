@@ -87,6 +87,31 @@ MODELS: dict[str, dict] = {
         moe="model.language_model.layers.1.mlp.experts",
         strip="model.language_model.",
     ),
+    # Aria: experts.fc1 [E, H, 2I] ([gate | up] along its last dimension: transformers' Aria
+    # chunks x @ fc1 into gate, then up) and fc2 [E, I, H], beside a shared expert; every
+    # layer MoE; the smallest image-to-query map its projector takes
+    "aria": dict(
+        config="AriaConfig",
+        model="AriaForConditionalGeneration",
+        text=dict(
+            model_type="aria_text",
+            intermediate_size=128,
+            moe_num_experts=4,
+            moe_topk=2,
+            moe_num_shared_experts=1,
+        ),
+        vision=dict(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            image_size=28,
+            patch_size=14,
+        ),
+        extra=dict(projector_patch_to_query_dict={4: 4, 1: 1}),
+        moe="language_model.model.layers.1.mlp.experts",
+        strip="language_model.model.",
+    ),
     # a text model (no vision config); H 64, I 128; input_linear [E, 2I, H] beside the router
     "granitemoe": dict(
         config="GraniteMoeConfig",
@@ -210,7 +235,9 @@ def save(kind: str, root: Path, published: bool = True, seed: int = 0, **text: o
     m = MODELS[kind]
     cls = getattr(transformers, m["config"])
     if "vision" in m:
-        config = cls(text_config=TEXT | m["text"] | text, vision_config=m["vision"])
+        config = cls(
+            text_config=TEXT | m["text"] | text, vision_config=m["vision"], **m.get("extra", {})
+        )
     else:
         config = cls(**(TEXT | m["text"] | text))
     torch.manual_seed(seed)
@@ -329,8 +356,16 @@ def _mixtral_runner(ckpt: Path, tp: int, quant_config, prefix: str, w123: bool) 
     )
 
 
+# DBRX (tests/hf_checkpoints.py's "dbrx", written by transformers): flat experts [E*I, H]
+DBRX = dict(
+    moe="transformer.blocks.1.ffn.experts",
+    strip="transformer.",
+    tensors=tuple(f"transformer.blocks.1.ffn.experts.mlp.{p}" for p in ("w1", "v1", "w2")),
+)
+
+
 def spec(kind: str) -> dict:
-    return {"mixtral": MIXTRAL, "step3": STEP3}.get(kind) or MODELS[kind]
+    return {"mixtral": MIXTRAL, "step3": STEP3, "dbrx": DBRX}.get(kind) or MODELS[kind]
 
 
 def _stand_in(kind: str, runner: torch.nn.Module) -> torch.nn.Module:
@@ -386,3 +421,187 @@ def vllm_load(kind: str, runner: torch.nn.Module, ckpt: Path) -> set[str]:
     }
     cls = models.get(kind, qwen3_moe.Qwen3MoeModel)
     return set(cls.load_weights(model, expert_weights(kind, ckpt)))
+
+
+# ERNIE-4.5-VL (Ernie4_5_VLMoeForConditionalGeneration): transformers 5.20's ernie4_5_vl_moe
+# reads another config (its text_config, one expert count) that vLLM's model does not, so the
+# checkpoint is written here in the published names and config.json fields vLLM's
+# models/ernie45_vl_moe.py reads: each MoE layer's 2N experts model.layers.L.mlp.experts.E.*
+# (E < N text, N <= E < 2N vision), the routers mlp.gate.weight / gate.weight_1 stored [H, N],
+# both sets' correction biases in mlp.moe_statics.e_score_correction_bias [2, N]; the vision
+# tower vision_model.* and the resampler model.resampler_model.* (spatial_linear.0, ...) as
+# both servers' models read them
+ERNIE_VL = dict(
+    moe="model.layers.1.mlp.text_experts",
+    vision_moe="model.layers.1.mlp.vision_experts",
+    strip="",
+)
+ERNIE_VL_CONFIG = dict(
+    architectures=["Ernie4_5_VLMoeForConditionalGeneration"],
+    model_type="ernie4_5_moe_vl",
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=[128, 64],
+    moe_num_experts=[4, 4],
+    moe_k=2,
+    moe_layer_start_index=[1, 1],
+    moe_layer_end_index=[1, 1],
+    moe_layer_interval=1,
+    moe_num_shared_experts=1,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    hidden_act="silu",
+    rms_norm_eps=1e-5,
+    vocab_size=128,
+    max_position_embeddings=128,
+    rope_theta=500000,
+    rope_3d=True,
+    freq_allocation=2,
+    im_patch_id=100,
+    tie_word_embeddings=False,
+    use_bias=False,
+    torch_dtype="bfloat16",
+    # the vision tower and resampler the multimodal models build
+    rope_scaling={"type": "default", "mrope_section": [2, 3, 3]},
+    pixel_hidden_size=32,
+    spatial_conv_size=2,
+    temporal_conv_size=2,
+    use_temporal_conv=True,
+    vision_config=dict(
+        patch_size=14,
+        spatial_merge_size=2,
+        in_chans=3,
+        in_channels=3,
+        hidden_size=32,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        mlp_ratio=2,
+    ),
+)
+
+
+def save_ernie45_vl(root: Path, seed: int = 0) -> Path:
+    """A tiny ERNIE-4.5-VL checkpoint as published (above): layer 0 dense, layer 1 MoE with
+    its text and vision experts (I 128 and 64), routers and shared expert, in two shards."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = ERNIE_VL_CONFIG
+    h, d, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["moe_num_experts"][0]
+    i_text, i_vision = cfg["moe_intermediate_size"]
+
+    def w(*shape: int, dtype=torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    def attn(layer: int) -> dict:
+        p = f"model.layers.{layer}"
+        return {
+            f"{p}.self_attn.q_proj.weight": w(64, h),
+            f"{p}.self_attn.k_proj.weight": w(32, h),
+            f"{p}.self_attn.v_proj.weight": w(32, h),
+            f"{p}.self_attn.o_proj.weight": w(h, 64),
+            f"{p}.input_layernorm.weight": w(h),
+            f"{p}.post_attention_layernorm.weight": w(h),
+        }
+
+    moe = "model.layers.1.mlp"
+    experts = {}
+    for e in range(2 * n):
+        i = i_text if e < n else i_vision
+        experts |= {
+            f"{moe}.experts.{e}.gate_proj.weight": w(i, h),
+            f"{moe}.experts.{e}.up_proj.weight": w(i, h),
+            f"{moe}.experts.{e}.down_proj.weight": w(h, i),
+        }
+    shards = {
+        "model-00001-of-00002.safetensors": {
+            **_ernie45_vl_towers(w),
+            "model.embed_tokens.weight": w(128, h),
+            **attn(0),
+            "model.layers.0.mlp.gate_proj.weight": w(d, h),
+            "model.layers.0.mlp.up_proj.weight": w(d, h),
+            "model.layers.0.mlp.down_proj.weight": w(h, d),
+        },
+        "model-00002-of-00002.safetensors": {
+            **attn(1),
+            **experts,
+            f"{moe}.gate.weight": w(h, n, dtype=torch.float32),
+            f"{moe}.gate.weight_1": w(h, n, dtype=torch.float32),
+            f"{moe}.moe_statics.e_score_correction_bias": w(2, n, dtype=torch.float32),
+            f"{moe}.shared_experts.gate_proj.weight": w(i_text, h),
+            f"{moe}.shared_experts.up_proj.weight": w(i_text, h),
+            f"{moe}.shared_experts.down_proj.weight": w(h, i_text),
+            "model.norm.weight": w(h),
+            "lm_head.weight": w(128, h),
+        },
+    }
+    root.mkdir(parents=True)
+    index = {}
+    for shard, tensors in shards.items():
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+        index |= {n: shard for n in tensors}
+    total = sum(t.numel() * t.element_size() for ts in shards.values() for t in ts.values())
+    meta = {"metadata": {"total_size": total}, "weight_map": index}
+    (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
+    (root / "config.json").write_text(json.dumps(ERNIE_VL_CONFIG, indent=2))
+    return root
+
+
+def _ernie45_vl_towers(w) -> dict[str, torch.Tensor]:
+    """ERNIE-4.5-VL's vision tower (one block) and resampler, in the published names, of
+    ERNIE_VL_CONFIG's sizes (`w(*shape)`: a random tensor)."""
+    v = ERNIE_VL_CONFIG["vision_config"]
+    e, p = v["embed_dim"], v["patch_size"]
+    m = int(e * v["mlp_ratio"])
+    pix, h = ERNIE_VL_CONFIG["pixel_hidden_size"], ERNIE_VL_CONFIG["hidden_size"]
+    sp = pix * ERNIE_VL_CONFIG["spatial_conv_size"] ** 2
+    tmp = sp * ERNIE_VL_CONFIG["temporal_conv_size"]
+    b = "vision_model.blocks.0"
+    out = {
+        "vision_model.patch_embed.proj.weight": w(e, v["in_chans"] * p * p),
+        f"{b}.attn.qkv.weight": w(3 * e, e),
+        f"{b}.attn.qkv.bias": w(3 * e),
+        f"{b}.attn.proj.weight": w(e, e),
+        f"{b}.attn.proj.bias": w(e),
+        f"{b}.mlp.fc1.weight": w(m, e),
+        f"{b}.mlp.fc1.bias": w(m),
+        f"{b}.mlp.fc2.weight": w(e, m),
+        f"{b}.mlp.fc2.bias": w(e),
+    }
+    for norm in (f"{b}.norm1", f"{b}.norm2", "vision_model.ln"):
+        out |= {f"{norm}.weight": w(e), f"{norm}.bias": w(e)}
+    r = "model.resampler_model"
+    for name, (rows, cols) in {
+        "spatial_linear.0": (sp, sp),
+        "spatial_linear.2": (sp, sp),
+        "temporal_linear.0": (sp, tmp),
+        "temporal_linear.2": (sp, sp),
+        "mlp": (h, sp),
+    }.items():
+        out |= {f"{r}.{name}.weight": w(rows, cols), f"{r}.{name}.bias": w(rows)}
+    for norm in ("spatial_linear.3", "temporal_linear.3"):
+        out |= {f"{r}.{norm}.weight": w(sp), f"{r}.{norm}.bias": w(sp)}
+    return out | {f"{r}.after_norm.weight": w(h)}
+
+
+def register_ernie45_vl_config() -> None:
+    """transformers' AutoConfig reads ERNIE-4.5-VL's config.json (model_type
+    ernie4_5_moe_vl, which the published checkpoints' remote code defines and transformers
+    5.20 does not know) as a plain PretrainedConfig of its fields, as vLLM's ModelConfig then
+    hands them to the model; once per process."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    mt = ERNIE_VL_CONFIG["model_type"]
+
+    class Ernie45VLConfig(PretrainedConfig):
+        model_type = mt
+
+        def __init__(self, vision_config: dict | None = None, **kwargs: object) -> None:
+            super().__init__(**kwargs)
+            self.vision_config = PretrainedConfig(**(vision_config or {}))
+
+    try:
+        AutoConfig.for_model(mt)
+    except ValueError:
+        AutoConfig.register(mt, Ernie45VLConfig)

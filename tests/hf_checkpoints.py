@@ -123,6 +123,40 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             topk_group=1,
         ),
     ),
+    # DBRX: experts flat, transformer.blocks.L.ffn.experts.mlp.{w1,v1,w2} [E*I, H] (w2 turned)
+    "dbrx": (
+        "DbrxConfig",
+        "DbrxForCausalLM",
+        # (its sizes under DBRX's own names: DbrxConfig copies d_model, not hidden_size, into
+        # the experts' config); I 256: I/TP a multiple of 128 at TP 1 and 2, which vLLM 0.33's
+        # DbrxExperts.weight_loader needs on TRT-LLM BF16 (it fills the parameters unpadded)
+        dict(
+            d_model=64,
+            n_heads=4,
+            n_layers=2,
+            max_seq_len=128,
+            attn_config=dict(kv_n_heads=2, clip_qkv=8, rope_theta=1e4),
+            ffn_config=dict(ffn_hidden_size=256, moe_num_experts=4, moe_top_k=2),
+        ),
+    ),
+    # Jamba: layer 0 attention + dense MLP, layer 1 Mamba + MoE (softmax, no renormalization)
+    "jamba": (
+        "JambaConfig",
+        "JambaForCausalLM",
+        dict(
+            intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            attn_layer_period=2,
+            attn_layer_offset=0,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_dt_rank=8,
+        ),
+    ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",
         "Qwen3ForCausalLM",

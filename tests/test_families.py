@@ -86,6 +86,10 @@ ROUTING = [
     ("cohere2-moe", {"expert_selection_fn": "sigmoid"}, "SigmoidRenorm"),
     ("qwen3-omni-moe", {"thinker_config": {"text_config": {"norm_topk_prob": False}}}, "Default"),
     ("deepseek-v4", {}, "DeepseekV4"),
+    ("dbrx", {}, "RenormalizeNaive"),  # DbrxMoE: softmax, renormalize=True
+    ("aria", {}, "RenormalizeNaive"),  # AriaTextMoELayer: FusedMoEFactory's defaults
+    ("jamba", {}, "Default"),  # JambaMoE: renormalize=False
+    ("ernie4.5-vl-moe", {}, "Unspecified"),  # softmax + e_score_correction_bias, both sets
 ]
 
 
@@ -126,6 +130,28 @@ def test_inspect_says_each_schemes_refusal_by_routing(ckpt):
     assert line.endswith("; servable for vllm instead: --scheme bf16 (cutlass), mxfp8 (trtllm)")
 
 
+def test_jamba_runs_bf16_and_fp8_tensor_on_cutlass_only(ckpt, tmp_path):
+    """Jamba's softmax router without renormalization (Default): vLLM 0.33's monolithic
+    TRT-LLM kernels take no Default routing, and BF16 and FP8 per tensor have no modular TRT-LLM
+    path under TP; the modular ones of the other schemes take it. SGLang 0.5.23 has no Jamba."""
+    res = cli("inspect", ckpt("jamba"), "--backend", "cutlass", "--json")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert (s["family"], s["routing"], s["activation"]) == ("jamba", "Default", "silu")
+    ok = {(c["scheme"], c["backend"]): c for c in s["choices"]}
+    assert ok["bf16", "cutlass"]["ok"] and ok["mxfp8", "trtllm"]["ok"]
+    why = ok["bf16", "trtllm"]["why_not"]
+    assert why.startswith(
+        "the model's router is Default routing, which vLLM 0.33's monolithic TRT-LLM bf16 "
+        "experts do not take"
+    )
+    line = error_line(cli("convert", ckpt("jamba"), tmp_path / "o", "--server", "sglang"))
+    assert line == (
+        "error: --scheme bf16 --backend trtllm --server sglang: SGLang 0.5.23 has no model "
+        "class for Jamba (JambaForCausalLM); or convert for vLLM (--server vllm)"
+    )
+
+
 def test_glm_plans_on_every_backend_and_says_its_kernel(ckpt):
     res = cli("inspect", ckpt("glm4_moe"), "--json")
     assert res.exit_code == 0, res.output
@@ -144,7 +170,7 @@ def test_a_model_of_no_known_family_is_one_line(ckpt, tmp_path):
     line = error_line(cli("convert", model, tmp_path / "out"))
     assert line.startswith(
         f"error: {model}/config.json: Glm9ForCausalLM (model_type glm9_moe) is no model family "
-        "fi-convert knows (afmoe, bailing-moe-v2, "
+        "fi-convert knows (afmoe, aria, bailing-moe-v2, "
     )
     assert "describe it in a family file and pass --family FILE.json" in line
     # DeepSeek-V3 and GLM-4.5 name experts alike, and GLM's MoE layers as DeepSeek's
@@ -211,6 +237,17 @@ BAD = [
     ({"routing": {"method": "Fancy"}}, "routing.method: not one of Default, Renormalize, "),
     ({"activation": "tanh"}, "activation: not one of silu, gelu_tanh, relu2_no_mul"),
     ({"experts": 4}, "experts: not a family field (fields: activation, architectures, "),
+    ({"forms": [{"kind": "flat", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"w1": "w1", "v1": "w3", "w2": "w2"}, "transposed": ["w13"]}]},
+     "forms[0].transposed: not a list of the form's roles (w1, w3, w2, w13) stored [in, out]"),
+    ({"forms": [{"kind": "flattened", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"w1": "w1", "v1": "w3", "w2": "w2"}}]},
+     "forms[0].kind: not one of 'per_expert', 'fused', 'stacked', 'flat'"),
+    ({"forms": [{"kind": "fused", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"gate_up_proj": "w13", "down_proj": "w2"},
+                 "expert_sets": [".text_experts", ".vision_experts"]}]},
+     "forms[0].expert_sets: not a list of two or more MoE modules (appended to the prefix) of "
+     "a per_expert form"),
 ]  # fmt: skip
 
 

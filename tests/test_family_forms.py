@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from . import family_forms_models as ffm
+from . import hf_checkpoints as hf
 from .conftest import cli
 from .test_transformers_ckpts import the_error
 
@@ -23,7 +24,11 @@ FAMILY = {
     "qwen3_vl_moe": "qwen3-vl-moe",
     "granitemoe": "granite-moe",
     "step3": "step3",
+    "dbrx": "dbrx",
+    "aria": "aria",
 }
+# each kind's (experts, H, I) as its checkpoint has them
+SIZES = {"dbrx": (4, 64, 256)}
 CASES = [(k, s, tp) for k in FAMILY for s in ("bf16", "mxfp8") for tp in (1, 2)]
 
 
@@ -35,8 +40,11 @@ def ckpt(tmp_path_factory):
 
     def get(kind: str) -> Path:
         if kind not in made:
-            save = ffm.save_step3 if kind == "step3" else lambda root: ffm.save(kind, root)
-            made[kind] = save(base / kind)
+            if kind == "dbrx":
+                made[kind] = hf.save("dbrx", base / kind)
+            else:
+                save = ffm.save_step3 if kind == "step3" else lambda root: ffm.save(kind, root)
+                made[kind] = save(base / kind)
         return made[kind]
 
     return get
@@ -62,9 +70,11 @@ def test_published_checkpoint_converts_and_verifies_against_flashinfer(
     m = json.loads((out / MANIFEST).read_text())
     assert m["source"]["family"] == FAMILY[kind]
     # Llama-4: MoE every interleave_moe_layer_step (2) layers; Qwen3-VL-MoE: every layer
-    assert len(m["layers"]) == {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2, "step3": 1}[kind]
+    layers = {"llama4": 1, "qwen3_vl_moe": 2, "granitemoe": 2, "step3": 1, "dbrx": 2, "aria": 2}
+    assert len(m["layers"]) == layers[kind]
     layer = m["layers"][ffm.spec(kind)["moe"]]
-    assert (layer["num_experts"], layer["hidden_size"], layer["intermediate_size"]) == (4, 64, 128)
+    sizes = (layer["num_experts"], layer["hidden_size"], layer["intermediate_size"])
+    assert sizes == SIZES.get(kind, (4, 64, 128))
     res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -196,3 +206,264 @@ def test_without_sizes_in_config_json_the_tensor_gives_them(ckpt, tmp_path):
     assert res.exit_code == 0, res.output
     layer = json.loads(res.stdout)["layers"][ffm.MODELS["llama4"]["moe"]]
     assert (layer["hidden_size"], layer["intermediate_size"]) == (64, 128)
+
+
+# ------------------------------------------------------------- the flat form (DBRX)
+
+
+def _tensor(src: Path, name: str):
+    from safetensors import safe_open
+
+    index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(src / index[name], "pt") as f:
+        return f.get_tensor(name)
+
+
+def test_the_flat_form_is_read_one_expert_at_a_time(ckpt):
+    """DBRX's [E*I, H] w1 and v1 are read as rows [e*I, (e+1)*I), its w2 (each expert's [I, H]
+    stored turned) as those rows turned: gate, up and down of expert 2 as the tensors hold them."""
+    import torch
+
+    from fi_convert.source import find_family, open_checkpoint
+    from fi_convert.st_io import SourceFiles
+
+    src = ckpt("dbrx")
+    fam, layers = find_family(open_checkpoint(src))
+    assert fam is not None and fam.name == "dbrx"
+    layer = layers[1]
+    assert (layer.form.kind, layer.form.transposed) == ("flat", ("w2",))
+    assert layer.proj_shape("w1", "weight") == (256, 64)
+    assert layer.proj_shape("w2", "weight") == (64, 256)
+    w1, v1, w2 = (_tensor(src, f"{layer.prefix}.mlp.{n}") for n in ("w1", "v1", "w2"))
+    e, i = 2, 256
+    files = SourceFiles()
+    try:
+        for role, rows, cols, want in (
+            ("w1", (8, 40), None, w1[e * i + 8 : e * i + 40]),
+            ("w3", (0, 24), None, v1[e * i : e * i + 24]),
+            ("w2", (0, 64), (100, 124), w2[e * i : (e + 1) * i].T[:, 100:124]),
+        ):
+            width = 64 if cols is None else cols[1] - cols[0]
+            dst = torch.zeros((1, rows[1] - rows[0], width), dtype=torch.bfloat16)
+            layer.read(files, role, "weight", range(e, e + 1), rows, cols, dst)
+            assert torch.equal(dst[0], want), role
+    finally:
+        files.close()
+
+
+def _rewrite(src: Path, dst: Path, name: str, turn) -> Path:
+    """A copy of `src` with tensor `name` replaced by `turn(tensor)`."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    shard = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(dst / shard)
+    tensors[name] = turn(tensors[name]).contiguous()
+    save_file(tensors, dst / shard, metadata={"format": "pt"})
+    return dst
+
+
+def test_a_flat_w2_stored_unturned_is_refused_as_transposed(ckpt, tmp_path):
+    """DBRX's w2 holds each expert's down projection [I, H] (turned): one stored [H, I] per
+    expert ([E*H, I]) is refused in one line, not read under the other reading."""
+    name = "transformer.blocks.0.ffn.experts.mlp.w2"
+    model = _rewrite(
+        ckpt("dbrx"),
+        tmp_path / "model",
+        name,
+        lambda t: t.reshape(4, 256, 64).transpose(1, 2).reshape(4 * 64, 256),
+    )
+    line = the_error(cli("convert", model, tmp_path / "out"))
+    assert line == (
+        f"error: {name}: shape [256, 256], expected [1024, 64] ([E*I, H] with E=4, H=64, I=256 "
+        "from config.json); transposed? it is stored [E*H, I], which is not how DBRX "
+        "checkpoints store it - check config.json's model_type and architectures, or export "
+        "the experts as DBRX does"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_flat_tensor_of_another_size_is_refused(ckpt, tmp_path):
+    """A flat w1 whose rows are not E experts of config.json's I: one line naming both."""
+    name = "transformer.blocks.1.ffn.experts.mlp.v1"
+    model = _rewrite(ckpt("dbrx"), tmp_path / "model", name, lambda t: t[:-64])
+    line = the_error(cli("inspect", model))
+    assert line == (
+        f"error: {name}: shape [960, 64], expected [1024, 64] ([E*I, H] with E=4, H=64, "
+        "I=256 from config.json); the checkpoint and config.json disagree - download both again"
+    )
+
+
+def test_a_flat_form_without_an_expert_count_in_config_json_is_refused(ckpt, tmp_path):
+    """A flat tensor does not say how many experts it holds: without config.json's count it
+    is refused, not guessed."""
+
+    def edit(cfg):
+        del cfg["ffn_config"]["moe_num_experts"]
+
+    model = _edit_config(ckpt("dbrx"), tmp_path / "model", edit)
+    line = the_error(cli("inspect", model))
+    assert line == (
+        "error: transformer.blocks.0.ffn.experts.mlp.w1: DBRX stores the experts one after "
+        "another in one tensor, and config.json gives no expert count "
+        "(ffn_config.moe_num_experts); restore the model's config.json"
+    )
+
+
+def test_arias_fc1_is_read_gate_first(ckpt):
+    """Aria's fc1 [E, H, 2I]: transformers' Aria chunks x @ fc1[e] into (gate, up), vLLM's
+    loader takes its first I columns as w1: fi-convert reads w1 (gate) from columns [0, I),
+    w3 (up) from [I, 2I), and w2 from fc2 [E, I, H] turned."""
+    import torch
+
+    from fi_convert.source import find_family, open_checkpoint
+    from fi_convert.st_io import SourceFiles
+
+    src = ckpt("aria")
+    fam, layers = find_family(open_checkpoint(src))
+    assert fam is not None and fam.name == "aria"
+    layer = layers[1]
+    fc1, fc2 = (_tensor(src, f"{layer.prefix}.{n}.weight") for n in ("fc1", "fc2"))
+    e, i = 3, 128
+    files = SourceFiles()
+    try:
+        for role, want in (
+            ("w1", fc1[e].T[:i]),
+            ("w3", fc1[e].T[i:]),
+            ("w2", fc2[e].T),
+        ):
+            dst = torch.zeros((1, *want.shape), dtype=torch.bfloat16)
+            layer.read(files, role, "weight", range(e, e + 1), (0, want.shape[0]), None, dst)
+            assert torch.equal(dst[0], want), role
+    finally:
+        files.close()
+
+
+@pytest.mark.parametrize(("scheme", "backend"), [("bf16", "cutlass"), ("mxfp8", "trtllm")])
+def test_jamba_converts_and_verifies_against_flashinfer(tmp_path, scheme, backend):
+    """Jamba's feed_forward.experts.E.*_proj (transformers' JambaForCausalLM, Mamba layers
+    beside them), on the backends vLLM runs its Default routing on."""
+    src, out = hf.save("jamba", tmp_path / "src"), tmp_path / "out"
+    res = cli("convert", src, out, "--scheme", scheme, "--backend", backend, "--tp-size", 2, "-q")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["source"]["family"] == "jamba" and list(m["layers"]) == [
+        "model.layers.1.feed_forward.experts"
+    ]
+    res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["checked"]["tensors_vs_flashinfer"] > 0
+
+
+# ------------------------------------------------- expert sets (ERNIE-4.5-VL's text and vision)
+
+
+@pytest.mark.parametrize(("scheme", "backend"), [("bf16", "cutlass"), ("mxfp8", "trtllm")])
+def test_ernie_vl_converts_both_expert_sets_and_verifies(tmp_path, scheme, backend):
+    """ERNIE-4.5-VL's layer of 2N experts is two MoE layers, text_experts (the first N, I
+    moe_intermediate_size[0]) and vision_experts (the next N, I [1]); both converted, TP 2,
+    and checked against FlashInfer's pipeline on the source's experts E and N + E."""
+    src, out = ffm.save_ernie45_vl(tmp_path / "src"), tmp_path / "out"
+    res = cli("convert", src, out, "--scheme", scheme, "--backend", backend, "--tp-size", 2, "-q")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["source"]["family"] == "ernie4.5-vl-moe"
+    sizes = {
+        p: (x["num_experts"], x["hidden_size"], x["intermediate_size"])
+        for p, x in m["layers"].items()
+    }
+    assert sizes == {
+        "model.layers.1.mlp.text_experts": (4, 64, 128),
+        "model.layers.1.mlp.vision_experts": (4, 64, 64),
+    }
+    res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["ok"] is True, report
+    assert report["checked"]["tensors_vs_flashinfer"] == 2 * sum(
+        len(x["tensors"]) for x in m["layers"].values()
+    )
+
+
+def test_the_vision_set_is_read_from_the_experts_after_the_text_ones(tmp_path):
+    """vision_experts' expert e is the checkpoint's mlp.experts.(N + e)."""
+    import torch
+
+    from fi_convert.source import find_family, open_checkpoint
+    from fi_convert.st_io import SourceFiles
+
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+    _, layers = find_family(open_checkpoint(src))
+    vision = next(x for x in layers if x.prefix.endswith(".vision_experts"))
+    want = _tensor(src, "model.layers.1.mlp.experts.5.up_proj.weight")  # N = 4: vision's 1
+    dst = torch.zeros((1, *want.shape), dtype=torch.bfloat16)
+    files = SourceFiles()
+    try:
+        vision.read(files, "w3", "weight", range(1, 2), (0, want.shape[0]), None, dst)
+    finally:
+        files.close()
+    assert torch.equal(dst[0], want)
+
+
+def test_expert_sets_without_counts_in_config_json_are_refused(tmp_path):
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+
+    def edit(cfg):
+        del cfg["moe_num_experts"]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    assert the_error(cli("inspect", model)) == (
+        "error: model.layers.1.mlp.experts.0.gate_proj.weight: ERNIE-4.5-VL's experts are 2 "
+        "sets one after another, and config.json gives no expert count per set "
+        "(moe_num_experts); restore the model's config.json"
+    )
+
+
+def test_an_expert_set_config_json_sizes_otherwise_is_refused(tmp_path):
+    """config.json's vision intermediate size (the set's entry of moe_intermediate_size)
+    against the vision experts' tensors: one line."""
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+
+    def edit(cfg):
+        cfg["moe_intermediate_size"] = [128, 96]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("inspect", model))
+    assert line.startswith("error: model.layers.1.mlp.experts.4.")
+    assert "expected" in line and "I=96 from config.json" in line
+
+
+def test_an_expert_set_size_of_the_wrong_kind_is_one_line(tmp_path):
+    src = ffm.save_ernie45_vl(tmp_path / "src")
+
+    def edit(cfg):
+        cfg["moe_intermediate_size"] = [128, "64"]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("inspect", model))
+    assert 'moe_intermediate_size is [128, "64"], not an integer or list of integers' in line
+
+
+def test_a_mistral_format_checkpoint_is_refused_naming_its_format(tmp_path):
+    """Mistral Large 3 is published in Mistral's own format (params.json, consolidated
+    shards, Mistral's tensor names, which vLLM's MistralLarge3ForCausalLM maps with its
+    hf_to_vllm_mapper): fi-convert does not read it yet, and says so in one line."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = tmp_path / "mistral-large-3"
+    root.mkdir()
+    params = {"dim": 64, "n_layers": 2, "moe": {"num_experts": 4, "num_shared_experts": 1}}
+    (root / "params.json").write_text(json.dumps(params))
+    save_file(
+        {"layers.1.experts.0.w1.weight": torch.zeros(8, 64, dtype=torch.bfloat16)},
+        root / "consolidated.safetensors",
+    )
+    line = the_error(cli("convert", root, tmp_path / "out"))
+    assert line == (
+        f"error: {root}: params.json and no config.json: a checkpoint in Mistral's own format "
+        "(Mistral Large 3 as published: consolidated*.safetensors, layers.L.experts.E.w1), "
+        "which fi-convert does not read yet; serve it with the server's own load (without "
+        "--load-format fi-convert)"
+    )
+    assert not (tmp_path / "out").exists()

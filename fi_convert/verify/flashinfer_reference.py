@@ -54,6 +54,14 @@ def stacked(
     if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
         fused = _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
         return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
+    if f"{prefix}.fc1.weight" in index:  # Aria: fc1 [E, H, 2I], fc2 [E, I, H], turned
+        fused = _get(root, f"{prefix}.fc1.weight"), _get(root, f"{prefix}.fc2.weight")
+        return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
+    if f"{prefix}.mlp.w1" in index:  # DBRX: [E*I, H] w1, v1 and w2, w2 [I, H] per expert
+        w1, v1, w2 = (_get(root, f"{prefix}.mlp.{n}") for n in ("w1", "v1", "w2"))
+        i = w1.shape[0] // num_experts
+        w13 = torch.cat([w1.reshape(num_experts, i, -1), v1.reshape(num_experts, i, -1)], dim=1)
+        return w13, w2.reshape(num_experts, i, -1).transpose(1, 2).contiguous()
     granite = prefix.removesuffix(".experts")
     if f"{granite}.input_linear.{param}" in index:  # Granite-MoE: [E, 2I, H] and [E, H, I]
         return _get(root, f"{granite}.input_linear.{param}"), _get(
@@ -63,15 +71,22 @@ def stacked(
         gate, up, down = (_get(root, f"{granite}.{n}.{param}") for n in NAMES["per_expert"])
         return torch.cat([gate, up], dim=1), down
     g, u, d = _names(root, prefix)
+    first = 0
+    if prefix.endswith((".text_experts", ".vision_experts")):
+        # ERNIE-4.5-VL: the layer's mlp.experts.E are N text experts, then N vision experts
+        # (vLLM's Ernie4_5_VLMoeForCausalLM.load_weights; its two sets are of one size)
+        first = num_experts if prefix.endswith(".vision_experts") else 0
+        prefix = prefix.rsplit(".", 1)[0] + ".experts"
+    experts = range(first, first + num_experts)
     w13 = torch.stack(
         [
             torch.cat(
                 [_get(root, f"{prefix}.{e}.{g}.{param}"), _get(root, f"{prefix}.{e}.{u}.{param}")]
             )
-            for e in range(num_experts)
+            for e in experts
         ]
     )
-    w2 = torch.stack([_get(root, f"{prefix}.{e}.{d}.{param}") for e in range(num_experts)])
+    w2 = torch.stack([_get(root, f"{prefix}.{e}.{d}.{param}") for e in experts])
     return w13, w2
 
 

@@ -319,7 +319,7 @@ def _layer_problems(
             flag(key, f"{key} is {mf.show(v)}, not a size from 1 to {top}")
             continue
         sizes[key] = v
-        said = family.config_value(config, key) if family and config is not None else None
+        said = family.config_value(config, key, prefix) if family and config is not None else None
         if said is not None and said != v:
             flag(key, f"{key} is {v}, {CONFIG_NAME} says {said}")
     if planner is None or len(sizes) < len(SIZES):

@@ -120,7 +120,7 @@ SOURCES_REFUSED = {
 
 # Model types whose SGLang model class declares no routing method to its FusedMoE (no
 # `routing_method_type=` in models/mixtral.py, glm4_moe_lite.py, minimax_m2.py, ernie4.py,
-# hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py), so that
+# ernie45_moe_vl.py, hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py), so
 # ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs FlashInfer TRT-LLM only for a
 # declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's DeepSeekV3, ...)
 _UNDECLARED = {
@@ -128,6 +128,7 @@ _UNDECLARED = {
     "glm4_moe_lite": "GLM-4.7-Flash",
     "minimax_m2": "MiniMax-M2",
     "ernie4_5_moe": "ERNIE-4.5-MoE",
+    "ernie4_5_moe_vl": "ERNIE-4.5-VL",  # models/ernie45_moe_vl.py
     "hy_v3": "HY v3",
     "olmoe": "OLMoE",
     "phimoe": "Phi-3.5-MoE",
@@ -156,6 +157,18 @@ NON_GATED_WHY = (
     "experts (its MoE runners' is_gated=False path) against its own processing yet; "
     "convert with --scheme " + " or ".join(NON_GATED_PROVEN)
 )
+
+# Model types whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
+# (by config.json's model_type), and why: fi-convert writes no SGLang output of them
+NO_FLASHINFER_MODEL = {
+    "dbrx": (
+        "SGLang {sglang}'s DBRX (models/dbrx.py, DbrxExperts) holds its experts in parameters "
+        "of its own (ws, w2s) and runs them through its Triton fused_moe, not a FusedMoE "
+        "layer, so no FlashInfer MoE runner serves it"
+    ),
+    "aria": "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)",
+    "jamba": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
+}
 
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
@@ -293,7 +306,9 @@ class SglangTarget:
     def refuses_source(
         self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
     ) -> str | None:
-        why = SOURCES_REFUSED.get((scheme, quant_method))
+        why = NO_FLASHINFER_MODEL.get(model_type or "") or SOURCES_REFUSED.get(
+            (scheme, quant_method)
+        )
         if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
             why = NO_ROUTING_METHOD.get(model_type or "")
         return why.format(sglang=TARGET["sglang"]) if why else None

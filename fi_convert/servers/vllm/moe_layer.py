@@ -126,13 +126,19 @@ def vllm_context(
     device: str = "cpu",
     moe_activation: str | None = None,
     ep: str | None = None,
+    build_here: bool = True,
 ) -> Iterator[None]:
     """vLLM believes it runs rank `tp_rank` of `tp_size` on an SM`sm` GPU, with --moe-backend
     for fi-convert's `backend`, and the user's MoE activation override `moe_activation`
     (`--quantization-config '{"moe": {"activation": "mxfp8"}}'`; vLLM reads it from the model
     config, which these tests do not build). `ep`: --enable-expert-parallel with this
     --expert-placement-strategy ("linear" or "round_robin"); the MoE's EP size is then
-    `tp_size` and its rank `tp_rank`, as vLLM makes them without data parallelism."""
+    `tp_size` and its rank `tp_rank`, as vLLM makes them without data parallelism.
+    `build_here`: `device` is torch's default device inside (where a layer allocates its
+    parameters); without it, the caller builds under `torch.device(device)` and loads outside
+    it, as vLLM's loader does (BaseModelLoader.load_model: the model built under the target
+    device, its weights loaded and processed outside), so that the load pays no default-device
+    dispatch on each torch call that a server would not pay."""
     with contextlib.ExitStack() as stack:
         key = QUANT_KEY_NAMES[moe_activation] if moe_activation else None
         stack.enter_context(
@@ -171,7 +177,8 @@ def vllm_context(
             cfg.parallel_config.enable_expert_parallel = True
             cfg.parallel_config.expert_placement_strategy = ep
         stack.enter_context(set_current_vllm_config(cfg))
-        stack.enter_context(torch.device(device))  # where the layer allocates its params
+        if build_here:
+            stack.enter_context(torch.device(device))  # where the layer allocates its params
         yield
 
 
