@@ -106,13 +106,12 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         # (SGLang's OLMoE normalizes q and k over all heads: as many KV heads as heads)
         dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2, num_key_value_heads=4),
     ),
-    "nemotron_h": (  # Nemotron-H: a MoE mixer (non-gated relu2 experts) and an attention one
-        # (no Mamba mixer: its weights are loaded as any linear's, and vLLM's Mamba layer needs
-        # its CUDA ops to be built)
+    "nemotron_h": (  # Nemotron-H: a Mamba mixer, a MoE one (non-gated relu2 experts) and an
+        # attention one
         "NemotronHConfig",
         "NemotronHForCausalLM",
         dict(
-            layers_block_type=["moe", "attention"],
+            layers_block_type=["mamba", "moe", "attention"],
             intermediate_size=128,
             moe_intermediate_size=128,
             moe_shared_expert_intermediate_size=64,
@@ -188,7 +187,8 @@ def _nemotron_h_pattern(cfg: dict) -> dict:
     `hybrid_override_pattern` ("M" Mamba, "E" MoE, "*" attention, "-" MLP), where transformers
     5 writes `layers_block_type` with names (`full_attention`) SGLang 0.5.23's own
     NemotronHConfig refuses; transformers' config class reads either."""
-    letters = {"mamba": "M", "moe": "E", "attention": "*", "full_attention": "*", "mlp": "-"}
+    letters = {"mamba": "M", "linear_attention": "M", "moe": "E", "attention": "*"}
+    letters |= {"full_attention": "*", "mlp": "-"}
     kinds = cfg.pop("layers_block_type")
     return cfg | {"hybrid_override_pattern": "".join(letters[k] for k in kinds)}
 

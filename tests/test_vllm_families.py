@@ -56,7 +56,8 @@ CASES = {
     "minimax-bf16": ("minimax_m2", "minimax_m2.MiniMaxM2ForCausalLM", None, {}),
     "ernie-bf16": ("ernie4_5_moe", "ernie45_moe.Ernie4_5_MoeForCausalLM", None, {}),
     "olmoe-bf16": ("olmoe", "olmoe.OlmoeForCausalLM", None, {}),
-    # Nemotron-H: non-gated experts (relu2_no_mul); I 192: padded per rank
+    # Nemotron-H: a Mamba mixer, then non-gated experts (relu2_no_mul), then attention; I 192:
+    # padded per rank
     "nemotron-bf16": (
         "nemotron_h",
         "nemotron_h.NemotronHForCausalLM",
