@@ -5,7 +5,9 @@ it covers (the family is taken from those, never guessed from tensor names), whe
 `config.json` keeps the expert count and sizes, and one or more expert "forms": a regular
 expression over tensor names with named groups `prefix` (the MoE module), `expert` (per-expert
 form only), `proj` and `param`, and a map from projection names to vLLM's roles `w1` (gate),
-`w3` (up), `w2` (down) or `w13` (a fused [gate; up] tensor). A form with `refuse` is one
+`w3` (up), `w2` (down) or `w13` (a fused [gate; up] tensor); a non-gated expert (an activation
+without a product, `relu2_no_mul`: Nemotron-H) has no gate, and its one up projection is `w1`, as
+vLLM's FusedMoE holds it (w13 = w1 alone, [I, H]). A form with `refuse` is one
 fi-convert recognizes but cannot convert: the text says why. `markers` are patterns of other
 tensors only this family has, to name it when a config.json contradicts its tensors. Adding a
 family is adding a file.
@@ -285,6 +287,17 @@ ROUTING_METHODS = (
 )
 # the experts' activation, as vLLM 0.33's MoEActivation names it (lower case)
 ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai", "swiglustep")
+# the activations without a product (vLLM 0.33's MoEActivation.is_gated is False for them):
+# their experts have no gate, w13 is the up projection alone
+NON_GATED = ("relu2_no_mul",)
+
+
+def gated(activation: str) -> bool:
+    """Whether experts of this activation multiply a gate into the up projection (w13 =
+    [gate; up]), as vLLM's `MoEActivation.is_gated` says."""
+    return activation not in NON_GATED
+
+
 ROUTER_FIELDS = ("scoring", "bias", "renormalize", "groups")
 SCORINGS = ("softmax", "sigmoid", "sqrtsoftplus")
 
@@ -393,7 +406,8 @@ def recorded(src: dict) -> Family | None:
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 SIZE_KEYS = ("num_experts", "intermediate_size", "hidden_size")
-ROLE_SETS = ({"w1", "w3", "w2"}, {"w13", "w2"})
+# gated: w1 gate, w3 up, w2 down (or a fused w13 [gate; up]); non-gated: w1 up, w2 down
+ROLE_SETS = ({"w1", "w3", "w2"}, {"w13", "w2"}, {"w1", "w2"})
 
 
 def check_family(d: object) -> str | None:
@@ -474,7 +488,10 @@ def _check_form(f: object) -> str | None:
     if not (isinstance(proj, dict) and proj and all(isinstance(v, str) for v in proj.values())):
         return ".projections: missing or not a map of tensor names to w1, w3, w2 or w13"
     if set(proj.values()) not in ROLE_SETS:
-        return f".projections: maps to {sorted(set(proj.values()))}, not w1, w3, w2 or w13, w2"
+        return (
+            f".projections: maps to {sorted(set(proj.values()))}, not w1, w3, w2 or w13, w2 "
+            "(or w1, w2: a non-gated expert's up and down)"
+        )
     if "refuse" in f and not isinstance(f["refuse"], str):
         return ".refuse: not a string"
     if "transposed" in f and not (
@@ -498,6 +515,17 @@ def _check_moe(d: dict) -> str | None:
         return "released_config: not a map (config.json values as the public checkpoints set them)"
     if "activation" in d and d["activation"] not in ACTIVATIONS:
         return f"activation: not one of {', '.join(ACTIVATIONS)}"
+    act = d.get("activation", "silu")
+    for k, f in enumerate(d.get("forms", [])):
+        roles = set(f.get("projections", {}).values())
+        if (roles == {"w1", "w2"}) == gated(act):
+            why = (
+                f"maps to w1 and w2 only (a non-gated expert), but the activation {act} is gated"
+                if gated(act)
+                else f"has a gate, but the activation {act} is non-gated (map its up "
+                "projection to w1 and down to w2)"
+            )
+            return f"forms[{k}].projections: {why}"
     r = d.get("routing", {})
     if not isinstance(r, dict):
         return "routing: not a map"

@@ -2,13 +2,14 @@
 config.json, and where one expert's [out, in] matrix lies in it.
 
 A role's matrix is what vLLM's FusedMoE holds per expert: w1 (gate) and w3 (up) [I, H], w2
-(down) [H, I], w13 ([gate; up]) [2I, H]. A form stores it per expert ("per_expert": one tensor
-per expert and projection), fused ("fused": one [E, 2I, H] w13 and one [E, H, I] w2),
-stacked ("stacked": one [E, out, in] tensor per projection) or flat ("flat": one 2-D
-[E*out, in] tensor per projection, the experts' matrices one after another: DBRX's
-[E*I, H] w1, v1 and w2, its w2 stored transposed); a role the form lists as
-`transposed` is stored [in, out] per expert (Llama-4's gate_up_proj [E, H, 2I]). A tensor is
-read under its form's one reading, never another: a shape that does not fit it is refused.
+(down) [H, I], w13 ([gate; up]) [2I, H]; a non-gated expert (Nemotron-H's relu2_no_mul) has no
+gate: its up projection is w1, and its w13 is w1 alone ([I, H]). A form stores it per expert
+("per_expert": one tensor per expert and projection), fused ("fused": one [E, 2I, H] w13 and
+one [E, H, I] w2), stacked ("stacked": one [E, out, in] tensor per projection) or flat ("flat":
+one 2-D [E*out, in] tensor per projection, the experts' matrices one after another: DBRX's
+[E*I, H] w1, v1 and w2, its w2 stored transposed); a role the form lists as `transposed` is
+stored [in, out] per expert (Llama-4's gate_up_proj [E, H, 2I]). A tensor is read under its
+form's one reading, never another: a shape that does not fit it is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +30,22 @@ STORED = {
     "stacked": ("w1", "w3", "w2"),
     "flat": ("w1", "w3", "w2"),
 }
+
+
+def gated(form: Form) -> bool:
+    """Whether the form's experts have a gate (w3 or a fused w13 beside w1): a form that maps
+    only w1 and w2 holds non-gated experts, w1 their up projection (families.ROLE_SETS)."""
+    return bool({"w3", "w13"} & set(form.projections.values())) or not form.projections
+
+
+def roles(form: Form) -> tuple[str, ...]:
+    """The matrices of one expert, by role: w1, w3, w2 (gated) or w1, w2 (non-gated)."""
+    return ("w1", "w3", "w2") if gated(form) else ("w1", "w2")
+
+
+def stored_roles(form: Form) -> tuple[str, ...]:
+    """The stored tensors the form keeps, by role (STORED, less w3 where non-gated)."""
+    return tuple(r for r in STORED[form.kind] if gated(form) or r != "w3")
 
 
 def stored_role(form: Form, role: str) -> str:

@@ -52,15 +52,16 @@ def swap_halves_index(m: int) -> torch.Tensor:
     return (torch.arange(m) + m // 2) % m
 
 
-def pad_halves_index(n: int, padded: int, zero_row: int) -> torch.Tensor:
-    """Row index of [A; B] (n rows each) -> [A; 0; B; 0] (padded rows each).
+def pad_halves_index(n: int, padded: int, zero_row: int, parts: int = 2) -> torch.Tensor:
+    """Row index of [A; B] (n rows each) -> [A; 0; B; 0] (padded rows each); with `parts`
+    1, of A alone -> [A; 0] (a non-gated w13: the up projection).
 
     Padding rows point at `zero_row`, a row of zeros the caller keeps in the source buffer.
     Each half is padded separately, as vLLM 0.33 does (not the fused tensor as one block).
     """
     q = torch.arange(padded)
-    half = torch.where(q < n, q, torch.full_like(q, zero_row))
-    return torch.cat([half, torch.where(q < n, q + n, torch.full_like(q, zero_row))])
+    zero = torch.full_like(q, zero_row)
+    return torch.cat([torch.where(q < n, q + k * n, zero) for k in range(parts)])
 
 
 def compose(*steps: torch.Tensor) -> torch.Tensor:

@@ -154,7 +154,7 @@ TENSOR_VALUES: dict[str, tuple] = {
     ),
     "epilogue_tile_m": (128, 64, None),
     "block_k_bytes": (128, None),
-    "row_order": ("up_gate", "up_gate_pairs", "gate_up", "rows", None),
+    "row_order": ("up_gate", "up_gate_pairs", "gate_up", "up", "rows", None),
     "gated_interleave": (True, False),
     "packing": ("e2m1x2",),
     "rank0_only": (True,),
@@ -163,6 +163,7 @@ TENSOR_VALUES: dict[str, tuple] = {
 # ... and a layer entry's keys that have a closed set of values
 LAYER_VALUES: dict[str, tuple] = {
     "activation_scheme": ("static", "dynamic"),
+    "gated": (False,),
     "source_format": tuple(f for s in REGISTRY.values() for f in s.source_formats),
 }
 _HEX = frozenset("0123456789abcdef")

@@ -295,7 +295,17 @@ def refuses_moe(
     why = target.refuses_moe(
         name.value, backend.value, first.routing, first.activation, first.swiglu_limit
     )
+    if why is None and not first.gated and not schemes.get(name).non_gated:
+        why = (
+            f"fi-convert writes no {name.value} layout of non-gated ({first.activation}) "
+            f"experts yet; convert with --scheme {' or '.join(non_gated_schemes())}"
+        )
     return why
+
+
+def non_gated_schemes() -> list[str]:
+    """The schemes that write a layout of non-gated experts (`Scheme.non_gated`)."""
+    return [n.value for n, s in schemes.REGISTRY.items() if s.non_gated]
 
 
 def _same_for(

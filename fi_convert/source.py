@@ -35,7 +35,6 @@ from .paths import MODEL_FIX, denied, model_error, model_exists
 from .st_io import SourceFiles, TensorInfo, read_header
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-ROLES = ("w1", "w3", "w2")
 # compressed-tensors calls packed FP4 weights `weight_packed`; schemes see them as `weight`
 PARAM_ALIASES = {"weight_packed": "weight"}
 # huggingface_hub's marker of its cache-wide blob store (`<cache>/blobs/`, see _allowed_roots)
@@ -82,6 +81,22 @@ class ExpertLayer:
     def param_names(self) -> set[str]:
         return {p for (_, p, _) in self.params}
 
+    @property
+    def gated(self) -> bool:
+        """Whether the experts have a gate: w13 is [gate; up] ([2I, H]); else (non-gated,
+        relu2_no_mul) w13 is the up projection w1 alone ([I, H])."""
+        return forms.gated(self.form)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """One expert's matrices: w1, w3, w2 (gated) or w1, w2 (non-gated)."""
+        return forms.roles(self.form)
+
+    @property
+    def w13_parts(self) -> int:
+        """The projections w13 stacks: 2 ([gate; up]) or 1 (up, non-gated)."""
+        return 2 if self.gated else 1
+
     def tensor(self, role: str, param: str, expert: int) -> TensorInfo:
         if self.form.kind == "per_expert":
             return self.params[(role, param, expert)]
@@ -89,8 +104,10 @@ class ExpertLayer:
 
     def has(self, param: str) -> bool:
         if self.form.kind != "per_expert":
-            return all((r, param, -1) in self.params for r in forms.STORED[self.form.kind])
-        return all((r, param, e) in self.params for r in ROLES for e in range(self.num_experts))
+            return all((r, param, -1) in self.params for r in forms.stored_roles(self.form))
+        return all(
+            (r, param, e) in self.params for r in self.roles for e in range(self.num_experts)
+        )
 
     def source_names(self) -> list[str]:
         return sorted(t.name for t in self.params.values())
@@ -607,9 +624,9 @@ def _require_weights(ckpt: Checkpoint, form: Form, prefix: str, params: dict) ->
     """Every expert's weight of each role the form stores is there."""
     where = f"{ckpt.root}: {prefix}"
     if form.kind != "per_expert":
-        for r in forms.STORED[form.kind]:
+        for r in forms.stored_roles(form):
             if (r, "weight", -1) not in params:
-                names = " and ".join(_proj(form, x) for x in forms.STORED[form.kind])
+                names = " and ".join(_proj(form, x) for x in forms.stored_roles(form))
                 raise SourceError(
                     f"{where}: no {_proj(form, r)} weight beside the others; {form.kind} "
                     f"experts need {names} - the checkpoint is incomplete, download it again"
@@ -624,7 +641,7 @@ def _require_weights(ckpt: Checkpoint, form: Form, prefix: str, params: dict) ->
             f"{experts[-1] + 1}); the checkpoint is incomplete - download it again"
         )
     for e in experts:
-        for r in ROLES:
+        for r in forms.roles(form):
             if (r, "weight", e) not in params:
                 raise SourceError(
                     f"{where}.{e}: no {_proj(form, r)} weight; the checkpoint is "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fi_convert.families import ROUTER_DEFAULTS, Family, MoeFacts, all_families
+from fi_convert.families import ROUTER_DEFAULTS, Family, MoeFacts, all_families, gated
 from fi_convert.schemes import REGISTRY
 from fi_convert.server_lookup import resolve
 
@@ -50,9 +50,15 @@ def router_text(moe: MoeFacts) -> str:
 
 def schemes_of(fam: Family) -> list[str]:
     """The schemes that read the family's experts: gpt-oss's fused MXFP4 ones mxfp4 alone,
-    the others every scheme but mxfp4."""
+    the others every scheme but mxfp4; non-gated experts, the schemes that write a layout of
+    them (`Scheme.non_gated`)."""
     mxfp4 = any("blocks" in f.pattern.pattern for f in fam.forms)
-    return [s.value for s in REGISTRY if (s.value == "mxfp4") == mxfp4]
+    both = gated(fam.moe.activation)
+    return [
+        s.value
+        for s, scheme in REGISTRY.items()
+        if (s.value == "mxfp4") == mxfp4 and (both or scheme.non_gated)
+    ]
 
 
 def served(fam: Family, server: str, routing: str) -> str:

@@ -106,6 +106,22 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         # (SGLang's OLMoE normalizes q and k over all heads: as many KV heads as heads)
         dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2, num_key_value_heads=4),
     ),
+    "nemotron_h": (  # Nemotron-H: a Mamba mixer, a MoE one (non-gated relu2 experts) and an
+        # attention one
+        "NemotronHConfig",
+        "NemotronHForCausalLM",
+        dict(
+            layers_block_type=["mamba", "moe", "attention"],
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            moe_shared_expert_intermediate_size=64,
+            n_shared_experts=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
     # DBRX: experts flat, transformer.blocks.L.ffn.experts.mlp.{w1,v1,w2} [E*I, H] (w2 turned)
     "dbrx": (
         "DbrxConfig",
@@ -308,6 +324,9 @@ def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
         cfg = json.loads((root / "config.json").read_text())
         cfg["architectures"] = RELEASED_ARCHITECTURES[kind]
         (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    if kind in RELEASED_CONFIG:
+        path = root / "config.json"
+        path.write_text(json.dumps(RELEASED_CONFIG[kind](json.loads(path.read_text())), indent=2))
     return root
 
 
@@ -400,3 +419,18 @@ def _save_qwen3_omni(root: Path, seed: int = 0) -> Path:
 
 
 SAVERS = {"qwen3_omni_moe": _save_qwen3_omni}
+
+
+def _nemotron_h_pattern(cfg: dict) -> dict:
+    """Nemotron-H's layer kinds as NVIDIA's published config.json gives them,
+    `hybrid_override_pattern` ("M" Mamba, "E" MoE, "*" attention, "-" MLP), where transformers
+    5 writes `layers_block_type` with names (`full_attention`) SGLang 0.5.23's own
+    NemotronHConfig refuses; transformers' config class reads either."""
+    letters = {"mamba": "M", "linear_attention": "M", "moe": "E", "attention": "*"}
+    letters |= {"full_attention": "*", "mlp": "-"}
+    kinds = cfg.pop("layers_block_type")
+    return cfg | {"hybrid_override_pattern": "".join(letters[k] for k in kinds)}
+
+
+# config.json as the released checkpoints write it, where transformers writes it otherwise
+RELEASED_CONFIG = {"nemotron_h": _nemotron_h_pattern}

@@ -53,6 +53,15 @@ DENSE_EXCLUDE = {
     "deepseek_v3": ["model.layers.0.mlp*"],
     "deepseek_v32": ["model.layers.0.mlp*"],
     "glm4_moe": ["model.layers.0.mlp*"],
+    # Nemotron-H's names (backbone.layers.L.mixer.*): the Mamba and attention mixers (tests/
+    # hf_checkpoints.py's layers 0 and 2: vLLM fuses q, k, v, which it matches by the module),
+    # the router and the shared expert
+    "nemotron_h": [
+        "backbone.layers.0.mixer*",
+        "backbone.layers.2.mixer*",
+        "backbone.layers.*.mixer.gate",
+        "backbone.layers.*.mixer.shared_experts*",
+    ],
 }
 
 

@@ -92,6 +92,9 @@ CASES = {
     "omni-bf16": ("qwen3_omni_moe", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
+# (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
+# module cannot be imported on CPU, where the Mamba kernels it imports ask Triton, a stand-in
+# here, for the device: sglang/kernels/ops/attention/fla/utils.py, getattr(torch, device))
 MOE = {
     "glm4_moe": ["model.layers.1.mlp.experts"],
     "minimax_m2": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],

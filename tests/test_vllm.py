@@ -57,6 +57,68 @@ CASES = {
         ),
         "model.layers.0.mlp.experts",
     ),
+    # Nemotron-H: non-gated (relu2_no_mul) experts, w13 the up projection alone; I per rank
+    # 192, 96, 48 -> 256, 128, 128 on TRT-LLM BF16 and on both backends for FP8 per tensor
+    "nemotron-bf16": (
+        "bf16",
+        Spec("nemotron-h", layers=1, experts=5, hidden=128, intermediate=192, shards=1),
+        "backbone.layers.0.mixer.experts",
+    ),
+    # a latent MoE (Nemotron-3 Super/Ultra): the experts run in moe_latent_size (128), not
+    # hidden_size (config.json's 512; the synthetic experts are made at the latent size)
+    "nemotron-latent-bf16": (
+        "bf16",
+        Spec(
+            "nemotron-h",
+            layers=1,
+            experts=4,
+            hidden=128,
+            intermediate=192,
+            shards=1,
+            config={"moe_latent_size": 128, "hidden_size": 512},
+        ),
+        "backbone.layers.0.mixer.experts",
+    ),
+    "nemotron-fp8-tensor": (  # ModelOpt FP8 (as nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8)
+        "fp8-tensor",
+        Spec(
+            "nemotron-h",
+            layers=1,
+            experts=5,
+            hidden=128,
+            intermediate=200,
+            shards=1,
+            quant="fp8-tensor",
+        ),
+        "backbone.layers.0.mixer.experts",
+    ),
+    "nemotron-fp8-tensor-ct": (  # compressed-tensors FP8, tensor strategy
+        "fp8-tensor",
+        Spec(
+            "nemotron-h",
+            layers=1,
+            experts=4,
+            hidden=128,
+            intermediate=256,
+            shards=1,
+            quant="fp8-tensor-ct",
+        ),
+        "backbone.layers.0.mixer.experts",
+    ),
+    # Nemotron-H in DeepSeek-style block FP8 (non-gated; I per rank 512, 256, 128)
+    "nemotron-fp8-block": (
+        "fp8-block",
+        Spec(
+            "nemotron-h",
+            layers=1,
+            experts=4,
+            hidden=256,
+            intermediate=512,
+            shards=1,
+            quant="fp8-block",
+        ),
+        "backbone.layers.0.mixer.experts",
+    ),
     "deepseek-fp8-block": (
         "fp8-block",
         Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=512, shards=2),

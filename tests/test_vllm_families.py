@@ -109,6 +109,21 @@ CASES = {
     "minimax-bf16": ("minimax_m2", "minimax_m2.MiniMaxM2ForCausalLM", None, {}),
     "ernie-bf16": ("ernie4_5_moe", "ernie45_moe.Ernie4_5_MoeForCausalLM", None, {}),
     "olmoe-bf16": ("olmoe", "olmoe.OlmoeForCausalLM", None, {}),
+    # Nemotron-H: a Mamba mixer, then non-gated experts (relu2_no_mul), then attention; I 192:
+    # padded per rank
+    "nemotron-bf16": (
+        "nemotron_h",
+        "nemotron_h.NemotronHForCausalLM",
+        None,
+        dict(moe_intermediate_size=192),
+    ),
+    # ModelOpt FP8 per tensor (as nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8), I 200
+    "nemotron-fp8-tensor": (
+        "nemotron_h",
+        "nemotron_h.NemotronHForCausalLM",
+        "fp8-tensor",
+        dict(hidden_size=128, moe_intermediate_size=200),
+    ),
     # flat experts [E*I, H], w2 turned (DbrxExperts' own weight loader splits them)
     "dbrx-bf16": ("dbrx", "dbrx.DbrxForCausalLM", None, {}),
     # fused experts stored turned (fc1 [E, H, 2I], fc2 [E, I, H]), beside a shared expert
@@ -175,6 +190,10 @@ RUNS = [
     ("minimax-bf16", "cutlass", "bf16"),
     ("ernie-bf16", "cutlass", "bf16"),
     ("olmoe-bf16", "cutlass", "bf16"),
+    ("nemotron-bf16", "trtllm", "bf16"),
+    ("nemotron-bf16", "cutlass", "bf16"),
+    ("nemotron-fp8-tensor", "trtllm", "fp8-tensor"),
+    ("nemotron-fp8-tensor", "cutlass", "fp8-tensor"),
     ("dbrx-bf16", "trtllm", "bf16"),
     ("dbrx-bf16", "cutlass", "bf16"),
     ("aria-bf16", "trtllm", "bf16"),

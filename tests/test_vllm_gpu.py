@@ -6,7 +6,7 @@ one). vLLM's Python code is enough: no kernel runs, its compiled `_C` is not nee
 
 (a) vLLM's parameters equal fi-convert's bytes, for nvfp4 (both backends), mxfp8 (TRT-LLM) and
 mxfp4 (gpt-oss, both backends; vLLM's gpt-oss loader does the TP split), TP 1, 2 and 4, every
-rank, on sizes that pad H and I;
+rank, on sizes that pad H and I; nvfp4 and mxfp8 of gated and of non-gated (Nemotron-H) experts;
 (b) for each of them, which the plugin loads, the plugin's path leaves the layer as vLLM's.
 """
 
@@ -27,6 +27,21 @@ CASES = {
         Spec("deepseek-v3", layers=2, experts=5, hidden=320, intermediate=384, quant="nvfp4"),
         "model.layers.1.mlp.experts",
         ("trtllm", "cutlass"),
+    ),
+    # Nemotron-H ModelOpt NVFP4: non-gated experts (w13 the up projection alone), H 320 (->
+    # 512 on TRT-LLM), I 384 (per rank 384, 192, 96: -> 384, 256, 128 on both backends)
+    "nemotron-nvfp4": (
+        "nvfp4",
+        Spec("nemotron-h", layers=1, experts=3, hidden=320, intermediate=384, quant="nvfp4"),
+        "backbone.layers.0.mixer.experts",
+        ("trtllm", "cutlass"),
+    ),
+    # ... and MXFP8 (non-gated, the same sizes)
+    "nemotron-mxfp8": (
+        "mxfp8",
+        Spec("nemotron-h", layers=1, experts=3, hidden=320, intermediate=384, quant="mxfp8"),
+        "backbone.layers.0.mixer.experts",
+        ("trtllm",),
     ),
     # ModelOpt MXFP8, H 320 (-> 512), I 384 (per rank 192 -> 256 at TP 2), 3 experts
     "qwen3-mxfp8": (

@@ -364,6 +364,49 @@ def test_every_scheme_and_backend_the_plugin_serves_is_proven_on_the_installed_v
     assert {r.tensors for r in got.rows} == {len(lay["tensors"])}
 
 
+NEMOTRON = {  # non-gated experts (relu2_no_mul): w13 the up projection alone
+    "bf16": Spec("nemotron-h", layers=1, experts=3, hidden=128, intermediate=192, shards=1),
+    "fp8-tensor": Spec(
+        "nemotron-h", layers=1, experts=3, hidden=128, intermediate=192, shards=1,
+        quant="fp8-tensor",
+    ),
+    "nvfp4": Spec(
+        "nemotron-h", layers=1, experts=3, hidden=256, intermediate=256, shards=1, quant="nvfp4",
+    ),
+    "mxfp8": Spec(
+        "nemotron-h", layers=1, experts=3, hidden=256, intermediate=256, shards=1, quant="mxfp8",
+    ),
+    "fp8-block": Spec(
+        "nemotron-h", layers=1, experts=4, hidden=256, intermediate=256, shards=1,
+        quant="fp8-block",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("scheme", "backend"),
+    [
+        (s, b)
+        for s in sorted(NEMOTRON)
+        for b in ("trtllm", "cutlass")
+        if (s, b) != ("mxfp8", "cutlass")
+    ],
+)
+def test_a_non_gated_output_is_proven_on_the_installed_vllm(tmp_path, scheme, backend):
+    """A Nemotron-H output lists vLLM 0.33.0 alone (servers/vllm/releases.py); the load-time
+    proof of another release builds vLLM's own non-gated layer (relu2_no_mul) for it."""
+    src = write_checkpoint(tmp_path / "src", NEMOTRON[scheme])
+    convert(src, tmp_path / "out", Options(SchemeName(scheme), Backend(backend), 2), device="cpu")
+    m = mf.read(tmp_path / "out")
+    assert m["target"]["vllm_releases"] == ["0.33.0"]
+    (lay,) = m["layers"].values()
+    assert lay["gated"] is False and lay["tensors"]["w13_weight"]["row_order"] == "up"
+    got = proof.prove_installed(m, cache=False)
+    assert got.ok, got.first_failure()
+    assert [r.rank for r in got.rows] == [0, 1]
+    assert {r.tensors for r in got.rows} == {len(lay["tensors"])}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("scheme", "backend"),

@@ -31,6 +31,23 @@ CASES = {
         "model.layers.1.mlp.experts",
         ("trtllm", "cutlass"),
     ),
+    # Nemotron-H ModelOpt NVFP4 (as nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4): non-gated
+    # experts, w13 the up projection alone; H 320 (-> 512 on TRT-LLM), I 384 (per rank 384,
+    # 192, 96: -> 384, 256, 128 on both backends, CUTLASS padding along to its swizzle's rows)
+    "nemotron-nvfp4": (
+        "nvfp4",
+        Spec("nemotron-h", layers=1, experts=3, hidden=320, intermediate=384, quant="nvfp4"),
+        "backbone.layers.0.mixer.experts",
+        ("trtllm", "cutlass"),
+    ),
+    # Nemotron-H ModelOpt MXFP8: non-gated experts; H 320 (-> 512), I 384 (per rank 384, 192,
+    # 96 -> 384, 256, 128)
+    "nemotron-mxfp8": (
+        "mxfp8",
+        Spec("nemotron-h", layers=1, experts=3, hidden=320, intermediate=384, quant="mxfp8"),
+        "backbone.layers.0.mixer.experts",
+        ("trtllm",),
+    ),
     # ModelOpt MXFP8 whose sizes need no padding at TP 1 and 2 (H 512, I per rank 256, 128)
     "qwen3-mxfp8": (
         "mxfp8",
@@ -62,6 +79,8 @@ def left_out(case: str, backend: str, tp: int) -> bool:
     scheme, backend and per-rank sizes, as the manifest will have them)."""
     scheme, spec = CASES[case][:2]
     layer = {"hidden_size": spec.hidden, "intermediate_size_per_rank": spec.intermediate // tp}
+    if spec.family == "nemotron-h":
+        layer["gated"] = False  # non-gated experts: the table's rows of their own
     proven = releases.proven_for({"scheme": scheme, "backend": backend, "layers": {"x": layer}})
     return not any(same_release(vllm_version(), r) for r in proven)
 

@@ -67,6 +67,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "intermediate_size_per_rank",
             "padded_hidden_size",
             "padded_intermediate_size_per_rank",
+            "gated",  # false: non-gated experts (relu2_no_mul), w13 the up projection alone
             "weight_block_size",
             "activation_scheme",
             "source_format",

@@ -29,7 +29,7 @@ from ..errors import LayoutError, SchemeMismatchError, SourceError
 from ..families import Form
 from ..format.names import MANIFEST_NAME
 from ..names import Backend, SchemeName
-from ..source import ROLES, Checkpoint, ExpertLayer
+from ..source import Checkpoint, ExpertLayer
 from ..st_io import SourceFiles, TensorInfo
 from ..target import VLLM_LAYOUT, Layout
 
@@ -171,6 +171,9 @@ class Scheme:
     # The server layout variants it implements (`fi_convert.target.Layout` fields that a
     # server may ask to differ from vLLM's): `plan_layer` gets the server's `layout`
     variants: ClassVar[frozenset[str]] = frozenset()
+    # it writes a layout of non-gated experts (w13 the up projection alone: Nemotron-H's
+    # relu2_no_mul), proven against the server's own processing; else planning refuses them
+    non_gated: ClassVar[bool] = False
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         """Whether this scheme's source format is what the checkpoint holds (for `auto`)."""
@@ -192,15 +195,19 @@ class Scheme:
             return f"{src} -> {self.name.value} quantizes: loses precision"
         return f"{src} -> {self.name.value} keeps the source's bytes"
 
-    def stand_in_layers(self, prefix: str, e: int, h: int, i: int) -> list[ExpertLayer]:
+    def stand_in_layers(
+        self, prefix: str, e: int, h: int, i: int, *, gated: bool = True
+    ) -> list[ExpertLayer]:
         """Layers as `find_family` gives them, one for each source format of `stand_ins`:
-        names and dtypes of the experts' tensors, no data (`plan_stand_in` reads none)."""
-        per_expert = Form("per_expert", re.compile(""), {})
+        names and dtypes of the experts' tensors, no data (`plan_stand_in` reads none);
+        `gated` False: non-gated experts (w1 the up projection, no w3)."""
+        roles = {"w1": "w1", "w3": "w3", "w2": "w2"} if gated else {"w1": "w1", "w2": "w2"}
+        per_expert = Form("per_expert", re.compile(""), roles)
         layers = []
         for dtype, act in self.stand_ins:
             params = {}
             for x in range(e):
-                for r in ROLES:
+                for r in forms.roles(per_expert):
                     params[(r, "weight", x)] = stand_in(prefix, f"{x}.{r}.weight", dtype)
                     if act:
                         name = f"{x}.{r}.input_scale"
@@ -271,13 +278,13 @@ def require_dtype(layer: ExpertLayer, param: str, allowed: tuple[str, ...], fix:
 
 def require_param(layer: ExpertLayer, param: str, what: str) -> None:
     if layer.form.kind != "per_expert":
-        for role in forms.STORED[layer.form.kind]:
+        for role in forms.stored_roles(layer.form):
             if (role, param, -1) not in layer.params:
                 w = layer.params[(role, "weight", -1)].name
                 raise SourceError(f"{w}: no {param} beside it; {what}")
         return
     for e in range(layer.num_experts):
-        for r in ROLES:
+        for r in layer.roles:
             if (r, param, e) not in layer.params:
                 w = layer.params[(r, "weight", e)].name
                 raise SourceError(f"{w}: no {w.rsplit('.', 1)[0]}.{param} beside it; {what}")
@@ -287,7 +294,7 @@ def require_shapes(layer: ExpertLayer, param: str, w13: tuple, w2: tuple) -> Non
     """Every expert's w1/w3 `param` has shape `w13` and w2 has `w2` (fused: per half; a
     stored tensor as its form keeps them, fi_convert/forms.py)."""
     if layer.form.kind != "per_expert":
-        for role in forms.STORED[layer.form.kind]:
+        for role in forms.stored_roles(layer.form):
             matrix = w2 if role == "w2" else w13
             want = forms.stored_shape(layer.form, role, layer.num_experts, tuple(matrix))
             info = layer.params[(role, param, -1)]
@@ -295,7 +302,7 @@ def require_shapes(layer: ExpertLayer, param: str, w13: tuple, w2: tuple) -> Non
                 raise SourceError(f"{info.name}: shape {list(info.shape)}, expected {list(want)}")
         return
     for e in range(layer.num_experts):
-        for r in ROLES:
+        for r in layer.roles:
             info = layer.params[(r, param, e)]
             want = w2 if r == "w2" else w13
             if info.shape != tuple(want):
@@ -325,6 +332,8 @@ def layer_plan(
         "intermediate_size_per_rank": i_r,
         "padded_intermediate_size_per_rank": i_p,
     }
+    if not layer.gated:  # w13 is the up projection alone (written for non-gated layers only)
+        sizes["gated"] = False
     nbytes = sum(t.nbytes for t in layer.params.values())
     return LayerPlan(
         layer.prefix, {**sizes, **info}, outs, layer.source_names(), nbytes, notes or []
@@ -407,22 +416,56 @@ def stage_w13(
     pad: float = 0,
     start: int | None = None,
 ) -> torch.Tensor:
-    """[n, 2*rows + 1, cols] on ctx.device: this rank's gate rows, its up rows, one pad row.
+    """[n, 2*rows + 1, cols] on ctx.device: this rank's gate rows, its up rows, one pad row
+    (non-gated experts: [n, rows + 1, cols], the up rows and the pad row; `w13_index`).
 
     The rank's rows start at `rank * rows` (an even split), or at `start` (`RankRows`).
     Columns past the checkpoint's K (when `cols` is larger) and the last row hold `pad`.
     """
     k = layer.proj_shape("w1", param)[1]
     cols = cols or k
-    buf = ctx.stage((len(experts), 2 * rows + 1, cols), torch_dtype)
+    parts = layer.w13_parts
+    buf = ctx.stage((len(experts), parts * rows + 1, cols), torch_dtype)
     first = rank * rows if start is None else start
     span = (first, first + rows)
     layer.read(ctx.files, "w1", param, experts, span, None, buf[:, :rows, :k])
-    layer.read(ctx.files, "w3", param, experts, span, None, buf[:, rows : 2 * rows, :k])
-    buf[:, 2 * rows].fill_(pad)
+    if parts == 2:
+        layer.read(ctx.files, "w3", param, experts, span, None, buf[:, rows : 2 * rows, :k])
+    buf[:, parts * rows].fill_(pad)
     if cols > k:
         buf[:, :, k:].fill_(pad)
     return ctx.to_device(buf)
+
+
+def w13_index(
+    gated: bool,
+    n: int,
+    padded: int,
+    *,
+    swap: bool = True,
+    interleave: bool = False,
+    tile: int | None = None,
+) -> torch.Tensor:
+    """The row index of a rank's w13 from what `stage_w13` staged (n rows of each projection,
+    then a zero row): each projection padded to `padded` rows; for gated experts [gate; up]
+    made [up; gate] where `swap` and gate/up rows interleaved where `interleave`; FlashInfer's
+    row shuffle of `tile` where given. A non-gated w13 is the up projection alone: nothing
+    to swap or interleave, whatever the backend does for gated ones (vLLM 0.33 skips both
+    where `is_act_and_mul` is False)."""
+    parts = 2 if gated else 1
+    steps = [L.pad_halves_index(n, padded, zero_row=parts * n, parts=parts)]
+    if gated and swap:
+        steps.append(L.swap_halves_index(2 * padded))
+    if gated and interleave:
+        steps.append(L.gated_interleave_index(2 * padded))
+    if tile is not None:
+        steps.append(L.shuffle_row_index(parts * padded, tile))
+    return L.compose(*steps)
+
+
+def w13_order(gated: bool, swap: bool = True) -> str:
+    """A w13 tensor's `row_order` in the manifest: "up_gate", "gate_up", or "up" (non-gated)."""
+    return ("up_gate" if swap else "gate_up") if gated else "up"
 
 
 def stage_w2(

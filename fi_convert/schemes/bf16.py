@@ -5,6 +5,9 @@ TRT-LLM (vLLM `convert_moe_weights_to_flashinfer_trtllm_block_layout`): I per ra
 with 128-byte blocks (64 bf16 values); w2 row-shuffled (tile 128), BlockMajorK. Held as
 [E, K/64, M, 64]. CUTLASS: w13 = [up; gate], w2 as is.
 
+Non-gated experts (Nemotron-H, relu2_no_mul): w13 is the up projection alone ([I_p, H]),
+padded to 128 (TRT-LLM), with no swap and no interleave (`base.w13_index`).
+
 SGLang on TRT-LLM (`Layout.shard_padded`): the same transforms, but rank r holds rows
 [r*I_p, (r+1)*I_p) of I, as many as there are, and zeros after (`RankRows`).
 """
@@ -35,6 +38,8 @@ from .base import (
     require_shapes,
     stage_w2,
     stage_w13,
+    w13_index,
+    w13_order,
     weight_dtype,
 )
 
@@ -55,6 +60,7 @@ class Bf16Scheme(Scheme):
     quantized = False
     stand_ins = (("BF16", False),)
     variants = frozenset({"shard_padded"})  # SGLang on TRT-LLM
+    non_gated = True
     synthetic = {"bf16": Synthetic(synthetic_bf16)}
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
@@ -89,16 +95,11 @@ class Bf16Scheme(Scheme):
 
 
 def _trtllm_outputs(layer: ExpertLayer, e: int, h: int, rows: RankRows) -> list[OutputTensor]:
-    i_p = rows.padded
+    i_p, gated, parts = rows.padded, layer.gated, layer.w13_parts
 
     @functools.cache
     def w13_idx(n: int) -> torch.Tensor:  # a rank holding n rows of I
-        return L.compose(
-            L.pad_halves_index(n, i_p, zero_row=2 * n),
-            L.swap_halves_index(2 * i_p),
-            L.gated_interleave_index(2 * i_p),
-            L.shuffle_row_index(2 * i_p, TILE),
-        )
+        return w13_index(gated, n, i_p, interleave=True, tile=TILE)
 
     w2_idx = L.shuffle_row_index(h, TILE)
 
@@ -122,11 +123,11 @@ def _trtllm_outputs(layer: ExpertLayer, e: int, h: int, rows: RankRows) -> list[
         "layout": "BlockMajorK",
         "block_k_bytes": 128,
         "epilogue_tile_m": TILE,
-        "row_order": "up_gate",
-        "gated_interleave": True,
+        "row_order": w13_order(gated),
+        "gated_interleave": gated,
     }
     return [
-        OutputTensor("w13_weight", "BF16", (e, h // BLOCK_K, 2 * i_p, BLOCK_K), w13, lay),
+        OutputTensor("w13_weight", "BF16", (e, h // BLOCK_K, parts * i_p, BLOCK_K), w13, lay),
         OutputTensor(
             "w2_weight",
             "BF16",
@@ -138,7 +139,7 @@ def _trtllm_outputs(layer: ExpertLayer, e: int, h: int, rows: RankRows) -> list[
 
 
 def _cutlass_outputs(layer: ExpertLayer, e: int, h: int, i_r: int) -> list[OutputTensor]:
-    swap = L.swap_halves_index(2 * i_r)
+    swap = w13_index(layer.gated, i_r, i_r)
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w13(ctx, layer, "weight", rank, experts, i_r, torch.bfloat16)
@@ -147,8 +148,8 @@ def _cutlass_outputs(layer: ExpertLayer, e: int, h: int, i_r: int) -> list[Outpu
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r, i_r, torch.bfloat16))
 
-    lay = {"layout": "MajorK", "row_order": "up_gate"}
+    lay = {"layout": "MajorK", "row_order": w13_order(layer.gated)}
     return [
-        OutputTensor("w13_weight", "BF16", (e, 2 * i_r, h), w13, lay),
+        OutputTensor("w13_weight", "BF16", (e, layer.w13_parts * i_r, h), w13, lay),
         OutputTensor("w2_weight", "BF16", (e, h, i_r), w2, {**lay, "row_order": "rows"}),
     ]

@@ -5,6 +5,8 @@ padding; weights row-shuffled with epilogue tile 64 and in BlockMajorK (128-byte
 as [E, K/128, M, 128]; scales not shuffled. Both backends clamp scales to >= 1e-10. CUTLASS:
 [up; gate] on weights and scales, weights MajorK.
 
+Non-gated experts (Nemotron-H): w13 the up projection alone (weights and scales), no swap.
+
 SGLang on TRT-LLM (`Layout(shuffled=False, clamped=False)`): [up; gate] weights MajorK, no
 shuffle, and the scales as loaded (no clamp). Its split of I by the padded size is the even
 one here: I/TP must be a multiple of 128 (`shard_padded` changes nothing).
@@ -35,6 +37,8 @@ from .base import (
     require_shapes,
     stage_w2,
     stage_w13,
+    w13_index,
+    w13_order,
     weight_dtype,
 )
 
@@ -74,6 +78,7 @@ class Fp8BlockScheme(Scheme):
     synthetic = {"fp8-block": Synthetic(synthetic_fp8_block, DEEPSEEK_FP8, dense_too=True)}
     # SGLang on TRT-LLM; shard_padded holds as the even split (I/TP a multiple of 128)
     variants = frozenset({"shard_padded", "shuffled", "clamped"})
+    non_gated = True  # vLLM's layouts (SGLang's are not proven for non-gated experts)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         return weight_dtype(layers[0]) == "F8_E4M3" and SCALE in layers[0].param_names()
@@ -121,7 +126,7 @@ class Fp8BlockScheme(Scheme):
 
 def _scale_producers(layer: ExpertLayer, i_r: int, clamped: bool):
     sb = i_r // BLOCK
-    swap = L.swap_halves_index(2 * sb)
+    swap = w13_index(layer.gated, sb, sb)
 
     def w13_s(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
         src = stage_w13(ctx, layer, SCALE, rank, experts, sb, _scale_dtype(layer))
@@ -148,11 +153,11 @@ def _outputs(
     trt = backend is Backend.TRTLLM and layout.shuffled  # row shuffle + BlockMajorK
     w13_shape: tuple[int, ...]
     w2_shape: tuple[int, ...]
-    w13_idx = L.swap_halves_index(2 * i_r)
+    w13_idx = w13_index(layer.gated, i_r, i_r, tile=TILE if trt else None)
     w2_idx: torch.Tensor | None = None
     if trt:
-        w13_idx = L.compose(w13_idx, L.shuffle_row_index(2 * i_r, TILE))
         w2_idx = L.shuffle_row_index(h, TILE)
+    m13, order = layer.w13_parts * i_r, w13_order(layer.gated)
 
     def place(src: torch.Tensor, idx: torch.Tensor | None, out: torch.Tensor) -> None:
         if idx is None:
@@ -173,20 +178,24 @@ def _outputs(
     w13_s, w2_s = _scale_producers(layer, i_r, layout.clamped)
     if trt:
         lay = {"layout": "BlockMajorK", "block_k_bytes": BLOCK_K, "epilogue_tile_m": TILE}
-        w13_shape = (e, h // BLOCK_K, 2 * i_r, BLOCK_K)
+        w13_shape = (e, h // BLOCK_K, m13, BLOCK_K)
         w2_shape = (e, i_r // BLOCK_K, h, BLOCK_K)
     else:
         lay = {"layout": "MajorK"}
-        w13_shape, w2_shape = (e, 2 * i_r, h), (e, h, i_r)
+        w13_shape, w2_shape = (e, m13, h), (e, h, i_r)
     s_lay: dict = {"layout": "row_major_blocks", "block": [BLOCK, BLOCK]}
     if layout.clamped:
         s_lay["min"] = MIN_SCALE
     sb, hb = i_r // BLOCK, h // BLOCK
     return [
-        OutputTensor("w13_weight", "F8_E4M3", w13_shape, w13, {**lay, "row_order": "up_gate"}),
+        OutputTensor("w13_weight", "F8_E4M3", w13_shape, w13, {**lay, "row_order": order}),
         OutputTensor("w2_weight", "F8_E4M3", w2_shape, w2, {**lay, "row_order": "rows"}),
         OutputTensor(
-            "w13_weight_scale_inv", "F32", (e, 2 * sb, hb), w13_s, {**s_lay, "row_order": "up_gate"}
+            "w13_weight_scale_inv",
+            "F32",
+            (e, layer.w13_parts * sb, hb),
+            w13_s,
+            {**s_lay, "row_order": order},
         ),
         OutputTensor(
             "w2_weight_scale_inv", "F32", (e, hb, sb), w2_s, {**s_lay, "row_order": "rows"}

@@ -21,6 +21,12 @@ FusedMoE (`pad_i_128`) and sharded by the padded size (`shard_padded`). On CUTLA
 of w1's and w3's its loader reads last, A13 their max over experts; TRT-LLM output1 =
 g1 * float32(1 / A2); CUTLASS fc1_dequant = S13 * A13, fc2_quant = float32(1 / A2),
 fc2_dequant = A2 * S2, fc1_input_dequant = A13.
+
+Non-gated experts (Nemotron-H, relu2_no_mul): w13 is the up projection alone, its bytes kept (one
+scale per expert: no requantization), A13 the max of its input scales; I per rank padded to 128
+(vLLM's min_alignment for non-gated experts, both backends; SGLang's CUTLASS path pads to 16, its
+TRT-LLM FusedMoE to 128); no swap, no interleave; TRT-LLM's output1 is 1 / a2 (vLLM: ones / a2,
+SGLang: ones * (1 / a2)).
 """
 
 from __future__ import annotations
@@ -56,11 +62,15 @@ from .base import (
     require_shapes,
     stage_w2,
     stage_w13,
+    w13_index,
+    w13_order,
     weight_dtype,
 )
 
 TILE = 128
-PAD_I = 16
+# I per rank padded to a multiple of: 16 for gated experts, 128 for non-gated ones (vLLM 0.33's
+# prepare_fp8_moe_layer_for_fi: min_alignment = 16 if is_gated else 128, both backends)
+PAD_I = {True: 16, False: 128}
 SCALE, ACT = "weight_scale", "input_scale"
 
 
@@ -140,6 +150,7 @@ class Fp8TensorScheme(Scheme):
 
     # SGLang 0.5.23: TRT-LLM (shard_padded, pad_i_128) and CUTLASS (gate_up_rows), its scalars
     variants = frozenset({"shard_padded", "pad_i_128", "gate_up_rows", "sglang_scalars"})
+    non_gated = True
 
     def plan_layer(
         self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT
@@ -147,7 +158,9 @@ class Fp8TensorScheme(Scheme):
         e, h = layer.num_experts, layer.hidden_size
         i_r = per_rank(layer.intermediate_size, tp, f"{layer.prefix}: intermediate size")
         trt = backend is Backend.TRTLLM
-        i_p = L.round_up(i_r, TILE if trt and layout.pad_i_128 else PAD_I)
+        # SGLang's CUTLASS path (gate_up_rows) pads to 16 gated or not; vLLM by PAD_I
+        pad = PAD_I[layer.gated or layout.gate_up_rows]
+        i_p = L.round_up(i_r, TILE if trt and layout.pad_i_128 else pad)
         rows = RankRows(layer.intermediate_size, tp, i_p, trt and layout.shard_padded)
         if trt and h % 32:
             raise LayoutError(
@@ -206,6 +219,8 @@ class _Scales:
         if key not in self._cache:
             if self.bf16:
                 self._cache[key] = self._dynamic(ctx, which, rank)
+            elif which == "w13" and not self.layer.gated:  # one projection: its own scale
+                self._cache[key] = self.checkpoint(ctx, "w1", SCALE)
             elif which == "w13":
                 w1, w3 = self.checkpoint(ctx, "w1", SCALE), self.checkpoint(ctx, "w3", SCALE)
                 self._cache[key] = torch.maximum(w1, w3)
@@ -224,7 +239,7 @@ class _Scales:
         first, n = self.rows.span(rank)
         if which == "w13":
             x = stage_w13(ctx, self.layer, "weight", rank, experts, n, torch.bfloat16, start=first)
-            return x[:, : 2 * n]
+            return x[:, : self.layer.w13_parts * n]
         return stage_w2(ctx, self.layer, "weight", rank, experts, n, n, torch.bfloat16, start=first)
 
     def activation(self, ctx: Ctx, which: str) -> torch.Tensor:
@@ -232,6 +247,8 @@ class _Scales:
         of the one of each expert's w1 and w3 that SGLang's loader reads last (SGLang)."""
         if which == "w2":
             return self.checkpoint(ctx, "w2", ACT).max()
+        if not self.layer.gated:
+            return self.checkpoint(ctx, "w1", ACT).max()
         w1, w3 = self.checkpoint(ctx, "w1", ACT), self.checkpoint(ctx, "w3", ACT)
         if self.sglang:
             up = last_loaded(self.layer, ACT, ("w1", "w3"))
@@ -251,6 +268,8 @@ class _Scales:
             return stage_w2(
                 ctx, self.layer, "weight", rank, experts, n, i_p, torch.uint8, start=first
             )
+        elif not self.layer.gated:  # one scale per expert already: vLLM keeps the bytes
+            return stage_w13(ctx, self.layer, "weight", rank, experts, n, torch.uint8, start=first)
         else:
             raw = stage_w13(ctx, self.layer, "weight", rank, experts, n, torch.uint8, start=first)
             w8 = raw.view(torch.float8_e4m3fn)
@@ -269,15 +288,13 @@ class _Scales:
 def _weights(
     layer, e, h, rows: RankRows, backend, s: _Scales, gate_up: bool = False
 ) -> list[OutputTensor]:
-    trt, i_p = backend is Backend.TRTLLM, rows.padded
+    trt, i_p, gated = backend is Backend.TRTLLM, rows.padded, layer.gated
 
     @functools.cache
     def w13_idx(n: int) -> torch.Tensor:  # a rank holding n rows of I
-        steps = [L.pad_halves_index(n, i_p, zero_row=2 * n)]
-        steps += [] if gate_up else [L.swap_halves_index(2 * i_p)]
-        if trt:
-            steps += [L.gated_interleave_index(2 * i_p), L.shuffle_row_index(2 * i_p, TILE)]
-        return L.compose(*steps)
+        return w13_index(
+            gated, n, i_p, swap=not gate_up, interleave=trt, tile=TILE if trt else None
+        )
 
     w2_idx = L.shuffle_row_index(h, TILE) if trt else None
 
@@ -299,14 +316,14 @@ def _weights(
             L.gather_rows(src, w2_idx, out.view(torch.uint8))
 
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE if trt else None}
-    order = "gate_up" if gate_up else "up_gate"
+    order = w13_order(gated, swap=not gate_up)
     return [
         OutputTensor(
             "w13_weight",
             "F8_E4M3",
-            (e, 2 * i_p, h),
+            (e, layer.w13_parts * i_p, h),
             w13,
-            {**lay, "row_order": order, "gated_interleave": trt},
+            {**lay, "row_order": order, "gated_interleave": trt and gated},
         ),
         OutputTensor("w2_weight", "F8_E4M3", (e, h, i_p), w2, {**lay, "row_order": "rows"}),
     ]
@@ -346,9 +363,13 @@ def _scale_outputs(
         return 1.0 / a2(ctx, rank)
 
     def out1(ctx, rank):  # vLLM 0.33's TRT-LLM experts divide: g1_alphas / a2
+        if not s.layer.gated:  # non-gated: ones / a2 (TrtLlmFp8ExpertsMonolithic)
+            return torch.ones_like(g1(ctx, rank)) / a2(ctx, rank)
         return g1(ctx, rank) / a2(ctx, rank)
 
     def out1_sglang(ctx, rank):  # SGLang multiplies by the reciprocal: g1 * (1.0 / a2)
+        if not s.layer.gated:  # non-gated: ones * (1.0 / a2) (align_fp8_moe_weights_for_...)
+            return torch.ones_like(g1(ctx, rank)) * a2_inv(ctx, rank)
         return g1(ctx, rank) * a2_inv(ctx, rank)
 
     fns: dict[str, tuple[Callable, tuple[int, ...]]] = {

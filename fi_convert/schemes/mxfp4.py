@@ -107,8 +107,11 @@ class Mxfp4Scheme(Scheme):
     # SGLang: on TRT-LLM the first two; on CUTLASS (SM90) the last two
     variants = frozenset({"unit_scale_pad", "weight_bias_names", "sm90_mixed"})
 
-    def stand_in_layers(self, prefix: str, e: int, h: int, i: int) -> list[ExpertLayer]:
-        """gpt-oss's fused experts, with biases of each float dtype (CUTLASS keeps them)."""
+    def stand_in_layers(
+        self, prefix: str, e: int, h: int, i: int, *, gated: bool = True
+    ) -> list[ExpertLayer]:
+        """gpt-oss's fused experts, with biases of each float dtype (CUTLASS keeps them); no
+        server runs non-gated experts in MXFP4 (`gated` is not read)."""
         fused = Form("fused", re.compile(""), {})
         out = []
         for b13 in BIAS_DTYPES:

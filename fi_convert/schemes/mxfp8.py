@@ -5,7 +5,8 @@ TRT-LLM only (vLLM has no FlashInfer CUTLASS MXFP8 path), as vLLM 0.33's
 `align_mxfp8_moe_weights_for_fi_trtllm` + `_shuffle_mxfp8_moe_weights`: pad I per rank to 128
 (each half) and H to 256, weights with 0 and scales with 127 (2**0); [up; gate]; gated
 interleave + row shuffle (tile 128) on weights; the same rows on scales, then the 128x4 swizzle.
-Scales are held swizzled, reshaped to [E, M, K/32].
+Scales are held swizzled, reshaped to [E, M, K/32]. Non-gated experts (Nemotron-H): w13 the
+up projection alone, padded to 128, no swap or interleave.
 
 SGLang 0.5.23 (its native `mxfp8` method, `Fp8MoEMethod`, on `flashinfer_trtllm`; MXFP8
 sources only): the same transforms, but I per rank padded to 128 by its FusedMoE and sharded
@@ -48,6 +49,8 @@ from .base import (
     require_shapes,
     stage_w2,
     stage_w13,
+    w13_index,
+    w13_order,
     weight_dtype,
 )
 
@@ -83,6 +86,7 @@ class Mxfp8Scheme(Scheme):
     stand_ins = (("F8_E4M3", False), ("BF16", False))  # BF16 experts: quantized on conversion
     source_formats = ("mxfp8", "bf16, quantized (OCP MX, E4M3 + UE8M0 per 32)")
     variants = frozenset({"shard_padded", "hidden_padded", "zero_scale_pad", "scale_inv_names"})
+    non_gated = True  # vLLM's layout (SGLang's is not proven for non-gated experts)
     synthetic = {
         "mxfp8": Synthetic(synthetic_mxfp8, modelopt("MXFP8")),
         "mxfp8-ct": Synthetic(synthetic_mxfp8, _CT_MXFP8),
@@ -199,17 +203,12 @@ def _pad(t: torch.Tensor, value: int, cols: int, rows: int | None = None, last_r
 
 def _outputs(layer, e, h, h_p, rows: RankRows, quantize, layout: Layout) -> list[OutputTensor]:
     """`rows`: the rows of I each rank holds (a rank past I holds only padding)."""
-    i_p = rows.padded
+    i_p, gated, parts = rows.padded, layer.gated, layer.w13_parts
     s_pad = 0 if layout.zero_scale_pad else UE8M0_ONE
 
     @functools.cache
     def w13_rows(n: int) -> torch.Tensor:  # a rank holding n rows of I
-        return L.compose(
-            L.pad_halves_index(n, i_p, zero_row=2 * n),
-            L.swap_halves_index(2 * i_p),
-            L.gated_interleave_index(2 * i_p),
-            L.shuffle_row_index(2 * i_p, TILE),
-        )
+        return w13_index(gated, n, i_p, interleave=True, tile=TILE)
 
     w2_rows = L.shuffle_row_index(h_p, TILE)
     ks13, ks2 = h_p // MX_BLOCK, i_p // MX_BLOCK
@@ -252,7 +251,7 @@ def _outputs(layer, e, h, h_p, rows: RankRows, quantize, layout: Layout) -> list
 
     # scales of a BF16 source are made from its weights: chunk by the BF16 staging
     i_r = rows.span(0)[1]
-    w13_stage = (2 * i_r + 1) * h * 2 if quantize else 0
+    w13_stage = (parts * i_r + 1) * h * 2 if quantize else 0
     w2_stage = h * i_r * 2 if quantize else 0
     s13, s2 = ("w13_weight_scale", "w2_weight_scale")
     if layout.scale_inv_names:
@@ -264,21 +263,16 @@ def _outputs(layer, e, h, h_p, rows: RankRows, quantize, layout: Layout) -> list
         "block": [1, MX_BLOCK],
         "pad": s_pad,
     }
+    inter = {"row_order": w13_order(gated), "gated_interleave": gated}
     return [
-        OutputTensor(
-            "w13_weight",
-            "F8_E4M3",
-            (e, 2 * i_p, h_p),
-            w13,
-            {**lay, "row_order": "up_gate", "gated_interleave": True},
-        ),
+        OutputTensor("w13_weight", "F8_E4M3", (e, parts * i_p, h_p), w13, {**lay, **inter}),
         OutputTensor("w2_weight", "F8_E4M3", (e, h_p, i_p), w2, {**lay, "row_order": "rows"}),
         OutputTensor(
             s13,
             "U8",
-            (e, 2 * i_p, ks13),
+            (e, parts * i_p, ks13),
             w13_s,
-            {**s_lay, "row_order": "up_gate", "gated_interleave": True},
+            {**s_lay, **inter},
             stage_nbytes=w13_stage,
         ),
         OutputTensor(

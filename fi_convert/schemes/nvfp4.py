@@ -10,6 +10,9 @@ vLLM does, with a warning); activation scales reduced to one max per layer and f
 w13_weight_scale_2 = s2(w1) * a13, w2_weight_scale_2 = s2(w2) * a2, g1_scale_c = that * (1 / a2).
 CUTLASS: [up; gate], per-expert 128x4 swizzle of the scales (`swizzle_blockscale`), no row
 shuffle and no padding; the kernel's scale products are written beside the weights.
+Non-gated experts (Nemotron-H, relu2_no_mul): w13 the up projection alone, no swap or
+interleave; TRT-LLM pads I per rank to 128 and g1_scale_c = a2_gscale; CUTLASS pads w13's rows
+(and w2's columns) to the scale swizzle's 128, its MoE config keeping I per rank.
 
 SGLang 0.5.23 on TRT-LLM (`ModelOptNvFp4FusedMoEMethod`, `flashinfer_trtllm`): the same
 weight and block-scale transforms, but I per rank padded to 64 and sharded by the padded size
@@ -66,11 +69,19 @@ from .base import (
     require_shapes,
     stage_w2,
     stage_w13,
+    w13_index,
+    w13_order,
     weight_dtype,
 )
 
 TILE = 128
-PAD_I = 64
+# TRT-LLM pads I per rank to a multiple of: 64 for gated experts (2*64 rows of w13: FlashInfer's
+# block-scale shuffle needs 128), 128 for non-gated ones (vLLM 0.33 prepare_nvfp4_moe_layer_
+# for_fi_or_cutlass: min_alignment = 64 if is_gated else 128)
+PAD_I = {True: 64, False: 128}
+# CUTLASS: the scale swizzle pads w13's rows to 128; vLLM pads a non-gated w13 (and w2's
+# columns) along to those rows, and refuses to pad a gated one
+CUTLASS_ROWS = 128
 PAD_H = 256
 SF = 16  # values per scale
 SCALE = "weight_scale"
@@ -130,6 +141,7 @@ class Nvfp4Scheme(Scheme):
     }
     # SGLang's: TRT-LLM's split and unpadded H, its scalars, CUTLASS's padded swizzles apart
     variants = frozenset({"shard_padded", "hidden_padded", "split_scales", "swizzle_apart"})
+    non_gated = True  # vLLM's layouts (SGLang's are not proven for non-gated experts)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         scales = [t for (_, p, _), t in layers[0].params.items() if p == SCALE]
@@ -177,7 +189,7 @@ class Nvfp4Scheme(Scheme):
                 "(one NVFP4 scale block); choose a --tp-size that keeps I/tp a multiple of 16"
             )
         trt = backend is Backend.TRTLLM
-        if not trt and (2 * i_r) % 128:
+        if not trt and layer.gated and (2 * i_r) % CUTLASS_ROWS:
             # vLLM 0.33 prepare_nvfp4_moe_layer_for_fi_or_cutlass: the swizzle pads the w13
             # scale rows to 128, and the weights cannot follow ("Intermediate size padding for
             # w1 and w3 ... not currently supported"), so vLLM cannot serve such an output
@@ -187,7 +199,10 @@ class Nvfp4Scheme(Scheme):
                 "refuse to pad it; "
                 "use --backend trtllm or a --tp-size that keeps I/tp a multiple of 64"
             )
-        i_p = L.round_up(i_r, PAD_I) if trt else i_r
+        # CUTLASS: a non-gated w13 is padded along to the swizzle's rows (CUTLASS_ROWS), w2's
+        # columns with it, while vLLM's MoE config keeps I_r (the layer entry's I_p)
+        i_p = L.round_up(i_r, PAD_I[layer.gated]) if trt else i_r
+        rows_p = i_p if trt or layer.gated else L.round_up(i_r, CUTLASS_ROWS)
         h_p = L.round_up(h, PAD_H) if trt and layout.hidden_padded else h
         if trt and not layout.hidden_padded and h % TILE:
             raise LayoutError(
@@ -211,7 +226,7 @@ class Nvfp4Scheme(Scheme):
         if trt:
             outs = _trtllm(layer, e, h_p, rows, rescale)
         else:
-            outs = _cutlass(layer, e, h, i_r, layout.swizzle_apart)
+            outs = _cutlass(layer, e, h, i_r, rows_p, layout.swizzle_apart)
         if layout.split_scales:
             outs += sc.sglang_outputs(e, trt, clamp)
         else:
@@ -243,16 +258,11 @@ def _trtllm(
     """`rows`: the rows of I each rank holds, padded to `rows.padded` (a rank past I holds
     only padding: zeros). `rescale`: [E, 2] ratios (up, gate) the w13 block scales are
     multiplied by before any reordering (SGLang's SwiGLU clamp; None: not rescaled)."""
-    i_p = rows.padded
+    i_p, gated, parts = rows.padded, layer.gated, layer.w13_parts
 
     @functools.cache
     def rows13(n: int) -> torch.Tensor:  # a rank holding n rows of I
-        return L.compose(
-            L.pad_halves_index(n, i_p, zero_row=2 * n),
-            L.swap_halves_index(2 * i_p),
-            L.gated_interleave_index(2 * i_p),
-            L.shuffle_row_index(2 * i_p, TILE),
-        )
+        return w13_index(gated, n, i_p, interleave=True, tile=TILE)
 
     @functools.cache
     def sf13(n: int) -> torch.Tensor:
@@ -323,23 +333,24 @@ def _trtllm(
 
     lay = {"layout": "MajorK", "epilogue_tile_m": TILE, "packing": "e2m1x2"}
     s_lay = {"layout": "swizzled_128x4", "epilogue_tile_m": TILE, "block": [1, SF], "pad": 0}
-    inter = {"row_order": "up_gate", "gated_interleave": True}
+    inter = {"row_order": w13_order(gated), "gated_interleave": gated}
+    m13 = parts * i_p
     return [
-        OutputTensor("w13_weight", "U8", (e, 2 * i_p, h_p // 2), w13, {**lay, **inter}),
+        OutputTensor("w13_weight", "U8", (e, m13, h_p // 2), w13, {**lay, **inter}),
         OutputTensor("w2_weight", "U8", (e, h_p, i_p // 2), w2, lay),
-        OutputTensor(
-            "w13_weight_scale", "F8_E4M3", (e, 2 * i_p, h_p // SF), w13_s, {**s_lay, **inter}
-        ),
+        OutputTensor("w13_weight_scale", "F8_E4M3", (e, m13, h_p // SF), w13_s, {**s_lay, **inter}),
         OutputTensor("w2_weight_scale", "F8_E4M3", (e, h_p, i_p // SF), w2_s, s_lay),
     ]
 
 
-def _cutlass(layer, e, h, i_r, apart: bool) -> list[OutputTensor]:
+def _cutlass(layer, e, h, i_r, i_p, apart: bool) -> list[OutputTensor]:
     """[up; gate] weights, w2 as loaded, and the block scales 128x4-swizzled per expert (the
     swizzle zero-pads rows to 128 and columns to 4). `apart` (`Layout.swizzle_apart`): where
     that swizzle pads, it is `w*_blockscale_swizzled` and `w*_weight_scale` holds the scales as
-    loaded (w13's [up; gate])."""
-    swap = L.swap_halves_index(2 * i_r)
+    loaded (w13's [up; gate]). Non-gated experts: w13 the up rows, zero-padded to `i_p` (the
+    swizzle's rows), w2's columns and its scales' too (`i_p` is `i_r` for gated ones)."""
+    swap = w13_index(layer.gated, i_r, i_p)
+    m13 = layer.w13_parts * i_p
     u8 = torch.uint8
 
     def w13(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
@@ -347,15 +358,15 @@ def _cutlass(layer, e, h, i_r, apart: bool) -> list[OutputTensor]:
         L.gather_rows(src, swap, out)
 
     def w2(ctx: Ctx, rank: int, experts: range, out: torch.Tensor) -> None:
-        out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_r // 2, u8))
+        out.copy_(stage_w2(ctx, layer, "weight", rank, experts, i_r // 2, i_p // 2, u8))
 
     lay = {"layout": "MajorK", "packing": "e2m1x2"}
-    up_gate = {"row_order": "up_gate"}
+    order = {"row_order": w13_order(layer.gated)}
     return [
-        OutputTensor("w13_weight", "U8", (e, 2 * i_r, h // 2), w13, {**lay, **up_gate}),
-        OutputTensor("w2_weight", "U8", (e, h, i_r // 2), w2, lay),
-        *_cutlass_scales("w13", e, 2 * i_r, h // SF, _w13_scales(layer, i_r, swap), apart),
-        *_cutlass_scales("w2", e, h, i_r // SF, _w2_scales(layer, i_r), apart),
+        OutputTensor("w13_weight", "U8", (e, m13, h // 2), w13, {**lay, **order}),
+        OutputTensor("w2_weight", "U8", (e, h, i_p // 2), w2, lay),
+        *_cutlass_scales("w13", e, m13, h // SF, _w13_scales(layer, i_r, swap), apart),
+        *_cutlass_scales("w2", e, h, i_p // SF, _w2_scales(layer, i_r, i_p), apart),
     ]
 
 
@@ -363,22 +374,24 @@ Stage = Callable[[Ctx, int, range], torch.Tensor]
 
 
 def _w13_scales(layer, i_r: int, swap: torch.Tensor) -> tuple[Stage, torch.Tensor]:
-    """The rank's w13 scales staged ([gate; up; one zero row]) and the rows to gather from
-    them: [up; gate], then the zero row."""
+    """The rank's w13 scales staged ([gate; up; one zero row], non-gated [up; zero row]) and
+    the rows to gather from them: `swap`'s ([up; gate], or the up rows and their padding),
+    then the zero row."""
 
     def stage(ctx: Ctx, rank: int, experts: range) -> torch.Tensor:
         return stage_w13(ctx, layer, SCALE, rank, experts, i_r, torch.uint8)
 
-    return stage, torch.cat([swap, torch.tensor([2 * i_r])])
+    return stage, torch.cat([swap, torch.tensor([layer.w13_parts * i_r])])
 
 
-def _w2_scales(layer, i_r: int) -> tuple[Stage, torch.Tensor]:
-    """The rank's w2 scales staged ([H rows; one zero row]) and the rows to gather: as is."""
+def _w2_scales(layer, i_r: int, i_p: int) -> tuple[Stage, torch.Tensor]:
+    """The rank's w2 scales staged ([H rows; one zero row], columns zero-padded to `i_p`'s)
+    and the rows to gather: as is."""
     h = layer.hidden_size
 
     def stage(ctx: Ctx, rank: int, experts: range) -> torch.Tensor:
-        n = i_r // SF
-        return stage_w2(ctx, layer, SCALE, rank, experts, n, n, torch.uint8, padded_rows=h + 1)
+        n, n_p = i_r // SF, i_p // SF
+        return stage_w2(ctx, layer, SCALE, rank, experts, n, n_p, torch.uint8, padded_rows=h + 1)
 
     return stage, torch.arange(h + 1)
 
@@ -436,9 +449,10 @@ class _Scales:
         return self._read(ctx, role, self.g_name, self.g_inv)
 
     def act(self, ctx: Ctx, which: str) -> torch.Tensor:
-        """0-dim: the max over all experts (for w13, over w1 and w3)."""
+        """0-dim: the max over all experts (for w13, over w1 and w3; non-gated, w1's)."""
         if which == "w13":
-            a = torch.cat([self._read(ctx, r, self.a_name, self.a_inv) for r in ("w1", "w3")])
+            roles = [r for r in self.layer.roles if r != "w2"]
+            a = torch.cat([self._read(ctx, r, self.a_name, self.a_inv) for r in roles])
         else:
             a = self._read(ctx, "w2", self.a_name, self.a_inv)
         return a.max()
@@ -457,7 +471,10 @@ class _Scales:
         g2 = lambda c: s.scale_2(c, "w2") * s.act(c, "w2")  # noqa: E731
         a2_gscale = lambda c: one / s.act(c, "w2")  # noqa: E731  (make_nvfp4_moe_quant_config)
         fns |= {"w13_weight_scale_2": g1, "w2_weight_scale_2": g2}
-        if backend is Backend.TRTLLM:
+        if backend is Backend.TRTLLM and not self.layer.gated:
+            # _compute_g1_scale_c of non-gated experts: a2_gscale alone
+            fns["g1_scale_c"] = lambda c: a2_gscale(c).expand(e)
+        elif backend is Backend.TRTLLM:
             # _compute_g1_scale_c: g1_alphas * a2_gscale, a multiplication by the reciprocal
             fns["g1_scale_c"] = lambda c: g1(c) * a2_gscale(c)
         else:
@@ -573,7 +590,10 @@ class _Scales:
         ]
 
     def w1_w3_differ(self) -> list[int]:
-        """Experts whose w1 and w3 global scales differ (read now, at planning)."""
+        """Experts whose w1 and w3 global scales differ (read now, at planning; none for
+        non-gated experts, which have no w3)."""
+        if not self.layer.gated:
+            return []
         files = SourceFiles()
         try:
             ctx = Ctx(files, torch.device("cpu"))

@@ -48,6 +48,7 @@ FAMILY = {
     "deepseek_v2": "deepseek-v3",
     "kimi_k2": "deepseek-v3",
     "mixtral": "mixtral",
+    "nemotron_h": "nemotron-h",  # non-gated experts
 }
 EXPERTS = 2
 

@@ -1,5 +1,6 @@
 """Synthetic checkpoints that are real in form: tensor names, dtypes and config files of
-DeepSeek-V3, Qwen3-MoE (per-expert and fused), and Mixtral, at small sizes.
+DeepSeek-V3, Qwen3-MoE (per-expert and fused), Mixtral, gpt-oss and Nemotron-H (non-gated
+experts, MoE layers only), at small sizes.
 
 Used by `make demo`, `make bench` and the tests. Weights are random; each scheme makes its
 own format's tensors and quantization config (`Scheme.synthetic`), this module the families'
@@ -22,7 +23,7 @@ from ..schemes import REGISTRY
 from ..schemes.base import Synthetic
 from ..schemes.bf16 import synthetic_bf16 as _bf16
 
-FAMILIES = ("deepseek-v3", "qwen3-moe", "qwen3-moe-fused", "mixtral", "gpt-oss")
+FAMILIES = ("deepseek-v3", "qwen3-moe", "qwen3-moe-fused", "mixtral", "gpt-oss", "nemotron-h")
 
 
 @dataclass
@@ -98,6 +99,25 @@ def _config(spec: Spec, quant: str) -> dict:
             "sliding_window": 128,
             **base,
         }
+    elif spec.family == "nemotron-h":  # every layer a MoE ("E"), no Mamba or attention
+        cfg = {
+            "architectures": ["NemotronHForCausalLM"],
+            "model_type": "nemotron_h",
+            "hybrid_override_pattern": "E" * spec.layers,
+            "intermediate_size": 2 * i,
+            "moe_intermediate_size": i,
+            "moe_shared_expert_intermediate_size": i,
+            "n_routed_experts": e,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": min(2, e),
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "mlp_hidden_act": "relu2",
+            "layer_norm_epsilon": 1e-5,
+            **base,
+        }
     elif spec.family == "mixtral":
         cfg = {
             "architectures": ["MixtralForCausalLM"],
@@ -149,6 +169,9 @@ def _all_tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:
         for k, v in made.items():
             yield f"{prefix}.{k}", v
 
+    if spec.family == "nemotron-h":
+        yield from _nemotron_h(spec, expert, mk, bf, g)
+        return
     yield "model.embed_tokens.weight", bf(spec.vocab, h)
     for layer in range(spec.layers):
         p = f"model.layers.{layer}"
@@ -191,6 +214,32 @@ def _all_tensors(spec: Spec, quant: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield from one.items()
     yield "model.norm.weight", torch.ones(h, dtype=torch.bfloat16)
     yield "lm_head.weight", bf(spec.vocab, h)
+
+
+def _nemotron_h(spec: Spec, expert, mk, bf, g) -> Iterator[tuple[str, torch.Tensor]]:
+    """Nemotron-H's names (transformers' NemotronHForCausalLM): MoE mixers of non-gated
+    experts (up_proj, down_proj), a router with a correction bias and a shared expert."""
+    h, i, e = spec.hidden, spec.intermediate, spec.experts
+    yield "backbone.embeddings.weight", bf(spec.vocab, h)
+    for layer in range(spec.layers):
+        p = f"backbone.layers.{layer}"
+        yield f"{p}.norm.weight", torch.ones(h, dtype=torch.bfloat16)
+        yield f"{p}.mixer.gate.weight", bf(e, h)
+        yield f"{p}.mixer.gate.e_score_correction_bias", torch.randn(e, generator=g)
+        yield from _parts(f"{p}.mixer.shared_experts.up_proj", mk((i, h), g))
+        yield from _parts(f"{p}.mixer.shared_experts.down_proj", mk((h, i), g))
+        for x in range(e):
+            one: dict[str, torch.Tensor] = {}
+            for w, shape in (("up_proj", (i, h)), ("down_proj", (h, i))):
+                one.update(_parts(f"{p}.mixer.experts.{x}.{w}", expert(shape, g)))
+            yield from one.items()
+    yield "backbone.norm_f.weight", torch.ones(h, dtype=torch.bfloat16)
+    yield "lm_head.weight", bf(spec.vocab, h)
+
+
+def _parts(prefix: str, made: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    for k, v in made.items():
+        yield f"{prefix}.{k}", v
 
 
 def _share_global_scale(t: dict, prefix: str, differ: bool) -> None:

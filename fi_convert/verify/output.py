@@ -19,6 +19,7 @@ from .. import dtypes, jsontext
 from .. import manifest as mf
 from ..errors import FiConvertError
 from ..families import Family, config_field, model_type, recorded
+from ..families import gated as gated_activation
 from ..format import config_marker
 from ..format import manifest as fm
 from ..format.hashes import sha256_file
@@ -327,7 +328,8 @@ def _layer_problems(
     if h * i > MAX_MATRIX:
         return [*out, f"hidden_size {h} times intermediate_size {i} is more than any model has"]
     clamp = family.swiglu_limit(config or {}) if family is not None else None
-    planned = planner.summaries(prefix, e, h, i, clamp)
+    gated = family is None or gated_activation(family.moe.activation)
+    planned = planner.summaries(prefix, e, h, i, clamp, gated)
     if isinstance(planned, str):
         return [*out, f"{planner.label} cannot make a layer of E {e}, H {h}, I {i}: {planned}"]
     extra = {}
@@ -346,7 +348,7 @@ def _layer_problems(
     diffs = [list(_diff(lay, {**want, **extra}, planner.label)) for want in planned]
     best = min(diffs, key=len)  # the source format this layer came from: the closest plan
     out += [line for path, line in best if path not in flagged]
-    return out + planner.others_differ(prefix, e, h, i)
+    return out + planner.others_differ(prefix, e, h, i, gated)
 
 
 def _experts_list(v: object, e: int) -> bool:
@@ -405,7 +407,7 @@ class _Planner:
     # the other servers an output for several declares, with their layouts: each must plan
     # the same layer entries (`others_differ`)
     others: tuple[tuple[str, Layout], ...] = ()
-    cache: dict[tuple[int, int, int, float | None], list[dict]] = field(default_factory=dict)
+    cache: dict[tuple[int, int, int, float | None, bool], list[dict]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, m: dict) -> _Planner | None:
@@ -425,12 +427,12 @@ class _Planner:
         layouts = [(t.name, t.layout(scheme.value, backend.value)) for t in servers]
         return cls(scheme, backend, m["tp_size"], *layouts[0], tuple(layouts[1:]))
 
-    def others_differ(self, prefix: str, e: int, h: int, i: int) -> list[str]:
+    def others_differ(self, prefix: str, e: int, h: int, i: int, gated: bool = True) -> list[str]:
         """For an output declared for several servers: the line for each other server whose
         layout gives this layer other bytes than the first's (their plans differ)."""
         scheme, out = REGISTRY[self.scheme], []
         for name, layout in self.others:
-            for layer in scheme.stand_in_layers(prefix, e, h, i):
+            for layer in scheme.stand_in_layers(prefix, e, h, i, gated=gated):
                 try:
                     a = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
                 except FiConvertError:
@@ -452,17 +454,18 @@ class _Planner:
         return label if self.server == DEFAULT_SERVER else f"{label} for {self.server}"
 
     def summaries(
-        self, prefix: str, e: int, h: int, i: int, clamp: float | None = None
+        self, prefix: str, e: int, h: int, i: int, clamp: float | None = None, gated: bool = True
     ) -> list[dict] | str:
         """The layer entry of each source format (JSON, as in the manifest), or why the scheme
-        cannot make such a layer; `clamp`: the experts' SwiGLU clamp config.json gives."""
-        key = (e, h, i, clamp)
+        cannot make such a layer; `clamp`: the experts' SwiGLU clamp config.json gives;
+        `gated`: whether the family's experts have a gate (non-gated: w13 is up alone)."""
+        key = (e, h, i, clamp, gated)
         if key in self.cache:
             return self.cache[key]
         scheme = REGISTRY[self.scheme]
         out, refused = [], []
         try:
-            for layer in scheme.stand_in_layers(prefix, e, h, i):
+            for layer in scheme.stand_in_layers(prefix, e, h, i, gated=gated):
                 layer.swiglu_limit = clamp
                 try:
                     lp = scheme.plan_stand_in(layer, self.backend, self.tp, layout=self.layout)
@@ -660,6 +663,16 @@ def refuse_against_flashinfer(root: Path, m: dict) -> None:
             f"load-time pipeline, not {server}'s; verify it against the source without "
             "--against-flashinfer (its layouts are proven against SGLang's own processing in "
             "fi-convert's tests)"
+        )
+    layers = m.get("layers")
+    entries = layers.items() if isinstance(layers, dict) else ()
+    non_gated = next((p for p, lay in entries if lay.get("gated") is False), None)
+    if non_gated is not None:
+        raise FiConvertError(
+            f"{root}: {non_gated} holds non-gated experts (w13 the up projection alone), and "
+            "--against-flashinfer re-derives vLLM's pipeline of gated ones only; verify it "
+            "against the source without --against-flashinfer (its layouts are proven against "
+            "vLLM's own processing in fi-convert's tests)"
         )
 
 

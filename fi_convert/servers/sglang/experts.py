@@ -420,7 +420,8 @@ def _blockscale_aliases(layer: Any) -> None:
 
 def _modelopt_fp8(layer: Any, method: Any) -> None:
     """ModelOptFp8MoEMethod.process_weights_after_loading (SGLang 0.5.23,
-    modelopt_quant.py:1194) for ModelOpt FP8 with static input scales, gated, on FlashInfer
+    modelopt_quant.py:1194) for ModelOpt FP8 with static input scales (gated SiLU or non-gated
+    relu2 experts) on FlashInfer
     TRT-LLM or CUTLASS, without its transforms (the requantized, padded, reordered and, on
     TRT-LLM, interleaved and shuffled weights, the reduced scales and the scale products are
     the output's, `install` read them): every expert parameter replaced, as it replaces them,
@@ -429,10 +430,13 @@ def _modelopt_fp8(layer: Any, method: Any) -> None:
     cfg = layer.moe_runner_config
     backend = _runner_backend(layer, method)
     trtllm, cutlass = backend.is_flashinfer_trtllm(), backend.is_flashinfer_cutlass()
-    if not (trtllm or cutlass) or not cfg.is_gated or cfg.activation != "silu":
+    # gated SiLU experts, or non-gated relu2 ones (Nemotron-H: tests/test_sglang_non_gated.py)
+    takes = (cfg.is_gated, cfg.activation) in ((True, "silu"), (False, "relu2"))
+    if not (trtllm or cutlass) or not takes:
         raise PluginError(
             f"{layer.layer_name}: the SGLang plugin loads ModelOpt FP8 on FlashInfer TRT-LLM and "
-            "CUTLASS for gated SiLU experts only; serve the source with SGLang's own loader"
+            "CUTLASS for gated SiLU experts and non-gated relu2 ones only; serve the source "
+            "with SGLang's own loader"
         )
     _as_loaded(layer)
     for name in ("w13_weight", "w2_weight", *FP8_TENSOR_SCALES):

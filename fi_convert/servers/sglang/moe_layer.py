@@ -317,6 +317,7 @@ def make_layer(prefix: str, ckpt: Path):
     # swiglu_limit=getattr(config, "swiglu_limit", None))
     deepseek = {"swiglu_limit": cfg.get("swiglu_limit")}
     kind = {"gpt_oss": oss, "deepseek_v3": deepseek, "deepseek_v2": deepseek, "kimi_k2": deepseek}
+    kind["nemotron_h"] = _nemotron_h(cfg)
     return FusedMoE(
         **kind.get(cfg.get("model_type"), {}),
         **_routing(ckpt),
@@ -331,6 +332,19 @@ def make_layer(prefix: str, ckpt: Path):
     )
 
 
+def _nemotron_h(cfg: dict) -> dict:
+    """Nemotron-H's routed experts as its model builds them (models/nemotron_h.py
+    NemotronHMoE): non-gated experts of the config's activation, DeepSeekV3 routing."""
+    from sglang.srt.layers.moe.utils import RoutingMethodType
+
+    return dict(
+        activation=cfg.get("mlp_hidden_act", "relu2"),
+        is_gated=False,
+        routing_method_type=RoutingMethodType.DeepSeekV3,
+        routed_scaling_factor=cfg.get("routed_scaling_factor"),
+    )
+
+
 def _routing(ckpt: Path) -> dict:
     """The routing method SGLang's model class declares to its FusedMoE (qwen3_moe.py:
     Renormalize; deepseek_v2.py: DeepSeekV3 unless its config names another; mixtral.py:
@@ -339,7 +353,7 @@ def _routing(ckpt: Path) -> dict:
     do not read it for their layout)."""
     from sglang.srt.layers.moe.utils import RoutingMethodType
 
-    if _algo(ckpt) != "FP8":
+    if _algo(ckpt) != "FP8" or _model_type(ckpt) == "nemotron_h":  # (its own: _nemotron_h)
         return {}
     declared = {
         "qwen3_moe": RoutingMethodType.Renormalize,
@@ -446,10 +460,12 @@ def load(layer, ckpt: Path, prefix: str) -> None:
 
     cfg = json.loads((ckpt / "config.json").read_text())
     experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
+    # Nemotron-H's non-gated experts: its up_proj is FusedMoE's w1 (models/nemotron_h.py)
+    names = ("up_proj", "") if _model_type(ckpt) == "nemotron_h" else ("gate_proj", "up_proj")
     mapping = FusedMoE.make_expert_params_mapping(
-        ckpt_gate_proj_name="gate_proj",
+        ckpt_gate_proj_name=names[0],
         ckpt_down_proj_name="down_proj",
-        ckpt_up_proj_name="up_proj",
+        ckpt_up_proj_name=names[1],
         num_experts=experts,
     )
     params = dict(layer.named_parameters())

@@ -54,6 +54,10 @@ CONDITIONS: dict[str, Condition] = {
         lambda layer: layer.get("swiglu_limit") is None,
     ),
 }
+# Non-gated experts (Nemotron-H's relu2_no_mul: a layer entry's `gated: false`) are proven on
+# these releases only, whatever the rows say (tests/test_sglang_non_gated.py has run on 0.5.23,
+# not in the older releases' venvs)
+NON_GATED_RELEASES = ("0.5.23",)
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,8 @@ def proven_for(manifest: Mapping) -> list[str]:
         if (row.scheme, row.backend) == (scheme, backend) and holds(row, layers)
         for r in row.releases
     }
+    if any(layer.get("gated") is False for layer in layers):
+        found &= set(NON_GATED_RELEASES)
     return sorted(found, key=Version)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ...families import gated
 from ...format.names import DEFAULT_SERVER, SERVER_FIELD, server_of
 from ...target import Layout, Refusal, release_rows
 from . import releases as rel
@@ -144,6 +145,18 @@ NO_ROUTING_METHOD = {
 }
 
 NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
+# Non-gated experts (Nemotron-H, relu2_no_mul): SGLang runs them on FlashInfer
+# (models/nemotron_h.py builds its MoE with is_gated=False; moe_runner/flashinfer_trtllm.py pads
+# a non-gated w13 to 128 and skips the interleave, and computes output1 as ones * (1 / a2), not
+# vLLM's ones / a2; on CUTLASS it pads I/TP to 16 where vLLM pads non-gated experts to 128).
+# fi-convert's layouts of them are proven against SGLang's own processing for these schemes
+# (tests/test_sglang_non_gated.py), both backends; the others are refused
+NON_GATED_PROVEN = ("bf16", "fp8-tensor")
+NON_GATED_WHY = (
+    "fi-convert has not proven SGLang {sglang}'s {scheme} layout of non-gated ({activation}) "
+    "experts (its MoE runners' is_gated=False path) against its own processing yet; "
+    "convert with --scheme " + " or ".join(NON_GATED_PROVEN)
+)
 
 # Model types whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
 # (by config.json's model_type), and why: fi-convert writes no SGLang output of them (the plugin
@@ -316,6 +329,10 @@ class SglangTarget:
     ) -> str | None:
         if routing in NO_FLASHINFER_ROUTING:
             return f"SGLang {TARGET['sglang']} runs {routing} routing on no FlashInfer MoE kernel"
+        if not gated(activation) and scheme not in NON_GATED_PROVEN:
+            return NON_GATED_WHY.format(
+                sglang=TARGET["sglang"], activation=activation, scheme=scheme
+            )
         return None  # its runners take the routing they are given (refuses_source: ModelOpt FP8)
 
     def moe_kernel(self, scheme: str, backend: str, routing: str) -> str:

@@ -7,8 +7,10 @@ tests' (tests/vllm_moe.py, tests/test_vllm*.py).
 
 A layer comes from vLLM's `FusedMoEFactory` with a FlashInfer backend forced. What is patched
 is only where vLLM asks what hardware it runs on: the experts' device checks, the platform's
-compute capability, the current device index, and the tensor-parallel rank and size (every
-module-level binding inside vllm.*), so that one process plays rank r of N. The weights go
+compute capability, the current device index, the tensor-parallel rank and size (every
+module-level binding inside vllm.*), so that one process plays rank r of N, and, off CUDA,
+whether the platform is CUDA-like where FusedMoEConfig asks it before it takes non-gated
+experts (`_CudaAlike`). The weights go
 through vLLM's own `load_weights` and its own post-load driver `process_weights_after_loading`.
 On a machine without CUDA, FlashInfer's CUDA-only scale swizzles and SM90 weight interleave are
 CPU equivalents (`cpu_swizzles`: fi-convert's index math, checked against FlashInfer's CUDA
@@ -33,6 +35,7 @@ import vllm.model_executor.layers.fused_moe  # noqa: F401  (before its submodule
 from safetensors import safe_open
 from vllm.config import DeviceConfig, KernelConfig, VllmConfig, set_current_vllm_config
 from vllm.config.quantization import QUANT_KEY_NAMES
+from vllm.model_executor.layers.fused_moe import config as moe_config_module
 from vllm.model_executor.layers.fused_moe.experts import (
     flashinfer_cutlass_moe,
     trtllm_bf16_moe,
@@ -159,6 +162,12 @@ def vllm_context(
             mock.patch.object(unquantized, "_get_priority_backends", lambda cfg: list(flashinfer))
         )
         stack.enter_context(mock.patch.object(torch.accelerator, "current_device_index", lambda: 0))
+        if not current_platform.is_cuda_alike():  # non-gated experts are built (_CudaAlike)
+            stack.enter_context(
+                mock.patch.object(
+                    moe_config_module, "current_platform", _CudaAlike(current_platform)
+                )
+            )
         _tp(stack, tp_size, tp_rank)
         cfg = VllmConfig(
             kernel_config=KernelConfig(moe_backend=MOE_BACKEND[backend]),
@@ -214,10 +223,14 @@ def make_layer(
         has_bias=True, activation="swigluoai", routed_experts_cls=gpt_oss.GptOssRoutedExperts
     )
     grouped = dict(use_grouped_topk=True, num_expert_group=groups, topk_group=1)
+    special = oss if cfg.get("model_type") == "gpt_oss" else {}
+    if cfg.get("model_type") == "nemotron_h":
+        special = nemotron_h_experts(cfg, experts)
     runner = FusedMoEFactory(
         num_experts=experts,
         top_k=2,
-        hidden_size=cfg["hidden_size"],
+        # a latent MoE's experts run in moe_latent_size (models/nemotron_h.py moe_hidden_size)
+        hidden_size=cfg.get("moe_latent_size") or cfg["hidden_size"],
         intermediate_size=inter,
         params_dtype=torch.bfloat16,
         quant_config=None if unquantized else quant_config(ckpt),
@@ -225,10 +238,47 @@ def make_layer(
         dp_size=1,
         pcp_size=1,
         prefix=prefix,
-        **(oss if cfg.get("model_type") == "gpt_oss" else {}),
+        **special,
         **({} if groups is None else grouped),
     )
     return runner.routed_experts
+
+
+def nemotron_h_experts(cfg: dict, experts: int) -> dict:
+    """The FusedMoEFactory arguments of Nemotron-H's routed experts as its model builds them
+    (models/nemotron_h.py NemotronHMoE): non-gated relu2_no_mul experts, checkpoint names
+    ("up_proj", "down_proj", None), sigmoid routing with a correction bias over groups."""
+    from vllm.model_executor.layers.fused_moe import activation_without_mul
+
+    return dict(
+        renormalize=cfg.get("norm_topk_prob", True),
+        ckpt_names=("up_proj", "down_proj", None),
+        use_grouped_topk=True,
+        num_expert_group=cfg.get("n_group", 1),
+        topk_group=cfg.get("topk_group", 1),
+        scoring_func="sigmoid",
+        e_score_correction_bias=torch.zeros(experts, dtype=torch.float32),
+        activation=activation_without_mul(cfg.get("mlp_hidden_act", "relu2")),
+        routed_scaling_factor=cfg.get("routed_scaling_factor", 1.0),
+        apply_routed_scale_to_output=True,
+        router_logits_dtype=torch.float32,
+    )
+
+
+class _CudaAlike:
+    """vLLM's platform as fused_moe/config.py sees it, saying it is CUDA-like: its
+    FusedMoEConfig refuses non-gated experts (`is_act_and_mul` False) on any other platform
+    ("supported only for CUDA, XPU and ROCm"), the one use of that answer in the module;
+    everything else is the platform's own."""
+
+    def __init__(self, platform: object) -> None:
+        self._platform = platform
+
+    def is_cuda_alike(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._platform, name)
 
 
 def source_tensors(ckpt: Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
