@@ -69,6 +69,8 @@ VLLM_SCALE_SHAPES: frozenset[tuple[int, int]] = frozenset(
         (192, 10),
         (384, 10),
         (768, 10),
+        # ... and a non-gated w13's at TP 4 (Nemotron-H: I 384 / 4; not yet checked on the GPU)
+        (96, 10),
         # non-gated w13s (Nemotron-H: I_p 128 or 384, H_p 512; NVFP4's K/16, MXFP8's K/32)
         (128, 16),
         (128, 32),

@@ -112,7 +112,8 @@ def test_the_manifest_says_non_gated_and_verify_passes(
     t = lay["tensors"]["w13_weight"]
     assert (t["row_order"], t["gated_interleave"], t["shape_per_rank"]) == ("up", False, w13)
     assert m["source"]["activation"] == "relu2_no_mul"
-    assert m["target"]["vllm_releases"] == ["0.33.0"]
+    # every release ran non-gated experts in these schemes (make test-release) and holds them
+    assert m["target"]["vllm_releases"] == ["0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
     res = cli("verify", out, "--source", src)
     assert res.exit_code == 0, res.stderr
     res = cli("verify", out, "--source", src, "--against-flashinfer")

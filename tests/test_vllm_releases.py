@@ -227,24 +227,17 @@ def test_the_docs_support_table_is_the_proven_tables():
     page = (ROOT / "docs" / "serving.md").read_text()
     assert script["with_table"](page) == page
     assert releases.support_table() in page
-    edited = page.replace("| mxfp8 | trtllm | other sizes | fails (2)", "| mxfp8 | trtllm | x")
+    edited = page.replace("| mxfp8 | trtllm | other sizes | fails (1)", "| mxfp8 | trtllm | x")
     assert edited != page and script["with_table"](edited) == page
 
 
 def test_the_support_table_marks_each_release_of_each_row():
     table = releases.support_table()
     assert "| bf16 | trtllm | any size | " + " | ".join(["proven"] * 5) + " |" in table
-    one = ["not proven (1)"] * 3 + ["proven", "not proven (1)"]
-    schemes = ("bf16", "fp8-block", "fp8-tensor", "nvfp4")
-    non_gated = [(s, b) for s in schemes for b in ("trtllm", "cutlass")]
-    for scheme, backend in [*non_gated, ("mxfp8", "trtllm")]:  # Nemotron-H: 0.33 alone
-        row = f"| {scheme} | {backend} | non-gated experts | " + " | ".join(one) + " |"
-        assert row in table
-    assert "(1) non-gated experts (Nemotron-H) are proven on vLLM 0.33 only" in table
-    row = "| mxfp8 | trtllm | other sizes | " + " | ".join(["fails (2)"] * 3 + ["proven"] * 2)
+    row = "| mxfp8 | trtllm | other sizes | " + " | ".join(["fails (1)"] * 3 + ["proven"] * 2)
     assert row in table
-    assert "(2) vLLM 0.30-0.32 do not pad" in table
-    mxfp4 = ["not proven (3)"] * 3 + ["proven", "not proven (3)"]
+    assert "(1) vLLM 0.30-0.32 do not pad" in table
+    mxfp4 = ["not proven (2)"] * 3 + ["proven", "not proven (2)"]
     for backend in ("trtllm", "cutlass"):  # one note for both rows
         assert f"| mxfp4 | {backend} | any size | " + " | ".join(mxfp4) + " |" in table
-    assert "(3) gpt-oss MXFP4 is proven on vLLM 0.33 only" in table and "(4) vLLM has no" in table
+    assert "(2) gpt-oss MXFP4 is proven on vLLM 0.33 only" in table and "(3) vLLM has no" in table

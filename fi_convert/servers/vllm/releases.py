@@ -35,11 +35,6 @@ def _any(layer: Mapping) -> bool:
     return True
 
 
-def _non_gated(layer: Mapping) -> bool:
-    """A layer of non-gated experts (Nemotron-H's relu2_no_mul): w13 the up projection alone."""
-    return layer.get("gated") is False
-
-
 @dataclass(frozen=True)
 class Row:
     """Releases proven for a scheme on a backend, for the layers that meet `when`."""
@@ -64,28 +59,10 @@ MXFP8_UNALIGNED = (
     "their own processing fails on these sizes"
 )
 
-NON_GATED_ONE = (
-    "non-gated experts (Nemotron-H) are proven on vLLM 0.33 only: the other releases' venvs "
-    "have not run their cases yet (`make test-release`); the plugin proves such a release at "
-    "load, on its own code"
-)
-
-
-def _non_gated_row(scheme: str, backend: str) -> Row:
-    return Row(scheme, backend, (REFERENCE,), _non_gated, "non-gated experts", NON_GATED_ONE)
-
-
-# The first row of a scheme and backend whose condition a layer meets gives its releases.
+# The first row of a scheme and backend whose condition a layer meets gives its releases. Gated
+# and non-gated experts (Nemotron-H's relu2_no_mul, w13 the up projection alone) alike: every
+# release ran both (tests/test_vllm.py, test_vllm_scales.py), with the same outcome.
 TABLE: tuple[Row, ...] = (
-    _non_gated_row("bf16", "trtllm"),
-    _non_gated_row("bf16", "cutlass"),
-    _non_gated_row("fp8-block", "trtllm"),
-    _non_gated_row("fp8-block", "cutlass"),
-    _non_gated_row("fp8-tensor", "trtllm"),
-    _non_gated_row("fp8-tensor", "cutlass"),
-    _non_gated_row("nvfp4", "trtllm"),
-    _non_gated_row("nvfp4", "cutlass"),
-    _non_gated_row("mxfp8", "trtllm"),
     Row("bf16", "trtllm", ALL),
     Row("bf16", "cutlass", ALL),
     Row("fp8-block", "trtllm", ALL),
