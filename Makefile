@@ -16,14 +16,15 @@ export SGLANG_CHECK := from tests.sglang_stubs import installed; \
 # $(SERVER_VENV), which holds fi-convert with its dev extra, FlashInfer and that server only,
 # as `pip install ".[SERVER]"` would but with the server's wheel --no-deps beside the CPU torch
 # (as `make install`). `make test-server` runs there SERVER_TESTS with `--server $(SERVER)`
-# (the other server's modules not collected, its marked tests deselected).
+# (the other server's modules not collected, its marked tests deselected): the plugin's tests
+# and the core's that prove the install; the families' model classes run in `make test` (the
+# same code, whatever else the venv holds).
 SERVER ?= vllm
 SERVER_VENV ?= .venv-$(SERVER)
 SERVER_TESTS ?= tests/test_$(SERVER)_plugin.py $(SERVER_MORE_TESTS_$(SERVER)) \
 	tests/test_layers.py tests/test_hub_fetch.py tests/test_server_option.py tests/test_install.py
-SERVER_MORE_TESTS_sglang := tests/test_sglang_models.py tests/test_sglang_ep.py \
-	tests/test_sglang_families.py
-SERVER_MORE_TESTS_vllm := tests/test_vllm_families.py
+SERVER_MORE_TESTS_sglang := tests/test_sglang_models.py tests/test_sglang_ep.py
+SERVER_MORE_TESTS_vllm :=
 SERVER_REQUIREMENTS_vllm := requirements/vllm-cpu-test.txt
 SERVER_REQUIREMENTS_sglang := requirements/sglang-alone-cpu-test.txt
 SERVER_WHEELS_vllm := $(VLLM) xgrammar==0.2.8
