@@ -15,7 +15,11 @@ export SGLANG_CHECK := from tests.sglang_stubs import installed; \
 # One server's install alone (CI's matrix over servers): SERVER=vllm or SERVER=sglang, in
 # $(SERVER_VENV), which holds fi-convert with its dev extra, FlashInfer and that server only,
 # as `pip install ".[SERVER]"` would but with the server's wheel --no-deps beside the CPU torch
-# (as `make install`). `make test-server` runs there SERVER_TESTS with `--server $(SERVER)`
+# (as `make install`): of $(VENV)'s distributions, those that installing SERVER_FOLLOW and the
+# server's requirements file (dependencies followed) and FlashInfer and the server's wheels
+# (--no-deps) installs, linked in (scripts/venv_links.py: seconds, no disk; the two
+# requirements files resolve to the same versions alone as together).
+# `make test-server` runs there SERVER_TESTS with `--server $(SERVER)`
 # (the other server's modules not collected, its marked tests deselected): the plugin's tests
 # and the core's that prove the install; the families' model classes run in `make test` (the
 # same code, whatever else the venv holds).
@@ -29,6 +33,8 @@ SERVER_REQUIREMENTS_vllm := requirements/vllm-cpu-test.txt
 SERVER_REQUIREMENTS_sglang := requirements/sglang-alone-cpu-test.txt
 SERVER_WHEELS_vllm := $(VLLM) xgrammar==0.2.8
 SERVER_WHEELS_sglang := $(SGLANG)
+SERVER_FOLLOW := $(TORCH) 'fi-convert[dev]' 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests \
+	nvidia-ml-py tqdm einops
 SERVER_CHECK_vllm := import vllm.model_executor.layers.fused_moe
 SERVER_CHECK_sglang := $(SGLANG_CHECK)
 OTHER_SERVER_vllm := sglang
@@ -77,28 +83,20 @@ test: install
 
 install-server: $(SERVER_VENV)/.installed
 
-$(SERVER_VENV)/.installed: pyproject.toml Makefile requirements/torch-cpu.txt \
+$(SERVER_VENV)/.installed: $(VENV)/.installed scripts/venv_links.py requirements/torch-cpu.txt \
 		requirements/vllm-cpu-test.txt requirements/sglang-cpu-test.txt \
 		requirements/sglang-alone-cpu-test.txt
 	@test -n "$(OTHER_SERVER_$(SERVER))" || { echo "SERVER=$(SERVER): vllm or sglang"; exit 2; }
 	rm -rf $(SERVER_VENV)
-	python3 -m venv $(SERVER_VENV)
+	$(PY) scripts/venv_links.py over $(VENV) $(SERVER_VENV) --follow $(SERVER_FOLLOW) \
+		-r $(SERVER_REQUIREMENTS_$(SERVER)) --as-is $(FLASHINFER) $(SERVER_WHEELS_$(SERVER))
 	echo '*' >$(SERVER_VENV)/.gitignore
-	$(SERVER_VENV)/bin/pip install -q --upgrade pip
-	$(SERVER_VENV)/bin/pip install -q $(TORCH)
-	flock .editable-install.lock env PYTHONWARNINGS='ignore:Editable installation' \
-		$(SERVER_VENV)/bin/pip install -q -e '.[dev]'
-	$(SERVER_VENV)/bin/pip install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests \
-		nvidia-ml-py tqdm einops
-	$(SERVER_VENV)/bin/pip install -q -c requirements/torch-cpu.txt \
-		-r $(SERVER_REQUIREMENTS_$(SERVER))
-	$(SERVER_VENV)/bin/pip install -q --no-deps $(FLASHINFER) $(SERVER_WHEELS_$(SERVER))
 	$(SERVER_VENV)/bin/python -c "$$SERVER_CHECK" >/dev/null 2>&1 || \
 		$(SERVER_VENV)/bin/python -c "$$SERVER_CHECK"
 	@! $(SERVER_VENV)/bin/python -c "import $(OTHER_SERVER_$(SERVER))" 2>/dev/null || \
 		{ echo "$(SERVER_VENV) holds $(OTHER_SERVER_$(SERVER)), which SERVER=$(SERVER) must not"; exit 1; }
 	@echo "installed: $(SERVER_VENV), with $(FLASHINFER) and $(SERVER_WHEELS_$(SERVER)) alone" \
-		"($(OTHER_SERVER_$(SERVER)) is not installed)"
+		"($(OTHER_SERVER_$(SERVER)) is not installed; linked from $(VENV))"
 	touch $@
 
 test-server: install-server
@@ -106,7 +104,7 @@ test-server: install-server
 
 # Each server release other than make install's (vLLM 0.33.0, SGLang 0.5.23) as a test authority
 # (docs/development.md, "vLLM releases", "SGLang releases"): a venv of its own packages over the
-# clone's one-server venv ($(SERVER_VENV), `make install-server`), cached outside the clone
+# clone's one-server venv ($(SERVER_VENV), `make install-server`), under .venv-releases/
 # (scripts/release_env.sh: the release's wheel and the pins of it that the one-server venv does
 # not hold installed, every other package of that venv linked in), the clone on PYTHONPATH.
 RELEASES_vllm ?= 0.30.0 0.31.0 0.32.0 0.34.0
@@ -204,4 +202,4 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) .venv-vllm .venv-sglang demo .pytest_cache .mypy_cache .ruff_cache dist build site
+	rm -rf $(VENV) $(ENGINE_VENV) .venv-vllm .venv-sglang .venv-releases demo .pytest_cache .mypy_cache .ruff_cache dist build site

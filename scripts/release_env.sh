@@ -17,10 +17,11 @@
 # from the wheel's metadata, never written here, except where the package index lacks the
 # pinned release (FLASHINFER_INSTEAD).
 #
-# It lies under ${FI_CONVERT_CACHE:-$HOME/.cache/fi-convert}/releases/<server>-<release>-<hash>,
-# <hash> from this script, the one-server venv's path and its installed distributions: a change
-# to any builds another (and removes the one it replaces). It prints the venv's path last on
-# stdout; run its bin/python (with the clone on PYTHONPATH).
+# It lies in the clone, under .venv-releases/<server>-<release>-<hash> (it links into the clone's
+# one-server venv: it serves no other clone), <hash> from this script, the one-server venv's
+# path and its installed distributions: a change to any builds another (and removes the one it
+# replaces). It prints the venv's path last on stdout; run its bin/python (with the clone on
+# PYTHONPATH).
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."
@@ -43,7 +44,7 @@ installed=$("$PY" -c 'import importlib.metadata as m
 print("\n".join(sorted({d.metadata["Name"] + "==" + d.version for d in m.distributions()})))')
 base=$(cd "$VENV" && pwd)
 hash=$( (cat "$self" ${narrow:+"$narrow"}; echo "$base"; echo "$installed") | sha256sum | cut -c1-12)
-OVERLAY="${FI_CONVERT_CACHE:-$HOME/.cache/fi-convert}/releases/$server-$release-$hash"
+OVERLAY="$PWD/.venv-releases/$server-$release-$hash"
 STAMP="$OVERLAY/.release-env-installed"
 
 case "${3:-}" in
@@ -60,6 +61,7 @@ fi
 
 start=$(date +%s)
 mkdir -p "$(dirname "$OVERLAY")"
+echo '*' >"$(dirname "$OVERLAY")/.gitignore"
 # built in a folder of its own, then renamed into place: a run beside this one (another clone's
 # CI) builds its own and the first to finish wins; a run cut off leaves none half built
 tmp=$(mktemp -d "$OVERLAY.XXXXXX.tmp")
@@ -118,38 +120,7 @@ site=$("$tmp/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['pure
 # their own files hold at the top (flashinfer-python's `b12x` package, say); with --drop, remove
 # the links of the named ones from a venv built so far.
 relink() {
-    "$PY" - "$site" "$@" <<'EOF'
-import importlib.metadata as md
-import os
-import sys
-import sysconfig
-from pathlib import Path
-
-from packaging.utils import canonicalize_name as canon
-
-site, *names = sys.argv[1:]
-drop = names[:1] == ["--drop"]
-names = {canon(n) for n in names[drop:]}
-base = Path(sysconfig.get_paths()["purelib"])
-owned: dict[str, set[str]] = {}  # a top-level entry of the venv -> the distributions holding it
-for dist in md.distributions(path=[str(base)]):
-    tops = {Path(str(f)).parts[0] for f in dist.files or []} - {"..", "__pycache__"}
-    tops.add(Path(dist._path).name)  # its .dist-info
-    for top in tops:
-        owned.setdefault(top, set()).add(canon(dist.metadata["Name"]))
-skipped = {top for top, dists in owned.items() if dists & names}
-shared = {top for top in skipped if owned[top] - names and not top.endswith(".dist-info")}
-if shared:
-    sys.exit(f"release_env: {sorted(shared)} of {sorted(names)} are shared with other packages "
-             "of the venv; replacing them is not supported here")
-for entry in base.iterdir():
-    link = Path(site) / entry.name
-    if entry.name in skipped:
-        if drop and link.is_symlink():
-            link.unlink()
-    elif not drop and entry.name not in {"__pycache__"} and not link.exists():
-        os.symlink(entry, link)
-EOF
+    "$PY" scripts/venv_links.py link "$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" "$site" "$@"
 }
 names() { printf '%s\n' "$@" | sed 's/[][<>=!~;, ].*//'; }
 mapfile -t replaced < <(names "${wanted[@]}" "$server")
@@ -205,10 +176,9 @@ echo "$server $release over $base: ${wanted[*]}" >"$tmp/.release-env-installed"
 if ! mv -T "$tmp" "$OVERLAY" 2>/dev/null; then  # built beside this run meanwhile: keep that one
     [[ -f "$STAMP" ]] || { echo "release_env: cannot move $tmp to $OVERLAY" >&2; exit 1; }
 fi
-for old in "${OVERLAY%-*}"-*; do  # the ones this replaces: the same release over the same venv
+for old in "${OVERLAY%-*}"-*; do  # the ones this replaces: the same release, older builds
     [[ "$old" != "$OVERLAY" && "$old" != *.tmp && -f "$old/.release-env-installed" ]] || continue
-    read -r _ _ _ over _ <"$old/.release-env-installed"
-    [[ "$over" == "$base:" ]] && rm -rf "$old"
+    rm -rf "$old"
 done
 echo "release_env: built $OVERLAY ($server $release: ${wanted[*]})" \
     "in $(($(date +%s) - start)) s, $(du -sh "$OVERLAY" | cut -f1)" >&2
