@@ -4,7 +4,11 @@
 # apache-tvm-ffi, the pure-Python packages vLLM 0.33 imports that the image lacks (compressed-tensors
 # included, for its compressed-tensors configs; at the
 # versions in .venv), and vLLM's own package from .venv without its compiled parts (about
-# 48 MB in all; `run` carries at most 64 MiB). Usage: scripts/carry_for_device.sh
+# 48 MB in all; `run` carries at most 64 MiB). With RELEASE..., also each vLLM release's package
+# from its venv (scripts/release_env.sh vllm RELEASE: 13 MB each) as .carry/releases/vllm-RELEASE.zip,
+# which `VLLM_RELEASES="RELEASE..." scripts/device_run.sh` runs the GPU tests against, with the
+# FlashInfer above (0.6.18.post1, the one 0.30 pins: the later ones' wheels are 34-101 MB, and
+# their MoE byte layouts are 0.6.18's). Usage: scripts/carry_for_device.sh [RELEASE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -15,7 +19,16 @@ for p in flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2 $pins; do
         --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 \
         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any "$p"
 done
-(cd "$site" && zip -qr9 "$OLDPWD/.carry/vllm-py.zip" vllm -x "*.so" -x "*__pycache__*" \
-    -x "vllm/vllm-rs" -x "vllm/third_party/deep_gemm/*" -x "vllm/third_party/fmha_sm100/*" \
-    -x "vllm/entrypoints/serve/instrumentator/static/*")
+zip_vllm() {  # the vllm package of site-packages $1 into $2, without its compiled parts
+    (cd "$1" && zip -qr9 "$2" vllm vllm-*.dist-info -x "*.so" -x "*__pycache__*" -x "*.dist-info/RECORD" \
+        -x "vllm/vllm-rs" -x "vllm/third_party/deep_gemm/*" -x "vllm/third_party/fmha_sm100/*" \
+        -x "vllm/entrypoints/serve/instrumentator/static/*")
+}
+zip_vllm "$site" "$PWD/.carry/vllm-py.zip"
+for release in "$@"; do
+    mkdir -p .carry/releases
+    venv=$(bash scripts/release_env.sh vllm "$release")
+    zip_vllm "$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" \
+        "$PWD/.carry/releases/vllm-$release.zip"
+done
 du -sh .carry

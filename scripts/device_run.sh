@@ -2,7 +2,8 @@
 # One call on the GPU machine (see docs/development.md, "GPU tests"): FlashInfer and vLLM's Python code from
 # carried files, then the GPU test modules (or with `all` the whole suite), and optionally the
 # benchmark; logs under $OUT.
-# Usage: [K=pytest-k-expression] [TESTS="test files"] [BENCH_ARGS="--cases layers"] scripts/device_run.sh [all | no-tests] [bench | vllm-bench |
+# Usage: [K=pytest-k-expression] [TESTS="test files"] [VLLM_RELEASES="0.34.0 ..."]
+#        [BENCH_ARGS="--cases layers"] scripts/device_run.sh [all | no-tests] [bench | vllm-bench |
 #        vllm-bench-quick] [cli-bench]
 # Carried (see docs/development.md): .carry/wheels/*.whl (FlashInfer 0.6.18.post1, apache-tvm-ffi and vLLM's
 # pure-Python dependencies missing from the image) and .carry/vllm-py.zip (vLLM 0.33.0's package
@@ -24,6 +25,15 @@ elif [[ " $* " == *" all "* ]]; then  # the whole suite, the GPU modules include
 else
     python3 -m pytest -q -rA -s ${TESTS:-tests/test_gpu.py tests/test_bulk_read.py tests/test_vllm_gpu.py tests/test_vllm.py} ${K:+-k "$K"} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|error|differ|^E " | tail -25
 fi
+# Each vLLM release of VLLM_RELEASES (its package carried as .carry/releases/vllm-X.zip:
+# scripts/carry_for_device.sh X) as the test authority of the vLLM GPU tests, with the FlashInfer
+# carried above: `pytest --server vllm --release X`.
+for release in ${VLLM_RELEASES:-}; do
+    rm -rf "/tmp/site-$release" && python3 -m zipfile -e ".carry/releases/vllm-$release.zip" "/tmp/site-$release"
+    PYTHONPATH="/tmp/site-$release:$PYTHONPATH" python3 -m pytest -q -rA -s -p no:cacheprovider \
+        --server vllm --release "$release" ${RELEASE_TESTS:-tests/test_vllm_gpu.py} ${RELEASE_K:+-k "$RELEASE_K"} 2>&1 |
+        tee "$OUT/gpu-tests-vllm-$release.log" | grep -E "passed|failed|error|differ|^E " | tail -25
+done
 if [[ " $* " == *" bench "* ]]; then
     python3 scripts/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
 fi

@@ -18,8 +18,6 @@ from __future__ import annotations
 import pytest
 
 from fi_convert import Backend, Options, SchemeName, convert
-from fi_convert.servers.vllm import releases
-from fi_convert.servers.vllm.checks import same_release, vllm_version
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import vllm_moe as vm
 
@@ -74,20 +72,13 @@ ALL_PARAMS = [
 ]
 
 
-def left_out(case: str, backend: str, tp: int) -> bool:
-    """Whether the releases table leaves the installed vLLM out for this case's output (its
-    scheme, backend and per-rank sizes, as the manifest will have them)."""
-    scheme, spec = CASES[case][:2]
-    layer = {"hidden_size": spec.hidden, "intermediate_size_per_rank": spec.intermediate // tp}
-    if spec.family == "nemotron-h":
-        layer["gated"] = False  # non-gated experts: the table's rows of their own
-    proven = releases.proven_for({"scheme": scheme, "backend": backend, "layers": {"x": layer}})
-    return not any(same_release(vllm_version(), r) for r in proven)
+def status(case: str, backend: str, tp: int) -> str:
+    return vm.release_status(CASES[case][0], backend, CASES[case][1], tp)
 
 
-# what the installed release serves; the rest must fail in its own processing
-PARAMS = [p for p in ALL_PARAMS if not left_out(*p[:3])]
-LEFT_OUT = [p for p in ALL_PARAMS if left_out(*p[:3])]
+# what the installed release serves; where the table says it fails, its own processing must
+PARAMS = [p for p in ALL_PARAMS if status(*p[:3]) == "proven"]
+LEFT_OUT = [p for p in ALL_PARAMS if status(*p[:3]) == "fails"]
 
 
 @pytest.fixture(scope="module")

@@ -140,3 +140,22 @@ def cpu_swizzle() -> Iterator[None]:
                 if callable(vars(module).get(attr)):
                     stack.enter_context(mock.patch.object(module, attr, block_scale_interleave_cpu))
         yield
+
+
+def release_status(scheme: str, backend: str, spec, tp: int) -> str:
+    """What the releases table (fi_convert/servers/vllm/releases.py) says of the installed vLLM
+    for the output of checkpoint `spec` (a synthetic Spec) in `scheme` on `backend` at TP `tp`,
+    its scheme, backend and per-rank sizes as the manifest will have them: "proven" (it holds
+    the bytes), "fails" (its own processing fails on these sizes) or "not proven"."""
+    from fi_convert.servers.vllm import releases
+    from fi_convert.servers.vllm.checks import same_release, vllm_version
+
+    layer = {"hidden_size": spec.hidden, "intermediate_size_per_rank": spec.intermediate // tp}
+    if spec.family == "nemotron-h":
+        layer["gated"] = False  # non-gated experts
+    row = releases.row_for(scheme, backend, layer)
+    if row is None:
+        return "not proven"
+    if any(same_release(vllm_version(), r) for r in row.releases):
+        return "proven"
+    return row.left_out_as
