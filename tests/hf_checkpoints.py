@@ -418,7 +418,106 @@ def _save_qwen3_omni(root: Path, seed: int = 0) -> Path:
     return root
 
 
-SAVERS = {"qwen3_omni_moe": _save_qwen3_omni}
+# GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): GLM-4.5's text MoE (layer 0 dense,
+# layer 1 MoE with a shared expert) under model.language_model, beside a one-block vision tower
+# (model.visual), each part's config tiny; fi-convert converts the language model's experts
+GLM4V_TEXT = COMMON | dict(
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    # as published (zai-org/GLM-4.5V: M-RoPE over half of each head)
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 1e4,
+        "mrope_section": [2, 2, 4],
+        "partial_rotary_factor": 0.5,
+    },
+)
+GLM4V_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    out_hidden_size=64,
+    patch_size=4,
+    image_size=16,
+)
+
+
+def _save_glm4v_moe(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Glm4vMoeConfig(text_config=GLM4V_TEXT, vision_config=GLM4V_VISION)
+    torch.manual_seed(seed)
+    model = transformers.Glm4vMoeForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    return root
+
+
+# LongCat-Flash: one layer of two MLA attentions, two dense MLPs (mlps.0, mlps.1) and a MoE of
+# 4 experts plus 2 zero-computation (identity) experts
+LONGCAT = COMMON | dict(
+    ffn_hidden_size=128,
+    expert_ffn_hidden_size=128,
+    n_routed_experts=4,
+    zero_expert_num=2,
+    moe_topk=2,
+    kv_lora_rank=16,
+    q_lora_rank=32,
+    # the published head sizes (vLLM 0.33 has MLA prefill kernels for these only)
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+)
+
+# the published config.json's keys that transformers 5.20's LongcatFlashConfig does not write:
+# the zero experts' kind, and the MLA LoRA norms' scaling on load (vLLM's model reads both)
+LONGCAT_RELEASED = dict(zero_expert_type="identity", mla_scale_q_lora=True, mla_scale_kv_lora=True)
+
+
+def _save_longcat_flash(root: Path, seed: int = 0) -> Path:
+    """As meituan-longcat/LongCat-Flash-Chat is published: transformers 5.20's LongcatFlashExperts
+    holds a gate_up_proj for the zero experts too (n_routed_experts + zero_expert_num), which
+    its save_pretrained writes as experts.4/5.{gate,up}_proj; the published checkpoints hold
+    the routed experts alone (vLLM's and SGLang's loaders map n_routed_experts experts, and fail
+    on any other `experts.E.` tensor), so those are left out. config.json gets the published
+    keys transformers' config class does not write and both servers' models read
+    (LONGCAT_RELEASED)."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    config = transformers.LongcatFlashConfig(**LONGCAT)
+    torch.manual_seed(seed)
+    model = transformers.LongcatFlashForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    n = LONGCAT["n_routed_experts"]
+    zero = {f".mlp.experts.{e}." for e in range(n, n + LONGCAT["zero_expert_num"])}
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    total = 0
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(root / shard)
+        kept = {k: v for k, v in tensors.items() if not any(z in k for z in zero)}
+        if len(kept) < len(tensors):
+            save_file(kept, root / shard, metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in kept.values())
+    weight_map = {k: v for k, v in index["weight_map"].items() if not any(z in k for z in zero)}
+    index |= {"metadata": index["metadata"] | {"total_size": total}, "weight_map": weight_map}
+    index_path.write_text(json.dumps(index, indent=2))
+    cfg = json.loads((root / "config.json").read_text()) | LONGCAT_RELEASED
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    return root
+
+
+SAVERS = {
+    "qwen3_omni_moe": _save_qwen3_omni,
+    "glm4v_moe": _save_glm4v_moe,
+    "longcat_flash": _save_longcat_flash,
+}
 
 
 def _nemotron_h_pattern(cfg: dict) -> dict:

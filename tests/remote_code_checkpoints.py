@@ -9,6 +9,10 @@ query_key_value`, `attention.dense`, RMS q/k norms, layer 0 a dense MLP, layer 1
 router (`mlp.gate.weight`, `mlp.gate.expert_bias`), a shared expert and per-expert
 gate/up/down_proj; `model.word_embeddings`, `model.norm`, `lm_head`.
 
+Ling v1 (inclusionAI/Ling-lite-1.5, BailingMoeForCausalLM, model_type bailing_moe): Ling 2.0's
+names without the q/k norms, every layer MoE (first_k_dense_replace 0) with two shared experts,
+softmax routing renormalized (norm_topk_prob), no expert bias, no groups.
+
 DeepSeek-MoE v1 (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM): Llama's attention
 (q/k/v/o_proj), layer 0 a dense MLP, layer 1 MoE with its router (`mlp.gate.weight`), shared
 experts and per-expert gate/up/down_proj; softmax routing without renormalization as released.
@@ -118,6 +122,87 @@ def save_ling2(root: Path, seed: int = 0) -> Path:
     shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
     module = CONFIG_MODULE.format(cls="BailingMoeV2Config", model_type="bailing_moe_v2")
     return _write(root, shards, c, "configuration_bailing_moe_v2.py", module)
+
+
+LING1_CONFIG = dict(
+    model_type="bailing_moe",
+    architectures=["BailingMoeForCausalLM"],
+    auto_map={"AutoConfig": "configuration_bailing_moe.BailingMoeConfig"},
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts=4,
+    num_shared_experts=2,
+    num_experts_per_tok=2,
+    first_k_dense_replace=0,
+    norm_topk_prob=True,
+    use_bias=False,
+    use_qkv_bias=False,
+    norm_head=False,
+    norm_softmax=False,
+    rope_theta=600000,
+    rope_scaling=None,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    embedding_dropout=0.0,
+    output_dropout=0.0,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_ling1(root: Path, seed: int = 0) -> Path:
+    """A tiny Ling v1 checkpoint in two shards (a layer each), both layers MoE."""
+    g = torch.Generator().manual_seed(seed)
+    c = LING1_CONFIG
+    h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
+    nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    d, shared = h // nq, c["num_shared_experts"] * i
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
+
+    first: dict[str, torch.Tensor] = {"model.word_embeddings.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p = f"model.layers.{layer}."
+        shard |= {
+            p + "input_layernorm.weight": w(h),
+            p + "post_attention_layernorm.weight": w(h),
+            p + "attention.query_key_value.weight": w((nq + 2 * nkv) * d, h),
+            p + "attention.dense.weight": w(h, nq * d),
+            p + "mlp.gate.weight": w(e, h),
+        }
+        sizes = [(p + "mlp.shared_experts.", shared)]
+        sizes += [(f"{p}mlp.experts.{x}.", i) for x in range(e)]
+        for m, size in sizes:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    module = CONFIG_MODULE.format(cls="BailingMoeConfig", model_type="bailing_moe")
+    # the published class's default for the key its config.json leaves out (both servers read
+    # `config.head_dim or hidden_size // num_attention_heads`)
+    module += LING1_HEAD_DIM
+    return _write(root, shards, c, "configuration_bailing_moe.py", module)
+
+
+LING1_HEAD_DIM = """
+    @property
+    def head_dim(self):
+        return self.__dict__.get("_head_dim")
+
+    @head_dim.setter
+    def head_dim(self, value):
+        self.__dict__["_head_dim"] = value
+"""
 
 
 @contextlib.contextmanager

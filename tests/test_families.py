@@ -90,6 +90,9 @@ ROUTING = [
     ("aria", {}, "RenormalizeNaive"),  # AriaTextMoELayer: FusedMoEFactory's defaults
     ("jamba", {}, "Default"),  # JambaMoE: renormalize=False
     ("ernie4.5-vl-moe", {}, "Unspecified"),  # softmax + e_score_correction_bias, both sets
+    ("glm4v-moe", {"text_config": {"norm_topk_prob": True}}, "DeepSeekV3"),  # GLM-4.5's MoE
+    ("bailing-moe", {"norm_topk_prob": True}, "RenormalizeNaive"),  # Ling-lite: no bias, groups
+    ("longcat-flash", {}, "Unspecified"),  # ZeroExpertRouter (routing_method_type Unspecified)
 ]
 
 
@@ -170,12 +173,13 @@ def test_a_model_of_no_known_family_is_one_line(ckpt, tmp_path):
     line = error_line(cli("convert", model, tmp_path / "out"))
     assert line.startswith(
         f"error: {model}/config.json: Glm9ForCausalLM (model_type glm9_moe) is no model family "
-        "fi-convert knows (afmoe, aria, bailing-moe-v2, "
+        "fi-convert knows (afmoe, aria, bailing-moe, bailing-moe-v2, "
     )
     assert "describe it in a family file and pass --family FILE.json" in line
-    # DeepSeek-V3 and GLM-4.5 name experts alike, and GLM's MoE layers as DeepSeek's
+    # DeepSeek-V3, GLM-4.5 and GLM-4.5V (its language model) name experts alike, and GLM's MoE
+    # layers as DeepSeek's
     assert line.endswith(
-        "its experts are named as DeepSeek-V3's or GLM-4.5's "
+        "its experts are named as DeepSeek-V3's or GLM-4.5's or GLM-4.5V's "
         "(model.layers.1.mlp.experts.0.gate_proj.weight): start from that file"
     )
     assert "fi_convert/families/" not in line

@@ -15,8 +15,11 @@ routing), OLMoE (softmax, no renormalization), Phi-3.5-MoE (PhiMoEForCausalLM, s
 K-EXAONE (ExaoneMoeForCausalLM), HY v3 (HYV3ForCausalLM), LFM2-MoE (Lfm2MoeForCausalLM: its
 lm_head tied to the embedding after its loading loop), Cohere2-MoE, Qwen3-Omni-MoE
 (Qwen3OmniMoeForConditionalGeneration, the whole model transformers writes: its thinker's
-experts converted, its talker's MoE tensors carried as they are) and Ling 2.0
-(BailingMoeV2ForCausalLM, test_ling2_equals_sglangs_default_load) in BF16.
+experts converted, its talker's MoE tensors carried as they are), GLM-4.5V
+(Glm4vMoeForConditionalGeneration, the whole multimodal model transformers writes: its language
+model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` in its module
+`model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM) and Ling v1
+(BailingMoeForCausalLM; both test_ling_equals_sglangs_default_load) in BF16.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -26,7 +29,12 @@ Not proven here, and why:
 - MiMo-V2-Flash: SGLang 0.5.23's MiMoV2 model builds its rotary embedding from
   `config.rope_scaling`, which transformers 5.20's MiMoV2FlashConfig (the config class SGLang
   loads a `mimo_v2_flash` config.json with) gives as a dict per layer type, and SGLang's rope
-  cache fails on it (`unhashable type: 'dict'`): the model is not built.
+  cache fails on it (`unhashable type: 'dict'`): the model is not built;
+- LongCat-Flash: SGLang 0.5.23's own LongcatFlashConfig (configs/longcat_flash.py) under this
+  venv's transformers 5.20 (SGLang pins 5.19.0) holds `rope_parameters` None, whatever
+  config.json says, and its decoder layer asks `"rope_theta" in getattr(config,
+  "rope_parameters", {})`: the model is not built (test_sglangs_longcat_flash_model_is_not_
+  built_here). The family is proven on vLLM (tests/test_vllm_families.py).
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ CASES = {
     "lfm2-bf16": ("lfm2_moe", None, {}),
     "cohere2-bf16": ("cohere2_moe", None, {}),
     "omni-bf16": ("qwen3_omni_moe", None, {}),
+    "glm4v-bf16": ("glm4v_moe", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -107,7 +116,11 @@ MOE = {
     "lfm2_moe": ["model.layers.1.feed_forward.experts"],
     "cohere2_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_omni_moe": [f"thinker.model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "glm4v_moe": ["model.language_model.layers.1.mlp.experts"],
 }
+# where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
+# SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
+MODULES = {"glm4v_moe": ["model.layers.1.mlp.experts"]}
 # (case, backend, scheme)
 RUNS = [
     ("glm-bf16", "trtllm", "bf16"),
@@ -133,6 +146,8 @@ RUNS = [
     ("lfm2-bf16", "trtllm", "bf16"),
     ("cohere2-bf16", "cutlass", "bf16"),
     ("omni-bf16", "trtllm", "bf16"),
+    ("glm4v-bf16", "trtllm", "bf16"),
+    ("glm4v-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -165,7 +180,7 @@ def test_a_whole_model_of_the_family_equals_sglangs_default_load(
     for rank in range(tp):
         ours, theirs = _both(src, out, quant or "bf16", backend, tp, rank)
         moe = _moe(theirs)
-        assert sorted(moe) == MOE[kind]
+        assert sorted(moe) == MODULES.get(kind, MOE[kind])
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
@@ -234,23 +249,44 @@ def test_an_output_for_sglang_is_refused_at_plan_time(no_fused_moe, kind, tmp_pa
     assert read(tmp_path / "vllm")["layers"]
 
 
+LING = {"ling2": rc.save_ling2, "ling1": rc.save_ling1}
+
+
 @pytest.mark.parametrize("tp", [1, 2])
-def test_ling2_equals_sglangs_default_load(tmp_path_factory, tmp_path, tp):
-    """Ling 2.0 (BailingMoeV2ForCausalLM) in BF16 on TRT-LLM, its config class remote code as
-    published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads)."""
+@pytest.mark.parametrize("kind", sorted(LING))
+def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
+    """Ling 2.0 (BailingMoeV2ForCausalLM) and Ling v1 (BailingMoeForCausalLM) in BF16 on
+    TRT-LLM, their config classes remote code as published (tests/remote_code_checkpoints.py:
+    --trust-remote-code for both loads)."""
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
 
-    src = tmp_path_factory.getbasetemp() / "sgl-ling2-src"
+    src = tmp_path_factory.getbasetemp() / f"sgl-{kind}-src"
     if not src.exists():
-        rc.save_ling2(src)
+        LING[kind](src)
     out = _convert(src, tmp_path / "out", "bf16", "trtllm", tp)
+    layers = [f"model.layers.{i}.mlp.experts" for i in ((0, 1) if kind == "ling1" else (1,))]
     with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
         for rank in range(tp):
             with sm.sglang_context("trtllm", tp, rank):
                 ours = _model(None, out, "fi-convert", "trtllm", trust_remote_code=True)
                 theirs = _model(None, src, "auto", "trtllm", trust_remote_code=True)
             moe = _moe(theirs)
-            assert sorted(moe) == ["model.layers.1.mlp.experts"]
+            assert sorted(moe) == layers
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+def test_sglangs_longcat_flash_model_is_not_built_here(tmp_path):
+    """Why LongCat-Flash has no case above: SGLang 0.5.23's own LongcatFlashConfig
+    (configs/longcat_flash.py), under this venv's transformers, holds `rope_parameters` None,
+    and its decoder layer asks `"rope_theta" in getattr(config, "rope_parameters", {})`."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("longcat_flash", tmp_path / "src")
+    with (
+        sm.sglang_context("cutlass", 1, 0),
+        pytest.raises(TypeError, match="argument of type 'NoneType' is not iterable"),
+    ):
+        _model(None, src, "auto", "cutlass")

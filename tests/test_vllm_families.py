@@ -30,9 +30,12 @@ Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
-Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0 and DeepSeek-MoE v1 (bf16; the
-last two with the names and a config module of tests/remote_code_checkpoints.py, their published
-config classes being remote code).
+Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0, Ling v1 and DeepSeek-MoE v1 (bf16;
+the last three with the names and a config module of tests/remote_code_checkpoints.py, their
+published config classes being remote code), LongCat-Flash (bf16 on CUTLASS: its
+ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed experts alone,
+its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
+does, torch.accelerator.empty_cache a no-op where there is no accelerator).
 
 Not proven here, and why:
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
@@ -49,6 +52,10 @@ Not proven here, and why:
   vLLM's Qwen2-VL code, which imports transformers' Qwen2-VL image processor, which needs
   torchvision, absent from this CPU install (tests/test_sglang_families.py proves it through
   SGLang's model);
+- GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): vLLM's models/glm4_1v.py imports
+  transformers' Glm4v image processor, which imports torchvision, absent from this CPU install:
+  the model class cannot be imported here (tests/test_sglang_families.py proves the family
+  through SGLang's whole model);
 - Qwen3-VL-MoE, whole: Qwen3VLMoeForConditionalGeneration imports torchvision, which this
   install lacks (tests/test_vllm_family_forms.py proves its MoE layers through Qwen3MoeModel's
   own load_weights, in BF16); its FP8 release is not written here yet.
@@ -73,6 +80,7 @@ from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import MoE
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import PlatformEnum, current_platform
+from vllm.v1.worker import workspace
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
@@ -84,7 +92,12 @@ from tests import vllm_moe as vm
 
 ATTENTION = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
 FP8B = "fp8-block"
-REMOTE_CODE = {"ling2": rc.save_ling2, "deepseek_v1": rc.save_deepseek_v1}
+REMOTE_CODE = {
+    "ling2": rc.save_ling2,
+    "ling1": rc.save_ling1,
+    "deepseek_v1": rc.save_deepseek_v1,
+}
+MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 BLOCK_SIZES = dict(
     hidden_size=128,
@@ -178,6 +191,9 @@ CASES = {
     # Ling 2.0: names and config of tests/remote_code_checkpoints.py
     "ling2-bf16": ("ling2", "bailing_moe.BailingMoeV2ForCausalLM", None, {}),
     "deepseek-v1-bf16": ("deepseek_v1", "deepseek_v2.DeepseekForCausalLM", None, {}),
+    "ling1-bf16": ("ling1", "bailing_moe.BailingMoeForCausalLM", None, {}),
+    # LongCat-Flash: zero-computation experts routed beside the real ones (ZeroExpertRouter)
+    "longcat-bf16": ("longcat_flash", "longcat_flash.LongcatFlashForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -217,6 +233,10 @@ RUNS = [
     ("ling2-bf16", "trtllm", "bf16"),
     # DeepSeek-MoE v1's softmax without renormalization (Default routing): CUTLASS only
     ("deepseek-v1-bf16", "cutlass", "bf16"),
+    ("ling1-bf16", "trtllm", "bf16"),
+    ("ling1-bf16", "cutlass", "bf16"),
+    # LongCat-Flash's ZeroExpertRouter (Unspecified routing): BF16 on CUTLASS only
+    ("longcat-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -237,6 +257,8 @@ def _one_process_group() -> None:
         backend="gloo",
     )
     ps.initialize_model_parallel(1, 1)
+    # what vLLM's model runner sets up at start (MLA attention reserves its workspace in it)
+    workspace.init_workspace_manager(torch.device("cpu"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -284,6 +306,8 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         vm.vllm_context(backend, tp, rank, sm=90 if (quant, backend) == (FP8B, "cutlass") else 100),
         mock.patch.object(type(current_platform), "get_attn_backend_cls", _attention),
         mock.patch.object(type(current_platform), "device_type", "cpu"),
+        # (MLA's prefill workspace, grown on the CPU: there is no accelerator cache to empty)
+        mock.patch.object(torch.accelerator, "empty_cache", lambda: None),
         _block_fp8_linears(),
     ):
         _one_process_group()
@@ -309,9 +333,11 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
 
 @classmethod
 def _attention(cls, selected, attn_selector_config, num_heads=None) -> str:
-    """The attention backend's class name: Triton's, or for sparse MLA (DeepSeek-V3.2's DSA)
-    FlashInfer's TRT-LLM sparse MLA."""
-    return SPARSE_MLA if attn_selector_config.use_sparse else ATTENTION
+    """The attention backend's class name: Triton's, for MLA (LongCat-Flash) FlashInfer's MLA, or
+    for sparse MLA (DeepSeek-V3.2's DSA) FlashInfer's TRT-LLM sparse MLA."""
+    if attn_selector_config.use_sparse:
+        return SPARSE_MLA
+    return MLA if attn_selector_config.use_mla else ATTENTION
 
 
 @contextlib.contextmanager

@@ -55,12 +55,18 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
     where the `output` names a layer by the prefix SGLang built it with (its `layer_name`)
     and not by its module name, that prefix (Qwen3-VL-MoE: the checkpoint's and the layer's
     model.language_model.layers.L.mlp.experts, a module model.layers.L.mlp.experts, which its
-    load_weights renames to)."""
+    load_weights renames to), or the one output layer that ends with that prefix
+    (GLM-4.5V: the checkpoint's model.language_model.layers.L.mlp.experts, a layer built as
+    language_model.layers.L.mlp.experts in a module model.layers.L.mlp.experts)."""
     out = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
             built = getattr(mod, "layer_name", name)
-            out[built if name not in output and built in output else name] = mod
+            under = [o for o in output if o.endswith("." + built)]
+            if name in output or built in output or len(under) != 1:
+                out[built if name not in output and built in output else name] = mod
+            else:
+                out[under[0]] = mod
     return out
 
 

@@ -120,7 +120,8 @@ SOURCES_REFUSED = {
 
 # Model types whose SGLang model class declares no routing method to its FusedMoE (no
 # `routing_method_type=` in models/mixtral.py, glm4_moe_lite.py, minimax_m2.py, ernie4.py,
-# ernie45_moe_vl.py, hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py), so
+# ernie45_moe_vl.py, hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py,
+# longcat_flash.py), so
 # ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs FlashInfer TRT-LLM only for a
 # declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's DeepSeekV3, ...)
 _UNDECLARED = {
@@ -135,6 +136,7 @@ _UNDECLARED = {
     "lfm2_moe": "LFM2-MoE",
     "afmoe": "AFMoE",
     "deepseek": "DeepSeek-MoE",
+    "longcat_flash": "LongCat-Flash",
 }
 NO_ROUTING_METHOD = {
     mt: (
