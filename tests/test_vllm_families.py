@@ -73,11 +73,14 @@ from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import MoE
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import PlatformEnum, current_platform
+from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
+from vllm.v1.worker import workspace
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
 from tests import family_forms_models as ffm
 from tests import hf_checkpoints as hf
+from tests import mistral_checkpoints as mistral
 from tests import quantized_checkpoints as qc
 from tests import remote_code_checkpoints as rc
 from tests import vllm_moe as vm
@@ -86,6 +89,7 @@ ATTENTION = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
 FP8B = "fp8-block"
 REMOTE_CODE = {"ling2": rc.save_ling2, "deepseek_v1": rc.save_deepseek_v1}
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
+MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
 BLOCK_SIZES = dict(
     hidden_size=128,
     intermediate_size=256,
@@ -178,6 +182,11 @@ CASES = {
     # Ling 2.0: names and config of tests/remote_code_checkpoints.py
     "ling2-bf16": ("ling2", "bailing_moe.BailingMoeV2ForCausalLM", None, {}),
     "deepseek-v1-bf16": ("deepseek_v1", "deepseek_v2.DeepseekForCausalLM", None, {}),
+    # Mistral Large 3 in Mistral's own format (params.json, consolidated shards, Mistral's
+    # names; tests/mistral_checkpoints.py): vLLM reads params.json itself and maps the names
+    # (MistralLarge3ForCausalLM.hf_to_vllm_mapper); I 96: padded per rank
+    "mistral-large-3-bf16": ("mistral", "mistral_large_3.MistralLarge3ForCausalLM", None, {}),
+    "mistral-large-3-fp8": ("mistral", "mistral_large_3.MistralLarge3ForCausalLM", "fp8", {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -217,6 +226,12 @@ RUNS = [
     ("ling2-bf16", "trtllm", "bf16"),
     # DeepSeek-MoE v1's softmax without renormalization (Default routing): CUTLASS only
     ("deepseek-v1-bf16", "cutlass", "bf16"),
+    # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends; its FP8
+    # release's per-tensor scales (qscale_weight, qscale_act) as fp8-tensor
+    ("mistral-large-3-bf16", "trtllm", "bf16"),
+    ("mistral-large-3-bf16", "cutlass", "bf16"),
+    ("mistral-large-3-fp8", "trtllm", "fp8-tensor"),
+    ("mistral-large-3-fp8", "cutlass", "fp8-tensor"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -253,7 +268,9 @@ def sources(tmp_path_factory):
     def get(case: str) -> Path:
         if case not in done:
             kind, _, quant, sizes = CASES[case]
-            if kind == "ernie4_5_moe_vl":
+            if kind == "mistral":
+                done[case] = mistral.write(root / case, quant)
+            elif kind == "ernie4_5_moe_vl":
                 done[case] = ffm.save_ernie45_vl(root / case)
             elif kind in REMOTE_CODE:
                 done[case] = REMOTE_CODE[kind](root / case, **sizes)
@@ -284,9 +301,14 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         vm.vllm_context(backend, tp, rank, sm=90 if (quant, backend) == (FP8B, "cutlass") else 100),
         mock.patch.object(type(current_platform), "get_attn_backend_cls", _attention),
         mock.patch.object(type(current_platform), "device_type", "cpu"),
+        # MLA's prefill workspace (Mistral Large 3), allocated on the CPU here: vLLM frees the
+        # accelerator's cache first, which a machine without one refuses
+        mock.patch.object(torch.accelerator, "empty_cache", lambda: None),
         _block_fp8_linears(),
     ):
         _one_process_group()
+        if not workspace.is_workspace_manager_initialized():  # MLA layers (Mistral Large 3)
+            workspace.init_workspace_manager(torch.device("cpu"))
         cfg = get_current_vllm_config()
         # (a family whose published config class is remote code: tests/remote_code_checkpoints)
         remote = CASES[case][0] in REMOTE_CODE
@@ -297,7 +319,10 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         # what VllmConfig sets once it has a model (DeepSeek-V3.2's indexer reads it): 5 up
         # to a max_model_len of 256K
         cfg.attention_config.sparse_mla_prefill_workspace_factor = 5
-        cfg.quant_config = vm.quant_config(src)
+        # MLA's prefill kernel: FlashInfer's (TRT-LLM's ragged one, vLLM's first choice on
+        # SM100, allocates its workspace on the GPU when built)
+        cfg.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.FLASHINFER
+        cfg.quant_config = _quant_config(src, mc)
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
         try:
@@ -307,11 +332,26 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         yield model, mc
 
 
+def _quant_config(src: Path, mc: ModelConfig):
+    """vLLM's quantization config of the source: from its config.json, or for a Mistral-format
+    source from the config vLLM read out of its params.json (its `quantization_config`)."""
+    if (src / "config.json").exists():
+        return vm.quant_config(src)
+    qc = getattr(mc.hf_config, "quantization_config", None)
+    if qc is None:
+        return None
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    return Fp8Config.from_config(qc)
+
+
 @classmethod
 def _attention(cls, selected, attn_selector_config, num_heads=None) -> str:
-    """The attention backend's class name: Triton's, or for sparse MLA (DeepSeek-V3.2's DSA)
-    FlashInfer's TRT-LLM sparse MLA."""
-    return SPARSE_MLA if attn_selector_config.use_sparse else ATTENTION
+    """The attention backend's class name: Triton's (FlashInfer's MLA for MLA: Mistral Large 3),
+    or for sparse MLA (DeepSeek-V3.2's DSA) FlashInfer's TRT-LLM sparse MLA."""
+    if attn_selector_config.use_sparse:
+        return SPARSE_MLA
+    return MLA if attn_selector_config.use_mla else ATTENTION
 
 
 @contextlib.contextmanager
