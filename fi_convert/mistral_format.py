@@ -65,7 +65,8 @@ def config(params: dict, path: Path) -> dict:
                     "restore the model's params.json (e.g. `hf download <repo> params.json "
                     f"--local-dir {path.parent}`)"
                 )
-        if (_get(params, "moe.num_shared_experts") or 0) > 0:
+        shared = _get(params, "moe.num_shared_experts")
+        if isinstance(shared, int) and shared > 0:
             cfg["architectures"] = [LARGE_3]
     quant = params.get(QUANT_KEY)
     if quant:

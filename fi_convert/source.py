@@ -431,10 +431,10 @@ def find_family(
                 layer.routing = fam.moe.routing(ckpt.config)
                 layer.activation = fam.moe.activation
             return fam, layers
-    if found and declared(ckpt.config, extra):
-        raise SourceError(_contradiction(ckpt, list(found.values())))
     if ckpt.config_name != "config.json" and declared(ckpt.config, extra):
         raise SourceError(_unfit(ckpt, declared(ckpt.config, extra)[0]))
+    if found and declared(ckpt.config, extra):
+        raise SourceError(_contradiction(ckpt, list(found.values())))
     if _dense(ckpt):
         raise SourceError(f"no MoE layers in {ckpt.root}: nothing to convert")
     raise SourceError(unknown_family(ckpt, list(found.values())))

@@ -26,15 +26,27 @@ vLLM's own (`process_fp8_weight_block_strategy`, pure PyTorch) and whose GEMM ne
 Nothing of the MoE layers is stood in for: their FP8 block processing and kernel state are
 vLLM's and FlashInfer's, as in every case.
 
+Mistral Large 3 is written in Mistral's own format (tests/mistral_checkpoints.py: params.json,
+consolidated shards, Mistral's names), which vLLM reads itself (its params.json parser, the
+model's `hf_to_vllm_mapper`); its MLA layers get FlashInfer's MLA backend and prefill kernel
+(vLLM's first MLA prefill choice allocates a GPU workspace when built), their workspace on the
+CPU.
+
 Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2 (bf16,
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
-Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0 and DeepSeek-MoE v1 (bf16; the
-last two with the names and a config module of tests/remote_code_checkpoints.py, their published
-config classes being remote code).
+Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0, DeepSeek-MoE v1 (bf16; these
+two with the names and a config module of tests/remote_code_checkpoints.py, their published
+config classes being remote code) and Mistral Large 3 (bf16, in Mistral's own format).
 
 Not proven here, and why:
+- Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
+  linear FP8 with per-tensor `qscale_weight`/`qscale_act`): vLLM 0.33 finds no CPU kernel for
+  its per-tensor FP8 linears ("Failed to find a kernel that can implement the ScaledMM linear
+  layer"); fi-convert converts it (fp8-tensor), proven by `verify --source` only. Nor the
+  published multimodal whole (params.json's `vision_encoder`: PixtralForConditionalGeneration
+  around the text model), whose module needs transformers' Pixtral image processor;
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
   (`MLAAttention.process_weights_after_loading` -> `split_kv_b_proj` ->
   `get_and_maybe_dequant_weights`) dequantizes a block-FP8 kv_b_proj with `scaled_dequantize`,
@@ -186,7 +198,6 @@ CASES = {
     # names; tests/mistral_checkpoints.py): vLLM reads params.json itself and maps the names
     # (MistralLarge3ForCausalLM.hf_to_vllm_mapper); I 96: padded per rank
     "mistral-large-3-bf16": ("mistral", "mistral_large_3.MistralLarge3ForCausalLM", None, {}),
-    "mistral-large-3-fp8": ("mistral", "mistral_large_3.MistralLarge3ForCausalLM", "fp8", {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -226,12 +237,9 @@ RUNS = [
     ("ling2-bf16", "trtllm", "bf16"),
     # DeepSeek-MoE v1's softmax without renormalization (Default routing): CUTLASS only
     ("deepseek-v1-bf16", "cutlass", "bf16"),
-    # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends; its FP8
-    # release's per-tensor scales (qscale_weight, qscale_act) as fp8-tensor
+    # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends
     ("mistral-large-3-bf16", "trtllm", "bf16"),
     ("mistral-large-3-bf16", "cutlass", "bf16"),
-    ("mistral-large-3-fp8", "trtllm", "fp8-tensor"),
-    ("mistral-large-3-fp8", "cutlass", "fp8-tensor"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
