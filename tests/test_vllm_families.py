@@ -327,9 +327,10 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         # what VllmConfig sets once it has a model (DeepSeek-V3.2's indexer reads it): 5 up
         # to a max_model_len of 256K
         cfg.attention_config.sparse_mla_prefill_workspace_factor = 5
-        # MLA's prefill kernel: FlashInfer's (TRT-LLM's ragged one, vLLM's first choice on
-        # SM100, allocates its workspace on the GPU when built)
-        cfg.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.FLASHINFER
+        if CASES[case][0] == "mistral":
+            # MLA's prefill kernel: FlashInfer's (TRT-LLM's ragged one, vLLM's first choice on
+            # SM100, allocates its workspace on the GPU when built)
+            cfg.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.FLASHINFER
         cfg.quant_config = _quant_config(src, mc)
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
