@@ -49,6 +49,9 @@ class Form:
     # of the checkpoint's (ERNIE-4.5-VL's 2N experts: N text_experts, then N vision_experts),
     # its sizes the k-th of config.json's lists
     sets: tuple[str, ...] = ()
+    # the checkpoint's parameter names read as the ones the schemes know (Mistral's FP8
+    # `qscale_weight` is `weight_scale`, as the server's own loader renames it)
+    params: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ def _form(f: dict) -> Form:
         tuple(f.get("transposed", ())),
         f.get("module", ""),
         tuple(f.get("expert_sets", ())),
+        dict(f.get("params", {})),
     )
 
 
@@ -498,6 +502,11 @@ def _check_form(f: object) -> str | None:
         _strings(f["transposed"]) and set(f["transposed"]) <= set(proj.values())
     ):
         return ".transposed: not a list of the form's roles (w1, w3, w2, w13) stored [in, out]"
+    if "params" in f and not (
+        isinstance(f["params"], dict)
+        and all(isinstance(v, str) and v for v in f["params"].values())
+    ):
+        return ".params: not a map of the checkpoint's parameter names to the schemes' names"
     if "module" in f and not isinstance(f["module"], str):
         return ".module: not a string (appended to the prefix to name the server's MoE module)"
     if "expert_sets" in f and not (

@@ -36,10 +36,9 @@ from pathlib import Path
 from . import jsontext
 from . import manifest as mf
 from .errors import ManifestError, OutputError, SourceError
-from .format import config_marker
 from .format import manifest as fm
 from .format.hashes import sha256_file
-from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
+from .format.names import INDEX_NAME, MANIFEST_NAME, STATE_DIR
 from .plan import Plan, ShardPlan, check_out_dir
 from .st_io import TMP_SUFFIX, WRITEBACK, DiskRoom, ShardWriter
 
@@ -116,9 +115,10 @@ class Target:
         meta = {}
         for rel in plan.side_files:
             p = plan.ckpt.root / rel
-            if rel == CONFIG_NAME:  # marked so that no server loads it as the source
-                side[rel] = config_marker.mark(plan.ckpt.config, plan.marker_note)
-                meta[rel] = _meta(side[rel])  # type: ignore[arg-type]
+            marked = plan.marked(rel)  # the config: marked so that no server loads it as the source
+            if marked is not None:
+                side[rel] = marked
+                meta[rel] = _meta(marked)
                 continue
             side[rel] = p
             try:  # side files are small: compared by content, never by the journal

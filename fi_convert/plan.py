@@ -16,7 +16,8 @@ from . import jsontext, schemes
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
 from .families import Family, FamilyFileError, config_field, load_file
 from .format import config_marker
-from .format.names import INDEX_NAME, MANIFEST_NAME
+from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME
+from .mistral_format import INDEX_NAME as MISTRAL_INDEX_NAME
 from .names import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_BYTES
 from .paths import model_error, out_exists
 from .schemes import Backend, LayerPlan, OutputTensor, SchemeName
@@ -123,6 +124,17 @@ class Plan:
     def marker_note(self) -> str:
         """config.json's note: how each server the output is for serves it."""
         return " | ".join(t.marker_note(*self.serving) for t in self.options.targets)
+
+    def marked(self, rel: str) -> bytes | None:
+        """The output's bytes of side file `rel` where they are not the source's: its config
+        (config.json, or a Mistral-format source's params.json), marked so that no server
+        loads the output as the source; None for the others (copied as they are)."""
+        if rel != self.ckpt.config_name:
+            return None
+        if rel == CONFIG_NAME:
+            return config_marker.mark(self.ckpt.config, self.marker_note)
+        params = jsontext.loads((self.ckpt.root / rel).read_text())
+        return config_marker.mark_params(params, self.marker_note)
 
     @property
     def bytes_to_write(self) -> int:
@@ -241,7 +253,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     refused = (
         target.refuses(name.value, options.backend.value)
         or target.refuses_source(
-            name.value, options.backend.value, quant_method(ckpt), ckpt.model_type
+            name.value, options.backend.value, quant_method(ckpt), _model_kind(ckpt)
         )
         or refuses_moe(target, name, options.backend, layers)
     )
@@ -284,6 +296,14 @@ def user_families(options: Options) -> tuple[Family, ...]:
         return (load_file(options.family),)
     except FamilyFileError as e:
         raise SourceError(str(e)) from None
+
+
+def _model_kind(ckpt: Checkpoint) -> str | None:
+    """The model's kind, as the servers' facts key their refusals: config.json's model_type,
+    or where the config has none (a Mistral-format params.json), its architecture."""
+    archs = ckpt.config.get("architectures")
+    first = archs[0] if isinstance(archs, list) and archs else None
+    return ckpt.model_type or (first if isinstance(first, str) else None)
 
 
 def refuses_moe(
@@ -382,7 +402,7 @@ def _plan_layers(
         return target.no_path(name.value, backend.value), False, []
     refused = (
         target.refuses(name.value, backend.value)
-        or target.refuses_source(name.value, backend.value, quant_method(ckpt), ckpt.model_type)
+        or target.refuses_source(name.value, backend.value, quant_method(ckpt), _model_kind(ckpt))
         or refuses_moe(target, name, backend, layers)
     )
     if refused:
@@ -644,6 +664,7 @@ def _side_files(root: Path) -> tuple[list[str], list[str]]:
             continue
         if p.suffix in (".safetensors", *PICKLE_SUFFIXES) or rel.name in (
             INDEX_NAME,
+            MISTRAL_INDEX_NAME,  # Mistral's format's index, of shards the output has not
             MANIFEST_NAME,
         ):
             continue

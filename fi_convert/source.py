@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import forms, jsontext
+from . import forms, jsontext, mistral_format
 from .errors import SourceError
 from .families import (
     QUANT_FIELDS,
@@ -49,6 +49,8 @@ class Checkpoint:
     tensors: dict[str, TensorInfo]
     shards: list[Path]
     fingerprint: str
+    # the file the config was read from: config.json, or Mistral's params.json
+    config_name: str = "config.json"
 
     @property
     def model_type(self) -> str | None:
@@ -311,8 +313,11 @@ def check_real_path(root: Path, p: Path) -> None:
         )
 
 
-def _shard_paths(root: Path) -> tuple[list[Path], dict[str, str] | None]:
-    index = root / INDEX_NAME
+def _shard_paths(root: Path, mistral: bool = False) -> tuple[list[Path], dict[str, str] | None]:
+    """The shards (those of its index, where it has one), and the index's weight map; in
+    Mistral's format (`mistral`), its consolidated shards and their index."""
+    index_name = mistral_format.INDEX_NAME if mistral else INDEX_NAME
+    index = root / index_name
     if index.exists():
         d = _load_json(index)
         wm = d.get("weight_map")
@@ -325,11 +330,11 @@ def _shard_paths(root: Path) -> tuple[list[Path], dict[str, str] | None]:
                 if p.is_symlink():
                     check_regular(p)  # says what the link is
                 raise SourceError(
-                    f"{p}: shard named by {INDEX_NAME} is missing; download it again "
+                    f"{p}: shard named by {index_name} is missing; download it again "
                     "(e.g. `hf download <repo> --local-dir <model-dir>`)"
                 )
         return paths, wm
-    paths = sorted(root.glob("*.safetensors"))
+    paths = sorted(root.glob(mistral_format.SHARD_GLOB if mistral else "*.safetensors"))
     if not paths:
         pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
@@ -354,20 +359,18 @@ def _open_checkpoint(root: Path) -> Checkpoint:
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder; pass the folder that holds config.json")
     cfg_path = root / "config.json"
-    if not (cfg_path.exists() or cfg_path.is_symlink()) and (root / "params.json").is_file():
-        raise SourceError(
-            f"{root}: params.json and no config.json: a checkpoint in Mistral's own format "
-            "(Mistral Large 3 as published: consolidated*.safetensors, layers.L.experts.E.w1), "
-            "which fi-convert does not read yet; serve it with the server's own load (without "
-            "--load-format fi-convert)"
-        )
-    if not (cfg_path.exists() or cfg_path.is_symlink()):
+    mistral = mistral_format.is_mistral(root)
+    if not mistral and not (cfg_path.exists() or cfg_path.is_symlink()):
         raise SourceError(
             f"{root}: no config.json; fi-convert takes the model family and sizes from it and "
             "the output needs it - put the model's config.json in the folder (e.g. `hf download "
             f"<repo> config.json --local-dir {root}`)"
         )
-    config = _load_json(cfg_path)
+    if mistral:  # Mistral's own format: params.json, consolidated shards
+        cfg_path = root / mistral_format.PARAMS_NAME
+        config = mistral_format.config(_load_json(cfg_path), cfg_path)
+    else:
+        config = _load_json(cfg_path)
     _refuse_field(cfg_path, config_problem(config))
     quant = config.get("quantization_config")
     hq = root / "hf_quant_config.json"
@@ -377,7 +380,7 @@ def _open_checkpoint(root: Path) -> Checkpoint:
         _refuse_field(
             hq, wrong_kind(QUANT_FIELDS, quant) or wrong_kind(QUANT_FIELDS, inner, "quantization.")
         )
-    shards, wm = _shard_paths(root)
+    shards, wm = _shard_paths(root, mistral)
     for p in shards:
         check_regular(p)
         check_real_path(root, p)
@@ -391,13 +394,14 @@ def _open_checkpoint(root: Path) -> Checkpoint:
                 raise SourceError(f"{p}: tensor {name!r} also in {tensors[name].file.name}")
             tensors[name] = info
     if wm is not None:
+        index_name = mistral_format.INDEX_NAME if mistral else INDEX_NAME
         for name, shard in wm.items():
             if name not in tensors or tensors[name].file.name != shard:
                 raise SourceError(
-                    f"{root / shard}: {INDEX_NAME} lists tensor {name!r} in this shard, "
+                    f"{root / shard}: {index_name} lists tensor {name!r} in this shard, "
                     "but the shard does not hold it; download the checkpoint again"
                 )
-    return Checkpoint(root, config, quant, tensors, shards, fp.hexdigest())
+    return Checkpoint(root, config, quant, tensors, shards, fp.hexdigest(), cfg_path.name)
 
 
 def _natural(s: str) -> list:
@@ -416,7 +420,7 @@ def find_family(
     fi-convert knows is refused naming it and how to add one."""
     fams = (*extra, *all_families())
     if extra:  # the fields a user's family reads, as open_checkpoint checks the others'
-        _refuse_field(ckpt.root / "config.json", config_problem(ckpt.config, extra))
+        _refuse_field(ckpt.root / ckpt.config_name, config_problem(ckpt.config, extra))
     found = {fam.name: (fam, m) for fam in fams if (m := _match(ckpt, fam))}
     for fam in declared(ckpt.config, extra):
         _refuse_family(ckpt, fam, fam.name in found)
@@ -427,6 +431,8 @@ def find_family(
                 layer.routing = fam.moe.routing(ckpt.config)
                 layer.activation = fam.moe.activation
             return fam, layers
+    if ckpt.config_name != "config.json" and declared(ckpt.config, extra):
+        raise SourceError(_unfit(ckpt, declared(ckpt.config, extra)[0]))
     if found and declared(ckpt.config, extra):
         raise SourceError(_contradiction(ckpt, list(found.values())))
     if _dense(ckpt):
@@ -438,7 +444,7 @@ def _refuse_family(ckpt: Checkpoint, fam: Family, matched: bool) -> None:
     """A family no server runs on FlashInfer's MoE: refused with the server's reason, where
     the model has experts (a dense model of its model_type has nothing to convert)."""
     if fam.moe.refuse and (matched or (fam.config_value(ckpt.config, "num_experts") or 0) > 1):
-        raise SourceError(f"{ckpt.root / 'config.json'}: {fam.title}: {fam.moe.refuse}")
+        raise SourceError(f"{ckpt.root / ckpt.config_name}: {fam.title}: {fam.moe.refuse}")
 
 
 def unknown_family(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Groups]]]) -> str:
@@ -456,9 +462,22 @@ def unknown_family(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Group
             f"; its experts are named as {titles} ({_first(best[0][1][1])}): start from that file"
         )
     return (
-        f"{ckpt.root / 'config.json'}: {what} is no model family fi-convert knows ({names}); "
+        f"{ckpt.root / ckpt.config_name}: {what} is no model family fi-convert knows ({names}); "
         f"if a server runs it on FlashInfer's MoE, describe it in a family file and pass "
         f"--family FILE.json (docs/architecture.md#adding-a-family){like}"
+    )
+
+
+def _unfit(ckpt: Checkpoint, fam: Family) -> str:
+    """A checkpoint in Mistral's format whose params.json implies a family (Mistral Large
+    3) but whose expert tensors fit none of its forms: the first of them, and the naming."""
+    experts = sorted((n for n in ckpt.tensors if "expert" in n.lower()), key=_natural)
+    what = experts[0] if experts else f"{ckpt.root}: no tensor named for experts"
+    names = " or ".join(f.pattern.pattern for f in fam.forms)
+    return (
+        f"{what}: {ckpt.root / ckpt.config_name} is {fam.title}'s, whose experts are named "
+        f"{names}, and its shards' are not; download the checkpoint again as published (its "
+        "consolidated*.safetensors and their index)"
     )
 
 
@@ -474,7 +493,7 @@ def _check_sizes(ckpt: Checkpoint, fam: Family, layers: list[ExpertLayer]) -> No
                 field = next(k for k in fam.config_keys[key] if _said(lookup(ckpt.config, k), said))
                 raise SourceError(
                     f"{_first_name(layer)}: {key.replace('_', ' ')} {got} in the shards but "
-                    f"config.json says {field} = {said}; the checkpoint and its config "
+                    f"{ckpt.config_name} says {field} = {said}; the checkpoint and its config "
                     "disagree (or the family file reads the wrong field)"
                 )
 
@@ -554,7 +573,7 @@ def _match(ckpt: Checkpoint, fam: Family) -> tuple[Form, Groups] | None:
             role = form.projections[m["proj"]]
             expert = int(m["expert"]) if form.kind == "per_expert" else -1
             raw = m.groupdict().get("param") or "weight"
-            param = PARAM_ALIASES.get(raw, raw)
+            param = form.params.get(raw) or PARAM_ALIASES.get(raw, raw)
             module = form.module
             if form.sets:  # the set the expert is in, and its index in that set
                 k = 0
@@ -669,7 +688,8 @@ def _sizes(ckpt: Checkpoint, fam: Family, form: Form, prefix: str, params: dict)
         num = counted
     if cfg_e is not None and cfg_e != num:
         raise SourceError(
-            f"{ckpt.root}: {prefix}: {num} experts in the shards but config.json says {cfg_e}; "
+            f"{ckpt.root}: {prefix}: {num} experts in the shards but {ckpt.config_name} says "
+            f"{cfg_e}; "
             "the checkpoint and its config disagree - download both again"
         )
     h = fam.config_value(ckpt.config, "hidden_size", prefix)

@@ -444,26 +444,79 @@ def test_an_expert_set_size_of_the_wrong_kind_is_one_line(tmp_path):
     assert 'moe_intermediate_size is [128, "64"], not an integer or list of integers' in line
 
 
-def test_a_mistral_format_checkpoint_is_refused_naming_its_format(tmp_path):
-    """Mistral Large 3 is published in Mistral's own format (params.json, consolidated
-    shards, Mistral's tensor names, which vLLM's MistralLarge3ForCausalLM maps with its
-    hf_to_vllm_mapper): fi-convert does not read it yet, and says so in one line."""
-    import torch
-    from safetensors.torch import save_file
+def test_a_mistral_format_checkpoint_converts_inspects_and_verifies(tmp_path):
+    """Mistral Large 3 as published, in Mistral's own format (tests/mistral_checkpoints.py:
+    params.json, consolidated shards, layers.L.experts.E.w1): inspected as Mistral Large 3,
+    converted, and verified against its source; the output keeps params.json, its
+    quantization marked (stock vLLM refuses it), and not the consolidated index, whose
+    shards it has not."""
+    from . import mistral_checkpoints as mistral
 
-    root = tmp_path / "mistral-large-3"
-    root.mkdir()
-    params = {"dim": 64, "n_layers": 2, "moe": {"num_experts": 4, "num_shared_experts": 1}}
-    (root / "params.json").write_text(json.dumps(params))
-    save_file(
-        {"layers.1.experts.0.w1.weight": torch.zeros(8, 64, dtype=torch.bfloat16)},
-        root / "consolidated.safetensors",
-    )
-    line = the_error(cli("convert", root, tmp_path / "out"))
-    assert line == (
-        f"error: {root}: params.json and no config.json: a checkpoint in Mistral's own format "
-        "(Mistral Large 3 as published: consolidated*.safetensors, layers.L.experts.E.w1), "
-        "which fi-convert does not read yet; serve it with the server's own load (without "
-        "--load-format fi-convert)"
-    )
+    src = mistral.write(tmp_path / "src")
+    out = tmp_path / "out"
+    res = cli("inspect", src)
+    assert res.exit_code == 0, res.output
+    assert "mistral-large-3" in res.stdout or "Mistral Large 3" in res.stdout
+    res = cli("convert", src, out, "--scheme", "bf16", "--tp-size", "2")
+    assert res.exit_code == 0, res.output
+    params = json.loads((out / "params.json").read_text())
+    assert params["quantization"]["quant_method"] == "fi-convert"
+    assert params["quantization"]["source_quantization_config"] is None
+    assert not (out / "config.json").exists()
+    assert not (out / "consolidated.safetensors.index.json").exists()
+    assert (out / "tekken.json").read_bytes() == (src / "tekken.json").read_bytes()
+    res = cli("verify", out, "--source", src)
+    assert res.exit_code == 0, res.output
+
+
+def test_a_mistral_format_fp8_checkpoint_is_read_as_fp8_tensor(tmp_path):
+    """Mistral's FP8 format (quantization.qformat_weight fp8_e4m3, per-tensor qscale_weight
+    and qscale_act) is read as fp8-tensor: the scales are vLLM's weight_scale and input_scale
+    (the family's form's `params`)."""
+    from . import mistral_checkpoints as mistral
+
+    src = mistral.write(tmp_path / "src", "fp8")
+    out = tmp_path / "out"
+    res = cli("convert", src, out, "--scheme", "auto")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert m["scheme"] == "fp8-tensor"
+    params = json.loads((out / "params.json").read_text())
+    assert params["quantization"]["source_quantization_config"] == mistral.FP8_QUANTIZATION
+    assert cli("verify", out, "--source", src).exit_code == 0
+
+
+def test_a_params_json_without_a_field_fi_convert_needs_is_refused_naming_it(tmp_path):
+    from . import mistral_checkpoints as mistral
+
+    src = mistral.write(tmp_path / "src")
+    params = json.loads((src / "params.json").read_text())
+    del params["moe"]["expert_hidden_dim"]
+    (src / "params.json").write_text(json.dumps(params))
+    line = the_error(cli("convert", src, tmp_path / "out"))
+    assert line.startswith(f"error: {src / 'params.json'}: no 'moe.expert_hidden_dim' (the ")
+    assert "restore the model's params.json" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_consolidated_shards_named_otherwise_are_refused_naming_a_tensor(tmp_path):
+    """params.json says Mistral Large 3, but the consolidated shards' experts are named as
+    an HF export names them: refused naming the first such tensor and Mistral's naming."""
+    from safetensors.torch import load_file, save_file
+
+    from . import mistral_checkpoints as mistral
+
+    src = mistral.write(tmp_path / "src", shards=1)
+    shard = src / "consolidated-00001-of-00001.safetensors"
+    renamed = {
+        n.replace(".experts.", ".mlp.experts.").replace(".w1.", ".gate_proj."): t
+        for n, t in load_file(shard).items()
+    }
+    save_file(renamed, shard)
+    index = json.loads((src / "consolidated.safetensors.index.json").read_text())
+    index["weight_map"] = {n: shard.name for n in renamed}
+    (src / "consolidated.safetensors.index.json").write_text(json.dumps(index))
+    line = the_error(cli("convert", src, tmp_path / "out"))
+    assert line.startswith("error: layers.1.mlp.experts.0.gate_proj.weight: ")
+    assert "is Mistral Large 3's, whose experts are named" in line
     assert not (tmp_path / "out").exists()

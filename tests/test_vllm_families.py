@@ -26,6 +26,12 @@ vLLM's own (`process_fp8_weight_block_strategy`, pure PyTorch) and whose GEMM ne
 Nothing of the MoE layers is stood in for: their FP8 block processing and kernel state are
 vLLM's and FlashInfer's, as in every case.
 
+Mistral Large 3 is written in Mistral's own format (tests/mistral_checkpoints.py: params.json,
+consolidated shards, Mistral's names), which vLLM reads itself (its params.json parser, the
+model's `hf_to_vllm_mapper`); its MLA layers get FlashInfer's MLA backend and prefill kernel
+(vLLM's first MLA prefill choice allocates a GPU workspace when built), their workspace on the
+CPU.
+
 Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2 (bf16,
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
@@ -35,9 +41,16 @@ the last three with the names and a config module of tests/remote_code_checkpoin
 published config classes being remote code), LongCat-Flash (bf16 on CUTLASS: its
 ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed experts alone,
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
-does, torch.accelerator.empty_cache a no-op where there is no accelerator).
+does, torch.accelerator.empty_cache a no-op where there is no accelerator) and Mistral Large 3
+(bf16, in Mistral's own format).
 
 Not proven here, and why:
+- Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
+  linear FP8 with per-tensor `qscale_weight`/`qscale_act`): vLLM 0.33 finds no CPU kernel for
+  its per-tensor FP8 linears ("Failed to find a kernel that can implement the ScaledMM linear
+  layer"); fi-convert converts it (fp8-tensor), proven by `verify --source` only. Nor the
+  published multimodal whole (params.json's `vision_encoder`: PixtralForConditionalGeneration
+  around the text model), whose module needs transformers' Pixtral image processor;
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
   (`MLAAttention.process_weights_after_loading` -> `split_kv_b_proj` ->
   `get_and_maybe_dequant_weights`) dequantizes a block-FP8 kv_b_proj with `scaled_dequantize`,
@@ -80,12 +93,14 @@ from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import MoE
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import PlatformEnum, current_platform
+from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
 from vllm.v1.worker import workspace
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.servers.vllm.loader import FiConvertModelLoader
 from tests import family_forms_models as ffm
 from tests import hf_checkpoints as hf
+from tests import mistral_checkpoints as mistral
 from tests import quantized_checkpoints as qc
 from tests import remote_code_checkpoints as rc
 from tests import vllm_moe as vm
@@ -97,8 +112,8 @@ REMOTE_CODE = {
     "ling1": rc.save_ling1,
     "deepseek_v1": rc.save_deepseek_v1,
 }
-MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
+MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
 BLOCK_SIZES = dict(
     hidden_size=128,
     intermediate_size=256,
@@ -194,6 +209,10 @@ CASES = {
     "ling1-bf16": ("ling1", "bailing_moe.BailingMoeForCausalLM", None, {}),
     # LongCat-Flash: zero-computation experts routed beside the real ones (ZeroExpertRouter)
     "longcat-bf16": ("longcat_flash", "longcat_flash.LongcatFlashForCausalLM", None, {}),
+    # Mistral Large 3 in Mistral's own format (params.json, consolidated shards, Mistral's
+    # names; tests/mistral_checkpoints.py): vLLM reads params.json itself and maps the names
+    # (MistralLarge3ForCausalLM.hf_to_vllm_mapper); I 96: padded per rank
+    "mistral-large-3-bf16": ("mistral", "mistral_large_3.MistralLarge3ForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -237,6 +256,9 @@ RUNS = [
     ("ling1-bf16", "cutlass", "bf16"),
     # LongCat-Flash's ZeroExpertRouter (Unspecified routing): BF16 on CUTLASS only
     ("longcat-bf16", "cutlass", "bf16"),
+    # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends
+    ("mistral-large-3-bf16", "trtllm", "bf16"),
+    ("mistral-large-3-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -275,7 +297,9 @@ def sources(tmp_path_factory):
     def get(case: str) -> Path:
         if case not in done:
             kind, _, quant, sizes = CASES[case]
-            if kind == "ernie4_5_moe_vl":
+            if kind == "mistral":
+                done[case] = mistral.write(root / case, quant)
+            elif kind == "ernie4_5_moe_vl":
                 done[case] = ffm.save_ernie45_vl(root / case)
             elif kind in REMOTE_CODE:
                 done[case] = REMOTE_CODE[kind](root / case, **sizes)
@@ -321,7 +345,11 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         # what VllmConfig sets once it has a model (DeepSeek-V3.2's indexer reads it): 5 up
         # to a max_model_len of 256K
         cfg.attention_config.sparse_mla_prefill_workspace_factor = 5
-        cfg.quant_config = vm.quant_config(src)
+        if CASES[case][0] == "mistral":
+            # MLA's prefill kernel: FlashInfer's (TRT-LLM's ragged one, vLLM's first choice on
+            # SM100, allocates its workspace on the GPU when built)
+            cfg.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.FLASHINFER
+        cfg.quant_config = _quant_config(src, mc)
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
         try:
@@ -331,10 +359,23 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         yield model, mc
 
 
+def _quant_config(src: Path, mc: ModelConfig):
+    """vLLM's quantization config of the source: from its config.json, or for a Mistral-format
+    source from the config vLLM read out of its params.json (its `quantization_config`)."""
+    if (src / "config.json").exists():
+        return vm.quant_config(src)
+    qc = getattr(mc.hf_config, "quantization_config", None)
+    if qc is None:
+        return None
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    return Fp8Config.from_config(qc)
+
+
 @classmethod
 def _attention(cls, selected, attn_selector_config, num_heads=None) -> str:
-    """The attention backend's class name: Triton's, for MLA (LongCat-Flash) FlashInfer's MLA, or
-    for sparse MLA (DeepSeek-V3.2's DSA) FlashInfer's TRT-LLM sparse MLA."""
+    """The attention backend's class name: Triton's, for MLA (LongCat-Flash, Mistral Large 3)
+    FlashInfer's MLA, or for sparse MLA (DeepSeek-V3.2's DSA) FlashInfer's TRT-LLM sparse MLA."""
     if attn_selector_config.use_sparse:
         return SPARSE_MLA
     return MLA if attn_selector_config.use_mla else ATTENTION

@@ -33,6 +33,21 @@ def mark(config: dict, note: str) -> bytes:
     return (json.dumps(cfg, indent=2) + "\n").encode()
 
 
+def mark_params(params: dict, note: str) -> bytes:
+    """The output's params.json for a source in Mistral's own format (`params`, its
+    params.json as read): its `quantization` marked the same way, the source's kept under
+    `source_quantization_config` (Mistral's own form, or None). Stock vLLM refuses a
+    quantization it does not know ("Found unknown quantization"); fi-convert's plugin puts the
+    source's back (servers/vllm/config.py)."""
+    cfg = dict(params)
+    cfg["quantization"] = {
+        "quant_method": METHOD,
+        "note": note,
+        SOURCE_KEY: params.get("quantization") or None,
+    }
+    return (json.dumps(cfg, indent=2) + "\n").encode()
+
+
 def is_marked(quant_config: Any) -> bool:
     return isinstance(quant_config, dict) and quant_config.get("quant_method") == METHOD
 

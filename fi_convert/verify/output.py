@@ -554,8 +554,8 @@ def _side_files(plan, m: dict, card_replaced: bool, rep: Report) -> None:
         meta = m["files"].get(rel)
         if meta is None or (rel == "README.md" and card_replaced):  # a Hub card replaced it
             continue
-        if rel == "config.json":
-            marked = config_marker.mark(plan.ckpt.config, plan.marker_note)
+        marked = plan.marked(rel)
+        if marked is not None:
             sha = hashlib.sha256(marked).hexdigest()
         else:
             sha = sha256_file(plan.ckpt.root / rel)

@@ -183,6 +183,13 @@ NO_FLASHINFER_MODEL = {
     ),
 }
 
+# By architecture, where the config names no model_type (a Mistral-format params.json)
+NO_FLASHINFER_MODEL["MistralLarge3ForCausalLM"] = (
+    "SGLang {sglang} has a model class for Mistral Large 3 (models/mistral_large_3.py, "
+    "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of it "
+    "against SGLang's own load yet (vLLM 0.33's is proven); convert with --server vllm"
+)
+
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
         "SGLang 0.5.23 has no FlashInfer CUTLASS path for block FP8 (asked for "

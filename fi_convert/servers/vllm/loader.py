@@ -63,13 +63,21 @@ def moe_layers(
 
 
 def _vllm_name(model: torch.nn.Module, prefix: str) -> str:
-    """The name vLLM's model gives the checkpoint's MoE layer `prefix`, by its own mapper."""
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    if mapper is None:
-        return prefix
-    probe = f"{prefix}.w13_weight"
-    name = mapper._map_name(probe)
-    return name.removesuffix(".w13_weight") if name else prefix
+    """The name vLLM's model gives the checkpoint's MoE layer `prefix`, by its own mapper: the
+    model's, else a submodule's (a multimodal wrapper's language model), probed with the
+    layer's fused name and, where a mapper maps only per-expert names (Mistral Large 3's:
+    `layers.L.experts.E.w1.weight` is `model.layers.L.mlp.experts.E.gate_proj.weight`), with
+    one expert's."""
+    for where, mod in model.named_modules():
+        mapper = getattr(mod, "hf_to_vllm_mapper", None)
+        if mapper is None:
+            continue
+        head = f"{where}." if where else ""
+        for tail, parts in ((".w13_weight", 1), (".0.w1.weight", 3), (".0.gate_proj.weight", 3)):
+            name = mapper._map_name(prefix + tail)
+            if name and name != prefix + tail:
+                return head + name.rsplit(".", parts)[0]
+    return prefix
 
 
 class FiConvertModelLoader(DefaultModelLoader):
