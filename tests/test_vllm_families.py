@@ -314,10 +314,13 @@ def sources(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
+def vllm_model(
+    case: str, src: Path, backend: str, tp: int, rank: int, mc: ModelConfig | None = None
+):
     """vLLM's own model class for the case, built as rank `rank` of `tp` (inside its
-    context: the MoE layers' kernel setup needs it), with the source's model config, on an
-    SM100 GPU (SM90 for FP8 block on CUTLASS, which vLLM runs there only)."""
+    context: the MoE layers' kernel setup needs it), with the source's model config (or `mc`,
+    one vLLM made from engine arguments), on an SM100 GPU (SM90 for FP8 block on CUTLASS,
+    which vLLM runs there only)."""
     import importlib
 
     module, cls = CASES[case][1].rsplit(".", 1)
@@ -338,9 +341,13 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
         cfg = get_current_vllm_config()
         # (a family whose published config class is remote code: tests/remote_code_checkpoints)
         remote = CASES[case][0] in REMOTE_CODE
-        mc = ModelConfig(
-            model=str(src), skip_tokenizer_init=True, dtype="bfloat16", trust_remote_code=remote
-        )
+        if mc is None:
+            mc = ModelConfig(
+                model=str(src),
+                skip_tokenizer_init=True,
+                dtype="bfloat16",
+                trust_remote_code=remote,
+            )
         cfg.model_config = mc
         # what VllmConfig sets once it has a model (DeepSeek-V3.2's indexer reads it): 5 up
         # to a max_model_len of 256K
@@ -349,7 +356,7 @@ def vllm_model(case: str, src: Path, backend: str, tp: int, rank: int):
             # MLA's prefill kernel: FlashInfer's (TRT-LLM's ragged one, vLLM's first choice on
             # SM100, allocates its workspace on the GPU when built)
             cfg.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.FLASHINFER
-        cfg.quant_config = _quant_config(src, mc)
+        cfg.quant_config = _quant_config(Path(mc.model), mc)
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
         try:
@@ -495,3 +502,51 @@ def test_the_plugin_reads_vllms_bf16_backend_names():
         method = types.SimpleNamespace(unquantized_backend=UnquantizedMoeBackend[name])
         assert " " in UnquantizedMoeBackend[name].value
         assert backend_of(method) == backend
+
+
+def _engine_config(path: Path, **kw) -> ModelConfig:
+    """The model config vLLM's engine arguments make of `path`, as `vllm serve PATH ...` makes
+    it (the tokenizer left out: the tiny checkpoints' tekken.json holds no vocabulary)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(path), skip_tokenizer_init=True, **kw).create_model_config()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_mistral_format_output_serves_from_vllms_engine_arguments(tp, sources, tmp_path):
+    """`vllm serve OUT --load-format fi-convert -tp N` for an output of a Mistral-format source
+    (params.json, no config.json), as far as vLLM's path goes on CPU: its engine arguments ->
+    its model config (the plugin's hook: its config parser, servers/vllm/mistral.py) -> vLLM's
+    own MistralLarge3ForCausalLM -> the loader vLLM's registry gives for the load format ->
+    vLLM's post-load driver. The config equals the one vLLM reads from the source's params.json
+    (dtype inferred, no --dtype), and every parameter, buffer and kernel state equals vLLM's
+    default load of the source from its own engine arguments, every rank."""
+    from fi_convert.servers.vllm import mistral as plugin_mistral
+    from fi_convert.servers.vllm import register
+
+    register()
+    case, backend = "mistral-large-3-bf16", "trtllm"
+    src = sources(case)
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend(backend), tp), device="cpu")
+    theirs_mc = _engine_config(src, tensor_parallel_size=tp)
+    ours_mc = _engine_config(out, load_format="fi-convert", tensor_parallel_size=tp)
+    assert ours_mc.config_format == plugin_mistral.CONFIG_FORMAT
+    assert ours_mc.hf_config.to_dict() == theirs_mc.hf_config.to_dict()
+    assert ours_mc.architectures == theirs_mc.architectures == ["MistralLarge3ForCausalLM"]
+    assert (ours_mc.dtype, ours_mc.quantization) == (theirs_mc.dtype, None)
+    assert ours_mc.dtype == torch.bfloat16
+    for rank in range(tp):
+        with vllm_model(case, src, backend, tp, rank, theirs_mc) as (theirs, mc):
+            get_model_loader(LoadConfig(load_format="auto")).load_weights(theirs, mc)
+            process_weights_after_loading(theirs, mc, torch.device("cpu"))
+        with vllm_model(case, out, backend, tp, rank, ours_mc) as (ours, mc):
+            loader = get_model_loader(LoadConfig(load_format="fi-convert"))
+            assert isinstance(loader, FiConvertModelLoader)
+            loader.load_weights(ours, mc)
+            process_weights_after_loading(ours, mc, torch.device("cpu"))
+        a, b = _moe(theirs), _moe(ours)
+        assert sorted(a) == sorted(b) and a
+        assert _differing(_tensors(theirs), _tensors(ours)) == [], f"rank {rank} of {tp}"
+        for name in a:
+            vm.assert_same_layer(a[name].routed_experts, b[name].routed_experts)

@@ -19,6 +19,8 @@ from typing import Any
 
 METHOD = "fi-convert"
 SOURCE_KEY = "source_quantization_config"
+# the field of a Mistral-format params.json that holds its quantization (marked like config.json's)
+PARAMS_QUANT_KEY = "quantization"
 
 
 def mark(config: dict, note: str) -> bytes:
@@ -38,12 +40,12 @@ def mark_params(params: dict, note: str) -> bytes:
     params.json as read): its `quantization` marked the same way, the source's kept under
     `source_quantization_config` (Mistral's own form, or None). Stock vLLM refuses a
     quantization it does not know ("Found unknown quantization"); fi-convert's plugin puts the
-    source's back (servers/vllm/config.py)."""
+    source's back (servers/vllm/mistral.py)."""
     cfg = dict(params)
-    cfg["quantization"] = {
+    cfg[PARAMS_QUANT_KEY] = {
         "quant_method": METHOD,
         "note": note,
-        SOURCE_KEY: params.get("quantization") or None,
+        SOURCE_KEY: params.get(PARAMS_QUANT_KEY) or None,
     }
     return (json.dumps(cfg, indent=2) + "\n").encode()
 

@@ -18,7 +18,9 @@ def register() -> None:
 
     from .config import hook_engine_args
     from .loader import FiConvertModelLoader, logger
+    from .mistral import register_parser
 
     register_model_loader(LOAD_FORMAT)(FiConvertModelLoader)
+    register_parser()
     hook_engine_args()
     logger.info("fi-convert: registered load format %r", LOAD_FORMAT)

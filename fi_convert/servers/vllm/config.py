@@ -10,6 +10,7 @@ import functools
 from typing import Any
 
 from ...format import config_marker
+from . import mistral
 
 LOAD_FORMAT = "fi-convert"
 
@@ -55,7 +56,9 @@ def hook_engine_args() -> None:
 
     def create_model_config(self: Any) -> Any:
         if str(self.load_format).lower() == LOAD_FORMAT:
-            check_early(self)
+            manifest = check_early(self)
+            # an output of a Mistral-format source: read by the plugin's config parser
+            mistral.adapt_engine_args(self, manifest)
             if not getattr(self.hf_overrides, "fi_convert", False):
                 self.hf_overrides = RestoreSource(self.hf_overrides)
         return create(self)
@@ -64,10 +67,10 @@ def hook_engine_args() -> None:
     EngineArgs.create_model_config = create_model_config  # type: ignore[method-assign]
 
 
-def check_early(args: Any) -> None:
+def check_early(args: Any) -> dict:
     """The manifest checks that need no GPU, in the process that parses the arguments, before
     vLLM starts an engine (for a Hub repo id, on its manifest, fetched alone: hub/fetch.py). The
-    loader runs them again, with the device checks, in every worker."""
+    loader runs them again, with the device checks, in every worker. Returns the manifest."""
     from pathlib import Path
 
     from ...errors import FiConvertError
@@ -103,3 +106,4 @@ def check_early(args: Any) -> None:
         # a release the output does not list: each worker proves it for its rank at load
         # (loader.py, proof.py); the other checks still refuse here, before an engine starts
         check(release_proven=True)
+    return m
