@@ -676,3 +676,115 @@ def test_the_plugin_loads_no_converter_code():
     converter = {"plan", "pipeline", "schemes", "layout", "source", "outdir", "verify", "hub"}
     assert {m.split(".")[1] for m in loaded if "." in m} & converter == set(), sorted(loaded)
     assert "fi_convert.format.reader" in loaded
+
+
+@pytest.fixture(scope="module")
+def mistral_out(tmp_path_factory):
+    """An output of a Mistral-format source (tests/mistral_checkpoints.py: params.json, no
+    config.json, consolidated shards, tekken.json), BF16, TP 2; and the source."""
+    from tests import mistral_checkpoints
+
+    root = tmp_path_factory.mktemp("plugin-mistral")
+    src = mistral_checkpoints.write(root / "src")
+    out = root / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, 2), device="cpu")
+    return src, out
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        # auto: Mistral's format only beside consolidated*.safetensors, and no config.json
+        ({}, "Invalid repository ID or local directory specified"),
+        # Mistral's parser: params.json's quantization is fi-convert's mark
+        (dict(config_format="mistral"), "Found unknown quantization=.*'quant_method': 'fi-con"),
+        (dict(config_format="mistral", load_format="mistral"), "Found unknown quantization="),
+        (dict(config_format="hf"), "config.json"),
+    ],
+    ids=["auto", "mistral", "mistral-load-format", "hf"],
+)
+def test_stock_vllm_refuses_an_output_of_a_mistral_format_source(mistral_out, kw, words):
+    """Stock vLLM (the plugin registered, as an installed entry point is, but no
+    `--load-format fi-convert`) builds no model from an output of a Mistral-format source,
+    whatever --config-format says."""
+    _, out = mistral_out
+    register()
+    with pytest.raises(Exception, match=words):
+        _engine_model_config(out, skip_tokenizer_init=True, **kw)
+
+
+def test_a_mistral_format_output_gets_the_plugins_parser_and_mistrals_tokenizer(mistral_out):
+    """With --load-format fi-convert (--config-format auto or mistral) the plugin's config
+    parser reads the output, and the tokenizer is Mistral's, as vLLM's `auto` picks it for the
+    source (tekken.json beside consolidated shards); a tokenizer the user names is left alone.
+    The model config equals the source's (tests/test_vllm_families.py builds and loads it)."""
+    from vllm.tokenizers.registry import resolve_tokenizer_args
+
+    from fi_convert.servers.vllm.mistral import CONFIG_FORMAT
+
+    src, out = mistral_out
+    register()
+    theirs = _engine_model_config(src, skip_tokenizer_init=True)
+    for fmt in ("auto", "mistral"):
+        got = _engine_model_config(
+            out, load_format="fi-convert", tensor_parallel_size=2, config_format=fmt
+        )
+        assert got.config_format == CONFIG_FORMAT
+        assert got.hf_config.to_dict() == theirs.hf_config.to_dict()
+
+    def mode(mc):
+        return resolve_tokenizer_args(
+            mc.tokenizer, runner_type="generate", tokenizer_mode=mc.tokenizer_mode
+        )[0]
+
+    assert mode(got) == mode(theirs) == "mistral"
+    named = _engine_model_config(
+        out, load_format="fi-convert", tensor_parallel_size=2, tokenizer=str(src)
+    )
+    assert named.tokenizer_mode == "auto" and mode(named) == "mistral"
+
+
+def _mistral_copy(out: Path, tmp_path: Path, edit) -> Path:
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    edit(bad)
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("kw", "edit", "words"),
+    [
+        (
+            dict(config_format="hf"),
+            None,
+            "read by fi-convert's own config parser, not --config-format hf; drop --config-f",
+        ),
+        (
+            {},
+            lambda d: (d / "params.json").write_text(
+                (d.parent / "src" / "params.json").read_text()
+            ),
+            "its params.json's quantization is not fi-convert's mark",
+        ),
+        ({}, lambda d: (d / "params.json").write_text("{not json"), "params.json (unreadable:"),
+        ({}, lambda d: (d / "params.json").write_text("[]"), "params.json (not a JSON object)"),
+        ({}, lambda d: (d / "params.json").unlink(), "params.json (missing)"),
+    ],
+    ids=["config-format-hf", "source-params", "garbled", "not-an-object", "missing"],
+)
+def test_a_bad_mistral_format_output_is_one_line(mistral_out, tmp_path, kw, edit, words):
+    """Refused before vLLM reads its config (inside it, vLLM would retry the parse and wrap
+    the error in its own lines)."""
+    src, out = mistral_out
+    if edit is not None:
+        import shutil
+
+        shutil.copytree(src, tmp_path / "src")
+        out = _mistral_copy(out, tmp_path, edit)
+    register()
+    with pytest.raises(PluginError) as e:
+        _engine_model_config(out, load_format="fi-convert", tensor_parallel_size=2, **kw)
+    msg = str(e.value)
+    assert msg.startswith("fi-convert: ") and "\n" not in msg and words in msg, msg
