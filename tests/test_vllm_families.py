@@ -42,13 +42,15 @@ published config classes being remote code), LongCat-Flash (bf16 on CUTLASS: its
 ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed experts alone,
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
 does, torch.accelerator.empty_cache a no-op where there is no accelerator) and Mistral Large 3
-(bf16, in Mistral's own format).
+(bf16, in Mistral's own format; its output also served from vLLM's engine arguments, through
+the plugin's config parser).
 
 Not proven here, and why:
 - Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
   linear FP8 with per-tensor `qscale_weight`/`qscale_act`): vLLM 0.33 finds no CPU kernel for
   its per-tensor FP8 linears ("Failed to find a kernel that can implement the ScaledMM linear
-  layer"); fi-convert converts it (fp8-tensor), proven by `verify --source` only. Nor the
+  layer"); fi-convert converts it (fp8-tensor), proven by `verify --source` only, and the
+  plugin refuses to load it (vLLM's Fp8MoEMethod: test_an_fp8_mistral_format_output_...). Nor the
   published multimodal whole (params.json's `vision_encoder`: PixtralForConditionalGeneration
   around the text model), whose module needs transformers' Pixtral image processor;
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step

@@ -2,7 +2,8 @@
 refuses (fi_convert/format/config_marker.py says why; target.py holds its note). With
 `--load-format fi-convert`, and only then, the plugin hands vLLM the source's own
 quantization config back, through vLLM's `hf_overrides` hook, so that vLLM builds exactly the
-model and MoE methods it builds for the source checkpoint."""
+model and MoE methods it builds for the source checkpoint. An output of a Mistral-format
+source (params.json) is read by the plugin's own config parser instead (mistral.py)."""
 
 from __future__ import annotations
 
