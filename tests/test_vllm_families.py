@@ -49,8 +49,8 @@ Not proven here, and why:
 - Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
   linear FP8 with per-tensor `qscale_weight`/`qscale_act`): vLLM 0.33 finds no CPU kernel for
   its per-tensor FP8 linears ("Failed to find a kernel that can implement the ScaledMM linear
-  layer"); fi-convert converts it (fp8-tensor), proven by `verify --source` only, and the
-  plugin refuses to load it (vLLM's Fp8MoEMethod: test_an_fp8_mistral_format_output_...). Nor the
+  layer"), and fp8-tensor of it is refused for vLLM when planned (vLLM's Fp8MoEMethod, which
+  the plugin does not set up yet: test_an_fp8_mistral_format_source_is_refused_...). Nor the
   published multimodal whole (params.json's `vision_encoder`: PixtralForConditionalGeneration
   around the text model), whose module needs transformers' Pixtral image processor;
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
@@ -554,74 +554,19 @@ def test_a_mistral_format_output_serves_from_vllms_engine_arguments(tp, sources,
             vm.assert_same_layer(a[name].routed_experts, b[name].routed_experts)
 
 
-@contextlib.contextmanager
-def _per_tensor_fp8_linears():
-    """vLLM's own PyTorch per-tensor FP8 linear kernel class (torch._scaled_mm; in vLLM's CPU
-    list too) for the FP8 linears, its device check answered yes: vLLM's CPU kernels for them
-    need its compiled ops, which this install lacks. Its post-load processing is vLLM's own;
-    its GEMM never runs here."""
-    from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
-        PerTensorTorchFP8ScaledMMLinearKernel as Kernel,
-    )
-
-    supported = classmethod(lambda cls, compute_capability=None: (True, None))
-    with (
-        mock.patch.dict(linear_kernels._POSSIBLE_FP8_KERNELS, {PlatformEnum.UNSPECIFIED: [Kernel]}),
-        mock.patch.object(Kernel, "is_supported", supported),
-    ):
-        yield
-
-
-def test_an_fp8_mistral_format_output_from_vllms_engine_arguments(tmp_path):
+def test_an_fp8_mistral_format_source_is_refused_for_vllm_in_one_line(tmp_path):
     """Mistral Large 3 in Mistral's FP8 format (`qformat_weight` fp8_e4m3, per-tensor
-    `qscale_weight`/`qscale_act`), converted to fp8-tensor at TP 2: how far
-    `vllm serve OUT --load-format fi-convert -tp 2` goes on CPU.
+    `qscale_weight`/`qscale_act`: vLLM's `fp8` method, static activation scales): vLLM 0.33
+    builds its Fp8MoEMethod for such experts, whose per-tensor kernel setup the plugin does not
+    run yet (checks.NOT_YET), so fp8-tensor is refused when planned (servers/vllm/target.py,
+    SOURCES_NOT_YET), not written for a plugin that would refuse it at load."""
+    from fi_convert import SchemeMismatchError
+    from fi_convert.servers.vllm.checks import NOT_YET
 
-    - engine arguments -> model config: the quantization vLLM reads from the source's
-      params.json (`fp8`, static activation scales) and the same config, but for `dtype`: vLLM
-      infers float32 from the source's shards (its FP8 experts' float32 scales), the plugin
-      bfloat16 from the output's unconverted tensors (this checkpoint's experts alone are FP8;
-      in Mistral's published FP8 every linear is, and the two agree); both resolve to a
-      bfloat16 model;
-    - the model: vLLM 0.33 finds no CPU kernel for its per-tensor FP8 linears, for the source
-      as for the output ("Failed to find a kernel that can implement the ScaledMM linear
-      layer"); with vLLM's own PyTorch per-tensor kernel class standing in, both build, and
-      vLLM's default load and processing of the source run;
-    - the plugin's load: refused in one line, before it reads anything: vLLM's `fp8` method
-      builds its Fp8MoEMethod for the MoE layers, whose per-tensor kernel setup the plugin does
-      not run yet (checks.NOT_YET). Not served yet, on any device."""
-    from fi_convert.servers.vllm import register
-    from fi_convert.servers.vllm.checks import PluginError
-
-    register()
-    case = "mistral-large-3-bf16"  # vLLM's model class and attention set-up of the case
+    assert "Fp8MoEMethod" in NOT_YET["fp8-tensor"]
     src = mistral.write(tmp_path / "src", "fp8")
-    out = tmp_path / "out"
-    convert(src, out, Options(SchemeName.FP8_TENSOR, Backend.TRTLLM, 2), device="cpu")
-    theirs_mc = _engine_config(src, tensor_parallel_size=2)
-    ours_mc = _engine_config(out, load_format="fi-convert", tensor_parallel_size=2)
-    fp8 = {"quant_method": "fp8", "activation_scheme": "static"}
-    assert ours_mc.quantization == theirs_mc.quantization == "fp8"
-    assert ours_mc.hf_config.quantization_config == theirs_mc.hf_config.quantization_config == fp8
-    theirs, ours = theirs_mc.hf_config.to_dict(), ours_mc.hf_config.to_dict()
-    assert (theirs.pop("dtype"), ours.pop("dtype")) == ("float32", "bfloat16")
-    assert ours == theirs
-    assert ours_mc.dtype == theirs_mc.dtype == torch.bfloat16
-    for path, mc in ((src, theirs_mc), (out, ours_mc)):
-        with (
-            pytest.raises(ValueError, match="Failed to find a kernel that can implement the Sc"),
-            vllm_model(case, path, "trtllm", 2, 0, mc),
-        ):
-            pass
-    with _per_tensor_fp8_linears():
-        with vllm_model(case, src, "trtllm", 2, 0, theirs_mc) as (model, mc):
-            get_model_loader(LoadConfig(load_format="auto")).load_weights(model, mc)
-            process_weights_after_loading(model, mc, torch.device("cpu"))
-        with vllm_model(case, out, "trtllm", 2, 0, ours_mc) as (model, mc):
-            methods = {type(r.routed_experts.quant_method).__name__ for r in _moe(model).values()}
-            assert methods == {"Fp8MoEMethod"}
-            with pytest.raises(PluginError) as e:
-                get_model_loader(LoadConfig(load_format="fi-convert")).load_weights(model, mc)
-    msg = str(e.value)
-    assert "\n" not in msg and "vLLM built Fp8MoEMethod for it" in msg
-    assert "does not run yet" in msg
+    for backend in ("trtllm", "cutlass"):
+        with pytest.raises(SchemeMismatchError) as e:
+            convert(src, tmp_path / "out", Options(SchemeName.FP8_TENSOR, Backend(backend), 2))
+        assert "\n" not in str(e.value) and "Fp8MoEMethod" in str(e.value)
+        assert not (tmp_path / "out").exists()
