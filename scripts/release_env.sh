@@ -59,6 +59,7 @@ if [[ -f "$STAMP" ]]; then
     exit 0
 fi
 
+exec 3>&1 1>&2  # stdout: the path alone (what the build runs logs on stderr: vLLM logs on stdout)
 start=$(date +%s)
 mkdir -p "$(dirname "$OVERLAY")"
 echo '*' >"$(dirname "$OVERLAY")/.gitignore"
@@ -182,4 +183,4 @@ for old in "${OVERLAY%-*}"-*; do  # the ones this replaces: the same release, ol
 done
 echo "release_env: built $OVERLAY ($server $release: ${wanted[*]})" \
     "in $(($(date +%s) - start)) s, $(du -sh "$OVERLAY" | cut -f1)" >&2
-echo "$OVERLAY"
+echo "$OVERLAY" >&3
