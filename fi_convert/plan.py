@@ -241,7 +241,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     refused = (
         target.refuses(name.value, options.backend.value)
         or target.refuses_source(
-            name.value, options.backend.value, quant_method(ckpt), ckpt.model_type
+            name.value, options.backend.value, quant_method(ckpt), ckpt.architectures
         )
         or refuses_moe(target, name, options.backend, layers)
     )
@@ -382,7 +382,7 @@ def _plan_layers(
         return target.no_path(name.value, backend.value), False, []
     refused = (
         target.refuses(name.value, backend.value)
-        or target.refuses_source(name.value, backend.value, quant_method(ckpt), ckpt.model_type)
+        or target.refuses_source(name.value, backend.value, quant_method(ckpt), ckpt.architectures)
         or refuses_moe(target, name, backend, layers)
     )
     if refused:

@@ -76,15 +76,15 @@ def served(fam: Family, server: str, routing: str) -> str:
                     name,
                     b.value,
                     SOURCE_METHOD.get(name),
-                    fam.model_types[0] if fam.model_types else None,
+                    fam.architectures,
                 )  # fmt: skip
                 or target.refuses_moe(name, b.value, routing, fam.moe.activation, None)
             )
         ]
         if ok:
             out.append(f"{name} ({', '.join(ok)})")
-    mt = fam.model_types[0] if fam.model_types else None
-    why = target.refuses_source("bf16", "trtllm", None, mt)  # a whole family (SGLang's AFMoE)
+    # a whole family (SGLang's AFMoE)
+    why = target.refuses_source("bf16", "trtllm", None, fam.architectures)
     return ", ".join(out) or ("refused: " + why.split(";")[0] if why else "none")
 
 

@@ -118,32 +118,34 @@ SOURCES_REFUSED = {
     ),
 }
 
-# Model types whose SGLang model class declares no routing method to its FusedMoE (no
+# SGLang's model classes that declare no routing method to their FusedMoE (no
 # `routing_method_type=` in models/mixtral.py, glm4_moe_lite.py, minimax_m2.py, ernie4.py,
 # ernie45_moe_vl.py, hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py,
-# longcat_flash.py), so
-# ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs FlashInfer TRT-LLM only for a
-# declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's DeepSeekV3, ...)
+# longcat_flash.py), so ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
+# FlashInfer TRT-LLM only for a declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's
+# DeepSeekV3, ...). Keyed by architecture, as SGLang picks its model class by config.json's
+# `architectures` (models/registry.py), not by `model_type` (LongCat-Flash's published
+# config.json has no model_type)
 _UNDECLARED = {
-    "mixtral": "Mixtral",
-    "glm4_moe_lite": "GLM-4.7-Flash",
-    "minimax_m2": "MiniMax-M2",
-    "ernie4_5_moe": "ERNIE-4.5-MoE",
-    "ernie4_5_moe_vl": "ERNIE-4.5-VL",  # models/ernie45_moe_vl.py
-    "hy_v3": "HY v3",
-    "olmoe": "OLMoE",
-    "phimoe": "Phi-3.5-MoE",
-    "lfm2_moe": "LFM2-MoE",
-    "afmoe": "AFMoE",
-    "deepseek": "DeepSeek-MoE",
-    "longcat_flash": "LongCat-Flash",
+    "MixtralForCausalLM": "Mixtral",
+    "Glm4MoeLiteForCausalLM": "GLM-4.7-Flash",
+    "MiniMaxM2ForCausalLM": "MiniMax-M2",
+    "Ernie4_5_MoeForCausalLM": "ERNIE-4.5-MoE",
+    "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE-4.5-VL",  # models/ernie45_moe_vl.py
+    "HYV3ForCausalLM": "HY v3",
+    "OlmoeForCausalLM": "OLMoE",
+    "PhiMoEForCausalLM": "Phi-3.5-MoE",
+    "Lfm2MoeForCausalLM": "LFM2-MoE",
+    "AfmoeForCausalLM": "AFMoE",
+    "DeepseekForCausalLM": "DeepSeek-MoE",
+    "LongcatFlashForCausalLM": "LongCat-Flash",
 }
 NO_ROUTING_METHOD = {
-    mt: (
+    arch: (
         f"SGLang {{sglang}}'s {title} declares no routing method, so its ModelOpt FP8 method "
         "runs Triton, not FlashInfer TRT-LLM, on flashinfer_trtllm; use --backend cutlass"
     )
-    for mt, title in _UNDECLARED.items()
+    for arch, title in _UNDECLARED.items()
 }
 
 NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
@@ -160,23 +162,29 @@ NON_GATED_WHY = (
     "convert with --scheme " + " or ".join(NON_GATED_PROVEN)
 )
 
-# Model types whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
-# (by config.json's model_type), and why: fi-convert writes no SGLang output of them (the plugin
-# would refuse it at load, finding no MoE layer)
+# Architectures whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
+# (or that SGLang has no model class for), and why: fi-convert writes no SGLang output of them
+# (the plugin would refuse it at load, finding no MoE layer)
 NO_FLASHINFER_MODEL = {
-    "dbrx": (
+    "DbrxForCausalLM": (
         "SGLang {sglang}'s DBRX (models/dbrx.py, DbrxExperts) holds its experts in parameters "
         "of its own (ws, w2s) and runs them through its Triton fused_moe, not a FusedMoE "
         "layer, so no FlashInfer MoE runner serves it"
     ),
-    "aria": "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)",
-    "jamba": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
-    "afmoe": (
+    "AriaForConditionalGeneration": (
+        "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)"
+    ),
+    "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
+    "Step3TextForCausalLM": (
+        "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM; its "
+        "models/step3_vl.py serves Step3VLForConditionalGeneration alone)"
+    ),
+    "AfmoeForCausalLM": (
         "SGLang {sglang}'s AFMoE model (models/afmoe.py, AfmoeMoE) holds its experts as "
         "per-expert MLPs and calls its fused_moe function itself, building no FusedMoE "
         "layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
     ),
-    "deepseek": (
+    "DeepseekForCausalLM": (
         "SGLang {sglang}'s DeepSeek-MoE model (models/deepseek.py, DeepseekMoE) holds its "
         "experts as per-expert MLPs and calls its fused_moe function itself, building no "
         "FusedMoE layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
@@ -317,13 +325,17 @@ class SglangTarget:
         return f"fi-convert does not write SGLang {TARGET['sglang']}'s layout of it yet"
 
     def refuses_source(
-        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+        self,
+        scheme: str,
+        backend: str,
+        quant_method: str | None,
+        architectures: Sequence[str] = (),
     ) -> str | None:
-        why = NO_FLASHINFER_MODEL.get(model_type or "") or SOURCES_REFUSED.get(
+        why = _first(NO_FLASHINFER_MODEL, architectures) or SOURCES_REFUSED.get(
             (scheme, quant_method)
         )
         if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
-            why = NO_ROUTING_METHOD.get(model_type or "")
+            why = _first(NO_ROUTING_METHOD, architectures)
         return why.format(sglang=TARGET["sglang"]) if why else None
 
     def refuses_moe(
@@ -412,6 +424,12 @@ class SglangTarget:
         if scheme in EP_SCHEMES:
             return "redundant experts (EPLB) or a placement other than trivial"
         return "expert parallelism"
+
+
+def _first(facts: Mapping[str, str], architectures: Sequence[str]) -> str | None:
+    """The fact of the first of config.json's architectures that has one (SGLang takes the
+    first it has a class for)."""
+    return next((facts[a] for a in architectures if a in facts), None)
 
 
 def _listed(target: Mapping) -> str:

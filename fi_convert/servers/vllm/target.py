@@ -78,7 +78,11 @@ class VllmTarget:
         return None  # every scheme's layout on each of its backends is vLLM's
 
     def refuses_source(
-        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+        self,
+        scheme: str,
+        backend: str,
+        quant_method: str | None,
+        architectures: Sequence[str] = (),
     ) -> str | None:
         return None  # each scheme's every source format is proven against vLLM's own code
 
