@@ -293,6 +293,21 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             moe_layer_freq=1,
         ),
     ),
+    "gemma4": (  # Gemma 4 (text): experts fused beside each layer's dense MLP, gelu_tanh
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            intermediate_size=128,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=64,
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=128,
+            layer_types=["sliding_attention", "full_attention"],
+            global_head_dim=16,
+        ),
+    ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",
         "Qwen3ForCausalLM",

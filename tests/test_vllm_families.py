@@ -35,7 +35,9 @@ the last three with the names and a config module of tests/remote_code_checkpoin
 published config classes being remote code), LongCat-Flash (bf16 on CUTLASS: its
 ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed experts alone,
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
-does, torch.accelerator.empty_cache a no-op where there is no accelerator).
+does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemma 4
+(Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
+layer's dense MLP, and its router's own function, Custom routing).
 
 Not proven here, and why:
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
@@ -56,6 +58,10 @@ Not proven here, and why:
   transformers' Glm4v image processor, which imports torchvision, absent from this CPU install:
   the model class cannot be imported here (tests/test_sglang_families.py proves the family
   through SGLang's whole model);
+- Gemma 4 as published, whole (Gemma4ForConditionalGeneration, the experts under
+  model.language_model.): vLLM's models/gemma4_mm.py imports transformers' Gemma4Processor,
+  which needs torchvision, absent from this CPU install (the text model, whose load_weights maps
+  model.language_model. to model., is proven instead);
 - Qwen3-VL-MoE, whole: Qwen3VLMoeForConditionalGeneration imports torchvision, which this
   install lacks (tests/test_vllm_family_forms.py proves its MoE layers through Qwen3MoeModel's
   own load_weights, in BF16); its FP8 release is not written here yet.
@@ -194,6 +200,8 @@ CASES = {
     "ling1-bf16": ("ling1", "bailing_moe.BailingMoeForCausalLM", None, {}),
     # LongCat-Flash: zero-computation experts routed beside the real ones (ZeroExpertRouter)
     "longcat-bf16": ("longcat_flash", "longcat_flash.LongcatFlashForCausalLM", None, {}),
+    # Gemma 4: fused experts beside the dense MLP, gelu_tanh, its router's own function
+    "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -237,6 +245,8 @@ RUNS = [
     ("ling1-bf16", "cutlass", "bf16"),
     # LongCat-Flash's ZeroExpertRouter (Unspecified routing): BF16 on CUTLASS only
     ("longcat-bf16", "cutlass", "bf16"),
+    # Gemma 4's gelu_tanh experts and Custom routing: BF16 on CUTLASS only
+    ("gemma4-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

@@ -149,6 +149,20 @@ NO_ROUTING_METHOD = {
 }
 
 NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
+# The activations of gated experts each FlashInfer runner of SGLang 0.5.23 takes: TRT-LLM's
+# (moe_runner/flashinfer_trtllm.py: _SUPPORTED_BF16_ACTIVATIONS; _SUPPORTED_FP8_ACTIVATIONS,
+# for FP8 per tensor, block FP8 and MXFP8; _SUPPORTED_FP4_ACTIVATIONS) and CUTLASS's
+# (flashinfer_cutlass.py: Swiglu, Geglu, Relu2), by fi-convert's names (SGLang's "gelu" is the
+# tanh GELU Gemma 4's experts run, vLLM's gelu_tanh). gpt-oss MXFP4 has a runner of its own.
+_TRTLLM_FP8 = ("silu", "relu2_no_mul")
+TRTLLM_ACTIVATIONS = {
+    "bf16": ("silu", "relu2_no_mul"),
+    "fp8-tensor": _TRTLLM_FP8,
+    "fp8-block": _TRTLLM_FP8,
+    "mxfp8": _TRTLLM_FP8,
+    "nvfp4": ("silu", "relu2_no_mul", "gelu_tanh"),
+}
+CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul")
 # Non-gated experts (Nemotron-H, relu2_no_mul): SGLang runs them on FlashInfer
 # (models/nemotron_h.py builds its MoE with is_gated=False; moe_runner/flashinfer_trtllm.py pads
 # a non-gated w13 to 128 and skips the interleave, and computes output1 as ones * (1 / a2), not
@@ -343,6 +357,13 @@ class SglangTarget:
     ) -> str | None:
         if routing in NO_FLASHINFER_ROUTING:
             return f"SGLang {TARGET['sglang']} runs {routing} routing on no FlashInfer MoE kernel"
+        takes = CUTLASS_ACTIVATIONS if backend == "cutlass" else TRTLLM_ACTIVATIONS.get(scheme)
+        if scheme != "mxfp4" and takes is not None and activation not in takes:
+            runner = moe_runner_backend(scheme, backend)
+            return (
+                f"SGLang {TARGET['sglang']}'s {runner} MoE runner takes no {activation} "
+                f"experts in {scheme} (it takes {', '.join(takes)})"
+            )
         if not gated(activation) and scheme not in NON_GATED_PROVEN:
             return NON_GATED_WHY.format(
                 sglang=TARGET["sglang"], activation=activation, scheme=scheme
