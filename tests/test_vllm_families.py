@@ -37,7 +37,9 @@ ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed 
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
 does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemma 4
 (Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
-layer's dense MLP, and its router's own function, Custom routing).
+layer's dense MLP, and its router's own function, Custom routing), A.X K1
+(AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
+every layer, tests/hf_checkpoints.py).
 
 Not proven here, and why:
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
@@ -202,6 +204,8 @@ CASES = {
     "longcat-bf16": ("longcat_flash", "longcat_flash.LongcatFlashForCausalLM", None, {}),
     # Gemma 4: fused experts beside the dense MLP, gelu_tanh, its router's own function
     "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
+    # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
+    "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -247,6 +251,8 @@ RUNS = [
     ("longcat-bf16", "cutlass", "bf16"),
     # Gemma 4's gelu_tanh experts and Custom routing: BF16 on CUTLASS only
     ("gemma4-bf16", "cutlass", "bf16"),
+    ("axk1-bf16", "trtllm", "bf16"),
+    ("axk1-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

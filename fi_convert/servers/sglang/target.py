@@ -189,6 +189,7 @@ NO_FLASHINFER_MODEL = {
         "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)"
     ),
     "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
+    "AXK1ForCausalLM": "SGLang {sglang} has no model class for A.X K1 (AXK1ForCausalLM)",
     "Step3TextForCausalLM": (
         "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM; its "
         "models/step3_vl.py serves Step3VLForConditionalGeneration alone)"
