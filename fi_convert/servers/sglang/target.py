@@ -450,8 +450,9 @@ class SglangTarget:
 
 def _first(facts: Mapping[str, str], architectures: Sequence[str]) -> str | None:
     """The fact of the first of config.json's architectures that has one (SGLang takes the
-    first it has a class for)."""
-    return next((facts[a] for a in architectures if a in facts), None)
+    first it has a class for); one name given as a string is one architecture."""
+    names = (architectures,) if isinstance(architectures, str) else architectures
+    return next((facts[a] for a in names if a in facts), None)
 
 
 def _listed(target: Mapping) -> str:
