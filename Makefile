@@ -33,8 +33,7 @@ SERVER_REQUIREMENTS_vllm := requirements/vllm-cpu-test.txt
 SERVER_REQUIREMENTS_sglang := requirements/sglang-alone-cpu-test.txt
 SERVER_WHEELS_vllm := $(VLLM) xgrammar==0.2.8
 SERVER_WHEELS_sglang := $(SGLANG)
-SERVER_FOLLOW := $(TORCH) 'fi-convert[dev]' 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests \
-	nvidia-ml-py tqdm einops
+SERVER_FOLLOW := $(TORCH) 'fi-convert[dev]' -r requirements/flashinfer-cpu.txt
 SERVER_CHECK_vllm := import vllm.model_executor.layers.fused_moe
 SERVER_CHECK_sglang := $(SGLANG_CHECK)
 OTHER_SERVER_vllm := sglang
@@ -46,7 +45,7 @@ export SERVER_CHECK = $(SERVER_CHECK_$(SERVER))
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt \
+$(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt requirements/flashinfer-cpu.txt \
 		requirements/sglang-cpu-test.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -66,7 +65,7 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/vllm-cpu-test.txt \
 # SGLang 0.5.23 is the second authority (tests/test_sglang.py), the same way: its few extra
 # pure-Python packages, then its wheel with --no-deps (227 MB in all); triton, IPython
 # and torchvision get stand-ins in its tests (tests/sglang_stubs.py).
-	$(PIP) install -q 'apache-tvm-ffi>=0.1.11,<0.2' numpy packaging requests nvidia-ml-py tqdm einops
+	$(PIP) install -q -r requirements/flashinfer-cpu.txt
 	$(PIP) install -q -c requirements/torch-cpu.txt -r requirements/vllm-cpu-test.txt \
 		-r requirements/sglang-cpu-test.txt
 	$(PIP) install -q --no-deps $(FLASHINFER) $(VLLM) $(SGLANG) xgrammar==0.2.8
@@ -84,6 +83,7 @@ test: install
 install-server: $(SERVER_VENV)/.installed
 
 $(SERVER_VENV)/.installed: $(VENV)/.installed scripts/venv_links.py requirements/torch-cpu.txt \
+		requirements/flashinfer-cpu.txt \
 		requirements/vllm-cpu-test.txt requirements/sglang-cpu-test.txt \
 		requirements/sglang-alone-cpu-test.txt
 	@test -n "$(OTHER_SERVER_$(SERVER))" || { echo "SERVER=$(SERVER): vllm or sglang"; exit 2; }

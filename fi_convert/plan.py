@@ -253,7 +253,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     refused = (
         target.refuses(name.value, options.backend.value)
         or target.refuses_source(
-            name.value, options.backend.value, quant_method(ckpt), _model_kind(ckpt)
+            name.value, options.backend.value, quant_method(ckpt), ckpt.architectures
         )
         or refuses_moe(target, name, options.backend, layers)
     )
@@ -296,14 +296,6 @@ def user_families(options: Options) -> tuple[Family, ...]:
         return (load_file(options.family),)
     except FamilyFileError as e:
         raise SourceError(str(e)) from None
-
-
-def _model_kind(ckpt: Checkpoint) -> str | None:
-    """The model's kind, as the servers' facts key their refusals: config.json's model_type,
-    or where the config has none (a Mistral-format params.json), its architecture."""
-    archs = ckpt.config.get("architectures")
-    first = archs[0] if isinstance(archs, list) and archs else None
-    return ckpt.model_type or (first if isinstance(first, str) else None)
 
 
 def refuses_moe(
@@ -402,7 +394,7 @@ def _plan_layers(
         return target.no_path(name.value, backend.value), False, []
     refused = (
         target.refuses(name.value, backend.value)
-        or target.refuses_source(name.value, backend.value, quant_method(ckpt), _model_kind(ckpt))
+        or target.refuses_source(name.value, backend.value, quant_method(ckpt), ckpt.architectures)
         or refuses_moe(target, name, backend, layers)
     )
     if refused:

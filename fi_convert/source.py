@@ -56,6 +56,12 @@ class Checkpoint:
     def model_type(self) -> str | None:
         return model_type(self.config)
 
+    @property
+    def architectures(self) -> list[str]:
+        """config.json's `architectures` (and its text_config's): the model classes a server
+        picks by them."""
+        return architectures(self.config)
+
 
 # per run (its SourceFiles): per layer shape, the first layer's `ExpertLayer.read` calls, in
 # order, and which layer made them; and how many calls each other layer has made

@@ -132,11 +132,16 @@ class ServerTarget(Protocol):
         ...
 
     def refuses_source(
-        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+        self,
+        scheme: str,
+        backend: str,
+        quant_method: str | None,
+        architectures: Sequence[str] = (),
     ) -> str | None:
         """Why fi-convert writes no output of this scheme and backend for it from a source of
-        this `quantization_config.quant_method` and config.json `model_type` (another method
-        or runner of the server's reads it, or it is not proven), or None."""
+        this `quantization_config.quant_method` and config.json `architectures` (the model
+        classes a server picks by them; another method or runner of the server's reads it, or
+        it is not proven), or None."""
         ...
 
     def refuses_moe(

@@ -23,14 +23,6 @@ BEGIN, END = "<!-- families:begin (scripts/families_table.py) -->", "<!-- famili
 SOURCE_METHOD = {"fp8-tensor": "modelopt", "nvfp4": "modelopt", "mxfp8": "modelopt"}
 
 
-def _kind(fam: Family) -> str | None:
-    """The family's kind as the servers' facts key their refusals (plan._model_kind): its
-    first model_type, or its first architecture where it names none (Mistral's format)."""
-    if fam.model_types:
-        return fam.model_types[0]
-    return fam.architectures[0] if fam.architectures else None
-
-
 def routing(fam: Family) -> str:
     """The routing method of the family's router under its public checkpoints' config.json
     (`released_config`), and the fields it is read from."""
@@ -84,15 +76,15 @@ def served(fam: Family, server: str, routing: str) -> str:
                     name,
                     b.value,
                     SOURCE_METHOD.get(name),
-                    _kind(fam),
+                    fam.architectures,
                 )  # fmt: skip
                 or target.refuses_moe(name, b.value, routing, fam.moe.activation, None)
             )
         ]
         if ok:
             out.append(f"{name} ({', '.join(ok)})")
-    mt = _kind(fam)
-    why = target.refuses_source("bf16", "trtllm", None, mt)  # a whole family (SGLang's AFMoE)
+    # a whole family (SGLang's AFMoE)
+    why = target.refuses_source("bf16", "trtllm", None, fam.architectures)
     return ", ".join(out) or ("refused: " + why.split(";")[0] if why else "none")
 
 

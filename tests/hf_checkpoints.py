@@ -293,6 +293,40 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             moe_layer_freq=1,
         ),
     ),
+    "gemma4": (  # Gemma 4 (text): experts fused beside each layer's dense MLP, gelu_tanh
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            intermediate_size=128,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=64,
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=128,
+            layer_types=["sliding_attention", "full_attention"],
+            global_head_dim=16,
+        ),
+    ),
+    "axk1": (  # A.X K1: DeepSeek-V3's layout (layer 0 dense, MLA), sigmoid + bias routing
+        "AXK1Config",
+        "AXK1ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            # the published head sizes (vLLM 0.33 has MLA prefill kernels for these only)
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+        ),
+    ),
     "qwen3": (  # dense: no MoE layer at all
         "Qwen3Config",
         "Qwen3ForCausalLM",
@@ -310,16 +344,12 @@ def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
     """Write model `kind` of MODELS (or SAVERS) with transformers' `save_pretrained` into
     `root`; `sizes` replace config arguments of COMMON and MODELS (a quantized scheme's
     sizes)."""
-    import transformers
 
     if kind in SAVERS:
         return SAVERS[kind](root, seed)
 
     config_cls, model_cls, own = MODELS[kind]
-    config = getattr(transformers, config_cls)(**(COMMON | own | sizes))
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
-    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    _save_plain(config_cls, model_cls, own | sizes, root, seed)
     if kind in RELEASED_ARCHITECTURES:
         cfg = json.loads((root / "config.json").read_text())
         cfg["architectures"] = RELEASED_ARCHITECTURES[kind]
@@ -327,6 +357,17 @@ def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
     if kind in RELEASED_CONFIG:
         path = root / "config.json"
         path.write_text(json.dumps(RELEASED_CONFIG[kind](json.loads(path.read_text())), indent=2))
+    return root
+
+
+def _save_plain(config_cls: str, model_cls: str, own: dict, root: Path, seed: int) -> Path:
+    """transformers' model of these classes at COMMON's sizes and `own`, saved as it is."""
+    import transformers
+
+    config = getattr(transformers, config_cls)(**(COMMON | own))
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
+    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
     return root
 
 
@@ -513,7 +554,33 @@ def _save_longcat_flash(root: Path, seed: int = 0) -> Path:
     return root
 
 
+def _save_axk1(root: Path, seed: int = 0) -> Path:
+    """As skt/A.X-K1 is published: transformers 5.20's AXK1 holds the post-MLP RMSNorm in its
+    MoE layers only (AXK1MoE, written at the decoder layer, `layers.L.post_mlp_layernorm`),
+    where vLLM 0.33's AXK1DecoderLayer has one in every layer, dense ones too, and its load
+    refuses a checkpoint without it: the dense layers' norms are added (ones, RMSNorm's
+    initial weight) to the last shard."""
+    from safetensors.torch import load_file, save_file
+
+    config_cls, model_cls, own = MODELS["axk1"]
+    root = _save_plain(config_cls, model_cls, own, root, seed)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = sorted(set(index["weight_map"].values()))[-1]
+    tensors = load_file(root / shard)
+    hidden = COMMON["hidden_size"]
+    for layer in range(own["first_k_dense_replace"]):
+        name = f"model.layers.{layer}.post_mlp_layernorm.weight"
+        tensors[name] = torch.ones(hidden, dtype=torch.bfloat16)
+        index["weight_map"][name] = shard
+        index["metadata"]["total_size"] += hidden * 2
+    save_file(tensors, root / shard, metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index, indent=2))
+    return root
+
+
 SAVERS = {
+    "axk1": _save_axk1,
     "qwen3_omni_moe": _save_qwen3_omni,
     "glm4v_moe": _save_glm4v_moe,
     "longcat_flash": _save_longcat_flash,

@@ -173,7 +173,7 @@ def test_a_model_of_no_known_family_is_one_line(ckpt, tmp_path):
     line = error_line(cli("convert", model, tmp_path / "out"))
     assert line.startswith(
         f"error: {model}/config.json: Glm9ForCausalLM (model_type glm9_moe) is no model family "
-        "fi-convert knows (afmoe, aria, bailing-moe, bailing-moe-v2, "
+        "fi-convert knows (afmoe, aria, axk1, bailing-moe, bailing-moe-v2, "
     )
     assert "describe it in a family file and pass --family FILE.json" in line
     # DeepSeek-V3, GLM-4.5 and GLM-4.5V (its language model) name experts alike, and GLM's MoE

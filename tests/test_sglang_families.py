@@ -19,7 +19,10 @@ experts converted, its talker's MoE tensors carried as they are), GLM-4.5V
 (Glm4vMoeForConditionalGeneration, the whole multimodal model transformers writes: its language
 model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` in its module
 `model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM) and Ling v1
-(BailingMoeForCausalLM; both test_ling_equals_sglangs_default_load) in BF16.
+(BailingMoeForCausalLM; both test_ling_equals_sglangs_default_load) in BF16; Gemma 4
+(Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
+module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
+experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused).
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -99,6 +102,7 @@ CASES = {
     "cohere2-bf16": ("cohere2_moe", None, {}),
     "omni-bf16": ("qwen3_omni_moe", None, {}),
     "glm4v-bf16": ("glm4v_moe", None, {}),
+    "gemma4-bf16": ("gemma4", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -117,10 +121,14 @@ MOE = {
     "cohere2_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_omni_moe": [f"thinker.model.layers.{i}.mlp.experts" for i in (0, 1)],
     "glm4v_moe": ["model.language_model.layers.1.mlp.experts"],
+    "gemma4": [f"model.layers.{i}.experts" for i in (0, 1)],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
-MODULES = {"glm4v_moe": ["model.layers.1.mlp.experts"]}
+MODULES = {
+    "glm4v_moe": ["model.layers.1.mlp.experts"],
+    "gemma4": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
+}
 # (case, backend, scheme)
 RUNS = [
     ("glm-bf16", "trtllm", "bf16"),
@@ -148,6 +156,8 @@ RUNS = [
     ("omni-bf16", "trtllm", "bf16"),
     ("glm4v-bf16", "trtllm", "bf16"),
     ("glm4v-bf16", "cutlass", "bf16"),
+    # Gemma 4's gelu_tanh experts: SGLang's TRT-LLM BF16 runner takes silu and relu2 only
+    ("gemma4-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -290,3 +300,22 @@ def test_sglangs_longcat_flash_model_is_not_built_here(tmp_path):
         pytest.raises(TypeError, match="argument of type 'NoneType' is not iterable"),
     ):
         _model(None, src, "auto", "cutlass")
+
+
+def test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused(tmp_path):
+    """Why Gemma 4 has no TRT-LLM case above: SGLang 0.5.23's FlashInfer TRT-LLM BF16 runner
+    asserts silu or relu2 experts (moe_runner/flashinfer_trtllm.py), and Gemma 4's are gelu:
+    fi-convert refuses that output at plan time, in one line naming the runner; CUTLASS's
+    runner takes them (Geglu), and converts."""
+    import inspect
+
+    from sglang.srt.layers.moe.moe_runner import flashinfer_trtllm
+
+    from fi_convert.errors import SchemeMismatchError
+
+    source = inspect.getsource(flashinfer_trtllm.fused_experts_none_to_flashinfer_trtllm_bf16)
+    assert '_SUPPORTED_BF16_ACTIVATIONS = {"silu", "relu2"}' in source
+    src = hf.save("gemma4", tmp_path / "src")
+    with pytest.raises(SchemeMismatchError, match="flashinfer_trtllm MoE runner takes no gelu_t"):
+        _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    assert read(_convert(src, tmp_path / "c", "bf16", "cutlass", 1))["layers"]

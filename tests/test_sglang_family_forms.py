@@ -152,9 +152,7 @@ def test_sglangs_ernie_vl_declares_no_routing_method(tmp_path):
     assert "routing_method_type" not in inspect.getsource(ernie45_moe_vl)
     from fi_convert.servers.sglang.target import SglangTarget
 
-    why = SglangTarget().refuses_source("fp8-tensor", "trtllm", "modelopt", "ernie4_5_moe_vl")
+    ernie_vl = "Ernie4_5_VLMoeForConditionalGeneration"
+    why = SglangTarget().refuses_source("fp8-tensor", "trtllm", "modelopt", [ernie_vl])
     assert why and "ERNIE-4.5-VL declares no routing method" in why
-    assert (
-        SglangTarget().refuses_source("fp8-tensor", "cutlass", "modelopt", "ernie4_5_moe_vl")
-        is None
-    )
+    assert SglangTarget().refuses_source("fp8-tensor", "cutlass", "modelopt", [ernie_vl]) is None

@@ -41,9 +41,12 @@ the last three with the names and a config module of tests/remote_code_checkpoin
 published config classes being remote code), LongCat-Flash (bf16 on CUTLASS: its
 ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed experts alone,
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
-does, torch.accelerator.empty_cache a no-op where there is no accelerator) and Mistral Large 3
-(bf16, in Mistral's own format; its output also served from vLLM's engine arguments, through
-the plugin's config parser).
+does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemma 4
+(Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
+layer's dense MLP, and its router's own function, Custom routing), A.X K1
+(AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
+every layer, tests/hf_checkpoints.py) and Mistral Large 3 (bf16, in Mistral's own format; its
+output also served from vLLM's engine arguments, through the plugin's config parser).
 
 Not proven here, and why:
 - Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
@@ -71,6 +74,10 @@ Not proven here, and why:
   transformers' Glm4v image processor, which imports torchvision, absent from this CPU install:
   the model class cannot be imported here (tests/test_sglang_families.py proves the family
   through SGLang's whole model);
+- Gemma 4 as published, whole (Gemma4ForConditionalGeneration, the experts under
+  model.language_model.): vLLM's models/gemma4_mm.py imports transformers' Gemma4Processor,
+  which needs torchvision, absent from this CPU install (the text model, whose load_weights maps
+  model.language_model. to model., is proven instead);
 - Qwen3-VL-MoE, whole: Qwen3VLMoeForConditionalGeneration imports torchvision, which this
   install lacks (tests/test_vllm_family_forms.py proves its MoE layers through Qwen3MoeModel's
   own load_weights, in BF16); its FP8 release is not written here yet.
@@ -215,6 +222,10 @@ CASES = {
     # names; tests/mistral_checkpoints.py): vLLM reads params.json itself and maps the names
     # (MistralLarge3ForCausalLM.hf_to_vllm_mapper); I 96: padded per rank
     "mistral-large-3-bf16": ("mistral", "mistral_large_3.MistralLarge3ForCausalLM", None, {}),
+    # Gemma 4: fused experts beside the dense MLP, gelu_tanh, its router's own function
+    "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
+    # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
+    "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -261,6 +272,10 @@ RUNS = [
     # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends
     ("mistral-large-3-bf16", "trtllm", "bf16"),
     ("mistral-large-3-bf16", "cutlass", "bf16"),
+    # Gemma 4's gelu_tanh experts and Custom routing: BF16 on CUTLASS only
+    ("gemma4-bf16", "cutlass", "bf16"),
+    ("axk1-bf16", "trtllm", "bf16"),
+    ("axk1-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

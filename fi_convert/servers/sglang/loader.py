@@ -57,17 +57,33 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
     model.language_model.layers.L.mlp.experts, a module model.layers.L.mlp.experts, which its
     load_weights renames to), or the one output layer that ends with that prefix
     (GLM-4.5V: the checkpoint's model.language_model.layers.L.mlp.experts, a layer built as
-    language_model.layers.L.mlp.experts in a module model.layers.L.mlp.experts)."""
+    language_model.layers.L.mlp.experts in a module model.layers.L.mlp.experts), or else the
+    one output layer named as that prefix less one of its parts, or ending so (Gemma 4: the
+    checkpoint's model.layers.L.experts, which its load_weights renames to the module
+    model.layers.L.moe.experts)."""
     out = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
             built = getattr(mod, "layer_name", name)
             under = [o for o in output if o.endswith("." + built)]
-            if name in output or built in output or len(under) != 1:
-                out[built if name not in output and built in output else name] = mod
-            else:
+            if name in output or built in output:
+                out[built if name not in output else name] = mod
+            elif len(under) == 1:
                 out[under[0]] = mod
+            else:
+                less = [o for o in output if any(_named(o, b) for b in _less_one_part(built))]
+                out[less[0] if len(less) == 1 and not under else name] = mod
     return out
+
+
+def _less_one_part(prefix: str) -> list[str]:
+    """`prefix` with one of its dotted parts left out, each way (the first and last kept)."""
+    parts = prefix.split(".")
+    return [".".join(parts[:k] + parts[k + 1 :]) for k in range(1, len(parts) - 1)]
+
+
+def _named(layer: str, prefix: str) -> bool:
+    return layer == prefix or layer.endswith("." + prefix)
 
 
 def check_output(manifest: dict, root: str) -> None:

@@ -118,35 +118,51 @@ SOURCES_REFUSED = {
     ),
 }
 
-# Model types whose SGLang model class declares no routing method to its FusedMoE (no
+# SGLang's model classes that declare no routing method to their FusedMoE (no
 # `routing_method_type=` in models/mixtral.py, glm4_moe_lite.py, minimax_m2.py, ernie4.py,
 # ernie45_moe_vl.py, hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py,
-# longcat_flash.py), so
-# ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs FlashInfer TRT-LLM only for a
-# declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's DeepSeekV3, ...)
+# longcat_flash.py), so ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
+# FlashInfer TRT-LLM only for a declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's
+# DeepSeekV3, ...). Keyed by architecture, as SGLang picks its model class by config.json's
+# `architectures` (models/registry.py), not by `model_type` (LongCat-Flash's published
+# config.json has no model_type)
 _UNDECLARED = {
-    "mixtral": "Mixtral",
-    "glm4_moe_lite": "GLM-4.7-Flash",
-    "minimax_m2": "MiniMax-M2",
-    "ernie4_5_moe": "ERNIE-4.5-MoE",
-    "ernie4_5_moe_vl": "ERNIE-4.5-VL",  # models/ernie45_moe_vl.py
-    "hy_v3": "HY v3",
-    "olmoe": "OLMoE",
-    "phimoe": "Phi-3.5-MoE",
-    "lfm2_moe": "LFM2-MoE",
-    "afmoe": "AFMoE",
-    "deepseek": "DeepSeek-MoE",
-    "longcat_flash": "LongCat-Flash",
+    "MixtralForCausalLM": "Mixtral",
+    "Glm4MoeLiteForCausalLM": "GLM-4.7-Flash",
+    "MiniMaxM2ForCausalLM": "MiniMax-M2",
+    "Ernie4_5_MoeForCausalLM": "ERNIE-4.5-MoE",
+    "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE-4.5-VL",  # models/ernie45_moe_vl.py
+    "HYV3ForCausalLM": "HY v3",
+    "OlmoeForCausalLM": "OLMoE",
+    "PhiMoEForCausalLM": "Phi-3.5-MoE",
+    "Lfm2MoeForCausalLM": "LFM2-MoE",
+    "AfmoeForCausalLM": "AFMoE",
+    "DeepseekForCausalLM": "DeepSeek-MoE",
+    "LongcatFlashForCausalLM": "LongCat-Flash",
 }
 NO_ROUTING_METHOD = {
-    mt: (
+    arch: (
         f"SGLang {{sglang}}'s {title} declares no routing method, so its ModelOpt FP8 method "
         "runs Triton, not FlashInfer TRT-LLM, on flashinfer_trtllm; use --backend cutlass"
     )
-    for mt, title in _UNDECLARED.items()
+    for arch, title in _UNDECLARED.items()
 }
 
 NO_FLASHINFER_ROUTING = ("DeepseekV4",)  # its own MegaMoE path (models/deepseek_v4)
+# The activations of gated experts each FlashInfer runner of SGLang 0.5.23 takes: TRT-LLM's
+# (moe_runner/flashinfer_trtllm.py: _SUPPORTED_BF16_ACTIVATIONS; _SUPPORTED_FP8_ACTIVATIONS,
+# for FP8 per tensor, block FP8 and MXFP8; _SUPPORTED_FP4_ACTIVATIONS) and CUTLASS's
+# (flashinfer_cutlass.py: Swiglu, Geglu, Relu2), by fi-convert's names (SGLang's "gelu" is the
+# tanh GELU Gemma 4's experts run, vLLM's gelu_tanh). gpt-oss MXFP4 has a runner of its own.
+_TRTLLM_FP8 = ("silu", "relu2_no_mul")
+TRTLLM_ACTIVATIONS = {
+    "bf16": ("silu", "relu2_no_mul"),
+    "fp8-tensor": _TRTLLM_FP8,
+    "fp8-block": _TRTLLM_FP8,
+    "mxfp8": _TRTLLM_FP8,
+    "nvfp4": ("silu", "relu2_no_mul", "gelu_tanh"),
+}
+CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul")
 # Non-gated experts (Nemotron-H, relu2_no_mul): SGLang runs them on FlashInfer
 # (models/nemotron_h.py builds its MoE with is_gated=False; moe_runner/flashinfer_trtllm.py pads
 # a non-gated w13 to 128 and skips the interleave, and computes output1 as ones * (1 / a2), not
@@ -160,35 +176,40 @@ NON_GATED_WHY = (
     "convert with --scheme " + " or ".join(NON_GATED_PROVEN)
 )
 
-# Model types whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
-# (by config.json's model_type), and why: fi-convert writes no SGLang output of them (the plugin
-# would refuse it at load, finding no MoE layer)
+# Architectures whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
+# (or that SGLang has no model class for), and why: fi-convert writes no SGLang output of them
+# (the plugin would refuse it at load, finding no MoE layer)
 NO_FLASHINFER_MODEL = {
-    "dbrx": (
+    "DbrxForCausalLM": (
         "SGLang {sglang}'s DBRX (models/dbrx.py, DbrxExperts) holds its experts in parameters "
         "of its own (ws, w2s) and runs them through its Triton fused_moe, not a FusedMoE "
         "layer, so no FlashInfer MoE runner serves it"
     ),
-    "aria": "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)",
-    "jamba": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
-    "afmoe": (
+    "AriaForConditionalGeneration": (
+        "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)"
+    ),
+    "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
+    "AXK1ForCausalLM": "SGLang {sglang} has no model class for A.X K1 (AXK1ForCausalLM)",
+    "Step3TextForCausalLM": (
+        "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM; its "
+        "models/step3_vl.py serves Step3VLForConditionalGeneration alone)"
+    ),
+    "AfmoeForCausalLM": (
         "SGLang {sglang}'s AFMoE model (models/afmoe.py, AfmoeMoE) holds its experts as "
         "per-expert MLPs and calls its fused_moe function itself, building no FusedMoE "
         "layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
     ),
-    "deepseek": (
+    "DeepseekForCausalLM": (
         "SGLang {sglang}'s DeepSeek-MoE model (models/deepseek.py, DeepseekMoE) holds its "
         "experts as per-expert MLPs and calls its fused_moe function itself, building no "
         "FusedMoE layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
     ),
+    "MistralLarge3ForCausalLM": (
+        "SGLang {sglang} has a model class for Mistral Large 3 (models/mistral_large_3.py, "
+        "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of it "
+        "against SGLang's own load yet (vLLM 0.33's is proven); convert with --server vllm"
+    ),
 }
-
-# By architecture, where the config names no model_type (a Mistral-format params.json)
-NO_FLASHINFER_MODEL["MistralLarge3ForCausalLM"] = (
-    "SGLang {sglang} has a model class for Mistral Large 3 (models/mistral_large_3.py, "
-    "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of it "
-    "against SGLang's own load yet (vLLM 0.33's is proven); convert with --server vllm"
-)
 
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
@@ -324,13 +345,17 @@ class SglangTarget:
         return f"fi-convert does not write SGLang {TARGET['sglang']}'s layout of it yet"
 
     def refuses_source(
-        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+        self,
+        scheme: str,
+        backend: str,
+        quant_method: str | None,
+        architectures: Sequence[str] = (),
     ) -> str | None:
-        why = NO_FLASHINFER_MODEL.get(model_type or "") or SOURCES_REFUSED.get(
+        why = _first(NO_FLASHINFER_MODEL, architectures) or SOURCES_REFUSED.get(
             (scheme, quant_method)
         )
         if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
-            why = NO_ROUTING_METHOD.get(model_type or "")
+            why = _first(NO_ROUTING_METHOD, architectures)
         return why.format(sglang=TARGET["sglang"]) if why else None
 
     def refuses_moe(
@@ -338,6 +363,13 @@ class SglangTarget:
     ) -> str | None:
         if routing in NO_FLASHINFER_ROUTING:
             return f"SGLang {TARGET['sglang']} runs {routing} routing on no FlashInfer MoE kernel"
+        takes = CUTLASS_ACTIVATIONS if backend == "cutlass" else TRTLLM_ACTIVATIONS.get(scheme)
+        if scheme != "mxfp4" and takes is not None and activation not in takes:
+            runner = moe_runner_backend(scheme, backend)
+            return (
+                f"SGLang {TARGET['sglang']}'s {runner} MoE runner takes no {activation} "
+                f"experts in {scheme} (it takes {', '.join(takes)})"
+            )
         if not gated(activation) and scheme not in NON_GATED_PROVEN:
             return NON_GATED_WHY.format(
                 sglang=TARGET["sglang"], activation=activation, scheme=scheme
@@ -419,6 +451,13 @@ class SglangTarget:
         if scheme in EP_SCHEMES:
             return "redundant experts (EPLB) or a placement other than trivial"
         return "expert parallelism"
+
+
+def _first(facts: Mapping[str, str], architectures: Sequence[str]) -> str | None:
+    """The fact of the first of config.json's architectures that has one (SGLang takes the
+    first it has a class for); one name given as a string is one architecture."""
+    names = (architectures,) if isinstance(architectures, str) else architectures
+    return next((facts[a] for a in names if a in facts), None)
 
 
 def _listed(target: Mapping) -> str:

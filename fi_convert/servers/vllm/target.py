@@ -46,7 +46,7 @@ TARGET = {
 # FP8 on SM90 and later ("sm90+": SM90, SM10x, SM12x). vLLM has no CUTLASS MXFP8 path.
 # Sources whose MoE method (the one vLLM builds from the output's quantization config, the
 # source's) the plugin does not set up yet (checks.NOT_YET): an output of them would not load.
-SOURCES_NOT_YET = {
+SOURCES_NOT_YET: dict[tuple[str, str | None], str] = {
     ("fp8-tensor", "fp8"): (
         "an FP8 (quant_method fp8) per-tensor source: vLLM 0.33 reads it with Fp8MoEMethod, "
         "whose FlashInfer per-tensor kernel setup fi-convert's vLLM plugin does not build yet "
@@ -88,7 +88,11 @@ class VllmTarget:
         return None  # every scheme's layout on each of its backends is vLLM's
 
     def refuses_source(
-        self, scheme: str, backend: str, quant_method: str | None, model_type: str | None = None
+        self,
+        scheme: str,
+        backend: str,
+        quant_method: str | None,
+        architectures: Sequence[str] = (),
     ) -> str | None:
         return SOURCES_NOT_YET.get((scheme, quant_method))
 

@@ -1,0 +1,55 @@
+"""fi_convert/servers/vllm/coverage.json against vLLM's own registry of model architectures
+(`vllm.model_executor.models.registry._VLLM_MODELS`, architecture -> (module, class)): every
+architecture whose model module names FusedMoE (a module of vllm.model_executor.models, or a
+package of vllm.models read whole) is recorded as one that builds MoE layers, and is either
+named by a family file or listed with its kind and reason (tests/test_family_coverage.py holds
+the file to the family files). The modules are read as text, not imported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import vllm
+from vllm.model_executor.models.registry import _VLLM_MODELS
+
+from fi_convert.servers.coverage import coverage, family_architectures
+
+ROOT = Path(vllm.__file__).parent
+
+
+def _source(module: str) -> str:
+    """The text of a registry entry's module: relative to vllm.model_executor.models, or
+    absolute (`vllm.models.deepseek_v4`, a package: every file of it)."""
+    if not module.startswith("vllm."):
+        module = f"vllm.model_executor.models.{module}"
+    p = ROOT.joinpath(*module.split(".")[1:])
+    if p.is_dir():
+        return "\n".join(f.read_text() for f in sorted(p.rglob("*.py")))
+    return p.with_suffix(".py").read_text()
+
+
+def moe_architectures() -> list[str]:
+    return sorted(a for a, (module, _) in _VLLM_MODELS.items() if "FusedMoE" in _source(module))
+
+
+def test_the_file_records_vllms_moe_architectures():
+    assert vllm.__version__.startswith(coverage("vllm").release.rsplit(".", 1)[0])
+    assert list(coverage("vllm").moe_architectures) == moe_architectures()
+
+
+def test_every_moe_architecture_is_a_familys_or_listed():
+    cov, named = coverage("vllm"), family_architectures()
+    missing = [a for a in moe_architectures() if a not in named and a not in cov.uncovered]
+    assert missing == [], "add a family, or list them with their kind and reason"
+
+
+def test_every_familys_architecture_is_in_vllms_registry():
+    """No family names an architecture vLLM has no class for (a typo would match nothing)."""
+    assert sorted(set(family_architectures()) - set(_VLLM_MODELS)) == []
+
+
+def test_the_generic_transformers_backend_is_listed_as_such():
+    cov = coverage("vllm")
+    moe = [a for a, (m, c) in _VLLM_MODELS.items() if m == "transformers" and "MoE" in c]
+    moe = [a for a in moe if not _VLLM_MODELS[a][1].endswith("MTP")]  # (a draft model)
+    assert moe and {cov.uncovered[a].kind for a in moe} == {"transformers"}
