@@ -115,8 +115,8 @@ RELEASE ?= $(lastword $(RELEASES_$(SERVER)))
 # every rank; TP 4 runs in `make test` (0.33) and in a plain `make test-release`.
 CI_SUBSET ?=
 RELEASE_SUBSET_vllm := -k "not -4-"
-RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_plugin.py \
-	tests/test_vllm_ep.py tests/test_vllm_releases.py
+RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_mxfp4.py \
+	tests/test_vllm_plugin.py tests/test_vllm_ep.py tests/test_vllm_releases.py
 # SGLang: its own MoE processing against every --server sglang layout (each release left out of a
 # layout's list is refuted by the same test) and the releases table's tests; then, where
 # fi_convert/servers/sglang/releases.py's PLUGIN lists layouts for the release, the plugin's

@@ -86,9 +86,9 @@ def _status(case: str, backend: str, tp: int) -> str:
 
 
 # What the installed release serves (the releases table); where the table says its own
-# processing fails, it must not hold the bytes; a case the table leaves "not proven" for it
-# (gpt-oss MXFP4 on releases other than 0.33) is not run: to prove it, list the release in the
-# table's row and run these tests there (scripts/device_run.sh, VLLM_RELEASES).
+# processing fails, it must not hold the bytes; a case the table leaves "not proven" for it is
+# not run: to prove it, list the release in the table's row and run these tests there
+# (scripts/device_run.sh, VLLM_RELEASES).
 PARAMS = [p for p in ALL_PARAMS if _status(*p[:3]) == "proven"]
 LEFT_OUT = [p for p in ALL_PARAMS if _status(*p[:3]) == "fails"]
 

@@ -237,7 +237,6 @@ def test_the_support_table_marks_each_release_of_each_row():
     row = "| mxfp8 | trtllm | other sizes | " + " | ".join(["fails (1)"] * 3 + ["proven"] * 2)
     assert row in table
     assert "(1) vLLM 0.30-0.32 do not pad" in table
-    mxfp4 = ["not proven (2)"] * 3 + ["proven", "not proven (2)"]
-    for backend in ("trtllm", "cutlass"):  # one note for both rows
-        assert f"| mxfp4 | {backend} | any size | " + " | ".join(mxfp4) + " |" in table
-    assert "(2) gpt-oss MXFP4 is proven on vLLM 0.33 only" in table and "(3) vLLM has no" in table
+    for backend in ("trtllm", "cutlass"):  # gpt-oss MXFP4: every release (test_vllm_mxfp4.py)
+        assert f"| mxfp4 | {backend} | any size | " + " | ".join(["proven"] * 5) + " |" in table
+    assert "(2) vLLM has no" in table

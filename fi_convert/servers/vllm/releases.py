@@ -50,10 +50,6 @@ class Row:
     left_out_as: str = "not proven"
 
 
-MXFP4_ONE = (
-    "gpt-oss MXFP4 is proven on vLLM 0.33 only, on the GPU (vLLM's MXFP4 experts allocate on "
-    "the accelerator as they are built, so the CPU tests cannot run a release's processing)"
-)
 MXFP8_UNALIGNED = (
     "vLLM 0.30-0.32 do not pad H to 256 and I per rank to 128 before the scale swizzle, and "
     "their own processing fails on these sizes"
@@ -80,8 +76,8 @@ TABLE: tuple[Row, ...] = (
         why=MXFP8_UNALIGNED,
         left_out_as="fails",
     ),
-    Row("mxfp4", "trtllm", (REFERENCE,), why=MXFP4_ONE),
-    Row("mxfp4", "cutlass", (REFERENCE,), why=MXFP4_ONE),
+    Row("mxfp4", "trtllm", ALL),
+    Row("mxfp4", "cutlass", ALL),
 )
 
 
