@@ -1,7 +1,8 @@
 """Serving an output of a source in Mistral's own format (Mistral Large 3: params.json, no
 config.json) with `vllm serve OUT --load-format fi-convert`.
 
-What vLLM 0.30-0.34 do with such an output on their own (tests/test_vllm_mistral.py):
+What vLLM 0.30-0.34 do with such an output on their own (tests/test_vllm_plugin.py, run in
+each release's venv: test_stock_vllm_refuses_an_output_of_a_mistral_format_source):
 - `--config-format auto` (the default) takes Mistral's format only where it finds
   `consolidated*.safetensors` files (`transformers_utils/config.py` `get_config`,
   `repo_utils.is_mistral_model_repo`), which an output has not (its shards are
