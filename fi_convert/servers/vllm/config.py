@@ -11,7 +11,6 @@ import functools
 from typing import Any
 
 from ...format import config_marker
-from . import mistral
 
 LOAD_FORMAT = "fi-convert"
 
@@ -59,6 +58,8 @@ def hook_engine_args() -> None:
         if str(self.load_format).lower() == LOAD_FORMAT:
             manifest = check_early(self)
             # an output of a Mistral-format source: read by the plugin's config parser
+            from . import mistral  # (a plugin module: imported by the hook, not with LOAD_FORMAT)
+
             mistral.adapt_engine_args(self, manifest)
             if not getattr(self.hf_overrides, "fi_convert", False):
                 self.hf_overrides = RestoreSource(self.hf_overrides)

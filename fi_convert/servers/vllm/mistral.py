@@ -27,7 +27,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...dtypes import to_torch
 from ...format import config_marker
 from .checks import PluginError
 
@@ -127,6 +126,8 @@ def source_dtype(model: str, revision: str | None) -> Any:
     checkpoints, whose experts' dtypes are among the rest's). None where there are none."""
     from vllm.transformers_utils.config import get_safetensors_params_metadata
     from vllm.utils.torch_utils import common_broadcastable_dtype
+
+    from ...dtypes import to_torch  # (torch: not at the top, which the servers' facts import)
 
     layers = tuple(f"{p}." for p in _manifest(model, revision)["layers"])
     meta = get_safetensors_params_metadata(model, revision=revision)
