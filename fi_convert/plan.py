@@ -278,7 +278,9 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     plan = Plan(ckpt, family, name, detected, options, lps, shards, side)
     plan.passthrough_count = len(ckpt.tensors) - len(expert_names)
     plan.notes = skipped + grouped_notes(lps)
-    refusal = target.unservable(name.value, options.backend.value, [lp.info for lp in lps])
+    refusal = target.unservable(
+        name.value, options.backend.value, [lp.info for lp in lps], quant_method(ckpt)
+    )
     if refusal and not options.allow_unservable:
         raise SchemeMismatchError(_unservable_line(ckpt, layers, name, options, refusal))
     for other in options.server_names[1:]:
@@ -407,7 +409,9 @@ def _plan_layers(
             lps.append(scheme.plan_layer(layer, backend, options.tp_size, layout=layout))
     except FiConvertError as e:
         return str(e), False, []
-    refusal = target.unservable(name.value, backend.value, [lp.info for lp in lps])
+    refusal = target.unservable(
+        name.value, backend.value, [lp.info for lp in lps], quant_method(ckpt)
+    )
     return (refusal.why, True, lps) if refusal else (None, False, lps)
 
 

@@ -160,9 +160,16 @@ class ServerTarget(Protocol):
         """The layout variant its load-time processing gives the scheme on the backend."""
         ...
 
-    def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:
+    def unservable(
+        self,
+        scheme: str,
+        backend: str,
+        layers: Sequence[Mapping],
+        quant_method: str | None = None,
+    ) -> Refusal | None:
         """Why it cannot serve this output as planned (a scheme and backend it has; each
-        layer's entry in the manifest, `LayerPlan.info`), or None."""
+        layer's entry in the manifest, `LayerPlan.info`; the source's quantization method),
+        or None."""
         ...
 
     def gpu_family(self, backend: str, scheme: str) -> str:

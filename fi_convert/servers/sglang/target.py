@@ -383,7 +383,13 @@ class SglangTarget:
     def layout(self, scheme: str, backend: str) -> Layout:
         return LAYOUTS[scheme, backend]
 
-    def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:
+    def unservable(
+        self,
+        scheme: str,
+        backend: str,
+        layers: Sequence[Mapping],
+        quant_method: str | None = None,
+    ) -> Refusal | None:
         return None  # `refuses` keeps every output the plugin cannot load from being planned
 
     def gpu_family(self, backend: str, scheme: str) -> str:

@@ -94,7 +94,7 @@ class VllmTarget:
         quant_method: str | None,
         architectures: Sequence[str] = (),
     ) -> str | None:
-        return SOURCES_NOT_YET.get((scheme, quant_method))
+        return None  # each scheme's source formats: unservable() refuses the plugin's gaps
 
     def refuses_moe(
         self, scheme: str, backend: str, routing: str, activation: str, swiglu_limit: float | None
@@ -107,10 +107,20 @@ class VllmTarget:
     def layout(self, scheme: str, backend: str) -> Layout:
         return VLLM_LAYOUT
 
-    def unservable(self, scheme: str, backend: str, layers: Sequence[Mapping]) -> Refusal | None:
+    def unservable(
+        self,
+        scheme: str,
+        backend: str,
+        layers: Sequence[Mapping],
+        quant_method: str | None = None,
+    ) -> Refusal | None:
         """Why vLLM 0.33 cannot serve this output as planned (fi-convert's plugin refuses it),
-        or None. FP8 per-tensor experts without static activation scales: vLLM's FlashInfer FP8
-        per-tensor kernels (TRT-LLM and CUTLASS) take only static ones."""
+        or None. A source whose MoE method the plugin does not set up (SOURCES_NOT_YET); FP8
+        per-tensor experts without static activation scales: vLLM's FlashInfer FP8 per-tensor
+        kernels (TRT-LLM and CUTLASS) take only static ones."""
+        why = SOURCES_NOT_YET.get((scheme, quant_method))
+        if why:
+            return Refusal(why, "a ModelOpt or compressed-tensors FP8 source")
         if scheme != "fp8-tensor":
             return None
         dynamic = [lay for lay in layers if lay.get("activation_scheme") == "dynamic"]
