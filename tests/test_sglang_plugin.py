@@ -752,13 +752,14 @@ def registered():
 
 def test_register_adds_the_load_format_and_its_loader(registered):
     from fi_convert.servers.sglang import config
-    from fi_convert.servers.sglang.loader import FiConvertModelLoader
 
-    with sm.sglang_context("trtllm", 1, 0):
+    with sm.sglang_context("trtllm", 1, 0):  # (the loader imports SGLang's MoE: its stand-ins)
         from sglang.srt.configs.load_config import LoadConfig, LoadFormat
         from sglang.srt.model_loader import get_model_loader
         from sglang.srt.model_loader.loader import DefaultModelLoader
         from sglang.srt.server_args import LOAD_FORMAT_CHOICES
+
+        from fi_convert.servers.sglang.loader import FiConvertModelLoader
 
         assert LOAD_FORMAT_CHOICES.count("fi-convert") == 1
         ours = {h for hooks in registered._hooks.values() for _, h, _ in hooks}
