@@ -129,3 +129,29 @@ def test_sglangs_own_discovery_loads_the_wheels_plugin(installed, tmp_path):
     want = ["sglang.srt.plugins", "fi_convert.servers.sglang", "register", "fi-convert"]
     assert [group, module, name, dist] == want
     assert Path(where).is_relative_to(venv), where  # the wheel's
+
+
+def _make_variable(name: str) -> str:
+    """A `NAME := ...` variable of the Makefile, its continued lines joined."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"{name} :=")]
+    return " ".join(line.split(":=", 1)[1].split())
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_each_name_of_cis_test_server_subset_selects_a_test(server):
+    """`make test-server CI_SUBSET=1` selects by name (SERVER_CORE, SERVER_SMOKE_<server>): a
+    name that no longer matches a test (renamed, removed) would leave CI's one-server leg
+    without it, silently; each must match a test module or a test of the server's modules."""
+    import re
+
+    files = [ROOT / "tests" / f"test_{server}_plugin.py"]
+    if server == "sglang":
+        files += [ROOT / "tests" / "test_sglang_models.py", ROOT / "tests" / "test_sglang_ep.py"]
+    tests = {m for f in files for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
+    modules = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+    for var in ("SERVER_CORE", f"SERVER_SMOKE_{server}"):
+        names = [n.strip() for n in _make_variable(var).split(" or ")]
+        assert names, var
+        for name in names:
+            assert name in modules or any(name in t for t in tests), f"{var}: {name!r}"
