@@ -364,7 +364,13 @@ def _save_plain(config_cls: str, model_cls: str, own: dict, root: Path, seed: in
     """transformers' model of these classes at COMMON's sizes and `own`, saved as it is."""
     import transformers
 
-    config = getattr(transformers, config_cls)(**(COMMON | own))
+    return _write(getattr(transformers, config_cls)(**(COMMON | own)), model_cls, root, seed)
+
+
+def _write(config: object, model_cls: str, root: Path, seed: int) -> Path:
+    """transformers' model class `model_cls` of `config`, seeded, in BF16, saved into `root`."""
+    import transformers
+
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
     model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
@@ -452,11 +458,9 @@ OMNI = dict(
 def _save_qwen3_omni(root: Path, seed: int = 0) -> Path:
     import transformers
 
-    config = transformers.Qwen3OmniMoeConfig(**OMNI)
-    torch.manual_seed(seed)
-    model = transformers.Qwen3OmniMoeForConditionalGeneration(config).to(torch.bfloat16)
-    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
-    return root
+    return _write(
+        transformers.Qwen3OmniMoeConfig(**OMNI), "Qwen3OmniMoeForConditionalGeneration", root, seed
+    )
 
 
 # GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): GLM-4.5's text MoE (layer 0 dense,
@@ -492,11 +496,12 @@ GLM4V_VISION = dict(
 def _save_glm4v_moe(root: Path, seed: int = 0) -> Path:
     import transformers
 
-    config = transformers.Glm4vMoeConfig(text_config=GLM4V_TEXT, vision_config=GLM4V_VISION)
-    torch.manual_seed(seed)
-    model = transformers.Glm4vMoeForConditionalGeneration(config).to(torch.bfloat16)
-    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
-    return root
+    return _write(
+        transformers.Glm4vMoeConfig(text_config=GLM4V_TEXT, vision_config=GLM4V_VISION),
+        "Glm4vMoeForConditionalGeneration",
+        root,
+        seed,
+    )
 
 
 # LongCat-Flash: one layer of two MLA attentions, two dense MLPs (mlps.0, mlps.1) and a MoE of
@@ -531,10 +536,7 @@ def _save_longcat_flash(root: Path, seed: int = 0) -> Path:
     import transformers
     from safetensors.torch import load_file, save_file
 
-    config = transformers.LongcatFlashConfig(**LONGCAT)
-    torch.manual_seed(seed)
-    model = transformers.LongcatFlashForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    _write(transformers.LongcatFlashConfig(**LONGCAT), "LongcatFlashForCausalLM", root, seed)
     n = LONGCAT["n_routed_experts"]
     zero = {f".mlp.experts.{e}." for e in range(n, n + LONGCAT["zero_expert_num"])}
     index_path = root / "model.safetensors.index.json"
