@@ -120,8 +120,9 @@ site=$("$tmp/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['pure
 # Link the one-server venv's packages in, but those named (canonical names) and whatever else
 # their own files hold at the top (flashinfer-python's `b12x` package, say); with --drop, remove
 # the links of the named ones from a venv built so far.
+base_site=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 relink() {
-    "$PY" scripts/venv_links.py link "$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" "$site" "$@"
+    "$PY" scripts/venv_links.py link "$base_site" "$site" "$@"
 }
 names() { printf '%s\n' "$@" | sed 's/[][<>=!~;, ].*//'; }
 mapfile -t replaced < <(names "${wanted[@]}" "$server")
