@@ -19,10 +19,13 @@ for p in flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2 $pins; do
         --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 \
         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any "$p"
 done
-zip_vllm() {  # the vllm package of site-packages $1 into $2, without its compiled parts
+zip_vllm() {  # the vllm package of site-packages $1 into $2, without its compiled parts and the
+    # largest model packages and attention kernels, which no GPU test or bench imports
     (cd "$1" && zip -qr9 "$2" vllm vllm-*.dist-info -x "*.so" -x "*__pycache__*" -x "*.dist-info/RECORD" \
         -x "vllm/vllm-rs" -x "vllm/third_party/deep_gemm/*" -x "vllm/third_party/fmha_sm100/*" \
-        -x "vllm/entrypoints/serve/instrumentator/static/*")
+        -x "vllm/entrypoints/serve/instrumentator/static/*" \
+        -x "vllm/models/kimi_k3/*" -x "vllm/models/deepseek_v4*" -x "vllm/models/minimax_m3/*" \
+        -x "vllm/models/muse_spark/*" -x "vllm/third_party/tml_fa4/*" -x "vllm/vllm_flash_attn/cute/*")
 }
 zip_vllm "$site" "$PWD/.carry/vllm-py.zip"
 for release in "$@"; do
