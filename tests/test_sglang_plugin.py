@@ -845,7 +845,7 @@ def test_the_entry_point_is_declared():
 
     assert pkgutil.resolve_name(eps[target.PLUGIN_NAME]) is register
     want = "sglang" + releases.plugin_specifier()
-    assert project["optional-dependencies"]["sglang"] == [want] == ["sglang>=0.5.21,<=0.5.23"]
+    assert project["optional-dependencies"]["sglang"] == [want] == ["sglang>=0.5.20,<=0.5.23"]
 
 
 def test_the_facts_and_the_checks_import_no_sglang():

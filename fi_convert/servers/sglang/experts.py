@@ -18,6 +18,7 @@ import torch
 
 from ...bulk_read import BulkRead
 from ...format.reader import OutputReader
+from . import older_releases
 from .checks import PluginError
 
 
@@ -225,20 +226,14 @@ def _unquantized(layer: Any, method: Any) -> None:
     own function, holds what its packing leaves there."""
     _as_loaded(layer)
     if method.use_flashinfer_cutlass:
-        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
-            materialize_swiglu_params_for_cutlass,
-        )
-
-        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
-            layer.moe_runner_config, int(layer.num_local_experts), layer.w13_weight.device
-        )
+        older_releases.cutlass_swiglu_params(layer)
     if method.use_flashinfer_trtllm_moe:
         method._cache_permute_indices.clear()
         for name in ("w13_weight", "w2_weight"):
-            rows = method._canonical_expert_weight_shape(layer, name)[1]
+            rows = older_releases.bf16_canonical_rows(layer, method, name)
             # one expert's bytes as the [rows, bytes per row] tile SGLang permutes (a view)
             tile = getattr(layer, name).data[0].view(torch.uint8).reshape(rows, -1)
-            method._trtllm_bf16_row_permutation(layer, name, tile)
+            older_releases.bf16_row_permutation(layer, method, name, tile)
 
 
 def _fp8_block(layer: Any, method: Any) -> None:
@@ -364,7 +359,7 @@ def _nvfp4(layer: Any, method: Any) -> None:
     from sglang.srt.layers.quantization.modelopt_quant import _use_nvfp4_dispatch
 
     cfg = layer.moe_runner_config
-    trtllm = method.use_flashinfer_trtllm_weight_layout
+    trtllm = older_releases.nvfp4_trtllm_layout(method)
     cutlass = method.enable_flashinfer_cutlass_moe and not method.enable_flashinfer_cutedsl_moe
     # a SwiGLU alpha: on TRT-LLM its processing adds gemm1_alpha and gemm1_beta (not written;
     # a clamp's rescaled block scales and gemm1_clamp_limit are the output's, checks.check_clamp
@@ -385,13 +380,7 @@ def _nvfp4(layer: Any, method: Any) -> None:
         )
     _as_loaded(layer)
     if cutlass:
-        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
-            materialize_swiglu_params_for_cutlass,
-        )
-
-        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
-            cfg, int(layer.num_local_experts), layer.w13_weight.device
-        )
+        older_releases.cutlass_swiglu_params(layer)
     fp4_dispatch = _use_nvfp4_dispatch() or should_use_flashinfer_cutlass_moe_fp4_allgather()
     layer.dispatcher.set_quant_config(
         {"input_global_scale": layer.w13_input_scale_quant if fp4_dispatch else None}
@@ -428,7 +417,7 @@ def _modelopt_fp8(layer: Any, method: Any) -> None:
     by a new Parameter (without the loader's attributes) on the same bytes; CUTLASS's SwiGLU
     parameters, by its own function."""
     cfg = layer.moe_runner_config
-    backend = _runner_backend(layer, method)
+    backend = older_releases.moe_runner_backend(layer, method)
     trtllm, cutlass = backend.is_flashinfer_trtllm(), backend.is_flashinfer_cutlass()
     # gated SiLU experts, or non-gated relu2 ones (Nemotron-H: tests/test_sglang_non_gated.py)
     takes = (cfg.is_gated, cfg.activation) in ((True, "silu"), (False, "relu2"))
@@ -442,23 +431,7 @@ def _modelopt_fp8(layer: Any, method: Any) -> None:
     for name in ("w13_weight", "w2_weight", *FP8_TENSOR_SCALES):
         setattr(layer, name, torch.nn.Parameter(getattr(layer, name).data, requires_grad=False))
     if cutlass:
-        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
-            materialize_swiglu_params_for_cutlass,
-        )
-
-        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
-            cfg, int(layer.num_local_experts), layer.w13_weight.device
-        )
-
-
-def _runner_backend(layer: Any, method: Any) -> Any:
-    """The MoE runner backend the method runs the layer on: its own answer (SGLang 0.5.23),
-    else the server's --moe-runner-backend (0.5.20-0.5.22, which decide by it alone)."""
-    if hasattr(method, "get_moe_runner_backend"):
-        return method.get_moe_runner_backend(layer)
-    from sglang.srt.layers.moe.utils import get_moe_runner_backend
-
-    return get_moe_runner_backend()
+        older_releases.cutlass_swiglu_params(layer)
 
 
 # ModelOpt FP8's loaded scales, which its processing reduces (w13: max of w1 and w3; the input

@@ -114,16 +114,7 @@ LEFT_OUT: dict[tuple[str, str], tuple[str, str]] = {
 # holds an output's bytes but is not listed here it refuses to load (a later plugin may serve
 # the same output, which lists the release: no conversion again).
 PLUGIN: dict[tuple[str, str], tuple[str, ...]] = {
-    (row.scheme, row.backend): ("0.5.23",) for row in TABLE
-} | {
-    pair: ("0.5.21", "0.5.22", "0.5.23")
-    for pair in (
-        ("bf16", "cutlass"),
-        ("fp8-block", "trtllm"),
-        ("mxfp4", "trtllm"),
-        ("mxfp4", "cutlass"),
-        ("mxfp8", "trtllm"),
-    )
+    (row.scheme, row.backend): row.releases for row in TABLE
 }
 # Why the plugin does not load into an older release that holds the bytes (the docs say it)
 PLUGIN_WHY = (
