@@ -402,6 +402,8 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
         ("nvfp4", "cutlass"): ["layer._cutlass_swiglu_params"],
         ("mxfp8", "trtllm"): ["layer._flashinfer_trtllm_gemm1_"],  # as for FP8 block
     }[case, backend] + ["layer.use_padded_loading", "layer.trtllm_padded_hidden_size"]
+    if want[0] == "layer._cutlass_swiglu_params" and not sm.makes_cutlass_swiglu_params():
+        want = want[1:]  # SGLang 0.5.20's processing makes none: the loader's state alone
     assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
     assert any(d.startswith(want[0]) for d in diff), diff
     if case in OSS:  # the constants missing, the scales not viewed as float8_e4m3fn
@@ -443,7 +445,8 @@ def test_control_fp8_tensor_without_kernel_setup_is_caught(backend, sources, out
     assert [n for n in a if a[n] != b.get(n)] == kept
     diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
     assert "layer.use_padded_loading" in diff
-    assert any(d.startswith("layer._cutlass_swiglu_params") for d in diff) == (backend == "cutlass")
+    swiglu = backend == "cutlass" and sm.makes_cutlass_swiglu_params()  # (not on 0.5.20)
+    assert any(d.startswith("layer._cutlass_swiglu_params") for d in diff) == swiglu
 
 
 def test_fp8_tensor_on_a_model_without_a_routing_method_is_refused(tmp_path):
