@@ -363,6 +363,31 @@ def test_an_output_for_both_servers_loads_as_sglangs_own(case, backend, tp, sour
         assert state_diff(sm.layer_state(ours), sm.layer_state(theirs)) == []
 
 
+def test_older_releases_own_code_leaves_sglangs_state_on_any_release(sources, outputs):
+    """older_releases' code for what SGLang 0.5.20-0.5.22 lack (their rule for an expert's
+    canonical rows, their inline FlashInfer row permutations of BF16 TRT-LLM), run on the
+    installed release whatever it has: the rows SGLang allocated, and the permutation cache its
+    own processing leaves (0.5.23's by its `_canonical_expert_weight_shape` and
+    `_trtllm_bf16_row_permutation`); Mixtral at TP 2, I/TP 96 padded to 128."""
+    from fi_convert.servers.sglang import older_releases as older
+
+    ckpt, out = sources("mixtral"), outputs("mixtral", "trtllm", 2)
+    theirs = sm.build("trtllm", 2, 1, ckpt, MIXTRAL)
+    with sm.sglang_context("trtllm", 2, 1):
+        allocated = sm.make_layer(MIXTRAL, ckpt)
+    ours = plugin_layer(out, ckpt, MIXTRAL, "trtllm", 2, 1, finish=False)
+    ours.quant_method._cache_permute_indices.clear()
+    for name in ("w13_weight", "w2_weight"):
+        rows = older.canonical_rows(ours, name)
+        assert rows == getattr(allocated, name).shape[1]
+        tile = getattr(ours, name).data[0].view(torch.uint8).reshape(rows, -1)
+        older.flashinfer_row_permutation(ours, ours.quant_method, name, tile)
+    key = "layer.quant_method._cache_permute_indices"
+    ours_cache = {k: v for k, v in sm.layer_state(ours).items() if k.startswith(key)}
+    assert len(ours_cache) == 2  # (w3_w1 and w2, one shape each)
+    assert ours_cache == {k: v for k, v in sm.layer_state(theirs).items() if k.startswith(key)}
+
+
 def test_control_another_ranks_bytes_are_caught(sources, outputs):
     ckpt, out = sources("qwen3"), outputs("qwen3", "trtllm", 2)
     theirs = sm.build("trtllm", 2, 1, ckpt, QWEN)
@@ -914,6 +939,12 @@ def test_a_whole_model_equals_sglangs_default_load_of_the_source(
     p, q = dict(ours.named_parameters()), dict(theirs.named_parameters())
     assert sorted(p) == sorted(q)
     assert differing(q, p) == []
+    # SGLang 0.5.20's loop over the modules to process (older_releases): the same modules as
+    # the installed release's (no LoRA here)
+    from fi_convert.servers.sglang import older_releases as older
+
+    every = [m for m, _ in older.every_module_with_quant_method(theirs)]
+    assert every == [m for m, _ in older.modules_with_quant_method(theirs)] and every
     moe = [n for n, m in theirs.named_modules() if isinstance(m, FusedMoE)]
     mlp = "block_sparse_moe" if case == "hf-mixtral" else "mlp"
     assert moe == [f"model.layers.{i}.{mlp}.experts" for i in (0, 1)]

@@ -25,9 +25,11 @@ def modules_with_quant_method(model: torch.nn.Module) -> Iterator[tuple[Any, Any
     from sglang.srt.model_loader import loader
 
     own = getattr(loader, "_modules_with_quant_method", None)
-    if own is not None:
-        yield from own(model)
-        return
+    yield from (own or every_module_with_quant_method)(model)
+
+
+def every_module_with_quant_method(model: torch.nn.Module) -> Iterator[tuple[Any, Any]]:
+    """0.5.20's `postprocess_weights` loop: every module with a `quant_method`."""
     for _, module in model.named_modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
@@ -55,6 +57,11 @@ def bf16_canonical_rows(layer: Any, method: Any, name: str) -> int:
     own = getattr(method, "_canonical_expert_weight_shape", None)
     if own is not None:
         return int(own(layer, name)[1])
+    return canonical_rows(layer, name)
+
+
+def canonical_rows(layer: Any, name: str) -> int:
+    """0.5.20-0.5.22's rule for the rows of one expert of `name`, as allocated."""
     if name == "w2_weight":
         return int(layer.hidden_size)
     i = int(layer.intermediate_size_per_partition)
@@ -70,7 +77,12 @@ def bf16_row_permutation(layer: Any, method: Any, name: str, tile: torch.Tensor)
     own = getattr(method, "_trtllm_bf16_row_permutation", None)
     if own is not None:
         own(layer, name, tile)
-        return
+    else:
+        flashinfer_row_permutation(layer, method, name, tile)
+
+
+def flashinfer_row_permutation(layer: Any, method: Any, name: str, tile: torch.Tensor) -> None:
+    """0.5.20-0.5.22's inline calls: FlashInfer's permutation of the tile, cached."""
     from flashinfer.fused_moe.core import (
         _maybe_get_cached_w3_w1_permute_indices,
         get_w2_permute_indices_with_cache,
