@@ -1,5 +1,5 @@
-"""Put one rank's converted experts into an SGLang 0.5.23 FusedMoE layer, then set up its
-kernel only.
+"""Put one rank's converted experts into an SGLang FusedMoE layer (0.5.20-0.5.23), then set up
+its kernel only.
 
 SGLang allocates each expert parameter at its final (padded, per-rank) size, so each tensor is
 read from the shards (this rank's byte range) straight into the parameter's own storage, then
@@ -7,6 +7,8 @@ viewed in the stored shape. SGLang has no "weights already processed" mode, and 
 `process_weights_after_loading` is not run: `finish` leaves the state it would leave on the
 layer and its method, with SGLang's own functions, and transforms nothing. The tests compare
 every parameter and every attribute with SGLang's own loading and processing of the source.
+Each method's setup follows SGLang 0.5.23's processing (the line numbers below are its); where
+an older release's differs, `older_releases` reads the difference from the installed release.
 """
 
 from __future__ import annotations
@@ -203,7 +205,8 @@ def _resized(layer: Any, param: Any, name: str, want: tuple, got: tuple, reader:
 
 def finish(layer: Any) -> None:
     """Kernel setup only: the state the layer's method's `process_weights_after_loading` leaves
-    (SGLang 0.5.23), without its transforms. By method class name."""
+    (SGLang 0.5.23's, or an older release's where it differs: older_releases), without its
+    transforms. By method class name."""
     method = layer.quant_method
     setup = KERNEL_ONLY.get(type(method).__name__)
     if setup is None:

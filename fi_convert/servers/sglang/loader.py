@@ -1,4 +1,4 @@
-"""`--load-format fi-convert`: an SGLang 0.5.23 model loader for fi-convert outputs.
+"""`--load-format fi-convert`: an SGLang model loader for fi-convert outputs (0.5.20-0.5.23).
 
 It builds the model as SGLang's `DefaultModelLoader.load_model` does (SGLang's own quantization
 config and model initialization). Non-expert tensors are read beside the experts, at the same
