@@ -127,14 +127,15 @@ RELEASE_SUBSET_vllm := -k "not -4-"
 RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_mxfp4.py \
 	tests/test_vllm_plugin.py tests/test_vllm_ep.py tests/test_vllm_releases.py
 # SGLang: its own MoE processing against every --server sglang layout (each release left out of a
-# layout's list is refuted by the same test) and the releases table's tests; then, where
-# fi_convert/servers/sglang/releases.py's PLUGIN lists layouts for the release, the plugin's
-# tests of those layouts (its load, whole models, EP, registration; 0.5.20: none).
+# layout's list is refuted by the same test) and the releases table's tests; then the plugin's
+# tests (its load, whole models, EP, registration, refusals) of every layout whose bytes the
+# release holds (fi_convert/servers/sglang/releases.py's PLUGIN: all but NVFP4 TRT-LLM, whose
+# bytes differ before 0.5.23, and ModelOpt FP8 TRT-LLM, which runs Triton before 0.5.23).
 RELEASE_TESTS_sglang ?= tests/test_sglang.py tests/test_releases_sglang.py
 RELEASE_SUBSET_sglang := -k "own_bytes or control or releases"
 SGLANG_PLUGIN_TESTS ?= tests/test_sglang_plugin.py tests/test_sglang_models.py tests/test_sglang_ep.py
-SGLANG_PLUGIN_K := (cutlass and (qwen3 or mixtral)) or deepseek or gpt-oss or mxfp8 or fp8-block \
-	or register
+SGLANG_PLUGIN_K := not (nvfp4 and trtllm) and not (fp8-tensor and trtllm)
+SGLANG_PLUGIN_K_0.5.20 := $(SGLANG_PLUGIN_K)
 SGLANG_PLUGIN_K_0.5.21 := $(SGLANG_PLUGIN_K)
 SGLANG_PLUGIN_K_0.5.22 := $(SGLANG_PLUGIN_K)
 RELEASE_PYTEST = PYTHONPATH=$(CURDIR) $$venv/bin/python -m pytest -q -p no:cacheprovider \

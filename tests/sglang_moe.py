@@ -82,6 +82,18 @@ def _sm90_weight_interleave(weight: torch.Tensor, quant_type: str = "fp4") -> to
     return sm90_interleave_weights(weight)
 
 
+def makes_cutlass_swiglu_params() -> bool:
+    """Whether the installed SGLang's processing on flashinfer_cutlass leaves
+    `layer._cutlass_swiglu_params` (0.5.21 on: it has the function that makes them; 0.5.20
+    makes none), as the plugin's kernel setup reads it (older_releases)."""
+    from fi_convert.servers.sglang import stand_ins
+
+    with stand_ins.installed():
+        from sglang.srt.layers.moe.moe_runner import flashinfer_cutlass
+
+    return hasattr(flashinfer_cutlass, "materialize_swiglu_params_for_cutlass")
+
+
 moe_layer.scale_swizzle = _block_scale_interleave
 moe_layer.sm90_interleave = _sm90_weight_interleave
 

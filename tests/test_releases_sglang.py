@@ -128,12 +128,10 @@ def test_a_listed_release_is_served_and_others_raise_unlisted_release(outputs):
     # a newer release the manifest lists (a newer fi-convert proved it) is served
     newer = m | {"target": m["target"] | {"sglang_releases": [*ALL, "0.5.24"]}}
     checks.check_release(newer, "OUT", "0.5.24")
-    # where the plugin's load is proven on an older release, it serves there
-    assert releases.plugin_releases("mxfp8", "trtllm") == ("0.5.21", "0.5.22", "0.5.23")
-    checks.check_release(_m("mxfp8", "trtllm"), "OUT", "0.5.21")
-    with pytest.raises(checks.PluginError, match="into SGLang 0.5.21, 0.5.22, 0.5.23 only"):
-        checks.check_release(_m("mxfp8", "trtllm"), "OUT", "0.5.20")
-    assert releases.plugin_specifier() == ">=0.5.21,<=0.5.23"
+    # the plugin's load is proven on every release that holds the layout's bytes
+    for release in ALL:
+        checks.check_release(_m("mxfp8", "trtllm"), "OUT", release)
+    assert releases.plugin_specifier() == ">=0.5.20,<=0.5.23"
     for release in ("0.5.19", "0.5.24", "0.6.0"):
         with pytest.raises(checks.UnlistedRelease, match="0.5.20, 0.5.21, 0.5.22, 0.5.23, this"):
             checks.check_release(m, "OUT", release)
@@ -176,25 +174,40 @@ def test_the_docs_table_is_the_releases_table():
         releases.TABLE = old
 
 
-def test_an_older_release_holding_the_bytes_is_refused_where_the_plugin_does_not_load(outputs):
-    """SGLang 0.5.22 holds a BF16 output's bytes (listed), and fi-convert's plugin, which
-    follows 0.5.23's processing, is not proven to load it there: one line naming where it
-    loads; a release the manifest lists beyond every proven one is left to the load-time
-    proof (no refusal here)."""
+def test_the_plugin_loads_every_layout_into_every_release_that_holds_its_bytes():
+    """PLUGIN: for each layout, the releases of the table's rows, but those PLUGIN_WHY says
+    why not (none today: tests/test_sglang_plugin.py, test_sglang_models.py and
+    test_sglang_ep.py pass in each release's venv for every layout it holds)."""
+    assert releases.PLUGIN_WHY == {}
+    for row in releases.TABLE:
+        assert set(row.releases) <= set(releases.plugin_releases(row.scheme, row.backend))
+    assert releases.plugin_releases("bf16", "trtllm") == tuple(ALL)
+    assert releases.plugin_releases("nvfp4", "trtllm") == ("0.5.23",)  # (other bytes before)
+    assert releases.plugin_specifier() == ">=0.5.20,<=0.5.23"
+
+
+def test_an_older_release_holding_the_bytes_is_refused_where_the_plugin_does_not_load(
+    outputs, monkeypatch
+):
+    """Were the plugin's load not proven on a release that holds an output's bytes (here
+    SGLang 0.5.22 for BF16, listed): one line naming where it loads, and the docs' table says
+    why; a release the manifest lists beyond every proven one is left to the load-time proof
+    (no refusal here)."""
     m = _manifest(outputs["bf16"])
     assert "0.5.22" in m["target"]["sglang_releases"]
-    assert releases.plugin_releases("bf16", "trtllm") == ("0.5.23",)
+    checks.check_release(m, "OUT", "0.5.22")  # the control: it loads there
+    why = {("bf16", "trtllm", "0.5.22"): "a reason"}
+    monkeypatch.setattr(releases, "PLUGIN_WHY", why)
+    loads = ("0.5.20", "0.5.21", "0.5.23")
+    monkeypatch.setitem(releases.PLUGIN, ("bf16", "trtllm"), loads)
     with pytest.raises(checks.PluginError) as e:
         checks.check_release(m, "OUT", "0.5.22")
     msg = str(e.value)
     assert not isinstance(e.value, checks.UnlistedRelease) and "\n" not in msg
     assert msg.startswith("fi-convert: OUT: SGLang 0.5.22 holds its bytes, but this ")
-    assert "loads bf16/trtllm outputs into SGLang 0.5.23 only" in msg
+    assert "loads bf16/trtllm outputs into SGLang 0.5.20, 0.5.21, 0.5.23 only" in msg
     newer = m | {"target": m["target"] | {"sglang_releases": [*ALL, "0.5.24"]}}
     checks.check_release(newer, "OUT", "0.5.24")
-    # where the plugin's load is proven on an older release, it serves there
-    assert releases.plugin_releases("mxfp8", "trtllm") == ("0.5.21", "0.5.22", "0.5.23")
-    checks.check_release(_m("mxfp8", "trtllm"), "OUT", "0.5.21")
-    with pytest.raises(checks.PluginError, match="into SGLang 0.5.21, 0.5.22, 0.5.23 only"):
-        checks.check_release(_m("mxfp8", "trtllm"), "OUT", "0.5.20")
-    assert releases.plugin_specifier() == ">=0.5.21,<=0.5.23"
+    table = releases.support_table({})
+    assert "| `bf16` / trtllm | proven | proven | same bytes, no plugin (" in table
+    assert "`bf16` / trtllm on 0.5.22: a reason" in table

@@ -363,6 +363,31 @@ def test_an_output_for_both_servers_loads_as_sglangs_own(case, backend, tp, sour
         assert state_diff(sm.layer_state(ours), sm.layer_state(theirs)) == []
 
 
+def test_older_releases_own_code_leaves_sglangs_state_on_any_release(sources, outputs):
+    """older_releases' code for what SGLang 0.5.20-0.5.22 lack (their rule for an expert's
+    canonical rows, their inline FlashInfer row permutations of BF16 TRT-LLM), run on the
+    installed release whatever it has: the rows SGLang allocated, and the permutation cache its
+    own processing leaves (0.5.23's by its `_canonical_expert_weight_shape` and
+    `_trtllm_bf16_row_permutation`); Mixtral at TP 2, I/TP 96 padded to 128."""
+    from fi_convert.servers.sglang import older_releases as older
+
+    ckpt, out = sources("mixtral"), outputs("mixtral", "trtllm", 2)
+    theirs = sm.build("trtllm", 2, 1, ckpt, MIXTRAL)
+    with sm.sglang_context("trtllm", 2, 1):
+        allocated = sm.make_layer(MIXTRAL, ckpt)
+    ours = plugin_layer(out, ckpt, MIXTRAL, "trtllm", 2, 1, finish=False)
+    ours.quant_method._cache_permute_indices.clear()
+    for name in ("w13_weight", "w2_weight"):
+        rows = older.canonical_rows(ours, name)
+        assert rows == getattr(allocated, name).shape[1]
+        tile = getattr(ours, name).data[0].view(torch.uint8).reshape(rows, -1)
+        older.flashinfer_row_permutation(ours, ours.quant_method, name, tile)
+    key = "layer.quant_method._cache_permute_indices"
+    ours_cache = {k: v for k, v in sm.layer_state(ours).items() if k.startswith(key)}
+    assert len(ours_cache) == 2  # (w3_w1 and w2, one shape each)
+    assert ours_cache == {k: v for k, v in sm.layer_state(theirs).items() if k.startswith(key)}
+
+
 def test_control_another_ranks_bytes_are_caught(sources, outputs):
     ckpt, out = sources("qwen3"), outputs("qwen3", "trtllm", 2)
     theirs = sm.build("trtllm", 2, 1, ckpt, QWEN)
@@ -402,6 +427,8 @@ def test_control_a_layer_without_kernel_setup_is_caught(case, backend, sources, 
         ("nvfp4", "cutlass"): ["layer._cutlass_swiglu_params"],
         ("mxfp8", "trtllm"): ["layer._flashinfer_trtllm_gemm1_"],  # as for FP8 block
     }[case, backend] + ["layer.use_padded_loading", "layer.trtllm_padded_hidden_size"]
+    if want[0] == "layer._cutlass_swiglu_params" and not sm.makes_cutlass_swiglu_params():
+        want = want[1:]  # SGLang 0.5.20's processing makes none: the loader's state alone
     assert diff and all(any(d.startswith(w) for w in want) for d in diff), diff
     assert any(d.startswith(want[0]) for d in diff), diff
     if case in OSS:  # the constants missing, the scales not viewed as float8_e4m3fn
@@ -443,7 +470,8 @@ def test_control_fp8_tensor_without_kernel_setup_is_caught(backend, sources, out
     assert [n for n in a if a[n] != b.get(n)] == kept
     diff = state_diff(sm.layer_state(ours), sm.layer_state(theirs))
     assert "layer.use_padded_loading" in diff
-    assert any(d.startswith("layer._cutlass_swiglu_params") for d in diff) == (backend == "cutlass")
+    swiglu = backend == "cutlass" and sm.makes_cutlass_swiglu_params()  # (not on 0.5.20)
+    assert any(d.startswith("layer._cutlass_swiglu_params") for d in diff) == swiglu
 
 
 def test_fp8_tensor_on_a_model_without_a_routing_method_is_refused(tmp_path):
@@ -845,7 +873,7 @@ def test_the_entry_point_is_declared():
 
     assert pkgutil.resolve_name(eps[target.PLUGIN_NAME]) is register
     want = "sglang" + releases.plugin_specifier()
-    assert project["optional-dependencies"]["sglang"] == [want] == ["sglang>=0.5.21,<=0.5.23"]
+    assert project["optional-dependencies"]["sglang"] == [want] == ["sglang>=0.5.20,<=0.5.23"]
 
 
 def test_the_facts_and_the_checks_import_no_sglang():
@@ -911,6 +939,12 @@ def test_a_whole_model_equals_sglangs_default_load_of_the_source(
     p, q = dict(ours.named_parameters()), dict(theirs.named_parameters())
     assert sorted(p) == sorted(q)
     assert differing(q, p) == []
+    # SGLang 0.5.20's loop over the modules to process (older_releases): the same modules as
+    # the installed release's (no LoRA here)
+    from fi_convert.servers.sglang import older_releases as older
+
+    every = [m for m, _ in older.every_module_with_quant_method(theirs)]
+    assert every == [m for m, _ in older.modules_with_quant_method(theirs)] and every
     moe = [n for n, m in theirs.named_modules() if isinstance(m, FusedMoE)]
     mlp = "block_sparse_moe" if case == "hf-mixtral" else "mlp"
     assert moe == [f"model.layers.{i}.{mlp}.experts" for i in (0, 1)]

@@ -1,7 +1,7 @@
 """fi-convert's SGLang plugin: `python -m sglang.launch_server --model-path OUT_DIR
 --load-format fi-convert --moe-runner-backend flashinfer_trtllm [--tp N]`.
 
-Installed with fi-convert's `sglang` extra; SGLang 0.5.23 runs `register` from its
+Installed with fi-convert's `sglang` extra; SGLang (0.5.20-0.5.23) runs `register` from its
 `sglang.srt.plugins` entry point in every process that loads plugins (the launcher before it
 parses arguments, the engine, every scheduler process), then applies the hooks registered
 here (`HookRegistry.apply_hooks`). Nothing else in fi-convert imports SGLang.

@@ -15,7 +15,7 @@ from packaging.version import Version
 from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.names import servers_of, target_of
-from . import releases
+from . import older_releases, releases
 from .target import (
     EP_REFUSED,
     EP_SCHEMES,
@@ -467,9 +467,8 @@ def check_clamp(root: str, prefix: str, meta: dict, layer: Any) -> None:
 
 def _is_nvfp4_trtllm(layer: Any) -> bool:
     method = layer.quant_method
-    return type(method).__name__ == "ModelOptNvFp4FusedMoEMethod" and bool(
-        getattr(method, "use_flashinfer_trtllm_weight_layout", False)
-    )
+    nvfp4 = type(method).__name__ == "ModelOptNvFp4FusedMoEMethod"
+    return nvfp4 and older_releases.nvfp4_trtllm_layout(method)
 
 
 # Methods that pad the sizes FusedMoE gives them again, and allocate by their own: SGLang's

@@ -1,5 +1,5 @@
-"""The hooks the SGLang plugin puts into SGLang 0.5.23 (through its own `HookRegistry`), each a
-no-op unless the load format is fi-convert:
+"""The hooks the SGLang plugin puts into SGLang 0.5.20-0.5.23 (through its own
+`HookRegistry`), each a no-op unless the load format is fi-convert:
 
 - `LoadConfig._verify_load_format` turns the string `fi-convert` into the plugin's loader class
   (SGLang's `get_model_loader` instantiates a class it finds there; its own check would refuse

@@ -1,5 +1,5 @@
-"""Put one rank's converted experts into an SGLang 0.5.23 FusedMoE layer, then set up its
-kernel only.
+"""Put one rank's converted experts into an SGLang FusedMoE layer (0.5.20-0.5.23), then set up
+its kernel only.
 
 SGLang allocates each expert parameter at its final (padded, per-rank) size, so each tensor is
 read from the shards (this rank's byte range) straight into the parameter's own storage, then
@@ -7,6 +7,8 @@ viewed in the stored shape. SGLang has no "weights already processed" mode, and 
 `process_weights_after_loading` is not run: `finish` leaves the state it would leave on the
 layer and its method, with SGLang's own functions, and transforms nothing. The tests compare
 every parameter and every attribute with SGLang's own loading and processing of the source.
+Each method's setup follows SGLang 0.5.23's processing (the line numbers below are its); where
+an older release's differs, `older_releases` reads the difference from the installed release.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from ...bulk_read import BulkRead
 from ...format.reader import OutputReader
+from . import older_releases
 from .checks import PluginError
 
 
@@ -202,7 +205,8 @@ def _resized(layer: Any, param: Any, name: str, want: tuple, got: tuple, reader:
 
 def finish(layer: Any) -> None:
     """Kernel setup only: the state the layer's method's `process_weights_after_loading` leaves
-    (SGLang 0.5.23), without its transforms. By method class name."""
+    (SGLang 0.5.23's, or an older release's where it differs: older_releases), without its
+    transforms. By method class name."""
     method = layer.quant_method
     setup = KERNEL_ONLY.get(type(method).__name__)
     if setup is None:
@@ -225,20 +229,14 @@ def _unquantized(layer: Any, method: Any) -> None:
     own function, holds what its packing leaves there."""
     _as_loaded(layer)
     if method.use_flashinfer_cutlass:
-        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
-            materialize_swiglu_params_for_cutlass,
-        )
-
-        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
-            layer.moe_runner_config, int(layer.num_local_experts), layer.w13_weight.device
-        )
+        older_releases.cutlass_swiglu_params(layer)
     if method.use_flashinfer_trtllm_moe:
         method._cache_permute_indices.clear()
         for name in ("w13_weight", "w2_weight"):
-            rows = method._canonical_expert_weight_shape(layer, name)[1]
+            rows = older_releases.bf16_canonical_rows(layer, method, name)
             # one expert's bytes as the [rows, bytes per row] tile SGLang permutes (a view)
             tile = getattr(layer, name).data[0].view(torch.uint8).reshape(rows, -1)
-            method._trtllm_bf16_row_permutation(layer, name, tile)
+            older_releases.bf16_row_permutation(layer, method, name, tile)
 
 
 def _fp8_block(layer: Any, method: Any) -> None:
@@ -364,7 +362,7 @@ def _nvfp4(layer: Any, method: Any) -> None:
     from sglang.srt.layers.quantization.modelopt_quant import _use_nvfp4_dispatch
 
     cfg = layer.moe_runner_config
-    trtllm = method.use_flashinfer_trtllm_weight_layout
+    trtllm = older_releases.nvfp4_trtllm_layout(method)
     cutlass = method.enable_flashinfer_cutlass_moe and not method.enable_flashinfer_cutedsl_moe
     # a SwiGLU alpha: on TRT-LLM its processing adds gemm1_alpha and gemm1_beta (not written;
     # a clamp's rescaled block scales and gemm1_clamp_limit are the output's, checks.check_clamp
@@ -385,13 +383,7 @@ def _nvfp4(layer: Any, method: Any) -> None:
         )
     _as_loaded(layer)
     if cutlass:
-        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
-            materialize_swiglu_params_for_cutlass,
-        )
-
-        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
-            cfg, int(layer.num_local_experts), layer.w13_weight.device
-        )
+        older_releases.cutlass_swiglu_params(layer)
     fp4_dispatch = _use_nvfp4_dispatch() or should_use_flashinfer_cutlass_moe_fp4_allgather()
     layer.dispatcher.set_quant_config(
         {"input_global_scale": layer.w13_input_scale_quant if fp4_dispatch else None}
@@ -428,7 +420,7 @@ def _modelopt_fp8(layer: Any, method: Any) -> None:
     by a new Parameter (without the loader's attributes) on the same bytes; CUTLASS's SwiGLU
     parameters, by its own function."""
     cfg = layer.moe_runner_config
-    backend = _runner_backend(layer, method)
+    backend = older_releases.moe_runner_backend(layer, method)
     trtllm, cutlass = backend.is_flashinfer_trtllm(), backend.is_flashinfer_cutlass()
     # gated SiLU experts, or non-gated relu2 ones (Nemotron-H: tests/test_sglang_non_gated.py)
     takes = (cfg.is_gated, cfg.activation) in ((True, "silu"), (False, "relu2"))
@@ -442,23 +434,7 @@ def _modelopt_fp8(layer: Any, method: Any) -> None:
     for name in ("w13_weight", "w2_weight", *FP8_TENSOR_SCALES):
         setattr(layer, name, torch.nn.Parameter(getattr(layer, name).data, requires_grad=False))
     if cutlass:
-        from sglang.srt.layers.moe.moe_runner.flashinfer_cutlass import (
-            materialize_swiglu_params_for_cutlass,
-        )
-
-        layer._cutlass_swiglu_params = materialize_swiglu_params_for_cutlass(
-            cfg, int(layer.num_local_experts), layer.w13_weight.device
-        )
-
-
-def _runner_backend(layer: Any, method: Any) -> Any:
-    """The MoE runner backend the method runs the layer on: its own answer (SGLang 0.5.23),
-    else the server's --moe-runner-backend (0.5.20-0.5.22, which decide by it alone)."""
-    if hasattr(method, "get_moe_runner_backend"):
-        return method.get_moe_runner_backend(layer)
-    from sglang.srt.layers.moe.utils import get_moe_runner_backend
-
-    return get_moe_runner_backend()
+        older_releases.cutlass_swiglu_params(layer)
 
 
 # ModelOpt FP8's loaded scales, which its processing reduces (w13: max of w1 and w3; the input

@@ -1,4 +1,4 @@
-"""`--load-format fi-convert`: an SGLang 0.5.23 model loader for fi-convert outputs.
+"""`--load-format fi-convert`: an SGLang model loader for fi-convert outputs (0.5.20-0.5.23).
 
 It builds the model as SGLang's `DefaultModelLoader.load_model` does (SGLang's own quantization
 config and model initialization). Non-expert tensors are read beside the experts, at the same
@@ -26,7 +26,6 @@ from sglang.srt.model_loader.loader import (
     DefaultModelLoader,
     _get_quantization_config,
     _initialize_model,
-    _modules_with_quant_method,
     device_loading_context,
 )
 from sglang.srt.model_loader.utils import set_default_torch_dtype
@@ -36,7 +35,7 @@ from ...errors import FiConvertError
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.reader import OutputReader
-from . import checks, experts
+from . import checks, experts, older_releases
 from .checks import PluginError
 from .config import CONVERTED_ATTR
 
@@ -270,7 +269,7 @@ def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:
 def postprocess(model: torch.nn.Module, converted: set, target_device: torch.device) -> None:
     """SGLang's `DefaultModelLoader.postprocess_weights`, with kernel setup only for the
     converted MoE layers."""
-    for module, quant_method in _modules_with_quant_method(model):
+    for module, quant_method in older_releases.modules_with_quant_method(model):
         with device_loading_context(module, target_device):
             if module in converted:
                 experts.finish(module)

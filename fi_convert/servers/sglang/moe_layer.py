@@ -132,10 +132,10 @@ def _built_widths(parallel) -> dict:
 
 def ep_ranks(backend: str, tp_size: int, tp_rank: int, ep_size: int) -> dict[str, int]:
     """The parallel context of rank `tp_rank` of `--tp tp_size --ep-size ep_size`, as SGLang
-    0.5.23 derives it at publish (`runtime_context.parallel_widths_of` of the ServerArgs,
-    `derive_spawn_ranks`), checked by its own `_validate_parallel` (its rank bounds and its
-    `tp_size == moe_ep_size * moe_dp_size * moe_tp_size`; not the group widths: the groups
-    built here hold one process)."""
+    derives it at publish (`runtime_context.parallel_widths_of` of the ServerArgs,
+    `_spawn_ranks`), checked by its own `_validate_parallel` where it has one (0.5.21 on: its
+    rank bounds and its `tp_size == moe_ep_size * moe_dp_size * moe_tp_size`; not the group
+    widths: the groups built here hold one process)."""
     import types
 
     from sglang.srt import runtime_context as rc
@@ -149,15 +149,7 @@ def ep_ranks(backend: str, tp_size: int, tp_rank: int, ep_size: int) -> dict[str
         moe_runner_backend=BACKEND[backend],
     )
     widths = rc.parallel_widths_of(args)
-    spawn = rc.derive_spawn_ranks(
-        world_rank=tp_rank,
-        tp_size=tp_size,
-        ep_join_rank_offset=0,
-        attn_cp_size=args.attn_cp_size,
-        attn_tp_size=widths["attn_tp_size"],
-        moe_dp_size=args.moe_dp_size,
-        moe_ep_size=widths["moe_ep_size"],
-    )
+    spawn = _spawn_ranks(rc, args, widths, tp_rank)
     ranks = dict(
         tp_size=tp_size,
         tp_rank=spawn["tp_rank"],
@@ -166,8 +158,28 @@ def ep_ranks(backend: str, tp_size: int, tp_rank: int, ep_size: int) -> dict[str
         moe_tp_size=widths["moe_tp_size"],
         moe_tp_rank=spawn["moe_tp_rank"],
     )
-    rc._validate_parallel(types.SimpleNamespace(**ranks, moe_dp_size=args.moe_dp_size), "test")
+    if hasattr(rc, "_validate_parallel"):  # 0.5.21 on (0.5.20 checks none)
+        rc._validate_parallel(types.SimpleNamespace(**ranks, moe_dp_size=args.moe_dp_size), "test")
     return ranks
+
+
+def _spawn_ranks(rc, args, widths: dict, tp_rank: int) -> dict[str, int]:
+    """The TP and MoE ranks of TP rank `tp_rank`: SGLang's `derive_spawn_ranks` (0.5.21 on),
+    else the ranks 0.5.20's `initialize_model_parallel` gives it in the groups it builds (no
+    MoE DP: MoE EP groups strided by the MoE TP size, each MoE TP group contiguous)."""
+    if hasattr(rc, "derive_spawn_ranks"):
+        return rc.derive_spawn_ranks(
+            world_rank=tp_rank,
+            tp_size=args.tp_size,
+            ep_join_rank_offset=0,
+            attn_cp_size=args.attn_cp_size,
+            attn_tp_size=widths["attn_tp_size"],
+            moe_dp_size=args.moe_dp_size,
+            moe_ep_size=widths["moe_ep_size"],
+        )
+    assert args.moe_dp_size == 1, "0.5.20's MoE ranks are read here without MoE DP"
+    moe_tp = widths["moe_tp_size"]
+    return dict(tp_rank=tp_rank, moe_ep_rank=tp_rank // moe_tp, moe_tp_rank=tp_rank % moe_tp)
 
 
 # FlashInfer's CUDA-only functions as SGLang calls them on CPU (module attributes: the tests set

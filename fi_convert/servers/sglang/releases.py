@@ -107,31 +107,30 @@ LEFT_OUT: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
-# The releases fi-convert's SGLang plugin loads each layout into: its hooks, its read of the
-# experts and the kernel setup that leaves each layer as that release's own processing does,
-# proven there by tests/test_sglang_plugin.py, test_sglang_models.py and test_sglang_ep.py in
-# the release's venv. The plugin follows SGLang 0.5.23's processing; on an older release that
-# holds an output's bytes but is not listed here it refuses to load (a later plugin may serve
-# the same output, which lists the release: no conversion again).
+# Why fi-convert's SGLang plugin does not load a layout into a release that holds its bytes, per
+# (scheme, backend) and release; the docs' table says it. None today: its load and kernel setup
+# read each release's differences from the release (older_releases.py), and leave every layout
+# as each release's own processing does (tests/test_sglang_plugin.py, test_sglang_models.py and
+# test_sglang_ep.py, run in each release's venv, 2026-12-03).
+PLUGIN_WHY: dict[tuple[str, str, str], str] = {}
+
+
+def _bytes_releases(scheme: str, backend: str) -> tuple[str, ...]:
+    """The releases some row of the table lists for the layout, oldest first."""
+    rows = [r for r in TABLE if (r.scheme, r.backend) == (scheme, backend)]
+    return tuple(sorted({rel for r in rows for rel in r.releases}, key=Version))
+
+
+# The releases the plugin loads each layout into: those that hold its bytes, but where
+# PLUGIN_WHY says why not. The plugin refuses the others (checks.check_plugin_release).
 PLUGIN: dict[tuple[str, str], tuple[str, ...]] = {
-    (row.scheme, row.backend): ("0.5.23",) for row in TABLE
-} | {
-    pair: ("0.5.21", "0.5.22", "0.5.23")
-    for pair in (
-        ("bf16", "cutlass"),
-        ("fp8-block", "trtllm"),
-        ("mxfp4", "trtllm"),
-        ("mxfp4", "cutlass"),
-        ("mxfp8", "trtllm"),
+    (row.scheme, row.backend): tuple(
+        r
+        for r in _bytes_releases(row.scheme, row.backend)
+        if (row.scheme, row.backend, r) not in PLUGIN_WHY
     )
+    for row in TABLE
 }
-# Why the plugin does not load into an older release that holds the bytes (the docs say it)
-PLUGIN_WHY = (
-    "fi-convert's plugin follows SGLang 0.5.23's load and processing: 0.5.20's loader lacks "
-    "hooks it uses (`_modules_with_quant_method`); 0.5.21 and 0.5.22 process this layout "
-    "otherwise (BF16 TRT-LLM's block packing, ModelOpt NVFP4 and FP8's methods and whole "
-    "models), which its kernel setup does not follow yet"
-)
 
 
 def plugin_specifier() -> str:
@@ -210,13 +209,15 @@ def _cell(scheme: str, backend: str, release: str, refused: Mapping, notes: list
         return "refused" + _note(f"`{scheme}` / {backend}: {refused[scheme, backend]}", notes)
     rows = [r for r in TABLE if (r.scheme, r.backend) == (scheme, backend)]
     loads = release in plugin_releases(scheme, backend)
+    why = PLUGIN_WHY.get((scheme, backend, release), "its load there is not proven")
+    why = f"`{scheme}` / {backend} on {release}: {why}"
     if any(release in r.releases and not r.when for r in rows):
-        return "proven" if loads else "same bytes, no plugin" + _note(PLUGIN_WHY, notes)
+        return "proven" if loads else "same bytes, no plugin" + _note(why, notes)
     where = [r for r in rows if release in r.releases]
     if where:
         says = "; ".join(CONDITIONS[c].says for r in where for c in r.when)
         cell = "same bytes where every layer has " + says
-        return cell if loads else cell + ", no plugin" + _note(PLUGIN_WHY, notes)
+        return cell if loads else cell + ", no plugin" + _note(why, notes)
     kind, why = LEFT_OUT[scheme, backend]
     return kind + _note(f"`{scheme}` / {backend}: {why}", notes)
 
