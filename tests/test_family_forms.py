@@ -521,3 +521,47 @@ def test_consolidated_shards_named_otherwise_are_refused_naming_a_tensor(tmp_pat
     assert line.startswith("error: layers.1.mlp.experts.0.gate_proj.weight: ")
     assert "is Mistral Large 3's, whose experts are named" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_hunyuan_reads_its_experts_size_from_the_layers_entry(tmp_path):
+    """Hunyuan-A13B's config.json gives moe_intermediate_size per decoder layer (a list, as
+    published): each MoE layer's size is the entry of its own layer, so a list that gives
+    layer 1 another size than its tensors (layer 0's agreeing) is one line naming layer 1's
+    tensor."""
+    src = hf.save("hunyuan_v1_moe", tmp_path / "src")
+    inspected = cli("inspect", src, "--server", "sglang")
+    assert inspected.exit_code == 0, inspected.output
+    assert "Hunyuan-A13B" in inspected.output
+
+    def edit(cfg):
+        cfg["moe_intermediate_size"] = [96, 64]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("convert", model, tmp_path / "out", "--server", "sglang"))
+    assert line == (
+        "error: model.layers.1.mlp.experts.0.down_proj.weight: shape [64, 96], expected "
+        "[64, 64] ([H, I] with E=4, H=64, I=64 from config.json); the checkpoint and "
+        "config.json disagree - download both again"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_hunyuan_per_layer_size_of_the_wrong_kind_is_one_line(tmp_path):
+    src = hf.save("hunyuan_v1_moe", tmp_path / "src")
+
+    def edit(cfg):
+        cfg["moe_intermediate_size"] = [96, "96"]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("inspect", model, "--server", "sglang"))
+    assert 'moe_intermediate_size is [96, "96"], not an integer or list of integers' in line
+
+
+def test_hunyuan_for_vllm_is_refused_at_plan_time_in_one_line(tmp_path):
+    """vLLM 0.33 serves HunYuanMoEV1ForCausalLM through its generic Transformers backend
+    (its registry's ("transformers", "TransformersMoEForCausalLM")), whose load of an output is
+    not proven: no vLLM output is written; SGLang's is (tests/test_sglang_families.py)."""
+    src = hf.save("hunyuan_v1_moe", tmp_path / "src")
+    line = the_error(cli("convert", src, tmp_path / "out", "--server", "vllm"))
+    assert "generic Transformers backend" in line and "--server sglang" in line
+    assert not (tmp_path / "out").exists()

@@ -22,7 +22,11 @@ model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` 
 (BailingMoeForCausalLM; both test_ling_equals_sglangs_default_load) in BF16; Gemma 4
 (Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
 module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
-experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused).
+experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
+(HunYuanMoEV1ForCausalLM: transformers' model, its config.json's per-layer
+moe_intermediate_size, moe_topk and num_shared_expert as tencent/Hunyuan-A13B-Instruct
+publishes them) in BF16 on both backends (its published FP8 release's format was not checked
+here; SGLang declares no routing method for it, so ModelOpt FP8 on TRT-LLM is refused).
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -103,6 +107,7 @@ CASES = {
     "omni-bf16": ("qwen3_omni_moe", None, {}),
     "glm4v-bf16": ("glm4v_moe", None, {}),
     "gemma4-bf16": ("gemma4", None, {}),
+    "hunyuan-bf16": ("hunyuan_v1_moe", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -122,6 +127,7 @@ MOE = {
     "qwen3_omni_moe": [f"thinker.model.layers.{i}.mlp.experts" for i in (0, 1)],
     "glm4v_moe": ["model.language_model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.experts" for i in (0, 1)],
+    "hunyuan_v1_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -158,6 +164,9 @@ RUNS = [
     ("glm4v-bf16", "cutlass", "bf16"),
     # Gemma 4's gelu_tanh experts: SGLang's TRT-LLM BF16 runner takes silu and relu2 only
     ("gemma4-bf16", "cutlass", "bf16"),
+    # Hunyuan-A13B: its per-layer moe_intermediate_size as published; I 96, padded per rank
+    ("hunyuan-bf16", "trtllm", "bf16"),
+    ("hunyuan-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

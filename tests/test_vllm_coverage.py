@@ -52,4 +52,19 @@ def test_the_generic_transformers_backend_is_listed_as_such():
     cov = coverage("vllm")
     moe = [a for a, (m, c) in _VLLM_MODELS.items() if m == "transformers" and "MoE" in c]
     moe = [a for a in moe if not _VLLM_MODELS[a][1].endswith("MTP")]  # (a draft model)
-    assert moe and {cov.uncovered[a].kind for a in moe} == {"transformers"}
+    named = family_architectures()
+    assert moe and {cov.uncovered[a].kind for a in moe if a not in named} == {"transformers"}
+
+
+def test_a_familys_transformers_backend_architecture_is_refused_for_vllm():
+    """A family's architecture that vLLM 0.33 serves through its generic Transformers backend
+    (Hunyuan-A13B's HunYuanMoEV1ForCausalLM) is refused for vLLM when planned, naming the
+    backend: the plugin's load through it is not proven."""
+    from fi_convert.servers.vllm.target import VllmTarget
+
+    named = family_architectures()
+    moe = [a for a, (m, c) in _VLLM_MODELS.items() if m == "transformers" and a in named]
+    assert moe == ["HunYuanMoEV1ForCausalLM"]
+    for a in moe:
+        why = VllmTarget().refuses_source("bf16", "trtllm", None, [a])
+        assert why and "generic Transformers backend" in why and _VLLM_MODELS[a][1] in why

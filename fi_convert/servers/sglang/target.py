@@ -121,7 +121,7 @@ SOURCES_REFUSED = {
 # SGLang's model classes that declare no routing method to their FusedMoE (no
 # `routing_method_type=` in models/mixtral.py, glm4_moe_lite.py, minimax_m2.py, ernie4.py,
 # ernie45_moe_vl.py, hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py,
-# longcat_flash.py), so ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
+# longcat_flash.py, hunyuan.py), so ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
 # FlashInfer TRT-LLM only for a declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's
 # DeepSeekV3, ...). Keyed by architecture, as SGLang picks its model class by config.json's
 # `architectures` (models/registry.py), not by `model_type` (LongCat-Flash's published
@@ -139,6 +139,7 @@ _UNDECLARED = {
     "AfmoeForCausalLM": "AFMoE",
     "DeepseekForCausalLM": "DeepSeek-MoE",
     "LongcatFlashForCausalLM": "LongCat-Flash",
+    "HunYuanMoEV1ForCausalLM": "Hunyuan-A13B",  # models/hunyuan.py
 }
 NO_ROUTING_METHOD = {
     arch: (
