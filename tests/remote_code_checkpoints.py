@@ -13,6 +13,9 @@ Ling v1 (inclusionAI/Ling-lite-1.5, BailingMoeForCausalLM, model_type bailing_mo
 names without the q/k norms, every layer MoE (first_k_dense_replace 0) with two shared experts,
 softmax routing renormalized (norm_topk_prob), no expert bias, no groups.
 
+Sarvam-30B (sarvamai/sarvam-30b, SarvamMoEForCausalLM, model_type sarvam_moe): Ling 2.0's
+names, one routing group.
+
 DeepSeek-MoE v1 (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM): Llama's attention
 (q/k/v/o_proj), layer 0 a dense MLP, layer 1 MoE with its router (`mlp.gate.weight`), shared
 experts and per-expert gate/up/down_proj; softmax routing without renormalization as released.
@@ -87,8 +90,32 @@ class {cls}(PretrainedConfig):
 
 def save_ling2(root: Path, seed: int = 0) -> Path:
     """A tiny Ling 2.0 checkpoint in two shards (layer 1's experts in the second)."""
+    return _save_bailing_v2(root, seed, LING2_CONFIG, "BailingMoeV2Config")
+
+
+# Sarvam-30B (sarvamai/sarvam-30b, SarvamMoEForCausalLM): Ling 2.0's names and keys (both
+# servers' SarvamMoEForCausalLM is their BailingMoE model class), routing as its config.json
+# publishes it: sigmoid scores, an expert bias, one group (n_group 1, topk_group 1)
+SARVAM_MOE_CONFIG = LING2_CONFIG | dict(
+    model_type="sarvam_moe",
+    architectures=["SarvamMoEForCausalLM"],
+    auto_map={"AutoConfig": "configuration_sarvam_moe.SarvamMoEConfig"},
+    n_group=1,
+    topk_group=1,
+    rope_theta=8000000,
+)
+SARVAM_MOE_CONFIG.pop("partial_rotary_factor")  # (not in the published config.json)
+
+
+def save_sarvam_moe(root: Path, seed: int = 0) -> Path:
+    """A tiny Sarvam-30B checkpoint in two shards (layer 1's experts in the second)."""
+    return _save_bailing_v2(root, seed, SARVAM_MOE_CONFIG, "SarvamMoEConfig")
+
+
+def _save_bailing_v2(root: Path, seed: int, c: dict, cls: str) -> Path:
+    """Ling 2.0's layout (layer 0 dense, layer 1 MoE) under config `c`, its config module's
+    class `cls`."""
     g = torch.Generator().manual_seed(seed)
-    c = LING2_CONFIG
     h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
     d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
 
@@ -120,8 +147,9 @@ def save_ling2(root: Path, seed: int = 0) -> Path:
             shard[p + "mlp.gate.weight"] = w(e, h)
             shard[p + "mlp.gate.expert_bias"] = w(e, dtype=torch.float32)
     shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
-    module = CONFIG_MODULE.format(cls="BailingMoeV2Config", model_type="bailing_moe_v2")
-    return _write(root, shards, c, "configuration_bailing_moe_v2.py", module)
+    module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"])
+    file = c["auto_map"]["AutoConfig"].split(".")[0] + ".py"
+    return _write(root, shards, c, file, module)
 
 
 LING1_CONFIG = dict(

@@ -18,8 +18,9 @@ lm_head tied to the embedding after its loading loop), Cohere2-MoE, Qwen3-Omni-M
 experts converted, its talker's MoE tensors carried as they are), GLM-4.5V
 (Glm4vMoeForConditionalGeneration, the whole multimodal model transformers writes: its language
 model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` in its module
-`model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM) and Ling v1
-(BailingMoeForCausalLM; both test_ling_equals_sglangs_default_load) in BF16; Gemma 4
+`model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1
+(BailingMoeForCausalLM) and Sarvam-30B (SarvamMoEForCausalLM; the three
+test_ling_equals_sglangs_default_load) in BF16; Gemma 4
 (Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
 module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
 experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
@@ -268,14 +269,15 @@ def test_an_output_for_sglang_is_refused_at_plan_time(no_fused_moe, kind, tmp_pa
     assert read(tmp_path / "vllm")["layers"]
 
 
-LING = {"ling2": rc.save_ling2, "ling1": rc.save_ling1}
+LING = {"ling2": rc.save_ling2, "ling1": rc.save_ling1, "sarvam_moe": rc.save_sarvam_moe}
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("kind", sorted(LING))
 def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
-    """Ling 2.0 (BailingMoeV2ForCausalLM) and Ling v1 (BailingMoeForCausalLM) in BF16 on
-    TRT-LLM, their config classes remote code as published (tests/remote_code_checkpoints.py:
+    """Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1 (BailingMoeForCausalLM) and Sarvam-30B
+    (SarvamMoEForCausalLM, SGLang's BailingMoE model under Sarvam's name) in BF16 on TRT-LLM,
+    their config classes remote code as published (tests/remote_code_checkpoints.py:
     --trust-remote-code for both loads)."""
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
