@@ -16,6 +16,9 @@ softmax routing renormalized (norm_topk_prob), no expert bias, no groups.
 Sarvam-30B (sarvamai/sarvam-30b, SarvamMoEForCausalLM, model_type sarvam_moe): Ling 2.0's
 names, one routing group.
 
+Sarvam-105B (sarvamai/sarvam-105b, SarvamMLAForCausalLM, model_type sarvam_mla): DeepSeek's
+MLA names (q_proj, kv_a_proj_with_mqa, kv_b_proj), the router's e_score_correction_bias.
+
 DeepSeek-MoE v1 (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM): Llama's attention
 (q/k/v/o_proj), layer 0 a dense MLP, layer 1 MoE with its router (`mlp.gate.weight`), shared
 experts and per-expert gate/up/down_proj; softmax routing without renormalization as released.
@@ -241,6 +244,98 @@ def modules_cache(path: Path) -> Iterator[None]:
 
     with mock.patch.object(dynamic_module_utils, "HF_MODULES_CACHE", str(path)):
         yield
+
+
+# Sarvam-105B (sarvamai/sarvam-105b, SarvamMLAForCausalLM, model_type sarvam_mla): DeepSeek's
+# names (MLA attention without a q LoRA, layer 0 dense, a shared expert, the router's
+# e_score_correction_bias), its config.json's keys: sigmoid scores with an expert bias, no
+# n_group/topk_group (vLLM's model sets one group, SGLang's none), its yarn rotary embedding;
+# the published head sizes (vLLM has MLA prefill kernels for these only), a small kv LoRA
+SARVAM_MLA_CONFIG = dict(
+    model_type="sarvam_mla",
+    architectures=["SarvamMLAForCausalLM"],
+    auto_map={"AutoConfig": "configuration_sarvam_moe.SarvamMLAConfig"},
+    pad_token_id=0,
+    eos_token_id=1,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_experts=4,
+    num_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    moe_router_enable_expert_bias=True,
+    routed_scaling_factor=2.5,
+    kv_lora_rank=16,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    q_head_dim=192,
+    head_dim=576,
+    rope_theta=10000.0,
+    rope_parameters=dict(
+        rope_type="deepseek_yarn",
+        rope_theta=10000.0,
+        factor=40,
+        beta_fast=32,
+        beta_slow=1,
+        mscale=1.0,
+        mscale_all_dim=1.0,
+        original_max_position_embeddings=4096,
+    ),
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    embedding_dropout=0.0,
+    output_dropout=0.0,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_sarvam_mla(root: Path, seed: int = 0) -> Path:
+    """A tiny Sarvam-105B checkpoint in two shards (layer 1's experts in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    c = SARVAM_MLA_CONFIG
+    h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
+    nq, kv, rope = c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+    nope, vd = c["qk_nope_head_dim"], c["v_head_dim"]
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p = f"model.layers.{layer}."
+        a = p + "self_attn."
+        shard |= {
+            p + "input_layernorm.weight": w(h),
+            p + "post_attention_layernorm.weight": w(h),
+            a + "q_proj.weight": w(nq * (nope + rope), h),
+            a + "kv_a_proj_with_mqa.weight": w(kv + rope, h),
+            a + "kv_a_layernorm.weight": w(kv),
+            a + "kv_b_proj.weight": w(nq * (nope + vd), kv),
+            a + "o_proj.weight": w(h, nq * vd),
+        }
+        mlps = [p + "mlp."] if layer == 0 else [p + "mlp.shared_experts."]
+        mlps += [f"{p}mlp.experts.{x}." for x in range(e)] if layer else []
+        size = c["intermediate_size"] if layer == 0 else i
+        for m in mlps:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        if layer:
+            shard[p + "mlp.gate.weight"] = w(e, h)
+            shard[p + "mlp.gate.e_score_correction_bias"] = w(e, dtype=torch.float32)
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    module = CONFIG_MODULE.format(cls="SarvamMLAConfig", model_type="sarvam_mla")
+    return _write(root, shards, c, "configuration_sarvam_moe.py", module)
 
 
 DEEPSEEK_V1_CONFIG = dict(

@@ -19,8 +19,8 @@ experts converted, its talker's MoE tensors carried as they are), GLM-4.5V
 (Glm4vMoeForConditionalGeneration, the whole multimodal model transformers writes: its language
 model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` in its module
 `model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1
-(BailingMoeForCausalLM) and Sarvam-30B (SarvamMoEForCausalLM; the three
-test_ling_equals_sglangs_default_load) in BF16; Gemma 4
+(BailingMoeForCausalLM), Sarvam-30B (SarvamMoEForCausalLM) and Sarvam-105B
+(SarvamMLAForCausalLM; the four test_ling_equals_sglangs_default_load) in BF16; Gemma 4
 (Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
 module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
 experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
@@ -48,6 +48,7 @@ Not proven here, and why:
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -269,15 +270,24 @@ def test_an_output_for_sglang_is_refused_at_plan_time(no_fused_moe, kind, tmp_pa
     assert read(tmp_path / "vllm")["layers"]
 
 
-LING = {"ling2": rc.save_ling2, "ling1": rc.save_ling1, "sarvam_moe": rc.save_sarvam_moe}
+# SGLang's module of the yarn rotary embedding Sarvam-105B builds
+ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
+LING = {
+    "ling2": rc.save_ling2,
+    "ling1": rc.save_ling1,
+    "sarvam_moe": rc.save_sarvam_moe,
+    "sarvam_mla": rc.save_sarvam_mla,
+}
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("kind", sorted(LING))
 def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
-    """Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1 (BailingMoeForCausalLM) and Sarvam-30B
-    (SarvamMoEForCausalLM, SGLang's BailingMoE model under Sarvam's name) in BF16 on TRT-LLM,
-    their config classes remote code as published (tests/remote_code_checkpoints.py:
+    """Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1 (BailingMoeForCausalLM), Sarvam-30B
+    (SarvamMoEForCausalLM, SGLang's BailingMoE model under Sarvam's name) and Sarvam-105B
+    (SarvamMLAForCausalLM: MLA attention, its published yarn rotary embedding, whose SGLang
+    class asks the platform for its device when built: "cpu" here) in BF16 on TRT-LLM, their
+    config classes remote code as published (tests/remote_code_checkpoints.py:
     --trust-remote-code for both loads)."""
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
@@ -289,7 +299,10 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
     layers = [f"model.layers.{i}.mlp.experts" for i in ((0, 1) if kind == "ling1" else (1,))]
     with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
         for rank in range(tp):
-            with sm.sglang_context("trtllm", tp, rank):
+            with (
+                sm.sglang_context("trtllm", tp, rank),
+                mock.patch(f"{ROPE}.get_device", lambda: "cpu"),  # (imported in the context)
+            ):
                 ours = _model(None, out, "fi-convert", "trtllm", trust_remote_code=True)
                 theirs = _model(None, src, "auto", "trtllm", trust_remote_code=True)
             moe = _moe(theirs)

@@ -36,9 +36,10 @@ Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
-Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0, Ling v1, DeepSeek-MoE v1 and
-Sarvam-30B (bf16, Sarvam-30B on both backends; the last four with the names and a config module
-of tests/remote_code_checkpoints.py, their published config classes being remote code),
+Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0, Ling v1, DeepSeek-MoE v1,
+Sarvam-30B and Sarvam-105B (bf16, the Sarvams on both backends, Sarvam-105B's MLA on FlashInfer's
+MLA backend; the last five with the names and a config module of tests/
+remote_code_checkpoints.py, their published config classes being remote code),
 LongCat-Flash (bf16 on CUTLASS: its
 ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed experts alone,
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
@@ -122,6 +123,7 @@ REMOTE_CODE = {
     "ling1": rc.save_ling1,
     "deepseek_v1": rc.save_deepseek_v1,
     "sarvam_moe": rc.save_sarvam_moe,
+    "sarvam_mla": rc.save_sarvam_mla,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -220,6 +222,8 @@ CASES = {
     "ling1-bf16": ("ling1", "bailing_moe.BailingMoeForCausalLM", None, {}),
     # Sarvam-30B: Ling 2.0's names, one group (sarvam.SarvamMoEForCausalLM: BailingMoe's)
     "sarvam-moe-bf16": ("sarvam_moe", "sarvam.SarvamMoEForCausalLM", None, {}),
+    # Sarvam-105B: MLA attention (FlashInfer's MLA backend), its router's bias centred on load
+    "sarvam-mla-bf16": ("sarvam_mla", "sarvam.SarvamMLAForCausalLM", None, {}),
     # LongCat-Flash: zero-computation experts routed beside the real ones (ZeroExpertRouter)
     "longcat-bf16": ("longcat_flash", "longcat_flash.LongcatFlashForCausalLM", None, {}),
     # Mistral Large 3 in Mistral's own format (params.json, consolidated shards, Mistral's
@@ -273,6 +277,8 @@ RUNS = [
     ("ling1-bf16", "cutlass", "bf16"),
     ("sarvam-moe-bf16", "trtllm", "bf16"),
     ("sarvam-moe-bf16", "cutlass", "bf16"),
+    ("sarvam-mla-bf16", "trtllm", "bf16"),
+    ("sarvam-mla-bf16", "cutlass", "bf16"),
     # LongCat-Flash's ZeroExpertRouter (Unspecified routing): BF16 on CUTLASS only
     ("longcat-bf16", "cutlass", "bf16"),
     # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends
