@@ -223,6 +223,11 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "HunYuanMoEV1ForCausalLM",
         dict(intermediate_size=96, num_experts=4, moe_topk=2),
     ),
+    "granitemoe_swa": (  # Granite-MoE SWA: fused experts as transformers 5 names them, sinks
+        "GraniteMoeSWAConfig",
+        "GraniteMoeSWAForCausalLM",
+        dict(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
+    ),
     "lfm2_moe": (  # LFM2-MoE: feed_forward.experts.E.w{1,2,3}, conv and attention layers
         "Lfm2MoeConfig",
         "Lfm2MoeForCausalLM",

@@ -27,7 +27,10 @@ experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
 (HunYuanMoEV1ForCausalLM: transformers' model, its config.json's per-layer
 moe_intermediate_size, moe_topk and num_shared_expert as tencent/Hunyuan-A13B-Instruct
 publishes them) in BF16 on both backends (its published FP8 release's format was not checked
-here; SGLang declares no routing method for it, so ModelOpt FP8 on TRT-LLM is refused).
+here; SGLang declares no routing method for it, so ModelOpt FP8 on TRT-LLM is refused);
+Granite-MoE SWA (GraniteMoeSWAForCausalLM: transformers' model, its fused
+block_sparse_moe.experts.gate_up_proj / down_proj, sliding windows and attention sinks) in BF16
+on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -110,6 +113,7 @@ CASES = {
     "glm4v-bf16": ("glm4v_moe", None, {}),
     "gemma4-bf16": ("gemma4", None, {}),
     "hunyuan-bf16": ("hunyuan_v1_moe", None, {}),
+    "granite-swa-bf16": ("granitemoe_swa", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -130,6 +134,7 @@ MOE = {
     "glm4v_moe": ["model.language_model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.experts" for i in (0, 1)],
     "hunyuan_v1_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -169,6 +174,9 @@ RUNS = [
     # Hunyuan-A13B: its per-layer moe_intermediate_size as published; I 96, padded per rank
     ("hunyuan-bf16", "trtllm", "bf16"),
     ("hunyuan-bf16", "cutlass", "bf16"),
+    # Granite-MoE SWA: transformers 5's fused gate_up_proj / down_proj; I 96, padded per rank
+    ("granite-swa-bf16", "trtllm", "bf16"),
+    ("granite-swa-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

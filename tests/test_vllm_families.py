@@ -47,7 +47,10 @@ does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemm
 (Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
 layer's dense MLP, and its router's own function, Custom routing), A.X K1
 (AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
-every layer, tests/hf_checkpoints.py) and Mistral Large 3 (bf16, in Mistral's own format; its
+every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
+registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
+writes them, sliding windows and attention sinks) and Mistral Large 3 (bf16, in Mistral's own
+format; its
 output also served from vLLM's engine arguments, through the plugin's config parser).
 
 Not proven here, and why:
@@ -224,6 +227,14 @@ CASES = {
     "sarvam-moe-bf16": ("sarvam_moe", "sarvam.SarvamMoEForCausalLM", None, {}),
     # Sarvam-105B: MLA attention (FlashInfer's MLA backend), its router's bias centred on load
     "sarvam-mla-bf16": ("sarvam_mla", "sarvam.SarvamMLAForCausalLM", None, {}),
+    # Granite-MoE SWA: fused experts as transformers 5 names them, per-layer sliding windows
+    # and attention sinks (vLLM's registry: granitemoeshared.GraniteMoeSharedForCausalLM)
+    "granite-swa-bf16": (
+        "granitemoe_swa",
+        "granitemoeshared.GraniteMoeSharedForCausalLM",
+        None,
+        {},
+    ),
     # LongCat-Flash: zero-computation experts routed beside the real ones (ZeroExpertRouter)
     "longcat-bf16": ("longcat_flash", "longcat_flash.LongcatFlashForCausalLM", None, {}),
     # Mistral Large 3 in Mistral's own format (params.json, consolidated shards, Mistral's
@@ -279,6 +290,8 @@ RUNS = [
     ("sarvam-moe-bf16", "cutlass", "bf16"),
     ("sarvam-mla-bf16", "trtllm", "bf16"),
     ("sarvam-mla-bf16", "cutlass", "bf16"),
+    ("granite-swa-bf16", "trtllm", "bf16"),
+    ("granite-swa-bf16", "cutlass", "bf16"),
     # LongCat-Flash's ZeroExpertRouter (Unspecified routing): BF16 on CUTLASS only
     ("longcat-bf16", "cutlass", "bf16"),
     # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends
