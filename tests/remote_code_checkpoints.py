@@ -338,6 +338,153 @@ def save_sarvam_mla(root: Path, seed: int = 0) -> Path:
     return _write(root, shards, c, "configuration_sarvam_moe.py", module)
 
 
+# openPangu-Ultra-MoE-718B (FreedomIntelligence/openPangu-Ultra-MoE-718B-V1.1,
+# PanguUltraMoEForCausalLM): DeepSeek's names (MLA with a q LoRA, layer 0 dense, a shared expert,
+# the router's mlp.e_score_correction_bias), its depth-scaled sandwich norm (pre_mlp_layernorm and
+# post_mlp_layernorm in every layer); sigmoid scores with an expert bias in one group (vLLM's
+# OpenPanguMoE fixes both); the published head sizes, small LoRA ranks
+PANGU_ULTRA_CONFIG = dict(
+    model_type="pangu_ultra_moe",
+    architectures=["PanguUltraMoEForCausalLM"],
+    auto_map={"AutoConfig": "configuration_openpangu_moe.PanguUltraMoEConfig"},
+    pad_token_id=0,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    router_enable_expert_bias=True,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    sandwich_norm=True,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    rope_theta=25600000,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+# openPangu Pro MoE V2 (PanguProMoEV2ForCausalLM, the same vLLM model class as Ultra's): its
+# attention as vLLM's OpenPanguSinkAttention reads it (no published config.json was read here):
+# GQA with a fused q/k/v of qk_nope_dim + qk_rope_dim heads and v_channels values, a k norm, and
+# param_sink_number learned sink keys and values per layer
+PANGU_PRO_V2_CONFIG = {
+    k: v
+    for k, v in PANGU_ULTRA_CONFIG.items()
+    if k
+    not in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+} | dict(
+    model_type="pangu_pro_moe_v2",
+    architectures=["PanguProMoEV2ForCausalLM"],
+    auto_map={"AutoConfig": "configuration_openpangu_moe.PanguProMoEV2Config"},
+    num_key_value_heads=2,
+    qk_nope_dim=32,
+    qk_rope_dim=16,
+    v_channels=32,
+    param_sink_number=4,
+    param_sink_with_value=True,
+)
+
+
+def save_pangu_ultra(root: Path, seed: int = 0) -> Path:
+    """A tiny openPangu-Ultra-MoE checkpoint in two shards (layer 1's experts in the second)."""
+    return _save_pangu(root, seed, PANGU_ULTRA_CONFIG, _mla)
+
+
+def save_pangu_pro_v2(root: Path, seed: int = 0) -> Path:
+    """A tiny openPangu Pro MoE V2 checkpoint in two shards (layer 1's experts in the second)."""
+    return _save_pangu(root, seed, PANGU_PRO_V2_CONFIG, _sink_attention)
+
+
+def _mla(c: dict, w) -> dict[str, torch.Tensor]:
+    """MLA with a q LoRA: DeepSeek-V3's attention names, under self_attn."""
+    h, nq, kv, rope = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["kv_lora_rank"],
+        c["qk_rope_head_dim"],
+    )
+    nope, vd, ql = c["qk_nope_head_dim"], c["v_head_dim"], c["q_lora_rank"]
+    return {
+        "q_a_proj.weight": w(ql, h),
+        "q_a_layernorm.weight": w(ql),
+        "q_b_proj.weight": w(nq * (nope + rope), ql),
+        "kv_a_proj_with_mqa.weight": w(kv + rope, h),
+        "kv_a_layernorm.weight": w(kv),
+        "kv_b_proj.weight": w(nq * (nope + vd), kv),
+        "o_proj.weight": w(h, nq * vd),
+    }
+
+
+def _sink_attention(c: dict, w) -> dict[str, torch.Tensor]:
+    """openPangu's GQA with learned sink keys and values, under self_attn: q, k and v fused in
+    one qkv_proj (vLLM 0.33's own load maps separate q/k/v_proj to its MergedColumnParallelLinear
+    with shard ids it refuses: "This line should not be reached")."""
+    h, nq, nkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d, vd, sinks = c["qk_nope_dim"] + c["qk_rope_dim"], c["v_channels"], c["param_sink_number"]
+    return {
+        "qkv_proj.weight": w(nq * d + nkv * d + nkv * vd, h),
+        "o_proj.weight": w(h, nq * vd),
+        "k_layernorm.weight": w(d),
+        "param_sink_key": w(sinks, nkv, d),
+        "param_sink_value": w(sinks, nkv, vd),
+    }
+
+
+def _save_pangu(root: Path, seed: int, c: dict, attention) -> Path:
+    """openPangu's MoE layout (layer 0 dense, layer 1 MoE) under config `c`, each layer's
+    attention tensors from `attention`."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, e, v = (
+        c["hidden_size"],
+        c["moe_intermediate_size"],
+        c["n_routed_experts"],
+        c["vocab_size"],
+    )
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p = f"model.layers.{layer}."
+        a = p + "self_attn."
+        norms = ("input", "post_attention", "pre_mlp", "post_mlp")
+        shard |= {f"{p}{n}_layernorm.weight": w(h) for n in norms}
+        shard |= {a + name: t for name, t in attention(c, w).items()}
+        mlps = [p + "mlp."] if layer == 0 else [p + "mlp.shared_experts."]
+        mlps += [f"{p}mlp.experts.{x}." for x in range(e)] if layer else []
+        size = c["intermediate_size"] if layer == 0 else i
+        for m in mlps:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        if layer:
+            shard[p + "mlp.gate.weight"] = w(e, h)
+            # (the name vLLM's load reads: it maps `e_score_correction_bias` to the gate's)
+            shard[p + "mlp.e_score_correction_bias"] = w(e, dtype=torch.float32)
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    cls = c["auto_map"]["AutoConfig"].split(".")[1]
+    module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"])
+    return _write(root, shards, c, "configuration_openpangu_moe.py", module)
+
+
 DEEPSEEK_V1_CONFIG = dict(
     model_type="deepseek",
     architectures=["DeepseekForCausalLM"],

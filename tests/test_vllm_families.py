@@ -49,9 +49,11 @@ layer's dense MLP, and its router's own function, Custom routing), A.X K1
 (AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
 every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
 registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
-writes them, sliding windows and attention sinks) and Mistral Large 3 (bf16, in Mistral's own
-format; its
-output also served from vLLM's engine arguments, through the plugin's config parser).
+writes them, sliding windows and attention sinks), openPangu MoE (bf16 on both backends:
+PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
+values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
+Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
+through the plugin's config parser).
 
 Not proven here, and why:
 - Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
@@ -127,6 +129,8 @@ REMOTE_CODE = {
     "deepseek_v1": rc.save_deepseek_v1,
     "sarvam_moe": rc.save_sarvam_moe,
     "sarvam_mla": rc.save_sarvam_mla,
+    "pangu_ultra": rc.save_pangu_ultra,
+    "pangu_pro_v2": rc.save_pangu_pro_v2,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -227,6 +231,10 @@ CASES = {
     "sarvam-moe-bf16": ("sarvam_moe", "sarvam.SarvamMoEForCausalLM", None, {}),
     # Sarvam-105B: MLA attention (FlashInfer's MLA backend), its router's bias centred on load
     "sarvam-mla-bf16": ("sarvam_mla", "sarvam.SarvamMLAForCausalLM", None, {}),
+    # openPangu-Ultra-MoE: MLA with a q LoRA (FlashInfer's MLA backend), sandwich norms
+    "pangu-ultra-bf16": ("pangu_ultra", "openpangu.PanguUltraMoEForCausalLM", None, {}),
+    # openPangu Pro MoE V2: its GQA with learned sink keys and values
+    "pangu-pro-v2-bf16": ("pangu_pro_v2", "openpangu.PanguProMoEV2ForCausalLM", None, {}),
     # Granite-MoE SWA: fused experts as transformers 5 names them, per-layer sliding windows
     # and attention sinks (vLLM's registry: granitemoeshared.GraniteMoeSharedForCausalLM)
     "granite-swa-bf16": (
@@ -292,6 +300,10 @@ RUNS = [
     ("sarvam-mla-bf16", "cutlass", "bf16"),
     ("granite-swa-bf16", "trtllm", "bf16"),
     ("granite-swa-bf16", "cutlass", "bf16"),
+    ("pangu-ultra-bf16", "trtllm", "bf16"),
+    ("pangu-ultra-bf16", "cutlass", "bf16"),
+    ("pangu-pro-v2-bf16", "trtllm", "bf16"),
+    ("pangu-pro-v2-bf16", "cutlass", "bf16"),
     # LongCat-Flash's ZeroExpertRouter (Unspecified routing): BF16 on CUTLASS only
     ("longcat-bf16", "cutlass", "bf16"),
     # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends

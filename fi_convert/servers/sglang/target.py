@@ -191,6 +191,12 @@ NO_FLASHINFER_MODEL = {
     ),
     "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
     "AXK1ForCausalLM": "SGLang {sglang} has no model class for A.X K1 (AXK1ForCausalLM)",
+    "PanguUltraMoEForCausalLM": (
+        "SGLang {sglang} has no model class for openPangu-Ultra-MoE (PanguUltraMoEForCausalLM)"
+    ),
+    "PanguProMoEV2ForCausalLM": (
+        "SGLang {sglang} has no model class for openPangu Pro MoE V2 (PanguProMoEV2ForCausalLM)"
+    ),
     "Step3TextForCausalLM": (
         "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM; its "
         "models/step3_vl.py serves Step3VLForConditionalGeneration alone)"
