@@ -228,6 +228,17 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "GraniteMoeSWAForCausalLM",
         dict(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
     ),
+    "laguna": (  # Laguna: sigmoid + bias routing (the bias under mlp.experts), a shared expert
+        "LagunaConfig",
+        "LagunaForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=96,
+            shared_expert_intermediate_size=96,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ),
     "lfm2_moe": (  # LFM2-MoE: feed_forward.experts.E.w{1,2,3}, conv and attention layers
         "Lfm2MoeConfig",
         "Lfm2MoeForCausalLM",

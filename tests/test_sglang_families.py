@@ -50,6 +50,7 @@ Not proven here, and why:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from unittest import mock
 
@@ -332,6 +333,32 @@ def test_sglangs_longcat_flash_model_is_not_built_here(tmp_path):
         pytest.raises(TypeError, match="argument of type 'NoneType' is not iterable"),
     ):
         _model(None, src, "auto", "cutlass")
+
+
+def test_sglangs_laguna_load_asks_every_expert_tensor_itself(tmp_path):
+    """Why Laguna has no case above: SGLang 0.5.23's LagunaForCausalLM.load_weights counts the
+    routed experts' w1/w2/w3 tensors it is handed and fails when any is missing, so a load that
+    fills its MoE layers otherwise (the plugin's, from an output's stacked tensors) is refused
+    by SGLang's own model; fi-convert writes no SGLang output of Laguna, in one line."""
+    from safetensors.torch import load_file
+
+    from fi_convert.errors import SchemeMismatchError
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("laguna", tmp_path / "src")
+    with sm.sglang_context("trtllm", 1, 0):
+        model = _model(None, src, "auto", "trtllm")  # SGLang's default load of the source
+    assert sorted(_moe(model)) == ["model.layers.1.mlp.experts"]
+    tensors = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        tensors |= load_file(shard)
+    others = [(n, t) for n, t in tensors.items() if not re.search(r"\.experts\.\d+\.", n)]
+    with pytest.raises(RuntimeError, match="12 routed-expert tensors were not loaded"):
+        model.load_weights(others)
+    with pytest.raises(SchemeMismatchError, match="counts the routed experts"):
+        _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    assert not (tmp_path / "out").exists()
 
 
 def test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused(tmp_path):

@@ -49,7 +49,8 @@ layer's dense MLP, and its router's own function, Custom routing), A.X K1
 (AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
 every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
 registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
-writes them, sliding windows and attention sinks), openPangu MoE (bf16 on both backends:
+writes them, sliding windows and attention sinks), Laguna (bf16 on both backends: its router's
+bias stored under mlp.experts), openPangu MoE (bf16 on both backends:
 PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
 values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
@@ -235,6 +236,8 @@ CASES = {
     "pangu-ultra-bf16": ("pangu_ultra", "openpangu.PanguUltraMoEForCausalLM", None, {}),
     # openPangu Pro MoE V2: its GQA with learned sink keys and values
     "pangu-pro-v2-bf16": ("pangu_pro_v2", "openpangu.PanguProMoEV2ForCausalLM", None, {}),
+    # Laguna: its router's bias stored under mlp.experts (vLLM's MoERunner holds it)
+    "laguna-bf16": ("laguna", "laguna.LagunaForCausalLM", None, {}),
     # Granite-MoE SWA: fused experts as transformers 5 names them, per-layer sliding windows
     # and attention sinks (vLLM's registry: granitemoeshared.GraniteMoeSharedForCausalLM)
     "granite-swa-bf16": (
@@ -300,6 +303,8 @@ RUNS = [
     ("sarvam-mla-bf16", "cutlass", "bf16"),
     ("granite-swa-bf16", "trtllm", "bf16"),
     ("granite-swa-bf16", "cutlass", "bf16"),
+    ("laguna-bf16", "trtllm", "bf16"),
+    ("laguna-bf16", "cutlass", "bf16"),
     ("pangu-ultra-bf16", "trtllm", "bf16"),
     ("pangu-ultra-bf16", "cutlass", "bf16"),
     ("pangu-pro-v2-bf16", "trtllm", "bf16"),

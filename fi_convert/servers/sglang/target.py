@@ -178,8 +178,9 @@ NON_GATED_WHY = (
 )
 
 # Architectures whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
-# (or that SGLang has no model class for), and why: fi-convert writes no SGLang output of them
-# (the plugin would refuse it at load, finding no MoE layer)
+# (or that SGLang has no model class for, or whose model refuses the plugin's load), and why:
+# fi-convert writes no SGLang output of them (the plugin would refuse it at load, finding no
+# MoE layer, or SGLang's model would)
 NO_FLASHINFER_MODEL = {
     "DbrxForCausalLM": (
         "SGLang {sglang}'s DBRX (models/dbrx.py, DbrxExperts) holds its experts in parameters "
@@ -191,6 +192,12 @@ NO_FLASHINFER_MODEL = {
     ),
     "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
     "AXK1ForCausalLM": "SGLang {sglang} has no model class for A.X K1 (AXK1ForCausalLM)",
+    "LagunaForCausalLM": (
+        "SGLang {sglang}'s Laguna model (models/laguna.py, load_weights) counts the routed "
+        "experts' w1/w2/w3 tensors it is handed and refuses a load without them, which is how "
+        "fi-convert's SGLang plugin fills its MoE layers; convert with --server vllm, or serve "
+        "the checkpoint as it is"
+    ),
     "PanguUltraMoEForCausalLM": (
         "SGLang {sglang} has no model class for openPangu-Ultra-MoE (PanguUltraMoEForCausalLM)"
     ),
