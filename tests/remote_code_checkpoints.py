@@ -377,26 +377,57 @@ PANGU_ULTRA_CONFIG = dict(
 )
 
 
-# openPangu Pro MoE V2 (PanguProMoEV2ForCausalLM, the same vLLM model class as Ultra's): its
-# attention as vLLM's OpenPanguSinkAttention reads it (no published config.json was read here):
-# GQA with a fused q/k/v of qk_nope_dim + qk_rope_dim heads and v_channels values, a k norm, and
-# param_sink_number learned sink keys and values per layer
-PANGU_PRO_V2_CONFIG = {
-    k: v
-    for k, v in PANGU_ULTRA_CONFIG.items()
-    if k
-    not in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-} | dict(
-    model_type="pangu_pro_moe_v2",
+# openPangu Pro MoE V2 (openpangu/openPangu-R-72B-2512, PanguProMoEV2ForCausalLM, the same vLLM
+# model class as Ultra's): config.json as published (model_type PanguProMoE, num_experts,
+# shared_expert_intermediate_size, mlp_only_layers, its sink attention's keys), read by vLLM
+# through the published config class, which names them as vLLM's OpenPanguMoE asks
+# (PANGU_PRO_V2_NAMES: our config module's stand-in for it); its attention as vLLM's
+# OpenPanguSinkAttention reads it: GQA with a fused q/k/v of qk_nope_dim + qk_rope_dim heads and
+# v_channels values, a k norm, and param_sink_number learned sink keys and values per layer
+PANGU_PRO_V2_CONFIG = dict(
+    model_type="PanguProMoE",
     architectures=["PanguProMoEV2ForCausalLM"],
-    auto_map={"AutoConfig": "configuration_openpangu_moe.PanguProMoEV2Config"},
+    auto_map={"AutoConfig": "configuration_pangu_moe.PanguProMoEConfig"},
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=256,
+    mlp_only_layers=[0],
+    num_hidden_layers=2,
+    num_attention_heads=4,
     num_key_value_heads=2,
+    num_experts=4,
+    num_experts_per_tok=2,
+    router_enable_expert_bias=True,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    sandwich_norm=True,
     qk_nope_dim=32,
     qk_rope_dim=16,
     v_channels=32,
     param_sink_number=4,
     param_sink_with_value=True,
+    rope_theta=25600000,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
 )
+PANGU_PRO_V2_NAMES = """
+    @property
+    def n_routed_experts(self):
+        return self.num_experts
+
+    @property
+    def n_shared_experts(self):
+        return self.shared_expert_intermediate_size // self.moe_intermediate_size
+
+    @property
+    def first_k_dense_replace(self):
+        return len(self.mlp_only_layers)
+"""
 
 
 def save_pangu_ultra(root: Path, seed: int = 0) -> Path:
@@ -406,7 +437,7 @@ def save_pangu_ultra(root: Path, seed: int = 0) -> Path:
 
 def save_pangu_pro_v2(root: Path, seed: int = 0) -> Path:
     """A tiny openPangu Pro MoE V2 checkpoint in two shards (layer 1's experts in the second)."""
-    return _save_pangu(root, seed, PANGU_PRO_V2_CONFIG, _sink_attention)
+    return _save_pangu(root, seed, PANGU_PRO_V2_CONFIG, _sink_attention, PANGU_PRO_V2_NAMES)
 
 
 def _mla(c: dict, w) -> dict[str, torch.Tensor]:
@@ -444,16 +475,13 @@ def _sink_attention(c: dict, w) -> dict[str, torch.Tensor]:
     }
 
 
-def _save_pangu(root: Path, seed: int, c: dict, attention) -> Path:
+def _save_pangu(root: Path, seed: int, c: dict, attention, names: str = "") -> Path:
     """openPangu's MoE layout (layer 0 dense, layer 1 MoE) under config `c`, each layer's
-    attention tensors from `attention`."""
+    attention tensors from `attention`, `names` appended to its config class."""
     g = torch.Generator().manual_seed(seed)
-    h, i, e, v = (
-        c["hidden_size"],
-        c["moe_intermediate_size"],
-        c["n_routed_experts"],
-        c["vocab_size"],
-    )
+    e = c.get("n_routed_experts") or c["num_experts"]
+    h, i, v = c["hidden_size"], c["moe_intermediate_size"], c["vocab_size"]
+    shared = c.get("shared_expert_intermediate_size") or i * c["n_shared_experts"]
 
     def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
@@ -466,10 +494,10 @@ def _save_pangu(root: Path, seed: int, c: dict, attention) -> Path:
         norms = ("input", "post_attention", "pre_mlp", "post_mlp")
         shard |= {f"{p}{n}_layernorm.weight": w(h) for n in norms}
         shard |= {a + name: t for name, t in attention(c, w).items()}
-        mlps = [p + "mlp."] if layer == 0 else [p + "mlp.shared_experts."]
-        mlps += [f"{p}mlp.experts.{x}." for x in range(e)] if layer else []
-        size = c["intermediate_size"] if layer == 0 else i
-        for m in mlps:
+        sizes = [(p + "mlp.", c["intermediate_size"])] if layer == 0 else []
+        sizes += [(p + "mlp.shared_experts.", shared)] if layer else []
+        sizes += [(f"{p}mlp.experts.{x}.", i) for x in range(e)] if layer else []
+        for m, size in sizes:
             shard |= {
                 m + "gate_proj.weight": w(size, h),
                 m + "up_proj.weight": w(size, h),
@@ -480,9 +508,9 @@ def _save_pangu(root: Path, seed: int, c: dict, attention) -> Path:
             # (the name vLLM's load reads: it maps `e_score_correction_bias` to the gate's)
             shard[p + "mlp.e_score_correction_bias"] = w(e, dtype=torch.float32)
     shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
-    cls = c["auto_map"]["AutoConfig"].split(".")[1]
-    module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"])
-    return _write(root, shards, c, "configuration_openpangu_moe.py", module)
+    file, cls = c["auto_map"]["AutoConfig"].split(".")
+    module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"]) + names
+    return _write(root, shards, c, file + ".py", module)
 
 
 DEEPSEEK_V1_CONFIG = dict(
