@@ -13,8 +13,8 @@ Ling v1 (inclusionAI/Ling-lite-1.5, BailingMoeForCausalLM, model_type bailing_mo
 names without the q/k norms, every layer MoE (first_k_dense_replace 0) with two shared experts,
 softmax routing renormalized (norm_topk_prob), no expert bias, no groups.
 
-Sarvam-30B (sarvamai/sarvam-30b, SarvamMoEForCausalLM, model_type sarvam_moe): Ling 2.0's
-names, one routing group.
+Sarvam-30B (sarvamai/sarvam-30b, SarvamMoEForCausalLM, model_type sarvam_moe) and Param2
+(Param2MoEForCausalLM, model_type param2moe): Ling 2.0's names, one routing group.
 
 Sarvam-105B (sarvamai/sarvam-105b, SarvamMLAForCausalLM, model_type sarvam_mla): DeepSeek's
 MLA names (q_proj, kv_a_proj_with_mqa, kv_b_proj), the router's e_score_correction_bias.
@@ -110,14 +110,38 @@ SARVAM_MOE_CONFIG = LING2_CONFIG | dict(
 SARVAM_MOE_CONFIG.pop("partial_rotary_factor")  # (not in the published config.json)
 
 
+# Param2 (bharatgenai/Param2-17B-A2.4B-Thinking, Param2MoEForCausalLM, model_type param2moe):
+# Ling 2.0's names (vLLM's Param2MoEModel maps word_embeddings, attention.query_key_value,
+# attention.dense, mlp.gate.expert_bias), its config.json's routing: sigmoid scores with an
+# expert bias (vLLM centres it on load), one group, two shared experts
+PARAM2_CONFIG = LING2_CONFIG | dict(
+    model_type="param2moe",
+    architectures=["Param2MoEForCausalLM"],
+    auto_map={"AutoConfig": "configuration_param2moe.Param2MoEConfig"},
+    num_shared_experts=2,
+    moe_shared_expert_intermediate_size=256,
+    n_group=1,
+    topk_group=1,
+    partial_rotary_factor=1.0,
+    rope_scaling=None,
+)
+
+
+def save_param2(root: Path, seed: int = 0) -> Path:
+    """A tiny Param2 checkpoint in two shards (layer 1's experts in the second)."""
+    # (its shared experts' size: moe_shared_expert_intermediate_size, already times the count)
+    shared = PARAM2_CONFIG["moe_shared_expert_intermediate_size"]
+    return _save_bailing_v2(root, seed, PARAM2_CONFIG, "Param2MoEConfig", shared)
+
+
 def save_sarvam_moe(root: Path, seed: int = 0) -> Path:
     """A tiny Sarvam-30B checkpoint in two shards (layer 1's experts in the second)."""
     return _save_bailing_v2(root, seed, SARVAM_MOE_CONFIG, "SarvamMoEConfig")
 
 
-def _save_bailing_v2(root: Path, seed: int, c: dict, cls: str) -> Path:
+def _save_bailing_v2(root: Path, seed: int, c: dict, cls: str, shared: int = 0) -> Path:
     """Ling 2.0's layout (layer 0 dense, layer 1 MoE) under config `c`, its config module's
-    class `cls`."""
+    class `cls`, its shared experts' MLP of size `shared` (else moe_intermediate_size)."""
     g = torch.Generator().manual_seed(seed)
     h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
     d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
@@ -137,10 +161,10 @@ def _save_bailing_v2(root: Path, seed: int, c: dict, cls: str) -> Path:
             p + "attention.query_layernorm.weight": w(d),
             p + "attention.key_layernorm.weight": w(d),
         }
-        mlps = [p + "mlp."] if layer == 0 else [p + "mlp.shared_experts."]
-        mlps += [f"{p}mlp.experts.{x}." for x in range(e)] if layer else []
-        size = c["intermediate_size"] if layer == 0 else i
-        for m in mlps:
+        sizes = [(p + "mlp.", c["intermediate_size"])] if layer == 0 else []
+        sizes += [(p + "mlp.shared_experts.", shared or i)] if layer else []
+        sizes += [(f"{p}mlp.experts.{x}.", i) for x in range(e)] if layer else []
+        for m, size in sizes:
             shard |= {
                 m + "gate_proj.weight": w(size, h),
                 m + "up_proj.weight": w(size, h),

@@ -50,7 +50,8 @@ layer's dense MLP, and its router's own function, Custom routing), A.X K1
 every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
 registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
 writes them, sliding windows and attention sinks), Laguna (bf16 on both backends: its router's
-bias stored under mlp.experts), openPangu MoE (bf16 on both backends:
+bias stored under mlp.experts), Param2 (bf16 on both backends: Ling 2.0's names, tests/
+remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
 PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
 values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
@@ -130,6 +131,7 @@ REMOTE_CODE = {
     "deepseek_v1": rc.save_deepseek_v1,
     "sarvam_moe": rc.save_sarvam_moe,
     "sarvam_mla": rc.save_sarvam_mla,
+    "param2": rc.save_param2,
     "pangu_ultra": rc.save_pangu_ultra,
     "pangu_pro_v2": rc.save_pangu_pro_v2,
 }
@@ -236,6 +238,8 @@ CASES = {
     "pangu-ultra-bf16": ("pangu_ultra", "openpangu.PanguUltraMoEForCausalLM", None, {}),
     # openPangu Pro MoE V2: its GQA with learned sink keys and values
     "pangu-pro-v2-bf16": ("pangu_pro_v2", "openpangu.PanguProMoEV2ForCausalLM", None, {}),
+    # Param2: Ling 2.0's names, its router's bias centred on load
+    "param2-bf16": ("param2", "param2moe.Param2MoEForCausalLM", None, {}),
     # Laguna: its router's bias stored under mlp.experts (vLLM's MoERunner holds it)
     "laguna-bf16": ("laguna", "laguna.LagunaForCausalLM", None, {}),
     # Granite-MoE SWA: fused experts as transformers 5 names them, per-layer sliding windows
@@ -305,6 +309,8 @@ RUNS = [
     ("granite-swa-bf16", "cutlass", "bf16"),
     ("laguna-bf16", "trtllm", "bf16"),
     ("laguna-bf16", "cutlass", "bf16"),
+    ("param2-bf16", "trtllm", "bf16"),
+    ("param2-bf16", "cutlass", "bf16"),
     ("pangu-ultra-bf16", "trtllm", "bf16"),
     ("pangu-ultra-bf16", "cutlass", "bf16"),
     ("pangu-pro-v2-bf16", "trtllm", "bf16"),

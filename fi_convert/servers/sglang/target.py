@@ -198,6 +198,7 @@ NO_FLASHINFER_MODEL = {
         "fi-convert's SGLang plugin fills its MoE layers; convert with --server vllm, or serve "
         "the checkpoint as it is"
     ),
+    "Param2MoEForCausalLM": "SGLang {sglang} has no model class for Param2 (Param2MoEForCausalLM)",
     "PanguUltraMoEForCausalLM": (
         "SGLang {sglang} has no model class for openPangu-Ultra-MoE (PanguUltraMoEForCausalLM)"
     ),
