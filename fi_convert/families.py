@@ -79,23 +79,41 @@ class Family:
     # config.json fields that hold one value per decoder layer (Hunyuan-A13B's
     # moe_intermediate_size), read at the MoE layer's index
     layer_keys: tuple[str, ...] = ()
+    # a config.json field holding one map per decoder layer whose keys replace config.json's
+    # for that layer (Nemotron-H Puzzle's block_configs)
+    layer_configs: str = ""
 
     def config_value(self, config: dict, key: str, layer: str = "") -> int | None:
         """The first of the family's `config_keys[key]` config.json holds as an integer: a
         plain key in config.json or its text_config, a dotted one (`thinker_config.
         text_config.num_experts`) where it says; for the MoE layer `layer` of an expert set
         (`Form.sets`), the set's entry of a list; of a per-layer field (`layer_keys`), the
-        layer's entry (none without a layer)."""
+        layer's entry (none without a layer); the layer's own map (`layer_configs`) first."""
+        found = self.config_source(config, key, layer)
+        return found[1] if found else None
+
+    def config_source(self, config: dict, key: str, layer: str = "") -> tuple[str, int] | None:
+        """The config.json field `config_value` reads (`block_configs[3].n_routed_experts`
+        where the layer's own map gives it) and its value, or None."""
         k_set = self.set_index(layer)
         for k in self.config_keys.get(key, ()):
-            v = lookup(config, k)
+            name, v = self._layer_field(config, k, layer)
             if isinstance(v, list) and k in self.layer_keys:
                 v = _at(v, _layer_index(layer))
             elif isinstance(v, list) and k_set is not None and k_set < len(v):
                 v = v[k_set]
             if KINDS["integer"](v):
-                return int(v)  # type: ignore[call-overload]
+                return name, int(v)  # type: ignore[call-overload]
         return None
+
+    def _layer_field(self, config: dict, k: str, layer: str) -> tuple[str, object]:
+        """config.json's `k`, or the MoE layer's own map's (`layer_configs`), with its name."""
+        i = _layer_index(layer)
+        blocks = lookup(config, self.layer_configs) if self.layer_configs else None
+        block = _at(blocks, i) if isinstance(blocks, list) else None
+        if isinstance(block, dict) and k in block:
+            return f"{self.layer_configs}[{i}].{k}", block[k]
+        return k, lookup(config, k)
 
     def set_index(self, layer: str) -> int | None:
         """Which expert set (`Form.sets`) the MoE layer `layer` is, or None."""
@@ -168,6 +186,7 @@ def parse(d: dict, file: str = "") -> Family:
         _moe_facts(d),
         d,
         layer_keys=tuple(d.get("layer_keys", ())),
+        layer_configs=d.get("layer_configs", ""),
     )
 
 
@@ -457,7 +476,7 @@ def _check_names(d: dict) -> str | None:
         return f"{unknown[0]}: not a family field (fields: {', '.join(sorted(FILE_FIELDS))})"
     if not (isinstance(d.get("name"), str) and NAME_RE.fullmatch(d["name"])):
         return 'name: missing or not a lower-case name (e.g. "glm4-moe")'
-    for key in ("title", "description", "refuse"):
+    for key in ("title", "description", "refuse", "layer_configs"):
         if key in d and not isinstance(d[key], str):
             return f"{key}: not a string"
     for key in (
@@ -604,6 +623,6 @@ FILE_FIELDS = frozenset(
     {
         "name", "title", "description", "checkpoints", "model_types", "architectures",
         "markers", "config_keys", "manifest_keys", "clamp_keys", "forms", "routing",
-        "activation", "refuse", "released_config", "layer_keys",
+        "activation", "refuse", "released_config", "layer_keys", "layer_configs",
     }
 )  # fmt: skip

@@ -606,8 +606,10 @@ def save_deepseek_v1(root: Path, seed: int = 0) -> Path:
     )
 
 
-def _write(root: Path, shards: dict, config: dict, module_name: str, module: str) -> Path:
-    root.mkdir(parents=True)
+def _write(
+    root: Path, shards: dict, config: dict, module_name: str, module: str, exists: bool = False
+) -> Path:
+    root.mkdir(parents=True, exist_ok=exists)
     index: dict[str, str] = {}
     for name, tensors in shards.items():
         save_file(tensors, root / name, metadata={"format": "pt"})
@@ -618,3 +620,82 @@ def _write(root: Path, shards: dict, config: dict, module_name: str, module: str
     (root / "config.json").write_text(json.dumps(config, indent=2))
     (root / module_name).write_text(module)
     return root
+
+
+# Nemotron-H Puzzle (NemotronHPuzzleForCausalLM, model_type nemotron_h_puzzle): Nemotron-H whose
+# layers differ (a neural-architecture search's output): config.json's block_configs holds one
+# map per decoder layer whose keys replace the model's own for that layer (SGLang's own
+# NemotronHPuzzleConfig, configs/nemotron_h.py; vLLM's NemotronHMoE builds each layer from
+# `config.get_nemotron_h_config_for_layer(i)`, which the published config class provides): here
+# two MoE layers of other expert counts and sizes, written over transformers' Nemotron-H
+PUZZLE_BLOCKS = [
+    {"block_type": "mamba"},
+    {"block_type": "moe", "n_routed_experts": 4, "moe_intermediate_size": 128},
+    {"block_type": "moe", "n_routed_experts": 3, "moe_intermediate_size": 64},
+    {"block_type": "attention"},
+]
+PUZZLE_MODULE = '''"""Nemotron-H Puzzle's configuration class (fi-convert's tests): Nemotron-H's,
+with block_configs, one map per layer whose keys replace the model's for that layer."""
+
+import copy
+
+from transformers import NemotronHConfig
+
+
+class NemotronHPuzzleConfig(NemotronHConfig):
+    model_type = "nemotron_h_puzzle"
+
+    def __init__(self, block_configs=None, **kwargs):
+        super().__init__(**kwargs)
+        self.block_configs = block_configs
+
+    def get_nemotron_h_config_for_layer(self, layer_idx):
+        layer = copy.copy(self)
+        layer.__dict__.update(self.block_configs[layer_idx])
+        return layer
+'''
+
+
+def save_nemotron_h_puzzle(root: Path, seed: int = 0) -> Path:
+    """transformers' Nemotron-H (a Mamba, two MoE and an attention layer), its second MoE layer
+    rewritten to 3 experts of I 64, and config.json as a Puzzle's: model_type, architecture,
+    block_configs (PUZZLE_BLOCKS) and its config class as remote code."""
+    from safetensors.torch import load_file
+
+    from tests import hf_checkpoints as hf
+
+    hf.save("nemotron_h", root, seed, layers_block_type=[b["block_type"] for b in PUZZLE_BLOCKS])
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors |= load_file(root / shard)
+        (root / shard).unlink()
+    g = torch.Generator().manual_seed(seed + 1)
+    prefix = "backbone.layers.2.mixer."
+    block = PUZZLE_BLOCKS[2]
+    e, i = block["n_routed_experts"], block["moe_intermediate_size"]
+    tensors = {n: t for n, t in tensors.items() if not n.startswith(prefix + "experts.")}
+    h = tensors[prefix + "gate.weight"].shape[1]
+    bias = tensors[prefix + "gate.e_score_correction_bias"].dtype
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    tensors[prefix + "gate.weight"] = w(e, h)
+    tensors[prefix + "gate.e_score_correction_bias"] = w(e, dtype=bias)
+    for x in range(e):
+        tensors[f"{prefix}experts.{x}.up_proj.weight"] = w(i, h)
+        tensors[f"{prefix}experts.{x}.down_proj.weight"] = w(h, i)
+    first = {n: t for n, t in tensors.items() if not n.startswith(prefix)}
+    second = {n: t for n, t in tensors.items() if n.startswith(prefix)}
+    config = json.loads((root / "config.json").read_text())
+    config |= dict(
+        model_type="nemotron_h_puzzle",
+        architectures=["NemotronHPuzzleForCausalLM"],
+        auto_map={"AutoConfig": "configuration_nemotron_h_puzzle.NemotronHPuzzleConfig"},
+        block_configs=PUZZLE_BLOCKS,
+    )
+    (root / "model.safetensors.index.json").unlink()
+    (root / "config.json").unlink()
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    return _write(root, shards, config, "configuration_nemotron_h_puzzle.py", PUZZLE_MODULE, True)

@@ -565,3 +565,24 @@ def test_hunyuan_for_vllm_is_refused_at_plan_time_in_one_line(tmp_path):
     line = the_error(cli("convert", src, tmp_path / "out", "--server", "vllm"))
     assert "generic Transformers backend" in line and "--server sglang" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_a_puzzle_layers_own_size_is_checked_and_named(tmp_path):
+    """Nemotron-H Puzzle's block_configs gives each layer its own expert count and size
+    (families.Family.layer_configs): a layer's map that contradicts its tensors is one line
+    naming the layer's tensor and the size read (layer 1's agreeing)."""
+    from . import remote_code_checkpoints as rc
+
+    src = rc.save_nemotron_h_puzzle(tmp_path / "src")
+
+    def edit(cfg):
+        cfg["block_configs"][2]["moe_intermediate_size"] = 96
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("convert", model, tmp_path / "out"))
+    assert line == (
+        "error: backbone.layers.2.mixer.experts.0.down_proj.weight: shape [64, 64], expected "
+        "[64, 96] ([H, I] with E=3, H=64, I=96 from config.json); the checkpoint and "
+        "config.json disagree - download both again"
+    )
+    assert not (tmp_path / "out").exists()

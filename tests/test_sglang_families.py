@@ -378,3 +378,39 @@ def test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused(tmp_path):
     with pytest.raises(SchemeMismatchError, match="flashinfer_trtllm MoE runner takes no gelu_t"):
         _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
     assert read(_convert(src, tmp_path / "c", "bf16", "cutlass", 1))["layers"]
+
+
+def test_sglangs_puzzle_config_gives_each_moe_layer_the_sizes_fi_convert_reads(tmp_path):
+    """Nemotron-H Puzzle for SGLang: its model module cannot be imported on CPU (as
+    Nemotron-H's, whose MoE layers tests/test_sglang_non_gated.py proves), so what is shown here
+    is the config: SGLang's own NemotronHPuzzleConfig (configs/nemotron_h.py, the class its
+    config loader picks for model_type nemotron_h_puzzle, no remote code) gives each MoE layer
+    the expert count and size fi-convert reads from block_configs and finds in the tensors."""
+    from fi_convert.families import declared
+    from fi_convert.source import open_checkpoint
+    from tests import sglang_moe as sm
+
+    src = rc.save_nemotron_h_puzzle(tmp_path / "src")
+    config = open_checkpoint(src).config
+    (fam,) = declared(config)
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.configs.nemotron_h import NemotronHPuzzleConfig
+        from sglang.srt.utils.hf_transformers_utils import get_config
+
+        theirs = get_config(str(src), trust_remote_code=False)
+    assert type(theirs) is NemotronHPuzzleConfig
+    for layer in (1, 2):
+        at = theirs.get_nemotron_h_config_for_layer(layer)
+        prefix = f"backbone.layers.{layer}.mixer.experts"
+        ours = [fam.config_value(config, k, prefix) for k in ("num_experts", "intermediate_size")]
+        assert ours == [at.n_routed_experts, at.moe_intermediate_size]
+    assert (
+        theirs.get_nemotron_h_config_for_layer(2).n_routed_experts,
+        theirs.n_routed_experts,
+    ) == (
+        3,
+        4,
+    )
+    out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    layers = read(out)["layers"]
+    assert sorted(layers) == [f"backbone.layers.{i}.mixer.experts" for i in (1, 2)]

@@ -32,7 +32,9 @@ model's `hf_to_vllm_mapper`); its MLA layers get FlashInfer's MLA backend and pr
 (vLLM's first MLA prefill choice allocates a GPU workspace when built), their workspace on the
 CPU.
 
-Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2 (bf16,
+Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), Nemotron-H Puzzle (bf16
+on both backends: two MoE layers of other expert counts and sizes, read by vLLM from
+block_configs through the config class, tests/remote_code_checkpoints.py), MiniMax-M2 (bf16,
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
@@ -132,6 +134,7 @@ REMOTE_CODE = {
     "sarvam_moe": rc.save_sarvam_moe,
     "sarvam_mla": rc.save_sarvam_mla,
     "param2": rc.save_param2,
+    "nemotron_h_puzzle": rc.save_nemotron_h_puzzle,
     "pangu_ultra": rc.save_pangu_ultra,
     "pangu_pro_v2": rc.save_pangu_pro_v2,
 }
@@ -175,6 +178,9 @@ CASES = {
         "fp8-tensor",
         dict(hidden_size=128, moe_intermediate_size=200),
     ),
+    # Nemotron-H Puzzle: two MoE layers of other expert counts and sizes (block_configs), read
+    # by vLLM through its config class's get_nemotron_h_config_for_layer (remote code)
+    "nemotron-puzzle-bf16": ("nemotron_h_puzzle", "nemotron_h.NemotronHForCausalLM", None, {}),
     # flat experts [E*I, H], w2 turned (DbrxExperts' own weight loader splits them)
     "dbrx-bf16": ("dbrx", "dbrx.DbrxForCausalLM", None, {}),
     # fused experts stored turned (fc1 [E, H, 2I], fc2 [E, I, H]), beside a shared expert
@@ -276,6 +282,8 @@ RUNS = [
     ("nemotron-bf16", "cutlass", "bf16"),
     ("nemotron-fp8-tensor", "trtllm", "fp8-tensor"),
     ("nemotron-fp8-tensor", "cutlass", "fp8-tensor"),
+    ("nemotron-puzzle-bf16", "trtllm", "bf16"),
+    ("nemotron-puzzle-bf16", "cutlass", "bf16"),
     ("dbrx-bf16", "trtllm", "bf16"),
     ("dbrx-bf16", "cutlass", "bf16"),
     ("aria-bf16", "trtllm", "bf16"),
@@ -633,3 +641,28 @@ def test_an_fp8_mistral_format_source_is_refused_for_vllm_in_one_line(tmp_path):
             convert(src, tmp_path / "out", Options(SchemeName.FP8_TENSOR, Backend(backend), 2))
         assert "\n" not in str(e.value) and "Fp8MoEMethod" in str(e.value)
         assert not (tmp_path / "out").exists()
+
+
+def test_vllm_builds_each_puzzle_moe_layer_of_its_own_size(sources):
+    """Nemotron-H Puzzle's MoE layers as vLLM builds them (from block_configs, through the
+    config class's get_nemotron_h_config_for_layer): 4 experts of I 128, then 3 of I 64, the
+    sizes fi-convert reads for each layer (families.Family.layer_configs)."""
+    from fi_convert.families import all_families, declared
+    from fi_convert.source import open_checkpoint
+
+    case = "nemotron-puzzle-bf16"
+    src = sources(case)
+    with vllm_model(case, src, "cutlass", 1, 0) as (model, _):
+        experts = {n: m.routed_experts for n, m in _moe(model).items()}
+    assert {n: (e.w13_weight.shape[0], e.w2_weight.shape[2]) for n, e in experts.items()} == {
+        "model.layers.1.mixer.experts": (4, 128),  # (vLLM's modules for backbone.layers.L)
+        "model.layers.2.mixer.experts": (3, 64),
+    }
+    config = open_checkpoint(src).config
+    (fam,) = declared(config)
+    assert fam in all_families() and fam.name == "nemotron-h"
+    for layer, sizes in (("1", (4, 128)), ("2", (3, 64))):
+        prefix = f"backbone.layers.{layer}.mixer.experts"
+        got = (fam.config_value(config, "num_experts", prefix),)
+        got += (fam.config_value(config, "intermediate_size", prefix),)
+        assert got == sizes
