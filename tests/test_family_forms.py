@@ -557,14 +557,18 @@ def test_hunyuan_per_layer_size_of_the_wrong_kind_is_one_line(tmp_path):
     assert 'moe_intermediate_size is [96, "96"], not an integer or list of integers' in line
 
 
-def test_hunyuan_for_vllm_is_refused_at_plan_time_in_one_line(tmp_path):
-    """vLLM 0.33 serves HunYuanMoEV1ForCausalLM through its generic Transformers backend
-    (its registry's ("transformers", "TransformersMoEForCausalLM")), whose load of an output is
-    not proven: no vLLM output is written; SGLang's is (tests/test_sglang_families.py)."""
+def test_hunyuan_for_vllm_on_trtllm_is_refused_at_plan_time_in_one_line(tmp_path):
+    """vLLM 0.33 serves HunYuanMoEV1ForCausalLM through its generic Transformers backend,
+    whose router for it is the model's own function (Custom routing): its monolithic TRT-LLM
+    BF16 kernels take none, so a vLLM output on TRT-LLM is refused in one line, and CUTLASS's
+    is written (tests/test_vllm_families.py proves it)."""
     src = hf.save("hunyuan_v1_moe", tmp_path / "src")
     line = the_error(cli("convert", src, tmp_path / "out", "--server", "vllm"))
-    assert "generic Transformers backend" in line and "--server sglang" in line
+    assert "generic Transformers backend" in line and "use --backend cutlass" in line
     assert not (tmp_path / "out").exists()
+    args = ("--server", "vllm", "--backend", "cutlass", "--device", "cpu")
+    res = cli("convert", src, tmp_path / "cutlass", *args)
+    assert res.exit_code == 0, res.stdout + res.stderr
 
 
 def test_a_puzzle_layers_own_size_is_checked_and_named(tmp_path):

@@ -52,8 +52,9 @@ layer's dense MLP, and its router's own function, Custom routing), A.X K1
 every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
 registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
 writes them, sliding windows and attention sinks), Laguna (bf16 on both backends: its router's
-bias stored under mlp.experts), Param2 (bf16 on both backends: Ling 2.0's names, tests/
-remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
+bias stored under mlp.experts), Hunyuan-A13B (bf16 on CUTLASS: the registry's
+TransformersMoEForCausalLM, routing with the model's own function), Param2 (bf16 on both
+backends: Ling 2.0's names, tests/remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
 PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
 values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
@@ -248,6 +249,14 @@ CASES = {
     "param2-bf16": ("param2", "param2moe.Param2MoEForCausalLM", None, {}),
     # Laguna: its router's bias stored under mlp.experts (vLLM's MoERunner holds it)
     "laguna-bf16": ("laguna", "laguna.LagunaForCausalLM", None, {}),
+    # Hunyuan-A13B: vLLM's generic Transformers backend (its registry's class for it), the
+    # model's own router function (Custom routing): CUTLASS only; its per-layer config lists
+    "hunyuan-bf16": (
+        "hunyuan_v1_moe",
+        "vllm.model_executor.models.transformers.TransformersMoEForCausalLM",
+        None,
+        {},
+    ),
     # Granite-MoE SWA: fused experts as transformers 5 names them, per-layer sliding windows
     # and attention sinks (vLLM's registry: granitemoeshared.GraniteMoeSharedForCausalLM)
     "granite-swa-bf16": (
@@ -315,6 +324,7 @@ RUNS = [
     ("sarvam-mla-bf16", "cutlass", "bf16"),
     ("granite-swa-bf16", "trtllm", "bf16"),
     ("granite-swa-bf16", "cutlass", "bf16"),
+    ("hunyuan-bf16", "cutlass", "bf16"),
     ("laguna-bf16", "trtllm", "bf16"),
     ("laguna-bf16", "cutlass", "bf16"),
     ("param2-bf16", "trtllm", "bf16"),
@@ -666,3 +676,20 @@ def test_vllm_builds_each_puzzle_moe_layer_of_its_own_size(sources):
         got = (fam.config_value(config, "num_experts", prefix),)
         got += (fam.config_value(config, "intermediate_size", prefix),)
         assert got == sizes
+
+
+def test_vllms_transformers_backend_routes_hunyuan_with_the_models_own_function(sources):
+    """Why Hunyuan-A13B runs on CUTLASS only for vLLM (servers/vllm/target.py,
+    TRANSFORMERS_BACKEND): vLLM 0.33's Transformers backend leaves HunYuanMoEV1Moe's forward
+    to transformers and routes with its router through a custom routing function, which
+    CustomRoutingRouter reports as Custom routing."""
+    from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
+    from vllm.model_executor.layers.fused_moe.router.custom_routing_router import (
+        CustomRoutingRouter,
+    )
+
+    case = "hunyuan-bf16"
+    with vllm_model(case, sources(case), "cutlass", 1, 0) as (model, _):
+        routers = [m.router for m in _moe(model).values()]
+    assert len(routers) == 2 and all(isinstance(r, CustomRoutingRouter) for r in routers)
+    assert {r.routing_method_type for r in routers} == {RoutingMethodType.Custom}

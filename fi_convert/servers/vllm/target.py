@@ -54,16 +54,13 @@ SOURCES_NOT_YET: dict[tuple[str, str | None], str] = {
         "output"
     ),
 }
-# Architectures of a family that vLLM 0.33 serves through a model class whose load of an
-# fi-convert output is not proven, and why: fi-convert writes no vLLM output of them
-NOT_PROVEN_MODEL = {
-    "HunYuanMoEV1ForCausalLM": (
-        "vLLM 0.33 has no model class of its own for Hunyuan-A13B (HunYuanMoEV1ForCausalLM): "
-        "its registry serves it through the generic Transformers backend "
-        "(models/transformers, TransformersMoEForCausalLM), whose load of an fi-convert output "
-        "is not proven; convert with --server sglang, or serve the checkpoint as it is"
-    ),
-}
+# Architectures of a family that vLLM 0.33 serves through its generic Transformers backend
+# (registry: ("transformers", "TransformersMoEForCausalLM")), whose MoE layer routes with the
+# model's own router function where its MoEBlockFuser does not take the block over
+# (models/transformers/moe.py: custom_routing_function, so CustomRoutingRouter says Custom
+# routing), whatever the family's router computes: vLLM runs them on the kernels that take
+# Custom routing (tests/test_vllm_families.py, Hunyuan-A13B)
+TRANSFORMERS_BACKEND = {"HunYuanMoEV1ForCausalLM": "Hunyuan-A13B"}
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
     ("cutlass", "fp8-block"): "sm90",
@@ -105,7 +102,15 @@ class VllmTarget:
         architectures: Sequence[str] = (),
     ) -> str | None:
         # (each scheme's source formats: unservable() refuses the plugin's gaps)
-        return next((NOT_PROVEN_MODEL[a] for a in architectures if a in NOT_PROVEN_MODEL), None)
+        arch = next((a for a in architectures if a in TRANSFORMERS_BACKEND), None)
+        why = arch and routing_facts.refuses_moe(scheme, backend, "Custom", "silu", None)
+        if not (arch and why):
+            return None
+        return (
+            f"vLLM 0.33 serves {TRANSFORMERS_BACKEND[arch]} ({arch}) through its generic "
+            "Transformers backend (TransformersMoEForCausalLM), which routes its experts with "
+            f"the model's own router function: {why}"
+        )
 
     def refuses_moe(
         self, scheme: str, backend: str, routing: str, activation: str, swiglu_limit: float | None
