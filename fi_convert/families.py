@@ -54,6 +54,10 @@ class Form:
     params: dict[str, str] = field(default_factory=dict)
 
 
+# the decoder layer a MoE module's prefix names (`model.layers.3.mlp.experts`: 3)
+LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -72,20 +76,44 @@ class Family:
     moe: MoeFacts = field(default_factory=lambda: MoeFacts())  # routing, activation, refusal
     source: dict = field(default_factory=dict, compare=False, repr=False)  # the file's JSON
     own: bool = False  # a user's family file (`--family`), not one of fi-convert's
+    # config.json fields that hold one value per decoder layer (Hunyuan-A13B's
+    # moe_intermediate_size), read at the MoE layer's index
+    layer_keys: tuple[str, ...] = ()
+    # a config.json field holding one map per decoder layer whose keys replace config.json's
+    # for that layer (Nemotron-H Puzzle's block_configs)
+    layer_configs: str = ""
 
     def config_value(self, config: dict, key: str, layer: str = "") -> int | None:
         """The first of the family's `config_keys[key]` config.json holds as an integer: a
         plain key in config.json or its text_config, a dotted one (`thinker_config.
         text_config.num_experts`) where it says; for the MoE layer `layer` of an expert set
-        (`Form.sets`), the set's entry of a list."""
+        (`Form.sets`), the set's entry of a list; of a per-layer field (`layer_keys`), the
+        layer's entry (none without a layer); the layer's own map (`layer_configs`) first."""
+        found = self.config_source(config, key, layer)
+        return found[1] if found else None
+
+    def config_source(self, config: dict, key: str, layer: str = "") -> tuple[str, int] | None:
+        """The config.json field `config_value` reads (`block_configs[3].n_routed_experts`
+        where the layer's own map gives it) and its value, or None."""
         k_set = self.set_index(layer)
         for k in self.config_keys.get(key, ()):
-            v = lookup(config, k)
-            if isinstance(v, list) and k_set is not None and k_set < len(v):
+            name, v = self._layer_field(config, k, layer)
+            if isinstance(v, list) and k in self.layer_keys:
+                v = _at(v, _layer_index(layer))
+            elif isinstance(v, list) and k_set is not None and k_set < len(v):
                 v = v[k_set]
             if KINDS["integer"](v):
-                return int(v)  # type: ignore[call-overload]
+                return name, int(v)  # type: ignore[call-overload]
         return None
+
+    def _layer_field(self, config: dict, k: str, layer: str) -> tuple[str, object]:
+        """config.json's `k`, or the MoE layer's own map's (`layer_configs`), with its name."""
+        i = _layer_index(layer)
+        blocks = lookup(config, self.layer_configs) if self.layer_configs else None
+        block = _at(blocks, i) if isinstance(blocks, list) else None
+        if isinstance(block, dict) and k in block:
+            return f"{self.layer_configs}[{i}].{k}", block[k]
+        return k, lookup(config, k)
 
     def set_index(self, layer: str) -> int | None:
         """Which expert set (`Form.sets`) the MoE layer `layer` is, or None."""
@@ -100,6 +128,7 @@ class Family:
         ones are checked where they sit (`config_problem`)."""
         size = "integer or list of integers" if any(f.sets for f in self.forms) else "integer"
         fields = {k: size for keys in self.config_keys.values() for k in keys}
+        fields |= {k: "integer or list of integers" for k in self.layer_keys}
         fields |= {k: "number" for k in (*self.manifest_keys, *self.clamp_keys)}
         return fields | self.moe.config_fields()
 
@@ -110,6 +139,15 @@ class Family:
             if KINDS["number"](v):
                 return float(v)  # type: ignore[arg-type]
         return None
+
+
+def _layer_index(layer: str) -> int | None:
+    m = LAYER_INDEX.search(layer)
+    return int(m.group(1)) if m else None
+
+
+def _at(values: list, k: int | None) -> object:
+    return values[k] if k is not None and k < len(values) else None
 
 
 def _load(path: Path) -> Family:
@@ -147,6 +185,8 @@ def parse(d: dict, file: str = "") -> Family:
         file,
         _moe_facts(d),
         d,
+        layer_keys=tuple(d.get("layer_keys", ())),
+        layer_configs=d.get("layer_configs", ""),
     )
 
 
@@ -436,10 +476,17 @@ def _check_names(d: dict) -> str | None:
         return f"{unknown[0]}: not a family field (fields: {', '.join(sorted(FILE_FIELDS))})"
     if not (isinstance(d.get("name"), str) and NAME_RE.fullmatch(d["name"])):
         return 'name: missing or not a lower-case name (e.g. "glm4-moe")'
-    for key in ("title", "description", "refuse"):
+    for key in ("title", "description", "refuse", "layer_configs"):
         if key in d and not isinstance(d[key], str):
             return f"{key}: not a string"
-    for key in ("model_types", "architectures", "manifest_keys", "clamp_keys", "checkpoints"):
+    for key in (
+        "model_types",
+        "architectures",
+        "manifest_keys",
+        "clamp_keys",
+        "checkpoints",
+        "layer_keys",
+    ):
         if key in d and not _strings(d[key]):
             return f"{key}: not a list of strings"
     if not (d.get("model_types") or d.get("architectures")):
@@ -576,6 +623,6 @@ FILE_FIELDS = frozenset(
     {
         "name", "title", "description", "checkpoints", "model_types", "architectures",
         "markers", "config_keys", "manifest_keys", "clamp_keys", "forms", "routing",
-        "activation", "refuse", "released_config",
+        "activation", "refuse", "released_config", "layer_keys", "layer_configs",
     }
 )  # fmt: skip

@@ -26,7 +26,6 @@ from .families import (
     architectures,
     config_problem,
     declared,
-    lookup,
     model_type,
     wrong_kind,
 )
@@ -494,19 +493,14 @@ def _check_sizes(ckpt: Checkpoint, fam: Family, layers: list[ExpertLayer]) -> No
             ("hidden_size", layer.hidden_size),
             ("intermediate_size", layer.intermediate_size),
         ):
-            said = fam.config_value(ckpt.config, key, layer.prefix)
-            if said is not None and said != got:
-                field = next(k for k in fam.config_keys[key] if _said(lookup(ckpt.config, k), said))
+            found = fam.config_source(ckpt.config, key, layer.prefix)
+            if found is not None and found[1] != got:
+                field, said = found
                 raise SourceError(
                     f"{_first_name(layer)}: {key.replace('_', ' ')} {got} in the shards but "
                     f"{ckpt.config_name} says {field} = {said}; the checkpoint and its config "
                     "disagree (or the family file reads the wrong field)"
                 )
-
-
-def _said(value: object, said: int) -> bool:
-    """config.json's `value` gives `said` (itself, or an expert set's entry of a list)."""
-    return value == said or (isinstance(value, list) and said in value)
 
 
 def _first_name(layer: ExpertLayer) -> str:

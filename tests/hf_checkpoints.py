@@ -218,6 +218,27 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             qk_norm=True,
         ),
     ),
+    "hunyuan_v1_moe": (  # Hunyuan-A13B: softmax top-k renormalized, a shared MLP
+        "HunYuanMoEV1Config",
+        "HunYuanMoEV1ForCausalLM",
+        dict(intermediate_size=96, num_experts=4, moe_topk=2),
+    ),
+    "granitemoe_swa": (  # Granite-MoE SWA: fused experts as transformers 5 names them, sinks
+        "GraniteMoeSWAConfig",
+        "GraniteMoeSWAForCausalLM",
+        dict(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "laguna": (  # Laguna: sigmoid + bias routing (the bias under mlp.experts), a shared expert
+        "LagunaConfig",
+        "LagunaForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=96,
+            shared_expert_intermediate_size=96,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ),
     "lfm2_moe": (  # LFM2-MoE: feed_forward.experts.E.w{1,2,3}, conv and attention layers
         "Lfm2MoeConfig",
         "Lfm2MoeForCausalLM",
@@ -600,5 +621,21 @@ def _nemotron_h_pattern(cfg: dict) -> dict:
     return cfg | {"hybrid_override_pattern": "".join(letters[k] for k in kinds)}
 
 
+def _hunyuan_per_layer(cfg: dict) -> dict:
+    """Hunyuan-A13B's config.json as tencent/Hunyuan-A13B-Instruct publishes it (its remote
+    code's config class): the experts' size, top-k and shared-expert count one per decoder
+    layer (SGLang's HunYuanSparseMoeBlock reads moe_intermediate_size, where transformers' model
+    sizes its experts by intermediate_size), its shared MLP and QK norms switched on by flags
+    transformers' class does not write, and the head size also as attention_head_dim."""
+    layers = cfg["num_hidden_layers"]
+    per_layer = dict(
+        moe_intermediate_size=[cfg["intermediate_size"]] * layers,
+        moe_topk=[cfg["moe_topk"]] * layers,
+        num_shared_expert=[1] * layers,
+    )
+    flags = dict(use_mixed_mlp_moe=True, use_qk_norm=True, use_cla=False)
+    return cfg | per_layer | flags | {"attention_head_dim": cfg["head_dim"]}
+
+
 # config.json as the released checkpoints write it, where transformers writes it otherwise
-RELEASED_CONFIG = {"nemotron_h": _nemotron_h_pattern}
+RELEASED_CONFIG = {"nemotron_h": _nemotron_h_pattern, "hunyuan_v1_moe": _hunyuan_per_layer}

@@ -13,6 +13,12 @@ Ling v1 (inclusionAI/Ling-lite-1.5, BailingMoeForCausalLM, model_type bailing_mo
 names without the q/k norms, every layer MoE (first_k_dense_replace 0) with two shared experts,
 softmax routing renormalized (norm_topk_prob), no expert bias, no groups.
 
+Sarvam-30B (sarvamai/sarvam-30b, SarvamMoEForCausalLM, model_type sarvam_moe) and Param2
+(Param2MoEForCausalLM, model_type param2moe): Ling 2.0's names, one routing group.
+
+Sarvam-105B (sarvamai/sarvam-105b, SarvamMLAForCausalLM, model_type sarvam_mla): DeepSeek's
+MLA names (q_proj, kv_a_proj_with_mqa, kv_b_proj), the router's e_score_correction_bias.
+
 DeepSeek-MoE v1 (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM): Llama's attention
 (q/k/v/o_proj), layer 0 a dense MLP, layer 1 MoE with its router (`mlp.gate.weight`), shared
 experts and per-expert gate/up/down_proj; softmax routing without renormalization as released.
@@ -87,8 +93,56 @@ class {cls}(PretrainedConfig):
 
 def save_ling2(root: Path, seed: int = 0) -> Path:
     """A tiny Ling 2.0 checkpoint in two shards (layer 1's experts in the second)."""
+    return _save_bailing_v2(root, seed, LING2_CONFIG, "BailingMoeV2Config")
+
+
+# Sarvam-30B (sarvamai/sarvam-30b, SarvamMoEForCausalLM): Ling 2.0's names and keys (both
+# servers' SarvamMoEForCausalLM is their BailingMoE model class), routing as its config.json
+# publishes it: sigmoid scores, an expert bias, one group (n_group 1, topk_group 1)
+SARVAM_MOE_CONFIG = LING2_CONFIG | dict(
+    model_type="sarvam_moe",
+    architectures=["SarvamMoEForCausalLM"],
+    auto_map={"AutoConfig": "configuration_sarvam_moe.SarvamMoEConfig"},
+    n_group=1,
+    topk_group=1,
+    rope_theta=8000000,
+)
+SARVAM_MOE_CONFIG.pop("partial_rotary_factor")  # (not in the published config.json)
+
+
+# Param2 (bharatgenai/Param2-17B-A2.4B-Thinking, Param2MoEForCausalLM, model_type param2moe):
+# Ling 2.0's names (vLLM's Param2MoEModel maps word_embeddings, attention.query_key_value,
+# attention.dense, mlp.gate.expert_bias), its config.json's routing: sigmoid scores with an
+# expert bias (vLLM centres it on load), one group, two shared experts
+PARAM2_CONFIG = LING2_CONFIG | dict(
+    model_type="param2moe",
+    architectures=["Param2MoEForCausalLM"],
+    auto_map={"AutoConfig": "configuration_param2moe.Param2MoEConfig"},
+    num_shared_experts=2,
+    moe_shared_expert_intermediate_size=256,
+    n_group=1,
+    topk_group=1,
+    partial_rotary_factor=1.0,
+    rope_scaling=None,
+)
+
+
+def save_param2(root: Path, seed: int = 0) -> Path:
+    """A tiny Param2 checkpoint in two shards (layer 1's experts in the second)."""
+    # (its shared experts' size: moe_shared_expert_intermediate_size, already times the count)
+    shared = PARAM2_CONFIG["moe_shared_expert_intermediate_size"]
+    return _save_bailing_v2(root, seed, PARAM2_CONFIG, "Param2MoEConfig", shared)
+
+
+def save_sarvam_moe(root: Path, seed: int = 0) -> Path:
+    """A tiny Sarvam-30B checkpoint in two shards (layer 1's experts in the second)."""
+    return _save_bailing_v2(root, seed, SARVAM_MOE_CONFIG, "SarvamMoEConfig")
+
+
+def _save_bailing_v2(root: Path, seed: int, c: dict, cls: str, shared: int = 0) -> Path:
+    """Ling 2.0's layout (layer 0 dense, layer 1 MoE) under config `c`, its config module's
+    class `cls`, its shared experts' MLP of size `shared` (else moe_intermediate_size)."""
     g = torch.Generator().manual_seed(seed)
-    c = LING2_CONFIG
     h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
     d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
 
@@ -107,10 +161,10 @@ def save_ling2(root: Path, seed: int = 0) -> Path:
             p + "attention.query_layernorm.weight": w(d),
             p + "attention.key_layernorm.weight": w(d),
         }
-        mlps = [p + "mlp."] if layer == 0 else [p + "mlp.shared_experts."]
-        mlps += [f"{p}mlp.experts.{x}." for x in range(e)] if layer else []
-        size = c["intermediate_size"] if layer == 0 else i
-        for m in mlps:
+        sizes = [(p + "mlp.", c["intermediate_size"])] if layer == 0 else []
+        sizes += [(p + "mlp.shared_experts.", shared or i)] if layer else []
+        sizes += [(f"{p}mlp.experts.{x}.", i) for x in range(e)] if layer else []
+        for m, size in sizes:
             shard |= {
                 m + "gate_proj.weight": w(size, h),
                 m + "up_proj.weight": w(size, h),
@@ -120,8 +174,9 @@ def save_ling2(root: Path, seed: int = 0) -> Path:
             shard[p + "mlp.gate.weight"] = w(e, h)
             shard[p + "mlp.gate.expert_bias"] = w(e, dtype=torch.float32)
     shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
-    module = CONFIG_MODULE.format(cls="BailingMoeV2Config", model_type="bailing_moe_v2")
-    return _write(root, shards, c, "configuration_bailing_moe_v2.py", module)
+    module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"])
+    file = c["auto_map"]["AutoConfig"].split(".")[0] + ".py"
+    return _write(root, shards, c, file, module)
 
 
 LING1_CONFIG = dict(
@@ -215,6 +270,273 @@ def modules_cache(path: Path) -> Iterator[None]:
         yield
 
 
+# Sarvam-105B (sarvamai/sarvam-105b, SarvamMLAForCausalLM, model_type sarvam_mla): DeepSeek's
+# names (MLA attention without a q LoRA, layer 0 dense, a shared expert, the router's
+# e_score_correction_bias), its config.json's keys: sigmoid scores with an expert bias, no
+# n_group/topk_group (vLLM's model sets one group, SGLang's none), its yarn rotary embedding;
+# the published head sizes (vLLM has MLA prefill kernels for these only), a small kv LoRA
+SARVAM_MLA_CONFIG = dict(
+    model_type="sarvam_mla",
+    architectures=["SarvamMLAForCausalLM"],
+    auto_map={"AutoConfig": "configuration_sarvam_moe.SarvamMLAConfig"},
+    pad_token_id=0,
+    eos_token_id=1,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_experts=4,
+    num_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    moe_router_enable_expert_bias=True,
+    routed_scaling_factor=2.5,
+    kv_lora_rank=16,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    q_head_dim=192,
+    head_dim=576,
+    rope_theta=10000.0,
+    rope_parameters=dict(
+        rope_type="deepseek_yarn",
+        rope_theta=10000.0,
+        factor=40,
+        beta_fast=32,
+        beta_slow=1,
+        mscale=1.0,
+        mscale_all_dim=1.0,
+        original_max_position_embeddings=4096,
+    ),
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    embedding_dropout=0.0,
+    output_dropout=0.0,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_sarvam_mla(root: Path, seed: int = 0) -> Path:
+    """A tiny Sarvam-105B checkpoint in two shards (layer 1's experts in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    c = SARVAM_MLA_CONFIG
+    h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
+    nq, kv, rope = c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+    nope, vd = c["qk_nope_head_dim"], c["v_head_dim"]
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p = f"model.layers.{layer}."
+        a = p + "self_attn."
+        shard |= {
+            p + "input_layernorm.weight": w(h),
+            p + "post_attention_layernorm.weight": w(h),
+            a + "q_proj.weight": w(nq * (nope + rope), h),
+            a + "kv_a_proj_with_mqa.weight": w(kv + rope, h),
+            a + "kv_a_layernorm.weight": w(kv),
+            a + "kv_b_proj.weight": w(nq * (nope + vd), kv),
+            a + "o_proj.weight": w(h, nq * vd),
+        }
+        mlps = [p + "mlp."] if layer == 0 else [p + "mlp.shared_experts."]
+        mlps += [f"{p}mlp.experts.{x}." for x in range(e)] if layer else []
+        size = c["intermediate_size"] if layer == 0 else i
+        for m in mlps:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        if layer:
+            shard[p + "mlp.gate.weight"] = w(e, h)
+            shard[p + "mlp.gate.e_score_correction_bias"] = w(e, dtype=torch.float32)
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    module = CONFIG_MODULE.format(cls="SarvamMLAConfig", model_type="sarvam_mla")
+    return _write(root, shards, c, "configuration_sarvam_moe.py", module)
+
+
+# openPangu-Ultra-MoE-718B (FreedomIntelligence/openPangu-Ultra-MoE-718B-V1.1,
+# PanguUltraMoEForCausalLM): DeepSeek's names (MLA with a q LoRA, layer 0 dense, a shared expert,
+# the router's mlp.e_score_correction_bias), its depth-scaled sandwich norm (pre_mlp_layernorm and
+# post_mlp_layernorm in every layer); sigmoid scores with an expert bias in one group (vLLM's
+# OpenPanguMoE fixes both); the published head sizes, small LoRA ranks
+PANGU_ULTRA_CONFIG = dict(
+    model_type="pangu_ultra_moe",
+    architectures=["PanguUltraMoEForCausalLM"],
+    auto_map={"AutoConfig": "configuration_openpangu_moe.PanguUltraMoEConfig"},
+    pad_token_id=0,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    router_enable_expert_bias=True,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    sandwich_norm=True,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    rope_theta=25600000,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+# openPangu Pro MoE V2 (openpangu/openPangu-R-72B-2512, PanguProMoEV2ForCausalLM, the same vLLM
+# model class as Ultra's): config.json as published (model_type PanguProMoE, num_experts,
+# shared_expert_intermediate_size, mlp_only_layers, its sink attention's keys), read by vLLM
+# through the published config class, which names them as vLLM's OpenPanguMoE asks
+# (PANGU_PRO_V2_NAMES: our config module's stand-in for it); its attention as vLLM's
+# OpenPanguSinkAttention reads it: GQA with a fused q/k/v of qk_nope_dim + qk_rope_dim heads and
+# v_channels values, a k norm, and param_sink_number learned sink keys and values per layer
+PANGU_PRO_V2_CONFIG = dict(
+    model_type="PanguProMoE",
+    architectures=["PanguProMoEV2ForCausalLM"],
+    auto_map={"AutoConfig": "configuration_pangu_moe.PanguProMoEConfig"},
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=256,
+    mlp_only_layers=[0],
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts=4,
+    num_experts_per_tok=2,
+    router_enable_expert_bias=True,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    sandwich_norm=True,
+    qk_nope_dim=32,
+    qk_rope_dim=16,
+    v_channels=32,
+    param_sink_number=4,
+    param_sink_with_value=True,
+    rope_theta=25600000,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+PANGU_PRO_V2_NAMES = """
+    @property
+    def n_routed_experts(self):
+        return self.num_experts
+
+    @property
+    def n_shared_experts(self):
+        return self.shared_expert_intermediate_size // self.moe_intermediate_size
+
+    @property
+    def first_k_dense_replace(self):
+        return len(self.mlp_only_layers)
+"""
+
+
+def save_pangu_ultra(root: Path, seed: int = 0) -> Path:
+    """A tiny openPangu-Ultra-MoE checkpoint in two shards (layer 1's experts in the second)."""
+    return _save_pangu(root, seed, PANGU_ULTRA_CONFIG, _mla)
+
+
+def save_pangu_pro_v2(root: Path, seed: int = 0) -> Path:
+    """A tiny openPangu Pro MoE V2 checkpoint in two shards (layer 1's experts in the second)."""
+    return _save_pangu(root, seed, PANGU_PRO_V2_CONFIG, _sink_attention, PANGU_PRO_V2_NAMES)
+
+
+def _mla(c: dict, w) -> dict[str, torch.Tensor]:
+    """MLA with a q LoRA: DeepSeek-V3's attention names, under self_attn."""
+    h, nq, kv, rope = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["kv_lora_rank"],
+        c["qk_rope_head_dim"],
+    )
+    nope, vd, ql = c["qk_nope_head_dim"], c["v_head_dim"], c["q_lora_rank"]
+    return {
+        "q_a_proj.weight": w(ql, h),
+        "q_a_layernorm.weight": w(ql),
+        "q_b_proj.weight": w(nq * (nope + rope), ql),
+        "kv_a_proj_with_mqa.weight": w(kv + rope, h),
+        "kv_a_layernorm.weight": w(kv),
+        "kv_b_proj.weight": w(nq * (nope + vd), kv),
+        "o_proj.weight": w(h, nq * vd),
+    }
+
+
+def _sink_attention(c: dict, w) -> dict[str, torch.Tensor]:
+    """openPangu's GQA with learned sink keys and values, under self_attn: q, k and v fused in
+    one qkv_proj (vLLM 0.33's own load maps separate q/k/v_proj to its MergedColumnParallelLinear
+    with shard ids it refuses: "This line should not be reached")."""
+    h, nq, nkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d, vd, sinks = c["qk_nope_dim"] + c["qk_rope_dim"], c["v_channels"], c["param_sink_number"]
+    return {
+        "qkv_proj.weight": w(nq * d + nkv * d + nkv * vd, h),
+        "o_proj.weight": w(h, nq * vd),
+        "k_layernorm.weight": w(d),
+        "param_sink_key": w(sinks, nkv, d),
+        "param_sink_value": w(sinks, nkv, vd),
+    }
+
+
+def _save_pangu(root: Path, seed: int, c: dict, attention, names: str = "") -> Path:
+    """openPangu's MoE layout (layer 0 dense, layer 1 MoE) under config `c`, each layer's
+    attention tensors from `attention`, `names` appended to its config class."""
+    g = torch.Generator().manual_seed(seed)
+    e = c.get("n_routed_experts") or c["num_experts"]
+    h, i, v = c["hidden_size"], c["moe_intermediate_size"], c["vocab_size"]
+    shared = c.get("shared_expert_intermediate_size") or i * c["n_shared_experts"]
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p = f"model.layers.{layer}."
+        a = p + "self_attn."
+        norms = ("input", "post_attention", "pre_mlp", "post_mlp")
+        shard |= {f"{p}{n}_layernorm.weight": w(h) for n in norms}
+        shard |= {a + name: t for name, t in attention(c, w).items()}
+        sizes = [(p + "mlp.", c["intermediate_size"])] if layer == 0 else []
+        sizes += [(p + "mlp.shared_experts.", shared)] if layer else []
+        sizes += [(f"{p}mlp.experts.{x}.", i) for x in range(e)] if layer else []
+        for m, size in sizes:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        if layer:
+            shard[p + "mlp.gate.weight"] = w(e, h)
+            # (the name vLLM's load reads: it maps `e_score_correction_bias` to the gate's)
+            shard[p + "mlp.e_score_correction_bias"] = w(e, dtype=torch.float32)
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    file, cls = c["auto_map"]["AutoConfig"].split(".")
+    module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"]) + names
+    return _write(root, shards, c, file + ".py", module)
+
+
 DEEPSEEK_V1_CONFIG = dict(
     model_type="deepseek",
     architectures=["DeepseekForCausalLM"],
@@ -284,8 +606,10 @@ def save_deepseek_v1(root: Path, seed: int = 0) -> Path:
     )
 
 
-def _write(root: Path, shards: dict, config: dict, module_name: str, module: str) -> Path:
-    root.mkdir(parents=True)
+def _write(
+    root: Path, shards: dict, config: dict, module_name: str, module: str, exists: bool = False
+) -> Path:
+    root.mkdir(parents=True, exist_ok=exists)
     index: dict[str, str] = {}
     for name, tensors in shards.items():
         save_file(tensors, root / name, metadata={"format": "pt"})
@@ -296,3 +620,82 @@ def _write(root: Path, shards: dict, config: dict, module_name: str, module: str
     (root / "config.json").write_text(json.dumps(config, indent=2))
     (root / module_name).write_text(module)
     return root
+
+
+# Nemotron-H Puzzle (NemotronHPuzzleForCausalLM, model_type nemotron_h_puzzle): Nemotron-H whose
+# layers differ (a neural-architecture search's output): config.json's block_configs holds one
+# map per decoder layer whose keys replace the model's own for that layer (SGLang's own
+# NemotronHPuzzleConfig, configs/nemotron_h.py; vLLM's NemotronHMoE builds each layer from
+# `config.get_nemotron_h_config_for_layer(i)`, which the published config class provides): here
+# two MoE layers of other expert counts and sizes, written over transformers' Nemotron-H
+PUZZLE_BLOCKS = [
+    {"block_type": "mamba"},
+    {"block_type": "moe", "n_routed_experts": 4, "moe_intermediate_size": 128},
+    {"block_type": "moe", "n_routed_experts": 3, "moe_intermediate_size": 64},
+    {"block_type": "attention"},
+]
+PUZZLE_MODULE = '''"""Nemotron-H Puzzle's configuration class (fi-convert's tests): Nemotron-H's,
+with block_configs, one map per layer whose keys replace the model's for that layer."""
+
+import copy
+
+from transformers import NemotronHConfig
+
+
+class NemotronHPuzzleConfig(NemotronHConfig):
+    model_type = "nemotron_h_puzzle"
+
+    def __init__(self, block_configs=None, **kwargs):
+        super().__init__(**kwargs)
+        self.block_configs = block_configs
+
+    def get_nemotron_h_config_for_layer(self, layer_idx):
+        layer = copy.copy(self)
+        layer.__dict__.update(self.block_configs[layer_idx])
+        return layer
+'''
+
+
+def save_nemotron_h_puzzle(root: Path, seed: int = 0) -> Path:
+    """transformers' Nemotron-H (a Mamba, two MoE and an attention layer), its second MoE layer
+    rewritten to 3 experts of I 64, and config.json as a Puzzle's: model_type, architecture,
+    block_configs (PUZZLE_BLOCKS) and its config class as remote code."""
+    from safetensors.torch import load_file
+
+    from tests import hf_checkpoints as hf
+
+    hf.save("nemotron_h", root, seed, layers_block_type=[b["block_type"] for b in PUZZLE_BLOCKS])
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors |= load_file(root / shard)
+        (root / shard).unlink()
+    g = torch.Generator().manual_seed(seed + 1)
+    prefix = "backbone.layers.2.mixer."
+    block = PUZZLE_BLOCKS[2]
+    e, i = block["n_routed_experts"], block["moe_intermediate_size"]
+    tensors = {n: t for n, t in tensors.items() if not n.startswith(prefix + "experts.")}
+    h = tensors[prefix + "gate.weight"].shape[1]
+    bias = tensors[prefix + "gate.e_score_correction_bias"].dtype
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    tensors[prefix + "gate.weight"] = w(e, h)
+    tensors[prefix + "gate.e_score_correction_bias"] = w(e, dtype=bias)
+    for x in range(e):
+        tensors[f"{prefix}experts.{x}.up_proj.weight"] = w(i, h)
+        tensors[f"{prefix}experts.{x}.down_proj.weight"] = w(h, i)
+    first = {n: t for n, t in tensors.items() if not n.startswith(prefix)}
+    second = {n: t for n, t in tensors.items() if n.startswith(prefix)}
+    config = json.loads((root / "config.json").read_text())
+    config |= dict(
+        model_type="nemotron_h_puzzle",
+        architectures=["NemotronHPuzzleForCausalLM"],
+        auto_map={"AutoConfig": "configuration_nemotron_h_puzzle.NemotronHPuzzleConfig"},
+        block_configs=PUZZLE_BLOCKS,
+    )
+    (root / "model.safetensors.index.json").unlink()
+    (root / "config.json").unlink()
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    return _write(root, shards, config, "configuration_nemotron_h_puzzle.py", PUZZLE_MODULE, True)

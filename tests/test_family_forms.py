@@ -521,3 +521,72 @@ def test_consolidated_shards_named_otherwise_are_refused_naming_a_tensor(tmp_pat
     assert line.startswith("error: layers.1.mlp.experts.0.gate_proj.weight: ")
     assert "is Mistral Large 3's, whose experts are named" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_hunyuan_reads_its_experts_size_from_the_layers_entry(tmp_path):
+    """Hunyuan-A13B's config.json gives moe_intermediate_size per decoder layer (a list, as
+    published): each MoE layer's size is the entry of its own layer, so a list that gives
+    layer 1 another size than its tensors (layer 0's agreeing) is one line naming layer 1's
+    tensor."""
+    src = hf.save("hunyuan_v1_moe", tmp_path / "src")
+    inspected = cli("inspect", src, "--server", "sglang")
+    assert inspected.exit_code == 0, inspected.output
+    assert "Hunyuan-A13B" in inspected.output
+
+    def edit(cfg):
+        cfg["moe_intermediate_size"] = [96, 64]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("convert", model, tmp_path / "out", "--server", "sglang"))
+    assert line == (
+        "error: model.layers.1.mlp.experts.0.down_proj.weight: shape [64, 96], expected "
+        "[64, 64] ([H, I] with E=4, H=64, I=64 from config.json); the checkpoint and "
+        "config.json disagree - download both again"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_hunyuan_per_layer_size_of_the_wrong_kind_is_one_line(tmp_path):
+    src = hf.save("hunyuan_v1_moe", tmp_path / "src")
+
+    def edit(cfg):
+        cfg["moe_intermediate_size"] = [96, "96"]
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("inspect", model, "--server", "sglang"))
+    assert 'moe_intermediate_size is [96, "96"], not an integer or list of integers' in line
+
+
+def test_hunyuan_for_vllm_on_trtllm_is_refused_at_plan_time_in_one_line(tmp_path):
+    """vLLM 0.33 serves HunYuanMoEV1ForCausalLM through its generic Transformers backend,
+    whose router for it is the model's own function (Custom routing): its monolithic TRT-LLM
+    BF16 kernels take none, so a vLLM output on TRT-LLM is refused in one line, and CUTLASS's
+    is written (tests/test_vllm_families.py proves it)."""
+    src = hf.save("hunyuan_v1_moe", tmp_path / "src")
+    line = the_error(cli("convert", src, tmp_path / "out", "--server", "vllm"))
+    assert "generic Transformers backend" in line and "use --backend cutlass" in line
+    assert not (tmp_path / "out").exists()
+    args = ("--server", "vllm", "--backend", "cutlass", "--device", "cpu")
+    res = cli("convert", src, tmp_path / "cutlass", *args)
+    assert res.exit_code == 0, res.stdout + res.stderr
+
+
+def test_a_puzzle_layers_own_size_is_checked_and_named(tmp_path):
+    """Nemotron-H Puzzle's block_configs gives each layer its own expert count and size
+    (families.Family.layer_configs): a layer's map that contradicts its tensors is one line
+    naming the layer's tensor and the size read (layer 1's agreeing)."""
+    from . import remote_code_checkpoints as rc
+
+    src = rc.save_nemotron_h_puzzle(tmp_path / "src")
+
+    def edit(cfg):
+        cfg["block_configs"][2]["moe_intermediate_size"] = 96
+
+    model = _edit_config(src, tmp_path / "model", edit)
+    line = the_error(cli("convert", model, tmp_path / "out"))
+    assert line == (
+        "error: backbone.layers.2.mixer.experts.0.down_proj.weight: shape [64, 64], expected "
+        "[64, 96] ([H, I] with E=3, H=64, I=96 from config.json); the checkpoint and "
+        "config.json disagree - download both again"
+    )
+    assert not (tmp_path / "out").exists()

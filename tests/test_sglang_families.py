@@ -18,11 +18,19 @@ lm_head tied to the embedding after its loading loop), Cohere2-MoE, Qwen3-Omni-M
 experts converted, its talker's MoE tensors carried as they are), GLM-4.5V
 (Glm4vMoeForConditionalGeneration, the whole multimodal model transformers writes: its language
 model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` in its module
-`model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM) and Ling v1
-(BailingMoeForCausalLM; both test_ling_equals_sglangs_default_load) in BF16; Gemma 4
+`model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1
+(BailingMoeForCausalLM), Sarvam-30B (SarvamMoEForCausalLM) and Sarvam-105B
+(SarvamMLAForCausalLM; the four test_ling_equals_sglangs_default_load) in BF16; Gemma 4
 (Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
 module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
-experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused).
+experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
+(HunYuanMoEV1ForCausalLM: transformers' model, its config.json's per-layer
+moe_intermediate_size, moe_topk and num_shared_expert as tencent/Hunyuan-A13B-Instruct
+publishes them) in BF16 on both backends (its published FP8 release's format was not checked
+here; SGLang declares no routing method for it, so ModelOpt FP8 on TRT-LLM is refused);
+Granite-MoE SWA (GraniteMoeSWAForCausalLM: transformers' model, its fused
+block_sparse_moe.experts.gate_up_proj / down_proj, sliding windows and attention sinks) in BF16
+on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -42,7 +50,9 @@ Not proven here, and why:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -103,6 +113,8 @@ CASES = {
     "omni-bf16": ("qwen3_omni_moe", None, {}),
     "glm4v-bf16": ("glm4v_moe", None, {}),
     "gemma4-bf16": ("gemma4", None, {}),
+    "hunyuan-bf16": ("hunyuan_v1_moe", None, {}),
+    "granite-swa-bf16": ("granitemoe_swa", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -122,6 +134,8 @@ MOE = {
     "qwen3_omni_moe": [f"thinker.model.layers.{i}.mlp.experts" for i in (0, 1)],
     "glm4v_moe": ["model.language_model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.experts" for i in (0, 1)],
+    "hunyuan_v1_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -158,6 +172,12 @@ RUNS = [
     ("glm4v-bf16", "cutlass", "bf16"),
     # Gemma 4's gelu_tanh experts: SGLang's TRT-LLM BF16 runner takes silu and relu2 only
     ("gemma4-bf16", "cutlass", "bf16"),
+    # Hunyuan-A13B: its per-layer moe_intermediate_size as published; I 96, padded per rank
+    ("hunyuan-bf16", "trtllm", "bf16"),
+    ("hunyuan-bf16", "cutlass", "bf16"),
+    # Granite-MoE SWA: transformers 5's fused gate_up_proj / down_proj; I 96, padded per rank
+    ("granite-swa-bf16", "trtllm", "bf16"),
+    ("granite-swa-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -259,14 +279,24 @@ def test_an_output_for_sglang_is_refused_at_plan_time(no_fused_moe, kind, tmp_pa
     assert read(tmp_path / "vllm")["layers"]
 
 
-LING = {"ling2": rc.save_ling2, "ling1": rc.save_ling1}
+# SGLang's module of the yarn rotary embedding Sarvam-105B builds
+ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
+LING = {
+    "ling2": rc.save_ling2,
+    "ling1": rc.save_ling1,
+    "sarvam_moe": rc.save_sarvam_moe,
+    "sarvam_mla": rc.save_sarvam_mla,
+}
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("kind", sorted(LING))
 def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
-    """Ling 2.0 (BailingMoeV2ForCausalLM) and Ling v1 (BailingMoeForCausalLM) in BF16 on
-    TRT-LLM, their config classes remote code as published (tests/remote_code_checkpoints.py:
+    """Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1 (BailingMoeForCausalLM), Sarvam-30B
+    (SarvamMoEForCausalLM, SGLang's BailingMoE model under Sarvam's name) and Sarvam-105B
+    (SarvamMLAForCausalLM: MLA attention, its published yarn rotary embedding, whose SGLang
+    class asks the platform for its device when built: "cpu" here) in BF16 on TRT-LLM, their
+    config classes remote code as published (tests/remote_code_checkpoints.py:
     --trust-remote-code for both loads)."""
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
@@ -278,7 +308,10 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
     layers = [f"model.layers.{i}.mlp.experts" for i in ((0, 1) if kind == "ling1" else (1,))]
     with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
         for rank in range(tp):
-            with sm.sglang_context("trtllm", tp, rank):
+            with (
+                sm.sglang_context("trtllm", tp, rank),
+                mock.patch(f"{ROPE}.get_device", lambda: "cpu"),  # (imported in the context)
+            ):
                 ours = _model(None, out, "fi-convert", "trtllm", trust_remote_code=True)
                 theirs = _model(None, src, "auto", "trtllm", trust_remote_code=True)
             moe = _moe(theirs)
@@ -302,6 +335,32 @@ def test_sglangs_longcat_flash_model_is_not_built_here(tmp_path):
         _model(None, src, "auto", "cutlass")
 
 
+def test_sglangs_laguna_load_asks_every_expert_tensor_itself(tmp_path):
+    """Why Laguna has no case above: SGLang 0.5.23's LagunaForCausalLM.load_weights counts the
+    routed experts' w1/w2/w3 tensors it is handed and fails when any is missing, so a load that
+    fills its MoE layers otherwise (the plugin's, from an output's stacked tensors) is refused
+    by SGLang's own model; fi-convert writes no SGLang output of Laguna, in one line."""
+    from safetensors.torch import load_file
+
+    from fi_convert.errors import SchemeMismatchError
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("laguna", tmp_path / "src")
+    with sm.sglang_context("trtllm", 1, 0):
+        model = _model(None, src, "auto", "trtllm")  # SGLang's default load of the source
+    assert sorted(_moe(model)) == ["model.layers.1.mlp.experts"]
+    tensors = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        tensors |= load_file(shard)
+    others = [(n, t) for n, t in tensors.items() if not re.search(r"\.experts\.\d+\.", n)]
+    with pytest.raises(RuntimeError, match="12 routed-expert tensors were not loaded"):
+        model.load_weights(others)
+    with pytest.raises(SchemeMismatchError, match="counts the routed experts"):
+        _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    assert not (tmp_path / "out").exists()
+
+
 def test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused(tmp_path):
     """Why Gemma 4 has no TRT-LLM case above: SGLang 0.5.23's FlashInfer TRT-LLM BF16 runner
     asserts silu or relu2 experts (moe_runner/flashinfer_trtllm.py), and Gemma 4's are gelu:
@@ -319,3 +378,39 @@ def test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused(tmp_path):
     with pytest.raises(SchemeMismatchError, match="flashinfer_trtllm MoE runner takes no gelu_t"):
         _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
     assert read(_convert(src, tmp_path / "c", "bf16", "cutlass", 1))["layers"]
+
+
+def test_sglangs_puzzle_config_gives_each_moe_layer_the_sizes_fi_convert_reads(tmp_path):
+    """Nemotron-H Puzzle for SGLang: its model module cannot be imported on CPU (as
+    Nemotron-H's, whose MoE layers tests/test_sglang_non_gated.py proves), so what is shown here
+    is the config: SGLang's own NemotronHPuzzleConfig (configs/nemotron_h.py, the class its
+    config loader picks for model_type nemotron_h_puzzle, no remote code) gives each MoE layer
+    the expert count and size fi-convert reads from block_configs and finds in the tensors."""
+    from fi_convert.families import declared
+    from fi_convert.source import open_checkpoint
+    from tests import sglang_moe as sm
+
+    src = rc.save_nemotron_h_puzzle(tmp_path / "src")
+    config = open_checkpoint(src).config
+    (fam,) = declared(config)
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.configs.nemotron_h import NemotronHPuzzleConfig
+        from sglang.srt.utils.hf_transformers_utils import get_config
+
+        theirs = get_config(str(src), trust_remote_code=False)
+    assert type(theirs) is NemotronHPuzzleConfig
+    for layer in (1, 2):
+        at = theirs.get_nemotron_h_config_for_layer(layer)
+        prefix = f"backbone.layers.{layer}.mixer.experts"
+        ours = [fam.config_value(config, k, prefix) for k in ("num_experts", "intermediate_size")]
+        assert ours == [at.n_routed_experts, at.moe_intermediate_size]
+    assert (
+        theirs.get_nemotron_h_config_for_layer(2).n_routed_experts,
+        theirs.n_routed_experts,
+    ) == (
+        3,
+        4,
+    )
+    out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    layers = read(out)["layers"]
+    assert sorted(layers) == [f"backbone.layers.{i}.mixer.experts" for i in (1, 2)]

@@ -32,21 +32,33 @@ model's `hf_to_vllm_mapper`); its MLA layers get FlashInfer's MLA backend and pr
 (vLLM's first MLA prefill choice allocates a GPU workspace when built), their workspace on the
 CPU.
 
-Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), MiniMax-M2 (bf16,
+Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), Nemotron-H Puzzle (bf16
+on both backends: two MoE layers of other expert counts and sizes, read by vLLM from
+block_configs through the config class, tests/remote_code_checkpoints.py), MiniMax-M2 (bf16,
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
-Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0, Ling v1 and DeepSeek-MoE v1 (bf16;
-the last three with the names and a config module of tests/remote_code_checkpoints.py, their
-published config classes being remote code), LongCat-Flash (bf16 on CUTLASS: its
+Arcee Trinity (AFMoE), HY v3, LFM2-MoE, Cohere2-MoE, Ling 2.0, Ling v1, DeepSeek-MoE v1,
+Sarvam-30B and Sarvam-105B (bf16, the Sarvams on both backends, Sarvam-105B's MLA on FlashInfer's
+MLA backend; the last five with the names and a config module of tests/
+remote_code_checkpoints.py, their published config classes being remote code),
+LongCat-Flash (bf16 on CUTLASS: its
 ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed experts alone,
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
 does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemma 4
 (Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
 layer's dense MLP, and its router's own function, Custom routing), A.X K1
 (AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
-every layer, tests/hf_checkpoints.py) and Mistral Large 3 (bf16, in Mistral's own format; its
-output also served from vLLM's engine arguments, through the plugin's config parser).
+every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
+registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
+writes them, sliding windows and attention sinks), Laguna (bf16 on both backends: its router's
+bias stored under mlp.experts), Hunyuan-A13B (bf16 on CUTLASS: the registry's
+TransformersMoEForCausalLM, routing with the model's own function), Param2 (bf16 on both
+backends: Ling 2.0's names, tests/remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
+PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
+values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
+Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
+through the plugin's config parser).
 
 Not proven here, and why:
 - Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
@@ -120,6 +132,12 @@ REMOTE_CODE = {
     "ling2": rc.save_ling2,
     "ling1": rc.save_ling1,
     "deepseek_v1": rc.save_deepseek_v1,
+    "sarvam_moe": rc.save_sarvam_moe,
+    "sarvam_mla": rc.save_sarvam_mla,
+    "param2": rc.save_param2,
+    "nemotron_h_puzzle": rc.save_nemotron_h_puzzle,
+    "pangu_ultra": rc.save_pangu_ultra,
+    "pangu_pro_v2": rc.save_pangu_pro_v2,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -161,6 +179,9 @@ CASES = {
         "fp8-tensor",
         dict(hidden_size=128, moe_intermediate_size=200),
     ),
+    # Nemotron-H Puzzle: two MoE layers of other expert counts and sizes (block_configs), read
+    # by vLLM through its config class's get_nemotron_h_config_for_layer (remote code)
+    "nemotron-puzzle-bf16": ("nemotron_h_puzzle", "nemotron_h.NemotronHForCausalLM", None, {}),
     # flat experts [E*I, H], w2 turned (DbrxExperts' own weight loader splits them)
     "dbrx-bf16": ("dbrx", "dbrx.DbrxForCausalLM", None, {}),
     # fused experts stored turned (fc1 [E, H, 2I], fc2 [E, I, H]), beside a shared expert
@@ -216,6 +237,34 @@ CASES = {
     "ling2-bf16": ("ling2", "bailing_moe.BailingMoeV2ForCausalLM", None, {}),
     "deepseek-v1-bf16": ("deepseek_v1", "deepseek_v2.DeepseekForCausalLM", None, {}),
     "ling1-bf16": ("ling1", "bailing_moe.BailingMoeForCausalLM", None, {}),
+    # Sarvam-30B: Ling 2.0's names, one group (sarvam.SarvamMoEForCausalLM: BailingMoe's)
+    "sarvam-moe-bf16": ("sarvam_moe", "sarvam.SarvamMoEForCausalLM", None, {}),
+    # Sarvam-105B: MLA attention (FlashInfer's MLA backend), its router's bias centred on load
+    "sarvam-mla-bf16": ("sarvam_mla", "sarvam.SarvamMLAForCausalLM", None, {}),
+    # openPangu-Ultra-MoE: MLA with a q LoRA (FlashInfer's MLA backend), sandwich norms
+    "pangu-ultra-bf16": ("pangu_ultra", "openpangu.PanguUltraMoEForCausalLM", None, {}),
+    # openPangu Pro MoE V2: its GQA with learned sink keys and values
+    "pangu-pro-v2-bf16": ("pangu_pro_v2", "openpangu.PanguProMoEV2ForCausalLM", None, {}),
+    # Param2: Ling 2.0's names, its router's bias centred on load
+    "param2-bf16": ("param2", "param2moe.Param2MoEForCausalLM", None, {}),
+    # Laguna: its router's bias stored under mlp.experts (vLLM's MoERunner holds it)
+    "laguna-bf16": ("laguna", "laguna.LagunaForCausalLM", None, {}),
+    # Hunyuan-A13B: vLLM's generic Transformers backend (its registry's class for it), the
+    # model's own router function (Custom routing): CUTLASS only; its per-layer config lists
+    "hunyuan-bf16": (
+        "hunyuan_v1_moe",
+        "vllm.model_executor.models.transformers.TransformersMoEForCausalLM",
+        None,
+        {},
+    ),
+    # Granite-MoE SWA: fused experts as transformers 5 names them, per-layer sliding windows
+    # and attention sinks (vLLM's registry: granitemoeshared.GraniteMoeSharedForCausalLM)
+    "granite-swa-bf16": (
+        "granitemoe_swa",
+        "granitemoeshared.GraniteMoeSharedForCausalLM",
+        None,
+        {},
+    ),
     # LongCat-Flash: zero-computation experts routed beside the real ones (ZeroExpertRouter)
     "longcat-bf16": ("longcat_flash", "longcat_flash.LongcatFlashForCausalLM", None, {}),
     # Mistral Large 3 in Mistral's own format (params.json, consolidated shards, Mistral's
@@ -242,6 +291,8 @@ RUNS = [
     ("nemotron-bf16", "cutlass", "bf16"),
     ("nemotron-fp8-tensor", "trtllm", "fp8-tensor"),
     ("nemotron-fp8-tensor", "cutlass", "fp8-tensor"),
+    ("nemotron-puzzle-bf16", "trtllm", "bf16"),
+    ("nemotron-puzzle-bf16", "cutlass", "bf16"),
     ("dbrx-bf16", "trtllm", "bf16"),
     ("dbrx-bf16", "cutlass", "bf16"),
     ("aria-bf16", "trtllm", "bf16"),
@@ -267,6 +318,21 @@ RUNS = [
     ("deepseek-v1-bf16", "cutlass", "bf16"),
     ("ling1-bf16", "trtllm", "bf16"),
     ("ling1-bf16", "cutlass", "bf16"),
+    ("sarvam-moe-bf16", "trtllm", "bf16"),
+    ("sarvam-moe-bf16", "cutlass", "bf16"),
+    ("sarvam-mla-bf16", "trtllm", "bf16"),
+    ("sarvam-mla-bf16", "cutlass", "bf16"),
+    ("granite-swa-bf16", "trtllm", "bf16"),
+    ("granite-swa-bf16", "cutlass", "bf16"),
+    ("hunyuan-bf16", "cutlass", "bf16"),
+    ("laguna-bf16", "trtllm", "bf16"),
+    ("laguna-bf16", "cutlass", "bf16"),
+    ("param2-bf16", "trtllm", "bf16"),
+    ("param2-bf16", "cutlass", "bf16"),
+    ("pangu-ultra-bf16", "trtllm", "bf16"),
+    ("pangu-ultra-bf16", "cutlass", "bf16"),
+    ("pangu-pro-v2-bf16", "trtllm", "bf16"),
+    ("pangu-pro-v2-bf16", "cutlass", "bf16"),
     # LongCat-Flash's ZeroExpertRouter (Unspecified routing): BF16 on CUTLASS only
     ("longcat-bf16", "cutlass", "bf16"),
     # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends
@@ -585,3 +651,45 @@ def test_an_fp8_mistral_format_source_is_refused_for_vllm_in_one_line(tmp_path):
             convert(src, tmp_path / "out", Options(SchemeName.FP8_TENSOR, Backend(backend), 2))
         assert "\n" not in str(e.value) and "Fp8MoEMethod" in str(e.value)
         assert not (tmp_path / "out").exists()
+
+
+def test_vllm_builds_each_puzzle_moe_layer_of_its_own_size(sources):
+    """Nemotron-H Puzzle's MoE layers as vLLM builds them (from block_configs, through the
+    config class's get_nemotron_h_config_for_layer): 4 experts of I 128, then 3 of I 64, the
+    sizes fi-convert reads for each layer (families.Family.layer_configs)."""
+    from fi_convert.families import all_families, declared
+    from fi_convert.source import open_checkpoint
+
+    case = "nemotron-puzzle-bf16"
+    src = sources(case)
+    with vllm_model(case, src, "cutlass", 1, 0) as (model, _):
+        experts = {n: m.routed_experts for n, m in _moe(model).items()}
+    assert {n: (e.w13_weight.shape[0], e.w2_weight.shape[2]) for n, e in experts.items()} == {
+        "model.layers.1.mixer.experts": (4, 128),  # (vLLM's modules for backbone.layers.L)
+        "model.layers.2.mixer.experts": (3, 64),
+    }
+    config = open_checkpoint(src).config
+    (fam,) = declared(config)
+    assert fam in all_families() and fam.name == "nemotron-h"
+    for layer, sizes in (("1", (4, 128)), ("2", (3, 64))):
+        prefix = f"backbone.layers.{layer}.mixer.experts"
+        got = (fam.config_value(config, "num_experts", prefix),)
+        got += (fam.config_value(config, "intermediate_size", prefix),)
+        assert got == sizes
+
+
+def test_vllms_transformers_backend_routes_hunyuan_with_the_models_own_function(sources):
+    """Why Hunyuan-A13B runs on CUTLASS only for vLLM (servers/vllm/target.py,
+    TRANSFORMERS_BACKEND): vLLM 0.33's Transformers backend leaves HunYuanMoEV1Moe's forward
+    to transformers and routes with its router through a custom routing function, which
+    CustomRoutingRouter reports as Custom routing."""
+    from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
+    from vllm.model_executor.layers.fused_moe.router.custom_routing_router import (
+        CustomRoutingRouter,
+    )
+
+    case = "hunyuan-bf16"
+    with vllm_model(case, sources(case), "cutlass", 1, 0) as (model, _):
+        routers = [m.router for m in _moe(model).values()]
+    assert len(routers) == 2 and all(isinstance(r, CustomRoutingRouter) for r in routers)
+    assert {r.routing_method_type for r in routers} == {RoutingMethodType.Custom}

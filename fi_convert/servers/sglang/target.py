@@ -121,7 +121,7 @@ SOURCES_REFUSED = {
 # SGLang's model classes that declare no routing method to their FusedMoE (no
 # `routing_method_type=` in models/mixtral.py, glm4_moe_lite.py, minimax_m2.py, ernie4.py,
 # ernie45_moe_vl.py, hunyuan_v3.py, olmoe.py, phimoe.py, lfm2_moe.py, afmoe.py, deepseek.py,
-# longcat_flash.py), so ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
+# longcat_flash.py, hunyuan.py), so ModelOptFp8MoEMethod runs Triton on flashinfer_trtllm (it runs
 # FlashInfer TRT-LLM only for a declared one: Qwen3-MoE's Renormalize, DeepSeek's and GLM-4.5's
 # DeepSeekV3, ...). Keyed by architecture, as SGLang picks its model class by config.json's
 # `architectures` (models/registry.py), not by `model_type` (LongCat-Flash's published
@@ -139,6 +139,7 @@ _UNDECLARED = {
     "AfmoeForCausalLM": "AFMoE",
     "DeepseekForCausalLM": "DeepSeek-MoE",
     "LongcatFlashForCausalLM": "LongCat-Flash",
+    "HunYuanMoEV1ForCausalLM": "Hunyuan-A13B",  # models/hunyuan.py
 }
 NO_ROUTING_METHOD = {
     arch: (
@@ -177,8 +178,9 @@ NON_GATED_WHY = (
 )
 
 # Architectures whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
-# (or that SGLang has no model class for), and why: fi-convert writes no SGLang output of them
-# (the plugin would refuse it at load, finding no MoE layer)
+# (or that SGLang has no model class for, or whose model refuses the plugin's load), and why:
+# fi-convert writes no SGLang output of them (the plugin would refuse it at load, finding no
+# MoE layer, or SGLang's model would)
 NO_FLASHINFER_MODEL = {
     "DbrxForCausalLM": (
         "SGLang {sglang}'s DBRX (models/dbrx.py, DbrxExperts) holds its experts in parameters "
@@ -190,6 +192,19 @@ NO_FLASHINFER_MODEL = {
     ),
     "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
     "AXK1ForCausalLM": "SGLang {sglang} has no model class for A.X K1 (AXK1ForCausalLM)",
+    "LagunaForCausalLM": (
+        "SGLang {sglang}'s Laguna model (models/laguna.py, load_weights) counts the routed "
+        "experts' w1/w2/w3 tensors it is handed and refuses a load without them, which is how "
+        "fi-convert's SGLang plugin fills its MoE layers; convert with --server vllm, or serve "
+        "the checkpoint as it is"
+    ),
+    "Param2MoEForCausalLM": "SGLang {sglang} has no model class for Param2 (Param2MoEForCausalLM)",
+    "PanguUltraMoEForCausalLM": (
+        "SGLang {sglang} has no model class for openPangu-Ultra-MoE (PanguUltraMoEForCausalLM)"
+    ),
+    "PanguProMoEV2ForCausalLM": (
+        "SGLang {sglang} has no model class for openPangu Pro MoE V2 (PanguProMoEV2ForCausalLM)"
+    ),
     "Step3TextForCausalLM": (
         "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM; its "
         "models/step3_vl.py serves Step3VLForConditionalGeneration alone)"

@@ -54,6 +54,13 @@ SOURCES_NOT_YET: dict[tuple[str, str | None], str] = {
         "output"
     ),
 }
+# Architectures of a family that vLLM 0.33 serves through its generic Transformers backend
+# (registry: ("transformers", "TransformersMoEForCausalLM")), whose MoE layer routes with the
+# model's own router function where its MoEBlockFuser does not take the block over
+# (models/transformers/moe.py: custom_routing_function, so CustomRoutingRouter says Custom
+# routing), whatever the family's router computes: vLLM runs them on the kernels that take
+# Custom routing (tests/test_vllm_families.py, Hunyuan-A13B)
+TRANSFORMERS_BACKEND = {"HunYuanMoEV1ForCausalLM": "Hunyuan-A13B"}
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
     ("cutlass", "fp8-block"): "sm90",
@@ -94,7 +101,16 @@ class VllmTarget:
         quant_method: str | None,
         architectures: Sequence[str] = (),
     ) -> str | None:
-        return None  # each scheme's source formats: unservable() refuses the plugin's gaps
+        # (each scheme's source formats: unservable() refuses the plugin's gaps)
+        arch = next((a for a in architectures if a in TRANSFORMERS_BACKEND), None)
+        why = arch and routing_facts.refuses_moe(scheme, backend, "Custom", "silu", None)
+        if not (arch and why):
+            return None
+        return (
+            f"vLLM 0.33 serves {TRANSFORMERS_BACKEND[arch]} ({arch}) through its generic "
+            "Transformers backend (TransformersMoEForCausalLM), which routes its experts with "
+            f"the model's own router function: {why}"
+        )
 
     def refuses_moe(
         self, scheme: str, backend: str, routing: str, activation: str, swiglu_limit: float | None
