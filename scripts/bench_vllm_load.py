@@ -365,9 +365,8 @@ def best_limit(spans: list, dev: str) -> tuple[int, int, list[dict]]:
     return best["threads"], best["chunk"], tried
 
 
-def plugin_sweep(src: Path, out: Path, prefixes: list[str], dev: str, cold: bool) -> list:
-    """The plugin's read at several thread counts and host-memory budgets (warm), and cold
-    with and without its read-ahead advice."""
+def plugin_sweep(src: Path, out: Path, prefixes: list[str], dev: str) -> list:
+    """The plugin's read at several thread counts and host-memory budgets (warm)."""
     from fi_convert import bulk_read
 
     tried = []
@@ -378,14 +377,62 @@ def plugin_sweep(src: Path, out: Path, prefixes: list[str], dev: str, cold: bool
                 s = min(plugin_path(src, out, prefixes, dev)["read_s"] for _ in range(2))
             tried.append({"threads": threads, "host_memory": budget, "read_s": s})
             print(f"plugin sweep: {threads} threads, {budget}: {s * 1e3:.0f} ms", flush=True)
-    for advise in ("1", "0") if cold else ():
-        for _ in range(2):
-            drop_caches()
-            with _env({bulk_read.ADVISE_ENV: advise}):
-                s = plugin_path(src, out, prefixes, dev)["read_s"]
-            tried.append({"cold": True, "advise": advise, "read_s": s})
-            print(f"plugin sweep: cold, advise={advise}: {s * 1e3:.0f} ms", flush=True)
     return tried
+
+
+def bulk_path(spans: list, dev: str) -> dict:
+    """The plugin's read mechanism alone: one BulkRead of the limit's very byte ranges into one
+    preallocated buffer (as the limit's), its pinned block allocated ahead (as the plugin's in a
+    server), no model."""
+    from fi_convert.bulk_read import BulkRead
+
+    total = sum(s for *_, s in spans)
+    dst = torch.zeros(total, dtype=torch.uint8, device=dev)
+    ahead = host_buffers().allocate() if dev == "cuda" else None
+    fds = {p: os.open(p, os.O_RDONLY) for p in {s[0] for s in spans}}
+    bulk, pos = BulkRead(dev, buffers=ahead), 0
+    for path, off, size in spans:
+        bulk.add(Path(path), fds[path], off, dst[pos : pos + size])
+        pos += size
+    t0 = time.perf_counter()
+    stats = bulk.run()
+    _sync(dev)
+    seconds = time.perf_counter() - t0
+    for fd in fds.values():
+        os.close(fd)
+    if ahead is not None:
+        ahead.free(background=False)
+    return {"read_s": seconds, "bytes": total, "threads": stats.threads, "chunk": stats.chunk}
+
+
+def read_gap(case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int) -> dict:
+    """Where the plugin's time over the limit goes (warm, `n` runs of each, alternating): the
+    limit; the plugin's read mechanism on the limit's byte ranges into one buffer
+    (`bulk_path`); the plugin's whole load. The first two equal: the gap is in how the load
+    drives the read (its ranges, destinations, pieces); the last two: in the mechanism."""
+    model, spans = _case_spans(case, out)
+    runs: dict[str, list[float]] = {"limit": [], "bulk": [], "plugin": []}
+    for k in range(n):
+        for side in list(runs)[k % 3 :] + list(runs)[: k % 3]:
+            if side == "limit":
+                runs[side].append(limit_path(spans, dev, *limit)["read_s"])
+            elif side == "bulk":
+                runs[side].append(bulk_path(spans, dev)["read_s"])
+            elif model is not None:
+                runs[side].append(
+                    plugin_model_path(src, out, case["prefixes"], dev, model)["read_s"]
+                )
+            else:
+                runs[side].append(plugin_path(src, out, case["prefixes"], dev)["read_s"])
+            gc.collect()
+    medians = {side: statistics.median(t) for side, t in runs.items()}
+    print(
+        f"read gap, {case['name']}: "
+        + ", ".join(f"{side} {t * 1e3:.0f} ms" for side, t in medians.items())
+        + f" (medians of {n})",
+        flush=True,
+    )
+    return {"case": case["name"], "medians_s": medians, "runs_s": runs}
 
 
 @contextlib.contextmanager
@@ -422,19 +469,23 @@ def med(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def _case_spans(case: dict, out: Path) -> tuple[dict | None, list]:
+    """A whole-model case's rank (its non-expert tensors and where its model holds them), and
+    the byte ranges the limit reads for the case."""
+    if not case.get("model"):
+        return None, _ranges(out, case["prefixes"], False)
+    with OutputReader(out) as rd:
+        infos = bm.non_expert_infos(out, rd.is_expert_tensor)
+    places = bm.places(infos, case["tp"], case["rank"])
+    model = {"tp": case["tp"], "rank": case["rank"], "infos": infos, "places": places}
+    return model, _model_spans(out, case["prefixes"], model)
+
+
 def measure(
     case: dict, src: Path, out: Path, dev: str, limit: tuple, cold: bool, r: int, more: int = 0
 ) -> dict:
     prefixes = case["prefixes"]
-    model = None
-    if case.get("model"):  # the rank's non-expert tensors and where its model holds them
-        with OutputReader(out) as rd:
-            infos = bm.non_expert_infos(out, rd.is_expert_tensor)
-        places = bm.places(infos, case["tp"], case["rank"])
-        model = {"tp": case["tp"], "rank": case["rank"], "infos": infos, "places": places}
-        spans = _model_spans(out, prefixes, model)
-    else:
-        spans = _ranges(out, prefixes, False)
+    model, spans = _case_spans(case, out)
     runs: dict[str, list[dict]] = {"vllm": [], "plugin": [], "limit": []}
     order = ["vllm", "plugin", "limit"]
     for k in range(r):
@@ -607,6 +658,14 @@ def main() -> None:
         "alternating, so that their medians are of repeat + more runs",
     )
     ap.add_argument(
+        "--gap",
+        type=int,
+        default=0,
+        help="also, warm, this many runs each of the limit, the plugin's read mechanism on the "
+        "limit's byte ranges, and the plugin's load (read_gap: where the plugin's time over "
+        "the limit goes)",
+    )
+    ap.add_argument(
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
     )
     ap.add_argument(
@@ -640,7 +699,10 @@ def main() -> None:
                 report["limit_sweep"] = tried
                 print(f"limit: {limit[0]} threads x {limit[1] // MiB} MiB (of {len(tried)} tried)")
                 if a.sweep:
-                    report["plugin_sweep"] = plugin_sweep(src, out, case["prefixes"], dev, can_drop)
+                    report["plugin_sweep"] = plugin_sweep(src, out, case["prefixes"], dev)
+            if a.gap:
+                gap = read_gap(case, src, out, dev, tuple(limit), a.gap)
+                report.setdefault("read_gap", []).append(gap)
             for cold in (False, True) if can_drop and not a.quick else (False,):
                 r = measure(case, src, out, dev, tuple(limit), cold, a.repeat, a.more)
                 if a.profile and not cold and case.get("model"):
