@@ -309,7 +309,7 @@ def test_makefile_scripts_and_tests_point_to_doc_sections_that_exist():
         (page, name)
         for f in [
             ROOT / "Makefile",
-            *ROOT.glob("scripts/*"),
+            *(f for f in ROOT.glob("scripts/**/*") if f.is_file() and "__pycache__" not in f.parts),
             *ROOT.glob("tests/*.py"),
             *ROOT.glob("examples/**/*.yml"),
         ]
