@@ -5,7 +5,10 @@ loaded by SGLang's `get_model_loader` twice: the plugin's load of fi-convert's o
 (`--server sglang`) and SGLang's default load of the source (its own model class's
 `load_weights`, expert mapping and FusedMoE processing). Every parameter, buffer and tensor a
 module holds, and each MoE layer's state, must be equal, at TP 1 and 2, every rank
-(tests/test_sglang_models.py's harness).
+(tests/test_sglang_models.py's harness). The same runs on SGLang 0.5.20-0.5.22 in their venvs
+(`make test-release`, the layouts each holds): where a release has no model class of the
+source's architecture (K-EXAONE's ExaoneMoeForCausalLM before 0.5.22), its own load takes its
+Transformers backend, and the plugin refuses the output in one line.
 
 GLM-4.5 (Glm4MoeForCausalLM: DeepSeek's expert names, sigmoid + bias routing) in every scheme
 SGLang's plugin loads from a source of that family; MiniMax-M2 (MiniMaxM2ForCausalLM: Mixtral's
