@@ -257,6 +257,24 @@ def _assert_refused_for_the_transformers_backend(src: Path, out: Path, arch: str
             _model(None, out, "fi-convert", backend)
     assert "\n" not in str(e.value)
     assert f"has no model class of its own for {arch} (config.json's architectures)" in str(e.value)
+    assert str(e.value).endswith("install an SGLang that has one (0.5.23, say)")
+
+
+def test_a_release_without_the_architectures_model_class_is_refused(sources, tmp_path, monkeypatch):
+    """The refusal on any release: the installed SGLang's registry without K-EXAONE's class
+    for the source's architecture (as 0.5.20's and 0.5.21's have none), so that SGLang's own
+    load takes its Transformers backend; the plugin refuses the output in one line."""
+    from tests import sglang_moe as sm
+
+    src = sources("exaone-bf16")
+    out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    arch = json.loads((src / "config.json").read_text())["architectures"][0]
+    if arch in _sglangs_own_architectures():
+        with sm.sglang_context("trtllm", 1, 0):
+            from sglang.srt.models.registry import ModelRegistry
+
+            monkeypatch.delitem(ModelRegistry.models, arch)
+    _assert_refused_for_the_transformers_backend(src, out, arch, "trtllm")
 
 
 # families whose SGLang 0.5.23 model builds no FusedMoE layer: (its model module, the model
