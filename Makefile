@@ -128,13 +128,19 @@ RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vl
 	tests/test_vllm_plugin.py tests/test_vllm_ep.py tests/test_vllm_releases.py
 # SGLang: its own MoE processing against every --server sglang layout (each release left out of a
 # layout's list is refuted by the same test) and the releases table's tests; then the plugin's
-# tests (its load, whole models, EP, registration, refusals) of every layout whose bytes the
-# release holds (fi_convert/servers/sglang/releases.py's PLUGIN: all but NVFP4 TRT-LLM, whose
-# bytes differ before 0.5.23, and ModelOpt FP8 TRT-LLM, which runs Triton before 0.5.23).
+# tests (its load, whole models, EP, registration, refusals, the families' models, weight
+# updates) of every layout whose bytes the release holds (fi_convert/servers/sglang/releases.py's
+# PLUGIN: all but NVFP4 TRT-LLM, whose bytes differ before 0.5.23, and ModelOpt FP8 TRT-LLM,
+# which runs Triton before 0.5.23), and non-gated experts and the load-time proof whole (their
+# tests show a release left out refuted); the proof's run in a process of its own (13 s, the
+# same plumbing on every release) runs in `make test` and a plain run of the module.
 RELEASE_TESTS_sglang ?= tests/test_sglang.py tests/test_releases_sglang.py
 RELEASE_SUBSET_sglang := -k "own_bytes or control or releases"
-SGLANG_PLUGIN_TESTS ?= tests/test_sglang_plugin.py tests/test_sglang_models.py tests/test_sglang_ep.py
-SGLANG_PLUGIN_K := not (nvfp4 and trtllm) and not (fp8-tensor and trtllm)
+SGLANG_PLUGIN_TESTS ?= tests/test_sglang_plugin.py tests/test_sglang_models.py tests/test_sglang_ep.py \
+	tests/test_sglang_non_gated.py tests/test_sglang_families.py tests/test_sglang_family_forms.py \
+	tests/test_sglang_release_proof.py tests/test_sglang_updates.py
+SGLANG_PLUGIN_K := (not (nvfp4 and trtllm) and not (fp8-tensor and trtllm) or non_gated \
+	or release_proof) and not process_of_its_own
 SGLANG_PLUGIN_K_0.5.20 := $(SGLANG_PLUGIN_K)
 SGLANG_PLUGIN_K_0.5.21 := $(SGLANG_PLUGIN_K)
 SGLANG_PLUGIN_K_0.5.22 := $(SGLANG_PLUGIN_K)

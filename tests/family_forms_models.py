@@ -232,17 +232,22 @@ def save(kind: str, root: Path, published: bool = True, seed: int = 0, **text: o
     is False (transformers' own orientation)."""
     import transformers
 
+    from tests.hf_checkpoints import transformers_own_rope
+
     m = MODELS[kind]
     cls = getattr(transformers, m["config"])
-    if "vision" in m:
-        config = cls(
-            text_config=TEXT | m["text"] | text, vision_config=m["vision"], **m.get("extra", {})
-        )
-    else:
-        config = cls(**(TEXT | m["text"] | text))
-    torch.manual_seed(seed)
-    model = getattr(transformers, m["model"])(config).to(torch.bfloat16)
-    model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    with transformers_own_rope():  # (beside an SGLang that patched transformers' own)
+        if "vision" in m:
+            config = cls(
+                text_config=TEXT | m["text"] | text,
+                vision_config=m["vision"],
+                **m.get("extra", {}),
+            )
+        else:
+            config = cls(**(TEXT | m["text"] | text))
+        torch.manual_seed(seed)
+        model = getattr(transformers, m["model"])(config).to(torch.bfloat16)
+        model.save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
     if kind == "qwen3_vl_moe" and published:
         _as_published(root)
     return root

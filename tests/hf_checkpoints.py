@@ -6,7 +6,9 @@ them shows up here before users see it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -361,16 +363,37 @@ RELEASED_ARCHITECTURES = {"phimoe": ["PhiMoEForCausalLM"]}
 MAX_SHARD_SIZE = "200KB"
 
 
+@contextlib.contextmanager
+def transformers_own_rope() -> Iterator[None]:
+    """transformers' own `PretrainedConfig.standardize_rope_params` meanwhile, as a checkpoint
+    is written beside SGLang in one process: SGLang's import replaces it
+    (utils/hf_transformers_patches.py) with a wrapper of it, and 0.5.20-0.5.22's wrapper skips a
+    config without max_position_embeddings, so that a vision tower's rope type stays "default"
+    where transformers resolves "axial" (Qwen3-VL-MoE's, Qwen3-Omni's, GLM-4.5V's: their models
+    refuse it). Restored after; the one SGLang's import left is kept where it wraps none."""
+    from transformers import PretrainedConfig
+
+    patched = PretrainedConfig.standardize_rope_params
+    cells = [c.cell_contents for c in getattr(patched, "__closure__", None) or ()]
+    own = [f for f in cells if getattr(f, "__module__", "").startswith("transformers.")]
+    if own:
+        PretrainedConfig.standardize_rope_params = own[0]
+    try:
+        yield
+    finally:
+        PretrainedConfig.standardize_rope_params = patched
+
+
 def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
     """Write model `kind` of MODELS (or SAVERS) with transformers' `save_pretrained` into
     `root`; `sizes` replace config arguments of COMMON and MODELS (a quantized scheme's
     sizes)."""
 
-    if kind in SAVERS:
-        return SAVERS[kind](root, seed)
-
-    config_cls, model_cls, own = MODELS[kind]
-    _save_plain(config_cls, model_cls, own | sizes, root, seed)
+    with transformers_own_rope():
+        if kind in SAVERS:
+            return SAVERS[kind](root, seed)
+        config_cls, model_cls, own = MODELS[kind]
+        _save_plain(config_cls, model_cls, own | sizes, root, seed)
     if kind in RELEASED_ARCHITECTURES:
         cfg = json.loads((root / "config.json").read_text())
         cfg["architectures"] = RELEASED_ARCHITECTURES[kind]

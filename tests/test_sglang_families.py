@@ -5,7 +5,10 @@ loaded by SGLang's `get_model_loader` twice: the plugin's load of fi-convert's o
 (`--server sglang`) and SGLang's default load of the source (its own model class's
 `load_weights`, expert mapping and FusedMoE processing). Every parameter, buffer and tensor a
 module holds, and each MoE layer's state, must be equal, at TP 1 and 2, every rank
-(tests/test_sglang_models.py's harness).
+(tests/test_sglang_models.py's harness). The same runs on SGLang 0.5.20-0.5.22 in their venvs
+(`make test-release`, the layouts each holds): where a release has no model class of the
+source's architecture (K-EXAONE's ExaoneMoeForCausalLM before 0.5.22), its own load takes its
+Transformers backend, and the plugin refuses the output in one line.
 
 GLM-4.5 (Glm4MoeForCausalLM: DeepSeek's expert names, sigmoid + bias routing) in every scheme
 SGLang's plugin loads from a source of that family; MiniMax-M2 (MiniMaxM2ForCausalLM: Mixtral's
@@ -50,6 +53,7 @@ Not proven here, and why:
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from unittest import mock
@@ -207,12 +211,70 @@ def test_a_whole_model_of_the_family_equals_sglangs_default_load(
     src, (kind, quant, _) = sources(case), CASES[case]
     out = _convert(src, tmp_path / "out", scheme, backend, tp)
     assert sorted(read(out)["layers"]) == MOE[kind]
+    arch = json.loads((src / "config.json").read_text())["architectures"][0]
+    if arch not in _sglangs_own_architectures():  # an older release, without the family's class
+        _assert_refused_for_the_transformers_backend(src, out, arch, backend)
+        return
     for rank in range(tp):
         ours, theirs = _both(src, out, quant or "bf16", backend, tp, rank)
         moe = _moe(theirs)
         assert sorted(moe) == MODULES.get(kind, MOE[kind])
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+def _sglangs_own_architectures() -> set[str]:
+    """The architectures the installed SGLang has a model class of its own for (its registry;
+    K-EXAONE's ExaoneMoeForCausalLM from 0.5.22 on: 0.5.20 and 0.5.21 name theirs
+    ExaoneMoEForCausalLM only)."""
+    from tests import sglang_moe as sm
+
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.models.registry import ModelRegistry
+
+        return set(ModelRegistry.get_supported_archs())
+
+
+def _assert_refused_for_the_transformers_backend(src: Path, out: Path, arch: str, backend: str):
+    """Where the installed SGLang has no model class of the family's architecture, it serves
+    the source through its generic Transformers backend (its own load says so), which the plugin
+    does not load into: it refuses the output in one line, before building the model."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.utils import get_model_architecture
+    from sglang.srt.server_args import ServerArgs
+
+    from fi_convert.servers.sglang import loader
+    from fi_convert.servers.sglang.checks import PluginError
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    with sm.sglang_context(backend, read(out)["tp_size"], 0):
+        args = ServerArgs(model_path=str(src), moe_runner_backend=sm.BACKEND[backend])
+        _, resolved = get_model_architecture(ModelConfig.from_server_args(args))
+        assert resolved.startswith("Transformers"), resolved  # SGLang's own: its backend
+        built = mock.patch.object(loader, "_initialize_model", side_effect=AssertionError)
+        with built, pytest.raises(PluginError) as e:
+            _model(None, out, "fi-convert", backend)
+    assert "\n" not in str(e.value)
+    assert f"has no model class of its own for {arch} (config.json's architectures)" in str(e.value)
+    assert str(e.value).endswith("install an SGLang that has one (0.5.23, say)")
+
+
+def test_a_release_without_the_architectures_model_class_is_refused(sources, tmp_path, monkeypatch):
+    """The refusal on any release: the installed SGLang's registry without K-EXAONE's class
+    for the source's architecture (as 0.5.20's and 0.5.21's have none), so that SGLang's own
+    load takes its Transformers backend; the plugin refuses the output in one line."""
+    from tests import sglang_moe as sm
+
+    src = sources("exaone-bf16")
+    out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    arch = json.loads((src / "config.json").read_text())["architectures"][0]
+    if arch in _sglangs_own_architectures():
+        with sm.sglang_context("trtllm", 1, 0):
+            from sglang.srt.models.registry import ModelRegistry
+
+            monkeypatch.delitem(ModelRegistry.models, arch)
+    _assert_refused_for_the_transformers_backend(src, out, arch, "trtllm")
 
 
 # families whose SGLang 0.5.23 model builds no FusedMoE layer: (its model module, the model

@@ -1,5 +1,6 @@
-"""Non-gated experts (Nemotron-H, relu2_no_mul) for SGLang 0.5.23, against its own MoE code: its
-FusedMoE built as models/nemotron_h.py builds it (`is_gated=False`, DeepSeekV3 routing; tests/
+"""Non-gated experts (Nemotron-H, relu2_no_mul) for the installed SGLang (0.5.23, and
+0.5.20-0.5.22 in their venvs: `make test-release`), against its own MoE code: its FusedMoE
+built as models/nemotron_h.py builds it (`is_gated=False`, DeepSeekV3 routing; tests/
 sglang_moe.py), the checkpoint's up_proj through its own weight loader as that model maps it
 (FusedMoE's w1), and its `process_weights_after_loading`, one process playing TP rank r of N.
 
@@ -11,17 +12,23 @@ sglang_moe.py), the checkpoint's up_proj through its own weight loader as that m
 (b) the plugin's path (the output's tensors into SGLang's layer, kernel setup only) leaves the
     layer as SGLang's own path does;
 (c) what is not proven for SGLang is refused in one line.
+
+Where releases.py leaves the installed release out of an output's list (ModelOpt FP8 on
+TRT-LLM before 0.5.23, whose model classes run Triton there), the same tests show its own
+processing running another runner or holding other bytes, and the plugin refusing the layer.
 """
 
 from __future__ import annotations
 
 import json
+from importlib import metadata
 
 import pytest
 import torch
 
 from fi_convert import Backend, Options, SchemeName, convert, load_moe_layer
-from fi_convert.servers.sglang import checks
+from fi_convert.servers.sglang import checks, releases
+from fi_convert.servers.sglang.checks import PluginError
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import sglang_moe as sm
 from tests.conftest import cli
@@ -36,6 +43,15 @@ SPECS = {
     ),
 }  # fmt: skip
 RUNS = [(s, b, tp) for s in SPECS for b in ("trtllm", "cutlass") for tp in (1, 2, 4)]
+RELEASE = metadata.version("sglang")  # the release whose own code is the authority here
+
+
+def releases_of(scheme: str, backend: str) -> list[str]:
+    """The releases an output of non-gated experts lists: every proven one, but for ModelOpt
+    FP8 on TRT-LLM, which SGLang runs on FlashInfer from 0.5.23 on (Triton before)."""
+    if (scheme, backend) == ("fp8-tensor", "trtllm"):
+        return ["0.5.23"]
+    return list(releases.PROVEN)
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +80,18 @@ def outputs(tmp_path_factory, sources):
 def test_sglang_output_equals_sglangs_own_non_gated_bytes(scheme, backend, tp, sources, outputs):
     src, out = sources[scheme], outputs(scheme, backend, tp)
     m = json.loads((out / "fi-convert-manifest.json").read_text())
-    assert m["server"] == "sglang" and m["target"]["sglang_releases"] == ["0.5.23"]
+    listed = releases_of(scheme, backend)
+    assert m["server"] == "sglang" and m["target"]["sglang_releases"] == listed
     lay = m["layers"][PREFIX]
     assert lay["gated"] is False
     for rank in range(tp):
         layer = sm.build(backend, tp, rank, src, PREFIX)
         assert layer.moe_runner_config.is_gated is False  # SGLang built it non-gated
-        assert checks.runner_of(layer) == sm.BACKEND[backend]
         theirs, ours = sm.params(layer), load_moe_layer(out, PREFIX, tp_rank=rank)
+        if RELEASE not in listed:  # left out: its own runs another runner, or other bytes
+            assert checks.runner_of(layer) != sm.BACKEND[backend] or differing(theirs, ours)
+            continue
+        assert checks.runner_of(layer) == sm.BACKEND[backend]
         assert differing(theirs, ours) == [], (backend, tp, rank)
         rows, spec = lay["padded_intermediate_size_per_rank"], SPECS[scheme]
         assert theirs["w13_weight"].numel() == spec.experts * rows * spec.hidden  # up alone
@@ -83,11 +103,15 @@ def test_sglang_output_equals_sglangs_own_non_gated_bytes(scheme, backend, tp, s
 )
 def test_the_plugin_path_leaves_the_layer_as_sglangs_own(scheme, backend, tp, sources, outputs):
     src, out = sources[scheme], outputs(scheme, backend, tp)
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
     for rank in range(tp):
         theirs = sm.build(backend, tp, rank, src, PREFIX)
         # (the case names tests/test_sglang_plugin.py gives SGLang's CPU stand-ins by)
         ours = plugin_layer(out, src, PREFIX, backend, tp, rank, case=scheme)
-        m = json.loads((out / "fi-convert-manifest.json").read_text())
+        if RELEASE not in releases_of(scheme, backend):  # the plugin refuses the layer there
+            with pytest.raises(PluginError, match="runs it on Triton, not FlashInfer TRT-LLM"):
+                checks.check_layer(m, str(out), PREFIX, ours)
+            continue
         checks.check_layer(m, str(out), PREFIX, ours)
         assert differing(sm.params(theirs), sm.params(ours)) == [], (backend, tp, rank)
         assert state_diff(sm.layer_state(ours), sm.layer_state(theirs)) == []

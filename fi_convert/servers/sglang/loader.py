@@ -128,6 +128,26 @@ def _check_output(manifest: dict, root: str, release_proven: bool = False) -> No
         )
 
 
+def check_model_class(model_config: Any, manifest: dict, root: str) -> None:
+    """SGLang's own model class for the output's architecture, before the model is built: where
+    the release has none (K-EXAONE's ExaoneMoeForCausalLM before 0.5.22, whose
+    ExaoneMoEForCausalLM serves it), SGLang serves it through its generic Transformers backend,
+    whose MoE layers the plugin does not load into: refused, naming the releases to use."""
+    from sglang.srt.model_loader.utils import get_model_architecture
+
+    _, arch = get_model_architecture(model_config)
+    if not str(arch).startswith("Transformers"):  # (SGLang's own test of its backend's names)
+        return
+    names = ", ".join(getattr(model_config.hf_config, "architectures", None) or ()) or "?"
+    ok = checks.serving_releases(manifest)
+    raise PluginError(
+        f"{root}: SGLang {checks.sglang_version()} has no model class of its own for {names} "
+        f"(config.json's architectures) and would serve it through its generic Transformers "
+        f"backend ({arch}), which fi-convert's plugin does not load into; install an SGLang "
+        f"that has one ({ok[-1] if ok else 'a release the output lists'}, say)"
+    )
+
+
 def _a2a_backend() -> str:
     """--moe-a2a-backend as SGLang resolved it ('none' without one)."""
     from sglang.srt.layers.moe.utils import get_moe_a2a_backend
@@ -166,7 +186,9 @@ class FiConvertModelLoader(DefaultModelLoader):
     def load_model(self, *, model_config: Any, device_config: Any) -> torch.nn.Module:
         root = self._root(model_config)
         manifest = checks.read_output(root)
-        check_output(manifest, checks.output_name(str(model_config.model_path), root))
+        name = checks.output_name(str(model_config.model_path), root)
+        check_output(manifest, name)
+        check_model_class(model_config, manifest, name)
         target_device = torch.device(device_config.device)
         if target_device.type == "cuda":  # pinned while SGLang builds the model
             self._buffers = host_buffers().allocate(background=True)

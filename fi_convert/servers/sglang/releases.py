@@ -1,9 +1,11 @@
 """Which SGLang releases hold an output's bytes, as the tests proved them: each release's own
 MoE code (its FusedMoE, weight loader and `process_weights_after_loading`, on CPU) against
 fi-convert's `--server sglang` output, for every scheme, backend, TP size and rank of
-tests/test_sglang.py, and the plugin's load in that release (tests/test_sglang_plugin.py,
-test_sglang_models.py, test_sglang_ep.py), run in a venv of each release
-(scripts/release_env.sh; docs/development.md says where CI runs which).
+tests/test_sglang.py (and of non-gated experts, tests/test_sglang_non_gated.py), and the
+plugin's load in that release (tests/test_sglang_plugin.py, test_sglang_models.py,
+test_sglang_ep.py, test_sglang_families.py, test_sglang_family_forms.py,
+test_sglang_updates.py; the load-time proof, test_sglang_release_proof.py), run in a venv of
+each release (scripts/release_env.sh; docs/development.md says where CI runs which).
 
 The table is data: per scheme and backend, the releases proven for any shape, and the releases
 proven only where each layer's shape meets a condition (a layer entry of the manifest: its
@@ -55,9 +57,11 @@ CONDITIONS: dict[str, Condition] = {
     ),
 }
 # Non-gated experts (Nemotron-H's relu2_no_mul: a layer entry's `gated: false`) are proven on
-# these releases only, whatever the rows say (tests/test_sglang_non_gated.py has run on 0.5.23,
-# not in the older releases' venvs)
-NON_GATED_RELEASES = ("0.5.23",)
+# these releases only, whatever the rows say: tests/test_sglang_non_gated.py, run in each
+# release's venv (2026-12-03), found BF16 (both runners) and ModelOpt FP8 on CUTLASS the same
+# bytes on every release, and the plugin's path leaving each as its own; ModelOpt FP8 on
+# TRT-LLM runs Triton before 0.5.23, as for gated experts (its row above)
+NON_GATED_RELEASES = PROVEN
 
 
 @dataclass(frozen=True)
