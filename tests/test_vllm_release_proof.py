@@ -364,6 +364,20 @@ def test_every_scheme_and_backend_the_plugin_serves_is_proven_on_the_installed_v
     assert {r.tensors for r in got.rows} == {len(lay["tensors"])}
 
 
+def test_an_output_fi_convert_quantized_from_bf16_is_proven(tmp_path):
+    """The proof's source is a checkpoint of the output's scheme (ModelOpt MXFP8); an output
+    fi-convert quantized from BF16 (`fi-convert model-dir out-dir --scheme mxfp8`: its manifest
+    says so, `source_format`) is laid out as one, and proven."""
+    spec = Spec("qwen3-moe", layers=1, experts=3, hidden=256, intermediate=256, shards=1)
+    src = write_checkpoint(tmp_path / "src", spec)
+    convert(src, tmp_path / "out", Options(SchemeName.MXFP8, Backend.TRTLLM, 1), device="cpu")
+    m = mf.read(tmp_path / "out")
+    (lay,) = m["layers"].values()
+    assert lay["source_format"].startswith("bf16, quantized")
+    got = proof.prove_installed(m, cache=False)
+    assert got.ok, got.first_failure()
+
+
 NEMOTRON = {  # non-gated experts (relu2_no_mul): w13 the up projection alone
     "bf16": Spec("nemotron-h", layers=1, experts=3, hidden=128, intermediate=192, shards=1),
     "fp8-tensor": Spec(

@@ -137,12 +137,16 @@ class Shape:
 # stand-in's two experts have their own (`Spec`: the last expert's NVFP4 gate and up scales
 # differ, as in the tests), so both cases go through the server's processing.
 PER_EXPERT = ("num_experts", "w13_scale_2_differs_for_experts")
+# ... and where the values came from, which the layout does not depend on (a BF16 source
+# quantized to MXFP8 is laid out as a ModelOpt MXFP8 one, the proof's source)
+PROVENANCE = ("source_format",)
 
 
 def normalized_entry(entry: Mapping) -> str:
     """A layer's manifest entry without what the experts change (PER_EXPERT, the leading
-    dimension of each tensor's shape): the same for the two-expert stand-in."""
-    out = {k: v for k, v in entry.items() if k not in PER_EXPERT}
+    dimension of each tensor's shape) or where its values came from (PROVENANCE): the same for
+    the two-expert stand-in."""
+    out = {k: v for k, v in entry.items() if k not in PER_EXPERT + PROVENANCE}
     out["tensors"] = {
         name: {**t, "shape_per_rank": t["shape_per_rank"][1:]}
         for name, t in entry["tensors"].items()
