@@ -223,6 +223,33 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "HunYuanMoEV1ForCausalLM",
         dict(intermediate_size=96, num_experts=4, moe_topk=2),
     ),
+    "flex_olmo": (  # FlexOlmo: OLMoE's layout, softmax routing (vLLM: Transformers backend)
+        "FlexOlmoConfig",
+        "FlexOlmoForCausalLM",
+        dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2, pad_token_id=0),
+    ),
+    "kolibri1": (  # Kolibri1: its own router (top-k of logits + bias), shared experts
+        "Kolibri1Config",
+        "Kolibri1ForCausalLM",
+        dict(
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+    ),
+    "mellum": (  # Mellum: Qwen3-MoE's layout, a dense layer then a MoE one (mlp_layer_types)
+        "MellumConfig",
+        "MellumForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=96,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            mlp_layer_types=["dense", "sparse"],
+        ),
+    ),
     "granitemoe_swa": (  # Granite-MoE SWA: fused experts as transformers 5 names them, sinks
         "GraniteMoeSWAConfig",
         "GraniteMoeSWAForCausalLM",

@@ -30,7 +30,8 @@ publishes them) in BF16 on both backends (its published FP8 release's format was
 here; SGLang declares no routing method for it, so ModelOpt FP8 on TRT-LLM is refused);
 Granite-MoE SWA (GraniteMoeSWAForCausalLM: transformers' model, its fused
 block_sparse_moe.experts.gate_up_proj / down_proj, sliding windows and attention sinks) in BF16
-on both backends.
+on both backends, Mellum (MellumForCausalLM: Qwen3-MoE's layers, a dense layer by
+mlp_layer_types) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -115,6 +116,7 @@ CASES = {
     "gemma4-bf16": ("gemma4", None, {}),
     "hunyuan-bf16": ("hunyuan_v1_moe", None, {}),
     "granite-swa-bf16": ("granitemoe_swa", None, {}),
+    "mellum-bf16": ("mellum", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -136,6 +138,7 @@ MOE = {
     "gemma4": [f"model.layers.{i}.experts" for i in (0, 1)],
     "hunyuan_v1_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
+    "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -178,6 +181,9 @@ RUNS = [
     # Granite-MoE SWA: transformers 5's fused gate_up_proj / down_proj; I 96, padded per rank
     ("granite-swa-bf16", "trtllm", "bf16"),
     ("granite-swa-bf16", "cutlass", "bf16"),
+    # Mellum: Qwen3-MoE's layers (SGLang's MellumForCausalLM), a dense layer then a MoE one
+    ("mellum-bf16", "trtllm", "bf16"),
+    ("mellum-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

@@ -199,6 +199,8 @@ NO_FLASHINFER_MODEL = {
         "the checkpoint as it is"
     ),
     "Param2MoEForCausalLM": "SGLang {sglang} has no model class for Param2 (Param2MoEForCausalLM)",
+    "FlexOlmoForCausalLM": "SGLang {sglang} has no model class for FlexOlmo (FlexOlmoForCausalLM)",
+    "Kolibri1ForCausalLM": "SGLang {sglang} has no model class for Kolibri1 (Kolibri1ForCausalLM)",
     "PanguUltraMoEForCausalLM": (
         "SGLang {sglang} has no model class for openPangu-Ultra-MoE (PanguUltraMoEForCausalLM)"
     ),
