@@ -7,6 +7,7 @@ them shows up here before users see it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -216,6 +217,25 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             route_norm=True,
             first_k_dense_replace=1,  # as mlp_layer_types (vLLM's HY v3 reads it)
             qk_norm=True,
+        ),
+    ),
+    "hy_v4": (  # HY v4: MLA + indexer, hyper-connections; fused experts, SwiGLU clamp
+        "HYV4Config",
+        "HYV4ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            pad_token_id=0,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            index_head_dim=16,
+            index_n_heads=2,
         ),
     ),
     "hunyuan_v1_moe": (  # Hunyuan-A13B: softmax top-k renormalized, a shared MLP
@@ -629,7 +649,42 @@ def _save_axk1(root: Path, seed: int = 0) -> Path:
     return root
 
 
+# transformers 5.20's HY v4 names for tensors outside the experts, and the names vLLM 0.33's
+# HYV4ForCausalLM reads (its modules: layers.L.hc_attn_layer.hc_pre, model.hc_head, the MLPs'
+# gate_proj): the published checkpoints' names are the ones vLLM's own load takes
+HY_V4_NAMES = (
+    (re.compile(r"\.hc_pre\.(hc_attn_layer|hc_mlp_layer)\."), r".\1.hc_pre."),
+    (re.compile(r"^model\.hc_pre\.hc_head\."), "model.hc_head."),
+    (re.compile(r"\.(mlp|shared_experts)\.linear_gate\."), r".\1.gate_proj."),
+)
+
+
+def _save_hy_v4(root: Path, seed: int = 0) -> Path:
+    """HY v4 as vLLM 0.33 reads it: transformers 5.20's model (its fused experts as written),
+    the tensors outside the experts renamed as HY_V4_NAMES says (the experts' names are
+    transformers' own)."""
+    from safetensors.torch import load_file, save_file
+
+    config_cls, model_cls, own = MODELS["hy_v4"]
+    root = _save_plain(config_cls, model_cls, own, root, seed)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = {_hy_v4_name(k): v for k, v in load_file(root / shard).items()}
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+    index["weight_map"] = {_hy_v4_name(k): v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index, indent=2))
+    return root
+
+
+def _hy_v4_name(name: str) -> str:
+    for pattern, repl in HY_V4_NAMES:
+        name = pattern.sub(repl, name)
+    return name
+
+
 SAVERS = {
+    "hy_v4": _save_hy_v4,
     "axk1": _save_axk1,
     "qwen3_omni_moe": _save_qwen3_omni,
     "glm4v_moe": _save_glm4v_moe,

@@ -31,7 +31,9 @@ here; SGLang declares no routing method for it, so ModelOpt FP8 on TRT-LLM is re
 Granite-MoE SWA (GraniteMoeSWAForCausalLM: transformers' model, its fused
 block_sparse_moe.experts.gate_up_proj / down_proj, sliding windows and attention sinks) in BF16
 on both backends, Mellum (MellumForCausalLM: Qwen3-MoE's layers, a dense layer by
-mlp_layer_types) in BF16 on both backends.
+mlp_layer_types) in BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
+hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
+read, tests/hf_checkpoints.py) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -117,6 +119,7 @@ CASES = {
     "hunyuan-bf16": ("hunyuan_v1_moe", None, {}),
     "granite-swa-bf16": ("granitemoe_swa", None, {}),
     "mellum-bf16": ("mellum", None, {}),
+    "hy-v4-bf16": ("hy_v4", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -139,6 +142,7 @@ MOE = {
     "hunyuan_v1_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
+    "hy_v4": ["model.layers.1.mlp.experts"],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -184,6 +188,9 @@ RUNS = [
     # Mellum: Qwen3-MoE's layers (SGLang's MellumForCausalLM), a dense layer then a MoE one
     ("mellum-bf16", "trtllm", "bf16"),
     ("mellum-bf16", "cutlass", "bf16"),
+    # HY v4: MLA with its indexer, hyper-connections, fused experts with a SwiGLU clamp
+    ("hy-v4-bf16", "trtllm", "bf16"),
+    ("hy-v4-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
