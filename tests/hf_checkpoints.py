@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -683,7 +684,94 @@ def _hy_v4_name(name: str) -> str:
     return name
 
 
+# InternVL 3.5's MoE models (OpenGVLab/InternVL3_5-30B-A3B's form): config.json of model_type
+# internvl_chat (InternVLChatConfig, which SGLang holds) with the language model's config in
+# llm_config, a Qwen3-MoE language model under language_model., an InternViT vision model
+# (vision_model.) and its projector (mlp1.), tiny
+INTERNVL_VISION = dict(
+    architectures=["InternVisionModel"],
+    model_type="intern_vit_6b",
+    hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_hidden_layers=1,
+    image_size=28,
+    patch_size=14,
+    qkv_bias=True,
+    qk_normalization=False,
+    norm_type="layer_norm",
+)
+INTERNVL = dict(
+    architectures=["InternVLChatModel"],
+    model_type="internvl_chat",
+    downsample_ratio=0.5,
+    select_layer=-1,
+    force_image_size=28,
+    template="internvl2_5",
+    ps_version="v2",
+    torch_dtype="bfloat16",
+)
+
+
+def _internvl_vision(seed: int) -> dict[str, torch.Tensor]:
+    """InternViT's and its projector's tensors as InternVL's checkpoints name them, at
+    INTERNVL_VISION's sizes (one layer), seeded, in BF16."""
+    v, llm = INTERNVL_VISION, COMMON["hidden_size"]
+    h, i, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    shuffled = h * 4  # pixel shuffle by downsample_ratio 0.5
+    patches = (v["image_size"] // p) ** 2 + 1
+    layer = "vision_model.encoder.layers.0."
+    shapes = {
+        "vision_model.embeddings.class_embedding": (1, 1, h),
+        "vision_model.embeddings.position_embedding": (1, patches, h),
+        "vision_model.embeddings.patch_embedding.weight": (h, 3, p, p),
+        "vision_model.embeddings.patch_embedding.bias": (h,),
+        **{layer + n: (h,) for n in ("ls1", "ls2", "norm1.weight", "norm1.bias", "norm2.weight")},
+        layer + "norm2.bias": (h,),
+        layer + "attn.qkv.weight": (3 * h, h),
+        layer + "attn.qkv.bias": (3 * h,),
+        layer + "attn.proj.weight": (h, h),
+        layer + "attn.proj.bias": (h,),
+        layer + "mlp.fc1.weight": (i, h),
+        layer + "mlp.fc1.bias": (i,),
+        layer + "mlp.fc2.weight": (h, i),
+        layer + "mlp.fc2.bias": (h,),
+        "mlp1.0.weight": (shuffled,),
+        "mlp1.0.bias": (shuffled,),
+        "mlp1.1.weight": (llm, shuffled),
+        "mlp1.1.bias": (llm,),
+        "mlp1.3.weight": (llm, llm),
+        "mlp1.3.bias": (llm,),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_internvl(root: Path, seed: int = 0) -> Path:
+    """An InternVL 3.5 MoE checkpoint (INTERNVL): transformers' Qwen3-MoE as the language model
+    (its tensors under language_model., its config as llm_config) beside _internvl_vision's."""
+    from safetensors.torch import load_file, save_file
+
+    llm = save("qwen3_moe", root / "llm", seed)
+    root.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    for shard in sorted(llm.glob("*.safetensors")):
+        tensors = {f"language_model.{k}": t for k, t in load_file(shard).items()}
+        save_file(tensors, root / shard.name, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, shard.name)
+    save_file(_internvl_vision(seed), root / "vision.safetensors", metadata={"format": "pt"})
+    weight_map |= dict.fromkeys(_internvl_vision(seed), "vision.safetensors")
+    index = {"metadata": {}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    llm_config = json.loads((llm / "config.json").read_text())
+    config = INTERNVL | {"llm_config": llm_config, "vision_config": INTERNVL_VISION}
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.rmtree(llm)
+    return root
+
+
 SAVERS = {
+    "internvl_chat": _save_internvl,
     "hy_v4": _save_hy_v4,
     "axk1": _save_axk1,
     "qwen3_omni_moe": _save_qwen3_omni,

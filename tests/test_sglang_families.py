@@ -120,6 +120,7 @@ CASES = {
     "granite-swa-bf16": ("granitemoe_swa", None, {}),
     "mellum-bf16": ("mellum", None, {}),
     "hy-v4-bf16": ("hy_v4", None, {}),
+    "internvl-bf16": ("internvl_chat", None, {}),
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -143,6 +144,9 @@ MOE = {
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
     "hy_v4": ["model.layers.1.mlp.experts"],
+    # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
+    # language_model, the checkpoint's prefix
+    "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -191,6 +195,9 @@ RUNS = [
     # HY v4: MLA with its indexer, hyper-connections, fused experts with a SwiGLU clamp
     ("hy-v4-bf16", "trtllm", "bf16"),
     ("hy-v4-bf16", "cutlass", "bf16"),
+    # InternVL 3.5 MoE (InternVLChatModel): its language model's config read from llm_config
+    ("internvl-bf16", "trtllm", "bf16"),
+    ("internvl-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
