@@ -31,7 +31,10 @@ here; SGLang declares no routing method for it, so ModelOpt FP8 on TRT-LLM is re
 Granite-MoE SWA (GraniteMoeSWAForCausalLM: transformers' model, its fused
 block_sparse_moe.experts.gate_up_proj / down_proj, sliding windows and attention sinks) in BF16
 on both backends, Mellum (MellumForCausalLM: Qwen3-MoE's layers, a dense layer by
-mlp_layer_types) in BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
+mlp_layer_types) in BF16 on both backends, InternVL 3.5 MoE (InternVLChatModel: its Qwen3-MoE
+language model's config in llm_config) and Intern-S1 (InternS1ForConditionalGeneration as
+published, its config class remote code: test_interns1_equals_sglangs_default_load) in BF16 on
+both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
 hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
 read, tests/hf_checkpoints.py) in BF16 on both backends.
 
@@ -336,6 +339,37 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
                 theirs = _model(None, src, "auto", "trtllm", trust_remote_code=True)
             moe = _moe(theirs)
             assert sorted(moe) == layers
+            assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+            assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_interns1_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend, tp):
+    """Intern-S1 (InternS1ForConditionalGeneration) as internlm/Intern-S1 publishes it (tests/
+    remote_code_checkpoints.py: transformers' InternVL layout under model., its config class
+    remote code): fi-convert takes it as Qwen3-MoE by its text_config; SGLang 0.5.23 builds its
+    Qwen3-MoE language model without the checkpoint's prefix (modules language_model.model.
+    layers.L.mlp.experts, layers named model.layers.L.mlp.experts, the checkpoint's model.
+    language_model.layers.L.mlp.experts), which the plugin finds as the one output layer
+    that, less one of its parts, is the layer's name. BF16 on both backends."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    base = tmp_path_factory.getbasetemp()
+    src = base / "sgl-interns1-src"
+    with rc.modules_cache(base / "hf-modules"):
+        if not src.exists():
+            rc.save_interns1(src)
+        out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+        layers = [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)]
+        assert sorted(read(out)["layers"]) == layers
+        for rank in range(tp):
+            with sm.sglang_context(backend, tp, rank):
+                ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
+                theirs = _model(None, src, "auto", backend, trust_remote_code=True)
+            moe = _moe(theirs)
+            assert sorted(moe) == [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)]
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
