@@ -750,27 +750,121 @@ def _internvl_vision(seed: int) -> dict[str, torch.Tensor]:
 def _save_internvl(root: Path, seed: int = 0) -> Path:
     """An InternVL 3.5 MoE checkpoint (INTERNVL): transformers' Qwen3-MoE as the language model
     (its tensors under language_model., its config as llm_config) beside _internvl_vision's."""
+    return _save_multimodal(
+        root,
+        seed,
+        "qwen3_moe",
+        "llm_config",
+        INTERNVL | {"vision_config": INTERNVL_VISION},
+        _internvl_vision(seed),
+    )
+
+
+def _save_multimodal(
+    root: Path, seed: int, llm_kind: str, section: str, config: dict, vision: dict, **sizes
+) -> Path:
+    """transformers' model `llm_kind` (MODELS, its arguments replaced by `sizes`) saved, its
+    tensors under language_model. and its config as config.json's `section` of `config`,
+    beside the `vision` tensors."""
     from safetensors.torch import load_file, save_file
 
-    llm = save("qwen3_moe", root / "llm", seed)
-    root.mkdir(parents=True, exist_ok=True)
+    llm = save(llm_kind, root / "llm", seed, **sizes)
     weight_map: dict[str, str] = {}
     for shard in sorted(llm.glob("*.safetensors")):
         tensors = {f"language_model.{k}": t for k, t in load_file(shard).items()}
         save_file(tensors, root / shard.name, metadata={"format": "pt"})
         weight_map |= dict.fromkeys(tensors, shard.name)
-    save_file(_internvl_vision(seed), root / "vision.safetensors", metadata={"format": "pt"})
-    weight_map |= dict.fromkeys(_internvl_vision(seed), "vision.safetensors")
+    save_file(vision, root / "vision.safetensors", metadata={"format": "pt"})
+    weight_map |= dict.fromkeys(vision, "vision.safetensors")
     index = {"metadata": {}, "weight_map": weight_map}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    llm_config = json.loads((llm / "config.json").read_text())
-    config = INTERNVL | {"llm_config": llm_config, "vision_config": INTERNVL_VISION}
+    config = config | {section: json.loads((llm / "config.json").read_text())}
     (root / "config.json").write_text(json.dumps(config, indent=2))
     shutil.rmtree(llm)
     return root
 
 
+# Kimi-VL (moonshotai/Kimi-VL-A3B-Instruct's form): config.json of model_type kimi_vl
+# (KimiVLConfig, which SGLang holds) over a DeepSeek-V3 text_config, a DeepSeek-V3 language
+# model under language_model., a MoonViT vision tower (vision_tower., its attention's wqkv/wo)
+# and its projector (multi_modal_projector.), tiny
+KIMI_VL_VISION = dict(
+    model_type="moonvit",
+    patch_size=14,
+    init_pos_emb_height=4,
+    init_pos_emb_width=4,
+    num_attention_heads=2,
+    num_hidden_layers=1,
+    hidden_size=32,
+    intermediate_size=64,
+    merge_kernel_size=[2, 2],
+)
+# Kimi-VL-A3B's text_config routing keys (as recalled from its config.json, not re-read here)
+# that transformers' DeepseekV3Config does not write and SGLang's DeepSeek-V2 config reads (its
+# router's e_score_correction_bias with noaux_tc)
+KIMI_VL_TEXT = dict(topk_method="noaux_tc", scoring_func="sigmoid")
+KIMI_VL = dict(
+    architectures=["KimiVLForConditionalGeneration"],
+    model_type="kimi_vl",
+    media_placeholder_token_id=100,
+    torch_dtype="bfloat16",
+)
+
+
+def _kimi_vl_vision(seed: int) -> dict[str, torch.Tensor]:
+    """MoonViT's and its projector's tensors as Kimi-VL's checkpoints name them, at
+    KIMI_VL_VISION's sizes (one block), seeded, in BF16."""
+    v, llm = KIMI_VL_VISION, COMMON["hidden_size"]
+    h, i, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    merged = h * 4  # the 2x2 patch merger
+    block = "vision_tower.encoder.blocks.0."
+    shapes = {
+        "vision_tower.patch_embed.proj.weight": (h, 3, p, p),
+        "vision_tower.patch_embed.proj.bias": (h,),
+        "vision_tower.patch_embed.pos_emb.weight": (4, 4, h),
+        **{block + f"{n}.{w}": (h,) for n in ("norm0", "norm1") for w in ("weight", "bias")},
+        block + "mlp.fc0.weight": (i, h),
+        block + "mlp.fc0.bias": (i,),
+        block + "mlp.fc1.weight": (h, i),
+        block + "mlp.fc1.bias": (h,),
+        block + "wqkv.weight": (3 * h, h),
+        block + "wqkv.bias": (3 * h,),
+        block + "wo.weight": (h, h),
+        block + "wo.bias": (h,),
+        "vision_tower.encoder.final_layernorm.weight": (h,),
+        "vision_tower.encoder.final_layernorm.bias": (h,),
+        "multi_modal_projector.pre_norm.weight": (h,),
+        "multi_modal_projector.pre_norm.bias": (h,),
+        "multi_modal_projector.linear_1.weight": (merged, merged),
+        "multi_modal_projector.linear_1.bias": (merged,),
+        "multi_modal_projector.linear_2.weight": (llm, merged),
+        "multi_modal_projector.linear_2.bias": (llm,),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
+    """A Kimi-VL checkpoint (KIMI_VL): transformers' DeepSeek-V3 as the language model (its
+    tensors under language_model., its config as text_config) beside _kimi_vl_vision's."""
+    _save_multimodal(
+        root,
+        seed,
+        "deepseek_v3",
+        "text_config",
+        KIMI_VL | {"vision_config": KIMI_VL_VISION},
+        _kimi_vl_vision(seed),
+        q_lora_rank=None,  # as Kimi-VL-A3B's text_config: MLA's q_proj, no q LoRA
+    )
+    path = root / "config.json"
+    config = json.loads(path.read_text())
+    config["text_config"] |= KIMI_VL_TEXT
+    path.write_text(json.dumps(config, indent=2))
+    return root
+
+
 SAVERS = {
+    "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,
     "hy_v4": _save_hy_v4,
     "axk1": _save_axk1,

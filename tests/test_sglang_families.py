@@ -33,8 +33,9 @@ block_sparse_moe.experts.gate_up_proj / down_proj, sliding windows and attention
 on both backends, Mellum (MellumForCausalLM: Qwen3-MoE's layers, a dense layer by
 mlp_layer_types) in BF16 on both backends, InternVL 3.5 MoE (InternVLChatModel: its Qwen3-MoE
 language model's config in llm_config) and Intern-S1 (InternS1ForConditionalGeneration as
-published, its config class remote code: test_interns1_equals_sglangs_default_load) in BF16 on
-both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
+published, its config class remote code: test_interns1_equals_sglangs_default_load) and Kimi-VL
+(KimiVLForConditionalGeneration over DeepSeek-V3: test_kimi_vl_equals_sglangs_default_load) in
+BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
 hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
 read, tests/hf_checkpoints.py) in BF16 on both backends.
 
@@ -124,6 +125,7 @@ CASES = {
     "mellum-bf16": ("mellum", None, {}),
     "hy-v4-bf16": ("hy_v4", None, {}),
     "internvl-bf16": ("internvl_chat", None, {}),
+    "kimi-vl-bf16": ("kimi_vl", None, {}),  # (test_kimi_vl_equals_sglangs_default_load)
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -302,6 +304,8 @@ def test_an_output_for_sglang_is_refused_at_plan_time(no_fused_moe, kind, tmp_pa
     assert read(tmp_path / "vllm")["layers"]
 
 
+# SGLang's module of Kimi-VL's vision tower (MoonViT)
+MOONVIT = "sglang.srt.models.kimi_vl_moonvit"
 # SGLang's module of the yarn rotary embedding Sarvam-105B builds
 ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
 LING = {
@@ -372,6 +376,34 @@ def test_interns1_equals_sglangs_default_load(tmp_path_factory, tmp_path, backen
             assert sorted(moe) == [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)]
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_kimi_vl_equals_sglangs_default_load(sources, tmp_path, backend, tp):
+    """Kimi-VL (KimiVLForConditionalGeneration; tests/hf_checkpoints.py: its DeepSeek-V3
+    language model under language_model., a MoonViT vision tower): fi-convert takes it as
+    DeepSeek-V3 by its text_config; SGLang builds the language model under the checkpoint's
+    prefix. Its MoonViT's rotary embedding asks the platform for its device when built: "cpu"
+    here. BF16 on both backends."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = sources("kimi-vl-bf16")
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    layers = ["language_model.model.layers.1.mlp.experts"]
+    assert sorted(read(out)["layers"]) == layers
+    for rank in range(tp):
+        with (
+            sm.sglang_context(backend, tp, rank),
+            mock.patch(f"{MOONVIT}.get_device", lambda: "cpu"),  # (imported in the context)
+        ):
+            ours = _model(None, out, "fi-convert", backend)
+            theirs = _model(None, src, "auto", backend)
+        moe = _moe(theirs)
+        assert sorted(moe) == layers
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
 
 def test_sglangs_longcat_flash_model_is_not_built_here(tmp_path):
