@@ -239,6 +239,20 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             index_n_heads=2,
         ),
     ),
+    "beam": (  # Beam: a dense layer then a MoE one, sigmoid + bias routing in groups
+        "BeamConfig",
+        "BeamForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            mlp_layer_types=["dense", "sparse"],
+            pad_token_id=0,
+        ),
+    ),
     "hunyuan_v1_moe": (  # Hunyuan-A13B: softmax top-k renormalized, a shared MLP
         "HunYuanMoEV1Config",
         "HunYuanMoEV1ForCausalLM",

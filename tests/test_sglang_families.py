@@ -125,7 +125,13 @@ CASES = {
     "mellum-bf16": ("mellum", None, {}),
     "hy-v4-bf16": ("hy_v4", None, {}),
     "internvl-bf16": ("internvl_chat", None, {}),
-    "kimi-vl-bf16": ("kimi_vl", None, {}),  # (test_kimi_vl_equals_sglangs_default_load)
+    "kimi-vl-bf16": ("kimi_vl", None, {}),
+    # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
+    "beam-nvfp4": (
+        "beam",
+        "nvfp4",
+        dict(hidden_size=128, moe_intermediate_size=128),
+    ),  # (test_kimi_vl_equals_sglangs_default_load)
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -404,6 +410,23 @@ def test_kimi_vl_equals_sglangs_default_load(sources, tmp_path, backend, tp):
         assert sorted(moe) == layers
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_sglangs_beam_model_refuses_flashinfers_bf16_runners(tmp_path, backend):
+    """Why Beam has no case above (servers/sglang/target.py refuses it): SGLang 0.5.23's
+    BeamForCausalLM (models/beam.py) runs BF16 and FP8 experts on its auto or Triton MoE runner
+    only, refusing FlashInfer's, and takes FlashInfer's TRT-LLM for ModelOpt NVFP4 alone (whose
+    load through the plugin is not proven here)."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("beam", tmp_path / "src")
+    with (
+        sm.sglang_context(backend, 1, 0),
+        pytest.raises(ValueError, match="Beam supports the auto or triton MoE runner for BF16"),
+    ):
+        _model(None, src, "auto", backend)
 
 
 def test_sglangs_longcat_flash_model_is_not_built_here(tmp_path):

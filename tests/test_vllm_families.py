@@ -55,10 +55,11 @@ writes them, sliding windows and attention sinks), Laguna (bf16 on both backends
 bias stored under mlp.experts), Hunyuan-A13B and Kolibri1 (bf16 on CUTLASS: the registry's
 TransformersMoEForCausalLM, routing with the model's own function), FlexOlmo (bf16 on CUTLASS)
 and Mellum (bf16 on both backends; the same backend, whose MoE block fuser takes their softmax
-routers over), HY v4 (bf16 on both backends: MLA with its lightning indexer, hyper-
-connections, transformers 5's fused experts with a SwiGLU clamp, the names vLLM reads outside
-the experts, tests/hf_checkpoints.py), Param2 (bf16 on both
-backends: Ling 2.0's names, tests/remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
+routers over), Beam (bf16 on both backends: sigmoid + bias routing in groups), HY v4 (bf16
+on both backends: MLA with its lightning indexer, hyper-connections, transformers 5's fused
+experts with a SwiGLU clamp, the names vLLM reads outside the experts, tests/
+hf_checkpoints.py), Param2 (bf16 on both backends: Ling 2.0's names, tests/
+remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
 PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
 values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
@@ -257,6 +258,8 @@ CASES = {
     # Hunyuan-A13B: vLLM's generic Transformers backend (its registry's class for it), the
     # model's own router function (Custom routing): CUTLASS only; its per-layer config lists
     "hunyuan-bf16": ("hunyuan_v1_moe", TRANSFORMERS_MOE, None, {}),
+    # Beam: sigmoid + bias routing in groups, a dense layer first
+    "beam-bf16": ("beam", "vllm.models.beam.BeamForCausalLM", None, {}),
     # HY v4: MLA with its lightning indexer (sparse MLA), hyper-connections, fused experts
     "hy-v4-bf16": ("hy_v4", "vllm.models.hy_v4.HYV4ForCausalLM", None, {}),
     # FlexOlmo, Kolibri1 and Mellum: vLLM's generic Transformers backend too (Kolibri1's own
@@ -332,6 +335,8 @@ RUNS = [
     ("granite-swa-bf16", "trtllm", "bf16"),
     ("granite-swa-bf16", "cutlass", "bf16"),
     ("hunyuan-bf16", "cutlass", "bf16"),
+    ("beam-bf16", "trtllm", "bf16"),
+    ("beam-bf16", "cutlass", "bf16"),
     ("hy-v4-bf16", "trtllm", "bf16"),
     ("hy-v4-bf16", "cutlass", "bf16"),
     ("flex-olmo-bf16", "cutlass", "bf16"),
