@@ -214,7 +214,7 @@ KINDS = {
 }
 # read in config.json and in its text_config; the families add their own (config_fields)
 SECTION_FIELDS = {"model_type": "string", "architectures": "list of strings"}
-TOP_FIELDS = {"text_config": "map", "quantization_config": "map"}
+TOP_FIELDS = {"text_config": "map", "llm_config": "map", "quantization_config": "map"}
 QUANT_FIELDS = {"quant_method": "string", "quant_algo": "string", "quantization": "map"}
 
 
@@ -246,7 +246,7 @@ def config_problem(config: dict, extra: tuple[Family, ...] = ()) -> str | None:
         wrong_kind(TOP_FIELDS, config)
         or _dotted_problem(fields, config)
         or wrong_kind(fields, config)
-        or wrong_kind(fields, _text_config(config), "text_config.")
+        or wrong_kind(fields, _text_config(config), f"{_text_section(config)}.")
         or wrong_kind(QUANT_FIELDS, quant, "quantization_config.")
     )
 
@@ -258,13 +258,23 @@ def config_field(config: dict, key: str) -> object:
 
 def model_type(config: dict) -> str | None:
     mt = config.get("model_type")
-    if mt is None and isinstance(config.get("text_config"), dict):
-        mt = config["text_config"].get("model_type")
+    if mt is None:
+        mt = _text_config(config).get("model_type")
     return mt if isinstance(mt, str) else None
 
 
+# where a multimodal config.json holds its language model's config: text_config, or
+# llm_config (InternVL's InternVLChatConfig: model_type internvl_chat)
+TEXT_SECTIONS = ("text_config", "llm_config")
+
+
+def _text_section(config: dict) -> str:
+    """The name of config.json's language-model section (text_config where there is none)."""
+    return next((k for k in TEXT_SECTIONS if isinstance(config.get(k), dict)), TEXT_SECTIONS[0])
+
+
 def _text_config(config: dict) -> dict:
-    tc = config.get("text_config")
+    tc = config.get(_text_section(config))
     return tc if isinstance(tc, dict) else {}
 
 

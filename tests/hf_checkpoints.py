@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,10 +222,70 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             qk_norm=True,
         ),
     ),
+    "hy_v4": (  # HY v4: MLA + indexer, hyper-connections; fused experts, SwiGLU clamp
+        "HYV4Config",
+        "HYV4ForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            pad_token_id=0,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            index_head_dim=16,
+            index_n_heads=2,
+        ),
+    ),
+    "beam": (  # Beam: a dense layer then a MoE one, sigmoid + bias routing in groups
+        "BeamConfig",
+        "BeamForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            mlp_layer_types=["dense", "sparse"],
+            pad_token_id=0,
+        ),
+    ),
     "hunyuan_v1_moe": (  # Hunyuan-A13B: softmax top-k renormalized, a shared MLP
         "HunYuanMoEV1Config",
         "HunYuanMoEV1ForCausalLM",
         dict(intermediate_size=96, num_experts=4, moe_topk=2),
+    ),
+    "flex_olmo": (  # FlexOlmo: OLMoE's layout, softmax routing (vLLM: Transformers backend)
+        "FlexOlmoConfig",
+        "FlexOlmoForCausalLM",
+        dict(intermediate_size=128, num_experts=4, num_experts_per_tok=2, pad_token_id=0),
+    ),
+    "kolibri1": (  # Kolibri1: its own router (top-k of logits + bias), shared experts
+        "Kolibri1Config",
+        "Kolibri1ForCausalLM",
+        dict(
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+    ),
+    "mellum": (  # Mellum: Qwen3-MoE's layout, a dense layer then a MoE one (mlp_layer_types)
+        "MellumConfig",
+        "MellumForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=96,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            mlp_layer_types=["dense", "sparse"],
+        ),
     ),
     "granitemoe_swa": (  # Granite-MoE SWA: fused experts as transformers 5 names them, sinks
         "GraniteMoeSWAConfig",
@@ -625,7 +687,223 @@ def _save_axk1(root: Path, seed: int = 0) -> Path:
     return root
 
 
+# transformers 5.20's HY v4 names for tensors outside the experts, and the names vLLM 0.33's
+# HYV4ForCausalLM reads (its modules: layers.L.hc_attn_layer.hc_pre, model.hc_head, the MLPs'
+# gate_proj): the published checkpoints' names are the ones vLLM's own load takes
+HY_V4_NAMES = (
+    (re.compile(r"\.hc_pre\.(hc_attn_layer|hc_mlp_layer)\."), r".\1.hc_pre."),
+    (re.compile(r"^model\.hc_pre\.hc_head\."), "model.hc_head."),
+    (re.compile(r"\.(mlp|shared_experts)\.linear_gate\."), r".\1.gate_proj."),
+)
+
+
+def _save_hy_v4(root: Path, seed: int = 0) -> Path:
+    """HY v4 as vLLM 0.33 reads it: transformers 5.20's model (its fused experts as written),
+    the tensors outside the experts renamed as HY_V4_NAMES says (the experts' names are
+    transformers' own)."""
+    from safetensors.torch import load_file, save_file
+
+    config_cls, model_cls, own = MODELS["hy_v4"]
+    root = _save_plain(config_cls, model_cls, own, root, seed)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = {_hy_v4_name(k): v for k, v in load_file(root / shard).items()}
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+    index["weight_map"] = {_hy_v4_name(k): v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index, indent=2))
+    return root
+
+
+def _hy_v4_name(name: str) -> str:
+    for pattern, repl in HY_V4_NAMES:
+        name = pattern.sub(repl, name)
+    return name
+
+
+# InternVL 3.5's MoE models (OpenGVLab/InternVL3_5-30B-A3B's form): config.json of model_type
+# internvl_chat (InternVLChatConfig, which SGLang holds) with the language model's config in
+# llm_config, a Qwen3-MoE language model under language_model., an InternViT vision model
+# (vision_model.) and its projector (mlp1.), tiny
+INTERNVL_VISION = dict(
+    architectures=["InternVisionModel"],
+    model_type="intern_vit_6b",
+    hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_hidden_layers=1,
+    image_size=28,
+    patch_size=14,
+    qkv_bias=True,
+    qk_normalization=False,
+    norm_type="layer_norm",
+)
+INTERNVL = dict(
+    architectures=["InternVLChatModel"],
+    model_type="internvl_chat",
+    downsample_ratio=0.5,
+    select_layer=-1,
+    force_image_size=28,
+    template="internvl2_5",
+    ps_version="v2",
+    torch_dtype="bfloat16",
+)
+
+
+def _internvl_vision(seed: int) -> dict[str, torch.Tensor]:
+    """InternViT's and its projector's tensors as InternVL's checkpoints name them, at
+    INTERNVL_VISION's sizes (one layer), seeded, in BF16."""
+    v, llm = INTERNVL_VISION, COMMON["hidden_size"]
+    h, i, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    shuffled = h * 4  # pixel shuffle by downsample_ratio 0.5
+    patches = (v["image_size"] // p) ** 2 + 1
+    layer = "vision_model.encoder.layers.0."
+    shapes = {
+        "vision_model.embeddings.class_embedding": (1, 1, h),
+        "vision_model.embeddings.position_embedding": (1, patches, h),
+        "vision_model.embeddings.patch_embedding.weight": (h, 3, p, p),
+        "vision_model.embeddings.patch_embedding.bias": (h,),
+        **{layer + n: (h,) for n in ("ls1", "ls2", "norm1.weight", "norm1.bias", "norm2.weight")},
+        layer + "norm2.bias": (h,),
+        layer + "attn.qkv.weight": (3 * h, h),
+        layer + "attn.qkv.bias": (3 * h,),
+        layer + "attn.proj.weight": (h, h),
+        layer + "attn.proj.bias": (h,),
+        layer + "mlp.fc1.weight": (i, h),
+        layer + "mlp.fc1.bias": (i,),
+        layer + "mlp.fc2.weight": (h, i),
+        layer + "mlp.fc2.bias": (h,),
+        "mlp1.0.weight": (shuffled,),
+        "mlp1.0.bias": (shuffled,),
+        "mlp1.1.weight": (llm, shuffled),
+        "mlp1.1.bias": (llm,),
+        "mlp1.3.weight": (llm, llm),
+        "mlp1.3.bias": (llm,),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_internvl(root: Path, seed: int = 0) -> Path:
+    """An InternVL 3.5 MoE checkpoint (INTERNVL): transformers' Qwen3-MoE as the language model
+    (its tensors under language_model., its config as llm_config) beside _internvl_vision's."""
+    return _save_multimodal(
+        root,
+        seed,
+        "qwen3_moe",
+        "llm_config",
+        INTERNVL | {"vision_config": INTERNVL_VISION},
+        _internvl_vision(seed),
+    )
+
+
+def _save_multimodal(
+    root: Path, seed: int, llm_kind: str, section: str, config: dict, vision: dict, **sizes
+) -> Path:
+    """transformers' model `llm_kind` (MODELS, its arguments replaced by `sizes`) saved, its
+    tensors under language_model. and its config as config.json's `section` of `config`,
+    beside the `vision` tensors."""
+    from safetensors.torch import load_file, save_file
+
+    llm = save(llm_kind, root / "llm", seed, **sizes)
+    weight_map: dict[str, str] = {}
+    for shard in sorted(llm.glob("*.safetensors")):
+        tensors = {f"language_model.{k}": t for k, t in load_file(shard).items()}
+        save_file(tensors, root / shard.name, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, shard.name)
+    save_file(vision, root / "vision.safetensors", metadata={"format": "pt"})
+    weight_map |= dict.fromkeys(vision, "vision.safetensors")
+    index = {"metadata": {}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config = config | {section: json.loads((llm / "config.json").read_text())}
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.rmtree(llm)
+    return root
+
+
+# Kimi-VL (moonshotai/Kimi-VL-A3B-Instruct's form): config.json of model_type kimi_vl
+# (KimiVLConfig, which SGLang holds) over a DeepSeek-V3 text_config, a DeepSeek-V3 language
+# model under language_model., a MoonViT vision tower (vision_tower., its attention's wqkv/wo)
+# and its projector (multi_modal_projector.), tiny
+KIMI_VL_VISION = dict(
+    model_type="moonvit",
+    patch_size=14,
+    init_pos_emb_height=4,
+    init_pos_emb_width=4,
+    num_attention_heads=2,
+    num_hidden_layers=1,
+    hidden_size=32,
+    intermediate_size=64,
+    merge_kernel_size=[2, 2],
+)
+# Kimi-VL-A3B's text_config routing keys (as recalled from its config.json, not re-read here)
+# that transformers' DeepseekV3Config does not write and SGLang's DeepSeek-V2 config reads (its
+# router's e_score_correction_bias with noaux_tc)
+KIMI_VL_TEXT = dict(topk_method="noaux_tc", scoring_func="sigmoid")
+KIMI_VL = dict(
+    architectures=["KimiVLForConditionalGeneration"],
+    model_type="kimi_vl",
+    media_placeholder_token_id=100,
+    torch_dtype="bfloat16",
+)
+
+
+def _kimi_vl_vision(seed: int) -> dict[str, torch.Tensor]:
+    """MoonViT's and its projector's tensors as Kimi-VL's checkpoints name them, at
+    KIMI_VL_VISION's sizes (one block), seeded, in BF16."""
+    v, llm = KIMI_VL_VISION, COMMON["hidden_size"]
+    h, i, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    merged = h * 4  # the 2x2 patch merger
+    block = "vision_tower.encoder.blocks.0."
+    shapes = {
+        "vision_tower.patch_embed.proj.weight": (h, 3, p, p),
+        "vision_tower.patch_embed.proj.bias": (h,),
+        "vision_tower.patch_embed.pos_emb.weight": (4, 4, h),
+        **{block + f"{n}.{w}": (h,) for n in ("norm0", "norm1") for w in ("weight", "bias")},
+        block + "mlp.fc0.weight": (i, h),
+        block + "mlp.fc0.bias": (i,),
+        block + "mlp.fc1.weight": (h, i),
+        block + "mlp.fc1.bias": (h,),
+        block + "wqkv.weight": (3 * h, h),
+        block + "wqkv.bias": (3 * h,),
+        block + "wo.weight": (h, h),
+        block + "wo.bias": (h,),
+        "vision_tower.encoder.final_layernorm.weight": (h,),
+        "vision_tower.encoder.final_layernorm.bias": (h,),
+        "multi_modal_projector.pre_norm.weight": (h,),
+        "multi_modal_projector.pre_norm.bias": (h,),
+        "multi_modal_projector.linear_1.weight": (merged, merged),
+        "multi_modal_projector.linear_1.bias": (merged,),
+        "multi_modal_projector.linear_2.weight": (llm, merged),
+        "multi_modal_projector.linear_2.bias": (llm,),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
+    """A Kimi-VL checkpoint (KIMI_VL): transformers' DeepSeek-V3 as the language model (its
+    tensors under language_model., its config as text_config) beside _kimi_vl_vision's."""
+    _save_multimodal(
+        root,
+        seed,
+        "deepseek_v3",
+        "text_config",
+        KIMI_VL | {"vision_config": KIMI_VL_VISION},
+        _kimi_vl_vision(seed),
+        q_lora_rank=None,  # as Kimi-VL-A3B's text_config: MLA's q_proj, no q LoRA
+    )
+    path = root / "config.json"
+    config = json.loads(path.read_text())
+    config["text_config"] |= KIMI_VL_TEXT
+    path.write_text(json.dumps(config, indent=2))
+    return root
+
+
 SAVERS = {
+    "kimi_vl": _save_kimi_vl,
+    "internvl_chat": _save_internvl,
+    "hy_v4": _save_hy_v4,
     "axk1": _save_axk1,
     "qwen3_omni_moe": _save_qwen3_omni,
     "glm4v_moe": _save_glm4v_moe,

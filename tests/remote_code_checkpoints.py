@@ -699,3 +699,114 @@ def save_nemotron_h_puzzle(root: Path, seed: int = 0) -> Path:
     (root / "config.json").unlink()
     shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
     return _write(root, shards, config, "configuration_nemotron_h_puzzle.py", PUZZLE_MODULE, True)
+
+
+# Intern-S1 (internlm/Intern-S1, InternS1ForConditionalGeneration, model_type interns1):
+# transformers' InternVL layout (model.language_model., model.vision_tower.,
+# model.multi_modal_projector., lm_head) over a Qwen3-MoE language model, its config class
+# remote code (InternS1Config: a Qwen3-MoE text_config, an InternViT-style vision_config); the
+# vision keys SGLang's InternVisionModel reads beside transformers' own
+INTERNS1_MODULE = '''"""Intern-S1's configuration class (fi-convert's tests): a Qwen3-MoE
+text_config and an InternViT vision_config."""
+
+from transformers import PretrainedConfig, Qwen3MoeConfig
+
+
+class InternS1VisionConfig(PretrainedConfig):
+    model_type = "interns1_vision"
+
+
+class InternS1Config(PretrainedConfig):
+    model_type = "interns1"
+
+    def __init__(self, vision_config=None, text_config=None, **kwargs):
+        self.vision_config = InternS1VisionConfig(**(vision_config or {}))
+        self.text_config = Qwen3MoeConfig(**(text_config or {}))
+        super().__init__(**kwargs)
+'''
+INTERNS1_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_hidden_layers=1,
+    image_size=[28, 28],
+    patch_size=[14, 14],
+    attention_bias=True,
+    use_qk_norm=False,
+    layer_scale_init_value=0.1,
+)
+# the published vision_config's keys SGLang's InternVisionModel reads (InternViT's names)
+INTERNS1_VISION_KEYS = dict(
+    qkv_bias=True,
+    qk_normalization=False,
+    norm_type="layer_norm",
+    dropout=0.0,
+    drop_path_rate=0.0,
+    initializer_factor=1.0,
+    layer_norm_eps=1e-6,
+    hidden_act="gelu",
+)
+
+
+def save_interns1(root: Path, seed: int = 0) -> Path:
+    """transformers' InternVL model over its Qwen3-MoE (tests/hf_checkpoints.py's sizes),
+    saved, and config.json rewritten as Intern-S1 publishes it, its config class beside."""
+    import transformers
+
+    from tests import hf_checkpoints as hf
+
+    _, _, own = hf.MODELS["qwen3_moe"]
+    # an lm_head of its own, as Intern-S1 publishes it (lm_head.weight)
+    text = transformers.Qwen3MoeConfig(**(hf.COMMON | own), tie_word_embeddings=False)
+    vision = transformers.InternVLVisionConfig(**INTERNS1_VISION)
+    config = transformers.InternVLConfig(
+        text_config=text,
+        vision_config=vision,
+        downsample_ratio=0.5,
+        vision_feature_layer=-1,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.InternVLForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(root, max_shard_size=hf.MAX_SHARD_SIZE)
+    _rename_tensors(root, _interns1_name)
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["text_config"]["architectures"] = ["Qwen3MoeForCausalLM"]
+    cfg["vision_config"] |= INTERNS1_VISION_KEYS | dict(image_size=28, patch_size=14)
+    cfg |= dict(
+        model_type="interns1",
+        architectures=["InternS1ForConditionalGeneration"],
+        auto_map={"AutoConfig": "configuration_interns1.InternS1Config"},
+    )
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    (root / "configuration_interns1.py").write_text(INTERNS1_MODULE)
+    return root
+
+
+# transformers 5.20's InternVL save_pretrained writes its older names (language_model.model.,
+# vision_tower., multi_modal_projector.); Intern-S1's checkpoints name them as SGLang's
+# InternS1 load reads (models/interns1.py, _mapping_interns1_name): under model., lm_head alone
+INTERNS1_NAMES = (
+    ("language_model.model.", "model.language_model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("vision_tower.", "model.vision_tower."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
+)
+
+
+def _interns1_name(name: str) -> str:
+    old, new = next(((o, n) for o, n in INTERNS1_NAMES if name.startswith(o)), ("", ""))
+    return new + name[len(old) :]
+
+
+def _rename_tensors(root: Path, rename) -> None:
+    """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
+    from safetensors.torch import load_file
+
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = {rename(k): t for k, t in load_file(root / shard).items()}
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+    index["weight_map"] = {rename(k): v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index, indent=2))

@@ -152,6 +152,28 @@ def test_each_field_is_read_from_text_config_too(pristine, tmp_path, fam):
     error_line(res, "4 experts in the shards but config.json says 5")
 
 
+@pytest.mark.parametrize("fam", sorted(SPECS))
+def test_an_internvl_llm_config_is_read_as_text_config(pristine, tmp_path, fam):
+    """InternVL's config.json (model_type internvl_chat) holds its language model's config in
+    llm_config: the family is named there and its fields read there, and a field of the wrong
+    kind there is one line naming llm_config.<field>."""
+
+    def edit(c: dict) -> None:
+        llm = {k: c.pop(k) for k in list(c) if k not in ("quantization_config",)}
+        c.update(model_type="internvl_chat", architectures=["InternVLChatModel"], llm_config=llm)
+
+    res = _dry_run(_with_config(pristine[fam], tmp_path / "model", edit))
+    assert res.exit_code == 0, res.output
+    key = next(f for f in all_families() if f.name == fam).config_keys["num_experts"][0]
+
+    def wrong(c: dict) -> None:
+        edit(c)
+        c["llm_config"][key] = str(c["llm_config"][key])
+
+    model = _with_config(pristine[fam], tmp_path / "wrong", wrong)
+    error_line(_dry_run(model), f"{model / 'config.json'}: llm_config.{key} is ", "not an integer")
+
+
 @pytest.mark.parametrize("bad", WRONG["map"])
 def test_text_config_that_is_no_map(pristine, tmp_path, bad):
     for fam in SPECS:

@@ -33,7 +33,14 @@ publishes them) in BF16 on both backends (its published FP8 release's format was
 here; SGLang declares no routing method for it, so ModelOpt FP8 on TRT-LLM is refused);
 Granite-MoE SWA (GraniteMoeSWAForCausalLM: transformers' model, its fused
 block_sparse_moe.experts.gate_up_proj / down_proj, sliding windows and attention sinks) in BF16
-on both backends.
+on both backends, Mellum (MellumForCausalLM: Qwen3-MoE's layers, a dense layer by
+mlp_layer_types) in BF16 on both backends, InternVL 3.5 MoE (InternVLChatModel: its Qwen3-MoE
+language model's config in llm_config) and Intern-S1 (InternS1ForConditionalGeneration as
+published, its config class remote code: test_interns1_equals_sglangs_default_load) and Kimi-VL
+(KimiVLForConditionalGeneration over DeepSeek-V3: test_kimi_vl_equals_sglangs_default_load) in
+BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
+hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
+read, tests/hf_checkpoints.py) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -119,6 +126,16 @@ CASES = {
     "gemma4-bf16": ("gemma4", None, {}),
     "hunyuan-bf16": ("hunyuan_v1_moe", None, {}),
     "granite-swa-bf16": ("granitemoe_swa", None, {}),
+    "mellum-bf16": ("mellum", None, {}),
+    "hy-v4-bf16": ("hy_v4", None, {}),
+    "internvl-bf16": ("internvl_chat", None, {}),
+    "kimi-vl-bf16": ("kimi_vl", None, {}),
+    # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
+    "beam-nvfp4": (
+        "beam",
+        "nvfp4",
+        dict(hidden_size=128, moe_intermediate_size=128),
+    ),  # (test_kimi_vl_equals_sglangs_default_load)
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
@@ -140,6 +157,11 @@ MOE = {
     "gemma4": [f"model.layers.{i}.experts" for i in (0, 1)],
     "hunyuan_v1_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
+    "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
+    "hy_v4": ["model.layers.1.mlp.experts"],
+    # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
+    # language_model, the checkpoint's prefix
+    "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -182,6 +204,15 @@ RUNS = [
     # Granite-MoE SWA: transformers 5's fused gate_up_proj / down_proj; I 96, padded per rank
     ("granite-swa-bf16", "trtllm", "bf16"),
     ("granite-swa-bf16", "cutlass", "bf16"),
+    # Mellum: Qwen3-MoE's layers (SGLang's MellumForCausalLM), a dense layer then a MoE one
+    ("mellum-bf16", "trtllm", "bf16"),
+    ("mellum-bf16", "cutlass", "bf16"),
+    # HY v4: MLA with its indexer, hyper-connections, fused experts with a SwiGLU clamp
+    ("hy-v4-bf16", "trtllm", "bf16"),
+    ("hy-v4-bf16", "cutlass", "bf16"),
+    # InternVL 3.5 MoE (InternVLChatModel): its language model's config read from llm_config
+    ("internvl-bf16", "trtllm", "bf16"),
+    ("internvl-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -341,6 +372,8 @@ def test_an_output_for_sglang_is_refused_at_plan_time(no_fused_moe, kind, tmp_pa
     assert read(tmp_path / "vllm")["layers"]
 
 
+# SGLang's module of Kimi-VL's vision tower (MoonViT)
+MOONVIT = "sglang.srt.models.kimi_vl_moonvit"
 # SGLang's module of the yarn rotary embedding Sarvam-105B builds
 ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
 LING = {
@@ -380,6 +413,82 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
             assert sorted(moe) == layers
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_interns1_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend, tp):
+    """Intern-S1 (InternS1ForConditionalGeneration) as internlm/Intern-S1 publishes it (tests/
+    remote_code_checkpoints.py: transformers' InternVL layout under model., its config class
+    remote code): fi-convert takes it as Qwen3-MoE by its text_config; SGLang 0.5.23 builds its
+    Qwen3-MoE language model without the checkpoint's prefix (modules language_model.model.
+    layers.L.mlp.experts, layers named model.layers.L.mlp.experts, the checkpoint's model.
+    language_model.layers.L.mlp.experts), which the plugin finds as the one output layer
+    that, less one of its parts, is the layer's name. BF16 on both backends."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    base = tmp_path_factory.getbasetemp()
+    src = base / "sgl-interns1-src"
+    with rc.modules_cache(base / "hf-modules"):
+        if not src.exists():
+            rc.save_interns1(src)
+        out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+        layers = [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)]
+        assert sorted(read(out)["layers"]) == layers
+        for rank in range(tp):
+            with sm.sglang_context(backend, tp, rank):
+                ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
+                theirs = _model(None, src, "auto", backend, trust_remote_code=True)
+            moe = _moe(theirs)
+            assert sorted(moe) == [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)]
+            assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+            assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_kimi_vl_equals_sglangs_default_load(sources, tmp_path, backend, tp):
+    """Kimi-VL (KimiVLForConditionalGeneration; tests/hf_checkpoints.py: its DeepSeek-V3
+    language model under language_model., a MoonViT vision tower): fi-convert takes it as
+    DeepSeek-V3 by its text_config; SGLang builds the language model under the checkpoint's
+    prefix. Its MoonViT's rotary embedding asks the platform for its device when built: "cpu"
+    here. BF16 on both backends."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = sources("kimi-vl-bf16")
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    layers = ["language_model.model.layers.1.mlp.experts"]
+    assert sorted(read(out)["layers"]) == layers
+    for rank in range(tp):
+        with (
+            sm.sglang_context(backend, tp, rank),
+            mock.patch(f"{MOONVIT}.get_device", lambda: "cpu"),  # (imported in the context)
+        ):
+            ours = _model(None, out, "fi-convert", backend)
+            theirs = _model(None, src, "auto", backend)
+        moe = _moe(theirs)
+        assert sorted(moe) == layers
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_sglangs_beam_model_refuses_flashinfers_bf16_runners(tmp_path, backend):
+    """Why Beam has no case above (servers/sglang/target.py refuses it): SGLang 0.5.23's
+    BeamForCausalLM (models/beam.py) runs BF16 and FP8 experts on its auto or Triton MoE runner
+    only, refusing FlashInfer's, and takes FlashInfer's TRT-LLM for ModelOpt NVFP4 alone (whose
+    load through the plugin is not proven here)."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("beam", tmp_path / "src")
+    with (
+        sm.sglang_context(backend, 1, 0),
+        pytest.raises(ValueError, match="Beam supports the auto or triton MoE runner for BF16"),
+    ):
+        _model(None, src, "auto", backend)
 
 
 def test_sglangs_longcat_flash_model_is_not_built_here(tmp_path):

@@ -57,16 +57,21 @@ def test_the_generic_transformers_backend_is_listed_as_such():
 
 
 def test_a_familys_transformers_backend_architecture_runs_custom_routings_kernels_for_vllm():
-    """A family's architecture that vLLM 0.33 serves through its generic Transformers backend
-    (Hunyuan-A13B's HunYuanMoEV1ForCausalLM) routes with the model's own router function
-    (Custom routing, tests/test_vllm_families.py shows it): planned for vLLM only on the
-    kernels that take Custom routing, refused elsewhere naming the backend."""
+    """The families' architectures that vLLM 0.33 serves through its generic Transformers
+    backend: where its MoEBlockFuser leaves the block's router to the model (Hunyuan-A13B,
+    Kolibri1: Custom routing, tests/test_vllm_families.py shows it), planned for vLLM only on
+    the kernels that take Custom routing, refused elsewhere naming the backend; where the fuser
+    takes the router over (FlexOlmo, Mellum), planned by the family's routing data alone."""
     from fi_convert.servers.vllm.target import TRANSFORMERS_BACKEND, VllmTarget
 
     named = family_architectures()
     moe = [a for a, (m, c) in _VLLM_MODELS.items() if m == "transformers" and a in named]
-    assert moe == list(TRANSFORMERS_BACKEND) == ["HunYuanMoEV1ForCausalLM"]
+    assert sorted(TRANSFORMERS_BACKEND) == ["HunYuanMoEV1ForCausalLM", "Kolibri1ForCausalLM"]
+    assert sorted(moe) == sorted(
+        [*TRANSFORMERS_BACKEND, "FlexOlmoForCausalLM", "MellumForCausalLM"]
+    )
     for a in moe:
         why = VllmTarget().refuses_source("bf16", "trtllm", None, [a])
-        assert why and "generic Transformers backend" in why and "Custom routing" in why
+        assert (a in TRANSFORMERS_BACKEND) == bool(why)
+        assert not why or ("generic Transformers backend" in why and "Custom routing" in why)
         assert VllmTarget().refuses_source("bf16", "cutlass", None, [a]) is None

@@ -52,9 +52,14 @@ layer's dense MLP, and its router's own function, Custom routing), A.X K1
 every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
 registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
 writes them, sliding windows and attention sinks), Laguna (bf16 on both backends: its router's
-bias stored under mlp.experts), Hunyuan-A13B (bf16 on CUTLASS: the registry's
-TransformersMoEForCausalLM, routing with the model's own function), Param2 (bf16 on both
-backends: Ling 2.0's names, tests/remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
+bias stored under mlp.experts), Hunyuan-A13B and Kolibri1 (bf16 on CUTLASS: the registry's
+TransformersMoEForCausalLM, routing with the model's own function), FlexOlmo (bf16 on CUTLASS)
+and Mellum (bf16 on both backends; the same backend, whose MoE block fuser takes their softmax
+routers over), Beam (bf16 on both backends: sigmoid + bias routing in groups), HY v4 (bf16
+on both backends: MLA with its lightning indexer, hyper-connections, transformers 5's fused
+experts with a SwiGLU clamp, the names vLLM reads outside the experts, tests/
+hf_checkpoints.py), Param2 (bf16 on both backends: Ling 2.0's names, tests/
+remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
 PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
 values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
@@ -149,6 +154,7 @@ BLOCK_SIZES = dict(
     num_key_value_heads=2,
     head_dim=128,
 )
+TRANSFORMERS_MOE = "vllm.model_executor.models.transformers.TransformersMoEForCausalLM"
 # case: (transformers' model, vLLM's model class, the source format or None for BF16, sizes)
 CASES = {
     "glm-bf16": ("glm4_moe", "glm4_moe.Glm4MoeForCausalLM", None, {}),
@@ -251,12 +257,16 @@ CASES = {
     "laguna-bf16": ("laguna", "laguna.LagunaForCausalLM", None, {}),
     # Hunyuan-A13B: vLLM's generic Transformers backend (its registry's class for it), the
     # model's own router function (Custom routing): CUTLASS only; its per-layer config lists
-    "hunyuan-bf16": (
-        "hunyuan_v1_moe",
-        "vllm.model_executor.models.transformers.TransformersMoEForCausalLM",
-        None,
-        {},
-    ),
+    "hunyuan-bf16": ("hunyuan_v1_moe", TRANSFORMERS_MOE, None, {}),
+    # Beam: sigmoid + bias routing in groups, a dense layer first
+    "beam-bf16": ("beam", "vllm.models.beam.BeamForCausalLM", None, {}),
+    # HY v4: MLA with its lightning indexer (sparse MLA), hyper-connections, fused experts
+    "hy-v4-bf16": ("hy_v4", "vllm.models.hy_v4.HYV4ForCausalLM", None, {}),
+    # FlexOlmo, Kolibri1 and Mellum: vLLM's generic Transformers backend too (Kolibri1's own
+    # router: Custom routing; FlexOlmo's and Mellum's softmax routers taken over by vLLM's)
+    "flex-olmo-bf16": ("flex_olmo", TRANSFORMERS_MOE, None, {}),
+    "kolibri1-bf16": ("kolibri1", TRANSFORMERS_MOE, None, {}),
+    "mellum-bf16": ("mellum", TRANSFORMERS_MOE, None, {}),
     # Granite-MoE SWA: fused experts as transformers 5 names them, per-layer sliding windows
     # and attention sinks (vLLM's registry: granitemoeshared.GraniteMoeSharedForCausalLM)
     "granite-swa-bf16": (
@@ -325,6 +335,14 @@ RUNS = [
     ("granite-swa-bf16", "trtllm", "bf16"),
     ("granite-swa-bf16", "cutlass", "bf16"),
     ("hunyuan-bf16", "cutlass", "bf16"),
+    ("beam-bf16", "trtllm", "bf16"),
+    ("beam-bf16", "cutlass", "bf16"),
+    ("hy-v4-bf16", "trtllm", "bf16"),
+    ("hy-v4-bf16", "cutlass", "bf16"),
+    ("flex-olmo-bf16", "cutlass", "bf16"),
+    ("kolibri1-bf16", "cutlass", "bf16"),
+    ("mellum-bf16", "trtllm", "bf16"),
+    ("mellum-bf16", "cutlass", "bf16"),
     ("laguna-bf16", "trtllm", "bf16"),
     ("laguna-bf16", "cutlass", "bf16"),
     ("param2-bf16", "trtllm", "bf16"),
@@ -678,18 +696,29 @@ def test_vllm_builds_each_puzzle_moe_layer_of_its_own_size(sources):
         assert got == sizes
 
 
-def test_vllms_transformers_backend_routes_hunyuan_with_the_models_own_function(sources):
-    """Why Hunyuan-A13B runs on CUTLASS only for vLLM (servers/vllm/target.py,
-    TRANSFORMERS_BACKEND): vLLM 0.33's Transformers backend leaves HunYuanMoEV1Moe's forward
-    to transformers and routes with its router through a custom routing function, which
-    CustomRoutingRouter reports as Custom routing."""
+@pytest.mark.parametrize(
+    ("case", "router", "method", "layers"),
+    [
+        ("hunyuan-bf16", "CustomRoutingRouter", "Custom", 2),
+        ("kolibri1-bf16", "CustomRoutingRouter", "Custom", 2),
+        ("flex-olmo-bf16", "FusedTopKRouter", "Default", 2),
+        ("mellum-bf16", "FusedTopKRouter", "RenormalizeNaive", 1),
+    ],
+)
+def test_vllms_transformers_backend_routes_as_its_moe_block_fuser_finds(
+    case, router, method, layers, sources
+):
+    """How vLLM 0.33's Transformers backend routes the families it serves (servers/vllm/
+    target.py, TRANSFORMERS_BACKEND): where its MoEBlockFuser does not recognise the MoE block
+    (Hunyuan-A13B, Kolibri1's top-k of logits plus a bias), it leaves the block's forward to
+    transformers and routes with its router through a custom routing function, which
+    CustomRoutingRouter reports as Custom routing, so those run on CUTLASS only; where it does
+    (FlexOlmo's and Mellum's softmax routers), its own router routes as the family's routing
+    data says (Default without renormalization, RenormalizeNaive with it). Mellum's dense
+    layer builds none."""
     from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
-    from vllm.model_executor.layers.fused_moe.router.custom_routing_router import (
-        CustomRoutingRouter,
-    )
 
-    case = "hunyuan-bf16"
     with vllm_model(case, sources(case), "cutlass", 1, 0) as (model, _):
         routers = [m.router for m in _moe(model).values()]
-    assert len(routers) == 2 and all(isinstance(r, CustomRoutingRouter) for r in routers)
-    assert {r.routing_method_type for r in routers} == {RoutingMethodType.Custom}
+    assert len(routers) == layers and {type(r).__name__ for r in routers} == {router}
+    assert {r.routing_method_type for r in routers} == {RoutingMethodType[method]}

@@ -59,7 +59,9 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
     language_model.layers.L.mlp.experts in a module model.layers.L.mlp.experts), or else the
     one output layer named as that prefix less one of its parts, or ending so (Gemma 4: the
     checkpoint's model.layers.L.experts, which its load_weights renames to the module
-    model.layers.L.moe.experts)."""
+    model.layers.L.moe.experts), or with one part more (Intern-S1: the checkpoint's
+    model.language_model.layers.L.mlp.experts, a layer built as model.layers.L.mlp.experts in
+    a module language_model.model.layers.L.mlp.experts)."""
     out = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
@@ -70,9 +72,16 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
             elif len(under) == 1:
                 out[under[0]] = mod
             else:
-                less = [o for o in output if any(_named(o, b) for b in _less_one_part(built))]
+                less = [o for o in output if _one_part_apart(o, built)]
                 out[less[0] if len(less) == 1 and not under else name] = mod
     return out
+
+
+def _one_part_apart(layer: str, built: str) -> bool:
+    """Whether output layer `layer` is named as `built` less one of its parts (or ends so),
+    or is `built` with one part more (Intern-S1: the checkpoint's model.language_model.layers.L
+    .mlp.experts, a layer SGLang builds as model.layers.L.mlp.experts)."""
+    return any(_named(layer, b) for b in _less_one_part(built)) or built in _less_one_part(layer)
 
 
 def _less_one_part(prefix: str) -> list[str]:

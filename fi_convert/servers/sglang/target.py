@@ -199,6 +199,14 @@ NO_FLASHINFER_MODEL = {
         "the checkpoint as it is"
     ),
     "Param2MoEForCausalLM": "SGLang {sglang} has no model class for Param2 (Param2MoEForCausalLM)",
+    "FlexOlmoForCausalLM": "SGLang {sglang} has no model class for FlexOlmo (FlexOlmoForCausalLM)",
+    "Kolibri1ForCausalLM": "SGLang {sglang} has no model class for Kolibri1 (Kolibri1ForCausalLM)",
+    "BeamForCausalLM": (
+        "SGLang {sglang}'s Beam model (models/beam.py) runs BF16 and FP8 experts on its auto or "
+        "Triton MoE runner only, refusing FlashInfer's, and takes FlashInfer's TRT-LLM for "
+        "ModelOpt NVFP4 alone, whose load through fi-convert's plugin is not proven; convert "
+        "with --server vllm, or serve the checkpoint as it is"
+    ),
     "PanguUltraMoEForCausalLM": (
         "SGLang {sglang} has no model class for openPangu-Ultra-MoE (PanguUltraMoEForCausalLM)"
     ),

@@ -59,8 +59,13 @@ SOURCES_NOT_YET: dict[tuple[str, str | None], str] = {
 # model's own router function where its MoEBlockFuser does not take the block over
 # (models/transformers/moe.py: custom_routing_function, so CustomRoutingRouter says Custom
 # routing), whatever the family's router computes: vLLM runs them on the kernels that take
-# Custom routing (tests/test_vllm_families.py, Hunyuan-A13B)
-TRANSFORMERS_BACKEND = {"HunYuanMoEV1ForCausalLM": "Hunyuan-A13B"}
+# Custom routing (tests/test_vllm_families.py: Hunyuan-A13B, Kolibri1). Where the fuser takes
+# the block over (FlexOlmo's and Mellum's softmax routers), vLLM routes it itself as the
+# family's routing data says, and that family is not listed here
+TRANSFORMERS_BACKEND = {
+    "HunYuanMoEV1ForCausalLM": "Hunyuan-A13B",
+    "Kolibri1ForCausalLM": "Kolibri1",
+}
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
     ("cutlass", "fp8-block"): "sm90",
