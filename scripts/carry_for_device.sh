@@ -8,7 +8,9 @@
 # from its venv (scripts/release_env.sh vllm RELEASE: 13 MB each) as .carry/releases/vllm-RELEASE.zip,
 # which `VLLM_RELEASES="RELEASE..." scripts/device_run.sh` runs the GPU tests against, with the
 # FlashInfer above (0.6.18.post1, the one 0.30 pins: the later ones' wheels are 34-101 MB, and
-# their MoE byte layouts are 0.6.18's). Usage: scripts/carry_for_device.sh [RELEASE...]
+# their MoE byte layouts are 0.6.18's). With NO_BASE=1, vLLM 0.33's package is left out, so that
+# two releases fit (`VLLM_RELEASES="A B" scripts/device_run.sh no-tests`: their tests alone).
+# Usage: [NO_BASE=1] scripts/carry_for_device.sh [RELEASE...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -31,7 +33,7 @@ zip_vllm() {  # the vllm package of site-packages $1 into $2, without its compil
     # let them import, and an op a test needs fails naming it
     (cd scripts/vllm_stand_ins && zip -qr "$2" vllm -x "*__pycache__*")
 }
-zip_vllm "$site" "$PWD/.carry/vllm-py.zip"
+[ -n "${NO_BASE:-}" ] || zip_vllm "$site" "$PWD/.carry/vllm-py.zip"
 for release in "$@"; do
     mkdir -p .carry/releases
     venv=$(bash scripts/release_env.sh vllm "$release")
