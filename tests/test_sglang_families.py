@@ -288,7 +288,7 @@ def _assert_refused_for_the_transformers_backend(src: Path, out: Path, arch: str
             _model(None, out, "fi-convert", backend)
     assert "\n" not in str(e.value)
     assert f"has no model class of its own for {arch} (config.json's architectures)" in str(e.value)
-    assert str(e.value).endswith("install an SGLang that has one (0.5.23, say)")
+    assert str(e.value).endswith("install an SGLang that has one: 0.5.22, 0.5.23")
 
 
 def test_a_release_without_the_architectures_model_class_is_refused(sources, tmp_path, monkeypatch):

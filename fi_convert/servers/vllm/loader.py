@@ -31,6 +31,7 @@ from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.names import MANIFEST_NAME
 from ...format.reader import OutputReader
+from .. import installed_registry
 from . import checks, experts
 from .checks import PluginError
 
@@ -131,6 +132,13 @@ class FiConvertModelLoader(DefaultModelLoader):
     ) -> torch.nn.Module:
         root, m = self._output(model_config)
         pc = vllm_config.parallel_config
+        checks.check_architecture(
+            m,
+            str(root),
+            list(getattr(model_config.hf_config, "architectures", None) or ()),
+            checks.vllm_version(),
+            installed_registry.architectures("vllm"),
+        )
         check = functools.partial(
             checks.check_output,
             m,
