@@ -112,3 +112,40 @@ def narrowed(server: str, m: Mapping, releases: Sequence[str]) -> list[str]:
 
 def why_left_out(server: str, m: Mapping, releases: Sequence[str]) -> str:
     return facts(server).left_out(of_manifest(m), releases)
+
+
+def table(server: str, releases: Sequence[str]) -> list[str]:
+    """The docs' table of the families' architectures some of `releases` has no model for
+    (its registry lacks it, or its class refuses the family's config.json) and some has,
+    made from the
+    server's file; under the support table (scripts/support_table.py,
+    scripts/sglang_support_table.py)."""
+    from ..families import all_families
+
+    f = facts(server)
+    rows = []
+    for fam in sorted(all_families(), key=lambda x: x.name):
+        for arch in fam.architectures:
+            out = [
+                r
+                if arch not in f.releases[r].architectures
+                else f"{r} ({f.releases[r].refuses[arch]})"
+                for r in releases
+                if f.known(r) and f.why_not(r, [arch]) is not None
+            ]
+            ok = f.serving([arch], releases)
+            if not out or not ok:  # (one no release serves: coverage.json's business)
+                continue
+            rows.append(f"| `{arch}` ({fam.name}) | {', '.join(out)} | {', '.join(ok) or 'none'} |")
+    if not rows:
+        return []
+    return [
+        f"Architectures some {f.label} release has no model class for (its registry lacks it), "
+        "or whose class refuses the family's config.json (as transformers writes it), read from "
+        f"each release's own code (`fi_convert/servers/{server}/{FILE}`): an output of them "
+        "lists only the releases that serve them.",
+        "",
+        "| architecture (family) | left out: no class, or its class refuses | served by |",
+        "|---|---|---|",
+        *rows,
+    ]

@@ -214,7 +214,9 @@ def support_table(refused: Mapping[tuple[str, str], str]) -> str:
     for scheme, backend in pairs:
         cells = [_cell(scheme, backend, r, refused, notes) for r in PROVEN]
         lines.append(f"| `{scheme}` / {backend} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + [""] + [f"{i}. {n}" for i, n in enumerate(notes, 1)]) + "\n"
+    lines += ["", *(f"{i}. {n}" for i, n in enumerate(notes, 1))]
+    archs = architectures.table("sglang", PROVEN)
+    return "\n".join(lines + (["", *archs] if archs else [])) + "\n"
 
 
 def _cell(scheme: str, backend: str, release: str, refused: Mapping, notes: list[str]) -> str:

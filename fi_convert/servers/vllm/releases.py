@@ -165,4 +165,6 @@ def support_table() -> str:
         cells = [f"no output ({note(why)})"] * len(PROVEN)
         lines.append(f"| {scheme} | {backend} | any size | " + " | ".join(cells) + " |")
     lines += ["", *(f"({k}) {why}." for k, why in enumerate(notes, 1))]
+    archs = architectures.table("vllm", PROVEN)
+    lines += ["", *archs] if archs else []
     return "\n".join([TABLE_BEGIN, "", *lines, "", TABLE_END])
