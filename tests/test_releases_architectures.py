@@ -217,3 +217,37 @@ def test_the_vllm_plugin_refuses_a_release_whose_registry_has_no_class(output):
     # a registry that has it, or a config.json that names none: nothing to refuse
     vllm_checks.check_architecture(m, "OUT", archs, "0.33.0", {"Kolibri1ForCausalLM"})
     vllm_checks.check_architecture(m, "OUT", [], "0.30.0", set())
+
+
+@pytest.mark.vllm
+def test_the_vllm_plugins_load_refuses_first_where_the_registry_has_no_class(output, monkeypatch):
+    """The plugin's load_model reads config.json's architectures from vLLM's model config and
+    the running vLLM's registry, and refuses before any other check or the model's build."""
+    import types
+
+    from vllm.config.load import LoadConfig
+
+    from fi_convert.servers.vllm import loader
+
+    out = output[1]
+    # the installed registry has the source's class: nothing refused
+    vllm_checks.check_architecture(
+        mf.read(out),
+        "OUT",
+        ["Qwen3MoeForCausalLM"],
+        vllm_checks.vllm_version(),
+        installed_registry.architectures("vllm"),
+    )
+    monkeypatch.setattr(
+        loader.installed_registry, "architectures", lambda server: frozenset({"LlamaForCausalLM"})
+    )
+    hf_config = types.SimpleNamespace(architectures=["Qwen3MoeForCausalLM"])
+    model_config = types.SimpleNamespace(model=str(out), revision=None, hf_config=hf_config)
+    vllm_config = types.SimpleNamespace(parallel_config=None)  # read only after the refusal
+    with pytest.raises(vllm_checks.PluginError) as e:
+        loader.FiConvertModelLoader(LoadConfig(load_format="fi-convert")).load_model(
+            vllm_config, model_config
+        )
+    msg = str(e.value)
+    assert "\n" not in msg and "model registry has no Qwen3MoeForCausalLM" in msg
+    assert msg.endswith(f"serve it on vLLM {', '.join(VLLM)} (pip install vllm==0.34.0)")

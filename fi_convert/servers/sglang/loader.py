@@ -198,8 +198,10 @@ class FiConvertModelLoader(DefaultModelLoader):
         root = self._root(model_config)
         manifest = checks.read_output(root)
         name = checks.output_name(str(model_config.model_path), root)
-        check_output(manifest, name)
+        # the model class first: a release the output leaves out for its architecture would
+        # otherwise be proven (proof.py) before this refusal
         check_model_class(model_config, manifest, name)
+        check_output(manifest, name)
         target_device = torch.device(device_config.device)
         if target_device.type == "cuda":  # pinned while SGLang builds the model
             self._buffers = host_buffers().allocate(background=True)

@@ -131,14 +131,14 @@ class FiConvertModelLoader(DefaultModelLoader):
         self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = ""
     ) -> torch.nn.Module:
         root, m = self._output(model_config)
-        pc = vllm_config.parallel_config
         checks.check_architecture(
             m,
             str(root),
-            list(getattr(model_config.hf_config, "architectures", None) or ()),
+            list(getattr(getattr(model_config, "hf_config", None), "architectures", None) or ()),
             checks.vllm_version(),
             installed_registry.architectures("vllm"),
         )
+        pc = vllm_config.parallel_config
         check = functools.partial(
             checks.check_output,
             m,
