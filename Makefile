@@ -119,22 +119,25 @@ test-server: install-server
 RELEASES_vllm ?= 0.30.0 0.31.0 0.32.0 0.34.0
 RELEASES_sglang ?= 0.5.20 0.5.21 0.5.22
 RELEASE ?= $(lastword $(RELEASES_$(SERVER)))
-# vLLM: the release's own FusedMoE processing against every layout, the plugin on it, EP, and the
-# releases table's tests. CI_SUBSET=1 (CI's legs): the layer cases at TP (and EP) 1 and 2 only,
-# every rank; TP 4 runs in `make test` (0.33) and in a plain `make test-release`.
+# vLLM: the release's own FusedMoE processing against every layout, the plugin on it, EP, the
+# releases table's tests, and the release's entry of architectures.json (its own registry).
+# CI_SUBSET=1 (CI's legs): the layer cases at TP (and EP) 1 and 2 only, every rank; TP 4 runs in
+# `make test` (0.33) and in a plain `make test-release`.
 CI_SUBSET ?=
 RELEASE_SUBSET_vllm := -k "not -4-"
 RELEASE_TESTS_vllm ?= tests/test_vllm.py tests/test_vllm_scales.py tests/test_vllm_mxfp4.py \
-	tests/test_vllm_plugin.py tests/test_vllm_ep.py tests/test_vllm_releases.py
+	tests/test_vllm_plugin.py tests/test_vllm_ep.py tests/test_vllm_releases.py \
+	tests/test_releases_architectures.py
 # SGLang: its own MoE processing against every --server sglang layout (each release left out of a
-# layout's list is refuted by the same test) and the releases table's tests; then the plugin's
-# tests (its load, whole models, EP, registration, refusals, the families' models, weight
-# updates) of every layout whose bytes the release holds (fi_convert/servers/sglang/releases.py's
-# PLUGIN: all but NVFP4 TRT-LLM, whose bytes differ before 0.5.23, and ModelOpt FP8 TRT-LLM,
-# which runs Triton before 0.5.23), and non-gated experts and the load-time proof whole (their
+# layout's list is refuted by the same test), the releases table's tests and the release's entry
+# of architectures.json; then the plugin's tests (its load, whole models, EP, registration,
+# refusals, the families' models, weight updates) of every layout whose bytes the release holds
+# (fi_convert/servers/sglang/releases.py's PLUGIN: all but NVFP4 TRT-LLM, whose bytes differ
+# before 0.5.23, and ModelOpt FP8 TRT-LLM, which runs Triton before 0.5.23), and non-gated experts and the load-time proof whole (their
 # tests show a release left out refuted); the proof's run in a process of its own (13 s, the
 # same plumbing on every release) runs in `make test` and a plain run of the module.
-RELEASE_TESTS_sglang ?= tests/test_sglang.py tests/test_releases_sglang.py
+RELEASE_TESTS_sglang ?= tests/test_sglang.py tests/test_releases_sglang.py \
+	tests/test_releases_architectures.py
 RELEASE_SUBSET_sglang := -k "own_bytes or control or releases"
 SGLANG_PLUGIN_TESTS ?= tests/test_sglang_plugin.py tests/test_sglang_models.py tests/test_sglang_ep.py \
 	tests/test_sglang_non_gated.py tests/test_sglang_families.py tests/test_sglang_family_forms.py \

@@ -278,6 +278,13 @@ def _text_config(config: dict) -> dict:
     return tc if isinstance(tc, dict) else {}
 
 
+def served_architectures(config: dict) -> list[str]:
+    """config.json's own `architectures` (strings only): those a server picks its model class
+    by, the first its registry holds (a text_config's are the language model's)."""
+    archs = config.get("architectures")
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+
+
 def architectures(config: dict) -> list[str]:
     """config.json's `architectures` (and its text_config's), the strings only."""
     out: list[str] = []

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import FiConvertError
-from .families import FAMILY_FILE, all_families, check_family
+from .families import FAMILY_FILE, all_families, check_family, served_architectures
 from .format.names import (
     DEFAULT_SERVER,
     FORMAT,
@@ -33,13 +33,22 @@ from .st_io import TMP_SUFFIX
 from .target import ServerTarget, release_fields
 from .version import __version__
 
+ARCHITECTURES = "architectures"  # source.architectures: config.json's (docs/FORMAT.md)
 
-def target_fields(server: ServerTarget, scheme: str, backend: str, layers: Mapping) -> dict:
+
+def target_fields(
+    server: ServerTarget,
+    scheme: str,
+    backend: str,
+    layers: Mapping,
+    architectures: list[str] | None = None,
+) -> dict:
     """A server's `target`: the releases an output's bytes are (those proven for its layers'
-    sizes among them), and where it runs them."""
+    sizes among them, and with a model class for its source's `architectures`), and where it
+    runs them."""
     return {
         **server.versions,
-        **release_fields(server, scheme, backend, layers),
+        **release_fields(server, scheme, backend, layers, architectures),
         "gpu_family": server.gpu_family(backend, scheme),
     }
 
@@ -49,7 +58,7 @@ def _accepted_targets(server: ServerTarget, m: dict) -> list[dict]:
     as what older fi-convert releases wrote (`former_targets`)."""
     scheme, backend = str(m.get("scheme")), str(m.get("backend"))
     gpu = {"gpu_family": server.gpu_family(backend, scheme)}
-    return [target_fields(server, scheme, backend, m["layers"])] + [
+    return [target_fields(server, scheme, backend, m["layers"], recorded(m))] + [
         {**t, **gpu} for t in getattr(server, "former_targets", ())
     ]
 
@@ -57,12 +66,14 @@ def _accepted_targets(server: ServerTarget, m: dict) -> list[dict]:
 def build(plan: Plan, files: dict[str, dict]) -> dict:
     layers = plan.summary()["layers"]
     scheme, backend, server = plan.scheme.value, plan.options.backend.value, plan.target
+    archs = served_architectures(plan.ckpt.config)
     several = {}
     if len(plan.options.targets) > 1:
         several = {
             SERVERS_FIELD: list(plan.options.server_names),
             TARGETS_FIELD: {
-                t.name: target_fields(t, scheme, backend, layers) for t in plan.options.targets
+                t.name: target_fields(t, scheme, backend, layers, archs)
+                for t in plan.options.targets
             },
         }
     return {
@@ -74,10 +85,11 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "tp_size": plan.options.tp_size,
         SERVER_FIELD: server.name,
         **several,
-        "target": target_fields(server, scheme, backend, layers),
+        "target": target_fields(server, scheme, backend, layers, archs),
         "expert_parallel": server.ep_note(scheme, layers),
         "source": {
             "model_type": plan.ckpt.model_type,
+            ARCHITECTURES: archs,
             "family": plan.family.name,
             **family_fields(plan),
             "fingerprint": plan.ckpt.fingerprint,
@@ -87,6 +99,14 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "layers": layers,
         "files": {k: files[k] for k in sorted(files)},
     }
+
+
+def recorded(m: Mapping) -> list[str] | None:
+    """The source's architectures an output's manifest records, or None where it records none
+    (fi-convert before the field): its releases are then judged by its layout alone."""
+    src = m.get("source")
+    archs = src.get(ARCHITECTURES) if isinstance(src, Mapping) else None
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
 
 
 def family_fields(plan: Plan) -> dict:
@@ -230,7 +250,7 @@ def check_fields(m: dict) -> list[str]:
         if refused:
             bad("scheme", m["scheme"], f"with backend {backend.value} for {server.name}: {refused}")
         wants = _accepted_targets(server, m)
-        since = release_fields(server, scheme.value, backend.value, m["layers"])
+        since = release_fields(server, scheme.value, backend.value, m["layers"], recorded(m))
         target = m.get("target")
         # an older fi-convert's target is checked as such; else this one's, field by field
         want = next((w for w in wants[1:] if same(target, w)), wants[0])
@@ -286,7 +306,7 @@ def _several_problems(m: dict, first: str) -> list[str]:
             out.append(f"{SERVERS_FIELD} names {show(name)}: {e}")
             continue
         scheme, backend = str(m.get("scheme")), str(m.get("backend"))
-        since = release_fields(server, scheme, backend, m["layers"])
+        since = release_fields(server, scheme, backend, m["layers"], recorded(m))
         wants = _accepted_targets(server, m)
         got = targets[name]
         if isinstance(got, dict):  # fields written since: an older output lacks them
@@ -308,6 +328,11 @@ def _source_problems(src: object) -> list[str]:
         out.append("source.model_type is missing")
     elif mt is not None and not isinstance(mt, str):
         out.append(f"source.model_type is {show(mt)}, not a string or null")
+    archs = src.get(ARCHITECTURES)
+    if ARCHITECTURES in src and not (
+        isinstance(archs, list) and all(isinstance(a, str) for a in archs)
+    ):
+        out.append(f"source.{ARCHITECTURES} is {show(archs)}, not a list of strings")
     families = [f.name for f in all_families()]
     own = src.get(FAMILY_FILE)
     if own is not None:

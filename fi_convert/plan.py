@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import jsontext, schemes
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
-from .families import Family, FamilyFileError, config_field, load_file
+from .families import Family, FamilyFileError, config_field, load_file, served_architectures
 from .format import config_marker
 from .format.names import CONFIG_NAME, INDEX_NAME, MANIFEST_NAME
 from .mistral_format import INDEX_NAME as MISTRAL_INDEX_NAME
@@ -516,7 +516,13 @@ def servers(plan: Plan) -> list[ServerChoice]:
         rel = {}
         if why is None:
             infos = {lp.prefix: lp.info for lp in lps}
-            rel = release_fields(opts.target, plan.scheme.value, plan.options.backend.value, infos)
+            rel = release_fields(
+                opts.target,
+                plan.scheme.value,
+                plan.options.backend.value,
+                infos,
+                served_architectures(plan.ckpt.config),
+            )
         out.append(ServerChoice(name, why, note, serve, rel))
     return out
 

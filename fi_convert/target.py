@@ -201,12 +201,20 @@ class ServerTarget(Protocol):
 
 
 def release_fields(
-    server: ServerTarget, scheme: str, backend: str, layers: Mapping[str, Mapping]
+    server: ServerTarget,
+    scheme: str,
+    backend: str,
+    layers: Mapping[str, Mapping],
+    architectures: Sequence[str] | None = None,
 ) -> dict:
     """The `target` fields a server derives from the output's layers (the releases whose own
-    processing is proven to hold their bytes); {} for a server that lists none."""
+    processing is proven to hold their bytes) and its source's architectures (config.json's:
+    of those, the releases with a model class for it; None, an output that records none: not
+    narrowed); {} for a server that lists none."""
     fields = getattr(server, "release_fields", None)
-    m = {"scheme": scheme, "backend": backend, "layers": layers}
+    m: dict = {"scheme": scheme, "backend": backend, "layers": layers}
+    if architectures is not None:
+        m["source"] = {"architectures": list(architectures)}
     return {} if fields is None else dict(fields(m))
 
 

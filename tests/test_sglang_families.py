@@ -288,7 +288,27 @@ def _assert_refused_for_the_transformers_backend(src: Path, out: Path, arch: str
             _model(None, out, "fi-convert", backend)
     assert "\n" not in str(e.value)
     assert f"has no model class of its own for {arch} (config.json's architectures)" in str(e.value)
-    assert str(e.value).endswith("install an SGLang that has one (0.5.23, say)")
+    assert str(e.value).endswith("install an SGLang that has one: 0.5.22, 0.5.23")
+
+
+@pytest.mark.parametrize(
+    ("case", "releases"),
+    [("exaone-bf16", ["0.5.22", "0.5.23"]), ("hy-v4-bf16", ["0.5.22", "0.5.23"])],
+)
+def test_the_manifest_lists_only_releases_with_a_model_for_the_architecture(
+    case, releases, sources, tmp_path
+):
+    """K-EXAONE as transformers writes it has no class on 0.5.20-0.5.21 (ExaoneMoeForCausalLM);
+    their HYV4Config refuses HY v4's layer_types (indexed_attention): those releases hold the
+    bytes, but their lists leave them out (architectures.json, read from each release)."""
+    src = sources(case)
+    m = read(_convert(src, tmp_path / "out", "bf16", "trtllm", 1))
+    assert (
+        m["source"]["architectures"]
+        == json.loads((src / "config.json").read_text())["architectures"]
+    )
+    assert m["target"]["sglang_releases"] == releases
+    assert m["target"]["sglang_versions"] == ">=0.5.22,<=0.5.23"
 
 
 def test_a_release_without_the_architectures_model_class_is_refused(sources, tmp_path, monkeypatch):

@@ -336,8 +336,19 @@ FAMILY_BOUND = ["source.routing", "source.activation"]
 def test_every_source_bound_field_is_covered(outputs):
     """A field build() adds to `source` is one that only --source proves: it needs a case."""
     m = json.loads((outputs("bf16-trtllm-tp2") / MANIFEST).read_text())
-    fields = {f"source.{k}" for k in m["source"]} - {"source.model_type", *FAMILY_BOUND}
+    from_config = {"source.model_type", "source.architectures"}  # the output's config.json's
+    fields = {f"source.{k}" for k in m["source"]} - {*from_config, *FAMILY_BOUND}
     assert fields <= set(SOURCE_BOUND)
+
+
+def test_the_architectures_are_proven_from_config_json(outputs, tmp_path):
+    dst, m = _linked(outputs("bf16-trtllm-tp2"), tmp_path)
+    m["source"]["architectures"] = ["Kolibri1ForCausalLM"]
+    _write(dst, m)
+    r, lines = _cli(dst)
+    assert r.exit_code == 1 and any(
+        ln.startswith(f"mismatch: {dst / MANIFEST}: source.architectures is ") for ln in lines
+    ), r.output
 
 
 @pytest.mark.parametrize("field", FAMILY_BOUND)
@@ -599,6 +610,9 @@ UNPROVABLE = [
     # removed (or renamed) from a vLLM output, it is an output without the field: vLLM's, the
     # same output (docs/FORMAT.md); any other value fails
     ("server",),
+    # ... and removed from `source`, an output written before source.architectures (its
+    # release lists judged by its layout alone: a list narrowed by the architecture fails)
+    ("source", "architectures"),
 ]
 VALUES = [None, True, False, 0, -1, 7, 2.5, 1e308, 2**70, "", "x", [], [0], [1, "a"], {}, {"k": 1}]
 

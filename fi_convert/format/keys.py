@@ -57,6 +57,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "routing",  # the family's FlashInfer routing method and activation (2026-12-03)
             "activation",
             "family_file",  # a user's family (--family), whole; checked as a family file
+            "architectures",  # config.json's, which servers pick a model class by (2026-12-06)
         }
     ),
     "layers.*": frozenset(

@@ -18,7 +18,7 @@ import torch
 from .. import dtypes, jsontext
 from .. import manifest as mf
 from ..errors import FiConvertError
-from ..families import Family, config_field, model_type, recorded
+from ..families import Family, config_field, model_type, recorded, served_architectures
 from ..families import gated as gated_activation
 from ..format import config_marker
 from ..format import manifest as fm
@@ -231,6 +231,12 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
             rep.problems.append(
                 f"{where}: source.model_type is {mf.show(src['model_type'])}, {CONFIG_NAME} "
                 f"says {mf.show(model_type(config))}"
+            )
+        archs = served_architectures(config)
+        if "architectures" in src and not mf.same(src["architectures"], archs):
+            rep.problems.append(
+                f"{where}: source.architectures is {mf.show(src['architectures'])}, "
+                f"{CONFIG_NAME} says {mf.show(archs)}"
             )
         if CONFIG_NAME in m["files"] and not config_marker.is_marked(
             config.get("quantization_config")

@@ -35,6 +35,7 @@ from ...errors import FiConvertError
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.reader import OutputReader
+from .. import architectures as arch_facts
 from . import checks, experts, older_releases
 from .checks import PluginError
 from .config import CONVERTED_ATTR
@@ -147,13 +148,14 @@ def check_model_class(model_config: Any, manifest: dict, root: str) -> None:
     _, arch = get_model_architecture(model_config)
     if not str(arch).startswith("Transformers"):  # (SGLang's own test of its backend's names)
         return
-    names = ", ".join(getattr(model_config.hf_config, "architectures", None) or ()) or "?"
-    ok = checks.serving_releases(manifest)
+    archs = list(getattr(model_config.hf_config, "architectures", None) or ())
+    names = ", ".join(archs) or "?"
+    ok = arch_facts.facts("sglang").serving(archs, checks.serving_releases(manifest))
     raise PluginError(
         f"{root}: SGLang {checks.sglang_version()} has no model class of its own for {names} "
         f"(config.json's architectures) and would serve it through its generic Transformers "
         f"backend ({arch}), which fi-convert's plugin does not load into; install an SGLang "
-        f"that has one ({ok[-1] if ok else 'a release the output lists'}, say)"
+        f"that has one: {', '.join(ok) if ok else 'a release the output lists'}"
     )
 
 
@@ -196,8 +198,10 @@ class FiConvertModelLoader(DefaultModelLoader):
         root = self._root(model_config)
         manifest = checks.read_output(root)
         name = checks.output_name(str(model_config.model_path), root)
-        check_output(manifest, name)
+        # the model class first: a release the output leaves out for its architecture would
+        # otherwise be proven (proof.py) before this refusal
         check_model_class(model_config, manifest, name)
+        check_output(manifest, name)
         target_device = torch.device(device_config.device)
         if target_device.type == "cuda":  # pinned while SGLang builds the model
             self._buffers = host_buffers().allocate(background=True)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
+from .. import architectures
+
 # Every SGLang release that some output's bytes are proven for, oldest first
 PROVEN: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 RELEASES_FIELD = "sglang_releases"  # the manifest target's list of them
@@ -161,8 +163,15 @@ def holds(row: Row, layers: Sequence[Mapping]) -> bool:
 
 
 def proven_for(manifest: Mapping) -> list[str]:
-    """The SGLang releases proven to hold the bytes of the output `manifest` describes (its
-    scheme, backend and layer entries), oldest first; none for a layout the table lacks."""
+    """The SGLang releases that serve the output `manifest` describes: those proven to hold
+    its bytes (its scheme, backend and layer entries) and that have a model class for its
+    source's architecture, where the manifest records it (`source.architectures`:
+    architectures.json), oldest first; none for a layout the table lacks."""
+    return architectures.narrowed("sglang", manifest, bytes_proven_for(manifest))
+
+
+def bytes_proven_for(manifest: Mapping) -> list[str]:
+    """The SGLang releases proven to hold the bytes of the output (its layout alone)."""
     scheme, backend, layers = manifest.get("scheme"), manifest.get("backend"), _layers(manifest)
     found = {
         r
@@ -205,7 +214,9 @@ def support_table(refused: Mapping[tuple[str, str], str]) -> str:
     for scheme, backend in pairs:
         cells = [_cell(scheme, backend, r, refused, notes) for r in PROVEN]
         lines.append(f"| `{scheme}` / {backend} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + [""] + [f"{i}. {n}" for i, n in enumerate(notes, 1)]) + "\n"
+    lines += ["", *(f"{i}. {n}" for i, n in enumerate(notes, 1))]
+    archs = architectures.table("sglang", PROVEN)
+    return "\n".join(lines + (["", *archs] if archs else [])) + "\n"
 
 
 def _cell(scheme: str, backend: str, release: str, refused: Mapping, notes: list[str]) -> str:

@@ -4,6 +4,7 @@ that starts with "fi-convert: ", names the output and says what to do."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from importlib import metadata
 from typing import Any
 
@@ -11,6 +12,7 @@ from packaging.version import InvalidVersion, Version
 
 from ...format import manifest as mf
 from ...format.names import server_of, servers_of, target_of
+from .. import architectures as arch_facts
 from . import releases
 from .target import EP_SCHEMES, MOE_BACKEND_FLAG, MXFP8_ACTIVATION, VLLM
 
@@ -130,6 +132,29 @@ def check_release(manifest: dict, root: str, vllm_version: str) -> None:
         f"{root}: this is vLLM {vllm_version}, and the output's bytes are {fix}",
         release=vllm_version,
         listed=", ".join(listed) or "none",
+    )
+
+
+def check_architecture(
+    manifest: dict, root: str, archs: list[str], vllm_version: str, registry: Collection[str]
+) -> None:
+    """Refuse a vLLM whose model registry (`registry`, the running one's) has no class for the
+    source's architecture (`archs`, config.json's): vLLM would serve it through its generic
+    Transformers backend, or not at all, on which nothing proved the output. The line names
+    the releases that serve it (those that hold its bytes and have a class for it:
+    architectures.json)."""
+    if not archs or any(a in registry for a in archs):
+        return
+    ok = arch_facts.facts("vllm").serving(archs, served_releases(manifest, root))
+    fix = (
+        f"serve it on vLLM {', '.join(ok)} (pip install vllm=={ok[-1]})"
+        if ok
+        else "no vLLM release fi-convert proved has one"
+    )
+    raise PluginError(
+        f"{root}: vLLM {vllm_version}'s model registry has no {' or '.join(archs)} (config.json's "
+        f"architectures), so it would build its generic Transformers backend, which fi-convert "
+        f"did not prove the output on; {fix}"
     )
 
 

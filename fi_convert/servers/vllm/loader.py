@@ -31,6 +31,7 @@ from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.names import MANIFEST_NAME
 from ...format.reader import OutputReader
+from .. import installed_registry
 from . import checks, experts
 from .checks import PluginError
 
@@ -130,6 +131,13 @@ class FiConvertModelLoader(DefaultModelLoader):
         self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = ""
     ) -> torch.nn.Module:
         root, m = self._output(model_config)
+        checks.check_architecture(
+            m,
+            str(root),
+            list(getattr(getattr(model_config, "hf_config", None), "architectures", None) or ()),
+            checks.vllm_version(),
+            installed_registry.architectures("vllm"),
+        )
         pc = vllm_config.parallel_config
         check = functools.partial(
             checks.check_output,

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
+from .. import architectures
+
 # Every release proven, oldest first. 0.33.0 is the release the bytes are made as (target.py).
 PROVEN: tuple[str, ...] = ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 ALL = PROVEN
@@ -109,7 +111,7 @@ def rows_for(manifest: Mapping) -> list[Row]:
     return rows
 
 
-def proven_for(manifest: Mapping) -> list[str]:
+def bytes_proven_for(manifest: Mapping) -> list[str]:
     """The releases whose own processing holds the output's bytes (its scheme, backend and
     every layer's per-rank sizes), oldest first; [] for an output this fi-convert proves for
     no release."""
@@ -120,9 +122,19 @@ def proven_for(manifest: Mapping) -> list[str]:
     return sorted(common, key=Version)
 
 
+def proven_for(manifest: Mapping) -> list[str]:
+    """The releases that serve the output: those that hold its bytes and whose registry has a
+    model class for the source's architecture, where the manifest records it
+    (`source.architectures`; architectures.json)."""
+    return architectures.narrowed("vllm", manifest, bytes_proven_for(manifest))
+
+
 def left_out(manifest: Mapping) -> str:
-    """Why the proven releases the output's bytes do not fit are left out ("" for none)."""
-    return "; ".join(dict.fromkeys(r.why for r in rows_for(manifest) if r.why))
+    """Why the proven releases the output's bytes do not fit, or that have no model class for
+    its architecture, are left out ("" for none)."""
+    whys = list(dict.fromkeys(r.why for r in rows_for(manifest) if r.why))
+    arch = architectures.why_left_out("vllm", manifest, bytes_proven_for(manifest))
+    return "; ".join(whys + [arch] if arch else whys)
 
 
 # ---------------------------------------------------------------- the docs' support table
@@ -153,4 +165,6 @@ def support_table() -> str:
         cells = [f"no output ({note(why)})"] * len(PROVEN)
         lines.append(f"| {scheme} | {backend} | any size | " + " | ".join(cells) + " |")
     lines += ["", *(f"({k}) {why}." for k, why in enumerate(notes, 1))]
+    archs = architectures.table("vllm", PROVEN)
+    lines += ["", *archs] if archs else []
     return "\n".join([TABLE_BEGIN, "", *lines, "", TABLE_END])
