@@ -23,7 +23,9 @@ experts converted, its talker's MoE tensors carried as they are), GLM-4.5V
 model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` in its module
 `model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1
 (BailingMoeForCausalLM), Sarvam-30B (SarvamMoEForCausalLM) and Sarvam-105B
-(SarvamMLAForCausalLM; the four test_ling_equals_sglangs_default_load) in BF16; Gemma 4
+(SarvamMLAForCausalLM; the four test_ling_equals_sglangs_default_load) in BF16, Ling 2.5
+(BailingMoeV2_5ForCausalLM: linear-attention and MLA layers, the same test) in BF16 on both
+backends; Gemma 4
 (Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
 module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
 experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
@@ -381,34 +383,42 @@ LING = {
     "ling1": rc.save_ling1,
     "sarvam_moe": rc.save_sarvam_moe,
     "sarvam_mla": rc.save_sarvam_mla,
+    "ling25": rc.save_ling25,
 }
 
 
+# the MoE layers of each (layer 1 alone where not named)
+LING_LAYERS = {"ling1": (0, 1), "ling25": (1, 2)}
+# (kind, backend): TRT-LLM for each, CUTLASS too for Ling 2.5
+LING_RUNS = [(kind, "trtllm") for kind in sorted(LING)] + [("ling25", "cutlass")]
+
+
 @pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("kind", sorted(LING))
-def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
+@pytest.mark.parametrize(("kind", "backend"), LING_RUNS)
+def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, backend, tp):
     """Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1 (BailingMoeForCausalLM), Sarvam-30B
     (SarvamMoEForCausalLM, SGLang's BailingMoE model under Sarvam's name) and Sarvam-105B
     (SarvamMLAForCausalLM: MLA attention, its published yarn rotary embedding, whose SGLang
-    class asks the platform for its device when built: "cpu" here) in BF16 on TRT-LLM, their
-    config classes remote code as published (tests/remote_code_checkpoints.py:
-    --trust-remote-code for both loads)."""
+    class asks the platform for its device when built: "cpu" here) in BF16 on TRT-LLM, and
+    Ling 2.5 (BailingMoeV2_5ForCausalLM: linear-attention and MLA layers, SGLang's own
+    BailingHybridConfig for its model_type) on both backends, their config classes remote code
+    as published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads)."""
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
 
     src = tmp_path_factory.getbasetemp() / f"sgl-{kind}-src"
     if not src.exists():
         LING[kind](src)
-    out = _convert(src, tmp_path / "out", "bf16", "trtllm", tp)
-    layers = [f"model.layers.{i}.mlp.experts" for i in ((0, 1) if kind == "ling1" else (1,))]
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    layers = [f"model.layers.{i}.mlp.experts" for i in LING_LAYERS.get(kind, (1,))]
     with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
         for rank in range(tp):
             with (
-                sm.sglang_context("trtllm", tp, rank),
+                sm.sglang_context(backend, tp, rank),
                 mock.patch(f"{ROPE}.get_device", lambda: "cpu"),  # (imported in the context)
             ):
-                ours = _model(None, out, "fi-convert", "trtllm", trust_remote_code=True)
-                theirs = _model(None, src, "auto", "trtllm", trust_remote_code=True)
+                ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
+                theirs = _model(None, src, "auto", backend, trust_remote_code=True)
             moe = _moe(theirs)
             assert sorted(moe) == layers
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}

@@ -61,7 +61,9 @@ experts with a SwiGLU clamp, the names vLLM reads outside the experts, tests/
 hf_checkpoints.py), Param2 (bf16 on both backends: Ling 2.0's names, tests/
 remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
 PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
-values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
+values, the names vLLM's own load reads: tests/remote_code_checkpoints.py), Ling 2.5
+(BailingMoeV25ForCausalLM, bf16 on both backends: Ling 2.0's experts beside linear-attention
+and MLA layers, its config class remote code, tests/remote_code_checkpoints.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
 
@@ -143,6 +145,7 @@ REMOTE_CODE = {
     "nemotron_h_puzzle": rc.save_nemotron_h_puzzle,
     "pangu_ultra": rc.save_pangu_ultra,
     "pangu_pro_v2": rc.save_pangu_pro_v2,
+    "ling25": rc.save_ling25,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -285,6 +288,9 @@ CASES = {
     "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
     # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
     "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
+    # Ling 2.5: Ling 2.0's experts beside linear-attention and MLA layers (FlashInfer's MLA
+    # backend); names and config of tests/remote_code_checkpoints.py
+    "ling25-bf16": ("ling25", "bailing_moe_linear.BailingMoeV25ForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -360,6 +366,8 @@ RUNS = [
     ("gemma4-bf16", "cutlass", "bf16"),
     ("axk1-bf16", "trtllm", "bf16"),
     ("axk1-bf16", "cutlass", "bf16"),
+    ("ling25-bf16", "trtllm", "bf16"),
+    ("ling25-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
