@@ -913,8 +913,11 @@ def _save_bailing_hybrid(root: Path, seed: int, c: dict, cls: str, linear) -> Pa
         shard = second if layer == last else first
         p = f"model.layers.{layer}."
         shard |= {p + "input_layernorm.weight": w(h), p + "post_attention_layernorm.weight": w(h)}
-        attention = linear(c, w) if _linear_layer(c, layer) else _mla(c, w)
-        attention["dense.weight"] = attention.pop("o_proj.weight", attention.get("dense.weight"))
+        if _linear_layer(c, layer):
+            attention = linear(c, w)
+        else:  # (MLA's output projection: attention.dense)
+            attention = _mla(c, w)
+            attention["dense.weight"] = attention.pop("o_proj.weight")
         shard |= {f"{p}attention.{n}": t for n, t in attention.items()}
         sizes = [(p + "mlp.", c["intermediate_size"])] if layer == 0 else []
         sizes += [(p + "mlp.shared_experts.", shared)] if layer else []
@@ -932,3 +935,56 @@ def _save_bailing_hybrid(root: Path, seed: int, c: dict, cls: str, linear) -> Pa
     module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"])
     file = c["auto_map"]["AutoConfig"].split(".")[0] + ".py"
     return _write(root, shards, c, file, module)
+
+
+# Ling 3 (BailingMoeV3ForCausalLM, model_type bailing_hybrid as Ling 2.5's; no public checkpoint
+# found): what both servers' models read (vLLM's models/bailing_moe_v3.py, SGLang's
+# models/bailing_moe_v3.py and its BailingHybridConfig): Ling 2.5's layout with KDA linear
+# attention (short_conv_kernel_size, no_kda_lora) where Ling 2.5 has Lightning attention, its
+# tensors attention.{q,k,v,b,f,g}_proj, {q,k,v}_conv1d [P, 1, K], A_log [heads], dt_bias,
+# o_norm, o_proj; a shared expert of moe_shared_expert_intermediate_size; the routed and shared
+# experts' SwiGLU clamped per decoder layer (expert_swiglu_limit_list,
+# share_expert_swiglu_limit_list: 0 for none); sigmoid routing with an expert bias in groups,
+# renormalized
+LING3_CONFIG = LING25_CONFIG | dict(
+    architectures=["BailingMoeV3ForCausalLM"],
+    auto_map={"AutoConfig": "configuration_bailing_moe_v3.BailingMoeV3Config"},
+    moe_shared_expert_intermediate_size=128,
+    norm_topk_prob=True,
+    short_conv_kernel_size=4,
+    no_kda_lora=True,
+    kda_safe_gate=True,
+    kda_lower_bound=-5.0,
+    # (layer 1's experts unclamped: a clamp in any layer limits the backends)
+    expert_swiglu_limit_list=[0, 0, 7.0],
+    share_expert_swiglu_limit_list=[0, 7.0, 7.0],
+)
+for _k in ("group_norm_size", "linear_silu"):  # (Lightning attention's)
+    LING3_CONFIG.pop(_k)
+
+
+def save_ling3(root: Path, seed: int = 0) -> Path:
+    """A tiny Ling 3 checkpoint in two shards (layer 2 in the second)."""
+    return _save_bailing_hybrid(root, seed, LING3_CONFIG, "BailingMoeV3Config", _kda)
+
+
+def _kda(c: dict, w) -> dict[str, torch.Tensor]:
+    """Ling 3's KDA linear attention (no LoRA), under attention."""
+    h, n, conv = c["hidden_size"], c["num_attention_heads"], c["short_conv_kernel_size"]
+    p = n * c["head_dim"]
+    f32 = torch.float32
+    return {
+        "q_proj.weight": w(p, h),
+        "k_proj.weight": w(p, h),
+        "v_proj.weight": w(p, h),
+        "b_proj.weight": w(n, h),
+        "f_proj.weight": w(p, h),
+        "g_proj.weight": w(p, h),
+        "q_conv1d.weight": w(p, 1, conv, dtype=f32),
+        "k_conv1d.weight": w(p, 1, conv, dtype=f32),
+        "v_conv1d.weight": w(p, 1, conv, dtype=f32),
+        "A_log": w(n, dtype=f32),
+        "dt_bias": w(p, dtype=f32),
+        "o_norm.weight": w(c["head_dim"]),
+        "o_proj.weight": w(h, p),
+    }

@@ -93,6 +93,8 @@ ROUTING = [
     ("glm4v-moe", {"text_config": {"norm_topk_prob": True}}, "DeepSeekV3"),  # GLM-4.5's MoE
     ("bailing-moe", {"norm_topk_prob": True}, "RenormalizeNaive"),  # Ling-lite: no bias, groups
     ("longcat-flash", {}, "Unspecified"),  # ZeroExpertRouter (routing_method_type Unspecified)
+    ("bailing-moe-v2.5", {}, "DeepSeekV3"),  # its config class's defaults: sigmoid, bias, 8 groups
+    ("bailing-moe-v3", {}, "DeepSeekV3"),  # vLLM's BailingMoeV3MoE: fixed
 ]
 
 
@@ -278,6 +280,20 @@ def test_a_users_family_field_of_the_wrong_kind_is_one_line(ckpt, tmp_path):
     assert line == (
         f'error: {model}/config.json: norm_topk_prob is "yes", not a boolean; fix that field '
         "or restore the model's config.json"
+    )
+
+
+def test_a_per_layer_clamp_of_the_wrong_kind_is_one_line(tmp_path):
+    """Ling 3's expert_swiglu_limit_list (a clamp limit per decoder layer, `clamp_keys` and
+    `layer_keys`): a list entry that is no number is one line naming the field."""
+    from tests import remote_code_checkpoints as rc
+
+    src = rc.save_ling3(tmp_path / "src")
+    model = _copy(src, tmp_path / "m", expert_swiglu_limit_list=[0, "7", 7.0])
+    line = error_line(cli("inspect", model))
+    assert line == (
+        f'error: {model}/config.json: expert_swiglu_limit_list is [0, "7", 7.0], not a number '
+        "or list of numbers; fix that field or restore the model's config.json"
     )
 
 

@@ -24,8 +24,9 @@ model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` 
 `model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1
 (BailingMoeForCausalLM), Sarvam-30B (SarvamMoEForCausalLM) and Sarvam-105B
 (SarvamMLAForCausalLM; the four test_ling_equals_sglangs_default_load) in BF16, Ling 2.5
-(BailingMoeV2_5ForCausalLM: linear-attention and MLA layers, the same test) in BF16 on both
-backends; Gemma 4
+(BailingMoeV2_5ForCausalLM: linear-attention and MLA layers) and Ling 3
+(BailingMoeV3ForCausalLM: KDA and MLA layers, its per-layer SwiGLU clamp as fi-convert reads
+it; the same test) in BF16 on both backends; Gemma 4
 (Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
 module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
 experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
@@ -384,13 +385,15 @@ LING = {
     "sarvam_moe": rc.save_sarvam_moe,
     "sarvam_mla": rc.save_sarvam_mla,
     "ling25": rc.save_ling25,
+    "ling3": rc.save_ling3,
 }
 
 
 # the MoE layers of each (layer 1 alone where not named)
-LING_LAYERS = {"ling1": (0, 1), "ling25": (1, 2)}
-# (kind, backend): TRT-LLM for each, CUTLASS too for Ling 2.5
-LING_RUNS = [(kind, "trtllm") for kind in sorted(LING)] + [("ling25", "cutlass")]
+LING_LAYERS = {"ling1": (0, 1), "ling25": (1, 2), "ling3": (1, 2)}
+# (kind, backend): TRT-LLM for each, CUTLASS too for Ling 2.5 and Ling 3
+LING_RUNS = [(kind, "trtllm") for kind in sorted(LING)]
+LING_RUNS += [(kind, "cutlass") for kind in ("ling25", "ling3")]
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -400,9 +403,12 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
     (SarvamMoEForCausalLM, SGLang's BailingMoE model under Sarvam's name) and Sarvam-105B
     (SarvamMLAForCausalLM: MLA attention, its published yarn rotary embedding, whose SGLang
     class asks the platform for its device when built: "cpu" here) in BF16 on TRT-LLM, and
-    Ling 2.5 (BailingMoeV2_5ForCausalLM: linear-attention and MLA layers, SGLang's own
-    BailingHybridConfig for its model_type) on both backends, their config classes remote code
+    Ling 2.5 (BailingMoeV2_5ForCausalLM: linear-attention and MLA layers) and Ling 3
+    (BailingMoeV3ForCausalLM: KDA and MLA layers, each MoE layer's SwiGLU clamp SGLang builds
+    the one fi-convert reads), both read with SGLang's own BailingHybridConfig for their
+    model_type, on both backends, their config classes remote code
     as published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads)."""
+    from fi_convert.source import find_family, open_checkpoint
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
 
@@ -423,6 +429,10 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
             assert sorted(moe) == layers
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+    if kind == "ling3":  # its clamp per layer (expert_swiglu_limit_list), as fi-convert reads it
+        clamps = {n: m.moe_runner_config.gemm1_clamp_limit for n, m in moe.items()}
+        assert clamps == {layers[0]: None, layers[1]: 7.0}
+        assert {x.prefix: x.swiglu_limit for x in find_family(open_checkpoint(src))[1]} == clamps
 
 
 @pytest.mark.parametrize("tp", [1, 2])

@@ -63,7 +63,10 @@ remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
 PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
 values, the names vLLM's own load reads: tests/remote_code_checkpoints.py), Ling 2.5
 (BailingMoeV25ForCausalLM, bf16 on both backends: Ling 2.0's experts beside linear-attention
-and MLA layers, its config class remote code, tests/remote_code_checkpoints.py) and Mistral
+and MLA layers, its config class remote code, tests/remote_code_checkpoints.py), Ling 3
+(BailingMoeV3ForCausalLM, bf16 on both backends: KDA linear-attention and MLA layers, its
+experts' SwiGLU clamped per layer, as fi-convert reads it: test_ling3s_per_layer_clamp_...) and
+Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
 
@@ -146,6 +149,7 @@ REMOTE_CODE = {
     "pangu_ultra": rc.save_pangu_ultra,
     "pangu_pro_v2": rc.save_pangu_pro_v2,
     "ling25": rc.save_ling25,
+    "ling3": rc.save_ling3,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -291,6 +295,8 @@ CASES = {
     # Ling 2.5: Ling 2.0's experts beside linear-attention and MLA layers (FlashInfer's MLA
     # backend); names and config of tests/remote_code_checkpoints.py
     "ling25-bf16": ("ling25", "bailing_moe_linear.BailingMoeV25ForCausalLM", None, {}),
+    # Ling 3: KDA linear-attention and MLA layers, its experts' SwiGLU clamped per layer
+    "ling3-bf16": ("ling3", "bailing_moe_v3.BailingMoeV3ForCausalLM", None, {}),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -368,6 +374,8 @@ RUNS = [
     ("axk1-bf16", "cutlass", "bf16"),
     ("ling25-bf16", "trtllm", "bf16"),
     ("ling25-bf16", "cutlass", "bf16"),
+    ("ling3-bf16", "trtllm", "bf16"),
+    ("ling3-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -730,3 +738,30 @@ def test_vllms_transformers_backend_routes_as_its_moe_block_fuser_finds(
         routers = [m.router for m in _moe(model).values()]
     assert len(routers) == layers and {type(r).__name__ for r in routers} == {router}
     assert {r.routing_method_type for r in routers} == {RoutingMethodType[method]}
+
+
+def test_ling3s_per_layer_clamp_is_the_one_vllm_builds_and_limits_its_backends(sources, tmp_path):
+    """Ling 3's routed experts clamp their SwiGLU per decoder layer (expert_swiglu_limit_list,
+    0 for none): vLLM 0.33's own BailingMoeV3ForCausalLM builds each MoE layer with its entry,
+    the limit fi-convert reads for the layer (families.Family.swiglu_limit); a clamp, which
+    vLLM's TRT-LLM FP8 per-tensor experts do not apply, refuses fp8-tensor on TRT-LLM in one line
+    (CUTLASS is planned)."""
+    from fi_convert import SchemeMismatchError, read_manifest
+    from fi_convert.source import find_family, open_checkpoint
+
+    case = "ling3-bf16"
+    src = sources(case)
+    with vllm_model(case, src, "cutlass", 1, 0) as (model, _):
+        built = {n: m.routed_experts.swiglu_limit for n, m in _moe(model).items()}
+    assert built == {"model.layers.1.mlp.experts": None, "model.layers.2.mlp.experts": 7.0}
+    fam, layers = find_family(open_checkpoint(src))
+    assert fam.name == "bailing-moe-v3"
+    assert {x.prefix: x.swiglu_limit for x in layers} == built
+    # (BF16 to fp8-tensor has no static activation scales: converted with --allow-unservable)
+    fp8 = dict(scheme=SchemeName.FP8_TENSOR, tp_size=1, allow_unservable=True)
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(src, tmp_path / "t", Options(backend=Backend.TRTLLM, **fp8))
+    assert "\n" not in str(e.value) and "swiglu_limit" in str(e.value)
+    assert not (tmp_path / "t").exists()
+    convert(src, tmp_path / "c", Options(backend=Backend.CUTLASS, **fp8), device="cpu")
+    assert sorted(read_manifest(tmp_path / "c")["layers"]) == sorted(built)
