@@ -26,7 +26,9 @@ model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` 
 (SarvamMLAForCausalLM; the four test_ling_equals_sglangs_default_load) in BF16, Ling 2.5
 (BailingMoeV2_5ForCausalLM: linear-attention and MLA layers) and Ling 3
 (BailingMoeV3ForCausalLM: KDA and MLA layers, its per-layer SwiGLU clamp as fi-convert reads
-it; the same test) in BF16 on both backends; Gemma 4
+it; the same test) in BF16 on both backends; Step3-VL (Step3VLForConditionalGeneration as
+stepfun-ai/step3 publishes it, taken as Step-3 by its text_config:
+test_step3_vl_equals_sglangs_default_load) in BF16 on both backends; Gemma 4
 (Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
 module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
 experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
@@ -69,6 +71,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
 from fi_convert.format.manifest import read
 from tests import hf_checkpoints as hf
@@ -492,6 +495,47 @@ def test_kimi_vl_equals_sglangs_default_load(sources, tmp_path, backend, tp):
         assert sorted(moe) == layers
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_step3_vl_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend, tp):
+    """Step3-VL (Step3VLForConditionalGeneration, stepfun-ai/step3 as published: tests/
+    family_forms_models.py): fi-convert takes it as Step-3 by its text_config (the family's
+    packed experts model.layers.L.moe.{gate,up,down}_proj [E, out, in]); SGLang's own model,
+    whose load_weights hands each expert its slice of the packed tensors, builds the layer as
+    model.layers.1.moe.experts. BF16 on both backends.
+
+    SGLang's Step3VisionAttention builds an out_proj that its forward never uses, and its
+    load_weights puts the checkpoint's self_attn.out_proj into self_attn.attn.proj: that
+    out_proj is left as allocated by either load (shown), the one parameter not compared."""
+    from safetensors.torch import load_file
+
+    from tests import family_forms_models as ffm
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = tmp_path_factory.getbasetemp() / "sgl-step3-vl-src"
+    if not src.exists():
+        ffm.save_step3_vl(src)
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    layers = ["model.layers.1.moe.experts"]
+    assert sorted(read(out)["layers"]) == layers
+    attention = "vision_model.transformer.layers.0.self_attn."
+    unused = {f"{attention}out_proj.{p}" for p in ("weight", "bias")}
+    stored = load_file(src / "model-00001-of-00002.safetensors")[f"{attention}out_proj.weight"]
+    for rank in range(tp):
+        with sm.sglang_context(backend, tp, rank):
+            ours = _model(None, out, "fi-convert", backend)
+            theirs = _model(None, src, "auto", backend)
+        moe = _moe(theirs)
+        assert sorted(moe) == layers
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        params = dict(theirs.named_parameters())
+        assert torch.equal(params[f"{attention}attn.proj.weight"], stored)
+        assert not torch.equal(params[f"{attention}out_proj.weight"], stored)
+        different, states = _differences(ours, theirs)
+        assert set(different) <= unused and states == {}, f"rank {rank} of {tp}"
 
 
 @pytest.mark.parametrize("backend", ["trtllm", "cutlass"])

@@ -92,6 +92,10 @@ Not proven here, and why:
   vLLM's Qwen2-VL code, which imports transformers' Qwen2-VL image processor, which needs
   torchvision, absent from this CPU install (tests/test_sglang_families.py proves it through
   SGLang's model);
+- Step3-VL (Step3VLForConditionalGeneration, stepfun-ai/step3 as published): vLLM's
+  models/step3_vl.py imports its Step3-VL image processor, which imports torchvision, absent
+  from this CPU install (tests/test_sglang_families.py proves it through SGLang's whole model;
+  Step-3's packed experts through vLLM's Step3TextModel: tests/test_vllm_family_forms.py);
 - GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): vLLM's models/glm4_1v.py imports
   transformers' Glm4v image processor, which imports torchvision, absent from this CPU install:
   the model class cannot be imported here (tests/test_sglang_families.py proves the family

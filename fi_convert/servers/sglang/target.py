@@ -214,7 +214,7 @@ NO_FLASHINFER_MODEL = {
         "SGLang {sglang} has no model class for openPangu Pro MoE V2 (PanguProMoEV2ForCausalLM)"
     ),
     "Step3TextForCausalLM": (
-        "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM; its "
+        "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM: its "
         "models/step3_vl.py serves Step3VLForConditionalGeneration alone)"
     ),
     "AfmoeForCausalLM": (
