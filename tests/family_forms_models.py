@@ -641,6 +641,9 @@ STEP3_VL_CONFIG = dict(
     ),
     text_config=dict(
         model_type="step3_text",
+        # (vLLM 0.33's Step3-VL builds its language model by this: absent, it finds no
+        # architecture; SGLang takes config.json's own)
+        architectures=["Step3TextForCausalLM"],
         hidden_size=64,
         intermediate_size=96,
         num_attention_heads=4,

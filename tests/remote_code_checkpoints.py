@@ -945,7 +945,11 @@ def _save_bailing_hybrid(root: Path, seed: int, c: dict, cls: str, linear) -> Pa
 # o_norm, o_proj; a shared expert of moe_shared_expert_intermediate_size; the routed and shared
 # experts' SwiGLU clamped per decoder layer (expert_swiglu_limit_list,
 # share_expert_swiglu_limit_list: 0 for none); sigmoid routing with an expert bias in groups,
-# renormalized
+# renormalized. (transformers 5.20 has Ling 3 as BailingHybridForCausalLM, but its config class
+# rewrites head_dim to qk_rope_head_dim and its save_pretrained names KDA's output projection
+# attention.dense: vLLM 0.33's BailingMoeV3 reads config.head_dim as KDA's head size and KDA's
+# attention.o_proj, so a checkpoint transformers writes does not load there; the names and keys
+# here are the ones both servers' models read)
 LING3_CONFIG = LING25_CONFIG | dict(
     architectures=["BailingMoeV3ForCausalLM"],
     auto_map={"AutoConfig": "configuration_bailing_moe_v3.BailingMoeV3Config"},

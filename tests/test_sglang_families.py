@@ -45,7 +45,10 @@ published, its config class remote code: test_interns1_equals_sglangs_default_lo
 (KimiVLForConditionalGeneration over DeepSeek-V3: test_kimi_vl_equals_sglangs_default_load) in
 BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
 hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
-read, tests/hf_checkpoints.py) in BF16 on both backends.
+read, tests/hf_checkpoints.py) in BF16 on both backends, GLM-5 Next
+(Glm5NextForConditionalGeneration, the whole multimodal model transformers writes, its
+language model's layers built as model.layers.L.mlp.experts: KDA and sparse-MLA layers,
+hyper-connections, a SwiGLU clamp) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -134,6 +137,7 @@ CASES = {
     "granite-swa-bf16": ("granitemoe_swa", None, {}),
     "mellum-bf16": ("mellum", None, {}),
     "hy-v4-bf16": ("hy_v4", None, {}),
+    "glm5-next-bf16": ("glm5_next", None, {}),
     "internvl-bf16": ("internvl_chat", None, {}),
     "kimi-vl-bf16": ("kimi_vl", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
@@ -165,6 +169,7 @@ MOE = {
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
     "hy_v4": ["model.layers.1.mlp.experts"],
+    "glm5_next": ["model.language_model.layers.1.mlp.experts"],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -174,6 +179,7 @@ MOE = {
 MODULES = {
     "glm4v_moe": ["model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
+    "glm5_next": ["model.layers.1.mlp.experts"],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -216,6 +222,9 @@ RUNS = [
     # HY v4: MLA with its indexer, hyper-connections, fused experts with a SwiGLU clamp
     ("hy-v4-bf16", "trtllm", "bf16"),
     ("hy-v4-bf16", "cutlass", "bf16"),
+    # GLM-5 Next: KDA and MLA layers (an indexer, hyper-connections), a SwiGLU clamp
+    ("glm5-next-bf16", "trtllm", "bf16"),
+    ("glm5-next-bf16", "cutlass", "bf16"),
     # InternVL 3.5 MoE (InternVLChatModel): its language model's config read from llm_config
     ("internvl-bf16", "trtllm", "bf16"),
     ("internvl-bf16", "cutlass", "bf16"),
@@ -508,9 +517,12 @@ def test_step3_vl_equals_sglangs_default_load(tmp_path_factory, tmp_path, backen
 
     SGLang's Step3VisionAttention builds an out_proj that its forward never uses, and its
     load_weights puts the checkpoint's self_attn.out_proj into self_attn.attn.proj: that
-    out_proj is left as allocated by either load (shown), the one parameter not compared."""
+    out_proj is left as allocated by either load (shown), the one parameter not compared.
+    Its config.json's text_config names Step3TextForCausalLM, which SGLang has no class for
+    (a text-only Step-3 checkpoint is refused): SGLang takes the top-level architecture."""
     from safetensors.torch import load_file
 
+    from fi_convert.servers.sglang.target import SGLANG_TARGET
     from tests import family_forms_models as ffm
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
@@ -518,6 +530,8 @@ def test_step3_vl_equals_sglangs_default_load(tmp_path_factory, tmp_path, backen
     src = tmp_path_factory.getbasetemp() / "sgl-step3-vl-src"
     if not src.exists():
         ffm.save_step3_vl(src)
+    text = ["Step3TextForCausalLM"]
+    assert "Step3TextForCausalLM" in SGLANG_TARGET.refuses_source("bf16", backend, None, text)
     out = _convert(src, tmp_path / "out", "bf16", backend, tp)
     layers = ["model.layers.1.moe.experts"]
     assert sorted(read(out)["layers"]) == layers

@@ -16,6 +16,15 @@ the attention layers hold no weights), the platform's device type ("cpu", where 
 allocates its indexer's buffer) and a one-process gloo group for vLLM's pipeline-parallel
 checks.
 
+GLM-5 Next's and Step3-VL's packages import image processors (transformers' Glm4v one, vLLM's
+Step3-VL one) that import torchvision (absent from this CPU install): each is imported beside
+stand-ins for torchvision's modules
+(torchvision_stand_in: permissive modules, gone again after the import; no image is
+processed), vLLM's registry entry for its class is that imported class for the test
+(_registered_in_process: vLLM's model config inspects a lazily registered class in a
+subprocess, without the stand-in), and GLM-5 Next is built with vLLM's JIT warm-up off (its
+hyper-connections' TileLang kernels, CUDA's, compiled when warmed up).
+
 Published FP8 block checkpoints (DeepSeek-style 128x128 `weight_scale_inv`: GLM-4.5-FP8 and
 GLM-4.7-FP8, MiniMax-M2, MiMo-V2-Flash) quantize the attention, dense and shared-expert linears
 too, and vLLM 0.33's CPU kernels for block-FP8 linears need its compiled ops (AMX), which this
@@ -65,8 +74,14 @@ values, the names vLLM's own load reads: tests/remote_code_checkpoints.py), Ling
 (BailingMoeV25ForCausalLM, bf16 on both backends: Ling 2.0's experts beside linear-attention
 and MLA layers, its config class remote code, tests/remote_code_checkpoints.py), Ling 3
 (BailingMoeV3ForCausalLM, bf16 on both backends: KDA linear-attention and MLA layers, its
-experts' SwiGLU clamped per layer, as fi-convert reads it: test_ling3s_per_layer_clamp_...) and
-Mistral
+experts' SwiGLU clamped per layer, as fi-convert reads it: test_ling3s_per_layer_clamp_...),
+GLM-5 Next (vllm.models.glm5next's Glm5NextForConditionalGeneration and the Glm5NextForCausalLM
+it builds as its language model, bf16 on both backends: the whole multimodal model transformers
+writes, with the text_config fields vLLM's model reads that transformers' config class does not
+write, tests/hf_checkpoints.py), Step3-VL (Step3VLForConditionalGeneration as stepfun-ai/step3
+publishes it, bf16 on both backends: Step-3's packed experts in its language model, a layer
+vLLM names language_model.layers.L.moe.experts in the module language_model.model.layers.L.
+moe.experts, tests/family_forms_models.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
 
@@ -92,10 +107,6 @@ Not proven here, and why:
   vLLM's Qwen2-VL code, which imports transformers' Qwen2-VL image processor, which needs
   torchvision, absent from this CPU install (tests/test_sglang_families.py proves it through
   SGLang's model);
-- Step3-VL (Step3VLForConditionalGeneration, stepfun-ai/step3 as published): vLLM's
-  models/step3_vl.py imports its Step3-VL image processor, which imports torchvision, absent
-  from this CPU install (tests/test_sglang_families.py proves it through SGLang's whole model;
-  Step-3's packed experts through vLLM's Step3TextModel: tests/test_vllm_family_forms.py);
 - GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): vLLM's models/glm4_1v.py imports
   transformers' Glm4v image processor, which imports torchvision, absent from this CPU install:
   the model class cannot be imported here (tests/test_sglang_families.py proves the family
@@ -301,6 +312,23 @@ CASES = {
     "ling25-bf16": ("ling25", "bailing_moe_linear.BailingMoeV25ForCausalLM", None, {}),
     # Ling 3: KDA linear-attention and MLA layers, its experts' SwiGLU clamped per layer
     "ling3-bf16": ("ling3", "bailing_moe_v3.BailingMoeV3ForCausalLM", None, {}),
+    # GLM-5 Next, the whole multimodal model transformers writes: KDA and sparse-MLA layers
+    # (its indexer), hyper-connections, DeepSeek-V3's MoE with a SwiGLU clamp; its package
+    # imported beside a torchvision stand-in (TORCHVISION)
+    # Step3-VL as stepfun-ai/step3 publishes it (tests/family_forms_models.py); imported beside
+    # the torchvision stand-in too
+    "step3-vl-bf16": (
+        "step3_vl",
+        "step3_vl.Step3VLForConditionalGeneration",
+        None,
+        {},
+    ),
+    "glm5-next-bf16": (
+        "glm5_next",
+        "vllm.models.glm5next.Glm5NextForConditionalGeneration",
+        None,
+        {},
+    ),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -380,6 +408,10 @@ RUNS = [
     ("ling25-bf16", "cutlass", "bf16"),
     ("ling3-bf16", "trtllm", "bf16"),
     ("ling3-bf16", "cutlass", "bf16"),
+    ("step3-vl-bf16", "trtllm", "bf16"),
+    ("step3-vl-bf16", "cutlass", "bf16"),
+    ("glm5-next-bf16", "trtllm", "bf16"),
+    ("glm5-next-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -422,6 +454,8 @@ def sources(tmp_path_factory):
                 done[case] = mistral.write(root / case, quant)
             elif kind == "ernie4_5_moe_vl":
                 done[case] = ffm.save_ernie45_vl(root / case)
+            elif kind == "step3_vl":
+                done[case] = ffm.save_step3_vl(root / case)
             elif kind in REMOTE_CODE:
                 done[case] = REMOTE_CODE[kind](root / case, **sizes)
             elif quant is None:
@@ -432,6 +466,58 @@ def sources(tmp_path_factory):
         return done[case]
 
     return get
+
+
+# cases whose model warms its JIT kernels up when built (GLM-5 Next's hyper-connections:
+# TileLang kernels, for CUDA, whose package this install lacks): built with the warm-up off
+NO_JIT_WARMUP = ("glm5-next-bf16",)
+# cases whose model's package imports transformers' image processors, which import torchvision
+# (absent from this CPU install): imported beside a stand-in for it (torchvision_stand_in)
+TORCHVISION = ("glm5-next-bf16", "step3-vl-bf16")
+TORCHVISION_MODULES = (
+    "torchvision",
+    "torchvision.transforms",
+    "torchvision.transforms.v2",
+    "torchvision.transforms.v2.functional",
+    "torchvision.transforms.functional",
+)
+
+
+@contextlib.contextmanager
+def torchvision_stand_in():
+    """Stand-ins for torchvision's modules (fi_convert.servers.sglang.stand_ins' permissive
+    module) while a vLLM model's package is imported: its image processors import torchvision
+    at the top, and nothing of them runs here (the model is built from its config and loads its
+    weights; no image is processed). They leave sys.modules again, as torch and transformers
+    must keep finding no torchvision afterwards."""
+    import importlib.machinery
+    import sys
+
+    from fi_convert.servers.sglang.stand_ins import _StubModule
+
+    added = [n for n in TORCHVISION_MODULES if n not in sys.modules]
+    for name in added:
+        module = _StubModule(name)
+        module.__path__ = []
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        sys.modules[name] = module
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def _registered_in_process(model_cls):
+    """vLLM's registry entry of the class's architecture as the class imported here, for the
+    test only: vLLM's model config inspects a lazily registered class in a subprocess of its
+    own, which imports its package without the torchvision stand-in."""
+    from vllm.model_executor.models.registry import ModelRegistry, _RegisteredModel
+
+    entry = {model_cls.__name__: _RegisteredModel.from_model_cls(model_cls)}
+    with mock.patch.dict(ModelRegistry.models, entry):
+        yield
 
 
 @contextlib.contextmanager
@@ -448,9 +534,11 @@ def vllm_model(
     if not module.startswith("vllm."):  # a module of vllm/model_executor/models
         module = f"vllm.model_executor.models.{module}"
     ffm.register_ernie45_vl_config()
-    model_cls = getattr(importlib.import_module(module), cls)
+    with torchvision_stand_in() if case in TORCHVISION else contextlib.nullcontext():
+        model_cls = getattr(importlib.import_module(module), cls)
     quant = CASES[case][2]
     with (
+        _registered_in_process(model_cls) if case in TORCHVISION else contextlib.nullcontext(),
         vm.vllm_context(backend, tp, rank, sm=90 if (quant, backend) == (FP8B, "cutlass") else 100),
         mock.patch.object(type(current_platform), "get_attn_backend_cls", _attention),
         mock.patch.object(type(current_platform), "device_type", "cpu"),
@@ -473,6 +561,8 @@ def vllm_model(
         # what VllmConfig sets once it has a model (DeepSeek-V3.2's indexer reads it): 5 up
         # to a max_model_len of 256K
         cfg.attention_config.sparse_mla_prefill_workspace_factor = 5
+        if case in NO_JIT_WARMUP:  # (its TileLang kernels, compiled when warmed up: CUDA's)
+            cfg.kernel_config.enable_jit_warmup = False
         if CASES[case][0] == "mistral":
             # MLA's prefill kernel: FlashInfer's (TRT-LLM's ragged one, vLLM's first choice on
             # SM100, allocates its workspace on the GPU when built)
