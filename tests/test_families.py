@@ -316,6 +316,7 @@ def test_a_size_config_json_contradicts_is_one_line(ckpt, tmp_path):
         ("deepseek_v4", "DeepseekV4ForCausalLM", "DeepSeek-V4: vLLM 0.33 routes DeepSeek-V4's"),
         ("minicpm", "MiniCPMForCausalLM", "MiniCPM-MoE: vLLM 0.33's MiniCPM-MoE calls its"),
         ("step3p5", "Step3p5ForCausalLM", "Step-3.5: vLLM 0.33 runs Step-3.5's MoE layers"),
+        ("step5", "Step5ForCausalLM", "Step-5: vLLM 0.33 runs Step-5's MoE layers that have"),
     ],
 )
 def test_a_family_no_server_runs_on_flashinfer_is_refused_with_its_reason(

@@ -859,3 +859,34 @@ def test_ling3s_per_layer_clamp_is_the_one_vllm_builds_and_limits_its_backends(s
     assert not (tmp_path / "t").exists()
     convert(src, tmp_path / "c", Options(backend=Backend.CUTLASS, **fp8), device="cpu")
     assert sorted(read_manifest(tmp_path / "c")["layers"]) == sorted(built)
+
+
+def test_vllms_step5_runs_clamped_layers_as_swiglustep_which_no_flashinfer_kernel_takes():
+    """The reason fi-convert refuses Step-5 (families/step5.json): vLLM 0.33's Step5MoE runs a
+    layer with a swiglu_limits entry (7.0) as activation swiglustep, and none of vLLM's
+    FlashInfer MoE experts (CUTLASS's, TRT-LLM's per scheme) takes it; SGLang has no Step-5."""
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts import (
+        flashinfer_cutlass_moe,
+        trtllm_bf16_moe,
+        trtllm_fp8_moe,
+        trtllm_mxfp4_moe,
+        trtllm_nvfp4_moe,
+    )
+
+    with torchvision_stand_in():
+        from vllm.models.step5.nvidia import model as step5
+
+    source = inspect.getsource(step5.Step5MoE.__init__)
+    assert 'activation = "swiglustep"' in source and "swiglu_limit != 7.0" in source
+    experts = (
+        flashinfer_cutlass_moe.FlashInferExperts,
+        trtllm_bf16_moe.TrtLlmBf16ExpertsBase,
+        trtllm_fp8_moe.TrtLlmFp8ExpertsBase,
+        trtllm_mxfp4_moe.TrtLlmMxfp4ExpertsBase,
+        trtllm_nvfp4_moe.TrtLlmNvFp4ExpertsBase,
+    )
+    assert not [e for e in experts if e._supports_activation(MoEActivation.SWIGLUSTEP)]
+    assert [e for e in experts if e._supports_activation(MoEActivation.SILU)] == list(experts)
