@@ -124,6 +124,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import types
 from pathlib import Path
 from unittest import mock
@@ -489,12 +490,16 @@ def torchvision_stand_in():
     module) while a vLLM model's package is imported: its image processors import torchvision
     at the top, and nothing of them runs here (the model is built from its config and loads its
     weights; no image is processed). They leave sys.modules again, as torch and transformers
-    must keep finding no torchvision afterwards."""
+    must keep finding no torchvision afterwards (transformers caches its answer: asked first,
+    before the stand-ins lie in sys.modules)."""
     import importlib.machinery
     import sys
 
+    from transformers.utils import import_utils
+
     from fi_convert.servers.sglang.stand_ins import _StubModule
 
+    assert not import_utils.is_torchvision_available()  # (cached: stays so)
     added = [n for n in TORCHVISION_MODULES if n not in sys.modules]
     for name in added:
         module = _StubModule(name)
@@ -867,6 +872,7 @@ def test_vllms_step5_runs_clamped_layers_as_swiglustep_which_no_flashinfer_kerne
     FlashInfer MoE experts (CUTLASS's, TRT-LLM's per scheme) takes it; SGLang has no Step-5."""
     import inspect
 
+    from transformers.utils import import_utils
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.experts import (
         flashinfer_cutlass_moe,
@@ -878,6 +884,7 @@ def test_vllms_step5_runs_clamped_layers_as_swiglustep_which_no_flashinfer_kerne
 
     with torchvision_stand_in():
         from vllm.models.step5.nvidia import model as step5
+    assert not import_utils.is_torchvision_available() and "torchvision" not in sys.modules
 
     source = inspect.getsource(step5.Step5MoE.__init__)
     assert 'activation = "swiglustep"' in source and "swiglu_limit != 7.0" in source
