@@ -67,7 +67,8 @@ class Family:
     forms: tuple[Form, ...]
     manifest_keys: tuple[str, ...] = ()  # config.json values recorded per layer (swiglu_limit)
     # config.json fields holding the limit of the experts' SwiGLU clamp, which the model's MoE
-    # passes its experts (SGLang's DeepseekV2MoE: swiglu_limit)
+    # passes its experts (SGLang's DeepseekV2MoE: swiglu_limit); one named in `layer_keys` too
+    # holds one limit per decoder layer (Ling 3's expert_swiglu_limit_list), 0 or null for none
     clamp_keys: tuple[str, ...] = ()
     title: str = ""  # for messages: "Qwen3-MoE"
     architectures: tuple[str, ...] = ()
@@ -130,12 +131,17 @@ class Family:
         fields = {k: size for keys in self.config_keys.values() for k in keys}
         fields |= {k: "integer or list of integers" for k in self.layer_keys}
         fields |= {k: "number" for k in (*self.manifest_keys, *self.clamp_keys)}
+        fields |= {k: "number or list of numbers" for k in self.clamp_keys if k in self.layer_keys}
         return fields | self.moe.config_fields()
 
-    def swiglu_limit(self, config: dict) -> float | None:
-        """The experts' SwiGLU clamp limit config.json gives (`clamp_keys`), or None."""
+    def swiglu_limit(self, config: dict, layer: str = "") -> float | None:
+        """The experts' SwiGLU clamp limit config.json gives (`clamp_keys`) for the MoE layer
+        `layer`, or None: a per-layer list's entry at the layer's index (`layer_keys`), where
+        0 or null is no clamp, as both servers read it (a layer past the list's end: none)."""
         for k in self.clamp_keys:
             v = config_field(config, k)
+            if isinstance(v, list) and k in self.layer_keys:
+                v = _at(v, _layer_index(layer)) or None
             if KINDS["number"](v):
                 return float(v)  # type: ignore[arg-type]
         return None
@@ -199,6 +205,10 @@ def _integer(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 # what a field fi-convert reads from config.json must hold (absent or null: not read)
 KINDS = {
     "map": lambda v: isinstance(v, dict),
@@ -210,7 +220,11 @@ KINDS = {
         _integer(v) or (isinstance(v, list) and bool(v) and all(_integer(a) for a in v))
     ),
     "boolean": lambda v: isinstance(v, bool),
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+    # a per-layer clamp limit: one, or one per decoder layer (null: none)
+    "number or list of numbers": lambda v: (
+        _number(v) or (isinstance(v, list) and all(a is None or _number(a) for a in v))
+    ),
+    "number": _number,
 }
 # read in config.json and in its text_config; the families add their own (config_fields)
 SECTION_FIELDS = {"model_type": "string", "architectures": "list of strings"}

@@ -304,11 +304,10 @@ def refuses_moe(
     target: ServerTarget, name: SchemeName, backend: Backend, layers: list
 ) -> str | None:
     """Why the server would not run the scheme on the backend for the family's routing and
-    activation (`ServerTarget.refuses_moe`), or None."""
+    activation (`ServerTarget.refuses_moe`) and any layer's SwiGLU clamp, or None."""
     first = layers[0]
-    why = target.refuses_moe(
-        name.value, backend.value, first.routing, first.activation, first.swiglu_limit
-    )
+    clamp = next((x.swiglu_limit for x in layers if x.swiglu_limit is not None), None)
+    why = target.refuses_moe(name.value, backend.value, first.routing, first.activation, clamp)
     if why is None and not first.gated and not schemes.get(name).non_gated:
         why = (
             f"fi-convert writes no {name.value} layout of non-gated ({first.activation}) "

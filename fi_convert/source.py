@@ -624,7 +624,7 @@ def _make_layer(
             if param == "weight":
                 forms.check_shape(info, form, role, sizes, fam.title)
     e, h, i = sizes.num_experts, sizes.hidden_size, sizes.intermediate_size
-    return ExpertLayer(prefix, form, e, h, i, dict(params), fam.swiglu_limit(ckpt.config))
+    return ExpertLayer(prefix, form, e, h, i, dict(params), fam.swiglu_limit(ckpt.config, prefix))
 
 
 def _refuse_quantized_transposed(fam: Family, form: Form, params: dict) -> None:

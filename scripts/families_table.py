@@ -62,10 +62,14 @@ def schemes_of(fam: Family) -> list[str]:
 
 
 def served(fam: Family, server: str, routing: str) -> str:
-    """`bf16 (trtllm, cutlass), fp8-block (trtllm, cutlass), ...` for the server, or why not."""
+    """`bf16 (trtllm, cutlass), fp8-block (trtllm, cutlass), ...` for the server, or why not;
+    an architecture of the family the server refuses whole where it serves another (SGLang:
+    Step-3's text model, not Step3-VL) said after them."""
     if fam.moe.refuse:
         return "refused: " + fam.moe.refuse.split(";")[0]
     target, out = resolve(server), []
+    whole = {a: target.refuses_source("bf16", "trtllm", None, (a,)) for a in fam.architectures}
+    archs = [a for a, why in whole.items() if not why] or list(fam.architectures)
     for name in schemes_of(fam):
         ok = [
             b.value
@@ -76,7 +80,7 @@ def served(fam: Family, server: str, routing: str) -> str:
                     name,
                     b.value,
                     SOURCE_METHOD.get(name),
-                    fam.architectures,
+                    archs,
                 )  # fmt: skip
                 or target.refuses_moe(name, b.value, routing, fam.moe.activation, None)
             )
@@ -85,7 +89,10 @@ def served(fam: Family, server: str, routing: str) -> str:
             out.append(f"{name} ({', '.join(ok)})")
     # a whole family (SGLang's AFMoE)
     why = target.refuses_source("bf16", "trtllm", None, fam.architectures)
-    return ", ".join(out) or ("refused: " + why.split(";")[0] if why else "none")
+    if not out:
+        return "refused: " + why.split(";")[0] if why else "none"
+    apart = [f"`{a}` refused: {w.split(';')[0]}" for a, w in whole.items() if w and a not in archs]
+    return "; ".join([", ".join(out), *apart])
 
 
 def row(fam: Family) -> str:

@@ -610,3 +610,139 @@ def register_ernie45_vl_config() -> None:
         AutoConfig.for_model(mt)
     except ValueError:
         AutoConfig.register(mt, Ernie45VLConfig)
+
+
+# Step3-VL (stepfun-ai/step3, Step3VLForConditionalGeneration, model_type step3_vl): Step-3's
+# text model under model. (its packed experts model.layers.L.moe.{gate,up,down}_proj.weight
+# [E, out, in], its attention's q/k/v_proj, inter_norm and wq, a shared expert share_expert), a
+# vision tower vision_model. (embeddings, transformer.layers.N with a fused self_attn.qkv_proj
+# and out_proj), the projector's vit_downsampler, vit_downsampler2 and vit_large_projector, and
+# lm_head: the names stepfun-ai/step3 publishes (its README's key_mapping for transformers) and
+# SGLang's Step3VLForConditionalGeneration reads, with SGLang's own config classes (configs/
+# step3_vl.py), no remote code; tiny sizes, layer 0 dense, layer 1 MoE
+STEP3_VL_CONFIG = dict(
+    model_type="step3_vl",
+    architectures=["Step3VLForConditionalGeneration"],
+    understand_projector_stride=1,
+    projector_bias=True,
+    image_token_id=100,
+    torch_dtype="bfloat16",
+    vision_config=dict(
+        model_type="step3_vision_encoder",
+        hidden_size=32,
+        intermediate_size=64,
+        output_hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_channels=3,
+        image_size=28,
+        patch_size=14,
+        hidden_act="quick_gelu",
+    ),
+    text_config=dict(
+        model_type="step3_text",
+        # (vLLM 0.33's Step3-VL builds its language model by this: absent, it finds no
+        # architecture; SGLang takes config.json's own)
+        architectures=["Step3TextForCausalLM"],
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_attention_groups=1,
+        num_hidden_layers=2,
+        max_seq_len=128,
+        vocab_size=128,
+        rms_norm_eps=1e-5,
+        moe_intermediate_size=128,
+        moe_num_experts=4,
+        moe_top_k=2,
+        rope_theta=500000,
+        max_position_embedding=128,
+        share_expert_dim=96,
+        share_q_dim=64,
+        head_dim=16,
+        norm_expert_weight=True,
+        moe_layers_enum="1",
+        pad_token_id=1,
+        torch_dtype="bfloat16",
+    ),
+)
+
+
+def save_step3_vl(root: Path, seed: int = 0) -> Path:
+    """A tiny Step3-VL checkpoint in two shards (the MoE layer and the head in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    t, v = STEP3_VL_CONFIG["text_config"], STEP3_VL_CONFIG["vision_config"]
+    h, e, i, d = t["hidden_size"], t["moe_num_experts"], t["moe_intermediate_size"], t["head_dim"]
+    q, kv, n = t["share_q_dim"], t["num_attention_groups"] * d, t["num_attention_heads"] * d
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
+
+    def mlp(p: str, size: int) -> dict[str, torch.Tensor]:
+        return {
+            p + "gate_proj.weight": w(size, h),
+            p + "up_proj.weight": w(size, h),
+            p + "down_proj.weight": w(h, size),
+        }
+
+    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(t["vocab_size"], h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(128, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p = f"model.layers.{layer}."
+        shard |= {
+            p + "input_layernorm.weight": w(h),
+            p + "post_attention_layernorm.weight": w(h),
+            p + "self_attn.q_proj.weight": w(q, h),
+            p + "self_attn.k_proj.weight": w(kv, h),
+            p + "self_attn.v_proj.weight": w(kv, h),
+            p + "self_attn.inter_norm.weight": w(q),
+            p + "self_attn.wq.weight": w(n, q),
+            p + "self_attn.o_proj.weight": w(h, n),
+        }
+        if layer == 0:
+            shard |= mlp(p + "mlp.", t["intermediate_size"])
+            continue
+        shard |= mlp(p + "share_expert.", t["share_expert_dim"])
+        shard |= {
+            p + "moe.gate_proj.weight": w(e, i, h),
+            p + "moe.up_proj.weight": w(e, i, h),
+            p + "moe.down_proj.weight": w(e, h, i),
+            p + "moe.gate.weight": w(e, h),
+        }
+    vh, vi, out = v["hidden_size"], v["intermediate_size"], v["output_hidden_size"]
+    patches = (v["image_size"] // v["patch_size"]) ** 2
+    ve = "vision_model.embeddings."
+    first |= {
+        ve + "class_embedding": w(1, vh),
+        ve + "patch_embedding.weight": w(vh, v["num_channels"], v["patch_size"], v["patch_size"]),
+        ve + "patch_embedding.bias": w(vh),
+        ve + "position_embedding.weight": w(patches + 1, vh),
+        "vit_downsampler.weight": w(out, vh, 2, 2),
+        "vit_downsampler.bias": w(out),
+        "vit_downsampler2.weight": w(2 * out, out, 3, 3),
+        "vit_downsampler2.bias": w(2 * out),
+        "vit_large_projector.weight": w(h, 2 * out),
+        "vit_large_projector.bias": w(h),
+    }
+    for k in range(v["num_hidden_layers"]):
+        p = f"vision_model.transformer.layers.{k}."
+        for m, shape in (
+            ("layer_norm1", (vh,)),
+            ("layer_norm2", (vh,)),
+            ("self_attn.qkv_proj", (3 * vh, vh)),
+            ("self_attn.out_proj", (vh, vh)),
+            ("mlp.fc1", (vi, vh)),
+            ("mlp.fc2", (vh, vi)),
+        ):
+            first |= {p + m + ".weight": w(*shape), p + m + ".bias": w(shape[0])}
+    root.mkdir(parents=True)
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    index = {}
+    for shard, tensors in shards.items():
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+        index |= {name: shard for name in tensors}
+    total = sum(x.numel() * 2 for ts in shards.values() for x in ts.values())
+    meta = {"metadata": {"total_size": total}, "weight_map": index}
+    (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
+    (root / "config.json").write_text(json.dumps(STEP3_VL_CONFIG, indent=2))
+    return root

@@ -900,7 +900,90 @@ def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
     return root
 
 
+# GLM-5 Next (Glm5NextForConditionalGeneration, model_type glm5_next): transformers' own model,
+# tiny: a KDA layer (linear_attention) with a dense MLP, then an MLA layer with its indexer and
+# DeepSeek-V3's MoE (4 experts, a shared expert, its SwiGLU clamped), hyper-connections (2
+# streams), a one-block vision tower; config.json with the text_config fields the servers'
+# models read that transformers' config class does not write (GLM5_NEXT_SERVER_KEYS)
+GLM5_NEXT_TEXT = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    kv_lora_rank=16,
+    q_lora_rank=32,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=0,
+    v_head_dim=128,
+    index_topk=16,
+    index_head_dim=32,
+    index_n_heads=2,
+    linear_head_dim=16,
+    linear_num_heads=4,
+    layer_types=["linear_attention", "full_attention"],
+    mlp_layer_types=["dense", "sparse"],
+    max_position_embeddings=256,
+    pad_token_id=0,
+    eos_token_id=1,
+    hc_mult=2,
+)
+GLM5_NEXT_SERVER_KEYS = dict(
+    # SGLang's own config class and model: the hyper-connections the tensors hold, the
+    # indexer's kpool compression tensors, the dense layers mlp_layer_types gives (SGLang's
+    # default, 3, builds no MoE layer here)
+    mhc=True,
+    index_kpool_compress=True,
+    first_k_dense_replace=1,
+    # vLLM's model (vllm/models/glm5next), which reads each as config.<field>: MLA without RoPE
+    # (qk_rope_head_dim 0), the indexer's rotary layout, no MTP layer, DeepSeek-V3's router
+    mla_use_nope=True,
+    indexer_rope_interleave=False,
+    num_nextn_predict_layers=0,
+    scoring_func="sigmoid",
+    topk_method="noaux_tc",
+)
+GLM5_NEXT_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    out_hidden_size=64,
+    intermediate_size=64,
+    image_size=28,
+    patch_size=14,
+    projection_intermediate_size=64,
+)
+GLM5_NEXT_TOKENS = dict(
+    image_token_id=100,
+    video_token_id=101,
+    image_start_token_id=102,
+    image_end_token_id=103,
+    video_start_token_id=104,
+    video_end_token_id=105,
+)
+
+
+def _save_glm5_next(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Glm5NextConfig(
+        text_config=GLM5_NEXT_TEXT, vision_config=GLM5_NEXT_VISION, **GLM5_NEXT_TOKENS
+    )
+    _write(config, "Glm5NextForConditionalGeneration", root, seed)
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"] |= GLM5_NEXT_SERVER_KEYS
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
 SAVERS = {
+    "glm5_next": _save_glm5_next,
     "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,
     "hy_v4": _save_hy_v4,

@@ -810,3 +810,185 @@ def _rename_tensors(root: Path, rename) -> None:
         save_file(tensors, root / shard, metadata={"format": "pt"})
     index["weight_map"] = {rename(k): v for k, v in index["weight_map"].items()}
     index_path.write_text(json.dumps(index, indent=2))
+
+
+# Ling/Ring 2.5 (inclusionAI/Ring-2.5-1T, BailingMoeV2_5ForCausalLM, model_type bailing_hybrid,
+# its config class BailingMoeV2_5Config remote code): Ling 2.0's names, its attention in two
+# kinds by layer_group_size (every layer_group_size-th layer MLA, the others linear attention):
+# linear layers attention.{query_key_value, query_layernorm, key_layernorm, g_proj, g_norm,
+# dense}, MLA layers attention.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
+# kv_a_layernorm, kv_b_proj, dense}; routing as its config class sets it (sigmoid scores, an
+# expert bias, grouped top-k; no norm_topk_prob, both servers renormalize); here three layers:
+# 0 linear and dense, 1 linear and MoE, 2 MLA and MoE; the published MLA head sizes (vLLM has MLA
+# prefill kernels for these only), small LoRA ranks
+LING25_CONFIG = dict(
+    model_type="bailing_hybrid",
+    architectures=["BailingMoeV2_5ForCausalLM"],
+    auto_map={"AutoConfig": "configuration_bailing_moe_v2_5.BailingMoeV2_5Config"},
+    pad_token_id=0,
+    eos_token_id=1,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=16,
+    num_experts=4,
+    num_shared_experts=1,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    first_k_dense_replace=1,
+    score_function="sigmoid",
+    scoring_func="sigmoid",
+    topk_method="noaux_tc",
+    moe_router_enable_expert_bias=True,
+    routed_scaling_factor=2.5,
+    router_dtype="fp32",
+    use_qk_norm=True,
+    use_bias=False,
+    use_qkv_bias=False,
+    layer_group_size=3,
+    group_norm_size=2,
+    linear_silu=False,
+    kv_lora_rank=16,
+    q_lora_rank=32,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    rope_interleave=True,
+    partial_rotary_factor=0.5,
+    rope_theta=600000.0,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    num_nextn_predict_layers=0,
+    embedding_dropout=0.0,
+    output_dropout=0.0,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_ling25(root: Path, seed: int = 0) -> Path:
+    """A tiny Ling 2.5 checkpoint in two shards (layer 2 in the second)."""
+    return _save_bailing_hybrid(root, seed, LING25_CONFIG, "BailingMoeV2_5Config", _lightning)
+
+
+def _lightning(c: dict, w) -> dict[str, torch.Tensor]:
+    """Ling 2.5's linear (Lightning) attention, under attention: q, k and v fused, per-head
+    q/k norms, an output gate and its group norm."""
+    h, inner, d = c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["head_dim"]
+    return {
+        "query_key_value.weight": w(3 * inner, h),
+        "query_layernorm.weight": w(d),
+        "key_layernorm.weight": w(d),
+        "g_proj.weight": w(inner, h),
+        "g_norm.weight": w(inner),
+        "dense.weight": w(h, inner),
+    }
+
+
+def _linear_layer(c: dict, layer: int) -> bool:
+    """Whether the layer is a linear-attention one (every layer_group_size-th is MLA)."""
+    return (layer + 1) % c["layer_group_size"] != 0
+
+
+def _save_bailing_hybrid(root: Path, seed: int, c: dict, cls: str, linear) -> Path:
+    """Ling 2.5's and Ling 3's layout under config `c`, its config module's class `cls`, its
+    linear-attention layers' tensors `linear(c, w)`: layer 0 dense, the others MoE."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
+    shared = c.get("moe_shared_expert_intermediate_size", i) * c["num_shared_experts"]
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    first: dict[str, torch.Tensor] = {"model.word_embeddings.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    last = c["num_hidden_layers"] - 1
+    for layer in range(last + 1):
+        shard = second if layer == last else first
+        p = f"model.layers.{layer}."
+        shard |= {p + "input_layernorm.weight": w(h), p + "post_attention_layernorm.weight": w(h)}
+        if _linear_layer(c, layer):
+            attention = linear(c, w)
+        else:  # (MLA's output projection: attention.dense)
+            attention = _mla(c, w)
+            attention["dense.weight"] = attention.pop("o_proj.weight")
+        shard |= {f"{p}attention.{n}": t for n, t in attention.items()}
+        sizes = [(p + "mlp.", c["intermediate_size"])] if layer == 0 else []
+        sizes += [(p + "mlp.shared_experts.", shared)] if layer else []
+        sizes += [(f"{p}mlp.experts.{x}.", i) for x in range(e)] if layer else []
+        for m, size in sizes:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        if layer:
+            shard[p + "mlp.gate.weight"] = w(e, h)
+            shard[p + "mlp.gate.expert_bias"] = w(e, dtype=torch.float32)
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"])
+    file = c["auto_map"]["AutoConfig"].split(".")[0] + ".py"
+    return _write(root, shards, c, file, module)
+
+
+# Ling 3 (BailingMoeV3ForCausalLM, model_type bailing_hybrid as Ling 2.5's; no public checkpoint
+# found): what both servers' models read (vLLM's models/bailing_moe_v3.py, SGLang's
+# models/bailing_moe_v3.py and its BailingHybridConfig): Ling 2.5's layout with KDA linear
+# attention (short_conv_kernel_size, no_kda_lora) where Ling 2.5 has Lightning attention, its
+# tensors attention.{q,k,v,b,f,g}_proj, {q,k,v}_conv1d [P, 1, K], A_log [heads], dt_bias,
+# o_norm, o_proj; a shared expert of moe_shared_expert_intermediate_size; the routed and shared
+# experts' SwiGLU clamped per decoder layer (expert_swiglu_limit_list,
+# share_expert_swiglu_limit_list: 0 for none); sigmoid routing with an expert bias in groups,
+# renormalized. (transformers 5.20 has Ling 3 as BailingHybridForCausalLM, but its config class
+# rewrites head_dim to qk_rope_head_dim and its save_pretrained names KDA's output projection
+# attention.dense: vLLM 0.33's BailingMoeV3 reads config.head_dim as KDA's head size and KDA's
+# attention.o_proj, so a checkpoint transformers writes does not load there; the names and keys
+# here are the ones both servers' models read)
+LING3_CONFIG = LING25_CONFIG | dict(
+    architectures=["BailingMoeV3ForCausalLM"],
+    auto_map={"AutoConfig": "configuration_bailing_moe_v3.BailingMoeV3Config"},
+    moe_shared_expert_intermediate_size=128,
+    norm_topk_prob=True,
+    short_conv_kernel_size=4,
+    no_kda_lora=True,
+    kda_safe_gate=True,
+    kda_lower_bound=-5.0,
+    # (layer 1's experts unclamped: a clamp in any layer limits the backends)
+    expert_swiglu_limit_list=[0, 0, 7.0],
+    share_expert_swiglu_limit_list=[0, 7.0, 7.0],
+)
+for _k in ("group_norm_size", "linear_silu"):  # (Lightning attention's)
+    LING3_CONFIG.pop(_k)
+
+
+def save_ling3(root: Path, seed: int = 0) -> Path:
+    """A tiny Ling 3 checkpoint in two shards (layer 2 in the second)."""
+    return _save_bailing_hybrid(root, seed, LING3_CONFIG, "BailingMoeV3Config", _kda)
+
+
+def _kda(c: dict, w) -> dict[str, torch.Tensor]:
+    """Ling 3's KDA linear attention (no LoRA), under attention."""
+    h, n, conv = c["hidden_size"], c["num_attention_heads"], c["short_conv_kernel_size"]
+    p = n * c["head_dim"]
+    f32 = torch.float32
+    return {
+        "q_proj.weight": w(p, h),
+        "k_proj.weight": w(p, h),
+        "v_proj.weight": w(p, h),
+        "b_proj.weight": w(n, h),
+        "f_proj.weight": w(p, h),
+        "g_proj.weight": w(p, h),
+        "q_conv1d.weight": w(p, 1, conv, dtype=f32),
+        "k_conv1d.weight": w(p, 1, conv, dtype=f32),
+        "v_conv1d.weight": w(p, 1, conv, dtype=f32),
+        "A_log": w(n, dtype=f32),
+        "dt_bias": w(p, dtype=f32),
+        "o_norm.weight": w(c["head_dim"]),
+        "o_proj.weight": w(h, p),
+    }

@@ -93,6 +93,8 @@ ROUTING = [
     ("glm4v-moe", {"text_config": {"norm_topk_prob": True}}, "DeepSeekV3"),  # GLM-4.5's MoE
     ("bailing-moe", {"norm_topk_prob": True}, "RenormalizeNaive"),  # Ling-lite: no bias, groups
     ("longcat-flash", {}, "Unspecified"),  # ZeroExpertRouter (routing_method_type Unspecified)
+    ("bailing-moe-v2.5", {}, "DeepSeekV3"),  # its config class's defaults: sigmoid, bias, 8 groups
+    ("bailing-moe-v3", {}, "DeepSeekV3"),  # vLLM's BailingMoeV3MoE: fixed
 ]
 
 
@@ -281,6 +283,20 @@ def test_a_users_family_field_of_the_wrong_kind_is_one_line(ckpt, tmp_path):
     )
 
 
+def test_a_per_layer_clamp_of_the_wrong_kind_is_one_line(tmp_path):
+    """Ling 3's expert_swiglu_limit_list (a clamp limit per decoder layer, `clamp_keys` and
+    `layer_keys`): a list entry that is no number is one line naming the field."""
+    from tests import remote_code_checkpoints as rc
+
+    src = rc.save_ling3(tmp_path / "src")
+    model = _copy(src, tmp_path / "m", expert_swiglu_limit_list=[0, "7", 7.0])
+    line = error_line(cli("inspect", model))
+    assert line == (
+        f'error: {model}/config.json: expert_swiglu_limit_list is [0, "7", 7.0], not a number '
+        "or list of numbers; fix that field or restore the model's config.json"
+    )
+
+
 # ------------------------------------------------------- what config.json says, and refusals
 
 
@@ -300,6 +316,7 @@ def test_a_size_config_json_contradicts_is_one_line(ckpt, tmp_path):
         ("deepseek_v4", "DeepseekV4ForCausalLM", "DeepSeek-V4: vLLM 0.33 routes DeepSeek-V4's"),
         ("minicpm", "MiniCPMForCausalLM", "MiniCPM-MoE: vLLM 0.33's MiniCPM-MoE calls its"),
         ("step3p5", "Step3p5ForCausalLM", "Step-3.5: vLLM 0.33 runs Step-3.5's MoE layers"),
+        ("step5", "Step5ForCausalLM", "Step-5: vLLM 0.33 runs Step-5's MoE layers that have"),
     ],
 )
 def test_a_family_no_server_runs_on_flashinfer_is_refused_with_its_reason(

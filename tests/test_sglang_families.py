@@ -23,7 +23,12 @@ experts converted, its talker's MoE tensors carried as they are), GLM-4.5V
 model's experts, a layer SGLang builds as `language_model.layers.L.mlp.experts` in its module
 `model.layers.L.mlp.experts`), Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1
 (BailingMoeForCausalLM), Sarvam-30B (SarvamMoEForCausalLM) and Sarvam-105B
-(SarvamMLAForCausalLM; the four test_ling_equals_sglangs_default_load) in BF16; Gemma 4
+(SarvamMLAForCausalLM; the four test_ling_equals_sglangs_default_load) in BF16, Ling 2.5
+(BailingMoeV2_5ForCausalLM: linear-attention and MLA layers) and Ling 3
+(BailingMoeV3ForCausalLM: KDA and MLA layers, its per-layer SwiGLU clamp as fi-convert reads
+it; the same test) in BF16 on both backends; Step3-VL (Step3VLForConditionalGeneration as
+stepfun-ai/step3 publishes it, taken as Step-3 by its text_config:
+test_step3_vl_equals_sglangs_default_load) in BF16 on both backends; Gemma 4
 (Gemma4ForCausalLM: its checkpoint's model.layers.L.experts, a layer SGLang builds in its
 module model.layers.L.moe.experts) in BF16 on CUTLASS (its TRT-LLM BF16 runner takes no gelu
 experts: test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused); Hunyuan-A13B
@@ -40,7 +45,10 @@ published, its config class remote code: test_interns1_equals_sglangs_default_lo
 (KimiVLForConditionalGeneration over DeepSeek-V3: test_kimi_vl_equals_sglangs_default_load) in
 BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
 hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
-read, tests/hf_checkpoints.py) in BF16 on both backends.
+read, tests/hf_checkpoints.py) in BF16 on both backends, GLM-5 Next
+(Glm5NextForConditionalGeneration, the whole multimodal model transformers writes, its
+language model's layers built as model.layers.L.mlp.experts: KDA and sparse-MLA layers,
+hyper-connections, a SwiGLU clamp) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -66,6 +74,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
 from fi_convert.format.manifest import read
 from tests import hf_checkpoints as hf
@@ -128,6 +137,7 @@ CASES = {
     "granite-swa-bf16": ("granitemoe_swa", None, {}),
     "mellum-bf16": ("mellum", None, {}),
     "hy-v4-bf16": ("hy_v4", None, {}),
+    "glm5-next-bf16": ("glm5_next", None, {}),
     "internvl-bf16": ("internvl_chat", None, {}),
     "kimi-vl-bf16": ("kimi_vl", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
@@ -159,6 +169,7 @@ MOE = {
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
     "hy_v4": ["model.layers.1.mlp.experts"],
+    "glm5_next": ["model.language_model.layers.1.mlp.experts"],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -168,6 +179,7 @@ MOE = {
 MODULES = {
     "glm4v_moe": ["model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
+    "glm5_next": ["model.layers.1.mlp.experts"],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -210,6 +222,9 @@ RUNS = [
     # HY v4: MLA with its indexer, hyper-connections, fused experts with a SwiGLU clamp
     ("hy-v4-bf16", "trtllm", "bf16"),
     ("hy-v4-bf16", "cutlass", "bf16"),
+    # GLM-5 Next: KDA and MLA layers (an indexer, hyper-connections), a SwiGLU clamp
+    ("glm5-next-bf16", "trtllm", "bf16"),
+    ("glm5-next-bf16", "cutlass", "bf16"),
     # InternVL 3.5 MoE (InternVLChatModel): its language model's config read from llm_config
     ("internvl-bf16", "trtllm", "bf16"),
     ("internvl-bf16", "cutlass", "bf16"),
@@ -401,38 +416,55 @@ LING = {
     "ling1": rc.save_ling1,
     "sarvam_moe": rc.save_sarvam_moe,
     "sarvam_mla": rc.save_sarvam_mla,
+    "ling25": rc.save_ling25,
+    "ling3": rc.save_ling3,
 }
 
 
+# the MoE layers of each (layer 1 alone where not named)
+LING_LAYERS = {"ling1": (0, 1), "ling25": (1, 2), "ling3": (1, 2)}
+# (kind, backend): TRT-LLM for each, CUTLASS too for Ling 2.5 and Ling 3
+LING_RUNS = [(kind, "trtllm") for kind in sorted(LING)]
+LING_RUNS += [(kind, "cutlass") for kind in ("ling25", "ling3")]
+
+
 @pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("kind", sorted(LING))
-def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
+@pytest.mark.parametrize(("kind", "backend"), LING_RUNS)
+def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, backend, tp):
     """Ling 2.0 (BailingMoeV2ForCausalLM), Ling v1 (BailingMoeForCausalLM), Sarvam-30B
     (SarvamMoEForCausalLM, SGLang's BailingMoE model under Sarvam's name) and Sarvam-105B
     (SarvamMLAForCausalLM: MLA attention, its published yarn rotary embedding, whose SGLang
-    class asks the platform for its device when built: "cpu" here) in BF16 on TRT-LLM, their
-    config classes remote code as published (tests/remote_code_checkpoints.py:
-    --trust-remote-code for both loads)."""
+    class asks the platform for its device when built: "cpu" here) in BF16 on TRT-LLM, and
+    Ling 2.5 (BailingMoeV2_5ForCausalLM: linear-attention and MLA layers) and Ling 3
+    (BailingMoeV3ForCausalLM: KDA and MLA layers, each MoE layer's SwiGLU clamp SGLang builds
+    the one fi-convert reads), both read with SGLang's own BailingHybridConfig for their
+    model_type, on both backends, their config classes remote code
+    as published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads)."""
+    from fi_convert.source import find_family, open_checkpoint
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
 
     src = tmp_path_factory.getbasetemp() / f"sgl-{kind}-src"
     if not src.exists():
         LING[kind](src)
-    out = _convert(src, tmp_path / "out", "bf16", "trtllm", tp)
-    layers = [f"model.layers.{i}.mlp.experts" for i in ((0, 1) if kind == "ling1" else (1,))]
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    layers = [f"model.layers.{i}.mlp.experts" for i in LING_LAYERS.get(kind, (1,))]
     with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
         for rank in range(tp):
             with (
-                sm.sglang_context("trtllm", tp, rank),
+                sm.sglang_context(backend, tp, rank),
                 mock.patch(f"{ROPE}.get_device", lambda: "cpu"),  # (imported in the context)
             ):
-                ours = _model(None, out, "fi-convert", "trtllm", trust_remote_code=True)
-                theirs = _model(None, src, "auto", "trtllm", trust_remote_code=True)
+                ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
+                theirs = _model(None, src, "auto", backend, trust_remote_code=True)
             moe = _moe(theirs)
             assert sorted(moe) == layers
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+    if kind == "ling3":  # its clamp per layer (expert_swiglu_limit_list), as fi-convert reads it
+        clamps = {n: m.moe_runner_config.gemm1_clamp_limit for n, m in moe.items()}
+        assert clamps == {layers[0]: None, layers[1]: 7.0}
+        assert {x.prefix: x.swiglu_limit for x in find_family(open_checkpoint(src))[1]} == clamps
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -492,6 +524,52 @@ def test_kimi_vl_equals_sglangs_default_load(sources, tmp_path, backend, tp):
         assert sorted(moe) == layers
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_step3_vl_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend, tp):
+    """Step3-VL (Step3VLForConditionalGeneration, stepfun-ai/step3 as published: tests/
+    family_forms_models.py): fi-convert takes it as Step-3 by its text_config (the family's
+    packed experts model.layers.L.moe.{gate,up,down}_proj [E, out, in]); SGLang's own model,
+    whose load_weights hands each expert its slice of the packed tensors, builds the layer as
+    model.layers.1.moe.experts. BF16 on both backends.
+
+    SGLang's Step3VisionAttention builds an out_proj that its forward never uses, and its
+    load_weights puts the checkpoint's self_attn.out_proj into self_attn.attn.proj: that
+    out_proj is left as allocated by either load (shown), the one parameter not compared.
+    Its config.json's text_config names Step3TextForCausalLM, which SGLang has no class for
+    (a text-only Step-3 checkpoint is refused): SGLang takes the top-level architecture."""
+    from safetensors.torch import load_file
+
+    from fi_convert.servers.sglang.target import SGLANG_TARGET
+    from tests import family_forms_models as ffm
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = tmp_path_factory.getbasetemp() / "sgl-step3-vl-src"
+    if not src.exists():
+        ffm.save_step3_vl(src)
+    text = ["Step3TextForCausalLM"]
+    assert "Step3TextForCausalLM" in SGLANG_TARGET.refuses_source("bf16", backend, None, text)
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    layers = ["model.layers.1.moe.experts"]
+    assert sorted(read(out)["layers"]) == layers
+    attention = "vision_model.transformer.layers.0.self_attn."
+    unused = {f"{attention}out_proj.{p}" for p in ("weight", "bias")}
+    stored = load_file(src / "model-00001-of-00002.safetensors")[f"{attention}out_proj.weight"]
+    for rank in range(tp):
+        with sm.sglang_context(backend, tp, rank):
+            ours = _model(None, out, "fi-convert", backend)
+            theirs = _model(None, src, "auto", backend)
+        moe = _moe(theirs)
+        assert sorted(moe) == layers
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        params = dict(theirs.named_parameters())
+        assert torch.equal(params[f"{attention}attn.proj.weight"], stored)
+        assert not torch.equal(params[f"{attention}out_proj.weight"], stored)
+        different, states = _differences(ours, theirs)
+        assert set(different) <= unused and states == {}, f"rank {rank} of {tp}"
 
 
 @pytest.mark.parametrize("backend", ["trtllm", "cutlass"])

@@ -16,6 +16,15 @@ the attention layers hold no weights), the platform's device type ("cpu", where 
 allocates its indexer's buffer) and a one-process gloo group for vLLM's pipeline-parallel
 checks.
 
+GLM-5 Next's and Step3-VL's packages import image processors (transformers' Glm4v one, vLLM's
+Step3-VL one) that import torchvision (absent from this CPU install): each is imported beside
+stand-ins for torchvision's modules
+(torchvision_stand_in: permissive modules, gone again after the import; no image is
+processed), vLLM's registry entry for its class is that imported class for the test
+(_registered_in_process: vLLM's model config inspects a lazily registered class in a
+subprocess, without the stand-in), and GLM-5 Next is built with vLLM's JIT warm-up off (its
+hyper-connections' TileLang kernels, CUDA's, compiled when warmed up).
+
 Published FP8 block checkpoints (DeepSeek-style 128x128 `weight_scale_inv`: GLM-4.5-FP8 and
 GLM-4.7-FP8, MiniMax-M2, MiMo-V2-Flash) quantize the attention, dense and shared-expert linears
 too, and vLLM 0.33's CPU kernels for block-FP8 linears need its compiled ops (AMX), which this
@@ -61,7 +70,18 @@ experts with a SwiGLU clamp, the names vLLM reads outside the experts, tests/
 hf_checkpoints.py), Param2 (bf16 on both backends: Ling 2.0's names, tests/
 remote_code_checkpoints.py), openPangu MoE (bf16 on both backends:
 PanguUltraMoEForCausalLM with MLA, PanguProMoEV2ForCausalLM with its learned sink keys and
-values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and Mistral
+values, the names vLLM's own load reads: tests/remote_code_checkpoints.py), Ling 2.5
+(BailingMoeV25ForCausalLM, bf16 on both backends: Ling 2.0's experts beside linear-attention
+and MLA layers, its config class remote code, tests/remote_code_checkpoints.py), Ling 3
+(BailingMoeV3ForCausalLM, bf16 on both backends: KDA linear-attention and MLA layers, its
+experts' SwiGLU clamped per layer, as fi-convert reads it: test_ling3s_per_layer_clamp_...),
+GLM-5 Next (vllm.models.glm5next's Glm5NextForConditionalGeneration and the Glm5NextForCausalLM
+it builds as its language model, bf16 on both backends: the whole multimodal model transformers
+writes, with the text_config fields vLLM's model reads that transformers' config class does not
+write, tests/hf_checkpoints.py), Step3-VL (Step3VLForConditionalGeneration as stepfun-ai/step3
+publishes it, bf16 on both backends: Step-3's packed experts in its language model, a layer
+vLLM names language_model.layers.L.moe.experts in the module language_model.model.layers.L.
+moe.experts, tests/family_forms_models.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
 
@@ -104,6 +124,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import types
 from pathlib import Path
 from unittest import mock
@@ -143,6 +164,8 @@ REMOTE_CODE = {
     "nemotron_h_puzzle": rc.save_nemotron_h_puzzle,
     "pangu_ultra": rc.save_pangu_ultra,
     "pangu_pro_v2": rc.save_pangu_pro_v2,
+    "ling25": rc.save_ling25,
+    "ling3": rc.save_ling3,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -285,6 +308,28 @@ CASES = {
     "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
     # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
     "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
+    # Ling 2.5: Ling 2.0's experts beside linear-attention and MLA layers (FlashInfer's MLA
+    # backend); names and config of tests/remote_code_checkpoints.py
+    "ling25-bf16": ("ling25", "bailing_moe_linear.BailingMoeV25ForCausalLM", None, {}),
+    # Ling 3: KDA linear-attention and MLA layers, its experts' SwiGLU clamped per layer
+    "ling3-bf16": ("ling3", "bailing_moe_v3.BailingMoeV3ForCausalLM", None, {}),
+    # GLM-5 Next, the whole multimodal model transformers writes: KDA and sparse-MLA layers
+    # (its indexer), hyper-connections, DeepSeek-V3's MoE with a SwiGLU clamp; its package
+    # imported beside a torchvision stand-in (TORCHVISION)
+    # Step3-VL as stepfun-ai/step3 publishes it (tests/family_forms_models.py); imported beside
+    # the torchvision stand-in too
+    "step3-vl-bf16": (
+        "step3_vl",
+        "step3_vl.Step3VLForConditionalGeneration",
+        None,
+        {},
+    ),
+    "glm5-next-bf16": (
+        "glm5_next",
+        "vllm.models.glm5next.Glm5NextForConditionalGeneration",
+        None,
+        {},
+    ),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -360,6 +405,14 @@ RUNS = [
     ("gemma4-bf16", "cutlass", "bf16"),
     ("axk1-bf16", "trtllm", "bf16"),
     ("axk1-bf16", "cutlass", "bf16"),
+    ("ling25-bf16", "trtllm", "bf16"),
+    ("ling25-bf16", "cutlass", "bf16"),
+    ("ling3-bf16", "trtllm", "bf16"),
+    ("ling3-bf16", "cutlass", "bf16"),
+    ("step3-vl-bf16", "trtllm", "bf16"),
+    ("step3-vl-bf16", "cutlass", "bf16"),
+    ("glm5-next-bf16", "trtllm", "bf16"),
+    ("glm5-next-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -402,6 +455,8 @@ def sources(tmp_path_factory):
                 done[case] = mistral.write(root / case, quant)
             elif kind == "ernie4_5_moe_vl":
                 done[case] = ffm.save_ernie45_vl(root / case)
+            elif kind == "step3_vl":
+                done[case] = ffm.save_step3_vl(root / case)
             elif kind in REMOTE_CODE:
                 done[case] = REMOTE_CODE[kind](root / case, **sizes)
             elif quant is None:
@@ -412,6 +467,62 @@ def sources(tmp_path_factory):
         return done[case]
 
     return get
+
+
+# cases whose model warms its JIT kernels up when built (GLM-5 Next's hyper-connections:
+# TileLang kernels, for CUDA, whose package this install lacks): built with the warm-up off
+NO_JIT_WARMUP = ("glm5-next-bf16",)
+# cases whose model's package imports transformers' image processors, which import torchvision
+# (absent from this CPU install): imported beside a stand-in for it (torchvision_stand_in)
+TORCHVISION = ("glm5-next-bf16", "step3-vl-bf16")
+TORCHVISION_MODULES = (
+    "torchvision",
+    "torchvision.transforms",
+    "torchvision.transforms.v2",
+    "torchvision.transforms.v2.functional",
+    "torchvision.transforms.functional",
+)
+
+
+@contextlib.contextmanager
+def torchvision_stand_in():
+    """Stand-ins for torchvision's modules (fi_convert.servers.sglang.stand_ins' permissive
+    module) while a vLLM model's package is imported: its image processors import torchvision
+    at the top, and nothing of them runs here (the model is built from its config and loads its
+    weights; no image is processed). They leave sys.modules again, as torch and transformers
+    must keep finding no torchvision afterwards (transformers caches its answer: asked first,
+    before the stand-ins lie in sys.modules)."""
+    import importlib.machinery
+    import sys
+
+    from transformers.utils import import_utils
+
+    from fi_convert.servers.sglang.stand_ins import _StubModule
+
+    assert not import_utils.is_torchvision_available()  # (cached: stays so)
+    added = [n for n in TORCHVISION_MODULES if n not in sys.modules]
+    for name in added:
+        module = _StubModule(name)
+        module.__path__ = []
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        sys.modules[name] = module
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def _registered_in_process(model_cls):
+    """vLLM's registry entry of the class's architecture as the class imported here, for the
+    test only: vLLM's model config inspects a lazily registered class in a subprocess of its
+    own, which imports its package without the torchvision stand-in."""
+    from vllm.model_executor.models.registry import ModelRegistry, _RegisteredModel
+
+    entry = {model_cls.__name__: _RegisteredModel.from_model_cls(model_cls)}
+    with mock.patch.dict(ModelRegistry.models, entry):
+        yield
 
 
 @contextlib.contextmanager
@@ -428,9 +539,11 @@ def vllm_model(
     if not module.startswith("vllm."):  # a module of vllm/model_executor/models
         module = f"vllm.model_executor.models.{module}"
     ffm.register_ernie45_vl_config()
-    model_cls = getattr(importlib.import_module(module), cls)
+    with torchvision_stand_in() if case in TORCHVISION else contextlib.nullcontext():
+        model_cls = getattr(importlib.import_module(module), cls)
     quant = CASES[case][2]
     with (
+        _registered_in_process(model_cls) if case in TORCHVISION else contextlib.nullcontext(),
         vm.vllm_context(backend, tp, rank, sm=90 if (quant, backend) == (FP8B, "cutlass") else 100),
         mock.patch.object(type(current_platform), "get_attn_backend_cls", _attention),
         mock.patch.object(type(current_platform), "device_type", "cpu"),
@@ -453,6 +566,8 @@ def vllm_model(
         # what VllmConfig sets once it has a model (DeepSeek-V3.2's indexer reads it): 5 up
         # to a max_model_len of 256K
         cfg.attention_config.sparse_mla_prefill_workspace_factor = 5
+        if case in NO_JIT_WARMUP:  # (its TileLang kernels, compiled when warmed up: CUDA's)
+            cfg.kernel_config.enable_jit_warmup = False
         if CASES[case][0] == "mistral":
             # MLA's prefill kernel: FlashInfer's (TRT-LLM's ragged one, vLLM's first choice on
             # SM100, allocates its workspace on the GPU when built)
@@ -722,3 +837,63 @@ def test_vllms_transformers_backend_routes_as_its_moe_block_fuser_finds(
         routers = [m.router for m in _moe(model).values()]
     assert len(routers) == layers and {type(r).__name__ for r in routers} == {router}
     assert {r.routing_method_type for r in routers} == {RoutingMethodType[method]}
+
+
+def test_ling3s_per_layer_clamp_is_the_one_vllm_builds_and_limits_its_backends(sources, tmp_path):
+    """Ling 3's routed experts clamp their SwiGLU per decoder layer (expert_swiglu_limit_list,
+    0 for none): vLLM 0.33's own BailingMoeV3ForCausalLM builds each MoE layer with its entry,
+    the limit fi-convert reads for the layer (families.Family.swiglu_limit); a clamp, which
+    vLLM's TRT-LLM FP8 per-tensor experts do not apply, refuses fp8-tensor on TRT-LLM in one line
+    (CUTLASS is planned)."""
+    from fi_convert import SchemeMismatchError, read_manifest
+    from fi_convert.source import find_family, open_checkpoint
+
+    case = "ling3-bf16"
+    src = sources(case)
+    with vllm_model(case, src, "cutlass", 1, 0) as (model, _):
+        built = {n: m.routed_experts.swiglu_limit for n, m in _moe(model).items()}
+    assert built == {"model.layers.1.mlp.experts": None, "model.layers.2.mlp.experts": 7.0}
+    fam, layers = find_family(open_checkpoint(src))
+    assert fam.name == "bailing-moe-v3"
+    assert {x.prefix: x.swiglu_limit for x in layers} == built
+    # (BF16 to fp8-tensor has no static activation scales: converted with --allow-unservable)
+    fp8 = dict(scheme=SchemeName.FP8_TENSOR, tp_size=1, allow_unservable=True)
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(src, tmp_path / "t", Options(backend=Backend.TRTLLM, **fp8))
+    assert "\n" not in str(e.value) and "swiglu_limit" in str(e.value)
+    assert not (tmp_path / "t").exists()
+    convert(src, tmp_path / "c", Options(backend=Backend.CUTLASS, **fp8), device="cpu")
+    assert sorted(read_manifest(tmp_path / "c")["layers"]) == sorted(built)
+
+
+def test_vllms_step5_runs_clamped_layers_as_swiglustep_which_no_flashinfer_kernel_takes():
+    """The reason fi-convert refuses Step-5 (families/step5.json): vLLM 0.33's Step5MoE runs a
+    layer with a swiglu_limits entry (7.0) as activation swiglustep, and none of vLLM's
+    FlashInfer MoE experts (CUTLASS's, TRT-LLM's per scheme) takes it; SGLang has no Step-5."""
+    import inspect
+
+    from transformers.utils import import_utils
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts import (
+        flashinfer_cutlass_moe,
+        trtllm_bf16_moe,
+        trtllm_fp8_moe,
+        trtllm_mxfp4_moe,
+        trtllm_nvfp4_moe,
+    )
+
+    with torchvision_stand_in():
+        from vllm.models.step5.nvidia import model as step5
+    assert not import_utils.is_torchvision_available() and "torchvision" not in sys.modules
+
+    source = inspect.getsource(step5.Step5MoE.__init__)
+    assert 'activation = "swiglustep"' in source and "swiglu_limit != 7.0" in source
+    experts = (
+        flashinfer_cutlass_moe.FlashInferExperts,
+        trtllm_bf16_moe.TrtLlmBf16ExpertsBase,
+        trtllm_fp8_moe.TrtLlmFp8ExpertsBase,
+        trtllm_mxfp4_moe.TrtLlmMxfp4ExpertsBase,
+        trtllm_nvfp4_moe.TrtLlmNvFp4ExpertsBase,
+    )
+    assert not [e for e in experts if e._supports_activation(MoEActivation.SWIGLUSTEP)]
+    assert [e for e in experts if e._supports_activation(MoEActivation.SILU)] == list(experts)

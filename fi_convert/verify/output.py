@@ -333,7 +333,7 @@ def _layer_problems(
     e, h, i = (sizes[k] for k in SIZES)
     if h * i > MAX_MATRIX:
         return [*out, f"hidden_size {h} times intermediate_size {i} is more than any model has"]
-    clamp = family.swiglu_limit(config or {}) if family is not None else None
+    clamp = family.swiglu_limit(config or {}, prefix) if family is not None else None
     gated = family is None or gated_activation(family.moe.activation)
     planned = planner.summaries(prefix, e, h, i, clamp, gated)
     if isinstance(planned, str):

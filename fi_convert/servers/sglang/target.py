@@ -214,9 +214,12 @@ NO_FLASHINFER_MODEL = {
         "SGLang {sglang} has no model class for openPangu Pro MoE V2 (PanguProMoEV2ForCausalLM)"
     ),
     "Step3TextForCausalLM": (
-        "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM; its "
+        "SGLang {sglang} has no model class for Step-3's text model (Step3TextForCausalLM: its "
         "models/step3_vl.py serves Step3VLForConditionalGeneration alone)"
     ),
+    # served: Step3-VL's config.json names Step3TextForCausalLM in its text_config too, and
+    # SGLang takes the top-level architecture, whose class it has
+    "Step3VLForConditionalGeneration": "",
     "AfmoeForCausalLM": (
         "SGLang {sglang}'s AFMoE model (models/afmoe.py, AfmoeMoE) holds its experts as "
         "per-expert MLPs and calls its fused_moe function itself, building no FusedMoE "
@@ -484,9 +487,10 @@ class SglangTarget:
 
 def _first(facts: Mapping[str, str], architectures: Sequence[str]) -> str | None:
     """The fact of the first of config.json's architectures that has one (SGLang takes the
-    first it has a class for); one name given as a string is one architecture."""
+    first it has a class for; an empty fact: one it serves, whatever its text_config names);
+    one name given as a string is one architecture."""
     names = (architectures,) if isinstance(architectures, str) else architectures
-    return next((facts[a] for a in names if a in facts), None)
+    return next((facts[a] for a in names if a in facts), None) or None
 
 
 def _listed(target: Mapping) -> str:

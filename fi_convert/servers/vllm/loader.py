@@ -52,7 +52,10 @@ def moe_layers(
     (MiniMax-M2: vLLM's `block_sparse_moe` module is named `mlp`, its checkpoint's is not); a
     layer vLLM names otherwise than the checkpoint (its model's `hf_to_vllm_mapper`: Qwen3-VL-
     MoE's model.language_model.layers.L is vLLM's language_model.model.layers.L) is keyed by
-    the `output`'s prefix that maps to it."""
+    the `output`'s prefix that maps to it, the mapper's name being the layer's or its module
+    path's (Step3-VL: the checkpoint's model.layers.L.moe.experts, mapped to the module
+    language_model.model.layers.L.moe.experts, a layer vLLM names language_model.layers.L.moe.
+    experts)."""
     built = {}
     for name, mod in model.named_modules():
         if isinstance(mod, RoutedExperts):
@@ -60,7 +63,11 @@ def moe_layers(
             key = path if path in output and mod.layer_name not in output else mod.layer_name
             built[key] = (name, mod)
     mapped = {_vllm_name(model, p): p for p in output if p not in built}
-    return {mapped.get(n, n): v for n, v in built.items()}
+
+    def key(n: str, name: str) -> str:
+        return mapped.get(n) or mapped.get(name.removesuffix(".routed_experts"), n)
+
+    return {key(n, v[0]): v for n, v in built.items()}
 
 
 def _vllm_name(model: torch.nn.Module, prefix: str) -> str:
