@@ -1,0 +1,61 @@
+"""Tiny checkpoints of MoE families only SGLang 0.5.23 has a model class for (vLLM 0.33's
+registry has none), in the names and config keys SGLang's own model class reads.
+
+SDAR MoE (SDARMoeForCausalLM, model_type sdar_moe; JetLM's SDAR-30B-A3B): a block-diffusion
+language model on Qwen3-MoE's layers: the tensors transformers' own Qwen3-MoE writes (per-expert
+gate/up/down_proj, q/k norms, every layer MoE), config.json with Qwen3-MoE's keys under
+SDAR's model_type, its config class remote code (auto_map), as published.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests import hf_checkpoints as hf
+from tests import remote_code_checkpoints as rc
+
+# SDAR MoE: Qwen3-MoE's keys (num_experts, moe_intermediate_size, norm_topk_prob,
+# decoder_sparse_step, mlp_only_layers) at the sizes hf_checkpoints' qwen3_moe is written with
+SDAR_MOE_CONFIG = dict(
+    model_type="sdar_moe",
+    architectures=["SDARMoeForCausalLM"],
+    auto_map={"AutoConfig": "configuration_sdar_moe.SDARMoeConfig"},
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    attention_bias=False,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    rope_scaling=None,
+    max_position_embeddings=128,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_sdar_moe(root: Path, seed: int = 0) -> Path:
+    """A tiny SDAR MoE checkpoint: transformers' Qwen3-MoE tensors, SDAR's config.json and
+    config class."""
+    hf.save("qwen3_moe", root, seed)
+    return _remote_config(root, SDAR_MOE_CONFIG, "SDARMoeConfig")
+
+
+def _remote_config(root: Path, config: dict, cls: str) -> Path:
+    """`root`'s config.json replaced by `config`, beside its config module (class `cls` of
+    config's model_type, the file auto_map names)."""
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    module = rc.CONFIG_MODULE.format(cls=cls, model_type=config["model_type"])
+    (root / (config["auto_map"]["AutoConfig"].split(".")[0] + ".py")).write_text(module)
+    return root
