@@ -5,6 +5,11 @@ SDAR MoE (SDARMoeForCausalLM, model_type sdar_moe; JetLM's SDAR-30B-A3B): a bloc
 language model on Qwen3-MoE's layers: the tensors transformers' own Qwen3-MoE writes (per-expert
 gate/up/down_proj, q/k norms, every layer MoE), config.json with Qwen3-MoE's keys under
 SDAR's model_type, its config class remote code (auto_map), as published.
+
+LLaDA 2 MoE (LLaDA2MoeModelLM, model_type llada2_moe; inclusionAI's LLaDA2.0-mini): a diffusion
+language model on Ling 2.0's layout (tests/remote_code_checkpoints.py's writer: fused QKV, layer
+0 dense, a shared expert, per-expert gate/up/down_proj, the router's expert bias) and keys
+(sigmoid scores, grouped top-k), its config class remote code.
 """
 
 from __future__ import annotations
@@ -50,6 +55,18 @@ def save_sdar_moe(root: Path, seed: int = 0) -> Path:
     config class."""
     hf.save("qwen3_moe", root, seed)
     return _remote_config(root, SDAR_MOE_CONFIG, "SDARMoeConfig")
+
+
+LLADA2_CONFIG = rc.LING2_CONFIG | dict(
+    model_type="llada2_moe",
+    architectures=["LLaDA2MoeModelLM"],
+    auto_map={"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig"},
+)
+
+
+def save_llada2(root: Path, seed: int = 0) -> Path:
+    """A tiny LLaDA 2 MoE checkpoint in two shards (layer 1's experts in the second)."""
+    return rc._save_bailing_v2(root, seed, LLADA2_CONFIG, "LLaDA2MoeConfig")
 
 
 def _remote_config(root: Path, config: dict, cls: str) -> Path:

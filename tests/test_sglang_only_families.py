@@ -6,7 +6,8 @@ FusedMoE processing): every parameter, buffer and tensor a module holds, and eac
 state, must be equal, in BF16 on both FlashInfer runners, at TP 1 and 2, every rank. vLLM 0.33
 has no model class for them: fi-convert refuses a vLLM output of each, in one line.
 
-SDAR MoE (SDARMoeForCausalLM: Qwen3-MoE's layers, a block-diffusion language model).
+SDAR MoE (SDARMoeForCausalLM: Qwen3-MoE's layers, a block-diffusion language model), LLaDA 2
+MoE (LLaDA2MoeModelLM: Ling 2.0's layout, a diffusion language model).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.usefixtures("registered")
 # family: (the source's writer, the MoE layers SGLang builds)
 FAMILIES = {
     "sdar_moe": (so.save_sdar_moe, [f"model.layers.{i}.mlp.experts" for i in (0, 1)]),
+    "llada2_moe": (so.save_llada2, ["model.layers.1.mlp.experts"]),  # layer 0 dense
 }
 
 

@@ -71,6 +71,7 @@ TRANSFORMERS_BACKEND = {
 # output of them (vLLM would not build the model, or would take its Transformers backend)
 NO_MODEL_CLASS: dict[str, str] = {
     "SDARMoeForCausalLM": "SDAR MoE",
+    "LLaDA2MoeModelLM": "LLaDA 2 MoE",
 }
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
