@@ -7,7 +7,8 @@ state, must be equal, in BF16 on both FlashInfer runners, at TP 1 and 2, every r
 has no model class for them: fi-convert refuses a vLLM output of each, in one line.
 
 SDAR MoE (SDARMoeForCausalLM: Qwen3-MoE's layers, a block-diffusion language model), LLaDA 2
-MoE (LLaDA2MoeModelLM: Ling 2.0's layout, a diffusion language model).
+MoE (LLaDA2MoeModelLM: Ling 2.0's layout, a diffusion language model), Xllm (XllmForCausalLM:
+sigmoid scores with a correction bias, a shared expert).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("registered")
 FAMILIES = {
     "sdar_moe": (so.save_sdar_moe, [f"model.layers.{i}.mlp.experts" for i in (0, 1)]),
     "llada2_moe": (so.save_llada2, ["model.layers.1.mlp.experts"]),  # layer 0 dense
+    "xllm": (so.save_xllm, ["model.layers.1.mlp.experts"]),  # layer 0 dense
 }
 
 

@@ -72,6 +72,7 @@ TRANSFORMERS_BACKEND = {
 NO_MODEL_CLASS: dict[str, str] = {
     "SDARMoeForCausalLM": "SDAR MoE",
     "LLaDA2MoeModelLM": "LLaDA 2 MoE",
+    "XllmForCausalLM": "Xllm",
 }
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
