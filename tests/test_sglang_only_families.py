@@ -8,7 +8,10 @@ has no model class for them: fi-convert refuses a vLLM output of each, in one li
 
 SDAR MoE (SDARMoeForCausalLM: Qwen3-MoE's layers, a block-diffusion language model), LLaDA 2
 MoE (LLaDA2MoeModelLM: Ling 2.0's layout, a diffusion language model), Xllm (XllmForCausalLM:
-sigmoid scores with a correction bias, a shared expert).
+sigmoid scores with a correction bias, a shared expert), IQuest Q1 (IQuestQ1ForCausalLM: fused
+experts mlp.experts.fc / proj; its load_weights refuses a load that leaves a parameter unfilled,
+and takes the converted layers' parameters, which the plugin fills itself, as SGLang's
+`_skip_weight_check` marks them: test_iquest_q1s_own_check_sees_every_parameter_filled).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ FAMILIES = {
     "sdar_moe": (so.save_sdar_moe, [f"model.layers.{i}.mlp.experts" for i in (0, 1)]),
     "llada2_moe": (so.save_llada2, ["model.layers.1.mlp.experts"]),  # layer 0 dense
     "xllm": (so.save_xllm, ["model.layers.1.mlp.experts"]),  # layer 0 dense
+    "iquest_q1": (so.save_iquest_q1, ["model.layers.1.mlp.experts"]),  # layer 0 dense
 }
 
 
@@ -88,3 +92,28 @@ def test_a_vllm_output_is_refused_in_one_line(sources, tmp_path, kind):
         convert(src, tmp_path / "out", Options(SchemeName.BF16, Backend.CUTLASS, 1), device="cpu")
     assert "\n" not in str(e.value) and str(e.value).endswith("convert with --server sglang")
     assert not (tmp_path / "out").exists()
+
+
+def test_iquest_q1s_own_check_sees_every_parameter_filled(sources, tmp_path):
+    """IQuest Q1's load_weights ends in check_all_params_loaded, which refuses a load that
+    fills not every parameter: handed the non-expert tensors alone (how the plugin calls it),
+    SGLang's own model refuses; the plugin marks the converted layers' parameters meanwhile
+    (`_skip_weight_check`, SGLang's mark of a parameter no checkpoint tensor fills), and no
+    mark is left after its load."""
+    from safetensors.torch import load_file
+
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = sources("iquest_q1")
+    out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    tensors = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        tensors |= load_file(shard)
+    others = [(n, t) for n, t in tensors.items() if ".mlp.experts." not in n]
+    with sm.sglang_context("trtllm", 1, 0):
+        theirs = _model(None, src, "auto", "trtllm")
+        ours = _model(None, out, "fi-convert", "trtllm")
+    with pytest.raises(ValueError, match="2 parameters were not found in the checkpoint"):
+        theirs.load_weights(others)
+    assert not [n for n, p in ours.named_parameters() if hasattr(p, "_skip_weight_check")]

@@ -73,6 +73,7 @@ NO_MODEL_CLASS: dict[str, str] = {
     "SDARMoeForCausalLM": "SDAR MoE",
     "LLaDA2MoeModelLM": "LLaDA 2 MoE",
     "XllmForCausalLM": "Xllm",
+    "IQuestQ1ForCausalLM": "IQuest Q1",
 }
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
