@@ -40,7 +40,9 @@ published, its config class remote code: test_interns1_equals_sglangs_default_lo
 (KimiVLForConditionalGeneration over DeepSeek-V3: test_kimi_vl_equals_sglangs_default_load) in
 BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
 hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
-read, tests/hf_checkpoints.py) in BF16 on both backends.
+read, tests/hf_checkpoints.py) in BF16 on both backends, Kimi Linear (KimiLinearForCausalLM:
+a KDA layer, an MLA layer with the MoE block; transformers' tensors under the published
+config.json, tests/hf_checkpoints.py) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -130,6 +132,7 @@ CASES = {
     "hy-v4-bf16": ("hy_v4", None, {}),
     "internvl-bf16": ("internvl_chat", None, {}),
     "kimi-vl-bf16": ("kimi_vl", None, {}),
+    "kimi-linear-bf16": ("kimi_linear", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -159,6 +162,9 @@ MOE = {
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
     "hy_v4": ["model.layers.1.mlp.experts"],
+    # Kimi Linear: a KDA layer (dense MLP), then an MLA one (its MoE block, which SGLang
+    # builds as module block_sparse_moe, its layer named mlp.experts)
+    "kimi_linear": ["model.layers.1.block_sparse_moe.experts"],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -213,6 +219,9 @@ RUNS = [
     # InternVL 3.5 MoE (InternVLChatModel): its language model's config read from llm_config
     ("internvl-bf16", "trtllm", "bf16"),
     ("internvl-bf16", "cutlass", "bf16"),
+    # Kimi Linear: KDA and MLA layers, sigmoid + bias routing in groups (DeepSeekV3)
+    ("kimi-linear-bf16", "trtllm", "bf16"),
+    ("kimi-linear-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

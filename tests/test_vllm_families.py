@@ -32,6 +32,13 @@ model's `hf_to_vllm_mapper`); its MLA layers get FlashInfer's MLA backend and pr
 (vLLM's first MLA prefill choice allocates a GPU workspace when built), their workspace on the
 CPU.
 
+Kimi Linear (vllm/models/kimi_k3's KimiLinearForCausalLM: a KDA layer, an MLA layer with the
+MoE block, transformers' tensors under the published config.json) is built with two stand-ins
+of CUDA its model asks for when built (CUDA_STREAMS: its overlap streams, and its GEMM +
+all-reduce kernel switched off), neither touching a weight; where its model pads a rank's share
+of the experts' size itself, the plugin refuses the output
+(test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses).
+
 Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), Nemotron-H Puzzle (bf16
 on both backends: two MoE layers of other expert counts and sizes, read by vLLM from
 block_configs through the config class, tests/remote_code_checkpoints.py), MiniMax-M2 (bf16,
@@ -285,7 +292,15 @@ CASES = {
     "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
     # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
     "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
+    # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
+    "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
 }
+# Cases whose vLLM model asks for CUDA when built, beside the device checks tests/vllm_moe.py
+# answers: Kimi Linear's (vllm/models/kimi_k3/nvidia/model.py) makes CUDA streams (to overlap
+# its router with work on another stream) and, with VLLM_KIMI_K3_GEMM_AR (on by default), sets
+# up a CuTe DSL GEMM + all-reduce kernel (NCCL multicast): the streams are stand-ins here and
+# the kernel's switch is off; neither touches a weight
+CUDA_STREAMS = ("kimi-linear-bf16",)
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
 RUNS = [
@@ -360,6 +375,8 @@ RUNS = [
     ("gemma4-bf16", "cutlass", "bf16"),
     ("axk1-bf16", "trtllm", "bf16"),
     ("axk1-bf16", "cutlass", "bf16"),
+    ("kimi-linear-bf16", "trtllm", "bf16"),
+    ("kimi-linear-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -437,6 +454,7 @@ def vllm_model(
         # (MLA's prefill workspace, grown on the CPU: there is no accelerator cache to empty)
         mock.patch.object(torch.accelerator, "empty_cache", lambda: None),
         _block_fp8_linears(),
+        _cuda_streams(case),
     ):
         _one_process_group()
         cfg = get_current_vllm_config()
@@ -465,6 +483,25 @@ def vllm_model(
         finally:
             torch.set_default_dtype(default)
         yield model, mc
+
+
+@contextlib.contextmanager
+def _cuda_streams(case: str):
+    """For CUDA_STREAMS' cases: torch.cuda.Stream a class of inert objects (no stream is used
+    while weights load), VLLM_KIMI_K3_GEMM_AR off."""
+    if case not in CUDA_STREAMS:
+        yield
+        return
+
+    class _Stream:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    with (
+        mock.patch.object(torch.cuda, "Stream", _Stream),
+        mock.patch.dict("os.environ", {"VLLM_KIMI_K3_GEMM_AR": "0"}),
+    ):
+        yield
 
 
 def _quant_config(src: Path, mc: ModelConfig):
@@ -722,3 +759,29 @@ def test_vllms_transformers_backend_routes_as_its_moe_block_fuser_finds(
         routers = [m.router for m in _moe(model).values()]
     assert len(routers) == layers and {type(r).__name__ for r in routers} == {router}
     assert {r.routing_method_type for r in routers} == {RoutingMethodType[method]}
+
+
+def test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses(tmp_path):
+    """vLLM 0.33's Kimi Linear pads each TP rank's share of moe_intermediate_size below
+    min_moe_intermediate_per_partition (256) up to it (models/kimi_k3/nvidia/model.py), a layer
+    of other sizes than fi-convert's output of that TP size holds: the plugin refuses the
+    output in one line at load, naming the sizes, before it reads an expert."""
+    from fi_convert.servers.vllm.checks import PluginError
+
+    src = hf._save_kimi_linear(tmp_path / "src", moe_intermediate_size=128)
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, 2), device="cpu")
+    with vllm_model("kimi-linear-bf16", src, "trtllm", 2, 0) as (ours, mc):
+        (runner,) = _moe(ours).values()
+        assert runner.routed_experts.moe_config.intermediate_size_per_partition == 256  # not 64
+        served = types.SimpleNamespace(
+            model=str(out), revision=None, quantization=mc.quantization, hf_config=mc.hf_config
+        )
+        with pytest.raises(PluginError) as e:
+            FiConvertModelLoader(LoadConfig(load_format="fi-convert")).load_weights(ours, served)
+    assert str(e.value) == (
+        f"fi-convert: {out}: model.layers.1.block_sparse_moe.experts: vLLM's model built it "
+        "with 256 intermediate rows per rank, the output holds 64 (padded to 128): its model "
+        "pads a rank's share itself, which fi-convert's layout does not; serve the source "
+        "checkpoint with vLLM's own loader"
+    )
