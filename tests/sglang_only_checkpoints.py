@@ -86,74 +86,9 @@ def save_llada2(root: Path, seed: int = 0) -> Path:
     return rc._save_bailing_v2(root, seed, LLADA2_CONFIG, "LLaDA2MoeConfig")
 
 
-XLLM_CONFIG = dict(
-    model_type="xllm",
-    architectures=["XllmForCausalLM"],
-    auto_map={"AutoConfig": "configuration_xllm.XllmConfig"},
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    moe_intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_experts=4,
-    num_experts_per_tok=2,
-    num_shared_experts=1,
-    norm_topk_prob=True,
-    router_score_func="sigmoid",
-    moe_gate_bias=True,
-    router_scaling_factor=1.0,
-    mlp_only_layers=[0],
-    decoder_sparse_step=1,
-    attention_bias=False,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    max_position_embeddings=128,
-    hidden_act="silu",
-    tie_word_embeddings=False,
-    torch_dtype="bfloat16",
-)
-
-
 def save_xllm(root: Path, seed: int = 0) -> Path:
     """A tiny Xllm checkpoint in two shards (layer 1's experts in the second)."""
-    g = torch.Generator().manual_seed(seed)
-    c = XLLM_CONFIG
-    h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
-    d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
-
-    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
-
-    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(v, h)}
-    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
-    for layer, shard in ((0, first), (1, second)):
-        p, a = f"model.layers.{layer}.", f"model.layers.{layer}.self_attn."
-        shard |= {
-            p + "input_layernorm.weight": w(h),
-            p + "post_attention_layernorm.weight": w(h),
-            a + "q_proj.weight": w(nq * d, h),
-            a + "k_proj.weight": w(nkv * d, h),
-            a + "v_proj.weight": w(nkv * d, h),
-            a + "o_proj.weight": w(h, nq * d),
-        }
-        mlps = [(p + "mlp.", c["intermediate_size"])] if layer == 0 else []
-        mlps += [(p + "mlp.shared_experts.", i * c["num_shared_experts"])] if layer else []
-        mlps += [(f"{p}mlp.experts.{x}.", i) for x in range(e)] if layer else []
-        for m, size in mlps:
-            shard |= {
-                m + "gate_proj.weight": w(size, h),
-                m + "up_proj.weight": w(size, h),
-                m + "down_proj.weight": w(h, size),
-            }
-        if layer:
-            shard[p + "mlp.gate.weight"] = w(e, h)
-            shard[p + "mlp.gate.bias"] = w(e, dtype=torch.float32)
-    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
-    module = rc.CONFIG_MODULE.format(cls="XllmConfig", model_type="xllm")
-    return rc._write(root, shards, c, "configuration_xllm.py", module)
+    return rc.save_xllm_layout(root, seed, rc.XLLM_CONFIG, "XllmConfig")
 
 
 IQUEST_Q1_CONFIG = dict(

@@ -42,7 +42,8 @@ BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
 hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
 read, tests/hf_checkpoints.py) in BF16 on both backends, Kimi Linear (KimiLinearForCausalLM:
 a KDA layer, an MLA layer with the MoE block; transformers' tensors under the published
-config.json, tests/hf_checkpoints.py) in BF16 on both backends.
+config.json, tests/hf_checkpoints.py) in BF16 on both backends, K2 Horizon
+(K2HorizonForCausalLM: test_k2_horizon_equals_sglangs_default_load) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -420,6 +421,31 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, tp):
                 theirs = _model(None, src, "auto", "trtllm", trust_remote_code=True)
             moe = _moe(theirs)
             assert sorted(moe) == layers
+            assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+            assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_k2_horizon_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend, tp):
+    """K2 Horizon (K2HorizonForCausalLM: SGLang's xLLM model under K2 Horizon's config keys,
+    which it normalizes; no public checkpoint found: tests/remote_code_checkpoints.py, its
+    attention without MoVA) in BF16 on both backends, its config class remote code."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = tmp_path_factory.getbasetemp() / "sgl-k2-horizon-src"
+    with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
+        if not src.exists():
+            rc.save_k2_horizon(src)
+        out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+        for rank in range(tp):
+            with sm.sglang_context(backend, tp, rank):
+                ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
+                theirs = _model(None, src, "auto", backend, trust_remote_code=True)
+            assert type(theirs).__name__ == "K2HorizonForCausalLM"
+            moe = _moe(theirs)
+            assert sorted(moe) == ["model.layers.1.mlp.experts"]
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 

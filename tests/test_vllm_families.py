@@ -37,7 +37,10 @@ MoE block, transformers' tensors under the published config.json) is built with 
 of CUDA its model asks for when built (CUDA_STREAMS: its overlap streams, and its GEMM +
 all-reduce kernel switched off), neither touching a weight; where its model pads a rank's share
 of the experts' size itself, the plugin refuses the output
-(test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses).
+(test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses). K2 Horizon
+(K2HorizonForCausalLM, no public checkpoint found: xLLM's FFN names and K2 Horizon's keys as the
+model reads them, tests/remote_code_checkpoints.py, its attention without MoVA) in bf16 on both
+backends.
 
 Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), Nemotron-H Puzzle (bf16
 on both backends: two MoE layers of other expert counts and sizes, read by vLLM from
@@ -150,6 +153,7 @@ REMOTE_CODE = {
     "nemotron_h_puzzle": rc.save_nemotron_h_puzzle,
     "pangu_ultra": rc.save_pangu_ultra,
     "pangu_pro_v2": rc.save_pangu_pro_v2,
+    "k2_horizon": rc.save_k2_horizon,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -294,6 +298,8 @@ CASES = {
     "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
+    # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
+    "k2-horizon-bf16": ("k2_horizon", "k2_horizon.K2HorizonForCausalLM", None, {}),
 }
 # Cases whose vLLM model asks for CUDA when built, beside the device checks tests/vllm_moe.py
 # answers: Kimi Linear's (vllm/models/kimi_k3/nvidia/model.py) makes CUDA streams (to overlap
@@ -377,6 +383,8 @@ RUNS = [
     ("axk1-bf16", "cutlass", "bf16"),
     ("kimi-linear-bf16", "trtllm", "bf16"),
     ("kimi-linear-bf16", "cutlass", "bf16"),
+    ("k2-horizon-bf16", "trtllm", "bf16"),
+    ("k2-horizon-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
