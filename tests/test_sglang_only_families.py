@@ -117,3 +117,15 @@ def test_iquest_q1s_own_check_sees_every_parameter_filled(sources, tmp_path):
     with pytest.raises(ValueError, match="2 parameters were not found in the checkpoint"):
         theirs.load_weights(others)
     assert not [n for n, p in ours.named_parameters() if hasattr(p, "_skip_weight_check")]
+
+
+def test_an_sglang_refusal_names_no_vllm_output_for_them(sources):
+    """Where SGLang refuses a scheme for such a family, the line names SGLang's schemes and no
+    vLLM output (vLLM has no model class for it: the line named one before)."""
+    from fi_convert import Backend, Options, SchemeName, make_plan
+    from fi_convert.errors import SchemeMismatchError
+
+    opts = Options(SchemeName.FP8_TENSOR, Backend.TRTLLM, 1, server="sglang")
+    with pytest.raises(SchemeMismatchError) as e:
+        make_plan(sources("sdar_moe"), opts)
+    assert str(e.value).endswith("servable for sglang instead: --scheme bf16 (trtllm, cutlass)")
