@@ -388,6 +388,20 @@ class MoeFacts:
     method: str | None = None
     activation: str = "silu"
     refuse: str | None = None
+    # where config.json says the experts' activation (`{"key": field, "refuse": why}`): a
+    # value other than `activation` is refused, `why` naming the servers' reason
+    activation_key: dict | None = None
+
+    def activation_refused(self, config: dict) -> str | None:
+        """Why config.json's activation (`activation_key`) is refused, or None: it gives one
+        other than the family's `activation`."""
+        if not self.activation_key:
+            return None
+        key = self.activation_key["key"]
+        v = lookup(config, key)
+        if v is None or v == self.activation:
+            return None
+        return f"config.json's {key} is {v!r}: {self.activation_key['refuse']}"
 
     def value(self, config: dict, name: str) -> object:
         spec = self.router.get(name, ROUTER_DEFAULTS[name])
@@ -442,7 +456,8 @@ ROUTER_DEFAULTS: dict[str, object] = {
 def _moe_facts(d: dict) -> MoeFacts:
     r = d.get("routing") or {}
     router = {k: v for k, v in r.items() if k in ROUTER_FIELDS}
-    return MoeFacts(router, r.get("method"), d.get("activation", "silu"), d.get("refuse"))
+    activation, key = d.get("activation", "silu"), d.get("activation_key")
+    return MoeFacts(router, r.get("method"), activation, d.get("refuse"), key)
 
 
 # ------------------------------------------------- a family file of one's own (--family FILE)
@@ -602,6 +617,13 @@ def _check_moe(d: dict) -> str | None:
         return "released_config: not a map (config.json values as the public checkpoints set them)"
     if "activation" in d and d["activation"] not in ACTIVATIONS:
         return f"activation: not one of {', '.join(ACTIVATIONS)}"
+    ak = d.get("activation_key")
+    if ak is not None and not (
+        isinstance(ak, dict)
+        and set(ak) == {"key", "refuse"}
+        and all(isinstance(v, str) and v for v in ak.values())
+    ):
+        return 'activation_key: not {"key": a config.json field, "refuse": why another is}'
     act = d.get("activation", "silu")
     for k, f in enumerate(d.get("forms", [])):
         roles = set(f.get("projections", {}).values())
@@ -654,6 +676,7 @@ FILE_FIELDS = frozenset(
     {
         "name", "title", "description", "checkpoints", "model_types", "architectures",
         "markers", "config_keys", "manifest_keys", "clamp_keys", "forms", "routing",
-        "activation", "refuse", "released_config", "layer_keys", "layer_configs",
+        "activation", "activation_key", "refuse", "released_config", "layer_keys",
+        "layer_configs",
     }
 )  # fmt: skip

@@ -565,11 +565,20 @@ def _refused_line(
 ) -> str:
     ok = servable_list(_choices(ckpt, layers, options))
     alts = f"; servable for {options.server} instead: --scheme {ok}" if ok else ""
-    vllm = "; or convert for vLLM (--server vllm)" if options.server != DEFAULT else ""
+    vllm = "; or convert for vLLM (--server vllm)" if _vllm_has(ckpt, options) else ""
     return (
         f"--scheme {name.value} --backend {options.backend.value} --server {options.server}: "
         f"{why}{alts}{vllm}"
     )
+
+
+def _vllm_has(ckpt: Checkpoint, options: Options) -> bool:
+    """Whether converting for vLLM is worth naming: another server was asked for, and vLLM's
+    facts do not refuse the source's architecture whatever the scheme (BF16 on CUTLASS, which
+    any routing takes: refused only where vLLM has no model class for it, SDAR MoE's)."""
+    if options.server == DEFAULT:
+        return False
+    return resolve(DEFAULT).refuses_source("bf16", "cutlass", None, ckpt.architectures) is None
 
 
 def grouped_notes(lps: list[LayerPlan]) -> list[str]:

@@ -447,9 +447,14 @@ def find_family(
 
 def _refuse_family(ckpt: Checkpoint, fam: Family, matched: bool) -> None:
     """A family no server runs on FlashInfer's MoE: refused with the server's reason, where
-    the model has experts (a dense model of its model_type has nothing to convert)."""
+    the model has experts (a dense model of its model_type has nothing to convert); and one
+    whose config.json gives its experts an activation fi-convert does not write for it
+    (`MoeFacts.activation_refused`: Kimi Linear's situ)."""
     if fam.moe.refuse and (matched or (fam.config_value(ckpt.config, "num_experts") or 0) > 1):
         raise SourceError(f"{ckpt.root / ckpt.config_name}: {fam.title}: {fam.moe.refuse}")
+    why = fam.moe.activation_refused(ckpt.config)
+    if why and matched:
+        raise SourceError(f"{ckpt.root / ckpt.config_name}: {fam.title}: {why}")
 
 
 def unknown_family(ckpt: Checkpoint, found: list[tuple[Family, tuple[Form, Groups]]]) -> str:

@@ -95,12 +95,19 @@ def served(fam: Family, server: str, routing: str) -> str:
     return "; ".join([", ".join(out), *apart])
 
 
+def activation(fam: Family) -> str:
+    """The experts' activation; where config.json says it (`activation_key`), its field, any
+    other value of which is refused."""
+    key = (fam.moe.activation_key or {}).get("key")
+    return f"{fam.moe.activation} ({key}; any other refused)" if key else fam.moe.activation
+
+
 def row(fam: Family) -> str:
     archs = ", ".join(f"`{a}`" for a in fam.architectures) or "-"
     ckpts = ", ".join(fam.source.get("checkpoints", [])) or "-"
     method = fam.moe.routing(fam.source.get("released_config", {}))
     cells = [fam.title, archs, ckpts, f"{router_text(fam.moe)}: {routing(fam)}"]
-    cells += [fam.moe.activation, served(fam, "vllm", method), served(fam, "sglang", method)]
+    cells += [activation(fam), served(fam, "vllm", method), served(fam, "sglang", method)]
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 

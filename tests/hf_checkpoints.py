@@ -982,8 +982,100 @@ def _save_glm5_next(root: Path, seed: int = 0) -> Path:
     return root
 
 
+# Kimi Linear (moonshotai/Kimi-Linear-48B-A3B-Instruct, KimiLinearForCausalLM): a KDA layer
+# (linear attention) with a dense MLP, then an MLA layer with the MoE block (sigmoid + correction
+# bias, grouped top-k, a shared expert); MLA's head sizes as published (vLLM has MLA prefill
+# kernels for these only), moe_intermediate_size 512 so that vLLM's model pads no rank's share
+# (its KimiMoE pads I / TP below min_moe_intermediate_per_partition, 256, up to it)
+KIMI_LINEAR = COMMON | dict(
+    num_key_value_heads=4,
+    intermediate_size=128,
+    moe_intermediate_size=512,
+    num_experts=4,
+    num_experts_per_token=2,
+    num_shared_experts=1,
+    first_k_dense_replace=1,
+    moe_layer_freq=1,
+    kv_lora_rank=16,
+    q_lora_rank=None,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    linear_num_heads=4,
+    linear_head_dim=16,
+    layer_types=["linear_attention", "full_attention"],
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+# ... and config.json as moonshotai publishes it (its remote code's keys, which both servers'
+# own KimiLinearConfig read: linear_attn_config's 1-based kda_layers / full_attn_layers, not
+# transformers' layer_types)
+KIMI_LINEAR_PUBLISHED = (
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+    "first_k_dense_replace", "moe_layer_freq", "num_experts", "num_experts_per_token",
+    "num_shared_experts", "moe_renormalize", "num_expert_group", "topk_group",
+    "routed_scaling_factor", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim", "rms_norm_eps", "tie_word_embeddings", "pad_token_id",
+    "bos_token_id", "eos_token_id",
+)  # fmt: skip
+
+
+def _save_kimi_linear(root: Path, seed: int = 0, **sizes: object) -> Path:
+    """Kimi Linear by transformers' save_pretrained (the published tensor names: q/k/v_conv1d,
+    block_sparse_moe.experts.E.w1/w2/w3, ...; `sizes` over KIMI_LINEAR's), config.json in the
+    published schema; transformers saves layer 0's dense MLP under the MoE block's name too,
+    which the published checkpoint (and both servers) name mlp."""
+    import transformers
+
+    cfg = transformers.KimiLinearConfig(**(KIMI_LINEAR | sizes))
+    _write(cfg, "KimiLinearForCausalLM", root, seed)
+    ours = json.loads((root / "config.json").read_text())
+    kda = [i + 1 for i, t in enumerate(KIMI_LINEAR["layer_types"]) if t == "linear_attention"]
+    full = [i + 1 for i in range(ours["num_hidden_layers"]) if i + 1 not in kda]
+    published = {k: ours[k] for k in KIMI_LINEAR_PUBLISHED} | dict(
+        architectures=["KimiLinearForCausalLM"],
+        model_type="kimi_linear",
+        moe_router_activation_func="sigmoid",
+        use_grouped_topk=True,
+        mla_use_nope=True,
+        linear_attn_config=dict(
+            kda_layers=kda,
+            full_attn_layers=full,
+            num_heads=KIMI_LINEAR["linear_num_heads"],
+            head_dim=KIMI_LINEAR["linear_head_dim"],
+            short_conv_kernel_size=ours["linear_conv_kernel_dim"],
+        ),
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=KIMI_LINEAR["max_position_embeddings"],
+        model_max_length=KIMI_LINEAR["max_position_embeddings"],
+        num_nextn_predict_layers=0,
+        torch_dtype="bfloat16",
+    )
+    (root / "config.json").write_text(json.dumps(published, indent=2))
+    dense = re.compile(r"^(model\.layers\.0\.)block_sparse_moe\.")
+    _rename_tensors(root, lambda n: dense.sub(r"\1mlp.", n))
+    return root
+
+
+def _rename_tensors(root: Path, rename) -> None:
+    """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
+    from safetensors.torch import load_file, save_file
+
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = {rename(k): t for k, t in load_file(root / shard).items()}
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+    index["weight_map"] = {rename(k): v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index, indent=2))
+
+
 SAVERS = {
     "glm5_next": _save_glm5_next,
+    "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,
     "hy_v4": _save_hy_v4,

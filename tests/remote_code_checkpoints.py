@@ -19,6 +19,10 @@ Sarvam-30B (sarvamai/sarvam-30b, SarvamMoEForCausalLM, model_type sarvam_moe) an
 Sarvam-105B (sarvamai/sarvam-105b, SarvamMLAForCausalLM, model_type sarvam_mla): DeepSeek's
 MLA names (q_proj, kv_a_proj_with_mqa, kv_b_proj), the router's e_score_correction_bias.
 
+Xllm (XllmForCausalLM, model_type xllm) and K2 Horizon (K2HorizonForCausalLM, model_type
+k2_horizon), no public checkpoints found: xLLM's names as both servers read them (Llama's
+attention, a dense layer, shared experts, the router's correction bias mlp.gate.bias).
+
 DeepSeek-MoE v1 (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM): Llama's attention
 (q/k/v/o_proj), layer 0 a dense MLP, layer 1 MoE with its router (`mlp.gate.weight`), shared
 experts and per-expert gate/up/down_proj; softmax routing without renormalization as released.
@@ -535,6 +539,101 @@ def _save_pangu(root: Path, seed: int, c: dict, attention, names: str = "") -> P
     file, cls = c["auto_map"]["AutoConfig"].split(".")
     module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"]) + names
     return _write(root, shards, c, file + ".py", module)
+
+
+XLLM_CONFIG = dict(
+    model_type="xllm",
+    architectures=["XllmForCausalLM"],
+    auto_map={"AutoConfig": "configuration_xllm.XllmConfig"},
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=4,
+    num_experts_per_tok=2,
+    num_shared_experts=1,
+    norm_topk_prob=True,
+    router_score_func="sigmoid",
+    moe_gate_bias=True,
+    router_scaling_factor=1.0,
+    mlp_only_layers=[0],
+    decoder_sparse_step=1,
+    attention_bias=False,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=128,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_xllm_layout(root: Path, seed: int, c: dict, cls: str) -> Path:
+    """xLLM's layout (layer 0 dense, layer 1 MoE) under config `c`, its config module's class
+    `cls` (the file its auto_map names), in two shards (layer 1's experts in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, e, v = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"], c["vocab_size"]
+    d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p, a = f"model.layers.{layer}.", f"model.layers.{layer}.self_attn."
+        shard |= {
+            p + "input_layernorm.weight": w(h),
+            p + "post_attention_layernorm.weight": w(h),
+            a + "q_proj.weight": w(nq * d, h),
+            a + "k_proj.weight": w(nkv * d, h),
+            a + "v_proj.weight": w(nkv * d, h),
+            a + "o_proj.weight": w(h, nq * d),
+        }
+        mlps = [(p + "mlp.", c["intermediate_size"])] if layer == 0 else []
+        mlps += [(p + "mlp.shared_experts.", i * c["num_shared_experts"])] if layer else []
+        mlps += [(f"{p}mlp.experts.{x}.", i) for x in range(e)] if layer else []
+        for m, size in mlps:
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        if layer:
+            shard[p + "mlp.gate.weight"] = w(e, h)
+            shard[p + "mlp.gate.bias"] = w(e, dtype=torch.float32)
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    module = CONFIG_MODULE.format(cls=cls, model_type=c["model_type"])
+    file = c["auto_map"]["AutoConfig"].split(".")[0] + ".py"
+    return _write(root, shards, c, file, module)
+
+
+# K2 Horizon (K2HorizonForCausalLM, model_type k2_horizon; vLLM's models/k2_horizon.py, SGLang's
+# models/xllm.py, no public checkpoint found): xLLM's FFN (its experts, shared experts and router
+# with its correction bias) under K2 Horizon's keys as both servers read them, with its
+# attention not MoVA (mova_num_experts 0: SGLang's "dense K2Horizon" attention, vLLM's
+# K2HorizonAttention), plain RMS norms (layernorm_num_groups 1), default rotary parameters
+K2_HORIZON_CONFIG = XLLM_CONFIG | dict(
+    model_type="k2_horizon",
+    architectures=["K2HorizonForCausalLM"],
+    auto_map={"AutoConfig": "configuration_k2_horizon.K2HorizonConfig"},
+    mova_num_experts=0,
+    mova_num_experts_per_tok=0,
+    rope_head_dim=16,
+    query_key_norm=False,
+    attention_gate_func=None,
+    layernorm_num_groups=1,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+
+
+def save_k2_horizon(root: Path, seed: int = 0) -> Path:
+    """A tiny K2 Horizon checkpoint in two shards (layer 1's experts in the second)."""
+    return save_xllm_layout(root, seed, K2_HORIZON_CONFIG, "K2HorizonConfig")
 
 
 DEEPSEEK_V1_CONFIG = dict(

@@ -242,7 +242,9 @@ BAD = [
     ({"routing": {"renormalize": {"key": 3}}}, "routing.renormalize: not {\"key\": a config.json"),
     ({"routing": {"method": "Fancy"}}, "routing.method: not one of Default, Renormalize, "),
     ({"activation": "tanh"}, "activation: not one of silu, gelu_tanh, relu2_no_mul"),
-    ({"experts": 4}, "experts: not a family field (fields: activation, architectures, "),
+    ({"experts": 4}, "experts: not a family field (fields: activation, activation_key, "),
+    ({"activation_key": {"key": "hidden_act"}},
+     'activation_key: not {"key": a config.json field, "refuse": why another is}'),
     ({"forms": [{"kind": "flat", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
                  "projections": {"w1": "w1", "v1": "w3", "w2": "w2"}, "transposed": ["w13"]}]},
      "forms[0].transposed: not a list of the form's roles (w1, w3, w2, w13) stored [in, out]"),
@@ -365,3 +367,18 @@ def test_architecture_mds_glm_example_is_the_glm_family_file():
             assert set(value) <= set(shipped[key])
         else:
             assert value == shipped[key], key
+
+
+def test_kimi_linears_situ_experts_are_refused_with_the_servers_reason(ckpt, tmp_path):
+    """Kimi Linear's config.json says its experts' activation (hidden_act): silu converts,
+    situ (its SiTU experts) is refused in one line naming why, before anything is written."""
+    src = ckpt("kimi_linear")
+    assert cli("inspect", src, "--json").exit_code == 0
+    model = _copy(src, tmp_path / "m", hidden_act="situ", activation_situ_beta=1.0)
+    line = error_line(cli("convert", model, tmp_path / "out"))
+    assert line.startswith(
+        f"error: {model}/config.json: Kimi Linear: config.json's hidden_act is 'situ': "
+        "fi-convert converts Kimi Linear's silu experts only: SGLang 0.5.23's KimiMoE"
+    )
+    assert line.endswith("; serve the checkpoint as it is")
+    assert not (tmp_path / "out").exists()

@@ -48,7 +48,10 @@ hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and S
 read, tests/hf_checkpoints.py) in BF16 on both backends, GLM-5 Next
 (Glm5NextForConditionalGeneration, the whole multimodal model transformers writes, its
 language model's layers built as model.layers.L.mlp.experts: KDA and sparse-MLA layers,
-hyper-connections, a SwiGLU clamp) in BF16 on both backends.
+hyper-connections, a SwiGLU clamp) in BF16 on both backends, Kimi Linear (KimiLinearForCausalLM:
+a KDA layer, an MLA layer with the MoE block; transformers' tensors under the published
+config.json, tests/hf_checkpoints.py) in BF16 on both backends, K2 Horizon
+(K2HorizonForCausalLM: test_k2_horizon_equals_sglangs_default_load) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -140,6 +143,7 @@ CASES = {
     "glm5-next-bf16": ("glm5_next", None, {}),
     "internvl-bf16": ("internvl_chat", None, {}),
     "kimi-vl-bf16": ("kimi_vl", None, {}),
+    "kimi-linear-bf16": ("kimi_linear", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -170,6 +174,9 @@ MOE = {
     "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
     "hy_v4": ["model.layers.1.mlp.experts"],
     "glm5_next": ["model.language_model.layers.1.mlp.experts"],
+    # Kimi Linear: a KDA layer (dense MLP), then an MLA one (its MoE block, which SGLang
+    # builds as module block_sparse_moe, its layer named mlp.experts)
+    "kimi_linear": ["model.layers.1.block_sparse_moe.experts"],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -228,6 +235,9 @@ RUNS = [
     # InternVL 3.5 MoE (InternVLChatModel): its language model's config read from llm_config
     ("internvl-bf16", "trtllm", "bf16"),
     ("internvl-bf16", "cutlass", "bf16"),
+    # Kimi Linear: KDA and MLA layers, sigmoid + bias routing in groups (DeepSeekV3)
+    ("kimi-linear-bf16", "trtllm", "bf16"),
+    ("kimi-linear-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -465,6 +475,31 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
         clamps = {n: m.moe_runner_config.gemm1_clamp_limit for n, m in moe.items()}
         assert clamps == {layers[0]: None, layers[1]: 7.0}
         assert {x.prefix: x.swiglu_limit for x in find_family(open_checkpoint(src))[1]} == clamps
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_k2_horizon_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend, tp):
+    """K2 Horizon (K2HorizonForCausalLM: SGLang's xLLM model under K2 Horizon's config keys,
+    which it normalizes; no public checkpoint found: tests/remote_code_checkpoints.py, its
+    attention without MoVA) in BF16 on both backends, its config class remote code."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = tmp_path_factory.getbasetemp() / "sgl-k2-horizon-src"
+    with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
+        if not src.exists():
+            rc.save_k2_horizon(src)
+        out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+        for rank in range(tp):
+            with sm.sglang_context(backend, tp, rank):
+                ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
+                theirs = _model(None, src, "auto", backend, trust_remote_code=True)
+            assert type(theirs).__name__ == "K2HorizonForCausalLM"
+            moe = _moe(theirs)
+            assert sorted(moe) == ["model.layers.1.mlp.experts"]
+            assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+            assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
 
 @pytest.mark.parametrize("tp", [1, 2])

@@ -44,8 +44,18 @@ def test_every_moe_architecture_is_a_familys_or_listed():
 
 
 def test_every_familys_architecture_is_in_vllms_registry():
-    """No family names an architecture vLLM has no class for (a typo would match nothing)."""
-    assert sorted(set(family_architectures()) - set(_VLLM_MODELS)) == []
+    """No family names an architecture vLLM has no class for (a typo would match nothing),
+    but those its facts list as SGLang's alone (NO_MODEL_CLASS), which fi-convert refuses to
+    convert for vLLM, in one line naming the server to convert for."""
+    from fi_convert.servers.vllm.target import NO_MODEL_CLASS, VllmTarget
+
+    assert sorted(set(family_architectures()) - set(_VLLM_MODELS)) == sorted(NO_MODEL_CLASS)
+    for arch in NO_MODEL_CLASS:
+        why = VllmTarget().refuses_source("bf16", "cutlass", None, [arch])
+        assert why == (
+            f"vLLM 0.33 has no model class for {NO_MODEL_CLASS[arch]} ({arch}); "
+            "convert with --server sglang"
+        )
 
 
 def test_the_generic_transformers_backend_is_listed_as_such():

@@ -41,6 +41,16 @@ model's `hf_to_vllm_mapper`); its MLA layers get FlashInfer's MLA backend and pr
 (vLLM's first MLA prefill choice allocates a GPU workspace when built), their workspace on the
 CPU.
 
+Kimi Linear (vllm/models/kimi_k3's KimiLinearForCausalLM: a KDA layer, an MLA layer with the
+MoE block, transformers' tensors under the published config.json) is built with two stand-ins
+of CUDA its model asks for when built (CUDA_STREAMS: its overlap streams, and its GEMM +
+all-reduce kernel switched off), neither touching a weight; where its model pads a rank's share
+of the experts' size itself, the plugin refuses the output
+(test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses). K2 Horizon
+(K2HorizonForCausalLM, no public checkpoint found: xLLM's FFN names and K2 Horizon's keys as the
+model reads them, tests/remote_code_checkpoints.py, its attention without MoVA) in bf16 on both
+backends.
+
 Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), Nemotron-H Puzzle (bf16
 on both backends: two MoE layers of other expert counts and sizes, read by vLLM from
 block_configs through the config class, tests/remote_code_checkpoints.py), MiniMax-M2 (bf16,
@@ -166,6 +176,7 @@ REMOTE_CODE = {
     "pangu_pro_v2": rc.save_pangu_pro_v2,
     "ling25": rc.save_ling25,
     "ling3": rc.save_ling3,
+    "k2_horizon": rc.save_k2_horizon,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -330,7 +341,17 @@ CASES = {
         None,
         {},
     ),
+    # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
+    "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
+    # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
+    "k2-horizon-bf16": ("k2_horizon", "k2_horizon.K2HorizonForCausalLM", None, {}),
 }
+# Cases whose vLLM model asks for CUDA when built, beside the device checks tests/vllm_moe.py
+# answers: Kimi Linear's (vllm/models/kimi_k3/nvidia/model.py) makes CUDA streams (to overlap
+# its router with work on another stream) and, with VLLM_KIMI_K3_GEMM_AR (on by default), sets
+# up a CuTe DSL GEMM + all-reduce kernel (NCCL multicast): the streams are stand-ins here and
+# the kernel's switch is off; neither touches a weight
+CUDA_STREAMS = ("kimi-linear-bf16",)
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
 RUNS = [
@@ -413,6 +434,10 @@ RUNS = [
     ("step3-vl-bf16", "cutlass", "bf16"),
     ("glm5-next-bf16", "trtllm", "bf16"),
     ("glm5-next-bf16", "cutlass", "bf16"),
+    ("kimi-linear-bf16", "trtllm", "bf16"),
+    ("kimi-linear-bf16", "cutlass", "bf16"),
+    ("k2-horizon-bf16", "trtllm", "bf16"),
+    ("k2-horizon-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -550,6 +575,7 @@ def vllm_model(
         # (MLA's prefill workspace, grown on the CPU: there is no accelerator cache to empty)
         mock.patch.object(torch.accelerator, "empty_cache", lambda: None),
         _block_fp8_linears(),
+        _cuda_streams(case),
     ):
         _one_process_group()
         cfg = get_current_vllm_config()
@@ -580,6 +606,25 @@ def vllm_model(
         finally:
             torch.set_default_dtype(default)
         yield model, mc
+
+
+@contextlib.contextmanager
+def _cuda_streams(case: str):
+    """For CUDA_STREAMS' cases: torch.cuda.Stream a class of inert objects (no stream is used
+    while weights load), VLLM_KIMI_K3_GEMM_AR off."""
+    if case not in CUDA_STREAMS:
+        yield
+        return
+
+    class _Stream:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    with (
+        mock.patch.object(torch.cuda, "Stream", _Stream),
+        mock.patch.dict("os.environ", {"VLLM_KIMI_K3_GEMM_AR": "0"}),
+    ):
+        yield
 
 
 def _quant_config(src: Path, mc: ModelConfig):
@@ -897,3 +942,29 @@ def test_vllms_step5_runs_clamped_layers_as_swiglustep_which_no_flashinfer_kerne
     )
     assert not [e for e in experts if e._supports_activation(MoEActivation.SWIGLUSTEP)]
     assert [e for e in experts if e._supports_activation(MoEActivation.SILU)] == list(experts)
+
+
+def test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses(tmp_path):
+    """vLLM 0.33's Kimi Linear pads each TP rank's share of moe_intermediate_size below
+    min_moe_intermediate_per_partition (256) up to it (models/kimi_k3/nvidia/model.py), a layer
+    of other sizes than fi-convert's output of that TP size holds: the plugin refuses the
+    output in one line at load, naming the sizes, before it reads an expert."""
+    from fi_convert.servers.vllm.checks import PluginError
+
+    src = hf._save_kimi_linear(tmp_path / "src", moe_intermediate_size=128)
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, 2), device="cpu")
+    with vllm_model("kimi-linear-bf16", src, "trtllm", 2, 0) as (ours, mc):
+        (runner,) = _moe(ours).values()
+        assert runner.routed_experts.moe_config.intermediate_size_per_partition == 256  # not 64
+        served = types.SimpleNamespace(
+            model=str(out), revision=None, quantization=mc.quantization, hf_config=mc.hf_config
+        )
+        with pytest.raises(PluginError) as e:
+            FiConvertModelLoader(LoadConfig(load_format="fi-convert")).load_weights(ours, served)
+    assert str(e.value) == (
+        f"fi-convert: {out}: model.layers.1.block_sparse_moe.experts: vLLM's model built it "
+        "with 256 intermediate rows per rank, the output holds 64 (padded to 128): its model "
+        "pads a rank's share itself, which fi-convert's layout does not; serve the source "
+        "checkpoint with vLLM's own loader"
+    )

@@ -297,6 +297,26 @@ def check_split(manifest: dict, root: str, layer: str, moe_parallel: Any, num_ex
         )
 
 
+def check_sizes(manifest: dict, root: str, layer: str, moe_config: Any) -> None:
+    """The intermediate size per rank vLLM built `layer` with: the output's (its share of
+    the checkpoint's, or that padded as the output holds it). A model that pads a rank's
+    share itself builds another (Kimi Linear's, below min_moe_intermediate_per_partition),
+    whose zero rows the output does not hold: refused, not loaded into."""
+    meta = manifest["layers"][layer]
+    built = getattr(moe_config, "intermediate_size_per_partition", None)
+    own, padded = (
+        meta.get("intermediate_size_per_rank"),
+        meta.get("padded_intermediate_size_per_rank"),
+    )
+    if built is None or own is None or built in (own, padded):
+        return
+    raise PluginError(
+        f"{root}: {layer}: vLLM's model built it with {built} intermediate rows per rank, the "
+        f"output holds {own} (padded to {padded}): its model pads a rank's share itself, which "
+        "fi-convert's layout does not; serve the source checkpoint with vLLM's own loader"
+    )
+
+
 def check_device(
     manifest: dict,
     root: str,

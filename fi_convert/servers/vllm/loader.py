@@ -195,6 +195,7 @@ class FiConvertModelLoader(DefaultModelLoader):
             checks.check_split(
                 m, str(root), lp, mod.moe_config.moe_parallel_config, mod.global_num_experts
             )
+            checks.check_sizes(m, str(root), lp, mod.moe_config)
         loaded, report = self._read_all(model, root, m, layers)
         for lp, (_, mod) in layers.items():
             if mode is None:

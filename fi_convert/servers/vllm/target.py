@@ -66,6 +66,15 @@ TRANSFORMERS_BACKEND = {
     "HunYuanMoEV1ForCausalLM": "Hunyuan-A13B",
     "Kolibri1ForCausalLM": "Kolibri1",
 }
+# Architectures of a family that vLLM 0.33's registry has no model class for (SGLang alone
+# serves them: its own model classes prove those families), by title: fi-convert writes no vLLM
+# output of them (vLLM would not build the model, or would take its Transformers backend)
+NO_MODEL_CLASS: dict[str, str] = {
+    "SDARMoeForCausalLM": "SDAR MoE",
+    "LLaDA2MoeModelLM": "LLaDA 2 MoE",
+    "XllmForCausalLM": "Xllm",
+    "IQuestQ1ForCausalLM": "IQuest Q1",
+}
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
     ("cutlass", "fp8-block"): "sm90",
@@ -107,6 +116,12 @@ class VllmTarget:
         architectures: Sequence[str] = (),
     ) -> str | None:
         # (each scheme's source formats: unservable() refuses the plugin's gaps)
+        absent = next((a for a in architectures if a in NO_MODEL_CLASS), None)
+        if absent:
+            return (
+                f"vLLM 0.33 has no model class for {NO_MODEL_CLASS[absent]} ({absent}); "
+                "convert with --server sglang"
+            )
         arch = next((a for a in architectures if a in TRANSFORMERS_BACKEND), None)
         why = arch and routing_facts.refuses_moe(scheme, backend, "Custom", "silu", None)
         if not (arch and why):

@@ -1,0 +1,177 @@
+"""Tiny checkpoints of MoE families only SGLang 0.5.23 has a model class for (vLLM 0.33's
+registry has none), in the names and config keys SGLang's own model class reads.
+
+SDAR MoE (SDARMoeForCausalLM, model_type sdar_moe; JetLM's SDAR-30B-A3B): a block-diffusion
+language model on Qwen3-MoE's layers: the tensors transformers' own Qwen3-MoE writes (per-expert
+gate/up/down_proj, q/k norms, every layer MoE), config.json with Qwen3-MoE's keys under
+SDAR's model_type, its config class remote code (auto_map), as published.
+
+LLaDA 2 MoE (LLaDA2MoeModelLM, model_type llada2_moe; inclusionAI's LLaDA2.0-mini): a diffusion
+language model on Ling 2.0's layout (tests/remote_code_checkpoints.py's writer: fused QKV, layer
+0 dense, a shared expert, per-expert gate/up/down_proj, the router's expert bias) and keys
+(sigmoid scores, grouped top-k), its config class remote code.
+
+Xllm (XllmForCausalLM, model_type xllm; SGLang's models/xllm.py, no public MoE checkpoint
+found): Llama's names (q/k/v/o_proj, input/post_attention_layernorm), layer 0 dense
+(mlp_only_layers), layer 1 MoE: router mlp.gate.weight and its correction bias mlp.gate.bias
+(moe_gate_bias), one shared expert (mlp.shared_experts, num_shared_experts x
+moe_intermediate_size), per-expert gate/up/down_proj; sigmoid scores (router_score_func)
+renormalized (norm_topk_prob); a config class of its own (remote code).
+
+IQuest Q1 (IQuestQ1ForCausalLM, model_type iquest_q1; SGLang's models/iquest_q1.py and its own
+config class configs/iquest_q1.py, no public checkpoint found): q/k/v/o_proj with q/k norms and
+a learned attention sink (sink_k), its own norms (attention_norm, attn_out_norm,
+feed_forward_norm; layer 0's ffn_out_norm), layer 0 dense (mlp_only_layers, of
+dense_intermediate_size), layer 1 MoE: its router mlp.router.weight (FP32) and its experts
+fused, mlp.experts.fc [E, 2I, H] ([gate; up]) and mlp.experts.proj [E, H, I], tensors without a
+.weight suffix as its load_weights reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tests import hf_checkpoints as hf
+from tests import remote_code_checkpoints as rc
+
+# SDAR MoE: Qwen3-MoE's keys (num_experts, moe_intermediate_size, norm_topk_prob,
+# decoder_sparse_step, mlp_only_layers) at the sizes hf_checkpoints' qwen3_moe is written with
+SDAR_MOE_CONFIG = dict(
+    model_type="sdar_moe",
+    architectures=["SDARMoeForCausalLM"],
+    auto_map={"AutoConfig": "configuration_sdar_moe.SDARMoeConfig"},
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    attention_bias=False,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    rope_scaling=None,
+    max_position_embeddings=128,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_sdar_moe(root: Path, seed: int = 0) -> Path:
+    """A tiny SDAR MoE checkpoint: transformers' Qwen3-MoE tensors, SDAR's config.json and
+    config class."""
+    hf.save("qwen3_moe", root, seed)
+    return _remote_config(root, SDAR_MOE_CONFIG, "SDARMoeConfig")
+
+
+LLADA2_CONFIG = rc.LING2_CONFIG | dict(
+    model_type="llada2_moe",
+    architectures=["LLaDA2MoeModelLM"],
+    auto_map={"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig"},
+)
+
+
+def save_llada2(root: Path, seed: int = 0) -> Path:
+    """A tiny LLaDA 2 MoE checkpoint in two shards (layer 1's experts in the second)."""
+    return rc._save_bailing_v2(root, seed, LLADA2_CONFIG, "LLaDA2MoeConfig")
+
+
+def save_xllm(root: Path, seed: int = 0) -> Path:
+    """A tiny Xllm checkpoint in two shards (layer 1's experts in the second)."""
+    return rc.save_xllm_layout(root, seed, rc.XLLM_CONFIG, "XllmConfig")
+
+
+IQUEST_Q1_CONFIG = dict(
+    model_type="iquest_q1",
+    architectures=["IQuestQ1ForCausalLM"],
+    vocab_size=128,
+    hidden_size=64,
+    dense_intermediate_size=128,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rotary_dim=8,
+    use_hybrid_layers=False,
+    use_sliding_window=False,
+    mlp_only_layers=[0],
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_router_dtype="fp32",
+    enable_sink_attention=True,
+    enable_lm_head_fp32=True,
+    rope_theta=1000000.0,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_iquest_q1(root: Path, seed: int = 0) -> Path:
+    """A tiny IQuest Q1 checkpoint in two shards (layer 1's experts in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    c = IQUEST_Q1_CONFIG
+    h, i, e, v = c["hidden_size"], c["intermediate_size"], c["num_experts"], c["vocab_size"]
+    d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    first: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(v, h)}
+    second: dict[str, torch.Tensor] = {"model.norm.weight": w(h), "lm_head.weight": w(v, h)}
+    for layer, shard in ((0, first), (1, second)):
+        p, a = f"model.layers.{layer}.", f"model.layers.{layer}.self_attn."
+        norms = ["attention_norm", "attn_out_norm", "feed_forward_norm"]
+        shard |= {f"{p}{n}.weight": w(h) for n in norms + (["ffn_out_norm"] if not layer else [])}
+        shard |= {
+            a + "q_proj.weight": w(nq * d, h),
+            a + "k_proj.weight": w(nkv * d, h),
+            a + "v_proj.weight": w(nkv * d, h),
+            a + "o_proj.weight": w(h, nq * d),
+            a + "q_norm.weight": w(d),
+            a + "k_norm.weight": w(d),
+            a + "sink_k": w(nkv, d),
+        }
+        if layer == 0:
+            m, size = p + "mlp.", c["dense_intermediate_size"]
+            shard |= {
+                m + "gate_proj.weight": w(size, h),
+                m + "up_proj.weight": w(size, h),
+                m + "down_proj.weight": w(h, size),
+            }
+        else:
+            shard |= {
+                p + "mlp.router.weight": w(e, h, dtype=torch.float32),
+                p + "mlp.experts.fc": w(e, 2 * i, h),
+                p + "mlp.experts.proj": w(e, h, i),
+            }
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    return _write(root, shards, c)
+
+
+def _write(root: Path, shards: dict, config: dict) -> Path:
+    """`shards` and config.json (a config class SGLang has: no remote code)."""
+    rc._write(root, shards, config, "README.md", "A tiny checkpoint of fi-convert's tests.\n")
+    return root
+
+
+def _remote_config(root: Path, config: dict, cls: str) -> Path:
+    """`root`'s config.json replaced by `config`, beside its config module (class `cls` of
+    config's model_type, the file auto_map names)."""
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    module = rc.CONFIG_MODULE.format(cls=cls, model_type=config["model_type"])
+    (root / (config["auto_map"]["AutoConfig"].split(".")[0] + ".py")).write_text(module)
+    return root
