@@ -95,19 +95,25 @@ def _named(layer: str, prefix: str) -> bool:
     return layer == prefix or layer.endswith("." + prefix)
 
 
-def check_output(manifest: dict, root: str) -> None:
-    """The manifest against the running SGLang's arguments and machine (before any load); an
-    SGLang release the output does not list is proven first for this rank (proof.py)."""
+def check_output(manifest: dict, root: str, model_config: Any = None) -> None:
+    """The manifest against the running SGLang's arguments and machine (before any load), then
+    SGLang's model class for it (`model_config`'s: `check_model_class`); an SGLang release the
+    output does not list is proven last, for this rank (proof.py), once nothing else refuses."""
     from sglang.srt.runtime_context import get_parallel
 
     try:
         _check_output(manifest, root)
     except checks.UnlistedRelease as unlisted:
         _check_output(manifest, root, release_proven=True)  # the other refusals first
+        if model_config is not None:
+            check_model_class(model_config, manifest, root)
         from .proof import check_release  # the converter's code, for this case only
 
         rank = int(get_parallel().moe_tp_rank or 0)
         logger.info("%s", check_release(manifest, root, unlisted, rank))
+    else:
+        if model_config is not None:
+            check_model_class(model_config, manifest, root)
 
 
 def _check_output(manifest: dict, root: str, release_proven: bool = False) -> None:
@@ -198,10 +204,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         root = self._root(model_config)
         manifest = checks.read_output(root)
         name = checks.output_name(str(model_config.model_path), root)
-        # the model class first: a release the output leaves out for its architecture would
-        # otherwise be proven (proof.py) before this refusal
-        check_model_class(model_config, manifest, name)
-        check_output(manifest, name)
+        check_output(manifest, name, model_config)
         target_device = torch.device(device_config.device)
         if target_device.type == "cuda":  # pinned while SGLang builds the model
             self._buffers = host_buffers().allocate(background=True)

@@ -64,10 +64,10 @@ def moe_layers(
             built[key] = (name, mod)
     mapped = {_vllm_name(model, p): p for p in output if p not in built}
 
-    def key(n: str, name: str) -> str:
+    def output_prefix(n: str, name: str) -> str:
         return mapped.get(n) or mapped.get(name.removesuffix(".routed_experts"), n)
 
-    return {key(n, v[0]): v for n, v in built.items()}
+    return {output_prefix(n, v[0]): v for n, v in built.items()}
 
 
 def _vllm_name(model: torch.nn.Module, prefix: str) -> str:
