@@ -61,10 +61,15 @@ def schemes_of(fam: Family) -> list[str]:
     ]
 
 
-def served(fam: Family, server: str, routing: str) -> str:
-    """`bf16 (trtllm, cutlass), fp8-block (trtllm, cutlass), ...` for the server, or why not."""
+def served(fam: Family, server: str) -> str:
+    """`bf16 (trtllm, cutlass), fp8-block (trtllm, cutlass), ...` for the server, or why not:
+    what the plan takes for a checkpoint of the family whose config.json is its public
+    checkpoints' (`released_config`), from the same facts (its router's routing method, the
+    experts' activation and SwiGLU clamp, `Family.swiglu_limit`, as source.py reads them)."""
     if fam.moe.refuse:
         return "refused: " + fam.moe.refuse.split(";")[0]
+    released = fam.source.get("released_config", {})
+    routing, clamp = fam.moe.routing(released), fam.swiglu_limit(released)
     target, out = resolve(server), []
     for name in schemes_of(fam):
         ok = [
@@ -78,7 +83,7 @@ def served(fam: Family, server: str, routing: str) -> str:
                     SOURCE_METHOD.get(name),
                     fam.architectures,
                 )  # fmt: skip
-                or target.refuses_moe(name, b.value, routing, fam.moe.activation, None)
+                or target.refuses_moe(name, b.value, routing, fam.moe.activation, clamp)
             )
         ]
         if ok:
@@ -91,9 +96,10 @@ def served(fam: Family, server: str, routing: str) -> str:
 def row(fam: Family) -> str:
     archs = ", ".join(f"`{a}`" for a in fam.architectures) or "-"
     ckpts = ", ".join(fam.source.get("checkpoints", [])) or "-"
-    method = fam.moe.routing(fam.source.get("released_config", {}))
     cells = [fam.title, archs, ckpts, f"{router_text(fam.moe)}: {routing(fam)}"]
-    cells += [fam.moe.activation, served(fam, "vllm", method), served(fam, "sglang", method)]
+    clamp = fam.swiglu_limit(fam.source.get("released_config", {}))
+    activation = fam.moe.activation + (f" clamped (swiglu_limit {clamp:g})" if clamp else "")
+    cells += [activation, served(fam, "vllm"), served(fam, "sglang")]
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
