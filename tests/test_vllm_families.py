@@ -285,6 +285,23 @@ CASES = {
     "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
     # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
     "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
+    # The families' quantized checkpoints as published (tests/quantized_checkpoints.py
+    # PUBLISHED), each refused (test_a_published_quantized_form_...): Hunyuan-A13B-Instruct-FP8
+    # (AngelSlim's FP8 static per tensor, vLLM's "fp8" method), Laguna-XS.2-FP8 (compressed-
+    # tensors FP8 block on the experts), Laguna-XS.2-NVFP4 (compressed-tensors NVFP4 on them)
+    "hunyuan-fp8-static": ("hunyuan_v1_moe", TRANSFORMERS_MOE, "fp8-static", {}),
+    "laguna-fp8-block-ct": (
+        "laguna",
+        "laguna.LagunaForCausalLM",
+        "fp8-block-ct",
+        dict(hidden_size=256, moe_intermediate_size=256),
+    ),
+    "laguna-nvfp4-ct": (
+        "laguna",
+        "laguna.LagunaForCausalLM",
+        "nvfp4-ct",
+        dict(hidden_size=128, moe_intermediate_size=128),
+    ),
 }
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
@@ -407,6 +424,8 @@ def sources(tmp_path_factory):
             elif quant is None:
                 save = ffm.save if kind in ffm.MODELS else hf.save  # multimodal: text + vision
                 done[case] = save(kind, root / case, **sizes)
+            elif quant in qc.PUBLISHED:
+                done[case] = qc.write_published(kind, root / case, quant, **sizes)
             else:
                 done[case] = qc.write(kind, root / case, quant, **sizes)
         return done[case]
@@ -722,3 +741,75 @@ def test_vllms_transformers_backend_routes_as_its_moe_block_fuser_finds(
         routers = [m.router for m in _moe(model).values()]
     assert len(routers) == layers and {type(r).__name__ for r in routers} == {router}
     assert {r.routing_method_type for r in routers} == {RoutingMethodType[method]}
+
+
+@pytest.mark.parametrize(
+    ("case", "backend", "method", "words"),
+    [
+        # vLLM's Fp8Config builds Fp8MoEMethod, whose per-tensor kernel setup the plugin does
+        # not run (servers/vllm/target.py SOURCES_NOT_YET); SGLang's Fp8MoEMethod, not proven
+        ("hunyuan-fp8-static", "cutlass", "Fp8MoEMethod", ("Fp8MoEMethod", "Fp8MoEMethod")),
+        # a weight_scale per 128x128 block, compressed-tensors' names: no scheme reads it (the
+        # plugin's fp8-block outputs load into Fp8MoEMethod, checks.METHODS)
+        (
+            "laguna-fp8-block-ct",
+            "trtllm",
+            "CompressedTensorsW8A8Fp8MoEMethod",
+            ("per 128x128 block", "per 128x128 block"),
+        ),
+        # read as nvfp4, whose compressed-tensors method the plugin does not set up; SGLang's
+        # Laguna refuses the plugin's load whatever the scheme
+        (
+            "laguna-nvfp4-ct",
+            "trtllm",
+            "CompressedTensorsW4A4Nvfp4MoEMethod",
+            ("CompressedTensorsW4A4Nvfp4MoEMethod", "Laguna model"),
+        ),
+    ],
+)
+def test_a_published_quantized_form_of_a_family_is_refused_for_the_method_vllm_builds(
+    case, backend, method, words, sources, tmp_path
+):
+    """The families' quantized checkpoints as their publishers write them: vLLM's own model
+    class (Hunyuan-A13B's Transformers backend, LagunaForCausalLM) builds its experts with
+    `method` from the checkpoint's quantization config, a method whose kernel setup fi-convert's
+    vLLM plugin does not run for that output (checks.NOT_YET, checks.METHODS); so `convert`
+    refuses each in one line for both servers and backends, before writing anything, naming
+    why (`words`: vLLM's, SGLang's)."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    from fi_convert.servers.vllm import checks
+
+    from .conftest import cli
+    from .test_errors import error_line
+
+    src = sources(case)
+    h, i = (
+        CASES[case][3].get(k, d) for k, d in (("hidden_size", 64), ("moe_intermediate_size", 96))
+    )
+    with vm.vllm_context(backend, 1, 0):
+        built = FusedMoEFactory(
+            num_experts=4,
+            top_k=2,
+            hidden_size=h,
+            intermediate_size=i,
+            params_dtype=torch.bfloat16,
+            quant_config=vm.quant_config(src),
+            tp_size=1,
+            dp_size=1,
+            pcp_size=1,
+            prefix="model.layers.1.mlp.experts",
+        ).routed_experts.quant_method
+    assert type(built).__name__ == method
+    scheme = {"fp8-static": "fp8-tensor", "nvfp4-ct": "nvfp4"}.get(CASES[case][2])
+    if scheme:  # the scheme that reads it: the plugin loads no output of that method
+        assert method in checks.NOT_YET[scheme]
+    else:  # block FP8 under compressed-tensors' method, not the one fp8-block outputs load into
+        assert built.block_quant and method not in checks.METHODS["fp8-block"]
+    for server, word in zip(("vllm", "sglang"), words, strict=True):
+        for b in ("trtllm", "cutlass"):
+            out = tmp_path / f"{server}-{b}"
+            res = cli("convert", src, out, "--server", server, "--backend", b)
+            line = error_line(res)
+            assert word in line or (b, case) == ("trtllm", "hunyuan-fp8-static"), line
+            assert not out.exists()

@@ -123,7 +123,7 @@ class Fp8TensorScheme(Scheme):
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         if weight_dtype(layer) != "F8_E4M3" or "weight_scale_inv" not in layer.param_names():
-            refuse_other_format(layer, "fp8-tensor")
+            refuse_other_format(layer, "fp8-tensor", ckpt.config)
         w = layer.tensor("w1", "weight", 0)
         i, h = layer.intermediate_size, layer.hidden_size
         if layer.form.kind != "per_expert":
@@ -132,6 +132,7 @@ class Fp8TensorScheme(Scheme):
         if weight_dtype(layer) == "BF16":
             return
         if weight_dtype(layer) == "F8_E4M3" and not _is_per_tensor(layer):
+            refuse_other_format(layer, "fp8-tensor", ckpt.config)
             other = "fp8-block" if layer.has("weight_scale_inv") else "mxfp8"
             raise SchemeMismatchError(
                 f"{w.name}: the experts are not FP8 with per-tensor scales; use --scheme "

@@ -123,10 +123,19 @@ def synthetic_nvfp4(shape: tuple[int, int], g: torch.Generator, ct: bool = False
     }
 
 
+# (as LLM Compressor's NVFP4 preset writes it: the tensor_group strategy is what vLLM's
+# compressed-tensors config takes for NVFP4, `_is_nvfp4_format`)
+_NVFP4_ARGS = {
+    "num_bits": 4,
+    "type": "float",
+    "symmetric": True,
+    "group_size": 16,
+    "strategy": "tensor_group",
+}
 _CT_NVFP4 = compressed_tensors(
     "nvfp4-pack-quantized",
-    {"num_bits": 4, "type": "float", "group_size": 16},
-    {"num_bits": 4, "type": "float", "group_size": 16},
+    _NVFP4_ARGS | {"dynamic": False},
+    _NVFP4_ARGS | {"dynamic": "local"},
 )
 
 
@@ -148,7 +157,7 @@ class Nvfp4Scheme(Scheme):
         return weight_dtype(layers[0]) == "U8" and any(t.dtype == "F8_E4M3" for t in scales)
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
-        refuse_other_format(layer, "nvfp4")
+        refuse_other_format(layer, "nvfp4", ckpt.config)
         if layer.form.kind != "per_expert":
             raise SourceError(f"{layer.source_names()[0]}: nvfp4 reads per-expert tensors only")
         require_dtype(layer, "weight", ("U8",), "NVFP4 weights are packed E2M1 bytes")
