@@ -456,6 +456,7 @@ def vllm_model(
         # (MLA's prefill workspace, grown on the CPU: there is no accelerator cache to empty)
         mock.patch.object(torch.accelerator, "empty_cache", lambda: None),
         _block_fp8_linears(),
+        _transformers_classes_kept(),
     ):
         _one_process_group()
         cfg = get_current_vllm_config()
@@ -506,6 +507,38 @@ def _attention(cls, selected, attn_selector_config, num_heads=None) -> str:
     if attn_selector_config.use_sparse:
         return SPARSE_MLA
     return MLA if attn_selector_config.use_mla else ATTENTION
+
+
+@contextlib.contextmanager
+def _transformers_classes_kept():
+    """vLLM's Transformers backend (Hunyuan-A13B, Kolibri1, FlexOlmo, Mellum) decorates
+    transformers' own decoder class in place for torch.compile when it builds the model
+    (models/transformers/base.py _decorate_cls_for_torch_compile -> compilation/decorators.py
+    _support_torch_compile: a base class added, __init__ and __call__ replaced, the new
+    __init__ asking for a current vLLM config): left so, every later use of that class in the
+    process is vLLM's, and transformers' own save of a checkpoint of the family (tests/
+    hf_checkpoints.py) fails with "Current vLLM config is not set". Each class it decorates is
+    put back as it was when the model's context ends (the model built keeps working: these
+    tests run no forward pass)."""
+    from vllm.model_executor.models.transformers import base
+
+    decorate, kept = base.Base._decorate_cls_for_torch_compile, []
+
+    def keeping(self, cls, *args, **kwargs):
+        kept.append((cls, cls.__bases__, dict(cls.__dict__)))
+        return decorate(self, cls, *args, **kwargs)
+
+    try:
+        with mock.patch.object(base.Base, "_decorate_cls_for_torch_compile", keeping):
+            yield
+    finally:
+        for cls, bases, attrs in reversed(kept):
+            for name in cls.__dict__.keys() - attrs.keys():
+                delattr(cls, name)
+            for name, value in attrs.items():
+                if cls.__dict__.get(name) is not value:
+                    setattr(cls, name, value)
+            cls.__bases__ = bases
 
 
 @contextlib.contextmanager
@@ -813,3 +846,18 @@ def test_a_published_quantized_form_of_a_family_is_refused_for_the_method_vllm_b
             line = error_line(res)
             assert word in line or (b, case) == ("trtllm", "hunyuan-fp8-static"), line
             assert not out.exists()
+
+
+def test_building_a_transformers_backend_model_leaves_transformers_own_classes(sources, tmp_path):
+    """After vLLM's Transformers backend built Hunyuan-A13B here, transformers' HunYuanMoEV1Model
+    is transformers' own again (vllm_model's _transformers_classes_kept), so transformers can
+    still write a checkpoint of the family in this process: before, a later save (another
+    test's source) failed with "Current vLLM config is not set"."""
+    import transformers
+
+    cls = transformers.HunYuanMoEV1Model
+    before = (cls.__bases__, dict(cls.__dict__))
+    with vllm_model("hunyuan-bf16", sources("hunyuan-bf16"), "cutlass", 1, 0):
+        assert cls.__bases__ != before[0]  # (vLLM's decoration, while its model is built)
+    assert (cls.__bases__, dict(cls.__dict__)) == before
+    assert hf.save("hunyuan_v1_moe", tmp_path / "again").is_dir()
