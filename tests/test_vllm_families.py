@@ -65,6 +65,15 @@ values, the names vLLM's own load reads: tests/remote_code_checkpoints.py) and M
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
 
+The families' quantized releases fi-convert refuses (test_a_published_quantized_form_...,
+their forms in tests/quantized_checkpoints.py PUBLISHED): Hunyuan-A13B-Instruct-FP8 (FP8 static
+per tensor, vLLM's Fp8MoEMethod), Laguna-XS.2-FP8 (compressed-tensors block FP8, which no
+scheme reads) and Laguna-XS.2-NVFP4 (compressed-tensors NVFP4, vLLM's
+CompressedTensorsW4A4Nvfp4MoEMethod): the method is the one vLLM's own FusedMoE builds from
+the checkpoint's quantization config (a FusedMoE alone for each: the Hunyuan FP8 and Laguna
+NVFP4 whole models cannot be built here, vLLM 0.33 having no CPU kernel for their FP8
+per-tensor and NVFP4 linears).
+
 Not proven here, and why:
 - Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
   linear FP8 with per-tensor `qscale_weight`/`qscale_act`): vLLM 0.33 finds no CPU kernel for
