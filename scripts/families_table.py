@@ -50,14 +50,18 @@ def router_text(moe: MoeFacts) -> str:
 
 def schemes_of(fam: Family) -> list[str]:
     """The schemes that read the family's experts: gpt-oss's fused MXFP4 ones mxfp4 alone,
-    the others every scheme but mxfp4; non-gated experts, the schemes that write a layout of
-    them (`Scheme.non_gated`)."""
+    the others every scheme but mxfp4 that reads one of the family's forms
+    (`Scheme.form_kinds`: fp8-tensor and nvfp4 read per-expert tensors only); non-gated
+    experts, the schemes that write a layout of them (`Scheme.non_gated`)."""
     mxfp4 = any("blocks" in f.pattern.pattern for f in fam.forms)
     both = gated(fam.moe.activation)
+    kinds = {f.kind for f in fam.forms}
     return [
         s.value
         for s, scheme in REGISTRY.items()
-        if (s.value == "mxfp4") == mxfp4 and (both or scheme.non_gated)
+        if (s.value == "mxfp4") == mxfp4
+        and (both or scheme.non_gated)
+        and (scheme.form_kinds is None or kinds & set(scheme.form_kinds))
     ]
 
 

@@ -404,3 +404,30 @@ def _per_expert(src: Path, dst: Path) -> Path:
         index["weight_map"] |= dict.fromkeys(out, shard)
     (dst / "model.safetensors.index.json").write_text(json.dumps(index))
     return dst
+
+
+def test_the_families_table_lists_no_scheme_that_reads_none_of_a_familys_forms(ckpt):
+    """fp8-tensor and nvfp4 read per-expert tensors only (`Scheme.form_kinds`), as the plan
+    refuses them for DBRX's flat experts; so the table lists neither for a family with no
+    per-expert form (DBRX, Aria, Granite-MoE, Step-3: it once listed both)."""
+    import runpy
+
+    from fi_convert import Backend, Options, SchemeName
+    from fi_convert.errors import FiConvertError
+    from fi_convert.plan import make_plan
+    from fi_convert.schemes import REGISTRY
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "families_table.py"))
+    narrow = {s.value for s, scheme in REGISTRY.items() if scheme.form_kinds is not None}
+    assert narrow == {"fp8-tensor", "nvfp4"}
+    unlisted = [f for f in all_families() if not any(x.kind == "per_expert" for x in f.forms)]
+    assert {"dbrx", "aria", "granite-moe", "step3"} <= {f.name for f in unlisted}
+    for fam in unlisted:
+        for server in ("vllm", "sglang"):
+            cell = script["served"](fam, server)
+            assert not any(f"{s} (" in cell for s in narrow), (fam.name, server, cell)
+    src = ckpt("dbrx")
+    for scheme in (SchemeName.FP8_TENSOR, SchemeName.NVFP4):
+        opts = Options(scheme, Backend.CUTLASS, 1, allow_unservable=True)
+        with pytest.raises(FiConvertError, match="reads per-expert tensors only"):
+            make_plan(src, opts)

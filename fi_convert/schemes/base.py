@@ -174,6 +174,8 @@ class Scheme:
     # it writes a layout of non-gated experts (w13 the up projection alone: Nemotron-H's
     # relu2_no_mul), proven against the server's own processing; else planning refuses them
     non_gated: ClassVar[bool] = False
+    # the expert tensor forms it reads (`Form.kind`: "per_expert", "fused", ...); None: any
+    form_kinds: ClassVar[tuple[str, ...] | None] = None
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         """Whether this scheme's source format is what the checkpoint holds (for `auto`)."""

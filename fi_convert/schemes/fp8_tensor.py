@@ -126,7 +126,7 @@ class Fp8TensorScheme(Scheme):
             refuse_other_format(layer, "fp8-tensor", ckpt.config)
         w = layer.tensor("w1", "weight", 0)
         i, h = layer.intermediate_size, layer.hidden_size
-        if layer.form.kind != "per_expert":
+        if layer.form.kind not in self.form_kinds:
             raise SchemeMismatchError(f"{w.name}: fp8-tensor reads per-expert tensors only")
         require_shapes(layer, "weight", (i, h), (h, i))
         if weight_dtype(layer) == "BF16":
@@ -152,6 +152,7 @@ class Fp8TensorScheme(Scheme):
     # SGLang 0.5.23: TRT-LLM (shard_padded, pad_i_128) and CUTLASS (gate_up_rows), its scalars
     variants = frozenset({"shard_padded", "pad_i_128", "gate_up_rows", "sglang_scalars"})
     non_gated = True
+    form_kinds = ("per_expert",)
 
     def plan_layer(
         self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT

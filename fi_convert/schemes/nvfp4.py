@@ -151,6 +151,7 @@ class Nvfp4Scheme(Scheme):
     # SGLang's: TRT-LLM's split and unpadded H, its scalars, CUTLASS's padded swizzles apart
     variants = frozenset({"shard_padded", "hidden_padded", "split_scales", "swizzle_apart"})
     non_gated = True  # vLLM's layouts (SGLang's are not proven for non-gated experts)
+    form_kinds = ("per_expert",)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         scales = [t for (_, p, _), t in layers[0].params.items() if p == SCALE]
@@ -158,7 +159,7 @@ class Nvfp4Scheme(Scheme):
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         refuse_other_format(layer, "nvfp4", ckpt.config)
-        if layer.form.kind != "per_expert":
+        if layer.form.kind not in self.form_kinds:
             raise SourceError(f"{layer.source_names()[0]}: nvfp4 reads per-expert tensors only")
         require_dtype(layer, "weight", ("U8",), "NVFP4 weights are packed E2M1 bytes")
         require_param(layer, SCALE, "NVFP4 needs an E4M3 scale per 16 values (weight_scale)")
