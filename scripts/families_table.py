@@ -50,23 +50,32 @@ def router_text(moe: MoeFacts) -> str:
 
 def schemes_of(fam: Family) -> list[str]:
     """The schemes that read the family's experts: gpt-oss's fused MXFP4 ones mxfp4 alone,
-    the others every scheme but mxfp4; non-gated experts, the schemes that write a layout of
-    them (`Scheme.non_gated`)."""
+    the others every scheme but mxfp4 that reads one of the family's forms
+    (`Scheme.form_kinds`: fp8-tensor and nvfp4 read per-expert tensors only); non-gated
+    experts, the schemes that write a layout of them (`Scheme.non_gated`)."""
     mxfp4 = any("blocks" in f.pattern.pattern for f in fam.forms)
     both = gated(fam.moe.activation)
+    kinds = {f.kind for f in fam.forms}
     return [
         s.value
         for s, scheme in REGISTRY.items()
-        if (s.value == "mxfp4") == mxfp4 and (both or scheme.non_gated)
+        if (s.value == "mxfp4") == mxfp4
+        and (both or scheme.non_gated)
+        and (scheme.form_kinds is None or kinds & set(scheme.form_kinds))
     ]
 
 
-def served(fam: Family, server: str, routing: str) -> str:
-    """`bf16 (trtllm, cutlass), fp8-block (trtllm, cutlass), ...` for the server, or why not;
-    an architecture of the family the server refuses whole where it serves another (SGLang:
+def served(fam: Family, server: str) -> str:
+    """`bf16 (trtllm, cutlass), fp8-block (trtllm, cutlass), ...` for the server, or why not:
+    what the plan takes for a checkpoint of the family whose config.json is its public
+    checkpoints' (`released_config`), from the same facts (its router's routing method, the
+    experts' activation and SwiGLU clamp, `Family.swiglu_limit`, as source.py reads them); an
+    architecture of the family the server refuses whole where it serves another (SGLang:
     Step-3's text model, not Step3-VL) said after them."""
     if fam.moe.refuse:
         return "refused: " + fam.moe.refuse.split(";")[0]
+    released = fam.source.get("released_config", {})
+    routing, clamp = fam.moe.routing(released), fam.swiglu_limit(released)
     target, out = resolve(server), []
     whole = {a: target.refuses_source("bf16", "trtllm", None, (a,)) for a in fam.architectures}
     archs = [a for a, why in whole.items() if not why] or list(fam.architectures)
@@ -82,7 +91,7 @@ def served(fam: Family, server: str, routing: str) -> str:
                     SOURCE_METHOD.get(name),
                     archs,
                 )  # fmt: skip
-                or target.refuses_moe(name, b.value, routing, fam.moe.activation, None)
+                or target.refuses_moe(name, b.value, routing, fam.moe.activation, clamp)
             )
         ]
         if ok:
@@ -105,9 +114,10 @@ def activation(fam: Family) -> str:
 def row(fam: Family) -> str:
     archs = ", ".join(f"`{a}`" for a in fam.architectures) or "-"
     ckpts = ", ".join(fam.source.get("checkpoints", [])) or "-"
-    method = fam.moe.routing(fam.source.get("released_config", {}))
     cells = [fam.title, archs, ckpts, f"{router_text(fam.moe)}: {routing(fam)}"]
-    cells += [activation(fam), served(fam, "vllm", method), served(fam, "sglang", method)]
+    clamp = fam.swiglu_limit(fam.source.get("released_config", {}))
+    act = activation(fam) + (f" clamped (swiglu_limit {clamp:g})" if clamp else "")
+    cells += [act, served(fam, "vllm"), served(fam, "sglang")]
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -198,3 +200,122 @@ def _write_config(
     if in_config or qc.get("quant_method") != "modelopt":
         cfg["quantization_config"] = qc
     (root / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+# Quantized forms of the families as their publishers write them, by the public checkpoint
+# each follows: which linears are quantized (`EXPERT`, and `DENSE` with `dense`), the tensors of
+# each, and config.json's `quantization_config`
+@dataclass(frozen=True)
+class Published:
+    make: Callable[[tuple[int, int], torch.Generator, torch.dtype], dict[str, torch.Tensor]]
+    quantization_config: dict
+    # the other linears quantized too (`DENSE`: attention, dense and shared MLPs; not routers)
+    dense: re.Pattern | None = None
+
+
+def _fp8_static(shape: tuple[int, int], g: torch.Generator, _: torch.dtype) -> dict:
+    """One linear of FP8 static per tensor: E4M3 weight, F32 weight_scale and input_scale."""
+    return SOURCES["fp8-tensor"].make(shape, g)  # type: ignore[misc]
+
+
+def _fp8_block_ct(shape: tuple[int, int], g: torch.Generator, dtype: torch.dtype) -> dict:
+    """One linear of compressed-tensors' FP8 block strategy: E4M3 weight, a weight_scale per
+    128x128 block (no weight_scale_inv: compressed-tensors names it weight_scale)."""
+    n, k = shape
+    w = (torch.randn(shape, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand((-(-n // 128), -(-k // 128)), generator=g) * 1e-3 + 1e-4
+    return {"weight": w, "weight_scale": s.to(dtype)}
+
+
+def _nvfp4_ct(shape: tuple[int, int], g: torch.Generator, _: torch.dtype) -> dict:
+    return SOURCES["nvfp4-ct"].make(shape, g)  # type: ignore[misc]
+
+
+_CT_GROUP = {"targets": ["Linear"], "output_activations": None}
+PUBLISHED = {
+    # tencent/Hunyuan-A13B-Instruct-FP8: AngelSlim's fp8_static (weights and activations per
+    # tensor, calibrated) over every linear but the routers and lm_head, saved for vLLM's "fp8"
+    # method (AngelSlim's PTQ save: quant_method fp8, activation_scheme static, ignored_layers)
+    "fp8-static": Published(
+        _fp8_static,
+        {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]},
+        dense=DENSE,
+    ),
+    # poolside/Laguna-XS.2-FP8: LLM Compressor's FP8_BLOCK (compressed-tensors: weights per
+    # 128x128 block, activations dynamic per group of 128) on the routed experts, the rest BF16
+    "fp8-block-ct": Published(
+        _fp8_block_ct,
+        {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {
+                "group_0": _CT_GROUP
+                | {
+                    "format": "float-quantized",
+                    "weights": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "symmetric": True,
+                        "strategy": "block",
+                        "block_structure": [128, 128],
+                        "dynamic": False,
+                    },
+                    "input_activations": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "symmetric": True,
+                        "strategy": "group",
+                        "group_size": 128,
+                        "dynamic": True,
+                    },
+                }
+            },
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$", "re:.*shared_expert.*"],
+        },
+    ),
+    # poolside/Laguna-XS.2-NVFP4: compressed-tensors NVFP4 (LLM Compressor's preset) on the
+    # MLPs' linears, the routed experts, the shared expert and the dense MLP (vLLM's
+    # models/laguna.py loads the dense MLP's gate and up "per-Linear" NVFP4 global scales), the
+    # attention and routers BF16
+    "nvfp4-ct": Published(
+        _nvfp4_ct,
+        copy.deepcopy(SOURCES["nvfp4-ct"].quantization_config or {})
+        | {"ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$"]},
+        dense=re.compile(
+            r"^model\.layers\.\d+\.mlp\.(shared_expert\.)?(gate|up|down)_proj\.weight$"
+        ),
+    ),
+}
+
+
+def write_published(
+    kind: str, root: Path, form: str, scale_dtype: torch.dtype = torch.bfloat16, **sizes: object
+) -> Path:
+    """transformers' model `kind` at `sizes`, its linears as the public checkpoint of `form`
+    (a key of PUBLISHED) holds them; `scale_dtype`: that of compressed-tensors' block scales."""
+    pub = PUBLISHED[form]
+    hf_checkpoints.save(kind, root, **sizes)
+    g = torch.Generator().manual_seed(1)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    weight_map: dict[str, str] = {}
+    size = 0
+    for shard in sorted(set(index["weight_map"].values())):
+        out: dict[str, torch.Tensor] = {}
+        for name, t in load_file(root / shard).items():
+            dense = pub.dense and pub.dense.match(name)
+            if EXPERT.match(name) or dense:
+                stem = name.removesuffix(".weight")
+                made = pub.make(tuple(t.shape), g, scale_dtype)  # type: ignore[arg-type]
+                out |= {f"{stem}.{k}": v.contiguous() for k, v in made.items()}
+            else:
+                out[name] = t
+        save_file(out, root / shard, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(out, shard)
+        size += sum(t.numel() * t.element_size() for t in out.values())
+    index_path.write_text(json.dumps({"metadata": {"total_size": size}, "weight_map": weight_map}))
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["quantization_config"] = copy.deepcopy(pub.quantization_config)
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    return root

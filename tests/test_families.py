@@ -382,3 +382,86 @@ def test_kimi_linears_situ_experts_are_refused_with_the_servers_reason(ckpt, tmp
     )
     assert line.endswith("; serve the checkpoint as it is")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_families_table_takes_what_the_plan_takes_for_a_clamped_family(ckpt, tmp_path):
+    """The table's schemes and backends are the plan's for a checkpoint whose config.json is
+    the public checkpoints' (released_config), from the same facts: HY v4's experts clamp their
+    SwiGLU (swiglu_limit, 10.0 as transformers writes it), which vLLM 0.33's TRT-LLM FP8
+    per-tensor experts do not apply, so the plan refuses fp8-tensor on trtllm for vLLM and the
+    table does not list it (it once did: it read no clamp); vLLM's CUTLASS takes it, and
+    SGLang's TRT-LLM too."""
+    import runpy
+
+    from fi_convert import Backend, Options, SchemeMismatchError, SchemeName
+    from fi_convert.plan import make_plan
+    from fi_convert.server_lookup import resolve
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "families_table.py"))
+    (fam,) = [f for f in all_families() if f.name == "hunyuan-v4"]
+    src = _per_expert(ckpt("hy_v4"), tmp_path / "hy_v4")  # (fp8-tensor reads per-expert ones)
+    config = json.loads((src / "config.json").read_text())
+    assert config["swiglu_limit"] == fam.source["released_config"]["swiglu_limit"] == 10.0
+    cells = {s: script["served"](fam, s) for s in ("vllm", "sglang")}
+    assert "fp8-tensor (cutlass)," in cells["vllm"]
+    assert "fp8-tensor (trtllm, cutlass)," in cells["sglang"]
+    fp8 = Options(SchemeName.FP8_TENSOR, Backend.TRTLLM, 1, allow_unservable=True)
+    with pytest.raises(SchemeMismatchError, match="swiglu_limit"):
+        make_plan(src, fp8)
+    fp8 = Options(SchemeName.FP8_TENSOR, Backend.CUTLASS, 1, allow_unservable=True)
+    assert make_plan(src, fp8).layers
+    # (SGLang plans fp8-tensor from a ModelOpt FP8 source, the table's; its TRT-LLM FP8
+    # experts take the clamp)
+    assert resolve("sglang").refuses_moe("fp8-tensor", "trtllm", "DeepSeekV3", "silu", 10.0) is None
+
+
+def _per_expert(src: Path, dst: Path) -> Path:
+    """A copy of a checkpoint of fused experts (`experts.gate_up_proj` [E, 2I, H], `experts.
+    down_proj` [E, H, I]) with each expert's own `experts.E.{gate,up,down}_proj.weight`."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        out = {}
+        for name, t in load_file(dst / shard).items():
+            stem, _, proj = name.rpartition(".")
+            if not stem.endswith(".experts") or proj not in ("gate_up_proj", "down_proj"):
+                out[name] = t
+                continue
+            parts = {"gate_proj": t.chunk(2, 1)[0], "up_proj": t.chunk(2, 1)[1]}
+            for e in range(t.shape[0]):
+                for p, w in (parts if proj == "gate_up_proj" else {"down_proj": t}).items():
+                    out[f"{stem}.{e}.{p}.weight"] = w[e].contiguous()
+        save_file(out, dst / shard, metadata={"format": "pt"})
+        index["weight_map"] = {n: s for n, s in index["weight_map"].items() if s != shard}
+        index["weight_map"] |= dict.fromkeys(out, shard)
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    return dst
+
+
+def test_the_families_table_lists_no_scheme_that_reads_none_of_a_familys_forms(ckpt):
+    """fp8-tensor and nvfp4 read per-expert tensors only (`Scheme.form_kinds`), as the plan
+    refuses them for DBRX's flat experts; so the table lists neither for a family with no
+    per-expert form (DBRX, Aria, Granite-MoE, Step-3: it once listed both)."""
+    import runpy
+
+    from fi_convert import Backend, Options, SchemeName
+    from fi_convert.errors import FiConvertError
+    from fi_convert.plan import make_plan
+    from fi_convert.schemes import REGISTRY
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "families_table.py"))
+    narrow = {s.value for s, scheme in REGISTRY.items() if scheme.form_kinds is not None}
+    assert narrow == {"fp8-tensor", "nvfp4"}
+    unlisted = [f for f in all_families() if not any(x.kind == "per_expert" for x in f.forms)]
+    assert {"dbrx", "aria", "granite-moe", "step3"} <= {f.name for f in unlisted}
+    for fam in unlisted:
+        for server in ("vllm", "sglang"):
+            cell = script["served"](fam, server)
+            assert not any(f"{s} (" in cell for s in narrow), (fam.name, server, cell)
+    src = ckpt("dbrx")
+    for scheme in (SchemeName.FP8_TENSOR, SchemeName.NVFP4):
+        opts = Options(scheme, Backend.CUTLASS, 1, allow_unservable=True)
+        with pytest.raises(FiConvertError, match="reads per-expert tensors only"):
+            make_plan(src, opts)

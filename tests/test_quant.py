@@ -82,7 +82,9 @@ def test_fp8_dequantize_uses_float16_scale():
 )
 def test_auto_detects_quantized_schemes(tmp_path, quant, scheme):
     src = write_checkpoint(tmp_path / "m", Spec("qwen3-moe", layers=1, experts=2, quant=quant))
-    plan = make_plan(src, Options())
+    # (compressed-tensors MXFP8: vLLM's plugin does not set up its method yet, see
+    # servers/vllm/target.py SOURCES_NOT_YET; the scheme is detected all the same)
+    plan = make_plan(src, Options(allow_unservable=True))
     assert plan.detected and plan.scheme.value == scheme
 
 
@@ -136,7 +138,8 @@ def test_bf16_to_fp8_tensor_all_zero_expert(tmp_path):
 )
 def test_auto_detects_fp4_schemes(tmp_path, family, quant, scheme):
     src = write_checkpoint(tmp_path / "m", Spec(family, layers=2, experts=4, quant=quant))
-    assert make_plan(src, Options()).scheme.value == scheme
+    # (compressed-tensors NVFP4: not servable by vLLM's plugin yet, detected all the same)
+    assert make_plan(src, Options(allow_unservable=True)).scheme.value == scheme
 
 
 def _rewrite(src, drop=(), change=None):
@@ -233,3 +236,28 @@ def test_scales_of_the_wrong_dtype_are_named(tmp_path, quant, name, bad, match):
     with pytest.raises(FiConvertError, match=match) as e:
         make_plan(src, Options())
     assert full in str(e.value)
+
+
+@pytest.mark.parametrize("scale_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("scheme", ["auto", "fp8-tensor", "fp8-block", "mxfp8", "bf16"])
+def test_compressed_tensors_block_fp8_is_refused_in_one_line_by_every_scheme(
+    tmp_path_factory, scheme, scale_dtype
+):
+    """Laguna-XS.2-FP8's form (tests/quantized_checkpoints.py PUBLISHED: compressed-tensors FP8
+    with the block strategy on the experts, a weight_scale per 128x128 block): no scheme reads
+    it. At sizes of one block per weight its F32 scale looks like one per tensor, which
+    fp8-tensor once read as such; config.json's strategy tells, and every scheme refuses it in
+    one line naming the scale."""
+    import torch
+
+    from tests import quantized_checkpoints as qc
+
+    from .conftest import cli
+    from .test_errors import error_line
+
+    root = tmp_path_factory.mktemp("ct-block")
+    src = qc.write_published("laguna", root / "src", "fp8-block-ct", getattr(torch, scale_dtype))
+    res = cli("convert", src, root / "out", "--scheme", scheme)
+    line = error_line(res)
+    assert "weight_scale: FP8 experts with a weight_scale per 128x128 block" in line
+    assert "no scheme of fi-convert reads yet" in line and not (root / "out").exists()

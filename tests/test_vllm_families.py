@@ -95,6 +95,15 @@ moe.experts, tests/family_forms_models.py) and Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
 
+The families' quantized releases fi-convert refuses (test_a_published_quantized_form_...,
+their forms in tests/quantized_checkpoints.py PUBLISHED): Hunyuan-A13B-Instruct-FP8 (FP8 static
+per tensor, vLLM's Fp8MoEMethod), Laguna-XS.2-FP8 (compressed-tensors block FP8, which no
+scheme reads) and Laguna-XS.2-NVFP4 (compressed-tensors NVFP4, vLLM's
+CompressedTensorsW4A4Nvfp4MoEMethod): the method is the one vLLM's own FusedMoE builds from
+the checkpoint's quantization config (a FusedMoE alone for each: the Hunyuan FP8 and Laguna
+NVFP4 whole models cannot be built here, vLLM 0.33 having no CPU kernel for their FP8
+per-tensor and NVFP4 linears).
+
 Not proven here, and why:
 - Mistral Large 3 in its published FP8 format (`quantization.qformat_weight` fp8_e4m3: every
   linear FP8 with per-tensor `qscale_weight`/`qscale_act`): vLLM 0.33 finds no CPU kernel for
@@ -345,6 +354,23 @@ CASES = {
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
     "k2-horizon-bf16": ("k2_horizon", "k2_horizon.K2HorizonForCausalLM", None, {}),
+    # The families' quantized checkpoints as published (tests/quantized_checkpoints.py
+    # PUBLISHED), each refused (test_a_published_quantized_form_...): Hunyuan-A13B-Instruct-FP8
+    # (AngelSlim's FP8 static per tensor, vLLM's "fp8" method), Laguna-XS.2-FP8 (compressed-
+    # tensors FP8 block on the experts), Laguna-XS.2-NVFP4 (compressed-tensors NVFP4 on them)
+    "hunyuan-fp8-static": ("hunyuan_v1_moe", TRANSFORMERS_MOE, "fp8-static", {}),
+    "laguna-fp8-block-ct": (
+        "laguna",
+        "laguna.LagunaForCausalLM",
+        "fp8-block-ct",
+        dict(hidden_size=256, moe_intermediate_size=256),
+    ),
+    "laguna-nvfp4-ct": (
+        "laguna",
+        "laguna.LagunaForCausalLM",
+        "nvfp4-ct",
+        dict(hidden_size=128, moe_intermediate_size=128),
+    ),
 }
 # Cases whose vLLM model asks for CUDA when built, beside the device checks tests/vllm_moe.py
 # answers: Kimi Linear's (vllm/models/kimi_k3/nvidia/model.py) makes CUDA streams (to overlap
@@ -487,6 +513,8 @@ def sources(tmp_path_factory):
             elif quant is None:
                 save = ffm.save if kind in ffm.MODELS else hf.save  # multimodal: text + vision
                 done[case] = save(kind, root / case, **sizes)
+            elif quant in qc.PUBLISHED:
+                done[case] = qc.write_published(kind, root / case, quant, **sizes)
             else:
                 done[case] = qc.write(kind, root / case, quant, **sizes)
         return done[case]
@@ -576,6 +604,7 @@ def vllm_model(
         mock.patch.object(torch.accelerator, "empty_cache", lambda: None),
         _block_fp8_linears(),
         _cuda_streams(case),
+        _transformers_classes_kept(),
     ):
         _one_process_group()
         cfg = get_current_vllm_config()
@@ -647,6 +676,38 @@ def _attention(cls, selected, attn_selector_config, num_heads=None) -> str:
     if attn_selector_config.use_sparse:
         return SPARSE_MLA
     return MLA if attn_selector_config.use_mla else ATTENTION
+
+
+@contextlib.contextmanager
+def _transformers_classes_kept():
+    """vLLM's Transformers backend (Hunyuan-A13B, Kolibri1, FlexOlmo, Mellum) decorates
+    transformers' own decoder class in place for torch.compile when it builds the model
+    (models/transformers/base.py _decorate_cls_for_torch_compile -> compilation/decorators.py
+    _support_torch_compile: a base class added, __init__ and __call__ replaced, the new
+    __init__ asking for a current vLLM config): left so, every later use of that class in the
+    process is vLLM's, and transformers' own save of a checkpoint of the family (tests/
+    hf_checkpoints.py) fails with "Current vLLM config is not set". Each class it decorates is
+    put back as it was when the model's context ends (the model built keeps working: these
+    tests run no forward pass)."""
+    from vllm.model_executor.models.transformers import base
+
+    decorate, kept = base.Base._decorate_cls_for_torch_compile, []
+
+    def keeping(self, cls, *args, **kwargs):
+        kept.append((cls, cls.__bases__, dict(cls.__dict__)))
+        return decorate(self, cls, *args, **kwargs)
+
+    try:
+        with mock.patch.object(base.Base, "_decorate_cls_for_torch_compile", keeping):
+            yield
+    finally:
+        for cls, bases, attrs in reversed(kept):
+            for name in cls.__dict__.keys() - attrs.keys():
+                delattr(cls, name)
+            for name, value in attrs.items():
+                if cls.__dict__.get(name) is not value:
+                    setattr(cls, name, value)
+            cls.__bases__ = bases
 
 
 @contextlib.contextmanager
@@ -968,3 +1029,90 @@ def test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses(tmp
         "pads a rank's share itself, which fi-convert's layout does not; serve the source "
         "checkpoint with vLLM's own loader"
     )
+
+
+@pytest.mark.parametrize(
+    ("case", "backend", "method", "words"),
+    [
+        # vLLM's Fp8Config builds Fp8MoEMethod, whose per-tensor kernel setup the plugin does
+        # not run (servers/vllm/target.py SOURCES_NOT_YET); SGLang's Fp8MoEMethod, not proven
+        ("hunyuan-fp8-static", "cutlass", "Fp8MoEMethod", ("Fp8MoEMethod", "Fp8MoEMethod")),
+        # a weight_scale per 128x128 block, compressed-tensors' names: no scheme reads it (the
+        # plugin's fp8-block outputs load into Fp8MoEMethod, checks.METHODS)
+        (
+            "laguna-fp8-block-ct",
+            "trtllm",
+            "CompressedTensorsW8A8Fp8MoEMethod",
+            ("per 128x128 block", "per 128x128 block"),
+        ),
+        # read as nvfp4, whose compressed-tensors method the plugin does not set up; SGLang's
+        # Laguna refuses the plugin's load whatever the scheme
+        (
+            "laguna-nvfp4-ct",
+            "trtllm",
+            "CompressedTensorsW4A4Nvfp4MoEMethod",
+            ("CompressedTensorsW4A4Nvfp4MoEMethod", "Laguna model"),
+        ),
+    ],
+)
+def test_a_published_quantized_form_of_a_family_is_refused_for_the_method_vllm_builds(
+    case, backend, method, words, sources, tmp_path
+):
+    """The families' quantized checkpoints as their publishers write them: vLLM's own model
+    class (Hunyuan-A13B's Transformers backend, LagunaForCausalLM) builds its experts with
+    `method` from the checkpoint's quantization config, a method whose kernel setup fi-convert's
+    vLLM plugin does not run for that output (checks.NOT_YET, checks.METHODS); so `convert`
+    refuses each in one line for both servers and backends, before writing anything, naming
+    why (`words`: vLLM's, SGLang's)."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    from fi_convert.servers.vllm import checks
+
+    from .conftest import cli
+    from .test_errors import error_line
+
+    src = sources(case)
+    h, i = (
+        CASES[case][3].get(k, d) for k, d in (("hidden_size", 64), ("moe_intermediate_size", 96))
+    )
+    with vm.vllm_context(backend, 1, 0):
+        built = FusedMoEFactory(
+            num_experts=4,
+            top_k=2,
+            hidden_size=h,
+            intermediate_size=i,
+            params_dtype=torch.bfloat16,
+            quant_config=vm.quant_config(src),
+            tp_size=1,
+            dp_size=1,
+            pcp_size=1,
+            prefix="model.layers.1.mlp.experts",
+        ).routed_experts.quant_method
+    assert type(built).__name__ == method
+    scheme = {"fp8-static": "fp8-tensor", "nvfp4-ct": "nvfp4"}.get(CASES[case][2])
+    if scheme:  # the scheme that reads it: the plugin loads no output of that method
+        assert method in checks.NOT_YET[scheme]
+    else:  # block FP8 under compressed-tensors' method, not the one fp8-block outputs load into
+        assert built.block_quant and method not in checks.METHODS["fp8-block"]
+    for server, word in zip(("vllm", "sglang"), words, strict=True):
+        for b in ("trtllm", "cutlass"):
+            out = tmp_path / f"{server}-{b}"
+            res = cli("convert", src, out, "--server", server, "--backend", b)
+            line = error_line(res)
+            assert word in line or (b, case) == ("trtllm", "hunyuan-fp8-static"), line
+            assert not out.exists()
+
+
+def test_building_a_transformers_backend_model_leaves_transformers_own_classes(sources, tmp_path):
+    """After vLLM's Transformers backend built Hunyuan-A13B here, transformers' HunYuanMoEV1Model
+    is transformers' own again (vllm_model's _transformers_classes_kept), so transformers can
+    still write a checkpoint of the family in this process: before, a later save (another
+    test's source) failed with "Current vLLM config is not set"."""
+    import transformers
+
+    cls = transformers.HunYuanMoEV1Model
+    before = (cls.__bases__, dict(cls.__dict__))
+    with vllm_model("hunyuan-bf16", sources("hunyuan-bf16"), "cutlass", 1, 0):
+        assert cls.__bases__ != before[0]  # (vLLM's decoration, while its model is built)
+    assert (cls.__bases__, dict(cls.__dict__)) == before
+    assert hf.save("hunyuan_v1_moe", tmp_path / "again").is_dir()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import SchemeMismatchError
 from ..source import Checkpoint, ExpertLayer
-from .base import Backend, LayerPlan, OutputTensor, Scheme, SchemeName
+from .base import Backend, LayerPlan, OutputTensor, Scheme, SchemeName, unread_fp8
 from .bf16 import Bf16Scheme
 from .fp8_block import Fp8BlockScheme
 from .fp8_tensor import Fp8TensorScheme
@@ -48,6 +48,8 @@ def detect(ckpt: Checkpoint, layers: list[ExpertLayer]) -> SchemeName:
     for name, scheme in REGISTRY.items():
         if scheme.matches(ckpt, layers):
             return name
+    if why := unread_fp8(layers[0], ckpt.config):
+        raise SchemeMismatchError(why)
     w = layers[0].params[sorted(layers[0].params)[0]]
     raise SchemeMismatchError(
         f"{w.name}: cannot tell the scheme from dtype {w.dtype} and config.json; "

@@ -174,6 +174,8 @@ class Scheme:
     # it writes a layout of non-gated experts (w13 the up projection alone: Nemotron-H's
     # relu2_no_mul), proven against the server's own processing; else planning refuses them
     non_gated: ClassVar[bool] = False
+    # the expert tensor forms it reads (`Form.kind`: "per_expert", "fused", ...); None: any
+    form_kinds: ClassVar[tuple[str, ...] | None] = None
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         """Whether this scheme's source format is what the checkpoint holds (for `auto`)."""
@@ -246,8 +248,57 @@ def first_name(layer: ExpertLayer) -> str:
         return layer.source_names()[0]
 
 
-def refuse_other_format(layer: ExpertLayer, this: str) -> None:
-    """A clear error when the experts are in a format another scheme reads."""
+def ct_fp8_strategy(config: dict | None) -> str | None:
+    """The strategy of compressed-tensors' FP8 weights in config.json's `quantization_config`
+    ("tensor", "channel", "block"), or None for another format."""
+    qc = (config or {}).get("quantization_config")
+    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
+        return None
+    groups = qc.get("config_groups")
+    for group in groups.values() if isinstance(groups, dict) else ():
+        w = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(w, dict) and (w.get("num_bits"), w.get("type")) == (8, "float"):
+            return w.get("strategy")
+    return None
+
+
+def unread_fp8(layer: ExpertLayer, config: dict | None = None) -> str | None:
+    """Why no scheme reads the layer's FP8 experts, or None: E4M3 weights whose `weight_scale`
+    is neither one per tensor (fp8-tensor) nor UE8M0 per 32 (mxfp8), as compressed-tensors'
+    block strategy (a scale per 128x128 block: LLM Compressor's FP8_BLOCK, poolside/Laguna-
+    XS.2-FP8) and its channel strategy (one per output row) write them: told by config.json's
+    strategy (`config`), else by the scale's shape."""
+    names = layer.param_names()
+    if weight_dtype(layer) != "F8_E4M3" or "weight_scale" not in names:
+        return None
+    if "weight_scale_inv" in names:
+        return None
+    try:
+        w, s = layer.tensor("w1", "weight", 0), layer.tensor("w1", "weight_scale", 0)
+    except KeyError:
+        return None
+    strategy = ct_fp8_strategy(config)
+    (n, k), got = w.shape[-2:], tuple(s.shape[-2:])
+    if strategy == "block" or got == (-(-n // 128), -(-k // 128)) != (1, 1):
+        what = "a weight_scale per 128x128 block (compressed-tensors' block strategy)"
+    elif strategy == "channel" or (n > 1 and tuple(s.shape[-2:]) in ((n, 1), (1, n))):
+        what = "a weight_scale per output channel (compressed-tensors' channel strategy)"
+    elif s.dtype in ("U8", "F8_E8M0") or math.prod(s.shape) == 1:
+        return None
+    else:
+        what = f"a weight_scale of shape {list(s.shape)}"
+    return (
+        f"{s.name}: FP8 experts with {what}, a source format no scheme of fi-convert reads "
+        "yet (fp8-block reads DeepSeek's weight_scale_inv per 128x128 block, fp8-tensor one "
+        "weight_scale per tensor); serve the checkpoint as it is"
+    )
+
+
+def refuse_other_format(layer: ExpertLayer, this: str, config: dict | None = None) -> None:
+    """A clear error when the experts are in a format another scheme reads, or none does
+    (`config`: config.json, whose quantization_config may tell)."""
+    if why := unread_fp8(layer, config):
+        raise SchemeMismatchError(why)
     dt = weight_dtype(layer)
     other = None
     if dt is None:

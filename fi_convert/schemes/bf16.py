@@ -67,7 +67,7 @@ class Bf16Scheme(Scheme):
         return weight_dtype(layers[0]) == "BF16"
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
-        refuse_other_format(layer, "bf16")
+        refuse_other_format(layer, "bf16", ckpt.config)
         require_dtype(layer, "weight", ("BF16",), "convert the checkpoint to BF16 first")
         i, h = layer.intermediate_size, layer.hidden_size
         require_shapes(layer, "weight", (i, h), (h, i))

@@ -90,7 +90,7 @@ class Fp8BlockScheme(Scheme):
                 f"{weight_dtype(layer)}, not FP8 block-quantized; use --scheme bf16 "
                 "(or --scheme auto)"
             )
-        refuse_other_format(layer, "fp8-block")
+        refuse_other_format(layer, "fp8-block", ckpt.config)
         require_dtype(layer, "weight", ("F8_E4M3",), "fp8-block reads E4M3 weights")
         require_param(
             layer, SCALE, "fp8-block needs a 128x128 block scale per weight (weight_scale_inv)"

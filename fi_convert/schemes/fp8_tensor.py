@@ -123,15 +123,16 @@ class Fp8TensorScheme(Scheme):
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         if weight_dtype(layer) != "F8_E4M3" or "weight_scale_inv" not in layer.param_names():
-            refuse_other_format(layer, "fp8-tensor")
+            refuse_other_format(layer, "fp8-tensor", ckpt.config)
         w = layer.tensor("w1", "weight", 0)
         i, h = layer.intermediate_size, layer.hidden_size
-        if layer.form.kind != "per_expert":
+        if layer.form.kind not in self.form_kinds:
             raise SchemeMismatchError(f"{w.name}: fp8-tensor reads per-expert tensors only")
         require_shapes(layer, "weight", (i, h), (h, i))
         if weight_dtype(layer) == "BF16":
             return
         if weight_dtype(layer) == "F8_E4M3" and not _is_per_tensor(layer):
+            refuse_other_format(layer, "fp8-tensor", ckpt.config)
             other = "fp8-block" if layer.has("weight_scale_inv") else "mxfp8"
             raise SchemeMismatchError(
                 f"{w.name}: the experts are not FP8 with per-tensor scales; use --scheme "
@@ -151,6 +152,7 @@ class Fp8TensorScheme(Scheme):
     # SGLang 0.5.23: TRT-LLM (shard_padded, pad_i_128) and CUTLASS (gate_up_rows), its scalars
     variants = frozenset({"shard_padded", "pad_i_128", "gate_up_rows", "sglang_scalars"})
     non_gated = True
+    form_kinds = ("per_expert",)
 
     def plan_layer(
         self, layer: ExpertLayer, backend: Backend, tp: int, *, layout: Layout = VLLM_LAYOUT

@@ -129,7 +129,7 @@ class Mxfp4Scheme(Scheme):
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         if ("w13", "blocks", -1) not in layer.params:
-            refuse_other_format(layer, "mxfp4")
+            refuse_other_format(layer, "mxfp4", ckpt.config)
             raise SchemeMismatchError(
                 f"{layer.source_names()[0]}: mxfp4 reads gpt-oss experts "
                 "(gate_up_proj_blocks/_scales/_bias); use --scheme auto to pick the scheme "

@@ -97,7 +97,7 @@ class Mxfp8Scheme(Scheme):
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         if weight_dtype(layer) != "F8_E4M3" or "weight_scale_inv" not in layer.param_names():
-            refuse_other_format(layer, "mxfp8")
+            refuse_other_format(layer, "mxfp8", ckpt.config)
         w = layer.tensor("w1", "weight", 0)
         i, h = layer.intermediate_size, layer.hidden_size
         if weight_dtype(layer) == "BF16":

@@ -123,10 +123,19 @@ def synthetic_nvfp4(shape: tuple[int, int], g: torch.Generator, ct: bool = False
     }
 
 
+# (as LLM Compressor's NVFP4 preset writes it: the tensor_group strategy is what vLLM's
+# compressed-tensors config takes for NVFP4, `_is_nvfp4_format`)
+_NVFP4_ARGS = {
+    "num_bits": 4,
+    "type": "float",
+    "symmetric": True,
+    "group_size": 16,
+    "strategy": "tensor_group",
+}
 _CT_NVFP4 = compressed_tensors(
     "nvfp4-pack-quantized",
-    {"num_bits": 4, "type": "float", "group_size": 16},
-    {"num_bits": 4, "type": "float", "group_size": 16},
+    _NVFP4_ARGS | {"dynamic": False},
+    _NVFP4_ARGS | {"dynamic": "local"},
 )
 
 
@@ -142,14 +151,15 @@ class Nvfp4Scheme(Scheme):
     # SGLang's: TRT-LLM's split and unpadded H, its scalars, CUTLASS's padded swizzles apart
     variants = frozenset({"shard_padded", "hidden_padded", "split_scales", "swizzle_apart"})
     non_gated = True  # vLLM's layouts (SGLang's are not proven for non-gated experts)
+    form_kinds = ("per_expert",)
 
     def matches(self, ckpt: Checkpoint, layers: list[ExpertLayer]) -> bool:
         scales = [t for (_, p, _), t in layers[0].params.items() if p == SCALE]
         return weight_dtype(layers[0]) == "U8" and any(t.dtype == "F8_E4M3" for t in scales)
 
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
-        refuse_other_format(layer, "nvfp4")
-        if layer.form.kind != "per_expert":
+        refuse_other_format(layer, "nvfp4", ckpt.config)
+        if layer.form.kind not in self.form_kinds:
             raise SourceError(f"{layer.source_names()[0]}: nvfp4 reads per-expert tensors only")
         require_dtype(layer, "weight", ("U8",), "NVFP4 weights are packed E2M1 bytes")
         require_param(layer, SCALE, "NVFP4 needs an E4M3 scale per 16 values (weight_scale)")

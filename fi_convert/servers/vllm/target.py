@@ -53,6 +53,22 @@ SOURCES_NOT_YET: dict[tuple[str, str | None], str] = {
         "(it builds ModelOpt FP8's and compressed-tensors W8A8 FP8's), so it would refuse the "
         "output"
     ),
+    ("nvfp4", "compressed-tensors"): (
+        "a compressed-tensors NVFP4 source: vLLM 0.33 reads it with "
+        "CompressedTensorsW4A4Nvfp4MoEMethod, whose kernel setup fi-convert's vLLM plugin does "
+        "not build yet (it builds ModelOpt NVFP4's), so it would refuse the output"
+    ),
+    ("mxfp8", "compressed-tensors"): (
+        "a compressed-tensors MXFP8 source: vLLM 0.33 reads it with "
+        "CompressedTensorsW8A8Mxfp8MoEMethod, whose kernel setup fi-convert's vLLM plugin does "
+        "not build yet (it builds ModelOpt MXFP8's), so it would refuse the output"
+    ),
+}
+# what serves instead, for each scheme of SOURCES_NOT_YET
+SOURCES_THAT_SERVE = {
+    "fp8-tensor": "a ModelOpt or compressed-tensors FP8 source",
+    "nvfp4": "a ModelOpt NVFP4 source",
+    "mxfp8": "a ModelOpt MXFP8 source",
 }
 # Architectures of a family that vLLM 0.33 serves through its generic Transformers backend
 # (registry: ("transformers", "TransformersMoEForCausalLM")), whose MoE layer routes with the
@@ -156,7 +172,7 @@ class VllmTarget:
         kernels (TRT-LLM and CUTLASS) take only static ones."""
         why = SOURCES_NOT_YET.get((scheme, quant_method))
         if why:
-            return Refusal(why, "a ModelOpt or compressed-tensors FP8 source")
+            return Refusal(why, SOURCES_THAT_SERVE[scheme])
         if scheme != "fp8-tensor":
             return None
         dynamic = [lay for lay in layers if lay.get("activation_scheme") == "dynamic"]
