@@ -8,6 +8,7 @@ plugins at load. Imports the server, inside each function only.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from collections.abc import Mapping
 from importlib import metadata
@@ -93,7 +94,12 @@ def _load_config(server: str, folder: Path) -> object:
         return get_config(str(folder), False)
     from .sglang import stand_ins
 
-    with stand_ins.installed():
-        from sglang.srt.utils.hf_transformers.config import get_config as sglang_get_config
+    environ = dict(os.environ)  # SGLang's import sets cache-folder defaults: not ours to keep
+    try:
+        with stand_ins.installed():
+            from sglang.srt.utils.hf_transformers.config import get_config as sglang_get_config
 
-        return sglang_get_config(str(folder), False)
+            return sglang_get_config(str(folder), False)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .. import dtypes, jsontext
+from .. import dtypes, jsontext, mistral_format
 from .. import manifest as mf
 from ..errors import FiConvertError
 from ..families import Family, config_field, model_type, recorded, served_architectures
@@ -232,11 +232,11 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
                 f"{where}: source.model_type is {mf.show(src['model_type'])}, {CONFIG_NAME} "
                 f"says {mf.show(model_type(config))}"
             )
-        archs = served_architectures(config)
-        if "architectures" in src and not mf.same(src["architectures"], archs):
+        archs, said = _architectures(root, m, config)
+        if "architectures" in src and said and not mf.same(src["architectures"], archs):
             rep.problems.append(
                 f"{where}: source.architectures is {mf.show(src['architectures'])}, "
-                f"{CONFIG_NAME} says {mf.show(archs)}"
+                f"{said} says {mf.show(archs)}"
             )
         if CONFIG_NAME in m["files"] and not config_marker.is_marked(
             config.get("quantization_config")
@@ -273,6 +273,20 @@ def _moe_problems(src: dict, family: Family, config: dict) -> list[str]:
         for key, value in want.items()
         if not mf.same(src.get(key), value)
     ]
+
+
+def _architectures(root: Path, m: dict, config: dict) -> tuple[list[str], str | None]:
+    """The architectures the output's source had, and the file that says so: its config.json,
+    else (a Mistral-format source's output) its params.json, read as the converter reads it;
+    (_, None) when it cannot be read (check_files says why)."""
+    if CONFIG_NAME in m["files"] or mistral_format.PARAMS_NAME not in m["files"]:
+        return served_architectures(config), CONFIG_NAME
+    p = root / mistral_format.PARAMS_NAME
+    try:
+        params = jsontext.loads(p.read_text())
+        return served_architectures(mistral_format.config(params, p)), mistral_format.PARAMS_NAME
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, FiConvertError, AttributeError):
+        return [], None
 
 
 def _config(root: Path, m: dict, rep: Report) -> dict | None:
