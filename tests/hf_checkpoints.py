@@ -1060,6 +1060,65 @@ def _save_kimi_linear(root: Path, seed: int = 0, **sizes: object) -> Path:
     return root
 
 
+# Qwen4 Exp (Qwen4ExpForConditionalGeneration, model_type qwen4_exp): transformers' own model,
+# tiny: a gated-delta-net layer, then an attention layer with its indexer (QSA), each with
+# Qwen2-MoE's sparse block (4 experts, a gated shared expert), hyper-connections (2 streams), no
+# per-layer n-gram embedding, a one-block vision tower; config.json with the key SGLang's model
+# reads that transformers' config class does not write (QWEN4_EXP_SERVER_KEYS)
+QWEN4_EXP_TEXT = COMMON | dict(
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    num_experts=4,
+    num_experts_per_tok=2,
+    layer_types=["linear_attention", "full_attention"],
+    hc_count=2,
+    hc_lowrank=16,
+    eos_token_id=1,
+    pad_token_id=0,
+    # the QSA indexer: SGLang's fast_topk_v2 takes indexer_budget / indexer_compress_ratio of
+    # 512 or 2048 only (layers/attention/qsa/config.py)
+    indexer_n_heads=2,
+    indexer_kv_heads=1,
+    indexer_head_dim=16,
+    indexer_budget=2048,
+    indexer_compress_ratio=4,
+)
+# SGLang's Qwen3.5 layers (models/qwen3_5.py) read text_config.full_attention_interval, which its
+# config class (a Qwen3NextConfig) takes from config.json alone, as Qwen3.5's published
+# config.json holds it; transformers' Qwen4ExpTextConfig reads it only without layer_types
+QWEN4_EXP_SERVER_KEYS = dict(full_attention_interval=2)
+QWEN4_EXP_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    out_hidden_size=64,
+    patch_size=4,
+    num_position_embeddings=16,
+)
+QWEN4_EXP_TOKENS = dict(
+    image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103
+)
+
+
+def _save_qwen4_exp(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Qwen4ExpConfig(
+        text_config=QWEN4_EXP_TEXT, vision_config=QWEN4_EXP_VISION, **QWEN4_EXP_TOKENS
+    )
+    _write(config, "Qwen4ExpForConditionalGeneration", root, seed)
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"] |= QWEN4_EXP_SERVER_KEYS
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1075,6 +1134,7 @@ def _rename_tensors(root: Path, rename) -> None:
 
 SAVERS = {
     "glm5_next": _save_glm5_next,
+    "qwen4_exp": _save_qwen4_exp,
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,

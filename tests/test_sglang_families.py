@@ -51,7 +51,12 @@ language model's layers built as model.layers.L.mlp.experts: KDA and sparse-MLA 
 hyper-connections, a SwiGLU clamp) in BF16 on both backends, Kimi Linear (KimiLinearForCausalLM:
 a KDA layer, an MLA layer with the MoE block; transformers' tensors under the published
 config.json, tests/hf_checkpoints.py) in BF16 on both backends, K2 Horizon
-(K2HorizonForCausalLM: test_k2_horizon_equals_sglangs_default_load) in BF16 on both backends.
+(K2HorizonForCausalLM: test_k2_horizon_equals_sglangs_default_load) in BF16 on both backends,
+Qwen4 Exp (Qwen4ExpForConditionalGeneration, the whole multimodal model transformers writes: a
+gated-delta-net and an indexed-attention layer, each with Qwen2-MoE's block, hyper-connections;
+its module imports models/qwen3_5.py, whose Mamba kernels ask Triton for the device: the
+stand-in answers as Triton without a GPU) in BF16 on both backends; SGLang's Qwen3-VL vision
+tower builds deepstack mergers no tensor of it fills (UNLOADED), the one thing not compared.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -144,6 +149,7 @@ CASES = {
     "internvl-bf16": ("internvl_chat", None, {}),
     "kimi-vl-bf16": ("kimi_vl", None, {}),
     "kimi-linear-bf16": ("kimi_linear", None, {}),
+    "qwen4-exp-bf16": ("qwen4_exp", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -177,6 +183,8 @@ MOE = {
     # Kimi Linear: a KDA layer (dense MLP), then an MLA one (its MoE block, which SGLang
     # builds as module block_sparse_moe, its layer named mlp.experts)
     "kimi_linear": ["model.layers.1.block_sparse_moe.experts"],
+    # Qwen4 Exp: a gated-delta-net layer and an indexed-attention one, each with the MoE block
+    "qwen4_exp": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -187,6 +195,16 @@ MODULES = {
     "glm4v_moe": ["model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
     "glm5_next": ["model.layers.1.mlp.experts"],
+    "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+}
+# parameters SGLang's model builds that no tensor of the checkpoint fills (left as allocated by
+# either load: not compared, and shown absent from the source): Qwen4 Exp's vision tower is
+# SGLang's Qwen3-VL one, whose config class gives deepstack_visual_indexes [8, 16, 24] where
+# config.json (transformers' Qwen4ExpVisionConfig, which has no deepstack) gives none
+UNLOADED = {
+    "qwen4_exp": {
+        f"visual.deepstack_merger_list.{i}.linear_fc{j}.weight" for i in range(3) for j in (1, 2)
+    },
 }
 # (case, backend, scheme)
 RUNS = [
@@ -238,6 +256,9 @@ RUNS = [
     # Kimi Linear: KDA and MLA layers, sigmoid + bias routing in groups (DeepSeekV3)
     ("kimi-linear-bf16", "trtllm", "bf16"),
     ("kimi-linear-bf16", "cutlass", "bf16"),
+    # Qwen4 Exp: Qwen3.5's layers (its module imports models/qwen3_5.py) with Qwen2-MoE's block
+    ("qwen4-exp-bf16", "trtllm", "bf16"),
+    ("qwen4-exp-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -276,7 +297,12 @@ def test_a_whole_model_of_the_family_equals_sglangs_default_load(
         moe = _moe(theirs)
         assert sorted(moe) == MODULES.get(kind, MOE[kind])
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
-        assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+        different, states = _differences(ours, theirs)
+        assert set(different) <= UNLOADED.get(kind, set()), f"rank {rank} of {tp}"
+        assert states == {}, f"rank {rank} of {tp}"
+    if kind in UNLOADED:
+        stored = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+        assert not [n for n in stored if n.startswith("model.visual.deepstack")]
 
 
 def _sglangs_own_architectures() -> set[str]:
