@@ -561,12 +561,30 @@ OMNI = dict(
 )
 
 
+# the thinker's vision_config keys vLLM's model reads (models/qwen3_omni_moe_thinker.py) that
+# transformers' Qwen3OmniMoeVisionEncoderConfig does not write: image_size (its position grid
+# image_size / patch_size a side: 768 / 16 = 48, a grid of its 2304 position embeddings; here
+# 4 x 4, a grid of 16) and apply_vit_abs_pos_embed (the position embedding an nn.Embedding, as
+# transformers' model stores it: pos_embed.weight)
+OMNI_SERVER_KEYS = dict(image_size=16, apply_vit_abs_pos_embed=True)
+# and the thinker's text_config key it reads (config.tie_word_embeddings), which transformers
+# 4's configs wrote into every sub-config (false for Qwen3-Omni) and transformers 5.20's
+# Qwen3OmniMoeTextConfig does not
+OMNI_TEXT_SERVER_KEYS = dict(tie_word_embeddings=False)
+
+
 def _save_qwen3_omni(root: Path, seed: int = 0) -> Path:
     import transformers
 
-    return _write(
+    _write(
         transformers.Qwen3OmniMoeConfig(**OMNI), "Qwen3OmniMoeForConditionalGeneration", root, seed
     )
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["thinker_config"]["vision_config"] |= OMNI_SERVER_KEYS
+    cfg["thinker_config"]["text_config"] |= OMNI_TEXT_SERVER_KEYS
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
 
 
 # GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): GLM-4.5's text MoE (layer 0 dense,
@@ -580,11 +598,12 @@ GLM4V_TEXT = COMMON | dict(
     first_k_dense_replace=1,
     n_group=1,
     topk_group=1,
-    # as published (zai-org/GLM-4.5V: M-RoPE over half of each head)
+    # as published (zai-org/GLM-4.5V: M-RoPE over half of each head, its sections [8, 12, 12]
+    # summing to half the rotary dimension, as vLLM asserts: here 16 x 0.5 / 2)
     rope_parameters={
         "rope_type": "default",
         "rope_theta": 1e4,
-        "mrope_section": [2, 2, 4],
+        "mrope_section": [1, 1, 2],
         "partial_rotary_factor": 0.5,
     },
 )
@@ -599,15 +618,25 @@ GLM4V_VISION = dict(
 )
 
 
+# the text_config key vLLM's model reads (models/glm4_moe.py: config.use_qk_norm) that
+# transformers' Glm4vMoeTextConfig does not write: GLM-4.5-Air's config.json gives it false
+GLM4V_SERVER_KEYS = dict(use_qk_norm=False)
+
+
 def _save_glm4v_moe(root: Path, seed: int = 0) -> Path:
     import transformers
 
-    return _write(
+    _write(
         transformers.Glm4vMoeConfig(text_config=GLM4V_TEXT, vision_config=GLM4V_VISION),
         "Glm4vMoeForConditionalGeneration",
         root,
         seed,
     )
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"] |= GLM4V_SERVER_KEYS
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
 
 
 # LongCat-Flash: one layer of two MLA attentions, two dense MLPs (mlps.0, mlps.1) and a MoE of

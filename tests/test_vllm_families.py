@@ -16,8 +16,9 @@ the attention layers hold no weights), the platform's device type ("cpu", where 
 allocates its indexer's buffer) and a one-process gloo group for vLLM's pipeline-parallel
 checks.
 
-GLM-5 Next's and Step3-VL's packages import image processors (transformers' Glm4v one, vLLM's
-Step3-VL one) that import torchvision (absent from this CPU install): each is imported beside
+GLM-5 Next's, Step3-VL's, GLM-4.5V's and the Qwen3-Omni-MoE thinker's modules import image
+processors (transformers' Glm4v and Qwen2-VL ones, vLLM's Step3-VL one) that import torchvision
+(absent from this CPU install): each is imported beside
 stand-ins for torchvision's modules
 (torchvision_stand_in: permissive modules, gone again after the import; no image is
 processed), vLLM's registry entry for its class is that imported class for the test
@@ -91,7 +92,14 @@ writes, with the text_config fields vLLM's model reads that transformers' config
 write, tests/hf_checkpoints.py), Step3-VL (Step3VLForConditionalGeneration as stepfun-ai/step3
 publishes it, bf16 on both backends: Step-3's packed experts in its language model, a layer
 vLLM names language_model.layers.L.moe.experts in the module language_model.model.layers.L.
-moe.experts, tests/family_forms_models.py) and Mistral
+moe.experts, tests/family_forms_models.py), GLM-4.5V (Glm4vMoeForConditionalGeneration, the
+whole multimodal model transformers writes; its config.json's text_config with use_qk_norm, which
+vLLM's model reads and transformers 5.20's config class does not write) and Qwen3-Omni-MoE (the
+whole model transformers writes, which vLLM's registry builds as its thinker,
+Qwen3OmniMoeThinkerForConditionalGeneration; the keys vLLM's thinker reads that transformers
+5.20's config classes do not write: the vision tower's image_size and apply_vit_abs_pos_embed,
+the text model's tie_word_embeddings, tests/hf_checkpoints.py), each bf16 on both backends, and
+Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
 
@@ -122,14 +130,8 @@ Not proven here, and why:
   proven in BF16, with the names and a config module of tests/remote_code_checkpoints.py:
   transformers 5.20 has no Ling 2.0 model, its checkpoints ship their config class as remote
   code);
-- the Qwen3-Omni-MoE thinker (Qwen3OmniMoeThinkerForConditionalGeneration): its module imports
-  vLLM's Qwen2-VL code, which imports transformers' Qwen2-VL image processor, which needs
-  torchvision, absent from this CPU install (tests/test_sglang_families.py proves it through
-  SGLang's model);
-- GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): vLLM's models/glm4_1v.py imports
-  transformers' Glm4v image processor, which imports torchvision, absent from this CPU install:
-  the model class cannot be imported here (tests/test_sglang_families.py proves the family
-  through SGLang's whole model);
+- Qwen4 Exp (vllm.models.qwen4_exp's Qwen4ExpForConditionalGeneration): not run through vLLM's
+  class here yet (tests/test_sglang_families.py proves the family through SGLang's whole model);
 - Gemma 4 as published, whole (Gemma4ForConditionalGeneration, the experts under
   model.language_model.): vLLM's models/gemma4_mm.py imports transformers' Gemma4Processor,
   which needs torchvision, absent from this CPU install (the text model, whose load_weights maps
@@ -350,6 +352,17 @@ CASES = {
         None,
         {},
     ),
+    # GLM-4.5V, the whole multimodal model transformers writes (GLM-4.5's MoE under
+    # model.language_model, a vision tower); its module imports torchvision (TORCHVISION)
+    "glm4v-bf16": ("glm4v_moe", "glm4_1v.Glm4vMoeForConditionalGeneration", None, {}),
+    # Qwen3-Omni-MoE, the whole model transformers writes: vLLM's registry builds its thinker
+    # (Qwen3OmniMoeThinkerForConditionalGeneration); its module imports torchvision too
+    "omni-bf16": (
+        "qwen3_omni_moe",
+        "qwen3_omni_moe_thinker.Qwen3OmniMoeThinkerForConditionalGeneration",
+        None,
+        {},
+    ),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
@@ -464,6 +477,10 @@ RUNS = [
     ("kimi-linear-bf16", "cutlass", "bf16"),
     ("k2-horizon-bf16", "trtllm", "bf16"),
     ("k2-horizon-bf16", "cutlass", "bf16"),
+    ("glm4v-bf16", "trtllm", "bf16"),
+    ("glm4v-bf16", "cutlass", "bf16"),
+    ("omni-bf16", "trtllm", "bf16"),
+    ("omni-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -527,7 +544,7 @@ def sources(tmp_path_factory):
 NO_JIT_WARMUP = ("glm5-next-bf16",)
 # cases whose model's package imports transformers' image processors, which import torchvision
 # (absent from this CPU install): imported beside a stand-in for it (torchvision_stand_in)
-TORCHVISION = ("glm5-next-bf16", "step3-vl-bf16")
+TORCHVISION = ("glm5-next-bf16", "step3-vl-bf16", "glm4v-bf16", "omni-bf16")
 TORCHVISION_MODULES = (
     "torchvision",
     "torchvision.transforms",
@@ -570,10 +587,18 @@ def torchvision_stand_in():
 def _registered_in_process(model_cls):
     """vLLM's registry entry of the class's architecture as the class imported here, for the
     test only: vLLM's model config inspects a lazily registered class in a subprocess of its
-    own, which imports its package without the torchvision stand-in."""
-    from vllm.model_executor.models.registry import ModelRegistry, _RegisteredModel
+    own, which imports its package without the torchvision stand-in. Every architecture the
+    registry builds with that class (Qwen3-Omni-MoE's Qwen3OmniMoeForConditionalGeneration is
+    Qwen3OmniMoeThinkerForConditionalGeneration)."""
+    from vllm.model_executor.models.registry import (
+        _VLLM_MODELS,
+        ModelRegistry,
+        _RegisteredModel,
+    )
 
-    entry = {model_cls.__name__: _RegisteredModel.from_model_cls(model_cls)}
+    name = model_cls.__name__
+    archs = {name} | {a for a, (_, cls) in _VLLM_MODELS.items() if cls == name}
+    entry = dict.fromkeys(archs, _RegisteredModel.from_model_cls(model_cls))
     with mock.patch.dict(ModelRegistry.models, entry):
         yield
 
