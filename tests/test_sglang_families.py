@@ -159,8 +159,8 @@ CASES = {
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
-# module cannot be imported on CPU, where the Mamba kernels it imports ask Triton, a stand-in
-# here, for the device: sglang/kernels/ops/attention/fla/utils.py, getattr(torch, device))
+# module cannot be imported on CPU, where it imports SGLang's model runner, whose distributed
+# bootstrap imports uvicorn, which this install lacks)
 MOE = {
     "glm4_moe": ["model.layers.1.mlp.experts"],
     "minimax_m2": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
@@ -689,6 +689,50 @@ def test_sglangs_laguna_load_asks_every_expert_tensor_itself(tmp_path):
     with pytest.raises(SchemeMismatchError, match="counts the routed experts"):
         _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
     assert not (tmp_path / "out").exists()
+
+
+def test_sglangs_intern_s2_load_asks_every_expert_tensor_itself():
+    """Why Intern-S2 (InternS2MobiusForConditionalGeneration) has no family: SGLang 0.5.23's
+    load_weights (models/interns2_mobius.py, _load_mobius_weights_strict) counts every slot it
+    fills, each routed expert's w1, w3 and w2 of every meta_mlp bank among them, and refuses a
+    load that leaves any unfilled, so a load that fills its MoE layers otherwise (the plugin's:
+    SGLang's load_weights over the output's non-expert tensors, then the stacked experts) is
+    refused by SGLang's own model, as Laguna's is. Shown on its own function with an owner
+    holding one bank's FusedMoE parameters and an embedding; a load handing the bank's fused
+    expert tensors fills them all."""
+    import types
+
+    from torch import nn
+
+    from tests import sglang_moe as sm
+
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.models.interns2_mobius import _load_mobius_weights_strict
+
+    def loader(parameter, weight, *where):
+        names.append(where)
+
+    def param(*shape: int) -> nn.Parameter:
+        p = nn.Parameter(torch.zeros(shape), requires_grad=False)
+        p.weight_loader = loader  # type: ignore[attr-defined]
+        return p
+
+    names: list[tuple] = []
+    owner, model, embed_tokens, bank, experts = (nn.Module() for _ in range(5))
+    owner.model, model.embed_tokens, model.meta_mlp = model, embed_tokens, nn.ModuleList([bank])
+    embed_tokens.weight, bank.experts = param(8, 4), experts
+    experts.w13_weight, experts.w2_weight = param(2, 6, 4), param(2, 4, 3)
+    config = types.SimpleNamespace(num_experts=2, tie_word_embeddings=False)
+    embed = [("model.language_model.embed_tokens.weight", torch.ones(8, 4))]
+    with pytest.raises(ValueError, match=r"Mobius weight coverage failure; missing destinations"):
+        _load_mobius_weights_strict(owner, config, embed)
+    names.clear()
+    experts = [
+        ("model.language_model.meta_mlp.0.experts.gate_up_proj", torch.ones(2, 6, 4)),
+        ("model.language_model.meta_mlp.0.experts.down_proj", torch.ones(2, 4, 3)),
+    ]
+    assert len(_load_mobius_weights_strict(owner, config, embed + experts)) == 3
+    assert len(names) == 1 + 2 * 3  # the embedding, each expert's w1, w3 and w2
 
 
 def test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused(tmp_path):
