@@ -1105,7 +1105,10 @@ QWEN4_EXP_TEXT = COMMON | dict(
     num_experts_per_tok=2,
     layer_types=["linear_attention", "full_attention"],
     hc_count=2,
-    hc_lowrank=16,
+    # hc_lowrank + hc_count a multiple of 16: vLLM pads its fused hyper-connection projection
+    # (input_mix_weight_down_block_inject) up to one, with rows no tensor fills (nvidia/
+    # hyperconnection.py pad_size, split off unused; the published 320 + 4: 12 such rows)
+    hc_lowrank=14,
     eos_token_id=1,
     pad_token_id=0,
     # the QSA indexer: SGLang's fast_topk_v2 takes indexer_budget / indexer_compress_ratio of
@@ -1119,7 +1122,15 @@ QWEN4_EXP_TEXT = COMMON | dict(
 # SGLang's Qwen3.5 layers (models/qwen3_5.py) read text_config.full_attention_interval, which its
 # config class (a Qwen3NextConfig) takes from config.json alone, as Qwen3.5's published
 # config.json holds it; transformers' Qwen4ExpTextConfig reads it only without layer_types
-QWEN4_EXP_SERVER_KEYS = dict(full_attention_interval=2)
+# config.json's output_gate_type: transformers writes null (its gated-delta-net's output gate
+# then takes hidden_act, silu), which vLLM's (layers/mamba/gdn/qwen_gdn_linear_attn.py: silu
+# only where the key is absent) asserts against; "silu" says the same to all three
+QWEN4_EXP_SERVER_KEYS = dict(full_attention_interval=2, output_gate_type="silu")
+# both servers build Qwen3-VL's vision tower, which reads vision_config.deepstack_visual_indexes
+# (vLLM's model asks it; SGLang's config class gives [8, 16, 24] where config.json does not):
+# transformers' Qwen4ExpVisionConfig does not write it, and its model has no deepstack mergers,
+# so none: []
+QWEN4_EXP_VISION_SERVER_KEYS = dict(deepstack_visual_indexes=[])
 QWEN4_EXP_VISION = dict(
     depth=1,
     hidden_size=32,
@@ -1144,6 +1155,7 @@ def _save_qwen4_exp(root: Path, seed: int = 0) -> Path:
     path = root / "config.json"
     cfg = json.loads(path.read_text())
     cfg["text_config"] |= QWEN4_EXP_SERVER_KEYS
+    cfg["vision_config"] |= QWEN4_EXP_VISION_SERVER_KEYS
     path.write_text(json.dumps(cfg, indent=2))
     return root
 
