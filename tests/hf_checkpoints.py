@@ -1160,6 +1160,43 @@ def _save_qwen4_exp(root: Path, seed: int = 0) -> Path:
     return root
 
 
+# Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration, model_type qwen3_5_moe): transformers' own
+# model, tiny: a gated-delta-net layer then a full-attention one, each with Qwen2-MoE's block (4
+# experts, a gated shared expert), a one-block vision tower; config.json with the key SGLang's
+# layers read that transformers' config class does not write (as Qwen3.5's published
+# config.json holds it: full_attention_interval), and vision_config.deepstack_visual_indexes []
+# as for Qwen4 Exp
+QWEN3_5_MOE_TEXT = COMMON | dict(
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    num_experts=4,
+    num_experts_per_tok=2,
+    layer_types=["linear_attention", "full_attention"],
+    eos_token_id=1,
+    pad_token_id=0,
+)
+QWEN3_5_MOE_SERVER_KEYS = dict(full_attention_interval=2)
+
+
+def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Qwen3_5MoeConfig(
+        text_config=QWEN3_5_MOE_TEXT, vision_config=QWEN4_EXP_VISION, **QWEN4_EXP_TOKENS
+    )
+    _write(config, "Qwen3_5MoeForConditionalGeneration", root, seed)
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"] |= QWEN3_5_MOE_SERVER_KEYS
+    cfg["vision_config"] |= QWEN4_EXP_VISION_SERVER_KEYS  # (no deepstack mergers either)
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1176,6 +1213,7 @@ def _rename_tensors(root: Path, rename) -> None:
 SAVERS = {
     "glm5_next": _save_glm5_next,
     "qwen4_exp": _save_qwen4_exp,
+    "qwen3_5_moe": _save_qwen3_5_moe,
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,

@@ -55,7 +55,8 @@ config.json, tests/hf_checkpoints.py) in BF16 on both backends, K2 Horizon
 Qwen4 Exp (Qwen4ExpForConditionalGeneration, the whole multimodal model transformers writes: a
 gated-delta-net and an indexed-attention layer, each with Qwen2-MoE's block, hyper-connections;
 its module imports models/qwen3_5.py, whose Mamba kernels ask Triton for the device: the
-stand-in answers as Triton without a GPU) in BF16 on both backends.
+stand-in answers as Triton without a GPU) and Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration,
+the whole multimodal model transformers writes, the same module) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -149,6 +150,7 @@ CASES = {
     "kimi-vl-bf16": ("kimi_vl", None, {}),
     "kimi-linear-bf16": ("kimi_linear", None, {}),
     "qwen4-exp-bf16": ("qwen4_exp", None, {}),
+    "qwen3-5-moe-bf16": ("qwen3_5_moe", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -184,6 +186,7 @@ MOE = {
     "kimi_linear": ["model.layers.1.block_sparse_moe.experts"],
     # Qwen4 Exp: a gated-delta-net layer and an indexed-attention one, each with the MoE block
     "qwen4_exp": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "qwen3_5_moe": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -195,6 +198,7 @@ MODULES = {
     "gemma4": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
     "glm5_next": ["model.layers.1.mlp.experts"],
     "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -249,6 +253,9 @@ RUNS = [
     # Qwen4 Exp: Qwen3.5's layers (its module imports models/qwen3_5.py) with Qwen2-MoE's block
     ("qwen4-exp-bf16", "trtllm", "bf16"),
     ("qwen4-exp-bf16", "cutlass", "bf16"),
+    # Qwen3.5 MoE, the whole multimodal model (models/qwen3_5.py, importable beside the stand-in)
+    ("qwen3-5-moe-bf16", "trtllm", "bf16"),
+    ("qwen3-5-moe-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

@@ -102,7 +102,9 @@ the text model's tie_word_embeddings, tests/hf_checkpoints.py), Qwen4 Exp
 (vllm.models.qwen4_exp's Qwen4ExpForConditionalGeneration, the whole multimodal model
 transformers writes: gated-delta-net and QSA attention layers, hyper-connections; its QSA
 attention's FlashAttention probe answered yes, KERNEL_PROBES, and its top-k scratch buffer not
-compared, SCRATCH_BUFFERS), each bf16 on both backends, and
+compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGeneration, the whole
+multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
+renormalizes, as the family reads it), each bf16 on both backends, and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -372,6 +374,8 @@ CASES = {
         None,
         {},
     ),
+    # Qwen3.5 MoE, the whole multimodal model transformers writes (tests/hf_checkpoints.py)
+    "qwen3-5-moe-bf16": ("qwen3_5_moe", "qwen3_5.Qwen3_5MoeForConditionalGeneration", None, {}),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
@@ -498,6 +502,8 @@ RUNS = [
     ("omni-bf16", "cutlass", "bf16"),
     ("qwen4-exp-bf16", "trtllm", "bf16"),
     ("qwen4-exp-bf16", "cutlass", "bf16"),
+    ("qwen3-5-moe-bf16", "trtllm", "bf16"),
+    ("qwen3-5-moe-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -561,7 +567,14 @@ def sources(tmp_path_factory):
 NO_JIT_WARMUP = ("glm5-next-bf16",)
 # cases whose model's package imports transformers' image processors, which import torchvision
 # (absent from this CPU install): imported beside a stand-in for it (torchvision_stand_in)
-TORCHVISION = ("glm5-next-bf16", "step3-vl-bf16", "glm4v-bf16", "omni-bf16", "qwen4-exp-bf16")
+TORCHVISION = (
+    "glm5-next-bf16",
+    "step3-vl-bf16",
+    "glm4v-bf16",
+    "omni-bf16",
+    "qwen4-exp-bf16",
+    "qwen3-5-moe-bf16",
+)
 TORCHVISION_MODULES = (
     "torchvision",
     "torchvision.transforms",
@@ -1188,3 +1201,25 @@ def test_building_a_transformers_backend_model_leaves_transformers_own_classes(s
         assert cls.__bases__ != before[0]  # (vLLM's decoration, while its model is built)
     assert (cls.__bases__, dict(cls.__dict__)) == before
     assert hf.save("hunyuan_v1_moe", tmp_path / "again").is_dir()
+
+
+def test_a_qwen3_5_moe_config_without_norm_topk_prob_renormalizes_as_vllm_builds(sources):
+    """Qwen3.5 MoE's config.json as transformers 5.20 writes it has no norm_topk_prob (its
+    router renormalizes unconditionally); vLLM 0.33's block reads it with default true
+    (qwen3_next.py: getattr(config, "norm_topk_prob", True)) and routes RenormalizeNaive: so
+    does the family fi-convert takes it as (the Qwen3-MoE family's default, false, read it as
+    Default routing and refused TRT-LLM for vLLM)."""
+    from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
+
+    from fi_convert.source import find_family, open_checkpoint
+
+    src = sources("qwen3-5-moe-bf16")
+    ckpt = open_checkpoint(src)
+    assert "norm_topk_prob" not in ckpt.config["text_config"]
+    fam, _ = find_family(ckpt)
+    assert fam is not None and fam.name == "qwen3.5-moe"
+    assert fam.moe.routing(ckpt.config) == "RenormalizeNaive"
+    with vllm_model("qwen3-5-moe-bf16", src, "cutlass", 1, 0) as (model, _):
+        routers = [m.router for m in _moe(model).values()]
+    assert len(routers) == 2
+    assert {r.routing_method_type for r in routers} == {RoutingMethodType.RenormalizeNaive}
