@@ -561,12 +561,30 @@ OMNI = dict(
 )
 
 
+# the thinker's vision_config keys vLLM's model reads (models/qwen3_omni_moe_thinker.py) that
+# transformers' Qwen3OmniMoeVisionEncoderConfig does not write: image_size (its position grid
+# image_size / patch_size a side: 768 / 16 = 48, a grid of its 2304 position embeddings; here
+# 4 x 4, a grid of 16) and apply_vit_abs_pos_embed (the position embedding an nn.Embedding, as
+# transformers' model stores it: pos_embed.weight)
+OMNI_SERVER_KEYS = dict(image_size=16, apply_vit_abs_pos_embed=True)
+# and the thinker's text_config key it reads (config.tie_word_embeddings), which transformers
+# 4's configs wrote into every sub-config (false for Qwen3-Omni) and transformers 5.20's
+# Qwen3OmniMoeTextConfig does not
+OMNI_TEXT_SERVER_KEYS = dict(tie_word_embeddings=False)
+
+
 def _save_qwen3_omni(root: Path, seed: int = 0) -> Path:
     import transformers
 
-    return _write(
+    _write(
         transformers.Qwen3OmniMoeConfig(**OMNI), "Qwen3OmniMoeForConditionalGeneration", root, seed
     )
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["thinker_config"]["vision_config"] |= OMNI_SERVER_KEYS
+    cfg["thinker_config"]["text_config"] |= OMNI_TEXT_SERVER_KEYS
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
 
 
 # GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): GLM-4.5's text MoE (layer 0 dense,
@@ -580,11 +598,12 @@ GLM4V_TEXT = COMMON | dict(
     first_k_dense_replace=1,
     n_group=1,
     topk_group=1,
-    # as published (zai-org/GLM-4.5V: M-RoPE over half of each head)
+    # as published (zai-org/GLM-4.5V: M-RoPE over half of each head, its sections [8, 12, 12]
+    # summing to half the rotary dimension, as vLLM asserts: here 16 x 0.5 / 2)
     rope_parameters={
         "rope_type": "default",
         "rope_theta": 1e4,
-        "mrope_section": [2, 2, 4],
+        "mrope_section": [1, 1, 2],
         "partial_rotary_factor": 0.5,
     },
 )
@@ -599,15 +618,25 @@ GLM4V_VISION = dict(
 )
 
 
+# the text_config key vLLM's model reads (models/glm4_moe.py: config.use_qk_norm) that
+# transformers' Glm4vMoeTextConfig does not write: GLM-4.5-Air's config.json gives it false
+GLM4V_SERVER_KEYS = dict(use_qk_norm=False)
+
+
 def _save_glm4v_moe(root: Path, seed: int = 0) -> Path:
     import transformers
 
-    return _write(
+    _write(
         transformers.Glm4vMoeConfig(text_config=GLM4V_TEXT, vision_config=GLM4V_VISION),
         "Glm4vMoeForConditionalGeneration",
         root,
         seed,
     )
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"] |= GLM4V_SERVER_KEYS
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
 
 
 # LongCat-Flash: one layer of two MLA attentions, two dense MLPs (mlps.0, mlps.1) and a MoE of
@@ -1060,6 +1089,114 @@ def _save_kimi_linear(root: Path, seed: int = 0, **sizes: object) -> Path:
     return root
 
 
+# Qwen4 Exp (Qwen4ExpForConditionalGeneration, model_type qwen4_exp): transformers' own model,
+# tiny: a gated-delta-net layer, then an attention layer with its indexer (QSA), each with
+# Qwen2-MoE's sparse block (4 experts, a gated shared expert), hyper-connections (2 streams), no
+# per-layer n-gram embedding, a one-block vision tower; config.json with the key SGLang's model
+# reads that transformers' config class does not write (QWEN4_EXP_SERVER_KEYS)
+QWEN4_EXP_TEXT = COMMON | dict(
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    num_experts=4,
+    num_experts_per_tok=2,
+    layer_types=["linear_attention", "full_attention"],
+    hc_count=2,
+    # hc_lowrank + hc_count a multiple of 16: vLLM pads its fused hyper-connection projection
+    # (input_mix_weight_down_block_inject) up to one, with rows no tensor fills (nvidia/
+    # hyperconnection.py pad_size, split off unused; the published 320 + 4: 12 such rows)
+    hc_lowrank=14,
+    eos_token_id=1,
+    pad_token_id=0,
+    # the QSA indexer: SGLang's fast_topk_v2 takes indexer_budget / indexer_compress_ratio of
+    # 512 or 2048 only (layers/attention/qsa/config.py)
+    indexer_n_heads=2,
+    indexer_kv_heads=1,
+    indexer_head_dim=16,
+    indexer_budget=2048,
+    indexer_compress_ratio=4,
+)
+# SGLang's Qwen3.5 layers (models/qwen3_5.py) read text_config.full_attention_interval, which its
+# config class (a Qwen3NextConfig) takes from config.json alone, as Qwen3.5's published
+# config.json holds it; transformers' Qwen4ExpTextConfig reads it only without layer_types
+# config.json's output_gate_type: transformers writes null (its gated-delta-net's output gate
+# then takes hidden_act, silu), which vLLM's (layers/mamba/gdn/qwen_gdn_linear_attn.py: silu
+# only where the key is absent) asserts against; "silu" says the same to all three
+QWEN4_EXP_SERVER_KEYS = dict(full_attention_interval=2, output_gate_type="silu")
+# both servers build Qwen3-VL's vision tower, which reads vision_config.deepstack_visual_indexes
+# (vLLM's model asks it; SGLang's config class gives [8, 16, 24] where config.json does not):
+# transformers' Qwen4ExpVisionConfig does not write it, and its model has no deepstack mergers,
+# so none: []
+QWEN4_EXP_VISION_SERVER_KEYS = dict(deepstack_visual_indexes=[])
+QWEN4_EXP_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    out_hidden_size=64,
+    patch_size=4,
+    num_position_embeddings=16,
+)
+QWEN4_EXP_TOKENS = dict(
+    image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103
+)
+
+
+def _save_qwen4_exp(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Qwen4ExpConfig(
+        text_config=QWEN4_EXP_TEXT, vision_config=QWEN4_EXP_VISION, **QWEN4_EXP_TOKENS
+    )
+    _write(config, "Qwen4ExpForConditionalGeneration", root, seed)
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"] |= QWEN4_EXP_SERVER_KEYS
+    cfg["vision_config"] |= QWEN4_EXP_VISION_SERVER_KEYS
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
+# Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration, model_type qwen3_5_moe): transformers' own
+# model, tiny: a gated-delta-net layer then a full-attention one, each with Qwen2-MoE's block (4
+# experts, a gated shared expert), a one-block vision tower; config.json with the key SGLang's
+# layers read that transformers' config class does not write (as Qwen3.5's published
+# config.json holds it: full_attention_interval), and vision_config.deepstack_visual_indexes []
+# as for Qwen4 Exp
+QWEN3_5_MOE_TEXT = COMMON | dict(
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    num_experts=4,
+    num_experts_per_tok=2,
+    layer_types=["linear_attention", "full_attention"],
+    eos_token_id=1,
+    pad_token_id=0,
+)
+QWEN3_5_MOE_SERVER_KEYS = dict(full_attention_interval=2)
+
+
+def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Qwen3_5MoeConfig(
+        text_config=QWEN3_5_MOE_TEXT, vision_config=QWEN4_EXP_VISION, **QWEN4_EXP_TOKENS
+    )
+    _write(config, "Qwen3_5MoeForConditionalGeneration", root, seed)
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"] |= QWEN3_5_MOE_SERVER_KEYS
+    cfg["vision_config"] |= QWEN4_EXP_VISION_SERVER_KEYS  # (no deepstack mergers either)
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1075,6 +1212,8 @@ def _rename_tensors(root: Path, rename) -> None:
 
 SAVERS = {
     "glm5_next": _save_glm5_next,
+    "qwen4_exp": _save_qwen4_exp,
+    "qwen3_5_moe": _save_qwen3_5_moe,
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,

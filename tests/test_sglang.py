@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from importlib import metadata
 
@@ -702,6 +703,26 @@ def test_stand_ins_leave_no_trace(sglang_layers):
     # SGLang's import points these caches at its own folder (setdefault): undone after
     caches = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
     assert "sglang" not in " ".join(os.environ.get(k, "") for k in caches).lower()
+
+
+def test_the_triton_stand_in_has_no_active_driver_as_triton_without_a_gpu():
+    """`triton.runtime.driver.active` raises in the stand-in, as real Triton's DriverConfig does
+    where no driver is active; SGLang's code that asks Triton for the device takes its CPU
+    fallback (kernels/ops/attention/fla/utils.py, which models/qwen3_5.py's Mamba kernels
+    import: before, `getattr(torch, <stand-in>)` failed their import)."""
+    import importlib
+
+    from fi_convert.servers.sglang.stand_ins import NO_DRIVER, _StubModule, installed
+
+    with installed():  # (only SGLang's own imports get the stand-ins)
+        fla = importlib.import_module("sglang.kernels.ops.attention.fla.utils")
+        assert (fla.get_available_device(), fla.device_torch_lib) == ("cpu", torch.cpu)
+        assert importlib.import_module("sglang.srt.models.qwen3_5").Qwen3_5ForCausalLM
+    driver = _StubModule("triton.runtime.driver")  # as `import triton.runtime.driver` gives it
+    for active in (lambda: fla.triton.runtime.driver.active, lambda: driver.active):
+        with pytest.raises(RuntimeError, match=re.escape(NO_DRIVER)):
+            active()
+    assert callable(fla.triton.runtime.driver.set_active)  # anything else answers
 
 
 def test_the_cpu_scale_swizzle_refuses_a_shape_not_checked_on_the_gpu():

@@ -51,7 +51,12 @@ language model's layers built as model.layers.L.mlp.experts: KDA and sparse-MLA 
 hyper-connections, a SwiGLU clamp) in BF16 on both backends, Kimi Linear (KimiLinearForCausalLM:
 a KDA layer, an MLA layer with the MoE block; transformers' tensors under the published
 config.json, tests/hf_checkpoints.py) in BF16 on both backends, K2 Horizon
-(K2HorizonForCausalLM: test_k2_horizon_equals_sglangs_default_load) in BF16 on both backends.
+(K2HorizonForCausalLM: test_k2_horizon_equals_sglangs_default_load) in BF16 on both backends,
+Qwen4 Exp (Qwen4ExpForConditionalGeneration, the whole multimodal model transformers writes: a
+gated-delta-net and an indexed-attention layer, each with Qwen2-MoE's block, hyper-connections;
+its module imports models/qwen3_5.py, whose Mamba kernels ask Triton for the device: the
+stand-in answers as Triton without a GPU) and Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration,
+the whole multimodal model transformers writes, the same module) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -144,6 +149,8 @@ CASES = {
     "internvl-bf16": ("internvl_chat", None, {}),
     "kimi-vl-bf16": ("kimi_vl", None, {}),
     "kimi-linear-bf16": ("kimi_linear", None, {}),
+    "qwen4-exp-bf16": ("qwen4_exp", None, {}),
+    "qwen3-5-moe-bf16": ("qwen3_5_moe", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -153,8 +160,8 @@ CASES = {
 }
 # the MoE modules SGLang's model builds for each transformers model
 # (Nemotron-H is proven at SGLang's MoE level only, tests/test_sglang_non_gated.py: its model
-# module cannot be imported on CPU, where the Mamba kernels it imports ask Triton, a stand-in
-# here, for the device: sglang/kernels/ops/attention/fla/utils.py, getattr(torch, device))
+# module cannot be imported on CPU, where it imports SGLang's model runner, whose distributed
+# bootstrap imports uvicorn, which this install lacks)
 MOE = {
     "glm4_moe": ["model.layers.1.mlp.experts"],
     "minimax_m2": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
@@ -177,6 +184,9 @@ MOE = {
     # Kimi Linear: a KDA layer (dense MLP), then an MLA one (its MoE block, which SGLang
     # builds as module block_sparse_moe, its layer named mlp.experts)
     "kimi_linear": ["model.layers.1.block_sparse_moe.experts"],
+    # Qwen4 Exp: a gated-delta-net layer and an indexed-attention one, each with the MoE block
+    "qwen4_exp": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "qwen3_5_moe": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -187,6 +197,8 @@ MODULES = {
     "glm4v_moe": ["model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
     "glm5_next": ["model.layers.1.mlp.experts"],
+    "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -238,6 +250,12 @@ RUNS = [
     # Kimi Linear: KDA and MLA layers, sigmoid + bias routing in groups (DeepSeekV3)
     ("kimi-linear-bf16", "trtllm", "bf16"),
     ("kimi-linear-bf16", "cutlass", "bf16"),
+    # Qwen4 Exp: Qwen3.5's layers (its module imports models/qwen3_5.py) with Qwen2-MoE's block
+    ("qwen4-exp-bf16", "trtllm", "bf16"),
+    ("qwen4-exp-bf16", "cutlass", "bf16"),
+    # Qwen3.5 MoE, the whole multimodal model (models/qwen3_5.py, importable beside the stand-in)
+    ("qwen3-5-moe-bf16", "trtllm", "bf16"),
+    ("qwen3-5-moe-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -663,6 +681,50 @@ def test_sglangs_laguna_load_asks_every_expert_tensor_itself(tmp_path):
     with pytest.raises(SchemeMismatchError, match="counts the routed experts"):
         _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
     assert not (tmp_path / "out").exists()
+
+
+def test_sglangs_intern_s2_load_asks_every_expert_tensor_itself():
+    """Why Intern-S2 (InternS2MobiusForConditionalGeneration) has no family: SGLang 0.5.23's
+    load_weights (models/interns2_mobius.py, _load_mobius_weights_strict) counts every slot it
+    fills, each routed expert's w1, w3 and w2 of every meta_mlp bank among them, and refuses a
+    load that leaves any unfilled, so a load that fills its MoE layers otherwise (the plugin's:
+    SGLang's load_weights over the output's non-expert tensors, then the stacked experts) is
+    refused by SGLang's own model, as Laguna's is. Shown on its own function with an owner
+    holding one bank's FusedMoE parameters and an embedding; a load handing the bank's fused
+    expert tensors fills them all."""
+    import types
+
+    from torch import nn
+
+    from tests import sglang_moe as sm
+
+    with sm.sglang_context("trtllm", 1, 0):
+        from sglang.srt.models.interns2_mobius import _load_mobius_weights_strict
+
+    def loader(parameter, weight, *where):
+        names.append(where)
+
+    def param(*shape: int) -> nn.Parameter:
+        p = nn.Parameter(torch.zeros(shape), requires_grad=False)
+        p.weight_loader = loader  # type: ignore[attr-defined]
+        return p
+
+    names: list[tuple] = []
+    owner, model, embed_tokens, bank, experts = (nn.Module() for _ in range(5))
+    owner.model, model.embed_tokens, model.meta_mlp = model, embed_tokens, nn.ModuleList([bank])
+    embed_tokens.weight, bank.experts = param(8, 4), experts
+    experts.w13_weight, experts.w2_weight = param(2, 6, 4), param(2, 4, 3)
+    config = types.SimpleNamespace(num_experts=2, tie_word_embeddings=False)
+    embed = [("model.language_model.embed_tokens.weight", torch.ones(8, 4))]
+    with pytest.raises(ValueError, match=r"Mobius weight coverage failure; missing destinations"):
+        _load_mobius_weights_strict(owner, config, embed)
+    names.clear()
+    experts = [
+        ("model.language_model.meta_mlp.0.experts.gate_up_proj", torch.ones(2, 6, 4)),
+        ("model.language_model.meta_mlp.0.experts.down_proj", torch.ones(2, 4, 3)),
+    ]
+    assert len(_load_mobius_weights_strict(owner, config, embed + experts)) == 3
+    assert len(names) == 1 + 2 * 3  # the embedding, each expert's w1, w3 and w2
 
 
 def test_gemma4_on_sglangs_trtllm_bf16_runner_is_refused(tmp_path):

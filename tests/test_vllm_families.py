@@ -16,8 +16,9 @@ the attention layers hold no weights), the platform's device type ("cpu", where 
 allocates its indexer's buffer) and a one-process gloo group for vLLM's pipeline-parallel
 checks.
 
-GLM-5 Next's and Step3-VL's packages import image processors (transformers' Glm4v one, vLLM's
-Step3-VL one) that import torchvision (absent from this CPU install): each is imported beside
+GLM-5 Next's, Step3-VL's, GLM-4.5V's and the Qwen3-Omni-MoE thinker's modules import image
+processors (transformers' Glm4v and Qwen2-VL ones, vLLM's Step3-VL one) that import torchvision
+(absent from this CPU install): each is imported beside
 stand-ins for torchvision's modules
 (torchvision_stand_in: permissive modules, gone again after the import; no image is
 processed), vLLM's registry entry for its class is that imported class for the test
@@ -91,7 +92,20 @@ writes, with the text_config fields vLLM's model reads that transformers' config
 write, tests/hf_checkpoints.py), Step3-VL (Step3VLForConditionalGeneration as stepfun-ai/step3
 publishes it, bf16 on both backends: Step-3's packed experts in its language model, a layer
 vLLM names language_model.layers.L.moe.experts in the module language_model.model.layers.L.
-moe.experts, tests/family_forms_models.py) and Mistral
+moe.experts, tests/family_forms_models.py), GLM-4.5V (Glm4vMoeForConditionalGeneration, the
+whole multimodal model transformers writes; its config.json's text_config with use_qk_norm, which
+vLLM's model reads and transformers 5.20's config class does not write) and Qwen3-Omni-MoE (the
+whole model transformers writes, which vLLM's registry builds as its thinker,
+Qwen3OmniMoeThinkerForConditionalGeneration; the keys vLLM's thinker reads that transformers
+5.20's config classes do not write: the vision tower's image_size and apply_vit_abs_pos_embed,
+the text model's tie_word_embeddings, tests/hf_checkpoints.py), Qwen4 Exp
+(vllm.models.qwen4_exp's Qwen4ExpForConditionalGeneration, the whole multimodal model
+transformers writes: gated-delta-net and QSA attention layers, hyper-connections; its QSA
+attention's FlashAttention probe answered yes, KERNEL_PROBES, and its top-k scratch buffer not
+compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGeneration, the whole
+multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
+renormalizes, as the family reads it), each bf16 on both backends, and
+Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
 
@@ -122,14 +136,6 @@ Not proven here, and why:
   proven in BF16, with the names and a config module of tests/remote_code_checkpoints.py:
   transformers 5.20 has no Ling 2.0 model, its checkpoints ship their config class as remote
   code);
-- the Qwen3-Omni-MoE thinker (Qwen3OmniMoeThinkerForConditionalGeneration): its module imports
-  vLLM's Qwen2-VL code, which imports transformers' Qwen2-VL image processor, which needs
-  torchvision, absent from this CPU install (tests/test_sglang_families.py proves it through
-  SGLang's model);
-- GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): vLLM's models/glm4_1v.py imports
-  transformers' Glm4v image processor, which imports torchvision, absent from this CPU install:
-  the model class cannot be imported here (tests/test_sglang_families.py proves the family
-  through SGLang's whole model);
 - Gemma 4 as published, whole (Gemma4ForConditionalGeneration, the experts under
   model.language_model.): vLLM's models/gemma4_mm.py imports transformers' Gemma4Processor,
   which needs torchvision, absent from this CPU install (the text model, whose load_weights maps
@@ -350,6 +356,26 @@ CASES = {
         None,
         {},
     ),
+    # GLM-4.5V, the whole multimodal model transformers writes (GLM-4.5's MoE under
+    # model.language_model, a vision tower); its module imports torchvision (TORCHVISION)
+    "glm4v-bf16": ("glm4v_moe", "glm4_1v.Glm4vMoeForConditionalGeneration", None, {}),
+    # Qwen3-Omni-MoE, the whole model transformers writes: vLLM's registry builds its thinker
+    # (Qwen3OmniMoeThinkerForConditionalGeneration); its module imports torchvision too
+    "omni-bf16": (
+        "qwen3_omni_moe",
+        "qwen3_omni_moe_thinker.Qwen3OmniMoeThinkerForConditionalGeneration",
+        None,
+        {},
+    ),
+    # Qwen4 Exp, the whole multimodal model transformers writes (tests/hf_checkpoints.py)
+    "qwen4-exp-bf16": (
+        "qwen4_exp",
+        "vllm.models.qwen4_exp.Qwen4ExpForConditionalGeneration",
+        None,
+        {},
+    ),
+    # Qwen3.5 MoE, the whole multimodal model transformers writes (tests/hf_checkpoints.py)
+    "qwen3-5-moe-bf16": ("qwen3_5_moe", "qwen3_5.Qwen3_5MoeForConditionalGeneration", None, {}),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
@@ -378,6 +404,12 @@ CASES = {
 # up a CuTe DSL GEMM + all-reduce kernel (NCCL multicast): the streams are stand-ins here and
 # the kernel's switch is off; neither touches a weight
 CUDA_STREAMS = ("kimi-linear-bf16",)
+# Cases whose vLLM model probes for a CUDA kernel library when built, each probe answered yes
+# (no kernel runs while weights load): Qwen4 Exp's QSA attention (nvidia/qsa.py) asks for
+# FlashAttention's varlen function, which this CPU install lacks
+KERNEL_PROBES = {
+    "qwen4-exp-bf16": ("vllm.models.qwen4_exp.nvidia.qsa.is_flash_attn_varlen_func_available",),
+}
 # (case, backend, scheme): ERNIE-4.5 (Unspecified routing), OLMoE and Jamba (Default) run BF16
 # on CUTLASS only (vLLM's monolithic TRT-LLM BF16 kernels take neither routing)
 RUNS = [
@@ -464,6 +496,14 @@ RUNS = [
     ("kimi-linear-bf16", "cutlass", "bf16"),
     ("k2-horizon-bf16", "trtllm", "bf16"),
     ("k2-horizon-bf16", "cutlass", "bf16"),
+    ("glm4v-bf16", "trtllm", "bf16"),
+    ("glm4v-bf16", "cutlass", "bf16"),
+    ("omni-bf16", "trtllm", "bf16"),
+    ("omni-bf16", "cutlass", "bf16"),
+    ("qwen4-exp-bf16", "trtllm", "bf16"),
+    ("qwen4-exp-bf16", "cutlass", "bf16"),
+    ("qwen3-5-moe-bf16", "trtllm", "bf16"),
+    ("qwen3-5-moe-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -527,7 +567,14 @@ def sources(tmp_path_factory):
 NO_JIT_WARMUP = ("glm5-next-bf16",)
 # cases whose model's package imports transformers' image processors, which import torchvision
 # (absent from this CPU install): imported beside a stand-in for it (torchvision_stand_in)
-TORCHVISION = ("glm5-next-bf16", "step3-vl-bf16")
+TORCHVISION = (
+    "glm5-next-bf16",
+    "step3-vl-bf16",
+    "glm4v-bf16",
+    "omni-bf16",
+    "qwen4-exp-bf16",
+    "qwen3-5-moe-bf16",
+)
 TORCHVISION_MODULES = (
     "torchvision",
     "torchvision.transforms",
@@ -570,10 +617,18 @@ def torchvision_stand_in():
 def _registered_in_process(model_cls):
     """vLLM's registry entry of the class's architecture as the class imported here, for the
     test only: vLLM's model config inspects a lazily registered class in a subprocess of its
-    own, which imports its package without the torchvision stand-in."""
-    from vllm.model_executor.models.registry import ModelRegistry, _RegisteredModel
+    own, which imports its package without the torchvision stand-in. Every architecture the
+    registry builds with that class (Qwen3-Omni-MoE's Qwen3OmniMoeForConditionalGeneration is
+    Qwen3OmniMoeThinkerForConditionalGeneration)."""
+    from vllm.model_executor.models.registry import (
+        _VLLM_MODELS,
+        ModelRegistry,
+        _RegisteredModel,
+    )
 
-    entry = {model_cls.__name__: _RegisteredModel.from_model_cls(model_cls)}
+    name = model_cls.__name__
+    archs = {name} | {a for a, (_, cls) in _VLLM_MODELS.items() if cls == name}
+    entry = dict.fromkeys(archs, _RegisteredModel.from_model_cls(model_cls))
     with mock.patch.dict(ModelRegistry.models, entry):
         yield
 
@@ -604,6 +659,7 @@ def vllm_model(
         mock.patch.object(torch.accelerator, "empty_cache", lambda: None),
         _block_fp8_linears(),
         _cuda_streams(case),
+        _kernel_probes(case),
         _transformers_classes_kept(),
     ):
         _one_process_group()
@@ -653,6 +709,15 @@ def _cuda_streams(case: str):
         mock.patch.object(torch.cuda, "Stream", _Stream),
         mock.patch.dict("os.environ", {"VLLM_KIMI_K3_GEMM_AR": "0"}),
     ):
+        yield
+
+
+@contextlib.contextmanager
+def _kernel_probes(case: str):
+    """For KERNEL_PROBES' cases: each probe answers yes."""
+    with contextlib.ExitStack() as stack:
+        for probe in KERNEL_PROBES.get(case, ()):
+            stack.enter_context(mock.patch(probe, lambda: True))
         yield
 
 
@@ -780,6 +845,24 @@ def test_vllms_own_dbrx_load_fails_without_the_alias(sources):
         get_model_loader(LoadConfig(load_format="auto")).load_weights(theirs, mc)
 
 
+# Cases whose vLLM model holds a run-time scratch buffer, allocated empty and written by its
+# kernels (no checkpoint tensor fills it, nor is it saved): Qwen4 Exp's QSA attention's top-k
+# indices (nvidia/qsa.py topk_indices_buffer, non-persistent). Not compared; each is shown
+# non-persistent
+SCRATCH_BUFFERS = {"qwen4-exp-bf16": ("topk_indices_buffer",)}
+
+
+def _scratch(model, case: str) -> set[str]:
+    names = set()
+    for prefix, module in model.named_modules():
+        for b in SCRATCH_BUFFERS.get(case, ()):
+            if b in module._buffers:
+                assert b in module._non_persistent_buffers_set, f"{prefix}.{b}"
+                names.add(f"buffer:{prefix}.{b}")
+    assert bool(names) == (case in SCRATCH_BUFFERS)
+    return names
+
+
 def _both(case: str, src: Path, out: Path, backend: str, tp: int, rank: int):
     """vLLM's default load of the source and the plugin's load of the output, each processed
     by vLLM's own post-load driver, as rank `rank` of `tp`."""
@@ -807,7 +890,9 @@ def test_a_whole_model_of_the_family_equals_vllms_default_load(
         ours, theirs = _both(case, src, out, backend, tp, rank)
         a, b = _moe(theirs), _moe(ours)
         assert sorted(a) == sorted(b) and a
-        assert _differing(_tensors(theirs), _tensors(ours)) == [], f"rank {rank} of {tp}"
+        scratch = _scratch(theirs, case)
+        differing = _differing(_tensors(theirs), _tensors(ours))
+        assert [n for n in differing if n not in scratch] == [], f"rank {rank} of {tp}"
         for name in a:
             vm.assert_same_layer(a[name].routed_experts, b[name].routed_experts)  # kernel, state
 
@@ -1116,3 +1201,25 @@ def test_building_a_transformers_backend_model_leaves_transformers_own_classes(s
         assert cls.__bases__ != before[0]  # (vLLM's decoration, while its model is built)
     assert (cls.__bases__, dict(cls.__dict__)) == before
     assert hf.save("hunyuan_v1_moe", tmp_path / "again").is_dir()
+
+
+def test_a_qwen3_5_moe_config_without_norm_topk_prob_renormalizes_as_vllm_builds(sources):
+    """Qwen3.5 MoE's config.json as transformers 5.20 writes it has no norm_topk_prob (its
+    router renormalizes unconditionally); vLLM 0.33's block reads it with default true
+    (qwen3_next.py: getattr(config, "norm_topk_prob", True)) and routes RenormalizeNaive: so
+    does the family fi-convert takes it as (the Qwen3-MoE family's default, false, read it as
+    Default routing and refused TRT-LLM for vLLM)."""
+    from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
+
+    from fi_convert.source import find_family, open_checkpoint
+
+    src = sources("qwen3-5-moe-bf16")
+    ckpt = open_checkpoint(src)
+    assert "norm_topk_prob" not in ckpt.config["text_config"]
+    fam, _ = find_family(ckpt)
+    assert fam is not None and fam.name == "qwen3.5-moe"
+    assert fam.moe.routing(ckpt.config) == "RenormalizeNaive"
+    with vllm_model("qwen3-5-moe-bf16", src, "cutlass", 1, 0) as (model, _):
+        routers = [m.router for m in _moe(model).values()]
+    assert len(routers) == 2
+    assert {r.routing_method_type for r in routers} == {RoutingMethodType.RenormalizeNaive}

@@ -17,7 +17,11 @@ process of its own, and the tests); the plugin never imports this.
 Only imports made by SGLang's modules get a stand-in (torch probes for Triton as well, and
 must keep finding none). A stand-in is a permissive module: any attribute is another
 permissive object, which can be called, used as a decorator, subscripted, compared and
-iterated (empty). The hook is live only
+iterated (empty). One attribute answers as real Triton's does on a machine without a GPU:
+`triton.runtime.driver.active` raises (Triton's DriverConfig.active finds no active driver:
+"0 active drivers ([]). There should only be one."), so that SGLang's code that asks Triton for
+the device takes its own CPU fallback (kernels/ops/attention/fla/utils.py, imported by
+Qwen3.5's and Nemotron-H's modules, answers "cpu"). The hook is live only
 inside `installed()`; on leaving it the stand-ins leave `sys.modules` again, so that code that
 probes for Triton afterwards (vLLM's tests in the same pytest process) sees none, while the
 SGLang modules imported inside keep the references they took.
@@ -39,6 +43,19 @@ if importlib.util.find_spec("vllm") is None:
     STUBBED += ("vllm",)
 
 
+# real Triton's answer, without a GPU, to `triton.runtime.driver.active` (its DriverConfig
+# creates the driver on first use and finds none active)
+NO_DRIVER = "0 active drivers ([]). There should only be one."
+
+
+def _attribute(owner: str, attr: str) -> _Anything:
+    if attr.startswith("__") and attr.endswith("__"):
+        raise AttributeError(attr)
+    if (owner, attr) == ("triton.runtime.driver", "active"):
+        raise RuntimeError(NO_DRIVER)
+    return _Anything(f"{owner}.{attr}")
+
+
 class _Anything:
     """An object that stands for any attribute, call or decorator of a stubbed module."""
 
@@ -46,9 +63,7 @@ class _Anything:
         self._name = name
 
     def __getattr__(self, attr: str) -> _Anything:
-        if attr.startswith("__") and attr.endswith("__"):
-            raise AttributeError(attr)
-        return _Anything(f"{self._name}.{attr}")
+        return _attribute(self._name, attr)
 
     def __call__(self, *args, **kwargs):
         # used as a bare decorator (`@triton.jit`): hand the function back
@@ -74,9 +89,7 @@ class _Anything:
 
 class _StubModule(types.ModuleType):
     def __getattr__(self, attr: str):
-        if attr.startswith("__") and attr.endswith("__"):
-            raise AttributeError(attr)
-        return _Anything(f"{self.__name__}.{attr}")
+        return _attribute(self.__name__, attr)
 
 
 def _importer() -> str:
