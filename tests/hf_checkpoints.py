@@ -483,6 +483,21 @@ def _write(config: object, model_cls: str, root: Path, seed: int) -> Path:
     return root
 
 
+def _add_keys(root: Path, keys: dict[str, dict]) -> Path:
+    """The checkpoint at `root` with `keys` added to config.json's sections (dotted paths:
+    "thinker_config.text_config"): fields the servers' models read that transformers' config
+    class does not write."""
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    for where, values in keys.items():
+        section = cfg
+        for part in where.split("."):
+            section = section[part]
+        section |= values
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
 # Qwen3-Omni-MoE: the whole model (thinker with its audio and vision towers, talker with its
 # own MoE layers, code2wav), each part's config tiny; fi-convert converts the thinker's experts
 OMNI_TEXT = COMMON | dict(
@@ -579,12 +594,13 @@ def _save_qwen3_omni(root: Path, seed: int = 0) -> Path:
     _write(
         transformers.Qwen3OmniMoeConfig(**OMNI), "Qwen3OmniMoeForConditionalGeneration", root, seed
     )
-    path = root / "config.json"
-    cfg = json.loads(path.read_text())
-    cfg["thinker_config"]["vision_config"] |= OMNI_SERVER_KEYS
-    cfg["thinker_config"]["text_config"] |= OMNI_TEXT_SERVER_KEYS
-    path.write_text(json.dumps(cfg, indent=2))
-    return root
+    return _add_keys(
+        root,
+        {
+            "thinker_config.vision_config": OMNI_SERVER_KEYS,
+            "thinker_config.text_config": OMNI_TEXT_SERVER_KEYS,
+        },
+    )
 
 
 # GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): GLM-4.5's text MoE (layer 0 dense,
@@ -632,11 +648,12 @@ def _save_glm4v_moe(root: Path, seed: int = 0) -> Path:
         root,
         seed,
     )
-    path = root / "config.json"
-    cfg = json.loads(path.read_text())
-    cfg["text_config"] |= GLM4V_SERVER_KEYS
-    path.write_text(json.dumps(cfg, indent=2))
-    return root
+    return _add_keys(
+        root,
+        {
+            "text_config": GLM4V_SERVER_KEYS,
+        },
+    )
 
 
 # LongCat-Flash: one layer of two MLA attentions, two dense MLPs (mlps.0, mlps.1) and a MoE of
@@ -922,11 +939,12 @@ def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
         _kimi_vl_vision(seed),
         q_lora_rank=None,  # as Kimi-VL-A3B's text_config: MLA's q_proj, no q LoRA
     )
-    path = root / "config.json"
-    config = json.loads(path.read_text())
-    config["text_config"] |= KIMI_VL_TEXT
-    path.write_text(json.dumps(config, indent=2))
-    return root
+    return _add_keys(
+        root,
+        {
+            "text_config": KIMI_VL_TEXT,
+        },
+    )
 
 
 # GLM-5 Next (Glm5NextForConditionalGeneration, model_type glm5_next): transformers' own model,
@@ -1004,11 +1022,12 @@ def _save_glm5_next(root: Path, seed: int = 0) -> Path:
         text_config=GLM5_NEXT_TEXT, vision_config=GLM5_NEXT_VISION, **GLM5_NEXT_TOKENS
     )
     _write(config, "Glm5NextForConditionalGeneration", root, seed)
-    path = root / "config.json"
-    cfg = json.loads(path.read_text())
-    cfg["text_config"] |= GLM5_NEXT_SERVER_KEYS
-    path.write_text(json.dumps(cfg, indent=2))
-    return root
+    return _add_keys(
+        root,
+        {
+            "text_config": GLM5_NEXT_SERVER_KEYS,
+        },
+    )
 
 
 # Kimi Linear (moonshotai/Kimi-Linear-48B-A3B-Instruct, KimiLinearForCausalLM): a KDA layer
@@ -1152,12 +1171,13 @@ def _save_qwen4_exp(root: Path, seed: int = 0) -> Path:
         text_config=QWEN4_EXP_TEXT, vision_config=QWEN4_EXP_VISION, **QWEN4_EXP_TOKENS
     )
     _write(config, "Qwen4ExpForConditionalGeneration", root, seed)
-    path = root / "config.json"
-    cfg = json.loads(path.read_text())
-    cfg["text_config"] |= QWEN4_EXP_SERVER_KEYS
-    cfg["vision_config"] |= QWEN4_EXP_VISION_SERVER_KEYS
-    path.write_text(json.dumps(cfg, indent=2))
-    return root
+    return _add_keys(
+        root,
+        {
+            "text_config": QWEN4_EXP_SERVER_KEYS,
+            "vision_config": QWEN4_EXP_VISION_SERVER_KEYS,
+        },
+    )
 
 
 # Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration, model_type qwen3_5_moe): transformers' own
@@ -1189,12 +1209,13 @@ def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
         text_config=QWEN3_5_MOE_TEXT, vision_config=QWEN4_EXP_VISION, **QWEN4_EXP_TOKENS
     )
     _write(config, "Qwen3_5MoeForConditionalGeneration", root, seed)
-    path = root / "config.json"
-    cfg = json.loads(path.read_text())
-    cfg["text_config"] |= QWEN3_5_MOE_SERVER_KEYS
-    cfg["vision_config"] |= QWEN4_EXP_VISION_SERVER_KEYS  # (no deepstack mergers either)
-    path.write_text(json.dumps(cfg, indent=2))
-    return root
+    return _add_keys(
+        root,
+        {
+            "text_config": QWEN3_5_MOE_SERVER_KEYS,
+            "vision_config": QWEN4_EXP_VISION_SERVER_KEYS,  # (no deepstack mergers either)
+        },
+    )
 
 
 def _rename_tensors(root: Path, rename) -> None:
