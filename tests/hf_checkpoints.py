@@ -648,12 +648,7 @@ def _save_glm4v_moe(root: Path, seed: int = 0) -> Path:
         root,
         seed,
     )
-    return _add_keys(
-        root,
-        {
-            "text_config": GLM4V_SERVER_KEYS,
-        },
-    )
+    return _add_keys(root, {"text_config": GLM4V_SERVER_KEYS})
 
 
 # LongCat-Flash: one layer of two MLA attentions, two dense MLPs (mlps.0, mlps.1) and a MoE of
@@ -939,12 +934,7 @@ def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
         _kimi_vl_vision(seed),
         q_lora_rank=None,  # as Kimi-VL-A3B's text_config: MLA's q_proj, no q LoRA
     )
-    return _add_keys(
-        root,
-        {
-            "text_config": KIMI_VL_TEXT,
-        },
-    )
+    return _add_keys(root, {"text_config": KIMI_VL_TEXT})
 
 
 # GLM-5 Next (Glm5NextForConditionalGeneration, model_type glm5_next): transformers' own model,
@@ -1022,12 +1012,7 @@ def _save_glm5_next(root: Path, seed: int = 0) -> Path:
         text_config=GLM5_NEXT_TEXT, vision_config=GLM5_NEXT_VISION, **GLM5_NEXT_TOKENS
     )
     _write(config, "Glm5NextForConditionalGeneration", root, seed)
-    return _add_keys(
-        root,
-        {
-            "text_config": GLM5_NEXT_SERVER_KEYS,
-        },
-    )
+    return _add_keys(root, {"text_config": GLM5_NEXT_SERVER_KEYS})
 
 
 # Kimi Linear (moonshotai/Kimi-Linear-48B-A3B-Instruct, KimiLinearForCausalLM): a KDA layer
