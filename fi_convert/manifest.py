@@ -15,6 +15,8 @@ from pathlib import Path
 
 from .errors import FiConvertError
 from .families import FAMILY_FILE, all_families, check_family, served_architectures
+from .format.manifest import SOURCE_ARCHITECTURES as ARCHITECTURES
+from .format.manifest import source_architectures as recorded
 from .format.names import (
     DEFAULT_SERVER,
     FORMAT,
@@ -32,8 +34,6 @@ from .server_lookup import of_manifest, resolve
 from .st_io import TMP_SUFFIX
 from .target import ServerTarget, release_fields
 from .version import __version__
-
-ARCHITECTURES = "architectures"  # source.architectures: config.json's (docs/FORMAT.md)
 
 
 def target_fields(
@@ -99,14 +99,6 @@ def build(plan: Plan, files: dict[str, dict]) -> dict:
         "layers": layers,
         "files": {k: files[k] for k in sorted(files)},
     }
-
-
-def recorded(m: Mapping) -> list[str] | None:
-    """The source's architectures an output's manifest records, or None where it records none
-    (fi-convert before the field): its releases are then judged by its layout alone."""
-    src = m.get("source")
-    archs = src.get(ARCHITECTURES) if isinstance(src, Mapping) else None
-    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
 
 
 def family_fields(plan: Plan) -> dict:

@@ -119,6 +119,18 @@ def _malformed(m: dict) -> str | None:
     return None
 
 
+SOURCE_ARCHITECTURES = "architectures"  # source.architectures: config.json's (docs/FORMAT.md)
+
+
+def source_architectures(m: dict) -> list[str] | None:
+    """The source's architectures an output's manifest records (config.json's), or None where
+    it records none (fi-convert before the field): its releases are then judged by its layout
+    alone."""
+    src = m.get("source")
+    archs = src.get(SOURCE_ARCHITECTURES) if isinstance(src, dict) else None
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
+
+
 def check_files(out_dir: str | Path, manifest: dict) -> list[str]:
     """Problems with the files the manifest lists (empty when all sizes and SHA-256s match).
 

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from ..format.manifest import source_architectures
+
 FILE = "architectures.json"
-SOURCE_FIELD = "architectures"  # the manifest's source.architectures: config.json's
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,7 @@ def _key(item: tuple[str, object]) -> Version:
 def of_manifest(m: Mapping) -> list[str]:
     """The source's architectures the manifest records (config.json's), [] where it records
     none (an output written before the field, or a config.json without them)."""
-    src = m.get("source")
-    archs = src.get(SOURCE_FIELD) if isinstance(src, Mapping) else None
-    if not isinstance(archs, list):
-        return []
-    return [a for a in archs if isinstance(a, str)]
+    return source_architectures(dict(m)) or []
 
 
 def narrowed(server: str, m: Mapping, releases: Sequence[str]) -> list[str]:
