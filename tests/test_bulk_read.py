@@ -578,3 +578,54 @@ def test_pinned_reads_into_the_gpu_under_an_ambient_cuda_device(two_files, how):
         finally:
             torch.set_default_device(None)
     assert dst.cpu().numpy().tobytes() == raw[5 : 5 + dst.numel()]
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("first", [0, 4, 9])
+def test_requests_added_while_the_read_runs_join_it(two_files, staged, first):
+    """`start(more=True)`: the read runs what it has (none, or some) while more requests are
+    added (a model asked where its other tensors go, `format/whole_read.py`); `more` queues
+    them, `wait` ends it. Every range lands, whichever part came when."""
+    data, fds = two_files
+    bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    spans = _spans(data, 7)
+    assert len(spans) > first + 10  # (21)
+    want = []
+
+    def add(part):
+        for path, offset, size in part:
+            dst = torch.empty(size, dtype=torch.uint8)
+            bulk.add(path, fds[path], offset, dst)
+            want.append((dst, data[path][offset : offset + size]))
+
+    add(spans[:first])
+    bulk.start(more=True)
+    half = first + (len(spans) - first) // 2
+    add(spans[first:half])
+    bulk.more()
+    add(spans[half:])
+    bulk.more()
+    stats = bulk.wait()
+    for dst, raw in want:
+        assert dst.numpy().tobytes() == raw
+    assert stats.bytes == sum(len(raw) for _, raw in want) and stats.threads == 3
+    assert bulk.pinned_bytes == 0 and not _reader_threads()
+    with pytest.raises(ValueError, match="not started with more=True, or ended"):
+        bulk.more()
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_read_waiting_for_more_requests_stops_when_aborted(two_files, staged):
+    """Its threads wait for requests that never come (the model's asking failed): `abort`
+    ends them at once, and a truncated file among the later requests is refused as at the
+    start, the read then aborted by its caller."""
+    data, fds = two_files
+    path = next(iter(data))
+    bulk = BulkRead("cpu", threads=2, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    bulk.start(more=True)
+    assert len(_reader_threads()) == 2
+    bulk.add(path, fds[path], len(data[path]) - 10, torch.empty(20, dtype=torch.uint8))
+    with pytest.raises(ReadError, match="the file is truncated"):
+        bulk.more()
+    bulk.abort()
+    assert not _reader_threads() and bulk.pinned_bytes == 0

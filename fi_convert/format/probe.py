@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 aten = torch.ops.aten
 
@@ -98,15 +97,29 @@ class _Probe(torch.Tensor):
         if len({id(p) for p in found}) != 1:
             raise _Stop("an operation on two checkpoint tensors", found)
         if getattr(func, "is_view", False):
-            metas = tree_map(lambda a: a.meta if isinstance(a, _Probe) else a, (args, kwargs))
-            out = func(*metas[0], **metas[1])
-            return tree_map(lambda t: _Probe(t, probed) if isinstance(t, torch.Tensor) else t, out)
+            out = func(*_map(_meta, args), **_map(_meta, kwargs))
+            return _map(lambda t: _Probe(t, probed) if isinstance(t, torch.Tensor) else t, out)
         raise _Stop(f"{func}", found)
+
+
+def _meta(a: Any) -> Any:
+    return a.meta if isinstance(a, _Probe) else a
+
+
+def _map(fn: Callable[[Any], Any], obj: Any) -> Any:
+    """`fn` over the leaves of an operator's arguments or results (tuples, lists and dicts of
+    tensors and scalars): torch's pytree does the same, at several times the cost, which a
+    tensor-parallel load pays for every slice of every tensor twice (probe and replay)."""
+    if isinstance(obj, tuple | list):
+        return type(obj)([_map(fn, o) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _map(fn, v) for k, v in obj.items()}
+    return fn(obj)
 
 
 def _probes_in(args: Any, kwargs: Any) -> list[Probed]:
     found: list[Probed] = []
-    tree_map(lambda a: found.append(a.probed) if isinstance(a, _Probe) else a, (args, kwargs))
+    _map(lambda a: found.append(a.probed) if isinstance(a, _Probe) else a, (args, kwargs))
     return found
 
 

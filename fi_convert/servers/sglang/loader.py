@@ -35,6 +35,7 @@ from ...errors import FiConvertError
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.reader import OutputReader
+from ...format.whole_read import read_whole
 from .. import architectures as arch_facts
 from . import checks, experts, older_releases
 from .checks import PluginError
@@ -255,34 +256,28 @@ class FiConvertModelLoader(DefaultModelLoader):
         `format.dense`), then SGLang's `load_weights_only` over every non-expert tensor, with
         the data of those it does more with (read ahead in batches)."""
         t0 = time.perf_counter()
+
+        def add_experts(bulk: BulkRead) -> None:
+            for prefix, layer in layers.items():
+                experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
+
         with OutputReader(root, manifest, library_check=False) as reader:
             bulk = reader.bulk(_model_device(model), buffers=self._buffers)
-            dense: DenseLoad | None = None
             try:
-                dense = DenseLoad(
-                    reader,
-                    model,
-                    lambda w: _load_weights_only(model, w, target_device, layers.values()),
-                    bulk.device,
-                    _left(self._buffers),
+                read = read_whole(
+                    bulk,
+                    add_experts,
+                    lambda: DenseLoad(
+                        reader,
+                        model,
+                        lambda w: _load_weights_only(model, w, target_device, layers.values()),
+                        bulk.device,
+                        _left(self._buffers),
+                    ),
                 )
-                for prefix, layer in layers.items():
-                    experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
-                moe_bytes = bulk.nbytes
-                dense.add_to(bulk)
-                t1 = time.perf_counter()
-                bulk.start()
-                dense.prefetch()
-                stats = bulk.wait()
-                t2 = time.perf_counter()
-                dense.finish()
             except FiConvertError as e:
-                _abort(bulk, dense)
                 raise PluginError(f"{e}") from None
-            except BaseException:
-                _abort(bulk, dense)
-                raise
-        return LoadReport(_who(layers), root, len(layers), moe_bytes, stats, dense, t0, t1, t2)
+        return LoadReport(_who(layers), root, len(layers), read, t0)
 
 
 def _load_weights_only(
@@ -315,12 +310,6 @@ def _who(layers: dict[str, Any]) -> str:
 def _left(buffers: HostBuffers | None) -> int:
     """The host memory budget the experts' pinned buffers leave."""
     return default_host_memory() - (buffers.nbytes if buffers is not None else 0)
-
-
-def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:
-    bulk.abort()
-    if dense is not None:
-        dense.abort()
 
 
 def postprocess(model: torch.nn.Module, converted: set, target_device: torch.device) -> None:

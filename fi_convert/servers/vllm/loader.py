@@ -31,6 +31,7 @@ from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.names import MANIFEST_NAME
 from ...format.reader import OutputReader
+from ...format.whole_read import read_whole
 from .. import installed_registry
 from . import checks, experts
 from .checks import PluginError
@@ -214,44 +215,37 @@ class FiConvertModelLoader(DefaultModelLoader):
         `format.dense`), then the model's `load_weights` over every non-expert tensor, with the
         data of those it does more with (read ahead in batches)."""
         t0 = time.perf_counter()
+        loaded: set[str] = set()
+
+        def add_experts(bulk: BulkRead) -> None:
+            for lp, (name, mod) in layers.items():
+                rank = mod.moe_config.moe_parallel_config.tp_rank
+                for p in experts.install(mod, reader, lp, rank, bulk):
+                    loaded.add(f"{name}.{p}")
+
         with OutputReader(root, m, library_check=False) as reader:
             bulk = reader.bulk(_model_device(model), buffers=self._buffers)
-            dense: DenseLoad | None = None
-            loaded: set[str] = set()
             try:
-                dense = DenseLoad(
-                    reader, model, model.load_weights, bulk.device, _left(self._buffers)
+                read = read_whole(
+                    bulk,
+                    add_experts,
+                    lambda: DenseLoad(
+                        reader, model, model.load_weights, bulk.device, _left(self._buffers)
+                    ),
                 )
-                for lp, (name, mod) in layers.items():
-                    rank = mod.moe_config.moe_parallel_config.tp_rank
-                    for p in experts.install(mod, reader, lp, rank, bulk):
-                        loaded.add(f"{name}.{p}")
-                moe_bytes = bulk.nbytes
-                dense.add_to(bulk)
-                t1 = time.perf_counter()
-                bulk.start()
-                dense.prefetch()
-                stats = bulk.wait()
-                t2 = time.perf_counter()
-                dense.finish()
             except FiConvertError as e:
-                _abort(bulk, dense)
                 raise PluginError(f"{e}") from None
             except (KeyboardInterrupt, SystemExit):
-                _abort(bulk, dense)
                 logger.error(
                     "fi-convert: loading %s interrupted; its reader threads are stopped and "
                     "their pinned memory freed: start the server again",
                     root,
                 )
                 raise
-            except BaseException:
-                _abort(bulk, dense)
-                raise
         # this process is one rank of every layer: any layer's split names it
         split = next(iter(layers.values()))[1].moe_config.moe_parallel_config if layers else None
-        report = LoadReport(_who(split), root, len(layers), moe_bytes, stats, dense, t0, t1, t2)
-        return loaded | dense.loaded, report
+        report = LoadReport(_who(split), root, len(layers), read, t0)
+        return loaded | read.dense.loaded, report
 
 
 def refuse_reload(model: str) -> None:
@@ -314,9 +308,3 @@ def _who(split: Any) -> str:
 def _left(buffers: HostBuffers | None) -> int:
     """The host memory budget the experts' pinned buffers leave."""
     return default_host_memory() - (buffers.nbytes if buffers is not None else 0)
-
-
-def _abort(bulk: BulkRead, dense: DenseLoad | None) -> None:
-    bulk.abort()
-    if dense is not None:
-        dense.abort()
