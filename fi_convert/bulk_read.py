@@ -221,8 +221,7 @@ class ReadStats:
 
 
 class BulkRead:
-    """Requests added with `add`, then read at once by `run` (or `start` ... `wait`; with
-    `start(more=True)`, requests added while it runs join it with `more`)."""
+    """Requests added with `add`, then read at once by `run` (or `start` ... `wait`)."""
 
     def __init__(
         self,
@@ -261,9 +260,6 @@ class BulkRead:
         self._error: BaseException | None = None
         self._stat: dict[int, os.stat_result] = {}
         self._jobs: list[_Job] = []
-        self._planned = (0, 0)  # requests and strided jobs in _jobs already
-        self._todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._open = False  # started with more to come: the threads wait for an end mark
         self._t0 = 0.0
         self._ends: list[float] = []  # when each thread finished
 
@@ -308,20 +304,16 @@ class BulkRead:
         self.start()
         return self.wait()
 
-    def start(self, more: bool = False) -> None:
-        """Check the files' sizes against the requests, then start the reader threads. With
-        `more`, all of them, and requests added while they run join the read (`more()`) until
-        `wait`."""
+    def start(self) -> None:
+        """Check the files' sizes against the requests, then start the reader threads."""
         self._jobs = self._plan()
-        self._check_sizes(self._jobs)
-        todo = self._todo
+        self._check_sizes()
+        todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         for job in self._jobs:
             todo.put(job)
-        n = self.threads if more else min(self.threads, len(self._jobs))
-        self._open = more
-        if not more:
-            for _ in range(n):
-                todo.put(None)
+        n = min(self.threads, len(self._jobs))
+        for _ in range(n):
+            todo.put(None)
         ready = None
         if self.device.type == "cuda":  # destinations may reuse memory of pending work
             ready = torch.cuda.Event()
@@ -349,27 +341,9 @@ class BulkRead:
             self.abort()
             raise
 
-    def more(self) -> None:
-        """The requests added since the read started, into it (started with `more`)."""
-        if not self._open:
-            raise ValueError("requests added to a read not started with more=True, or ended")
-        jobs = self._plan()
-        self._check_sizes(jobs)
-        self._jobs += jobs
-        for job in jobs:
-            self._todo.put(job)
-
-    def _close(self) -> None:
-        """No more requests: each thread ends once the queue is read (its end mark)."""
-        if self._open:
-            self._open = False
-            for _ in self._threads:
-                self._todo.put(None)
-
     def wait(self) -> ReadStats:
         """Wait for the threads; raise the first fault. Interrupted, stop them first."""
         try:
-            self._close()
             for done in self._done:
                 done.wait()
             for t in self._threads:  # past their last act: gone at once
@@ -398,7 +372,6 @@ class BulkRead:
         freed as they end). A second Ctrl-C meanwhile does not cut this short: a thread left
         inside torch at the interpreter's exit would abort the process."""
         self._stop.set()
-        self._close()  # (threads waiting for more requests take their end marks)
         for t, done in zip(self._threads, self._done, strict=True):
             while t.ident is not None and not done.is_set():  # (started: it will set it)
                 try:
@@ -439,14 +412,11 @@ class BulkRead:
     # -- planning ---------------------------------------------------------------------------
 
     def _plan(self) -> list[_Job]:
-        """The requests not planned yet as chunk-sized jobs: ranges of a file joined across
-        small gaps (staged) or where they touch (direct), then cut at chunk boundaries."""
+        """The requests as chunk-sized jobs: ranges of a file joined across small gaps (staged)
+        or where they touch (direct), then cut at chunk boundaries."""
         gap = GAP if self.staged else 0
         runs: list[_Job] = []
-        done, strided = self._planned
-        new = self._requests[done:]
-        self._planned = (len(self._requests), len(self._strided))
-        for path, fd, offset, flat in sorted(new, key=lambda r: (str(r[0]), r[2])):
+        for path, fd, offset, flat in sorted(self._requests, key=lambda r: (str(r[0]), r[2])):
             last = runs[-1] if runs else None
             end = last.offset + last.size if last else 0
             if last and last.fd == fd and end <= offset <= end + gap:
@@ -454,7 +424,7 @@ class BulkRead:
                 last.size = offset + flat.numel() - last.offset
             else:
                 runs.append(_Job(path, fd, offset, flat.numel(), [(0, flat)]))
-        return [job for run in runs for job in self._cut(run)] + self._strided[strided:]
+        return [job for run in runs for job in self._cut(run)] + self._strided
 
     def _cut(self, run: _Job) -> list[_Job]:
         """`run` cut into jobs of at most `chunk` bytes, each trimmed to its pieces."""
@@ -473,8 +443,8 @@ class BulkRead:
                 pos += take
         return jobs
 
-    def _check_sizes(self, jobs: list[_Job]) -> None:
-        for job in jobs:
+    def _check_sizes(self) -> None:
+        for job in self._jobs:
             if job.fd not in self._stat:
                 self._stat[job.fd] = os.fstat(job.fd)
             size = self._stat[job.fd].st_size

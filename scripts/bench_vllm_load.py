@@ -412,6 +412,7 @@ def read_gap(case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int) -
     drives the read (its ranges, destinations, pieces); the last two: in the mechanism."""
     model, spans = _case_spans(case, out)
     runs: dict[str, list[float]] = {"limit": [], "bulk": [], "plugin": []}
+    lines: list[str] = []  # the plugin's log line of each whole-model run
     for k in range(n):
         for side in list(runs)[k % 3 :] + list(runs)[: k % 3]:
             if side == "limit":
@@ -419,9 +420,9 @@ def read_gap(case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int) -
             elif side == "bulk":
                 runs[side].append(bulk_path(spans, dev)["read_s"])
             elif model is not None:
-                runs[side].append(
-                    plugin_model_path(src, out, case["prefixes"], dev, model)["read_s"]
-                )
+                r = plugin_model_path(src, out, case["prefixes"], dev, model)
+                runs[side].append(r["read_s"])
+                lines.append(r["line"])
             else:
                 runs[side].append(plugin_path(src, out, case["prefixes"], dev)["read_s"])
             gc.collect()
@@ -432,7 +433,7 @@ def read_gap(case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int) -
         + f" (medians of {n})",
         flush=True,
     )
-    return {"case": case["name"], "medians_s": medians, "runs_s": runs}
+    return {"case": case["name"], "medians_s": medians, "runs_s": runs, "lines": lines}
 
 
 @contextlib.contextmanager
@@ -666,6 +667,11 @@ def main() -> None:
         "the limit goes)",
     )
     ap.add_argument(
+        "--gap-only",
+        action="store_true",
+        help="with --gap: only that (no vLLM default path, no cold runs)",
+    )
+    ap.add_argument(
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
     )
     ap.add_argument(
@@ -703,7 +709,14 @@ def main() -> None:
             if a.gap:
                 gap = read_gap(case, src, out, dev, tuple(limit), a.gap)
                 report.setdefault("read_gap", []).append(gap)
-            for cold in (False, True) if can_drop and not a.quick else (False,):
+                path.write_text(json.dumps(report, indent=2))
+            for cold in (
+                ()
+                if a.gap and a.gap_only
+                else (False, True)
+                if can_drop and not a.quick
+                else (False,)
+            ):
                 r = measure(case, src, out, dev, tuple(limit), cold, a.repeat, a.more)
                 if a.profile and not cold and case.get("model"):
                     profile(case, src, out, dev, Path(a.out))
@@ -723,7 +736,8 @@ def main() -> None:
     with contextlib.suppress(ImportError):
         from scripts.bench_chart import chart
 
-        print(f"wrote {chart(path)}")
+        if results:  # (--gap-only: no chart)
+            print(f"wrote {chart(path)}")
 
 
 def _row(r: dict) -> str:

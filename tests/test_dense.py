@@ -245,6 +245,45 @@ def test_a_copy_the_model_makes_after_its_loop_lands_too(out):
     assert "tied" in d.loaded
 
 
+class FoldsOnce(Plain):
+    """Plain, whose loading ends by folding a multiplier into one parameter once, then drops
+    the multiplier, and by replacing another parameter with a derived one (vLLM's Muse Spark
+    folds its router's output multiplier so; SGLang's DeepSeek derives its MLA weights)."""
+
+    def __init__(self, stored: dict[str, torch.Tensor], folded: str, derived: str) -> None:
+        super().__init__(stored)
+        self.folded, self.derived = self.names[folded], self.names[derived]
+        self.multiplier: float | None = 2.0
+        self.loads = 0
+
+    def load_weights(self, weights):
+        names = super().load_weights(weights)
+        if self.multiplier is not None:
+            getattr(self, self.folded).data.mul_(self.multiplier)
+            self.multiplier = None
+        twice = getattr(self, self.derived).data * 2
+        setattr(self, self.derived, torch.nn.Parameter(twice, requires_grad=False))
+        self.loads += 1
+        return names
+
+
+def test_what_the_model_does_after_its_loop_is_done_once_on_the_bytes_read(out):
+    """Asking the model runs its loading over probes, after-loop code included; the model is
+    left as it was found, so that the one call over every tensor with its bytes in place does
+    what a single load does: the multiplier folded once into the bytes read, the derived
+    parameter derived once from them."""
+    stored = _stored(out)
+    plain = [n for n, t in stored.items() if t.dtype == torch.bfloat16 and t.dim() == 2]
+    folded, derived = plain[0], plain[1]
+    model = FoldsOnce(stored, folded, derived)
+    d = _load(out, model)
+    assert d.probed[folded].direct and d.probed[derived].direct
+    assert model.loads == 1  # (the asking's calls left no trace)
+    assert torch.equal(getattr(model, model.folded), stored[folded] * 2)
+    assert torch.equal(getattr(model, model.derived), stored[derived] * 2)
+    assert model.multiplier is None
+
+
 def test_a_kept_batch_is_left_to_the_model_and_the_blocks_stay_few(out, monkeypatch):
     """A batch per tensor: the one the model keeps a view of is never refilled, and the
     blocks stay at the ring's size however many batches pass."""

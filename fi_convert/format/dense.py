@@ -16,6 +16,7 @@ place. A tensor the model skips is not read at all.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -63,7 +64,8 @@ class DenseLoad:
         held = self._held = _held(model, self.device)
         t0 = time.perf_counter()
         wanted = [(n, i.shape, dtypes_of(i)) for n, i in self.infos.items()]
-        self.probed = {p.name: p for p in probe(self._call, wanted, lambda t: _key(t) in held)}
+        with _as_found(model):
+            self.probed = {p.name: p for p in probe(self._call, wanted, lambda t: _key(t) in held)}
         self.probe_s = time.perf_counter() - t0
         for p in self.probed.values():
             if p.direct:
@@ -249,6 +251,32 @@ class _Blocks:
         self.made += 1
         self._ring.append(block)
         return block
+
+
+@contextlib.contextmanager
+def _as_found(model: torch.nn.Module) -> Iterator[None]:
+    """The model's modules as they were, once it has been asked: each one's attributes, and
+    its parameters', buffers' and submodules' entries. What a model's loading does after its
+    loop is done again when `finish` calls it over every tensor, and must find the model as a
+    single load would: vLLM's Muse Spark folds its router's output multiplier into the
+    router's weight once, then sets the multiplier to None (a second call would skip the fold
+    of the bytes read meanwhile). Tensors' data is not kept: the read overwrites what the
+    model wrote into the tensors it holds."""
+    kept = [(m, dict(m.__dict__), [dict(d) for d in _entries(m)]) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs, entries in kept:
+            m.__dict__.clear()
+            m.__dict__.update(attrs)
+            for now, was in zip(_entries(m), entries, strict=True):
+                now.clear()
+                now.update(was)
+
+
+def _entries(m: torch.nn.Module) -> list[dict[str, Any]]:
+    """The dicts of a module's parameters, buffers and submodules."""
+    return [m._parameters, m._buffers, m._modules]  # type: ignore[list-item]
 
 
 def _shared(block: torch.Tensor) -> bool:

@@ -1,7 +1,7 @@
 """The one line a server's rank logs at the end of its load of an output: the whole load's
-time and speed, and how it splits (the read of the experts' and the non-expert bytes at once,
-asking the model where the latter go while the experts are read, the model's `load_weights`
-then, with the tensors it takes with their data, kernel setup)."""
+time and speed, and how it splits (asking the model where the non-expert bytes go, the read of
+the experts' and those bytes at once, the model's `load_weights` then, with the tensors it takes
+with their data, kernel setup)."""
 
 from __future__ import annotations
 
@@ -32,16 +32,15 @@ class LoadReport:
         return (
             f"fi-convert: {self.who} loaded {_gb(self.nbytes)} in {whole:.2f} s "
             f"({self.nbytes / whole / 1e9 if whole > 0 else 0:.1f} GB/s): prepared in "
-            f"{r.read_started - self.started:.2f} s (the experts' parameters, the read's "
-            f"plan), the experts of {self.layers} MoE layers ({_gb(r.moe_bytes)}) and "
-            f"non-expert tensors ({_gb(d.direct_bytes)}) read at once in "
+            f"{r.read_started - self.started - d.probe_s:.2f} s (the experts' parameters, "
+            f"the read's plan), the experts of {self.layers} MoE layers ({_gb(r.moe_bytes)}) "
+            f"and non-expert tensors ({_gb(d.direct_bytes)}) read at once in "
             f"{r.read_ended - r.read_started:.2f} s ({st.threads} "
             f"thread{'s' if st.threads != 1 else ''}, "
-            f"{(st.pinned_peak + d.pinned_bytes) / 2**20:.0f} MiB pinned; the model asked "
-            f"where the latter go in {d.probe_s:.2f} s of it), then the model's load_weights "
-            f"in {d.rest_s:.2f} s (non-expert {_gb(d.rest_bytes)} with their data, "
-            f"{len(d.rest)} tensors), {setup} {ended - r.read_ended - d.rest_s:.2f} s; "
-            f"from {self.root}"
+            f"{(st.pinned_peak + d.pinned_bytes) / 2**20:.0f} MiB pinned), then the model's "
+            f"load_weights in {d.rest_s:.2f} s (non-expert {_gb(d.rest_bytes)} with their data, "
+            f"{len(d.rest)} tensors); the model asked where in {d.probe_s:.2f} s, {setup} "
+            f"{ended - r.read_ended - d.rest_s:.2f} s; from {self.root}"
         )
 
 
