@@ -104,7 +104,9 @@ transformers writes: gated-delta-net and QSA attention layers, hyper-connections
 attention's FlashAttention probe answered yes, KERNEL_PROBES, and its top-k scratch buffer not
 compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGeneration, the whole
 multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
-renormalizes, as the family reads it), each bf16 on both backends, and
+renormalizes, as the family reads it), Kimi-K2.5 (kimi_k25.KimiK25ForConditionalGeneration:
+MoonViT 3D over DeepSeek-V3's model under language_model., its published MLA head sizes,
+tests/hf_checkpoints.py), each bf16 on both backends, and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -376,6 +378,9 @@ CASES = {
     ),
     # Qwen3.5 MoE, the whole multimodal model transformers writes (tests/hf_checkpoints.py)
     "qwen3-5-moe-bf16": ("qwen3_5_moe", "qwen3_5.Qwen3_5MoeForConditionalGeneration", None, {}),
+    # Kimi-K2.5, as published (tests/hf_checkpoints.py): MoonViT 3D over DeepSeek-V3's model
+    # under language_model. (vLLM's DeepseekV3ForCausalLM, built from its text_config)
+    "kimi-k25-bf16": ("kimi_k25", "kimi_k25.KimiK25ForConditionalGeneration", None, {}),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
@@ -500,6 +505,8 @@ RUNS = [
     ("glm4v-bf16", "cutlass", "bf16"),
     ("omni-bf16", "trtllm", "bf16"),
     ("omni-bf16", "cutlass", "bf16"),
+    ("kimi-k25-bf16", "trtllm", "bf16"),
+    ("kimi-k25-bf16", "cutlass", "bf16"),
     ("qwen4-exp-bf16", "trtllm", "bf16"),
     ("qwen4-exp-bf16", "cutlass", "bf16"),
     ("qwen3-5-moe-bf16", "trtllm", "bf16"),
