@@ -1012,6 +1012,81 @@ def _save_kimi_k25(root: Path, seed: int = 0) -> Path:
     return _add_keys(root, {"text_config": KIMI_VL_TEXT | KIMI_K25_TEXT})
 
 
+# dots.vlm (rednote-hilab/dots.vlm1.inst's form): config.json of model_type dots_vlm holding its
+# DeepSeek-V3 language model's keys at its top level (SGLang's DotsVLMConfig reads them as its
+# language_config) beside a vision_config, the language model's tensors under their own names
+# (model.layers.L...), the vision tower's under vision_tower. (SGLang's DotsVisionTransformer's
+# names, its attention's fused qkv as attn.qkv), tiny; no biases in the tower (use_bias false)
+DOTS_VLM_VISION = dict(
+    embed_dim=32,
+    hidden_size=COMMON["hidden_size"],
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_channels=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=1,
+    rms_norm_eps=1e-5,
+    use_bias=False,
+    post_norm=True,
+)
+DOTS_VLM = dict(
+    architectures=["DotsVLMForCausalLM"],
+    model_type="dots_vlm",
+    image_token_id=100,
+    video_token_id=101,
+)
+
+
+def _dots_vlm_vision(seed: int) -> dict[str, torch.Tensor]:
+    """dots.vlm's vision tower's tensors at DOTS_VLM_VISION's sizes (one block), seeded, BF16."""
+    v = DOTS_VLM_VISION
+    e, i, p, out = v["embed_dim"], v["intermediate_size"], v["patch_size"], v["hidden_size"]
+    merged = e * v["spatial_merge_size"] ** 2
+    block, tower = "vision_tower.blocks.0.", "vision_tower."
+    shapes = {
+        tower + "patch_embed.patchifier.proj.weight": (e, 3, p, p),
+        tower + "patch_embed.patchifier.proj.bias": (e,),
+        tower + "patch_embed.patchifier.norm.weight": (e,),
+        block + "attn.qkv.weight": (3 * e, e),
+        block + "attn.proj.weight": (e, e),
+        block + "norm1.weight": (e,),
+        block + "norm2.weight": (e,),
+        block + "mlp.fc1.weight": (i, e),
+        block + "mlp.fc3.weight": (i, e),
+        block + "mlp.fc2.weight": (e, i),
+        tower + "post_trunk_norm.weight": (e,),
+        tower + "merger.ln_q.weight": (e,),
+        tower + "merger.ln_q.bias": (e,),
+        tower + "merger.mlp.0.weight": (merged, merged),
+        tower + "merger.mlp.0.bias": (merged,),
+        tower + "merger.mlp.2.weight": (out, merged),
+        tower + "merger.mlp.2.bias": (out,),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_dots_vlm(root: Path, seed: int = 0) -> Path:
+    """A dots.vlm checkpoint (DOTS_VLM): transformers' DeepSeek-V3 saved as it is (its config's
+    keys at config.json's top level, with KIMI_VL_TEXT's routing), _dots_vlm_vision's tensors
+    in a shard of their own."""
+    from safetensors.torch import save_file
+
+    save("deepseek_v3", root, seed)
+    vision = _dots_vlm_vision(seed)
+    save_file(vision, root / "vision.safetensors", metadata={"format": "pt"})
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] |= dict.fromkeys(vision, "vision.safetensors")
+    index_path.write_text(json.dumps(index, indent=2))
+    path = root / "config.json"
+    config = json.loads(path.read_text()) | KIMI_VL_TEXT | DOTS_VLM
+    path.write_text(json.dumps(config | {"vision_config": DOTS_VLM_VISION}, indent=2))
+    return root
+
+
 # GLM-5 Next (Glm5NextForConditionalGeneration, model_type glm5_next): transformers' own model,
 # tiny: a KDA layer (linear_attention) with a dense MLP, then an MLA layer with its indexer and
 # DeepSeek-V3's MoE (4 experts, a shared expert, its SwiGLU clamped), hyper-connections (2
@@ -1298,6 +1373,7 @@ SAVERS = {
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "kimi_k25": _save_kimi_k25,
+    "dots_vlm": _save_dots_vlm,
     "internvl_chat": _save_internvl,
     "hy_v4": _save_hy_v4,
     "axk1": _save_axk1,

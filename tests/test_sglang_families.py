@@ -44,7 +44,9 @@ language model's config in llm_config) and Intern-S1 (InternS1ForConditionalGene
 published, its config class remote code: test_interns1_equals_sglangs_default_load), Kimi-VL
 (KimiVLForConditionalGeneration over DeepSeek-V3: test_kimi_vl_equals_sglangs_default_load) and
 Kimi-K2.5 (KimiK25ForConditionalGeneration, its language model built without the checkpoint's
-prefix: test_kimi_k25_equals_sglangs_default_load) in
+prefix: test_kimi_k25_equals_sglangs_default_load) and dots.vlm (DotsVLMForCausalLM: its
+DeepSeek-V3 language model's keys at config.json's top level, its tensors under their own
+names beside a vision tower) in
 BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
 hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
 read, tests/hf_checkpoints.py) in BF16 on both backends, GLM-5 Next
@@ -151,6 +153,7 @@ CASES = {
     "internvl-bf16": ("internvl_chat", None, {}),
     "kimi-vl-bf16": ("kimi_vl", None, {}),
     "kimi-k25-bf16": ("kimi_k25", None, {}),
+    "dots-vlm-bf16": ("dots_vlm", None, {}),
     "kimi-linear-bf16": ("kimi_linear", None, {}),
     "qwen4-exp-bf16": ("qwen4_exp", None, {}),
     "qwen3-5-moe-bf16": ("qwen3_5_moe", None, {}),
@@ -193,6 +196,9 @@ MOE = {
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
+    # dots.vlm: the language model's tensors under their own names (model.layers.L), its
+    # layers named so in SGLang's module language_model
+    "dots_vlm": ["model.layers.1.mlp.experts"],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -202,6 +208,7 @@ MODULES = {
     "glm5_next": ["model.layers.1.mlp.experts"],
     "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "dots_vlm": ["language_model.model.layers.1.mlp.experts"],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -259,6 +266,9 @@ RUNS = [
     # Qwen3.5 MoE, the whole multimodal model (models/qwen3_5.py, importable beside the stand-in)
     ("qwen3-5-moe-bf16", "trtllm", "bf16"),
     ("qwen3-5-moe-bf16", "cutlass", "bf16"),
+    # dots.vlm (DotsVLMForCausalLM): its DeepSeek-V3 language model's keys at config.json's top
+    ("dots-vlm-bf16", "trtllm", "bf16"),
+    ("dots-vlm-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

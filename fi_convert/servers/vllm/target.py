@@ -90,6 +90,7 @@ NO_MODEL_CLASS: dict[str, str] = {
     "LLaDA2MoeModelLM": "LLaDA 2 MoE",
     "XllmForCausalLM": "Xllm",
     "IQuestQ1ForCausalLM": "IQuest Q1",
+    "DotsVLMForCausalLM": "dots.vlm",
 }
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
