@@ -252,6 +252,12 @@ NO_FLASHINFER_MODEL = {
         "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of it "
         "against SGLang's own load yet (vLLM 0.33's is proven); convert with --server vllm"
     ),
+    "PixtralForConditionalGeneration": (
+        "SGLang {sglang} has a model class for Mistral Large 3 as published whole "
+        "(models/pixtral.py, PixtralForConditionalGeneration around MistralLarge3ForCausalLM, "
+        "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of "
+        "it against SGLang's own load yet (vLLM 0.33's is proven); convert with --server vllm"
+    ),
 }
 
 NO_FLASHINFER = {
