@@ -91,6 +91,7 @@ NO_MODEL_CLASS: dict[str, str] = {
     "XllmForCausalLM": "Xllm",
     "IQuestQ1ForCausalLM": "IQuest Q1",
     "DotsVLMForCausalLM": "dots.vlm",
+    "GigaChat35ForCausalLM": "GigaChat 3.5",
 }
 # Architectures vLLM 0.33 has a model class for, over a language model a family takes (by its
 # language_config), whose output fi-convert has not proven against vLLM's own load, by title and
