@@ -228,7 +228,12 @@ KINDS = {
 }
 # read in config.json and in its text_config; the families add their own (config_fields)
 SECTION_FIELDS = {"model_type": "string", "architectures": "list of strings"}
-TOP_FIELDS = {"text_config": "map", "llm_config": "map", "quantization_config": "map"}
+TOP_FIELDS = {
+    "text_config": "map",
+    "llm_config": "map",
+    "language_config": "map",
+    "quantization_config": "map",
+}
 QUANT_FIELDS = {"quant_method": "string", "quant_algo": "string", "quantization": "map"}
 
 
@@ -277,9 +282,10 @@ def model_type(config: dict) -> str | None:
     return mt if isinstance(mt, str) else None
 
 
-# where a multimodal config.json holds its language model's config: text_config, or
-# llm_config (InternVL's InternVLChatConfig: model_type internvl_chat)
-TEXT_SECTIONS = ("text_config", "llm_config")
+# where a multimodal config.json holds its language model's config: text_config, llm_config
+# (InternVL's InternVLChatConfig: model_type internvl_chat) or language_config (DeepSeek-VL2's
+# and DeepSeek-OCR's: model_type deepseek_vl_v2, the servers' DeepseekVLV2Config)
+TEXT_SECTIONS = ("text_config", "llm_config", "language_config")
 
 
 def _text_section(config: dict) -> str:

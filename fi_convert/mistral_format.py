@@ -8,10 +8,13 @@ where nested: `moe.num_experts`). Two things `params.json` implies rather than s
 as Mistral's format defines them and both vLLM's reader
 (`vllm/transformers_utils/configs/mistral.py`, `adapt_config_dict`) and TensorRT-LLM's apply
 them: the architecture (a `moe` section with shared experts is Mistral Large 3,
-`MistralLarge3ForCausalLM`), and the quantization (`quantization.qformat_weight` "fp8_e4m3":
-FP8 with per-tensor scales, static activation scales unless `qscheme_act` is "NO_SCALES"; a
-compressed-tensors config as it is). The output keeps the format's `params.json` (marked,
-`format.config_marker.mark_params`) beside the format's usual shards.
+`MistralLarge3ForCausalLM`; with a vision encoder, `vision_encoder` or
+`multimodal.vision_encoder_args`, the model as published whole, which both servers build as
+`PixtralForConditionalGeneration` around it), and the quantization
+(`quantization.qformat_weight` "fp8_e4m3": FP8 with per-tensor scales, static activation
+scales unless `qscheme_act` is "NO_SCALES"; a compressed-tensors config as it is). The output
+keeps the format's `params.json` (marked, `format.config_marker.mark_params`) beside the
+format's usual shards.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ REQUIRED = {
     "moe.expert_hidden_dim": "the experts' intermediate size",
 }
 LARGE_3 = "MistralLarge3ForCausalLM"
+PIXTRAL = "PixtralForConditionalGeneration"
 
 
 def is_mistral(root: Path) -> bool:
@@ -67,7 +71,8 @@ def config(params: dict, path: Path) -> dict:
                 )
         shared = _get(params, "moe.num_shared_experts")
         if isinstance(shared, int) and shared > 0:
-            cfg["architectures"] = [LARGE_3]
+            vision = params.get("vision_encoder") or _get(params, "multimodal.vision_encoder_args")
+            cfg["architectures"] = [PIXTRAL if vision else LARGE_3]
     quant = params.get(QUANT_KEY)
     if quant:
         cfg["quantization_config"] = _quantization(quant, path)

@@ -937,6 +937,156 @@ def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
     return _add_keys(root, {"text_config": KIMI_VL_TEXT})
 
 
+# Kimi-K2.5 (moonshotai/Kimi-K2.5's form): config.json of model_type kimi_k25 over a text_config
+# of model_type kimi_k2 (DeepSeek-V3's), the language model under language_model., MoonViT 3D's
+# tensors under vision_tower. (Kimi-VL's names) and its projector's as mm_projector.pre_norm /
+# proj.0 / proj.2, tiny. Its vision_config holds the keys SGLang's KimiK25VisionConfig reads
+# (init_pos_emb_*, vt_hidden_size for the projector, hidden_size for the tower) and those
+# transformers' Kimi_K25VisionConfig reads (pos_emb_*), which vLLM's model is built from
+KIMI_K25_VISION = dict(
+    patch_size=14,
+    init_pos_emb_height=4,
+    init_pos_emb_width=4,
+    init_pos_emb_time=4,
+    pos_emb_height=4,
+    pos_emb_width=4,
+    pos_emb_time=4,
+    pos_emb_type="divided_fixed",
+    num_attention_heads=2,
+    num_hidden_layers=1,
+    hidden_size=32,
+    intermediate_size=64,
+    vt_num_attention_heads=2,
+    vt_num_hidden_layers=1,
+    vt_hidden_size=32,
+    vt_intermediate_size=64,
+    merge_kernel_size=[2, 2],
+    video_attn_type="spatial_temporal",
+    merge_type="sd2_tpool",
+    mm_projector_type="patchmerger",
+    mm_hidden_size=32,
+    projector_hidden_act="gelu",
+    projector_ln_eps=1e-5,
+    text_hidden_size=COMMON["hidden_size"],
+)
+KIMI_K25 = dict(
+    architectures=["KimiK25ForConditionalGeneration"],
+    model_type="kimi_k25",
+    media_placeholder_token_id=100,
+    image_token_id=100,
+    torch_dtype="bfloat16",
+)
+# its text_config's keys (Kimi-K2's config.json, as recalled) that transformers' DeepseekV3Config
+# does not write and SGLang's DeepSeek-V2 model reads from the DeepseekV3Config SGLang's
+# KimiK25Config builds (moe_layer_freq: every layer from first_k_dense_replace on is MoE)
+KIMI_K25_TEXT = dict(model_type="kimi_k2", moe_layer_freq=1)
+# the projector's names in Kimi-K2.5's checkpoints (Kimi-VL's: multi_modal_projector.)
+KIMI_K25_PROJECTOR = {
+    "multi_modal_projector.pre_norm.": "mm_projector.pre_norm.",
+    "multi_modal_projector.linear_1.": "mm_projector.proj.0.",
+    "multi_modal_projector.linear_2.": "mm_projector.proj.2.",
+}
+
+
+def _save_kimi_k25(root: Path, seed: int = 0) -> Path:
+    """A Kimi-K2.5 checkpoint (KIMI_K25): transformers' DeepSeek-V3 as the language model (its
+    tensors under language_model., its config as text_config, model_type kimi_k2 as
+    published) beside Kimi-VL's MoonViT tensors with Kimi-K2.5's projector names."""
+    vision = {}
+    for name, tensor in _kimi_vl_vision(seed).items():
+        for theirs, ours in KIMI_K25_PROJECTOR.items():
+            name = name.replace(theirs, ours)
+        vision[name] = tensor
+    _save_multimodal(
+        root,
+        seed,
+        "deepseek_v3",
+        "text_config",
+        KIMI_K25 | {"vision_config": KIMI_K25_VISION},
+        vision,
+        # the published head sizes (vLLM 0.33 has MLA prefill kernels for these only)
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+    )
+    return _add_keys(root, {"text_config": KIMI_VL_TEXT | KIMI_K25_TEXT})
+
+
+# dots.vlm (rednote-hilab/dots.vlm1.inst's form): config.json of model_type dots_vlm holding its
+# DeepSeek-V3 language model's keys at its top level (SGLang's DotsVLMConfig reads them as its
+# language_config) beside a vision_config, the language model's tensors under their own names
+# (model.layers.L...), the vision tower's under vision_tower. (SGLang's DotsVisionTransformer's
+# names, its attention's fused qkv as attn.qkv), tiny; no biases in the tower (use_bias false)
+DOTS_VLM_VISION = dict(
+    embed_dim=32,
+    hidden_size=COMMON["hidden_size"],
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_channels=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=1,
+    rms_norm_eps=1e-5,
+    use_bias=False,
+    post_norm=True,
+)
+DOTS_VLM = dict(
+    architectures=["DotsVLMForCausalLM"],
+    model_type="dots_vlm",
+    image_token_id=100,
+    video_token_id=101,
+)
+
+
+def _dots_vlm_vision(seed: int) -> dict[str, torch.Tensor]:
+    """dots.vlm's vision tower's tensors at DOTS_VLM_VISION's sizes (one block), seeded, BF16."""
+    v = DOTS_VLM_VISION
+    e, i, p, out = v["embed_dim"], v["intermediate_size"], v["patch_size"], v["hidden_size"]
+    merged = e * v["spatial_merge_size"] ** 2
+    block, tower = "vision_tower.blocks.0.", "vision_tower."
+    shapes = {
+        tower + "patch_embed.patchifier.proj.weight": (e, 3, p, p),
+        tower + "patch_embed.patchifier.proj.bias": (e,),
+        tower + "patch_embed.patchifier.norm.weight": (e,),
+        block + "attn.qkv.weight": (3 * e, e),
+        block + "attn.proj.weight": (e, e),
+        block + "norm1.weight": (e,),
+        block + "norm2.weight": (e,),
+        block + "mlp.fc1.weight": (i, e),
+        block + "mlp.fc3.weight": (i, e),
+        block + "mlp.fc2.weight": (e, i),
+        tower + "post_trunk_norm.weight": (e,),
+        tower + "merger.ln_q.weight": (e,),
+        tower + "merger.ln_q.bias": (e,),
+        tower + "merger.mlp.0.weight": (merged, merged),
+        tower + "merger.mlp.0.bias": (merged,),
+        tower + "merger.mlp.2.weight": (out, merged),
+        tower + "merger.mlp.2.bias": (out,),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_dots_vlm(root: Path, seed: int = 0) -> Path:
+    """A dots.vlm checkpoint (DOTS_VLM): transformers' DeepSeek-V3 saved as it is (its config's
+    keys at config.json's top level, with KIMI_VL_TEXT's routing), _dots_vlm_vision's tensors
+    in a shard of their own."""
+    from safetensors.torch import save_file
+
+    save("deepseek_v3", root, seed)
+    vision = _dots_vlm_vision(seed)
+    save_file(vision, root / "vision.safetensors", metadata={"format": "pt"})
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] |= dict.fromkeys(vision, "vision.safetensors")
+    index_path.write_text(json.dumps(index, indent=2))
+    path = root / "config.json"
+    config = json.loads(path.read_text()) | KIMI_VL_TEXT | DOTS_VLM
+    path.write_text(json.dumps(config | {"vision_config": DOTS_VLM_VISION}, indent=2))
+    return root
+
+
 # GLM-5 Next (Glm5NextForConditionalGeneration, model_type glm5_next): transformers' own model,
 # tiny: a KDA layer (linear_attention) with a dense MLP, then an MLA layer with its indexer and
 # DeepSeek-V3's MoE (4 experts, a shared expert, its SwiGLU clamped), hyper-connections (2
@@ -1222,6 +1372,8 @@ SAVERS = {
     "qwen3_5_moe": _save_qwen3_5_moe,
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
+    "kimi_k25": _save_kimi_k25,
+    "dots_vlm": _save_dots_vlm,
     "internvl_chat": _save_internvl,
     "hy_v4": _save_hy_v4,
     "axk1": _save_axk1,

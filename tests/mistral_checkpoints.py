@@ -6,10 +6,11 @@
 `layers.L.attention.wkv_a_with_mqa`, `layers.L.experts.E.w1`, `layers.L.shared_experts.w1`,
 `layers.L.gate`; FP8: `qscale_weight` and `qscale_act`, one float32 scale per tensor).
 
-Text only: the published params.json also has a `vision_encoder` section (vLLM then builds
-PixtralForConditionalGeneration around MistralLarge3ForCausalLM), whose model class needs
-torchvision, absent from this CPU install; its tensors (`vision_encoder.*`, `patch_merger.*`,
-`vision_language_adapter.*`) are non-expert tensors fi-convert carries over as they are.
+Text only by default; `write(..., vision=True)` is the model as published whole: params.json's
+`vision_encoder` section (VISION_ENCODER, tiny; vLLM and SGLang then build
+PixtralForConditionalGeneration around MistralLarge3ForCausalLM) and its tensors
+(`vision_encoder.*`, `pre_mm_projector_norm`, `patch_merger.*`, `vision_language_adapter.*`:
+non-expert tensors fi-convert carries over as they are).
 """
 
 from __future__ import annotations
@@ -62,6 +63,27 @@ PARAMS = {
     "llama_4_scaling": {"original_max_position_embeddings": 1024, "beta": 0.1},
 }
 FP8_QUANTIZATION = {"qformat_weight": "fp8_e4m3", "qscheme_act": "TENSOR"}
+# params.json's vision_encoder section (Mistral Large 3's keys as recalled from its published
+# params.json, not re-read here: Pixtral's encoder with a patch merger and a norm before it, an
+# adapter without biases), tiny: one block
+VISION_ENCODER = {
+    "hidden_size": 32,
+    "num_channels": 3,
+    "image_size": 56,
+    "max_image_size": 56,
+    "patch_size": 14,
+    "rope_theta": 10000.0,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "image_token_id": 10,
+    "image_break_token_id": 12,
+    "image_end_token_id": 13,
+    "adapter_bias": False,
+    "spatial_merge_size": 2,
+    "add_pre_mm_projector_layer_norm": True,
+    "mm_projector_id": "patch_merge",
+}
 
 
 def tensors(params: dict, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -123,6 +145,31 @@ def tensors(params: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
+def vision_tensors(params: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The vision encoder's, its patch merger's and its adapter's tensors, in BF16, named as
+    Mistral's format names them (VISION_ENCODER's sizes)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    v, dim = params["vision_encoder"], params["dim"]
+    h, i, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    merged = h * v["spatial_merge_size"] ** 2
+    block = "vision_encoder.transformer.layers.0."
+    shapes = {
+        "vision_encoder.patch_conv.weight": (h, v["num_channels"], p, p),
+        "vision_encoder.ln_pre.weight": (h,),
+        **{f"{block}attention.{w}.weight": (h, h) for w in ("wq", "wk", "wv", "wo")},
+        block + "attention_norm.weight": (h,),
+        block + "ffn_norm.weight": (h,),
+        block + "feed_forward.w1.weight": (i, h),
+        block + "feed_forward.w3.weight": (i, h),
+        block + "feed_forward.w2.weight": (h, i),
+        "pre_mm_projector_norm.weight": (h,),
+        "patch_merger.merging_layer.weight": (h, merged),
+        "vision_language_adapter.w_in.weight": (dim, h),
+        "vision_language_adapter.w_out.weight": (dim, dim),
+    }
+    return {n: (torch.randn(s, generator=g) * 0.05).to(torch.bfloat16) for n, s in shapes.items()}
+
+
 def _fp8(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The routed experts in FP8 with per-tensor scales, as Mistral's FP8 format stores them:
     `weight` E4M3, `qscale_weight` its dequantization scale, `qscale_act` the static input
@@ -138,12 +185,18 @@ def _fp8(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write(root: Path, quant: str | None = None, shards: int = 2, **moe: object) -> Path:
+def write(
+    root: Path, quant: str | None = None, shards: int = 2, vision: bool = False, **moe: object
+) -> Path:
     """A Mistral-format tiny Mistral Large 3 (BF16, or `quant` "fp8" as the FP8 release) in
-    `root`: params.json, `shards` consolidated shards and their index."""
+    `root`: params.json, `shards` consolidated shards and their index; with `vision`, the
+    model as published whole (its vision encoder too)."""
     params = json.loads(json.dumps(PARAMS))
     params["moe"].update(moe)
     t = tensors(params)
+    if vision:
+        params["vision_encoder"] = dict(VISION_ENCODER)
+        t |= vision_tensors(params)
     if quant == "fp8":
         params["quantization"] = dict(FP8_QUANTIZATION)
         t = _fp8(t)

@@ -25,6 +25,14 @@ feed_forward_norm; layer 0's ffn_out_norm), layer 0 dense (mlp_only_layers, of
 dense_intermediate_size), layer 1 MoE: its router mlp.router.weight (FP32) and its experts
 fused, mlp.experts.fc [E, 2I, H] ([gate; up]) and mlp.experts.proj [E, H, I], tensors without a
 .weight suffix as its load_weights reads them.
+
+GigaChat 3.5 (GigaChat35ForCausalLM, model_type gigachat3_5; SGLang's models/gigachat35.py and
+its own config class configs/gigachat35.py, no public checkpoint found): DeepSeek-V3's layout
+(layer 0 dense, layer 1 MoE with a shared expert and the router's e_score_correction_bias,
+per-expert gate/up/down_proj) where layer 0 is a Gated-Delta-Net layer (self_attn.in_proj_qkvz,
+in_proj_ba, conv1d, A_log, dt_bias, norm, out_proj) and layer 1 a gated MLA one (q_a_proj,
+kv_a_proj_with_mqa, ..., the gate self_attn.gate_proj), every norm gated (its weight and its
+low-rank gate_up_projection / gate_down_projection), as SGLang's load_weights reads them.
 """
 
 from __future__ import annotations
@@ -158,6 +166,125 @@ def save_iquest_q1(root: Path, seed: int = 0) -> Path:
                 p + "mlp.experts.fc": w(e, 2 * i, h),
                 p + "mlp.experts.proj": w(e, h, i),
             }
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    return _write(root, shards, c)
+
+
+# GigaChat 3.5: SGLang's GigaChat35Config's keys, tiny; the routing keys written out (sigmoid
+# scores with the correction bias, renormalized: the config class's defaults), which the
+# DeepSeek-V3 family reads; layer 0 a Gated-Delta-Net layer, layer 1 MLA
+GIGACHAT35_CONFIG = dict(
+    architectures=["GigaChat35ForCausalLM"],
+    model_type="gigachat3_5",
+    torch_dtype="bfloat16",
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=128,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    head_dim=64,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    norm_topk_prob=True,
+    layer_types=["linear_attention", "attention"],
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    norm_type="ZeroCenteredGatedNorm",
+    layernorm_type="pre_post",
+    gated_attention=True,
+)
+# the rank of each gated norm's low-rank gate (SGLang's _GATED_NORM_LOW_RANK)
+GIGACHAT35_NORM_RANK = 16
+
+
+def save_gigachat35(root: Path, seed: int = 0) -> Path:
+    """A tiny GigaChat 3.5 checkpoint in two shards (layer 1 in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    c, r = GIGACHAT35_CONFIG, GIGACHAT35_NORM_RANK
+    h, v, dense, i = (
+        c["hidden_size"],
+        c["vocab_size"],
+        c["intermediate_size"],
+        c["moe_intermediate_size"],
+    )
+    heads, nope, rope, vd = (
+        c["num_attention_heads"],
+        c["qk_nope_head_dim"],
+        c["qk_rope_head_dim"],
+        c["v_head_dim"],
+    )
+    ql, kvl = c["q_lora_rank"], c["kv_lora_rank"]
+    kh, vh = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    kd, lvd = c["linear_key_head_dim"], c["linear_value_head_dim"]
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
+
+    def norm(name: str, n: int) -> dict[str, torch.Tensor]:
+        return {
+            f"{name}.weight": w(n),
+            f"{name}.gate_up_projection.weight": w(r, n),
+            f"{name}.gate_down_projection.weight": w(n, r),
+        }
+
+    def mlp(name: str, size: int) -> dict[str, torch.Tensor]:
+        return {
+            f"{name}.gate_proj.weight": w(size, h),
+            f"{name}.up_proj.weight": w(size, h),
+            f"{name}.down_proj.weight": w(h, size),
+        }
+
+    layer_norms = ("input", "post_attention", "post_self_attn", "post_feedforward")
+    first = {"model.embed_tokens.weight": w(v, h)}
+    second = {**norm("model.norm", h), "lm_head.weight": w(v, h)}
+    a, p = "model.layers.0.self_attn.", "model.layers.0."
+    first |= {
+        a + "in_proj_qkvz.weight": w(2 * kh * kd + 2 * vh * lvd, h),
+        a + "in_proj_ba.weight": w(2 * vh, h),
+        a + "conv1d.weight": w(2 * kh * kd + vh * lvd, 1, c["linear_conv_kernel_dim"]),
+        a + "A_log": w(vh),
+        a + "dt_bias": w(vh),
+        a + "norm.weight": w(lvd),
+        a + "out_proj.weight": w(h, vh * lvd),
+        **mlp(p + "mlp", dense),
+    }
+    for n in layer_norms:
+        first |= norm(f"{p}{n}_layernorm", h)
+    a, p = "model.layers.1.self_attn.", "model.layers.1."
+    second |= {
+        a + "q_a_proj.weight": w(ql, h),
+        **norm(a + "q_a_layernorm", ql),
+        a + "q_b_proj.weight": w(heads * (nope + rope), ql),
+        a + "kv_a_proj_with_mqa.weight": w(kvl + rope, h),
+        **norm(a + "kv_a_layernorm", kvl),
+        a + "kv_b_proj.weight": w(heads * (nope + vd), kvl),
+        a + "o_proj.weight": w(h, heads * vd),
+        a + "gate_proj.weight": w(heads * vd, h),
+        p + "mlp.gate.weight": w(c["n_routed_experts"], h),
+        p + "mlp.gate.e_score_correction_bias": w(c["n_routed_experts"]).float(),
+        **mlp(p + "mlp.shared_experts", i * c["n_shared_experts"]),
+    }
+    for e in range(c["n_routed_experts"]):
+        second |= mlp(f"{p}mlp.experts.{e}", i)
+    for n in layer_norms:
+        second |= norm(f"{p}{n}_layernorm", h)
     shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
     return _write(root, shards, c)
 

@@ -174,6 +174,43 @@ def test_an_internvl_llm_config_is_read_as_text_config(pristine, tmp_path, fam):
     error_line(_dry_run(model), f"{model / 'config.json'}: llm_config.{key} is ", "not an integer")
 
 
+# DeepSeek-VL2's and DeepSeek-OCR's config.json (the servers' DeepseekVLV2Config): its
+# DeepSeek-V2 language model's config in language_config
+VL2 = dict(model_type="deepseek_vl_v2", architectures=["DeepseekVLV2ForCausalLM"])
+OCR = dict(model_type="deepseek_vl_v2", architectures=["DeepseekOCRForCausalLM"])
+
+
+def _language_config(top: dict):
+    def edit(c: dict) -> None:
+        language = {k: c.pop(k) for k in list(c) if k not in ("quantization_config",)}
+        c.update(top, language_config=language | {"model_type": "deepseek_v2"})
+
+    return edit
+
+
+@pytest.mark.parametrize("top", [VL2, OCR], ids=["vl2", "ocr"])
+def test_a_language_config_is_read_as_text_config(pristine, tmp_path, top):
+    """DeepSeek-VL2's and DeepSeek-OCR's language model's config, in language_config, names
+    the DeepSeek-V3 family (model_type deepseek_v2) and its fields are read there: a field of
+    the wrong kind there is one line naming language_config.<field>. Neither server's class of
+    them is proven here: an output for either server is refused in one line saying why."""
+    edit = _language_config(top)
+    key = next(f for f in all_families() if f.name == "deepseek-v3").config_keys["num_experts"][0]
+
+    def wrong(c: dict) -> None:
+        edit(c)
+        c["language_config"][key] = str(c["language_config"][key])
+
+    model = _with_config(pristine["deepseek-v3"], tmp_path / "wrong", wrong)
+    error_line(_dry_run(model), f"{model / 'config.json'}: language_config.{key} is ", "an integer")
+    model = _with_config(pristine["deepseek-v3"], tmp_path / "model", edit)
+    arch = top["architectures"][0]
+    for server in ("vllm", "sglang"):
+        res = cli("convert", model, tmp_path / server, "--dry-run", "--server", server)
+        line = error_line(res, f"({arch})" if server == "vllm" else "has not proven an output")
+        assert "serve the checkpoint as it is" in line
+
+
 @pytest.mark.parametrize("bad", WRONG["map"])
 def test_text_config_that_is_no_map(pristine, tmp_path, bad):
     for fam in SPECS:

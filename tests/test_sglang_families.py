@@ -41,8 +41,12 @@ block_sparse_moe.experts.gate_up_proj / down_proj, sliding windows and attention
 on both backends, Mellum (MellumForCausalLM: Qwen3-MoE's layers, a dense layer by
 mlp_layer_types) in BF16 on both backends, InternVL 3.5 MoE (InternVLChatModel: its Qwen3-MoE
 language model's config in llm_config) and Intern-S1 (InternS1ForConditionalGeneration as
-published, its config class remote code: test_interns1_equals_sglangs_default_load) and Kimi-VL
-(KimiVLForConditionalGeneration over DeepSeek-V3: test_kimi_vl_equals_sglangs_default_load) in
+published, its config class remote code: test_interns1_equals_sglangs_default_load), Kimi-VL
+(KimiVLForConditionalGeneration over DeepSeek-V3: test_kimi_vl_equals_sglangs_default_load) and
+Kimi-K2.5 (KimiK25ForConditionalGeneration, its language model built without the checkpoint's
+prefix: test_kimi_k25_equals_sglangs_default_load) and dots.vlm (DotsVLMForCausalLM: its
+DeepSeek-V3 language model's keys at config.json's top level, its tensors under their own
+names beside a vision tower) in
 BF16 on both backends, HY v4 (HYV4ForCausalLM: MLA with its indexer,
 hyper-connections, fused experts whose SwiGLU is clamped; the names vLLM's and SGLang's loads
 read, tests/hf_checkpoints.py) in BF16 on both backends, GLM-5 Next
@@ -148,6 +152,8 @@ CASES = {
     "glm5-next-bf16": ("glm5_next", None, {}),
     "internvl-bf16": ("internvl_chat", None, {}),
     "kimi-vl-bf16": ("kimi_vl", None, {}),
+    "kimi-k25-bf16": ("kimi_k25", None, {}),
+    "dots-vlm-bf16": ("dots_vlm", None, {}),
     "kimi-linear-bf16": ("kimi_linear", None, {}),
     "qwen4-exp-bf16": ("qwen4_exp", None, {}),
     "qwen3-5-moe-bf16": ("qwen3_5_moe", None, {}),
@@ -190,6 +196,9 @@ MOE = {
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
+    # dots.vlm: the language model's tensors under their own names (model.layers.L), its
+    # layers named so in SGLang's module language_model
+    "dots_vlm": ["model.layers.1.mlp.experts"],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -199,6 +208,7 @@ MODULES = {
     "glm5_next": ["model.layers.1.mlp.experts"],
     "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "dots_vlm": ["language_model.model.layers.1.mlp.experts"],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -256,6 +266,9 @@ RUNS = [
     # Qwen3.5 MoE, the whole multimodal model (models/qwen3_5.py, importable beside the stand-in)
     ("qwen3-5-moe-bf16", "trtllm", "bf16"),
     ("qwen3-5-moe-bf16", "cutlass", "bf16"),
+    # dots.vlm (DotsVLMForCausalLM): its DeepSeek-V3 language model's keys at config.json's top
+    ("dots-vlm-bf16", "trtllm", "bf16"),
+    ("dots-vlm-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -575,6 +588,34 @@ def test_kimi_vl_equals_sglangs_default_load(sources, tmp_path, backend, tp):
             theirs = _model(None, src, "auto", backend)
         moe = _moe(theirs)
         assert sorted(moe) == layers
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_kimi_k25_equals_sglangs_default_load(sources, tmp_path, backend, tp):
+    """Kimi-K2.5 (KimiK25ForConditionalGeneration; tests/hf_checkpoints.py: its DeepSeek-V3
+    language model under language_model., text_config.model_type kimi_k2, MoonViT 3D beside
+    mm_projector.): fi-convert takes it as DeepSeek-V3 by its text_config; SGLang 0.5.23 builds
+    the language model without the checkpoint's prefix (its load_weights drops language_model.:
+    modules language_model.model.layers.L.mlp.experts, layers named model.layers.L.mlp.experts),
+    which the plugin finds as the one output layer that, less one part, is the layer's name.
+    BF16 on both backends."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = sources("kimi-k25-bf16")
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    assert sorted(read(out)["layers"]) == ["language_model.model.layers.1.mlp.experts"]
+    for rank in range(tp):
+        with sm.sglang_context(backend, tp, rank):
+            ours = _model(None, out, "fi-convert", backend)
+            theirs = _model(None, src, "auto", backend)
+        assert type(theirs).__name__ == "KimiK25ForConditionalGeneration"
+        moe = _moe(theirs)
+        assert sorted(moe) == ["language_model.model.layers.1.mlp.experts"]
+        assert {m.layer_id for m in moe.values()} == {1}
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 

@@ -11,13 +11,18 @@ MoE (LLaDA2MoeModelLM: Ling 2.0's layout, a diffusion language model), Xllm (Xll
 sigmoid scores with a correction bias, a shared expert), IQuest Q1 (IQuestQ1ForCausalLM: fused
 experts mlp.experts.fc / proj; its load_weights refuses a load that leaves a parameter unfilled,
 and takes the converted layers' parameters, which the plugin fills itself, as SGLang's
-`_skip_weight_check` marks them: test_iquest_q1s_own_check_sees_every_parameter_filled).
+`_skip_weight_check` marks them: test_iquest_q1s_own_check_sees_every_parameter_filled),
+GigaChat 3.5 (GigaChat35ForCausalLM: DeepSeek-V3's MoE beside a Gated-Delta-Net layer and a
+gated MLA one, gated norms; its MLA's rotary embedding asks the platform for its device when
+built: "cpu" here).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -35,7 +40,12 @@ FAMILIES = {
     "llada2_moe": (so.save_llada2, ["model.layers.1.mlp.experts"]),  # layer 0 dense
     "xllm": (so.save_xllm, ["model.layers.1.mlp.experts"]),  # layer 0 dense
     "iquest_q1": (so.save_iquest_q1, ["model.layers.1.mlp.experts"]),  # layer 0 dense
+    "gigachat35": (so.save_gigachat35, ["model.layers.1.mlp.experts"]),  # layer 0 dense
 }
+# families whose SGLang model builds a rotary embedding that asks the platform for its device
+# (GigaChat 3.5's MLA: DeepSeek's yarn rotary embedding): "cpu" here
+ROPE_ON_CPU = {"gigachat35"}
+ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +74,11 @@ def test_the_output_equals_sglangs_default_load(sources, tmp_path, kind, backend
     out = _convert(src, tmp_path / "out", "bf16", backend, tp)
     assert sorted(read(out)["layers"]) == layers
     for rank in range(tp):
-        with sm.sglang_context(backend, tp, rank):
+        rope = mock.patch(f"{ROPE}.get_device", lambda: "cpu")  # (imported in the context)
+        with (
+            sm.sglang_context(backend, tp, rank),
+            rope if kind in ROPE_ON_CPU else contextlib.nullcontext(),
+        ):
             ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
             theirs = _model(None, src, "auto", backend, trust_remote_code=True)
         assert type(theirs).__name__ == type(ours).__name__ == _architecture(src)

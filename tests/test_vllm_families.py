@@ -40,7 +40,10 @@ Mistral Large 3 is written in Mistral's own format (tests/mistral_checkpoints.py
 consolidated shards, Mistral's names), which vLLM reads itself (its params.json parser, the
 model's `hf_to_vllm_mapper`); its MLA layers get FlashInfer's MLA backend and prefill kernel
 (vLLM's first MLA prefill choice allocates a GPU workspace when built), their workspace on the
-CPU.
+CPU. As published whole (params.json's vision_encoder: pixtral.PixtralForConditionalGeneration
+around the text model, bf16 on both backends), its module imported beside the torchvision
+stand-in and stand-ins for mistral_common's modules (mistral_common_stand_in: its chat and
+tokenizer types, absent from this install, used in processing a prompt only).
 
 Kimi Linear (vllm/models/kimi_k3's KimiLinearForCausalLM: a KDA layer, an MLA layer with the
 MoE block, transformers' tensors under the published config.json) is built with two stand-ins
@@ -104,7 +107,9 @@ transformers writes: gated-delta-net and QSA attention layers, hyper-connections
 attention's FlashAttention probe answered yes, KERNEL_PROBES, and its top-k scratch buffer not
 compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGeneration, the whole
 multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
-renormalizes, as the family reads it), each bf16 on both backends, and
+renormalizes, as the family reads it), Kimi-K2.5 (kimi_k25.KimiK25ForConditionalGeneration:
+MoonViT 3D over DeepSeek-V3's model under language_model., its published MLA head sizes,
+tests/hf_checkpoints.py), each bf16 on both backends, and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -123,9 +128,7 @@ Not proven here, and why:
   linear FP8 with per-tensor `qscale_weight`/`qscale_act`): vLLM 0.33 finds no CPU kernel for
   its per-tensor FP8 linears ("Failed to find a kernel that can implement the ScaledMM linear
   layer"), and fp8-tensor of it is refused for vLLM when planned (vLLM's Fp8MoEMethod, which
-  the plugin does not set up yet: test_an_fp8_mistral_format_source_is_refused_...). Nor the
-  published multimodal whole (params.json's `vision_encoder`: PixtralForConditionalGeneration
-  around the text model), whose module needs transformers' Pixtral image processor;
+  the plugin does not set up yet: test_an_fp8_mistral_format_source_is_refused_...);
 - DeepSeek-V3.2 in its published FP8 block format: vLLM 0.33's MLA post-load step
   (`MLAAttention.process_weights_after_loading` -> `split_kv_b_proj` ->
   `get_and_maybe_dequant_weights`) dequantizes a block-FP8 kv_b_proj with `scaled_dequantize`,
@@ -330,6 +333,10 @@ CASES = {
     # names; tests/mistral_checkpoints.py): vLLM reads params.json itself and maps the names
     # (MistralLarge3ForCausalLM.hf_to_vllm_mapper); I 96: padded per rank
     "mistral-large-3-bf16": ("mistral", "mistral_large_3.MistralLarge3ForCausalLM", None, {}),
+    # Mistral Large 3 as published whole (params.json's vision_encoder): vLLM builds
+    # PixtralForConditionalGeneration around MistralLarge3ForCausalLM; its module imports
+    # torchvision (TORCHVISION)
+    "pixtral-large-3-bf16": ("mistral", "pixtral.PixtralForConditionalGeneration", None, {}),
     # Gemma 4: fused experts beside the dense MLP, gelu_tanh, its router's own function
     "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
     # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
@@ -376,6 +383,9 @@ CASES = {
     ),
     # Qwen3.5 MoE, the whole multimodal model transformers writes (tests/hf_checkpoints.py)
     "qwen3-5-moe-bf16": ("qwen3_5_moe", "qwen3_5.Qwen3_5MoeForConditionalGeneration", None, {}),
+    # Kimi-K2.5, as published (tests/hf_checkpoints.py): MoonViT 3D over DeepSeek-V3's model
+    # under language_model. (vLLM's DeepseekV3ForCausalLM, built from its text_config)
+    "kimi-k25-bf16": ("kimi_k25", "kimi_k25.KimiK25ForConditionalGeneration", None, {}),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
@@ -480,6 +490,8 @@ RUNS = [
     # Mistral Large 3: softmax + renormalize (RenormalizeNaive), on both backends
     ("mistral-large-3-bf16", "trtllm", "bf16"),
     ("mistral-large-3-bf16", "cutlass", "bf16"),
+    ("pixtral-large-3-bf16", "trtllm", "bf16"),
+    ("pixtral-large-3-bf16", "cutlass", "bf16"),
     # Gemma 4's gelu_tanh experts and Custom routing: BF16 on CUTLASS only
     ("gemma4-bf16", "cutlass", "bf16"),
     ("axk1-bf16", "trtllm", "bf16"),
@@ -500,6 +512,8 @@ RUNS = [
     ("glm4v-bf16", "cutlass", "bf16"),
     ("omni-bf16", "trtllm", "bf16"),
     ("omni-bf16", "cutlass", "bf16"),
+    ("kimi-k25-bf16", "trtllm", "bf16"),
+    ("kimi-k25-bf16", "cutlass", "bf16"),
     ("qwen4-exp-bf16", "trtllm", "bf16"),
     ("qwen4-exp-bf16", "cutlass", "bf16"),
     ("qwen3-5-moe-bf16", "trtllm", "bf16"),
@@ -543,7 +557,7 @@ def sources(tmp_path_factory):
         if case not in done:
             kind, _, quant, sizes = CASES[case]
             if kind == "mistral":
-                done[case] = mistral.write(root / case, quant)
+                done[case] = mistral.write(root / case, quant, vision=case.startswith("pixtral"))
             elif kind == "ernie4_5_moe_vl":
                 done[case] = ffm.save_ernie45_vl(root / case)
             elif kind == "step3_vl":
@@ -569,6 +583,7 @@ NO_JIT_WARMUP = ("glm5-next-bf16",)
 # (absent from this CPU install): imported beside a stand-in for it (torchvision_stand_in)
 TORCHVISION = (
     "glm5-next-bf16",
+    "pixtral-large-3-bf16",
     "step3-vl-bf16",
     "glm4v-bf16",
     "omni-bf16",
@@ -582,6 +597,50 @@ TORCHVISION_MODULES = (
     "torchvision.transforms.v2.functional",
     "torchvision.transforms.functional",
 )
+
+
+# cases whose model's module imports mistral_common (vLLM's pixtral.py, and the tokenizer module
+# it imports, vllm/tokenizers/mistral.py: chat request, image chunk and tokenizer types, used in
+# processing a prompt), absent from this CPU install: imported beside stand-ins for any module
+# of mistral_common (nothing of them runs while weights load; mistral_common_stand_in)
+MISTRAL_COMMON = {"pixtral-large-3-bf16"}
+
+
+@contextlib.contextmanager
+def mistral_common_stand_in():
+    """Stand-ins (fi_convert.servers.sglang.stand_ins' permissive module) for every module of
+    mistral_common imported meanwhile; they, and the vLLM modules imported meanwhile that took
+    them, leave sys.modules again after (the model class imported keeps what it took)."""
+    import importlib.abc
+    import importlib.machinery
+    import sys
+
+    from fi_convert.servers.sglang.stand_ins import _StubModule
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname.split(".")[0] != "mistral_common":
+                return None
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+        def create_module(self, spec):
+            module = _StubModule(spec.name)
+            module.__path__ = []
+            return module
+
+        def exec_module(self, module) -> None:
+            pass
+
+    assert "mistral_common" not in sys.modules
+    before, finder = set(sys.modules), Finder()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in set(sys.modules) - before:
+            if name.startswith(("mistral_common", "vllm.tokenizers.mistral")):
+                sys.modules.pop(name)
 
 
 @contextlib.contextmanager
@@ -647,7 +706,10 @@ def vllm_model(
     if not module.startswith("vllm."):  # a module of vllm/model_executor/models
         module = f"vllm.model_executor.models.{module}"
     ffm.register_ernie45_vl_config()
-    with torchvision_stand_in() if case in TORCHVISION else contextlib.nullcontext():
+    with (
+        torchvision_stand_in() if case in TORCHVISION else contextlib.nullcontext(),
+        mistral_common_stand_in() if case in MISTRAL_COMMON else contextlib.nullcontext(),
+    ):
         model_cls = getattr(importlib.import_module(module), cls)
     quant = CASES[case][2]
     with (
@@ -975,6 +1037,26 @@ def test_an_fp8_mistral_format_source_is_refused_for_vllm_in_one_line(tmp_path):
             convert(src, tmp_path / "out", Options(SchemeName.FP8_TENSOR, Backend(backend), 2))
         assert "\n" not in str(e.value) and "Fp8MoEMethod" in str(e.value)
         assert not (tmp_path / "out").exists()
+
+
+def test_mistral_large_3_published_whole_is_pixtral_and_refused_for_sglang(sources, tmp_path):
+    """Mistral Large 3 as published whole (params.json's vision_encoder): fi-convert records the
+    architecture both servers build, PixtralForConditionalGeneration (vLLM's adapt_config_dict,
+    the case above), and refuses an output of it for SGLang in one line, as it refuses the
+    text model's (SGLang's class of it not proven here)."""
+    from fi_convert import SchemeMismatchError, read_manifest
+
+    src = sources("pixtral-large-3-bf16")
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
+    assert read_manifest(out)["source"]["architectures"] == ["PixtralForConditionalGeneration"]
+    sglang = Options(SchemeName.BF16, Backend.TRTLLM, 1, server="sglang")
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(src, tmp_path / "sglang", sglang, device="cpu")
+    assert "\n" not in str(e.value) and "(models/pixtral.py, PixtralForConditionalGeneration" in (
+        str(e.value)
+    )
+    assert not (tmp_path / "sglang").exists()
 
 
 def test_vllm_builds_each_puzzle_moe_layer_of_its_own_size(sources):

@@ -47,8 +47,8 @@ KINDS = {
     "alias": "another name of a model class a family covers, which no family file names",
     "wrapper": (
         "a multimodal model class over whichever language model its config.json names "
-        "(text_config, llm_config): fi-convert takes a checkpoint of it as that language "
-        "model's family"
+        "(text_config, llm_config, language_config): fi-convert takes a checkpoint of it as "
+        "that language model's family"
     ),
 }
 

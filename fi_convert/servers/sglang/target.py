@@ -230,10 +230,33 @@ NO_FLASHINFER_MODEL = {
         "experts as per-expert MLPs and calls its fused_moe function itself, building no "
         "FusedMoE layer, so it never runs FlashInfer's MoE kernels; serve the checkpoint as it is"
     ),
+    # DeepSeek-VL2 (config.json's DeepseekVLV2ForCausalLM, which SGLang's DeepseekVL2Config
+    # names DeepseekVL2ForCausalLM) and DeepSeek-OCR: their language_config's DeepSeek-V2
+    # language model is the DeepSeek-V3 family's
+    "DeepseekVLV2ForCausalLM": (
+        "SGLang {sglang}'s DeepSeek-VL2 model (models/deepseek_vl2.py) builds its vision tower "
+        "with timm (vit_so400m_patch14_siglip_384), which fi-convert's tests do not install, and "
+        "DeepSeek-MoE's model, with no FusedMoE layer, where language_config.use_mla is false: "
+        "fi-convert has not proven an output of it against SGLang's own load; serve the "
+        "checkpoint as it is"
+    ),
+    "DeepseekOCRForCausalLM": (
+        "SGLang {sglang}'s DeepSeek-OCR model (models/deepseek_ocr.py) builds DeepSeek-MoE's "
+        "model, with no FusedMoE layer, where language_config.use_mla is false and its "
+        "topk_method is not noaux_tc, beside SAM ViT-B and CLIP-L towers of a fixed size "
+        "whatever config.json says: fi-convert has not proven an output of it against SGLang's "
+        "own load; serve the checkpoint as it is"
+    ),
     "MistralLarge3ForCausalLM": (
         "SGLang {sglang} has a model class for Mistral Large 3 (models/mistral_large_3.py, "
         "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of it "
         "against SGLang's own load yet (vLLM 0.33's is proven); convert with --server vllm"
+    ),
+    "PixtralForConditionalGeneration": (
+        "SGLang {sglang} has a model class for Mistral Large 3 as published whole "
+        "(models/pixtral.py, PixtralForConditionalGeneration around MistralLarge3ForCausalLM, "
+        "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of "
+        "it against SGLang's own load yet (vLLM 0.33's is proven); convert with --server vllm"
     ),
 }
 

@@ -90,6 +90,23 @@ NO_MODEL_CLASS: dict[str, str] = {
     "LLaDA2MoeModelLM": "LLaDA 2 MoE",
     "XllmForCausalLM": "Xllm",
     "IQuestQ1ForCausalLM": "IQuest Q1",
+    "DotsVLMForCausalLM": "dots.vlm",
+    "GigaChat35ForCausalLM": "GigaChat 3.5",
+}
+# Architectures vLLM 0.33 has a model class for, over a language model a family takes (by its
+# language_config), whose output fi-convert has not proven against vLLM's own load, by title and
+# why that load is not run here (read from vLLM's model code): fi-convert writes no vLLM output
+NOT_PROVEN: dict[str, tuple[str, str]] = {
+    "DeepseekVLV2ForCausalLM": (
+        "DeepSeek-VL2",
+        "its model (models/deepseek_vl2.py) builds its vision tower with timm "
+        "(vit_so400m_patch14_siglip_384), which fi-convert's tests do not install",
+    ),
+    "DeepseekOCRForCausalLM": (
+        "DeepSeek-OCR",
+        "its model (models/deepseek_ocr.py) builds SAM ViT-B and CLIP-L towers of a fixed size "
+        "whatever config.json says, and reads its image token from the checkpoint's tokenizer",
+    ),
 }
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
@@ -137,6 +154,13 @@ class VllmTarget:
             return (
                 f"vLLM 0.33 has no model class for {NO_MODEL_CLASS[absent]} ({absent}); "
                 "convert with --server sglang"
+            )
+        unproven = next((a for a in architectures if a in NOT_PROVEN), None)
+        if unproven:
+            title, reason = NOT_PROVEN[unproven]
+            return (
+                f"fi-convert has not proven an output of {title} ({unproven}) against vLLM "
+                f"0.33's own load: {reason}; serve the checkpoint as it is"
             )
         arch = next((a for a in architectures if a in TRANSFORMERS_BACKEND), None)
         why = arch and routing_facts.refuses_moe(scheme, backend, "Custom", "silu", None)
