@@ -84,7 +84,13 @@ def test_every_range_lands_in_its_destination(two_files, staged, seed):
 @pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize(
     ("rows", "size", "stride"),
-    [(500, 2048, 16384), (5, 4096, 4096), (3, 3 * MiB // 2, 2 * MiB), (1, 1, 1)],
+    [
+        (500, 2048, 16384),
+        (5, 4096, 4096),
+        (3, 3 * MiB // 2, 2 * MiB),
+        (1, 1, 1),
+        (3000, 16, 64),  # 5999 buffers to scatter into: more than one preadv's IOV_MAX
+    ],
 )
 def test_rows_a_stride_apart_land_one_after_another(two_files, staged, rows, size, stride):
     """A column slice of a row-major tensor (a row-parallel rank's): `rows` rows of `size`
@@ -578,3 +584,35 @@ def test_pinned_reads_into_the_gpu_under_an_ambient_cuda_device(two_files, how):
         finally:
             torch.set_default_device(None)
     assert dst.cpu().numpy().tobytes() == raw[5 : 5 + dst.numel()]
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_rows_land_whatever_bytes_each_preadv_returns(two_files, monkeypatch, staged):
+    """preadv may return fewer bytes than asked (a signal, a network file system): the read
+    goes on from the byte it stopped at, inside a row or a gap between rows."""
+    data, fds = two_files
+    path, raw = next(iter(data.items()))
+    real, calls = os.preadv, []
+
+    def short(fd, bufs, offset):
+        calls.append(len(bufs))
+        first = memoryview(bytearray(min(777, sum(len(b) for b in bufs))))
+        n = real(fd, [first], offset)
+        at = 0
+        for b in bufs:  # the n bytes into the buffers, in order, as preadv would
+            k = min(len(b), n - at)
+            b[:k] = first[at : at + k]
+            at += k
+            if at == n:
+                break
+        return n
+
+    monkeypatch.setattr(bulk_read.os, "preadv", short)
+    bulk = BulkRead("cpu", threads=2, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    rows, size, stride = 300, 100, 1000
+    dst = torch.empty(rows * size, dtype=torch.uint8)
+    bulk.add_rows(path, fds[path], 5, (rows, size, stride), dst)
+    bulk.run()
+    want = b"".join(raw[5 + r * stride : 5 + r * stride + size] for r in range(rows))
+    assert dst.numpy().tobytes() == want
+    assert len(calls) > 300 and max(calls) > 1  # many short reads, of scattered buffers
