@@ -1353,6 +1353,34 @@ def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
     )
 
 
+# Muse Spark (MuseSparkForConditionalGeneration): a latent MoE in every layer (experts of
+# moe_hidden_size between mlp.pre_expert_proj and mlp.post_expert_proj, fused
+# mlp.experts.gate_up_proj [E, 2I, moe_hidden_size] and down_proj), beside one-block vision and
+# audio towers, each part's config tiny. No family file names it (vLLM's reason:
+# servers/vllm/target.py OWN_MOE_METHOD)
+MUSE_SPARK_TEXT = COMMON | dict(
+    intermediate_size=128,
+    moe_intermediate_size=64,
+    moe_hidden_size=64,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=16,
+)
+
+
+def _save_muse_spark(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.MuseSparkConfig(
+        text_config=MUSE_SPARK_TEXT,
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2),
+        audio_config=dict(hidden_sizes=[8, 8, 8, 16], out_hidden_size=COMMON["hidden_size"]),
+        out_hidden_size=32,
+        projector_hidden_size=32,
+    )
+    return _write(config, "MuseSparkForConditionalGeneration", root, seed)
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1380,6 +1408,7 @@ SAVERS = {
     "qwen3_omni_moe": _save_qwen3_omni,
     "glm4v_moe": _save_glm4v_moe,
     "longcat_flash": _save_longcat_flash,
+    "muse_spark": _save_muse_spark,
 }
 
 

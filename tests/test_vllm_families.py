@@ -1305,3 +1305,49 @@ def test_a_qwen3_5_moe_config_without_norm_topk_prob_renormalizes_as_vllm_builds
         routers = [m.router for m in _moe(model).values()]
     assert len(routers) == 2
     assert {r.routing_method_type for r in routers} == {RoutingMethodType.RenormalizeNaive}
+
+
+def test_vllms_muse_spark_hooks_its_post_expert_norm_where_the_pre_processed_mode_does_not():
+    """The reason fi-convert refuses a vLLM output of Muse Spark (servers/vllm/target.py
+    OWN_MOE_METHOD): vLLM 0.33's MuseSparkUnquantizedFusedMoE hooks its post-expert RMSNorm
+    into the experts (post_gemm2_hook) in its _setup_kernel, after UnquantizedFusedMoEMethod's
+    conversion of the weights; under weights_already_processed (the plugin's kernel-only setup)
+    its processing builds the kernel alone: no conversion, no hook. It takes TRT-LLM whatever
+    the backend (Triton on SM90), and is the method of every layer but ModelOpt NVFP4 ones."""
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+    from vllm.model_executor.utils import weights_already_processed
+    from vllm.models.muse_spark.nvidia import muse_moe_runner as muse
+
+    cls = muse.MuseSparkUnquantizedFusedMoE
+
+    def process(pre_processed: bool) -> tuple[int, int, bool]:
+        method = cls.__new__(cls)
+        method.moe_kernel = mock.Mock()
+        method.muse_post_expert_finalize = object()
+        method.unquantized_backend = muse.UnquantizedMoeBackend.FLASHINFER_TRTLLM
+        layer = torch.nn.Module()
+        layer.w13_weight = torch.nn.Parameter(torch.zeros(1))
+        layer.w2_weight = torch.nn.Parameter(torch.zeros(1))
+        mode = weights_already_processed() if pre_processed else contextlib.nullcontext()
+        with (
+            mock.patch.object(UnquantizedFusedMoEMethod, "_setup_kernel") as convert,
+            mock.patch.object(cls, "_init_moe_kernel") as kernel,
+            mock.patch.object(cls, "_maybe_pad_weight", lambda self, w: w),
+            mode,
+        ):
+            cls.process_weights_after_loading(method, layer)
+        hook = method.moe_kernel.fused_experts.post_gemm2_hook
+        return convert.call_count, kernel.call_count, hook is method.muse_post_expert_finalize
+
+    assert process(pre_processed=False) == (1, 0, True)
+    assert process(pre_processed=True) == (0, 1, False)
+    init = inspect.getsource(cls.__init__)
+    assert "self.unquantized_backend = UnquantizedMoeBackend.FLASHINFER_TRTLLM" in init
+    assert "moe_backend" not in init
+    pick = inspect.getsource(muse.MuseSparkRoutedExperts._get_quant_method)
+    assert pick.rstrip().endswith("return MuseSparkUnquantizedFusedMoE(moe_config)")
+    assert "is_weights_pre_processed" not in inspect.getsource(muse)
