@@ -452,8 +452,8 @@ def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
     sizes)."""
 
     with transformers_own_rope():
-        if kind in SAVERS:
-            return SAVERS[kind](root, seed)
+        if kind in SAVERS:  # (those that take sizes: _save_kimi_vl)
+            return SAVERS[kind](root, seed, **sizes) if sizes else SAVERS[kind](root, seed)
         config_cls, model_cls, own = MODELS[kind]
         _save_plain(config_cls, model_cls, own | sizes, root, seed)
     if kind in RELEASED_ARCHITECTURES:
@@ -922,9 +922,10 @@ def _kimi_vl_vision(seed: int) -> dict[str, torch.Tensor]:
     return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
 
 
-def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
+def _save_kimi_vl(root: Path, seed: int = 0, **sizes: object) -> Path:
     """A Kimi-VL checkpoint (KIMI_VL): transformers' DeepSeek-V3 as the language model (its
-    tensors under language_model., its config as text_config) beside _kimi_vl_vision's."""
+    tensors under language_model., its config as text_config, `sizes` replacing its
+    arguments) beside _kimi_vl_vision's."""
     _save_multimodal(
         root,
         seed,
@@ -933,6 +934,7 @@ def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
         KIMI_VL | {"vision_config": KIMI_VL_VISION},
         _kimi_vl_vision(seed),
         q_lora_rank=None,  # as Kimi-VL-A3B's text_config: MLA's q_proj, no q LoRA
+        **sizes,
     )
     return _add_keys(root, {"text_config": KIMI_VL_TEXT})
 

@@ -109,7 +109,10 @@ compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGenerat
 multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
 renormalizes, as the family reads it), Kimi-K2.5 (kimi_k25.KimiK25ForConditionalGeneration:
 MoonViT 3D over DeepSeek-V3's model under language_model., its published MLA head sizes,
-tests/hf_checkpoints.py), each bf16 on both backends, and
+tests/hf_checkpoints.py), Kimi-VL (kimi_vl.KimiVLForConditionalGeneration, the whole model as
+published: a MoonViT tower beside DeepSeek-V3's language model under language_model., which
+vLLM builds through its registry; its MLA at the published head sizes, tests/
+hf_checkpoints.py), each bf16 on both backends, and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -386,6 +389,16 @@ CASES = {
     # Kimi-K2.5, as published (tests/hf_checkpoints.py): MoonViT 3D over DeepSeek-V3's model
     # under language_model. (vLLM's DeepseekV3ForCausalLM, built from its text_config)
     "kimi-k25-bf16": ("kimi_k25", "kimi_k25.KimiK25ForConditionalGeneration", None, {}),
+    # Kimi-VL, the whole multimodal model as published (tests/hf_checkpoints.py: a MoonViT
+    # vision tower beside DeepSeek-V3's language model, which vLLM builds through its registry;
+    # its MLA on FlashInfer's MLA backend, at the published head sizes vLLM has prefill kernels
+    # for)
+    "kimi-vl-bf16": (
+        "kimi_vl",
+        "kimi_vl.KimiVLForConditionalGeneration",
+        None,
+        dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    ),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
@@ -518,6 +531,8 @@ RUNS = [
     ("qwen4-exp-bf16", "cutlass", "bf16"),
     ("qwen3-5-moe-bf16", "trtllm", "bf16"),
     ("qwen3-5-moe-bf16", "cutlass", "bf16"),
+    ("kimi-vl-bf16", "trtllm", "bf16"),
+    ("kimi-vl-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
