@@ -1355,6 +1355,28 @@ def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
     )
 
 
+# Gemma 4 as published, whole (Gemma4ForConditionalGeneration): the text model of MODELS'
+# "gemma4" under model.language_model, beside a one-layer vision tower (model.vision_tower,
+# model.embed_vision), no audio tower (as google/gemma-4-26B-A4B), each part's config tiny
+GEMMA4_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    position_embedding_size=64,
+)
+
+
+def _save_gemma4_mm(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    text = COMMON | MODELS["gemma4"][2]
+    config = transformers.Gemma4Config(text_config=text, vision_config=GEMMA4_VISION)
+    return _write(config, "Gemma4ForConditionalGeneration", root, seed)
+
+
 # Muse Spark (MuseSparkForConditionalGeneration): a latent MoE in every layer (experts of
 # moe_hidden_size between mlp.pre_expert_proj and mlp.post_expert_proj, fused
 # mlp.experts.gate_up_proj [E, 2I, moe_hidden_size] and down_proj), beside one-block vision and
@@ -1411,6 +1433,7 @@ SAVERS = {
     "glm4v_moe": _save_glm4v_moe,
     "longcat_flash": _save_longcat_flash,
     "muse_spark": _save_muse_spark,
+    "gemma4_mm": _save_gemma4_mm,
 }
 
 

@@ -70,7 +70,9 @@ ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed 
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
 does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemma 4
 (Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
-layer's dense MLP, and its router's own function, Custom routing), A.X K1
+layer's dense MLP, and its router's own function, Custom routing; and as published, whole:
+gemma4_mm.Gemma4ForConditionalGeneration, its experts under model.language_model., a vision
+tower, its module imported beside the torchvision stand-in), A.X K1
 (AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
 every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
 registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
@@ -142,10 +144,6 @@ Not proven here, and why:
   proven in BF16, with the names and a config module of tests/remote_code_checkpoints.py:
   transformers 5.20 has no Ling 2.0 model, its checkpoints ship their config class as remote
   code);
-- Gemma 4 as published, whole (Gemma4ForConditionalGeneration, the experts under
-  model.language_model.): vLLM's models/gemma4_mm.py imports transformers' Gemma4Processor,
-  which needs torchvision, absent from this CPU install (the text model, whose load_weights maps
-  model.language_model. to model., is proven instead);
 - Qwen3-VL-MoE, whole: Qwen3VLMoeForConditionalGeneration imports torchvision, which this
   install lacks (tests/test_vllm_family_forms.py proves its MoE layers through Qwen3MoeModel's
   own load_weights, in BF16); its FP8 release is not written here yet.
@@ -389,6 +387,9 @@ CASES = {
     # Kimi-K2.5, as published (tests/hf_checkpoints.py): MoonViT 3D over DeepSeek-V3's model
     # under language_model. (vLLM's DeepseekV3ForCausalLM, built from its text_config)
     "kimi-k25-bf16": ("kimi_k25", "kimi_k25.KimiK25ForConditionalGeneration", None, {}),
+    # Gemma 4 as published, whole (its experts under model.language_model, a vision tower);
+    # its module imports transformers' Gemma4Processor, which imports torchvision (TORCHVISION)
+    "gemma4-mm-bf16": ("gemma4_mm", "gemma4_mm.Gemma4ForConditionalGeneration", None, {}),
     # Kimi-VL, the whole multimodal model as published (tests/hf_checkpoints.py: a MoonViT
     # vision tower beside DeepSeek-V3's language model, which vLLM builds through its registry;
     # its MLA on FlashInfer's MLA backend, at the published head sizes vLLM has prefill kernels
@@ -533,6 +534,7 @@ RUNS = [
     ("qwen3-5-moe-bf16", "cutlass", "bf16"),
     ("kimi-vl-bf16", "trtllm", "bf16"),
     ("kimi-vl-bf16", "cutlass", "bf16"),
+    ("gemma4-mm-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -604,6 +606,7 @@ TORCHVISION = (
     "omni-bf16",
     "qwen4-exp-bf16",
     "qwen3-5-moe-bf16",
+    "gemma4-mm-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
