@@ -1355,6 +1355,79 @@ def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
     )
 
 
+# MiMo-V2-Omni (MiMoV2OmniForCausalLM): vLLM's class reads MiMo-V2-Flash's config itself
+# (the language model's keys at the top, vision_config beside them) and its tensors as
+# transformers writes MiMo-V2-Flash's (model., lm_head.), beside a vision tower under visual.
+# (its blocks' separate mlp.gate_proj / up_proj, which vLLM stacks). No public checkpoint was
+# read here: the vision config's keys and the vision tensors' names are those vLLM 0.33's
+# model reads (Mimo_VLVisionConfig and use_sink; MiMoVisionTransformer), tiny; no audio tower
+# (audio_config absent: vLLM builds none)
+MIMO_OMNI_VISION = dict(
+    depth=2,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    num_key_value_heads=2,
+    qk_channels=16,
+    kv_channels=16,
+    patch_size=14,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    out_hidden_size=COMMON["hidden_size"],
+    fullatt_block_indexes=[1],
+    vit_window_attn_types=[0, -1],
+    visual_token_window_size=64,
+    use_sink=False,
+)
+
+
+def _mimo_omni_vision(seed: int) -> dict[str, torch.Tensor]:
+    """MIMO_OMNI_VISION's tensors under visual., seeded, in BF16."""
+    v = MIMO_OMNI_VISION
+    h, i, p, t = v["hidden_size"], v["intermediate_size"], v["patch_size"], v["temporal_patch_size"]
+    q, kv = v["num_heads"] * v["qk_channels"], v["num_key_value_heads"] * v["kv_channels"]
+    merged = h * v["spatial_merge_size"] ** 2
+    shapes: dict[str, tuple[int, ...]] = {"visual.patch_embed.proj.weight": (h, 3, t, p, p)}
+    for b in range(v["depth"]):
+        block = f"visual.blocks.{b}."
+        shapes |= {
+            block + "norm1.weight": (h,),
+            block + "norm2.weight": (h,),
+            block + "attn.qkv.weight": (q + 2 * kv, h),
+            block + "attn.qkv.bias": (q + 2 * kv,),
+            block + "attn.proj.weight": (h, v["num_heads"] * v["kv_channels"]),
+            block + "attn.proj.bias": (h,),
+            **{block + f"mlp.{n}_proj.weight": (i, h) for n in ("gate", "up")},
+            **{block + f"mlp.{n}_proj.bias": (i,) for n in ("gate", "up")},
+            block + "mlp.down_proj.weight": (h, i),
+            block + "mlp.down_proj.bias": (h,),
+        }
+    shapes |= {
+        "visual.merger.ln_q.weight": (h,),
+        "visual.merger.mlp.0.weight": (merged, merged),
+        "visual.merger.mlp.2.weight": (v["out_hidden_size"], merged),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_mimo_v2_omni(root: Path, seed: int = 0) -> Path:
+    from safetensors.torch import save_file
+
+    save("mimo_v2_flash", root, seed)
+    vision = _mimo_omni_vision(seed)
+    save_file(vision, root / "vision.safetensors", metadata={"format": "pt"})
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] |= dict.fromkeys(vision, "vision.safetensors")
+    index_path.write_text(json.dumps(index, indent=2))
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg |= {"architectures": ["MiMoV2OmniForCausalLM"], "vision_config": MIMO_OMNI_VISION}
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
 # Gemma 4 as published, whole (Gemma4ForConditionalGeneration): the text model of MODELS'
 # "gemma4" under model.language_model, beside a one-layer vision tower (model.vision_tower,
 # model.embed_vision), no audio tower (as google/gemma-4-26B-A4B), each part's config tiny
@@ -1434,6 +1507,7 @@ SAVERS = {
     "longcat_flash": _save_longcat_flash,
     "muse_spark": _save_muse_spark,
     "gemma4_mm": _save_gemma4_mm,
+    "mimo_v2_omni": _save_mimo_v2_omni,
 }
 
 

@@ -387,6 +387,10 @@ CASES = {
     # Kimi-K2.5, as published (tests/hf_checkpoints.py): MoonViT 3D over DeepSeek-V3's model
     # under language_model. (vLLM's DeepseekV3ForCausalLM, built from its text_config)
     "kimi-k25-bf16": ("kimi_k25", "kimi_k25.KimiK25ForConditionalGeneration", None, {}),
+    # MiMo-V2-Omni: MiMo-V2-Flash's language model under a vision tower (tests/
+    # hf_checkpoints.py); its module imports transformers' Qwen2-VL image processor, which
+    # imports torchvision (TORCHVISION)
+    "mimo-omni-bf16": ("mimo_v2_omni", "mimo_v2_omni.MiMoV2OmniForCausalLM", None, {}),
     # Gemma 4 as published, whole (its experts under model.language_model, a vision tower);
     # its module imports transformers' Gemma4Processor, which imports torchvision (TORCHVISION)
     "gemma4-mm-bf16": ("gemma4_mm", "gemma4_mm.Gemma4ForConditionalGeneration", None, {}),
@@ -535,6 +539,8 @@ RUNS = [
     ("kimi-vl-bf16", "trtllm", "bf16"),
     ("kimi-vl-bf16", "cutlass", "bf16"),
     ("gemma4-mm-bf16", "cutlass", "bf16"),
+    ("mimo-omni-bf16", "trtllm", "bf16"),
+    ("mimo-omni-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -607,6 +613,7 @@ TORCHVISION = (
     "qwen4-exp-bf16",
     "qwen3-5-moe-bf16",
     "gemma4-mm-bf16",
+    "mimo-omni-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -1369,3 +1376,20 @@ def test_vllms_muse_spark_hooks_its_post_expert_norm_where_the_pre_processed_mod
     pick = inspect.getsource(muse.MuseSparkRoutedExperts._get_quant_method)
     assert pick.rstrip().endswith("return MuseSparkUnquantizedFusedMoE(moe_config)")
     assert "is_weights_pre_processed" not in inspect.getsource(muse)
+
+
+def test_mimo_v2_omni_is_refused_for_sglang_in_one_line(sources, tmp_path):
+    """MiMo-V2-Omni (the MiMo-V2-Flash family's MiMoV2OmniForCausalLM, proven above on vLLM):
+    SGLang 0.5.23 has no model class for it, so an SGLang output is refused when planned,
+    naming vLLM instead; nothing is written."""
+    from fi_convert.errors import SchemeMismatchError
+
+    out = tmp_path / "out"
+    opts = Options(SchemeName.BF16, Backend.TRTLLM, 1, server="sglang")
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(sources("mimo-omni-bf16"), out, opts, device="cpu")
+    assert str(e.value) == (
+        "--scheme bf16 --backend trtllm --server sglang: SGLang 0.5.23 has no model class for "
+        "MiMo-V2-Omni (MiMoV2OmniForCausalLM); or convert for vLLM (--server vllm)"
+    )
+    assert not out.exists()

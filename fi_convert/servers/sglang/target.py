@@ -191,6 +191,9 @@ NO_FLASHINFER_MODEL = {
         "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)"
     ),
     "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
+    "MiMoV2OmniForCausalLM": (
+        "SGLang {sglang} has no model class for MiMo-V2-Omni (MiMoV2OmniForCausalLM)"
+    ),
     "AXK1ForCausalLM": "SGLang {sglang} has no model class for A.X K1 (AXK1ForCausalLM)",
     "LagunaForCausalLM": (
         "SGLang {sglang}'s Laguna model (models/laguna.py, load_weights) counts the routed "
