@@ -292,6 +292,24 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "GraniteMoeSWAForCausalLM",
         dict(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
     ),
+    # Granite 4.0 hybrid: a Mamba2 layer, then an attention layer, each with Granite-MoE's
+    # experts (block_sparse_moe.input_linear / output_linear) and a shared MLP
+    "granitemoehybrid": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        dict(
+            intermediate_size=96,
+            shared_intermediate_size=96,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["mamba", "attention"],
+            mamba_n_heads=4,
+            mamba_d_head=16,
+            mamba_n_groups=1,
+            mamba_d_state=16,
+            mamba_expand=1,
+        ),
+    ),
     "laguna": (  # Laguna: sigmoid + bias routing (the bias under mlp.experts), a shared expert
         "LagunaConfig",
         "LagunaForCausalLM",

@@ -391,6 +391,13 @@ CASES = {
     # hf_checkpoints.py); its module imports transformers' Qwen2-VL image processor, which
     # imports torchvision (TORCHVISION)
     "mimo-omni-bf16": ("mimo_v2_omni", "mimo_v2_omni.MiMoV2OmniForCausalLM", None, {}),
+    # Granite 4.0 hybrid: Mamba2 and attention layers with Granite-MoE's experts
+    "granite-hybrid-bf16": (
+        "granitemoehybrid",
+        "granitemoehybrid.GraniteMoeHybridForCausalLM",
+        None,
+        {},
+    ),
     # Gemma 4 as published, whole (its experts under model.language_model, a vision tower);
     # its module imports transformers' Gemma4Processor, which imports torchvision (TORCHVISION)
     "gemma4-mm-bf16": ("gemma4_mm", "gemma4_mm.Gemma4ForConditionalGeneration", None, {}),
@@ -541,6 +548,8 @@ RUNS = [
     ("gemma4-mm-bf16", "cutlass", "bf16"),
     ("mimo-omni-bf16", "trtllm", "bf16"),
     ("mimo-omni-bf16", "cutlass", "bf16"),
+    ("granite-hybrid-bf16", "trtllm", "bf16"),
+    ("granite-hybrid-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -1391,5 +1400,24 @@ def test_mimo_v2_omni_is_refused_for_sglang_in_one_line(sources, tmp_path):
     assert str(e.value) == (
         "--scheme bf16 --backend trtllm --server sglang: SGLang 0.5.23 has no model class for "
         "MiMo-V2-Omni (MiMoV2OmniForCausalLM); or convert for vLLM (--server vllm)"
+    )
+    assert not out.exists()
+
+
+def test_granite_4_hybrid_is_refused_for_sglang_in_one_line(sources, tmp_path):
+    """Granite 4.0 hybrid (the Granite-MoE family's GraniteMoeHybridForCausalLM, proven above on
+    vLLM): its SGLang 0.5.23 model has not been run through the SGLang plugin's load (its module
+    cannot be imported on this CPU install), so an SGLang output is refused when planned, naming
+    vLLM instead; nothing is written."""
+    from fi_convert.errors import SchemeMismatchError
+
+    out = tmp_path / "out"
+    opts = Options(SchemeName.BF16, Backend.CUTLASS, 1, server="sglang")
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(sources("granite-hybrid-bf16"), out, opts, device="cpu")
+    assert str(e.value) == (
+        "--scheme bf16 --backend cutlass --server sglang: fi-convert has not run SGLang 0.5.23's "
+        "Granite 4.0 hybrid model (models/granitemoehybrid.py) through its plugin's load yet; "
+        "or convert for vLLM (--server vllm)"
     )
     assert not out.exists()
