@@ -1373,6 +1373,39 @@ def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
     )
 
 
+# LongCat-Flash-Lite (LongcatFlashNgramForCausalLM): LongCat-Flash's model (LONGCAT, written as
+# _save_longcat_flash writes it) under an n-gram embedding input layer: config.json's
+# ngram_vocab_size_ratio, emb_split_num and emb_neighbor_num, and per embedder
+# model.ngram_embeddings.embedders.i.weight [m + 2i + 1, H / (k (n - 1))] and post_projs.i.weight
+# [H, that], m = ratio x vocab_size. No public checkpoint was read here: the keys and names are
+# those vLLM 0.33's model reads (models/longcat_flash_ngram.py), tiny
+LONGCAT_NGRAM = dict(ngram_vocab_size_ratio=1, emb_split_num=2, emb_neighbor_num=2)
+
+
+def _save_longcat_flash_ngram(root: Path, seed: int = 0) -> Path:
+    from safetensors.torch import save_file
+
+    _save_longcat_flash(root, seed)
+    cfg = json.loads((root / "config.json").read_text())
+    m = LONGCAT_NGRAM["ngram_vocab_size_ratio"] * cfg["vocab_size"]
+    embedders = LONGCAT_NGRAM["emb_split_num"] * (LONGCAT_NGRAM["emb_neighbor_num"] - 1)
+    dim = cfg["hidden_size"] // embedders
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {}
+    for i in range(embedders):
+        shapes[f"model.ngram_embeddings.embedders.{i}.weight"] = (m + 2 * i + 1, dim)
+        shapes[f"model.ngram_embeddings.post_projs.{i}.weight"] = (cfg["hidden_size"], dim)
+    ngram = {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+    save_file(ngram, root / "ngram.safetensors", metadata={"format": "pt"})
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] |= dict.fromkeys(ngram, "ngram.safetensors")
+    index_path.write_text(json.dumps(index, indent=2))
+    cfg |= {"architectures": ["LongcatFlashNgramForCausalLM"], **LONGCAT_NGRAM}
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    return root
+
+
 # MiMo-V2-Omni (MiMoV2OmniForCausalLM): vLLM's class reads MiMo-V2-Flash's config itself
 # (the language model's keys at the top, vision_config beside them) and its tensors as
 # transformers writes MiMo-V2-Flash's (model., lm_head.), beside a vision tower under visual.
@@ -1526,6 +1559,7 @@ SAVERS = {
     "muse_spark": _save_muse_spark,
     "gemma4_mm": _save_gemma4_mm,
     "mimo_v2_omni": _save_mimo_v2_omni,
+    "longcat_flash_ngram": _save_longcat_flash_ngram,
 }
 
 

@@ -72,7 +72,13 @@ does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemm
 (Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
 layer's dense MLP, and its router's own function, Custom routing; and as published, whole:
 gemma4_mm.Gemma4ForConditionalGeneration, its experts under model.language_model., a vision
-tower, its module imported beside the torchvision stand-in), A.X K1
+tower, its module imported beside the torchvision stand-in), LongCat-Flash-Lite
+(LongcatFlashNgramForCausalLM, bf16 on CUTLASS: LongCat-Flash under an n-gram embedding layer,
+built for vLLM's V2 model runner, V2_RUNNER; the padding rows of its n-gram table, which
+neither load writes, not compared: PADDED_TABLES), MiMo-V2-Omni (MiMoV2OmniForCausalLM) and
+Granite 4.0 hybrid (GraniteMoeHybridForCausalLM), bf16 on both backends (the three refused for
+SGLang, which has no class of the first two names and whose Granite 4.0 hybrid module this
+install cannot import), A.X K1
 (AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
 every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
 registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
@@ -398,6 +404,14 @@ CASES = {
         None,
         {},
     ),
+    # LongCat-Flash-Lite: LongCat-Flash's model under an n-gram embedding input layer (tests/
+    # hf_checkpoints.py), built for vLLM's V2 model runner, which its class requires
+    "longcat-lite-bf16": (
+        "longcat_flash_ngram",
+        "longcat_flash_ngram.LongcatFlashNgramForCausalLM",
+        None,
+        {},
+    ),
     # Gemma 4 as published, whole (its experts under model.language_model, a vision tower);
     # its module imports transformers' Gemma4Processor, which imports torchvision (TORCHVISION)
     "gemma4-mm-bf16": ("gemma4_mm", "gemma4_mm.Gemma4ForConditionalGeneration", None, {}),
@@ -439,6 +453,8 @@ CASES = {
 # up a CuTe DSL GEMM + all-reduce kernel (NCCL multicast): the streams are stand-ins here and
 # the kernel's switch is off; neither touches a weight
 CUDA_STREAMS = ("kimi-linear-bf16",)
+# Cases whose vLLM model class requires the V2 model runner (LongCat-Flash-Lite's n-gram state)
+V2_RUNNER = ("longcat-lite-bf16",)
 # Cases whose vLLM model probes for a CUDA kernel library when built, each probe answered yes
 # (no kernel runs while weights load): Qwen4 Exp's QSA attention (nvidia/qsa.py) asks for
 # FlashAttention's varlen function, which this CPU install lacks
@@ -550,6 +566,8 @@ RUNS = [
     ("mimo-omni-bf16", "cutlass", "bf16"),
     ("granite-hybrid-bf16", "trtllm", "bf16"),
     ("granite-hybrid-bf16", "cutlass", "bf16"),
+    # LongCat-Flash-Lite: LongCat-Flash's Unspecified routing, CUTLASS only
+    ("longcat-lite-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -756,6 +774,11 @@ def vllm_model(
         _block_fp8_linears(),
         _cuda_streams(case),
         _kernel_probes(case),
+        # (LongCat-Flash-Lite's class requires the V2 model runner, vLLM's default where
+        # Triton is: its switch set, as this install has no Triton)
+        mock.patch.dict("os.environ", {"VLLM_USE_V2_MODEL_RUNNER": "1"})
+        if case in V2_RUNNER
+        else contextlib.nullcontext(),
         _transformers_classes_kept(),
     ):
         _one_process_group()
@@ -959,6 +982,28 @@ def _scratch(model, case: str) -> set[str]:
     return names
 
 
+# Cases whose vLLM model holds a vocabulary-parallel table whose padding rows (beyond this
+# rank's share of the real rows) its own loading never writes: LongCat-Flash-Lite's n-gram
+# table (NgramEmbedding.load_weight copies each embedder's rows into
+# ngram_embeddings.oe_embedder.weight by slice, where VocabParallelEmbedding's weight_loader
+# would zero the padding). Those rows hold whatever memory they were allocated with in either
+# load; the real rows are compared
+PADDED_TABLES = {"longcat-lite-bf16": ("model.ngram_embeddings.oe_embedder",)}
+
+
+def _padding_left(theirs, ours, case: str) -> set[str]:
+    """The PADDED_TABLES parameters whose real rows are equal (their padding is not compared)."""
+    names = set()
+    for prefix in PADDED_TABLES.get(case, ()):
+        table = theirs.get_submodule(prefix)
+        shard = table.shard_indices
+        rows = shard.org_vocab_end_index - shard.org_vocab_start_index
+        a, b = table.weight, ours.get_submodule(prefix).weight
+        assert rows <= a.shape[0] and torch.equal(a[:rows], b[:rows]), prefix
+        names.add(f"{prefix}.weight")
+    return names
+
+
 def _both(case: str, src: Path, out: Path, backend: str, tp: int, rank: int):
     """vLLM's default load of the source and the plugin's load of the output, each processed
     by vLLM's own post-load driver, as rank `rank` of `tp`."""
@@ -986,7 +1031,7 @@ def test_a_whole_model_of_the_family_equals_vllms_default_load(
         ours, theirs = _both(case, src, out, backend, tp, rank)
         a, b = _moe(theirs), _moe(ours)
         assert sorted(a) == sorted(b) and a
-        scratch = _scratch(theirs, case)
+        scratch = _scratch(theirs, case) | _padding_left(theirs, ours, case)
         differing = _differing(_tensors(theirs), _tensors(ours))
         assert [n for n in differing if n not in scratch] == [], f"rank {rank} of {tp}"
         for name in a:
@@ -1419,5 +1464,23 @@ def test_granite_4_hybrid_is_refused_for_sglang_in_one_line(sources, tmp_path):
         "--scheme bf16 --backend cutlass --server sglang: fi-convert has not run SGLang 0.5.23's "
         "Granite 4.0 hybrid model (models/granitemoehybrid.py) through its plugin's load yet; "
         "or convert for vLLM (--server vllm)"
+    )
+    assert not out.exists()
+
+
+def test_longcat_flash_lite_is_refused_for_sglang_in_one_line(sources, tmp_path):
+    """LongCat-Flash-Lite (the LongCat-Flash family's LongcatFlashNgramForCausalLM, proven above
+    on vLLM): SGLang 0.5.23's registry has no class of that name (its LongcatFlashForCausalLM
+    builds n-gram embeddings itself, under its own name), so an SGLang output is refused when
+    planned, naming vLLM instead; nothing is written."""
+    from fi_convert.errors import SchemeMismatchError
+
+    out = tmp_path / "out"
+    opts = Options(SchemeName.BF16, Backend.CUTLASS, 1, server="sglang")
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(sources("longcat-lite-bf16"), out, opts, device="cpu")
+    assert str(e.value) == (
+        "--scheme bf16 --backend cutlass --server sglang: SGLang 0.5.23 has no model class for "
+        "LongCat-Flash-Lite (LongcatFlashNgramForCausalLM); or convert for vLLM (--server vllm)"
     )
     assert not out.exists()

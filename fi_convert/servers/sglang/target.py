@@ -198,6 +198,9 @@ NO_FLASHINFER_MODEL = {
         "fi-convert has not run SGLang {sglang}'s Granite 4.0 hybrid model "
         "(models/granitemoehybrid.py) through its plugin's load yet"
     ),
+    "LongcatFlashNgramForCausalLM": (
+        "SGLang {sglang} has no model class for LongCat-Flash-Lite (LongcatFlashNgramForCausalLM)"
+    ),
     "MiMoV2OmniForCausalLM": (
         "SGLang {sglang} has no model class for MiMo-V2-Omni (MiMoV2OmniForCausalLM)"
     ),
