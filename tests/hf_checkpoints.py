@@ -292,6 +292,24 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "GraniteMoeSWAForCausalLM",
         dict(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
     ),
+    # Granite 4.0 hybrid: a Mamba2 layer, then an attention layer, each with Granite-MoE's
+    # experts (block_sparse_moe.input_linear / output_linear) and a shared MLP
+    "granitemoehybrid": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        dict(
+            intermediate_size=96,
+            shared_intermediate_size=96,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["mamba", "attention"],
+            mamba_n_heads=4,
+            mamba_d_head=16,
+            mamba_n_groups=1,
+            mamba_d_state=16,
+            mamba_expand=1,
+        ),
+    ),
     "laguna": (  # Laguna: sigmoid + bias routing (the bias under mlp.experts), a shared expert
         "LagunaConfig",
         "LagunaForCausalLM",
@@ -452,8 +470,8 @@ def save(kind: str, root: Path, seed: int = 0, **sizes: object) -> Path:
     sizes)."""
 
     with transformers_own_rope():
-        if kind in SAVERS:
-            return SAVERS[kind](root, seed)
+        if kind in SAVERS:  # (those that take sizes: _save_kimi_vl)
+            return SAVERS[kind](root, seed, **sizes) if sizes else SAVERS[kind](root, seed)
         config_cls, model_cls, own = MODELS[kind]
         _save_plain(config_cls, model_cls, own | sizes, root, seed)
     if kind in RELEASED_ARCHITECTURES:
@@ -922,9 +940,10 @@ def _kimi_vl_vision(seed: int) -> dict[str, torch.Tensor]:
     return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
 
 
-def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
+def _save_kimi_vl(root: Path, seed: int = 0, **sizes: object) -> Path:
     """A Kimi-VL checkpoint (KIMI_VL): transformers' DeepSeek-V3 as the language model (its
-    tensors under language_model., its config as text_config) beside _kimi_vl_vision's."""
+    tensors under language_model., its config as text_config, `sizes` replacing its
+    arguments) beside _kimi_vl_vision's."""
     _save_multimodal(
         root,
         seed,
@@ -933,6 +952,7 @@ def _save_kimi_vl(root: Path, seed: int = 0) -> Path:
         KIMI_VL | {"vision_config": KIMI_VL_VISION},
         _kimi_vl_vision(seed),
         q_lora_rank=None,  # as Kimi-VL-A3B's text_config: MLA's q_proj, no q LoRA
+        **sizes,
     )
     return _add_keys(root, {"text_config": KIMI_VL_TEXT})
 
@@ -1353,6 +1373,162 @@ def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
     )
 
 
+# LongCat-Flash-Lite (LongcatFlashNgramForCausalLM): LongCat-Flash's model (LONGCAT, written as
+# _save_longcat_flash writes it) under an n-gram embedding input layer: config.json's
+# ngram_vocab_size_ratio, emb_split_num and emb_neighbor_num, and per embedder
+# model.ngram_embeddings.embedders.i.weight [m + 2i + 1, H / (k (n - 1))] and post_projs.i.weight
+# [H, that], m = ratio x vocab_size. No public checkpoint was read here: the keys and names are
+# those vLLM 0.33's model reads (models/longcat_flash_ngram.py), tiny
+LONGCAT_NGRAM = dict(ngram_vocab_size_ratio=1, emb_split_num=2, emb_neighbor_num=2)
+
+
+def _save_longcat_flash_ngram(root: Path, seed: int = 0) -> Path:
+    from safetensors.torch import save_file
+
+    _save_longcat_flash(root, seed)
+    cfg = json.loads((root / "config.json").read_text())
+    m = LONGCAT_NGRAM["ngram_vocab_size_ratio"] * cfg["vocab_size"]
+    embedders = LONGCAT_NGRAM["emb_split_num"] * (LONGCAT_NGRAM["emb_neighbor_num"] - 1)
+    dim = cfg["hidden_size"] // embedders
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {}
+    for i in range(embedders):
+        shapes[f"model.ngram_embeddings.embedders.{i}.weight"] = (m + 2 * i + 1, dim)
+        shapes[f"model.ngram_embeddings.post_projs.{i}.weight"] = (cfg["hidden_size"], dim)
+    ngram = {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+    save_file(ngram, root / "ngram.safetensors", metadata={"format": "pt"})
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] |= dict.fromkeys(ngram, "ngram.safetensors")
+    index_path.write_text(json.dumps(index, indent=2))
+    cfg |= {"architectures": ["LongcatFlashNgramForCausalLM"], **LONGCAT_NGRAM}
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    return root
+
+
+# MiMo-V2-Omni (MiMoV2OmniForCausalLM): vLLM's class reads MiMo-V2-Flash's config itself
+# (the language model's keys at the top, vision_config beside them) and its tensors as
+# transformers writes MiMo-V2-Flash's (model., lm_head.), beside a vision tower under visual.
+# (its blocks' separate mlp.gate_proj / up_proj, which vLLM stacks). No public checkpoint was
+# read here: the vision config's keys and the vision tensors' names are those vLLM 0.33's
+# model reads (Mimo_VLVisionConfig and use_sink; MiMoVisionTransformer), tiny; no audio tower
+# (audio_config absent: vLLM builds none)
+MIMO_OMNI_VISION = dict(
+    depth=2,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    num_key_value_heads=2,
+    qk_channels=16,
+    kv_channels=16,
+    patch_size=14,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    out_hidden_size=COMMON["hidden_size"],
+    fullatt_block_indexes=[1],
+    vit_window_attn_types=[0, -1],
+    visual_token_window_size=64,
+    use_sink=False,
+)
+
+
+def _mimo_omni_vision(seed: int) -> dict[str, torch.Tensor]:
+    """MIMO_OMNI_VISION's tensors under visual., seeded, in BF16."""
+    v = MIMO_OMNI_VISION
+    h, i, p, t = v["hidden_size"], v["intermediate_size"], v["patch_size"], v["temporal_patch_size"]
+    q, kv = v["num_heads"] * v["qk_channels"], v["num_key_value_heads"] * v["kv_channels"]
+    merged = h * v["spatial_merge_size"] ** 2
+    shapes: dict[str, tuple[int, ...]] = {"visual.patch_embed.proj.weight": (h, 3, t, p, p)}
+    for b in range(v["depth"]):
+        block = f"visual.blocks.{b}."
+        shapes |= {
+            block + "norm1.weight": (h,),
+            block + "norm2.weight": (h,),
+            block + "attn.qkv.weight": (q + 2 * kv, h),
+            block + "attn.qkv.bias": (q + 2 * kv,),
+            block + "attn.proj.weight": (h, v["num_heads"] * v["kv_channels"]),
+            block + "attn.proj.bias": (h,),
+            **{block + f"mlp.{n}_proj.weight": (i, h) for n in ("gate", "up")},
+            **{block + f"mlp.{n}_proj.bias": (i,) for n in ("gate", "up")},
+            block + "mlp.down_proj.weight": (h, i),
+            block + "mlp.down_proj.bias": (h,),
+        }
+    shapes |= {
+        "visual.merger.ln_q.weight": (h,),
+        "visual.merger.mlp.0.weight": (merged, merged),
+        "visual.merger.mlp.2.weight": (v["out_hidden_size"], merged),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_mimo_v2_omni(root: Path, seed: int = 0) -> Path:
+    from safetensors.torch import save_file
+
+    save("mimo_v2_flash", root, seed)
+    vision = _mimo_omni_vision(seed)
+    save_file(vision, root / "vision.safetensors", metadata={"format": "pt"})
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] |= dict.fromkeys(vision, "vision.safetensors")
+    index_path.write_text(json.dumps(index, indent=2))
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg |= {"architectures": ["MiMoV2OmniForCausalLM"], "vision_config": MIMO_OMNI_VISION}
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
+# Gemma 4 as published, whole (Gemma4ForConditionalGeneration): the text model of MODELS'
+# "gemma4" under model.language_model, beside a one-layer vision tower (model.vision_tower,
+# model.embed_vision), no audio tower (as google/gemma-4-26B-A4B), each part's config tiny
+GEMMA4_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    position_embedding_size=64,
+)
+
+
+def _save_gemma4_mm(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    text = COMMON | MODELS["gemma4"][2]
+    config = transformers.Gemma4Config(text_config=text, vision_config=GEMMA4_VISION)
+    return _write(config, "Gemma4ForConditionalGeneration", root, seed)
+
+
+# Muse Spark (MuseSparkForConditionalGeneration): a latent MoE in every layer (experts of
+# moe_hidden_size between mlp.pre_expert_proj and mlp.post_expert_proj, fused
+# mlp.experts.gate_up_proj [E, 2I, moe_hidden_size] and down_proj), beside one-block vision and
+# audio towers, each part's config tiny. No family file names it (vLLM's reason:
+# servers/vllm/target.py OWN_MOE_METHOD)
+MUSE_SPARK_TEXT = COMMON | dict(
+    intermediate_size=128,
+    moe_intermediate_size=64,
+    moe_hidden_size=64,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=16,
+)
+
+
+def _save_muse_spark(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.MuseSparkConfig(
+        text_config=MUSE_SPARK_TEXT,
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2),
+        audio_config=dict(hidden_sizes=[8, 8, 8, 16], out_hidden_size=COMMON["hidden_size"]),
+        out_hidden_size=32,
+        projector_hidden_size=32,
+    )
+    return _write(config, "MuseSparkForConditionalGeneration", root, seed)
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1380,6 +1556,10 @@ SAVERS = {
     "qwen3_omni_moe": _save_qwen3_omni,
     "glm4v_moe": _save_glm4v_moe,
     "longcat_flash": _save_longcat_flash,
+    "muse_spark": _save_muse_spark,
+    "gemma4_mm": _save_gemma4_mm,
+    "mimo_v2_omni": _save_mimo_v2_omni,
+    "longcat_flash_ngram": _save_longcat_flash_ngram,
 }
 
 

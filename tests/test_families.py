@@ -339,6 +339,49 @@ def test_a_family_no_server_runs_on_flashinfer_is_refused_with_its_reason(
     assert not (tmp_path / "out").exists()
 
 
+# a user's family file for Muse Spark (no family file names it): transformers' expert names
+MUSE_SPARK = {
+    "name": "muse-spark",
+    "title": "Muse Spark",
+    "model_types": ["muse_spark"],
+    "architectures": ["MuseSparkForConditionalGeneration"],
+    "config_keys": {
+        "num_experts": ["num_local_experts"],
+        "intermediate_size": ["moe_intermediate_size"],
+        "hidden_size": ["moe_hidden_size"],
+    },
+    "routing": {"scoring": "sigmoid", "bias": True, "renormalize": True},
+    "activation": "silu",
+    "forms": [
+        {
+            "kind": "fused",
+            "pattern": r"^(?P<prefix>.*\.mlp\.experts)\.(?P<proj>gate_up_proj|down_proj)$",
+            "projections": {"gate_up_proj": "w13", "down_proj": "w2"},
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_a_users_muse_spark_family_is_refused_for_vllm_with_its_reason(ckpt, tmp_path, backend):
+    """A user's family file naming Muse Spark's experts (transformers' tiny model) finds its
+    layers, and a vLLM output is refused in one line before anything is written, with vLLM's
+    reason
+    (servers/vllm/target.py OWN_MOE_METHOD; test_vllm_families.py reads it from vLLM's code)."""
+    fam = tmp_path / "muse.json"
+    fam.write_text(json.dumps(MUSE_SPARK))
+    model = ckpt("muse_spark")
+    out = tmp_path / "out"
+    line = error_line(cli("convert", model, out, "--family", fam, "--backend", backend))
+    assert line.startswith(
+        f"error: --scheme bf16 --backend {backend} --server vllm: vLLM 0.33 cannot serve a "
+        "converted Muse Spark (MuseSparkForConditionalGeneration): its experts run on vLLM "
+        "0.33's own MoE methods for it, MuseSparkUnquantizedFusedMoE"
+    )
+    assert line.endswith("; serve the checkpoint as it is")
+    assert not out.exists()
+
+
 def test_the_docs_families_table_is_the_generated_one():
     """docs/converting.md's table of families is scripts/families_table.py's, from the family
     files and the servers' facts (run the script after changing either)."""

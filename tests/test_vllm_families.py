@@ -70,7 +70,15 @@ ZeroExpertRouter's Unspecified routing; the checkpoint as published, the routed 
 its MLA attention on FlashInfer's MLA backend with vLLM's workspace set up as its model runner
 does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemma 4
 (Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
-layer's dense MLP, and its router's own function, Custom routing), A.X K1
+layer's dense MLP, and its router's own function, Custom routing; and as published, whole:
+gemma4_mm.Gemma4ForConditionalGeneration, its experts under model.language_model., a vision
+tower, its module imported beside the torchvision stand-in), LongCat-Flash-Lite
+(LongcatFlashNgramForCausalLM, bf16 on CUTLASS: LongCat-Flash under an n-gram embedding layer,
+built for vLLM's V2 model runner, V2_RUNNER; the padding rows of its n-gram table, which
+neither load writes, not compared: PADDED_TABLES), MiMo-V2-Omni (MiMoV2OmniForCausalLM) and
+Granite 4.0 hybrid (GraniteMoeHybridForCausalLM), bf16 on both backends (the three refused for
+SGLang, which has no class of the first two names and whose Granite 4.0 hybrid module this
+install cannot import), A.X K1
 (AXK1ForCausalLM, bf16 on both backends: DeepSeek-V3's layout, its published post-MLP norm in
 every layer, tests/hf_checkpoints.py), Granite-MoE SWA (GraniteMoeSWAForCausalLM, the
 registry's GraniteMoeSharedForCausalLM: bf16 on both backends, its fused experts as transformers 5
@@ -109,7 +117,10 @@ compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGenerat
 multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
 renormalizes, as the family reads it), Kimi-K2.5 (kimi_k25.KimiK25ForConditionalGeneration:
 MoonViT 3D over DeepSeek-V3's model under language_model., its published MLA head sizes,
-tests/hf_checkpoints.py), each bf16 on both backends, and
+tests/hf_checkpoints.py), Kimi-VL (kimi_vl.KimiVLForConditionalGeneration, the whole model as
+published: a MoonViT tower beside DeepSeek-V3's language model under language_model., which
+vLLM builds through its registry; its MLA at the published head sizes, tests/
+hf_checkpoints.py), each bf16 on both backends, and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -139,10 +150,6 @@ Not proven here, and why:
   proven in BF16, with the names and a config module of tests/remote_code_checkpoints.py:
   transformers 5.20 has no Ling 2.0 model, its checkpoints ship their config class as remote
   code);
-- Gemma 4 as published, whole (Gemma4ForConditionalGeneration, the experts under
-  model.language_model.): vLLM's models/gemma4_mm.py imports transformers' Gemma4Processor,
-  which needs torchvision, absent from this CPU install (the text model, whose load_weights maps
-  model.language_model. to model., is proven instead);
 - Qwen3-VL-MoE, whole: Qwen3VLMoeForConditionalGeneration imports torchvision, which this
   install lacks (tests/test_vllm_family_forms.py proves its MoE layers through Qwen3MoeModel's
   own load_weights, in BF16); its FP8 release is not written here yet.
@@ -386,6 +393,38 @@ CASES = {
     # Kimi-K2.5, as published (tests/hf_checkpoints.py): MoonViT 3D over DeepSeek-V3's model
     # under language_model. (vLLM's DeepseekV3ForCausalLM, built from its text_config)
     "kimi-k25-bf16": ("kimi_k25", "kimi_k25.KimiK25ForConditionalGeneration", None, {}),
+    # MiMo-V2-Omni: MiMo-V2-Flash's language model under a vision tower (tests/
+    # hf_checkpoints.py); its module imports transformers' Qwen2-VL image processor, which
+    # imports torchvision (TORCHVISION)
+    "mimo-omni-bf16": ("mimo_v2_omni", "mimo_v2_omni.MiMoV2OmniForCausalLM", None, {}),
+    # Granite 4.0 hybrid: Mamba2 and attention layers with Granite-MoE's experts
+    "granite-hybrid-bf16": (
+        "granitemoehybrid",
+        "granitemoehybrid.GraniteMoeHybridForCausalLM",
+        None,
+        {},
+    ),
+    # LongCat-Flash-Lite: LongCat-Flash's model under an n-gram embedding input layer (tests/
+    # hf_checkpoints.py), built for vLLM's V2 model runner, which its class requires
+    "longcat-lite-bf16": (
+        "longcat_flash_ngram",
+        "longcat_flash_ngram.LongcatFlashNgramForCausalLM",
+        None,
+        {},
+    ),
+    # Gemma 4 as published, whole (its experts under model.language_model, a vision tower);
+    # its module imports transformers' Gemma4Processor, which imports torchvision (TORCHVISION)
+    "gemma4-mm-bf16": ("gemma4_mm", "gemma4_mm.Gemma4ForConditionalGeneration", None, {}),
+    # Kimi-VL, the whole multimodal model as published (tests/hf_checkpoints.py: a MoonViT
+    # vision tower beside DeepSeek-V3's language model, which vLLM builds through its registry;
+    # its MLA on FlashInfer's MLA backend, at the published head sizes vLLM has prefill kernels
+    # for)
+    "kimi-vl-bf16": (
+        "kimi_vl",
+        "kimi_vl.KimiVLForConditionalGeneration",
+        None,
+        dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    ),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
@@ -414,6 +453,8 @@ CASES = {
 # up a CuTe DSL GEMM + all-reduce kernel (NCCL multicast): the streams are stand-ins here and
 # the kernel's switch is off; neither touches a weight
 CUDA_STREAMS = ("kimi-linear-bf16",)
+# Cases whose vLLM model class requires the V2 model runner (LongCat-Flash-Lite's n-gram state)
+V2_RUNNER = ("longcat-lite-bf16",)
 # Cases whose vLLM model probes for a CUDA kernel library when built, each probe answered yes
 # (no kernel runs while weights load): Qwen4 Exp's QSA attention (nvidia/qsa.py) asks for
 # FlashAttention's varlen function, which this CPU install lacks
@@ -518,6 +559,15 @@ RUNS = [
     ("qwen4-exp-bf16", "cutlass", "bf16"),
     ("qwen3-5-moe-bf16", "trtllm", "bf16"),
     ("qwen3-5-moe-bf16", "cutlass", "bf16"),
+    ("kimi-vl-bf16", "trtllm", "bf16"),
+    ("kimi-vl-bf16", "cutlass", "bf16"),
+    ("gemma4-mm-bf16", "cutlass", "bf16"),
+    ("mimo-omni-bf16", "trtllm", "bf16"),
+    ("mimo-omni-bf16", "cutlass", "bf16"),
+    ("granite-hybrid-bf16", "trtllm", "bf16"),
+    ("granite-hybrid-bf16", "cutlass", "bf16"),
+    # LongCat-Flash-Lite: LongCat-Flash's Unspecified routing, CUTLASS only
+    ("longcat-lite-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -589,6 +639,8 @@ TORCHVISION = (
     "omni-bf16",
     "qwen4-exp-bf16",
     "qwen3-5-moe-bf16",
+    "gemma4-mm-bf16",
+    "mimo-omni-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -722,6 +774,11 @@ def vllm_model(
         _block_fp8_linears(),
         _cuda_streams(case),
         _kernel_probes(case),
+        # (LongCat-Flash-Lite's class requires the V2 model runner, vLLM's default where
+        # Triton is: its switch set, as this install has no Triton)
+        mock.patch.dict("os.environ", {"VLLM_USE_V2_MODEL_RUNNER": "1"})
+        if case in V2_RUNNER
+        else contextlib.nullcontext(),
         _transformers_classes_kept(),
     ):
         _one_process_group()
@@ -925,6 +982,28 @@ def _scratch(model, case: str) -> set[str]:
     return names
 
 
+# Cases whose vLLM model holds a vocabulary-parallel table whose padding rows (beyond this
+# rank's share of the real rows) its own loading never writes: LongCat-Flash-Lite's n-gram
+# table (NgramEmbedding.load_weight copies each embedder's rows into
+# ngram_embeddings.oe_embedder.weight by slice, where VocabParallelEmbedding's weight_loader
+# would zero the padding). Those rows hold whatever memory they were allocated with in either
+# load; the real rows are compared
+PADDED_TABLES = {"longcat-lite-bf16": ("model.ngram_embeddings.oe_embedder",)}
+
+
+def _padding_left(theirs, ours, case: str) -> set[str]:
+    """The PADDED_TABLES parameters whose real rows are equal (their padding is not compared)."""
+    names = set()
+    for prefix in PADDED_TABLES.get(case, ()):
+        table = theirs.get_submodule(prefix)
+        shard = table.shard_indices
+        rows = shard.org_vocab_end_index - shard.org_vocab_start_index
+        a, b = table.weight, ours.get_submodule(prefix).weight
+        assert rows <= a.shape[0] and torch.equal(a[:rows], b[:rows]), prefix
+        names.add(f"{prefix}.weight")
+    return names
+
+
 def _both(case: str, src: Path, out: Path, backend: str, tp: int, rank: int):
     """vLLM's default load of the source and the plugin's load of the output, each processed
     by vLLM's own post-load driver, as rank `rank` of `tp`."""
@@ -952,7 +1031,7 @@ def test_a_whole_model_of_the_family_equals_vllms_default_load(
         ours, theirs = _both(case, src, out, backend, tp, rank)
         a, b = _moe(theirs), _moe(ours)
         assert sorted(a) == sorted(b) and a
-        scratch = _scratch(theirs, case)
+        scratch = _scratch(theirs, case) | _padding_left(theirs, ours, case)
         differing = _differing(_tensors(theirs), _tensors(ours))
         assert [n for n in differing if n not in scratch] == [], f"rank {rank} of {tp}"
         for name in a:
@@ -1305,3 +1384,103 @@ def test_a_qwen3_5_moe_config_without_norm_topk_prob_renormalizes_as_vllm_builds
         routers = [m.router for m in _moe(model).values()]
     assert len(routers) == 2
     assert {r.routing_method_type for r in routers} == {RoutingMethodType.RenormalizeNaive}
+
+
+def test_vllms_muse_spark_hooks_its_post_expert_norm_where_the_pre_processed_mode_does_not():
+    """The reason fi-convert refuses a vLLM output of Muse Spark (servers/vllm/target.py
+    OWN_MOE_METHOD): vLLM 0.33's MuseSparkUnquantizedFusedMoE hooks its post-expert RMSNorm
+    into the experts (post_gemm2_hook) in its _setup_kernel, after UnquantizedFusedMoEMethod's
+    conversion of the weights; under weights_already_processed (the plugin's kernel-only setup)
+    its processing builds the kernel alone: no conversion, no hook. It takes TRT-LLM whatever
+    the backend (Triton on SM90), and is the method of every layer but ModelOpt NVFP4 ones."""
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+    from vllm.model_executor.utils import weights_already_processed
+    from vllm.models.muse_spark.nvidia import muse_moe_runner as muse
+
+    cls = muse.MuseSparkUnquantizedFusedMoE
+
+    def process(pre_processed: bool) -> tuple[int, int, bool]:
+        method = cls.__new__(cls)
+        method.moe_kernel = mock.Mock()
+        method.muse_post_expert_finalize = object()
+        method.unquantized_backend = muse.UnquantizedMoeBackend.FLASHINFER_TRTLLM
+        layer = torch.nn.Module()
+        layer.w13_weight = torch.nn.Parameter(torch.zeros(1))
+        layer.w2_weight = torch.nn.Parameter(torch.zeros(1))
+        mode = weights_already_processed() if pre_processed else contextlib.nullcontext()
+        with (
+            mock.patch.object(UnquantizedFusedMoEMethod, "_setup_kernel") as convert,
+            mock.patch.object(cls, "_init_moe_kernel") as kernel,
+            mock.patch.object(cls, "_maybe_pad_weight", lambda self, w: w),
+            mode,
+        ):
+            cls.process_weights_after_loading(method, layer)
+        hook = method.moe_kernel.fused_experts.post_gemm2_hook
+        return convert.call_count, kernel.call_count, hook is method.muse_post_expert_finalize
+
+    assert process(pre_processed=False) == (1, 0, True)
+    assert process(pre_processed=True) == (0, 1, False)
+    init = inspect.getsource(cls.__init__)
+    assert "self.unquantized_backend = UnquantizedMoeBackend.FLASHINFER_TRTLLM" in init
+    assert "moe_backend" not in init
+    pick = inspect.getsource(muse.MuseSparkRoutedExperts._get_quant_method)
+    assert pick.rstrip().endswith("return MuseSparkUnquantizedFusedMoE(moe_config)")
+    assert "is_weights_pre_processed" not in inspect.getsource(muse)
+
+
+def test_mimo_v2_omni_is_refused_for_sglang_in_one_line(sources, tmp_path):
+    """MiMo-V2-Omni (the MiMo-V2-Flash family's MiMoV2OmniForCausalLM, proven above on vLLM):
+    SGLang 0.5.23 has no model class for it, so an SGLang output is refused when planned,
+    naming vLLM instead; nothing is written."""
+    from fi_convert.errors import SchemeMismatchError
+
+    out = tmp_path / "out"
+    opts = Options(SchemeName.BF16, Backend.TRTLLM, 1, server="sglang")
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(sources("mimo-omni-bf16"), out, opts, device="cpu")
+    assert str(e.value) == (
+        "--scheme bf16 --backend trtllm --server sglang: SGLang 0.5.23 has no model class for "
+        "MiMo-V2-Omni (MiMoV2OmniForCausalLM); or convert for vLLM (--server vllm)"
+    )
+    assert not out.exists()
+
+
+def test_granite_4_hybrid_is_refused_for_sglang_in_one_line(sources, tmp_path):
+    """Granite 4.0 hybrid (the Granite-MoE family's GraniteMoeHybridForCausalLM, proven above on
+    vLLM): its SGLang 0.5.23 model has not been run through the SGLang plugin's load (its module
+    cannot be imported on this CPU install), so an SGLang output is refused when planned, naming
+    vLLM instead; nothing is written."""
+    from fi_convert.errors import SchemeMismatchError
+
+    out = tmp_path / "out"
+    opts = Options(SchemeName.BF16, Backend.CUTLASS, 1, server="sglang")
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(sources("granite-hybrid-bf16"), out, opts, device="cpu")
+    assert str(e.value) == (
+        "--scheme bf16 --backend cutlass --server sglang: fi-convert has not run SGLang 0.5.23's "
+        "Granite 4.0 hybrid model (models/granitemoehybrid.py) through its plugin's load yet; "
+        "or convert for vLLM (--server vllm)"
+    )
+    assert not out.exists()
+
+
+def test_longcat_flash_lite_is_refused_for_sglang_in_one_line(sources, tmp_path):
+    """LongCat-Flash-Lite (the LongCat-Flash family's LongcatFlashNgramForCausalLM, proven above
+    on vLLM): SGLang 0.5.23's registry has no class of that name (its LongcatFlashForCausalLM
+    builds n-gram embeddings itself, under its own name), so an SGLang output is refused when
+    planned, naming vLLM instead; nothing is written."""
+    from fi_convert.errors import SchemeMismatchError
+
+    out = tmp_path / "out"
+    opts = Options(SchemeName.BF16, Backend.CUTLASS, 1, server="sglang")
+    with pytest.raises(SchemeMismatchError) as e:
+        convert(sources("longcat-lite-bf16"), out, opts, device="cpu")
+    assert str(e.value) == (
+        "--scheme bf16 --backend cutlass --server sglang: SGLang 0.5.23 has no model class for "
+        "LongCat-Flash-Lite (LongcatFlashNgramForCausalLM); or convert for vLLM (--server vllm)"
+    )
+    assert not out.exists()

@@ -3,7 +3,8 @@ file per server release, `servers/<name>/coverage.json`, facts read from that re
 registry (`tests/test_<name>_coverage.py` holds each file to the installed server's registry).
 
 A file holds the registry it was read from, the rule by which an architecture builds MoE
-layers (its model module names the server's MoE layer class), every such architecture
+layers (its model module names the server's MoE layer class, or uses what another model module
+that does defines), every such architecture
 (`moe_architectures`), and, for each of them no family file names (`fi_convert/families/*.json`
 `architectures`), its kind (`KINDS`) and a one-line reason. An architecture a family names is
 covered: converted, or refused with the server's reason (the family's `refuse`). It imports no

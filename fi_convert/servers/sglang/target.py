@@ -178,7 +178,8 @@ NON_GATED_WHY = (
 )
 
 # Architectures whose SGLang 0.5.23 model class runs its experts on no FlashInfer MoE kernel
-# (or that SGLang has no model class for, or whose model refuses the plugin's load), and why:
+# (or that SGLang has no model class for, or whose model refuses the plugin's load, or whose
+# model fi-convert has not run its plugin's load through yet), and why:
 # fi-convert writes no SGLang output of them (the plugin would refuse it at load, finding no
 # MoE layer, or SGLang's model would)
 NO_FLASHINFER_MODEL = {
@@ -191,6 +192,18 @@ NO_FLASHINFER_MODEL = {
         "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)"
     ),
     "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
+    # (its module imports SGLang's hybrid linear-attention backend, which imports SGLang's
+    # distributed bootstrap and uvicorn, absent from the CPU install the tests run on)
+    "GraniteMoeHybridForCausalLM": (
+        "fi-convert has not run SGLang {sglang}'s Granite 4.0 hybrid model "
+        "(models/granitemoehybrid.py) through its plugin's load yet"
+    ),
+    "LongcatFlashNgramForCausalLM": (
+        "SGLang {sglang} has no model class for LongCat-Flash-Lite (LongcatFlashNgramForCausalLM)"
+    ),
+    "MiMoV2OmniForCausalLM": (
+        "SGLang {sglang} has no model class for MiMo-V2-Omni (MiMoV2OmniForCausalLM)"
+    ),
     "AXK1ForCausalLM": "SGLang {sglang} has no model class for A.X K1 (AXK1ForCausalLM)",
     "LagunaForCausalLM": (
         "SGLang {sglang}'s Laguna model (models/laguna.py, load_weights) counts the routed "

@@ -108,6 +108,28 @@ NOT_PROVEN: dict[str, tuple[str, str]] = {
         "whatever config.json says, and reads its image token from the checkpoint's tokenizer",
     ),
 }
+# Architectures whose vLLM 0.33 model class builds its experts with a MoE method of its own whose
+# kernel setup the plugin cannot run on converted experts, by architecture: (title, why). No
+# family file names them; a user's family file (--family) would plan them, so they are refused
+# before anything is written. Muse Spark (vllm/models/muse_spark/nvidia/muse_moe_runner.py):
+# MuseSparkRoutedExperts gives every layer but ModelOpt NVFP4 ones MuseSparkUnquantizedFusedMoE
+# (an FP8 output's experts too), which takes TRT-LLM on SM100 whatever --moe-backend says and
+# Triton on SM90; its _setup_kernel hooks the post-expert RMSNorm (MusePostExpertFinalize) into
+# the experts after UnquantizedFusedMoEMethod._setup_kernel has converted the weights, and
+# vLLM's pre-processed mode (UnquantizedFusedMoEMethod.process_weights_after_loading under
+# weights_already_processed, the plugin's kernel-only setup) builds the kernel alone, without
+# _setup_kernel: running that instead would convert the converted experts again
+OWN_MOE_METHOD: dict[str, tuple[str, str]] = {
+    "MuseSparkForConditionalGeneration": (
+        "Muse Spark",
+        "its experts run on vLLM 0.33's own MoE methods for it, MuseSparkUnquantizedFusedMoE "
+        "(every layer but ModelOpt NVFP4 ones), which takes FlashInfer's TRT-LLM kernels "
+        "whatever the backend and hooks a post-expert RMSNorm into them in its _setup_kernel, "
+        "after converting the checkpoint's weights: vLLM's pre-processed mode, which "
+        "fi-convert's vLLM plugin runs on converted experts, skips both; and "
+        "MuseSparkModelOptNvFp4FusedMoE, which converts the weights in every mode",
+    ),
+}
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
     ("cutlass", "fp8-block"): "sm90",
@@ -149,6 +171,13 @@ class VllmTarget:
         architectures: Sequence[str] = (),
     ) -> str | None:
         # (each scheme's source formats: unservable() refuses the plugin's gaps)
+        own = next((a for a in architectures if a in OWN_MOE_METHOD), None)
+        if own:
+            title, own_why = OWN_MOE_METHOD[own]
+            return (
+                f"vLLM 0.33 cannot serve a converted {title} ({own}): {own_why}; serve the "
+                "checkpoint as it is"
+            )
         absent = next((a for a in architectures if a in NO_MODEL_CLASS), None)
         if absent:
             return (
