@@ -1203,6 +1203,23 @@ def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
     )
 
 
+# Intern-S2 Preview (InternS2PreviewForConditionalGeneration, model_type intern_s2_preview):
+# Qwen3.5 MoE's model under its own names, as SGLang's config class reads it (configs/
+# interns2preview.py: Qwen3_5MoeConfig's subclass, its vision_config model_type intern_s2_preview
+# too, text_config Qwen3.5 MoE's own); transformers has no class of it, so Qwen3.5 MoE's tensors
+# under config.json's own model_type and architecture
+def _save_intern_s2_preview(root: Path, seed: int = 0) -> Path:
+    _save_qwen3_5_moe(root, seed)
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg |= dict(
+        model_type="intern_s2_preview", architectures=["InternS2PreviewForConditionalGeneration"]
+    )
+    cfg["vision_config"]["model_type"] = "intern_s2_preview"
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1220,6 +1237,7 @@ SAVERS = {
     "glm5_next": _save_glm5_next,
     "qwen4_exp": _save_qwen4_exp,
     "qwen3_5_moe": _save_qwen3_5_moe,
+    "intern_s2_preview": _save_intern_s2_preview,
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,

@@ -151,6 +151,7 @@ CASES = {
     "kimi-linear-bf16": ("kimi_linear", None, {}),
     "qwen4-exp-bf16": ("qwen4_exp", None, {}),
     "qwen3-5-moe-bf16": ("qwen3_5_moe", None, {}),
+    "intern-s2-preview-bf16": ("intern_s2_preview", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -187,6 +188,7 @@ MOE = {
     # Qwen4 Exp: a gated-delta-net layer and an indexed-attention one, each with the MoE block
     "qwen4_exp": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "intern_s2_preview": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -199,6 +201,7 @@ MODULES = {
     "glm5_next": ["model.layers.1.mlp.experts"],
     "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "intern_s2_preview": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -256,6 +259,9 @@ RUNS = [
     # Qwen3.5 MoE, the whole multimodal model (models/qwen3_5.py, importable beside the stand-in)
     ("qwen3-5-moe-bf16", "trtllm", "bf16"),
     ("qwen3-5-moe-bf16", "cutlass", "bf16"),
+    # Intern-S2 Preview: SGLang's Qwen3.5 MoE class under its own name and model_type
+    ("intern-s2-preview-bf16", "trtllm", "bf16"),
+    ("intern-s2-preview-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
