@@ -1220,6 +1220,31 @@ def _save_intern_s2_preview(root: Path, seed: int = 0) -> Path:
     return root
 
 
+# Cohere2 Vision (Cohere2VisionForConditionalGeneration, model_type cohere2_vision) over a
+# Cohere2-MoE language model (text_config model_type cohere2_moe, the language model SGLang's
+# models/cohere2_vision.py builds): transformers' own model, tiny, a one-layer SigLIP tower
+def _save_cohere2_vision(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    _, _, own = MODELS["cohere2_moe"]
+    config = transformers.Cohere2VisionConfig(
+        # (transformers' own class: SGLang registers a config class of its own for cohere2_moe)
+        text_config=transformers.Cohere2MoeConfig(**(COMMON | own)),
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
+        alignment_intermediate_size=64,
+        image_token_id=100,
+    )
+    return _write(config, "Cohere2VisionForConditionalGeneration", root, seed)
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1238,6 +1263,7 @@ SAVERS = {
     "qwen4_exp": _save_qwen4_exp,
     "qwen3_5_moe": _save_qwen3_5_moe,
     "intern_s2_preview": _save_intern_s2_preview,
+    "cohere2_vision": _save_cohere2_vision,
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,

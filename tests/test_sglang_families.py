@@ -56,7 +56,10 @@ Qwen4 Exp (Qwen4ExpForConditionalGeneration, the whole multimodal model transfor
 gated-delta-net and an indexed-attention layer, each with Qwen2-MoE's block, hyper-connections;
 its module imports models/qwen3_5.py, whose Mamba kernels ask Triton for the device: the
 stand-in answers as Triton without a GPU) and Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration,
-the whole multimodal model transformers writes, the same module) in BF16 on both backends.
+the whole multimodal model transformers writes, the same module) in BF16 on both backends,
+Intern-S2 Preview (InternS2PreviewForConditionalGeneration: that model under its own model_type
+and class, Qwen3.5 MoE's subclass) and Cohere2 Vision (Cohere2VisionForConditionalGeneration,
+transformers' whole model over a Cohere2-MoE language model) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -152,6 +155,7 @@ CASES = {
     "qwen4-exp-bf16": ("qwen4_exp", None, {}),
     "qwen3-5-moe-bf16": ("qwen3_5_moe", None, {}),
     "intern-s2-preview-bf16": ("intern_s2_preview", None, {}),
+    "cohere2-vision-bf16": ("cohere2_vision", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -189,6 +193,7 @@ MOE = {
     "qwen4_exp": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     "intern_s2_preview": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "cohere2_vision": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -202,6 +207,7 @@ MODULES = {
     "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "intern_s2_preview": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "cohere2_vision": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -262,6 +268,9 @@ RUNS = [
     # Intern-S2 Preview: SGLang's Qwen3.5 MoE class under its own name and model_type
     ("intern-s2-preview-bf16", "trtllm", "bf16"),
     ("intern-s2-preview-bf16", "cutlass", "bf16"),
+    # Cohere2 Vision: transformers' whole model over a Cohere2-MoE language model (text_config)
+    ("cohere2-vision-bf16", "cutlass", "bf16"),
+    ("cohere2-vision-bf16", "trtllm", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
