@@ -7,6 +7,7 @@ them shows up here before users see it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import shutil
@@ -1245,6 +1246,36 @@ def _save_cohere2_vision(root: Path, seed: int = 0) -> Path:
     return _write(config, "Cohere2VisionForConditionalGeneration", root, seed)
 
 
+# MiniCPM-V 4.6 and 4.7 (MiniCPMV4_6ForConditionalGeneration, MiniCPMV4_7ForConditionalGeneration,
+# model_type minicpmv4_6, minicpmv4_7) over a Qwen3.5 MoE language model (text_config model_type
+# qwen3_5_moe_text, which SGLang's models/minicpmv.py builds as Qwen3_5MoeForCausalLM):
+# transformers' own model, tiny, a one-layer vision tower (its window attention after layer
+# insert_layer_id 0); the key SGLang's Qwen3.5 layers read that transformers' config class does
+# not write (full_attention_interval, as for Qwen3.5 MoE)
+def _save_minicpmv(root: Path, seed: int = 0, version: str = "4_6") -> Path:
+    import transformers
+
+    config = getattr(transformers, f"MiniCPMV{version}Config")(
+        text_config=transformers.Qwen3_5MoeTextConfig(**QWEN3_5_MOE_TEXT),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            insert_layer_id=0,
+        ),
+        insert_layer_id=0,
+        image_size=32,
+        patch_size=8,
+        image_token_id=100,
+        video_token_id=101,
+    )
+    _write(config, f"MiniCPMV{version}ForConditionalGeneration", root, seed)
+    return _add_keys(root, {"text_config": QWEN3_5_MOE_SERVER_KEYS})
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1264,6 +1295,8 @@ SAVERS = {
     "qwen3_5_moe": _save_qwen3_5_moe,
     "intern_s2_preview": _save_intern_s2_preview,
     "cohere2_vision": _save_cohere2_vision,
+    "minicpmv4_6": _save_minicpmv,
+    "minicpmv4_7": functools.partial(_save_minicpmv, version="4_7"),
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "internvl_chat": _save_internvl,

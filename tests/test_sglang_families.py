@@ -59,7 +59,10 @@ stand-in answers as Triton without a GPU) and Qwen3.5 MoE (Qwen3_5MoeForConditio
 the whole multimodal model transformers writes, the same module) in BF16 on both backends,
 Intern-S2 Preview (InternS2PreviewForConditionalGeneration: that model under its own model_type
 and class, Qwen3.5 MoE's subclass) and Cohere2 Vision (Cohere2VisionForConditionalGeneration,
-transformers' whole model over a Cohere2-MoE language model) in BF16 on both backends.
+transformers' whole model over a Cohere2-MoE language model) and MiniCPM-V 4.6 and 4.7
+(MiniCPMV4_6ForConditionalGeneration, MiniCPMV4_7ForConditionalGeneration: transformers' whole
+models over a Qwen3.5 MoE language model; their merger placed by SGLang's get_device(), which
+answers the CPU here: DEVICE_ASKED) in BF16 on both backends.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -79,6 +82,7 @@ Not proven here, and why:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -156,6 +160,8 @@ CASES = {
     "qwen3-5-moe-bf16": ("qwen3_5_moe", None, {}),
     "intern-s2-preview-bf16": ("intern_s2_preview", None, {}),
     "cohere2-vision-bf16": ("cohere2_vision", None, {}),
+    "minicpmv4-6-bf16": ("minicpmv4_6", None, {}),
+    "minicpmv4-7-bf16": ("minicpmv4_7", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -194,6 +200,8 @@ MOE = {
     "qwen3_5_moe": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     "intern_s2_preview": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     "cohere2_vision": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "minicpmv4_6": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "minicpmv4_7": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -208,6 +216,8 @@ MODULES = {
     "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "intern_s2_preview": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "cohere2_vision": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "minicpmv4_6": [f"llm.layers.{i}.mlp.experts" for i in (0, 1)],
+    "minicpmv4_7": [f"llm.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -271,6 +281,11 @@ RUNS = [
     # Cohere2 Vision: transformers' whole model over a Cohere2-MoE language model (text_config)
     ("cohere2-vision-bf16", "cutlass", "bf16"),
     ("cohere2-vision-bf16", "trtllm", "bf16"),
+    # MiniCPM-V 4.6: transformers' whole model over a Qwen3.5 MoE language model (text_config)
+    ("minicpmv4-6-bf16", "trtllm", "bf16"),
+    ("minicpmv4-6-bf16", "cutlass", "bf16"),
+    ("minicpmv4-7-bf16", "trtllm", "bf16"),
+    ("minicpmv4-7-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -305,11 +320,29 @@ def test_a_whole_model_of_the_family_equals_sglangs_default_load(
         _assert_refused_for_the_transformers_backend(src, out, arch, backend)
         return
     for rank in range(tp):
-        ours, theirs = _both(src, out, quant or "bf16", backend, tp, rank)
+        with _device_answered(kind):
+            ours, theirs = _both(src, out, quant or "bf16", backend, tp, rank)
         moe = _moe(theirs)
         assert sorted(moe) == MODULES.get(kind, MOE[kind])
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+# models whose module asks SGLang's get_device() where to put a module it builds (MiniCPM-V
+# 4.6's and 4.7's merger, models/minicpmv.py init_resampler), which raises without an
+# accelerator: it answers the CPU, where both loads run (the weights are loaded after, as on a
+# GPU)
+DEVICE_ASKED = dict.fromkeys(
+    ("minicpmv4_6", "minicpmv4_7"), "sglang.srt.models.minicpmv.get_device"
+)
+
+
+def _device_answered(kind: str):
+    """For DEVICE_ASKED's models (their module imported by SGLang's registry, read before):
+    get_device() answers the CPU."""
+    if kind not in DEVICE_ASKED:
+        return contextlib.nullcontext()
+    return mock.patch(DEVICE_ASKED[kind], lambda device_id=None: "cpu")
 
 
 def _sglangs_own_architectures() -> set[str]:

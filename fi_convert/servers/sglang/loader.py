@@ -62,20 +62,33 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
     checkpoint's model.layers.L.experts, which its load_weights renames to the module
     model.layers.L.moe.experts), or with one part more (Intern-S1: the checkpoint's
     model.language_model.layers.L.mlp.experts, a layer built as model.layers.L.mlp.experts in
-    a module language_model.model.layers.L.mlp.experts)."""
+    a module language_model.model.layers.L.mlp.experts), or the one output layer that ends
+    with the prefix less its first part (MiniCPM-V 4.6: the checkpoint's
+    model.language_model.layers.L.mlp.experts, a layer built as llm.layers.L.mlp.experts)."""
     out = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
             built = getattr(mod, "layer_name", name)
-            under = [o for o in output if o.endswith("." + built)]
-            if name in output or built in output:
-                out[built if name not in output else name] = mod
-            elif len(under) == 1:
-                out[under[0]] = mod
-            else:
-                less = [o for o in output if _one_part_apart(o, built)]
-                out[less[0] if len(less) == 1 and not under else name] = mod
+            out[_output_layer(name, built, output)] = mod
     return out
+
+
+def _output_layer(name: str, built: str, output: Collection[str]) -> str:
+    """The output layer of a FusedMoE module `name` built as `built` (moe_layers' rules), or
+    `name` where none is."""
+    if name in output:
+        return name
+    if built in output:
+        return built
+    under = [o for o in output if o.endswith("." + built)]
+    if under:
+        return under[0] if len(under) == 1 else name
+    less = [o for o in output if _one_part_apart(o, built)]
+    if less:
+        return less[0] if len(less) == 1 else name
+    tail = built.split(".", 1)[-1]
+    other = [o for o in output if "." in built and o.endswith("." + tail)]
+    return other[0] if len(other) == 1 else name
 
 
 def _one_part_apart(layer: str, built: str) -> bool:
