@@ -706,7 +706,12 @@ def save_deepseek_v1(root: Path, seed: int = 0) -> Path:
 
 
 def _write(
-    root: Path, shards: dict, config: dict, module_name: str, module: str, exists: bool = False
+    root: Path,
+    shards: dict,
+    config: dict,
+    module_name: str | None,
+    module: str,
+    exists: bool = False,
 ) -> Path:
     root.mkdir(parents=True, exist_ok=exists)
     index: dict[str, str] = {}
@@ -717,7 +722,8 @@ def _write(
     meta = {"metadata": {"total_size": total}, "weight_map": index}
     (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
     (root / "config.json").write_text(json.dumps(config, indent=2))
-    (root / module_name).write_text(module)
+    if module_name is not None:  # (a config class of the server's own: none)
+        (root / module_name).write_text(module)
     return root
 
 
@@ -1091,3 +1097,65 @@ def _kda(c: dict, w) -> dict[str, torch.Tensor]:
         "o_norm.weight": w(c["head_dim"]),
         "o_proj.weight": w(h, p),
     }
+
+
+# Ming-Omni (BailingMMNativeForConditionalGeneration, BailingMM2NativeForConditionalGeneration,
+# model_type bailingmm_moe_v2_lite, as SGLang 0.5.23 reads it with its own BailingMM2Config,
+# configs/bailing_moe_v2.py): Ling 2.0 (LING2_CONFIG, its llm_config) under model. (its module
+# `model`, a BailingMoeV2ForCausalLM: model.model.layers.L.mlp.experts.E, model.lm_head), beside
+# a Qwen3-VL-MoE vision tower (vision.: transformers' own Qwen3VLMoeVisionModel, tiny, without
+# deepstack mergers) and its projection (linear_proj.0, mlp_depth 1); no audio (SGLang's port
+# refuses an audio_config)
+MING_VISION = dict(
+    model_type="qwen3_vl_moe",
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    out_hidden_size=64,
+    patch_size=4,
+    num_position_embeddings=16,
+    deepstack_visual_indexes=[],
+)
+
+
+def save_ming(root: Path, seed: int = 0, arch: str = "BailingMM2NativeForConditionalGeneration"):
+    import transformers
+    from safetensors.torch import load_file
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
+
+    save_ling2(root, seed)
+    (root / "configuration_bailing_moe_v2.py").unlink()
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    shards: dict[str, dict[str, torch.Tensor]] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        shards[shard] = {f"model.{k}": t for k, t in load_file(root / shard).items()}
+        (root / shard).unlink()
+    torch.manual_seed(seed)
+    vision_cfg = transformers.Qwen3VLMoeVisionConfig(**MING_VISION)
+    vision = Qwen3VLMoeVisionModel._from_config(vision_cfg).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(seed + 1)
+    h = LING2_CONFIG["hidden_size"]
+    shards["model-00001-of-00002.safetensors"] |= {
+        f"vision.{k}": t.contiguous() for k, t in vision.state_dict().items()
+    } | {
+        "linear_proj.0.weight": (
+            torch.randn(h, MING_VISION["out_hidden_size"], generator=g) * 0.05
+        ).bfloat16(),
+        "linear_proj.0.bias": (torch.randn(h, generator=g) * 0.05).bfloat16(),
+    }
+    llm = {k: v for k, v in LING2_CONFIG.items() if k not in ("auto_map", "torch_dtype")}
+    config = dict(
+        architectures=[arch],
+        model_type="bailingmm_moe_v2_lite",
+        mlp_depth=1,
+        # M-RoPE's sections sum to half the rotary dimension (SGLang asserts it; its default
+        # [8, 12, 12] is for 64): head_dim 16 x partial_rotary_factor 0.5 = 8, half 4
+        mrope_section=[1, 1, 2],
+        llm_config=llm,
+        vision_config=MING_VISION,
+        torch_dtype="bfloat16",
+    )
+    for name in list(root.iterdir()):
+        name.unlink()
+    return _write(root, shards, config, None, "", exists=True)

@@ -828,3 +828,23 @@ def test_sglangs_puzzle_config_gives_each_moe_layer_the_sizes_fi_convert_reads(t
     out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
     layers = read(out)["layers"]
     assert sorted(layers) == [f"backbone.layers.{i}.mixer.experts" for i in (1, 2)]
+
+
+@pytest.mark.parametrize(
+    "arch", ["BailingMMNativeForConditionalGeneration", "BailingMM2NativeForConditionalGeneration"]
+)
+def test_sglangs_own_load_of_ming_omni_fails(tmp_path, arch):
+    """Why Ming-Omni has no case above: SGLang 0.5.23's own load of it (models/bailing_mm.py)
+    hands its language model's tensors to BailingMoeV2ForCausalLM.load_weights, which returns
+    None, then logs len() of that: every load of the model fails there, after its weights are
+    read (a tiny Ming-Omni checkpoint: Ling 2.0 under model., a vision tower; tests/
+    remote_code_checkpoints.py save_ming)."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = rc.save_ming(tmp_path / "src", arch=arch)
+    with sm.sglang_context("trtllm", 1, 0), pytest.raises(TypeError) as e:
+        _model(None, src, "auto", "trtllm")
+    assert str(e.value) == "object of type 'NoneType' has no len()"
+    assert str(e.traceback[-1].frame.code.path).endswith("sglang/srt/models/bailing_mm.py")
+    assert e.traceback[-1].name == "load_weights"
