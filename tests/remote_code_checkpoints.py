@@ -1119,31 +1119,39 @@ MING_VISION = dict(
 )
 
 
-def save_ming(root: Path, seed: int = 0, arch: str = "BailingMM2NativeForConditionalGeneration"):
+def _vision_tensors(seed: int, prefix: str, proj: dict[str, tuple[int, ...]]) -> dict:
+    """MING_VISION's tower (transformers' own Qwen3VLMoeVisionModel, seeded, BF16) under
+    `prefix`, and the projection tensors `proj` (name: shape), seeded."""
     import transformers
-    from safetensors.torch import load_file
     from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
 
-    save_ling2(root, seed)
-    (root / "configuration_bailing_moe_v2.py").unlink()
-    index = json.loads((root / "model.safetensors.index.json").read_text())
-    shards: dict[str, dict[str, torch.Tensor]] = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        shards[shard] = {f"model.{k}": t for k, t in load_file(root / shard).items()}
-        (root / shard).unlink()
     torch.manual_seed(seed)
     vision_cfg = transformers.Qwen3VLMoeVisionConfig(**MING_VISION)
     vision = Qwen3VLMoeVisionModel._from_config(vision_cfg).to(torch.bfloat16)
     g = torch.Generator().manual_seed(seed + 1)
-    h = LING2_CONFIG["hidden_size"]
-    shards["model-00001-of-00002.safetensors"] |= {
-        f"vision.{k}": t.contiguous() for k, t in vision.state_dict().items()
-    } | {
-        "linear_proj.0.weight": (
-            torch.randn(h, MING_VISION["out_hidden_size"], generator=g) * 0.05
-        ).bfloat16(),
-        "linear_proj.0.bias": (torch.randn(h, generator=g) * 0.05).bfloat16(),
+    tensors = {f"{prefix}{k}": t.contiguous() for k, t in vision.state_dict().items()}
+    return tensors | {
+        k: (torch.randn(*shape, generator=g) * 0.05).bfloat16() for k, shape in proj.items()
     }
+
+
+def _read_shards(root: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """The checkpoint at `root`'s shards, read, and every file of it removed."""
+    from safetensors.torch import load_file
+
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    shards = {n: load_file(root / n) for n in sorted(set(index["weight_map"].values()))}
+    for path in list(root.iterdir()):
+        path.unlink()
+    return shards
+
+
+def save_ming(root: Path, seed: int = 0, arch: str = "BailingMM2NativeForConditionalGeneration"):
+    save_ling2(root, seed)
+    shards = {n: {f"model.{k}": t for k, t in ts.items()} for n, ts in _read_shards(root).items()}
+    h, out = LING2_CONFIG["hidden_size"], MING_VISION["out_hidden_size"]
+    proj = {"linear_proj.0.weight": (h, out), "linear_proj.0.bias": (h,)}
+    shards["model-00001-of-00002.safetensors"] |= _vision_tensors(seed, "vision.", proj)
     llm = {k: v for k, v in LING2_CONFIG.items() if k not in ("auto_map", "torch_dtype")}
     config = dict(
         architectures=[arch],
@@ -1156,6 +1164,31 @@ def save_ming(root: Path, seed: int = 0, arch: str = "BailingMM2NativeForConditi
         vision_config=MING_VISION,
         torch_dtype="bfloat16",
     )
-    for name in list(root.iterdir()):
-        name.unlink()
+    return _write(root, shards, config, None, "", exists=True)
+
+
+# Ling 3 VL (BailingMoeV3VLForConditionalGeneration, model_type bailing_moe_v3_vl, as SGLang 0.5.23
+# reads it with its own BailingMoeV3VLConfig, configs/bailing_hybrid.py): Ling 3 (LING3_CONFIG,
+# its text_config) under its own names (model.layers, model.word_embeddings, lm_head: the public
+# layout SGLang's models/bailing_mm_v3.py reads), beside MING_VISION's tower under model.visual.
+# and the projection linear_proj.0 and .2
+def save_ling3_vl(root: Path, seed: int = 0) -> Path:
+    save_ling3(root, seed)
+    shards = _read_shards(root)
+    h, out = LING3_CONFIG["hidden_size"], MING_VISION["out_hidden_size"]
+    proj = {
+        "linear_proj.0.weight": (h, out),
+        "linear_proj.0.bias": (h,),
+        "linear_proj.2.weight": (h, h),
+        "linear_proj.2.bias": (h,),
+    }
+    shards["model-00001-of-00002.safetensors"] |= _vision_tensors(seed, "model.visual.", proj)
+    text = {k: v for k, v in LING3_CONFIG.items() if k not in ("auto_map", "torch_dtype")}
+    config = dict(
+        architectures=["BailingMoeV3VLForConditionalGeneration"],
+        model_type="bailing_moe_v3_vl",
+        text_config=text,
+        vision_config=MING_VISION,
+        torch_dtype="bfloat16",
+    )
     return _write(root, shards, config, None, "", exists=True)

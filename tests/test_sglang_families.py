@@ -488,6 +488,7 @@ MOONVIT = "sglang.srt.models.kimi_vl_moonvit"
 # SGLang's module of the yarn rotary embedding Sarvam-105B builds
 ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
 LING = {
+    "ling3_vl": rc.save_ling3_vl,
     "ling2": rc.save_ling2,
     "ling1": rc.save_ling1,
     "sarvam_moe": rc.save_sarvam_moe,
@@ -498,10 +499,10 @@ LING = {
 
 
 # the MoE layers of each (layer 1 alone where not named)
-LING_LAYERS = {"ling1": (0, 1), "ling25": (1, 2), "ling3": (1, 2)}
+LING_LAYERS = {"ling1": (0, 1), "ling25": (1, 2), "ling3": (1, 2), "ling3_vl": (1, 2)}
 # (kind, backend): TRT-LLM for each, CUTLASS too for Ling 2.5 and Ling 3
 LING_RUNS = [(kind, "trtllm") for kind in sorted(LING)]
-LING_RUNS += [(kind, "cutlass") for kind in ("ling25", "ling3")]
+LING_RUNS += [(kind, "cutlass") for kind in ("ling25", "ling3", "ling3_vl")]
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -515,7 +516,10 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
     (BailingMoeV3ForCausalLM: KDA and MLA layers, each MoE layer's SwiGLU clamp SGLang builds
     the one fi-convert reads), both read with SGLang's own BailingHybridConfig for their
     model_type, on both backends, their config classes remote code
-    as published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads)."""
+    as published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads); Ling 3
+    VL (BailingMoeV3VLForConditionalGeneration: Ling 3 under its own names beside a vision
+    tower, read with SGLang's own BailingMoeV3VLConfig, its language model SGLang's module
+    model) on both backends."""
     from fi_convert.source import find_family, open_checkpoint
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
@@ -525,6 +529,8 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
         LING[kind](src)
     out = _convert(src, tmp_path / "out", "bf16", backend, tp)
     layers = [f"model.layers.{i}.mlp.experts" for i in LING_LAYERS.get(kind, (1,))]
+    # (Ling 3 VL's language model: SGLang's module model, the checkpoint's names its own)
+    modules = [f"model.{n}" if kind == "ling3_vl" else n for n in layers]
     with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
         for rank in range(tp):
             with (
@@ -534,11 +540,12 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
                 ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
                 theirs = _model(None, src, "auto", backend, trust_remote_code=True)
             moe = _moe(theirs)
-            assert sorted(moe) == layers
+            assert sorted(moe) == modules
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
-    if kind == "ling3":  # its clamp per layer (expert_swiglu_limit_list), as fi-convert reads it
-        clamps = {n: m.moe_runner_config.gemm1_clamp_limit for n, m in moe.items()}
+    if kind.startswith("ling3"):  # its clamp per layer (expert_swiglu_limit_list), as read
+        pairs = zip(layers, modules, strict=True)
+        clamps = {n: moe[m].moe_runner_config.gemm1_clamp_limit for n, m in pairs}
         assert clamps == {layers[0]: None, layers[1]: 7.0}
         assert {x.prefix: x.swiglu_limit for x in find_family(open_checkpoint(src))[1]} == clamps
 

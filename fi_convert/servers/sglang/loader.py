@@ -62,9 +62,12 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
     checkpoint's model.layers.L.experts, which its load_weights renames to the module
     model.layers.L.moe.experts), or with one part more (Intern-S1: the checkpoint's
     model.language_model.layers.L.mlp.experts, a layer built as model.layers.L.mlp.experts in
-    a module language_model.model.layers.L.mlp.experts), or the one output layer that ends
-    with the prefix less its first part (MiniCPM-V 4.6: the checkpoint's
-    model.language_model.layers.L.mlp.experts, a layer built as llm.layers.L.mlp.experts)."""
+    a module language_model.model.layers.L.mlp.experts); then the one output layer one part
+    apart from the module's name (Ling 3 VL: the checkpoint's model.layers.L.mlp.experts, a
+    layer built as model.model.layers.L.experts in a module model.model.layers.L.mlp.experts),
+    or that ends with the prefix (or the module's name) less its first part (MiniCPM-V 4.6: the
+    checkpoint's model.language_model.layers.L.mlp.experts, a layer built as
+    llm.layers.L.mlp.experts)."""
     out = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
@@ -86,9 +89,17 @@ def _output_layer(name: str, built: str, output: Collection[str]) -> str:
     less = [o for o in output if _one_part_apart(o, built)]
     if less:
         return less[0] if len(less) == 1 else name
-    tail = built.split(".", 1)[-1]
-    other = [o for o in output if "." in built and o.endswith("." + tail)]
-    return other[0] if len(other) == 1 else name
+    for rule in (_one_part_apart, _ends_with_tail):
+        for prefix in dict.fromkeys((built, name)):
+            found = [o for o in output if rule(o, prefix)]
+            if len(found) == 1:
+                return found[0]
+    return name
+
+
+def _ends_with_tail(layer: str, prefix: str) -> bool:
+    """Whether output layer `layer` ends with `prefix` less its first part."""
+    return "." in prefix and layer.endswith("." + prefix.split(".", 1)[1])
 
 
 def _one_part_apart(layer: str, built: str) -> bool:
