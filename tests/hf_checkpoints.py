@@ -1276,6 +1276,31 @@ def _save_minicpmv(root: Path, seed: int = 0, version: str = "4_6") -> Path:
     return _add_keys(root, {"text_config": QWEN3_5_MOE_SERVER_KEYS})
 
 
+# DiffusionGemma (DiffusionGemmaForBlockDiffusion, model_type diffusion_gemma): Gemma 4's MoE
+# decoder layers (text_config diffusion_gemma_text) in a block-diffusion model whose encoder's
+# text layers are tied to the decoder's (transformers writes model.decoder.layers.L.experts
+# alone), beside a one-layer vision tower; transformers' own model, tiny
+def _save_diffusion_gemma(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    _, _, own = MODELS["gemma4"]
+    text = {k: v for k, v in own.items() if k != "enable_moe_block"}  # (its MoE by num_experts)
+    config = transformers.DiffusionGemmaConfig(
+        text_config=transformers.DiffusionGemmaTextConfig(**(COMMON | text)),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            patch_size=4,
+            position_embedding_size=16,
+        ),
+    )
+    return _write(config, "DiffusionGemmaForBlockDiffusion", root, seed)
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1296,6 +1321,7 @@ SAVERS = {
     "intern_s2_preview": _save_intern_s2_preview,
     "cohere2_vision": _save_cohere2_vision,
     "minicpmv4_6": _save_minicpmv,
+    "diffusion_gemma": _save_diffusion_gemma,
     "minicpmv4_7": functools.partial(_save_minicpmv, version="4_7"),
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,

@@ -62,7 +62,10 @@ and class, Qwen3.5 MoE's subclass) and Cohere2 Vision (Cohere2VisionForCondition
 transformers' whole model over a Cohere2-MoE language model) and MiniCPM-V 4.6 and 4.7
 (MiniCPMV4_6ForConditionalGeneration, MiniCPMV4_7ForConditionalGeneration: transformers' whole
 models over a Qwen3.5 MoE language model; their merger placed by SGLang's get_device(), which
-answers the CPU here: DEVICE_ASKED) in BF16 on both backends.
+answers the CPU here: DEVICE_ASKED) in BF16 on both backends, and DiffusionGemma
+(DiffusionGemmaForBlockDiffusion, transformers' whole block-diffusion model: Gemma 4's MoE
+layers in its decoder, model.decoder.layers.L.experts, which SGLang builds as
+model.layers.L.moe.experts; its encoder's text layers tied to them) in BF16 on CUTLASS.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -148,6 +151,7 @@ CASES = {
     "omni-bf16": ("qwen3_omni_moe", None, {}),
     "glm4v-bf16": ("glm4v_moe", None, {}),
     "gemma4-bf16": ("gemma4", None, {}),
+    "diffusion-gemma-bf16": ("diffusion_gemma", None, {}),
     "hunyuan-bf16": ("hunyuan_v1_moe", None, {}),
     "granite-swa-bf16": ("granitemoe_swa", None, {}),
     "mellum-bf16": ("mellum", None, {}),
@@ -187,6 +191,7 @@ MOE = {
     "qwen3_omni_moe": [f"thinker.model.layers.{i}.mlp.experts" for i in (0, 1)],
     "glm4v_moe": ["model.language_model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.experts" for i in (0, 1)],
+    "diffusion_gemma": [f"model.decoder.layers.{i}.experts" for i in (0, 1)],
     "hunyuan_v1_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
@@ -211,6 +216,7 @@ MOE = {
 MODULES = {
     "glm4v_moe": ["model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
+    "diffusion_gemma": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
     "glm5_next": ["model.layers.1.mlp.experts"],
     "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -248,6 +254,8 @@ RUNS = [
     ("glm4v-bf16", "cutlass", "bf16"),
     # Gemma 4's gelu_tanh experts: SGLang's TRT-LLM BF16 runner takes silu and relu2 only
     ("gemma4-bf16", "cutlass", "bf16"),
+    # DiffusionGemma: Gemma 4's MoE layers in its decoder (its encoder's tied to them)
+    ("diffusion-gemma-bf16", "cutlass", "bf16"),
     # Hunyuan-A13B: its per-layer moe_intermediate_size as published; I 96, padded per rank
     ("hunyuan-bf16", "trtllm", "bf16"),
     ("hunyuan-bf16", "cutlass", "bf16"),

@@ -104,7 +104,10 @@ transformers writes: gated-delta-net and QSA attention layers, hyper-connections
 attention's FlashAttention probe answered yes, KERNEL_PROBES, and its top-k scratch buffer not
 compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGeneration, the whole
 multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
-renormalizes, as the family reads it), each bf16 on both backends, and
+renormalizes, as the family reads it), each bf16 on both backends, DiffusionGemma
+(diffusion_gemma.DiffusionGemmaForConditionalGeneration, the whole block-diffusion model
+transformers writes: Gemma 4's MoE layers in its decoder; its module imports torchvision) bf16
+on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -332,6 +335,14 @@ CASES = {
     "mistral-large-3-bf16": ("mistral", "mistral_large_3.MistralLarge3ForCausalLM", None, {}),
     # Gemma 4: fused experts beside the dense MLP, gelu_tanh, its router's own function
     "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
+    # DiffusionGemma: Gemma 4's MoE layers in its decoder (vLLM's diffusion_gemma.py builds
+    # them as gemma4's Gemma4Model), its encoder's text layers tied to them
+    "diffusion-gemma-bf16": (
+        "diffusion_gemma",
+        "diffusion_gemma.DiffusionGemmaForConditionalGeneration",
+        None,
+        {},
+    ),
     # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
     "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
     # Ling 2.5: Ling 2.0's experts beside linear-attention and MLA layers (FlashInfer's MLA
@@ -482,6 +493,7 @@ RUNS = [
     ("mistral-large-3-bf16", "cutlass", "bf16"),
     # Gemma 4's gelu_tanh experts and Custom routing: BF16 on CUTLASS only
     ("gemma4-bf16", "cutlass", "bf16"),
+    ("diffusion-gemma-bf16", "cutlass", "bf16"),
     ("axk1-bf16", "trtllm", "bf16"),
     ("axk1-bf16", "cutlass", "bf16"),
     ("ling25-bf16", "trtllm", "bf16"),
@@ -574,6 +586,7 @@ TORCHVISION = (
     "omni-bf16",
     "qwen4-exp-bf16",
     "qwen3-5-moe-bf16",
+    "diffusion-gemma-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",

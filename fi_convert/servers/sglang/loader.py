@@ -67,7 +67,9 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
     layer built as model.model.layers.L.experts in a module model.model.layers.L.mlp.experts),
     or that ends with the prefix (or the module's name) less its first part (MiniCPM-V 4.6: the
     checkpoint's model.language_model.layers.L.mlp.experts, a layer built as
-    llm.layers.L.mlp.experts)."""
+    llm.layers.L.mlp.experts), or that less one part is the prefix less one, neither a layer's
+    index (DiffusionGemma: the checkpoint's model.decoder.layers.L.experts, a layer built as
+    model.layers.L.moe.experts)."""
     out = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
@@ -89,12 +91,27 @@ def _output_layer(name: str, built: str, output: Collection[str]) -> str:
     less = [o for o in output if _one_part_apart(o, built)]
     if less:
         return less[0] if len(less) == 1 else name
-    for rule in (_one_part_apart, _ends_with_tail):
+    for rule in (_one_part_apart, _ends_with_tail, _one_part_other):
         for prefix in dict.fromkeys((built, name)):
             found = [o for o in output if rule(o, prefix)]
             if len(found) == 1:
                 return found[0]
     return name
+
+
+def _one_part_other(layer: str, prefix: str) -> bool:
+    """Whether output layer `layer` less one part is `prefix` less one part, neither a layer
+    index (DiffusionGemma: the checkpoint's model.decoder.layers.L.experts, a layer built as
+    model.layers.L.moe.experts)."""
+    return bool(set(_less_one_word(layer)) & set(_less_one_word(prefix)))
+
+
+def _less_one_word(prefix: str) -> list[str]:
+    """`prefix` with one of its dotted parts that is not a number left out, each way (the
+    first and last kept)."""
+    parts = prefix.split(".")
+    keep = range(1, len(parts) - 1)
+    return [".".join(parts[:k] + parts[k + 1 :]) for k in keep if not parts[k].isdigit()]
 
 
 def _ends_with_tail(layer: str, prefix: str) -> bool:
