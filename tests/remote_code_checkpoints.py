@@ -1192,3 +1192,41 @@ def save_ling3_vl(root: Path, seed: int = 0) -> Path:
         torch_dtype="bfloat16",
     )
     return _write(root, shards, config, None, "", exists=True)
+
+
+# Intern-S1-Pro (InternS1ProForConditionalGeneration, model_type interns1_pro; its config class
+# remote code, config.json's auto_map, as published; no server or transformers release has one):
+# Qwen3-VL-MoE's whole model as transformers writes it, its fused experts as Qwen3-VL-MoE's
+# public checkpoints hold them ([E, H, 2I] / [E, I, H]: tests/family_forms_models.py), under
+# Intern-S1-Pro's model_type and architecture, with its grouped router (router_n_groups 2: the
+# top-k taken within each of 2 groups of experts); our config module's stand-in for its class
+# is transformers' Qwen3VLMoeConfig under that model_type (INTERNS1_PRO_MODULE)
+INTERNS1_PRO_MODULE = '''"""Intern-S1-Pro's configuration class (fi-convert's tests)."""
+
+from transformers import Qwen3VLMoeConfig, Qwen3VLMoeTextConfig
+
+
+class InternS1ProTextConfig(Qwen3VLMoeTextConfig):
+    model_type = "interns1_pro_text"
+
+
+class InternS1ProConfig(Qwen3VLMoeConfig):
+    model_type = "interns1_pro"
+    sub_configs = dict(Qwen3VLMoeConfig.sub_configs, text_config=InternS1ProTextConfig)
+'''
+
+
+def save_interns1_pro(root: Path, seed: int = 0) -> Path:
+    from tests import family_forms_models as ffm
+
+    ffm.save("qwen3_vl_moe", root, seed=seed)
+    cfg = json.loads((root / "config.json").read_text())
+    cfg |= dict(
+        model_type="interns1_pro",
+        architectures=["InternS1ProForConditionalGeneration"],
+        auto_map={"AutoConfig": "configuration_interns1_pro.InternS1ProConfig"},
+    )
+    cfg["text_config"] |= dict(model_type="interns1_pro_text", router_n_groups=2)
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    (root / "configuration_interns1_pro.py").write_text(INTERNS1_PRO_MODULE)
+    return root

@@ -863,3 +863,25 @@ def test_sglangs_own_load_of_ming_omni_fails(tmp_path, arch):
     assert str(e.value) == "object of type 'NoneType' has no len()"
     assert str(e.traceback[-1].frame.code.path).endswith("sglang/srt/models/bailing_mm.py")
     assert e.traceback[-1].name == "load_weights"
+
+
+def test_sglangs_intern_s1_pro_model_is_not_built(tmp_path_factory):
+    """Why Intern-S1-Pro has no case above: SGLang 0.5.23's InternS1ProTextDecoderLayer
+    (models/interns1pro.py) takes no start_layer, which the Qwen2-MoE model it is built in
+    (Qwen3MoeLLMModel's base, models/qwen2_moe.py) passes to every decoder layer: SGLang builds
+    no Intern-S1-Pro model (shown on a Qwen3-VL-MoE model under its model_type and config
+    class: tests/remote_code_checkpoints.py save_interns1_pro)."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = rc.save_interns1_pro(tmp_path_factory.mktemp("sgl-interns1-pro") / "src")
+    with (
+        rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"),
+        sm.sglang_context("cutlass", 1, 0),
+        pytest.raises(TypeError) as e,
+    ):
+        _model(None, src, "auto", "cutlass", trust_remote_code=True)
+    assert "InternS1ProTextDecoderLayer.__init__() got an unexpected keyword argument " in str(
+        e.value
+    )
+    assert str(e.value).endswith("'start_layer'")
