@@ -1208,16 +1208,38 @@ def _save_qwen3_5_moe(root: Path, seed: int = 0) -> Path:
 # Qwen3.5 MoE's model under its own names, as SGLang's config class reads it (configs/
 # interns2preview.py: Qwen3_5MoeConfig's subclass, its vision_config model_type intern_s2_preview
 # too, text_config Qwen3.5 MoE's own); transformers has no class of it, so Qwen3.5 MoE's tensors
-# under config.json's own model_type and architecture
+# under config.json's own model_type and architecture. Its config class is remote code where
+# published (configuration_interns2_preview.py, config.json's auto_map), which vLLM reads with
+# --trust-remote-code: our module's stand-in for it is SGLang's, transformers' Qwen3_5MoeConfig
+# under that model_type (INTERN_S2_PREVIEW_MODULE). (The published checkpoint's time-series
+# tensors, model.time_series.*, are left out: both servers' classes skip them.)
+INTERN_S2_PREVIEW_MODULE = '''"""Intern-S2 Preview's configuration class (fi-convert's tests)."""
+
+from transformers import Qwen3_5MoeConfig, Qwen3_5MoeVisionConfig
+
+
+class InternS2PreviewVisionConfig(Qwen3_5MoeVisionConfig):
+    model_type = "intern_s2_preview"
+
+
+class InternS2PreviewConfig(Qwen3_5MoeConfig):
+    model_type = "intern_s2_preview"
+    sub_configs = dict(Qwen3_5MoeConfig.sub_configs, vision_config=InternS2PreviewVisionConfig)
+'''
+
+
 def _save_intern_s2_preview(root: Path, seed: int = 0) -> Path:
     _save_qwen3_5_moe(root, seed)
     path = root / "config.json"
     cfg = json.loads(path.read_text())
     cfg |= dict(
-        model_type="intern_s2_preview", architectures=["InternS2PreviewForConditionalGeneration"]
+        model_type="intern_s2_preview",
+        architectures=["InternS2PreviewForConditionalGeneration"],
+        auto_map={"AutoConfig": "configuration_interns2_preview.InternS2PreviewConfig"},
     )
     cfg["vision_config"]["model_type"] = "intern_s2_preview"
     path.write_text(json.dumps(cfg, indent=2))
+    (root / "configuration_interns2_preview.py").write_text(INTERN_S2_PREVIEW_MODULE)
     return root
 
 

@@ -104,7 +104,9 @@ transformers writes: gated-delta-net and QSA attention layers, hyper-connections
 attention's FlashAttention probe answered yes, KERNEL_PROBES, and its top-k scratch buffer not
 compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGeneration, the whole
 multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
-renormalizes, as the family reads it), each bf16 on both backends, DiffusionGemma
+renormalizes, as the family reads it), Intern-S2 Preview
+(interns2_preview.InternS2PreviewForConditionalGeneration: that model under its own model_type,
+its config class remote code, tests/hf_checkpoints.py), each bf16 on both backends, DiffusionGemma
 (diffusion_gemma.DiffusionGemmaForConditionalGeneration, the whole block-diffusion model
 transformers writes: Gemma 4's MoE layers in its decoder; its module imports torchvision) bf16
 on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), and
@@ -195,6 +197,7 @@ REMOTE_CODE = {
     "ling25": rc.save_ling25,
     "ling3": rc.save_ling3,
     "k2_horizon": rc.save_k2_horizon,
+    "intern_s2_preview": lambda root: hf.save("intern_s2_preview", root),
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -387,6 +390,14 @@ CASES = {
     ),
     # Qwen3.5 MoE, the whole multimodal model transformers writes (tests/hf_checkpoints.py)
     "qwen3-5-moe-bf16": ("qwen3_5_moe", "qwen3_5.Qwen3_5MoeForConditionalGeneration", None, {}),
+    # Intern-S2 Preview: Qwen3.5 MoE's model under its own model_type and class, its config class
+    # remote code (tests/hf_checkpoints.py); its module imports qwen3_5's, torchvision too
+    "intern-s2-preview-bf16": (
+        "intern_s2_preview",
+        "interns2_preview.InternS2PreviewForConditionalGeneration",
+        None,
+        {},
+    ),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
@@ -516,6 +527,8 @@ RUNS = [
     ("qwen4-exp-bf16", "cutlass", "bf16"),
     ("qwen3-5-moe-bf16", "trtllm", "bf16"),
     ("qwen3-5-moe-bf16", "cutlass", "bf16"),
+    ("intern-s2-preview-bf16", "trtllm", "bf16"),
+    ("intern-s2-preview-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -586,6 +599,7 @@ TORCHVISION = (
     "omni-bf16",
     "qwen4-exp-bf16",
     "qwen3-5-moe-bf16",
+    "intern-s2-preview-bf16",
     "diffusion-gemma-bf16",
 )
 TORCHVISION_MODULES = (
