@@ -1245,7 +1245,9 @@ def _save_intern_s2_preview(root: Path, seed: int = 0) -> Path:
 
 # Cohere2 Vision (Cohere2VisionForConditionalGeneration, model_type cohere2_vision) over a
 # Cohere2-MoE language model (text_config model_type cohere2_moe, the language model SGLang's
-# models/cohere2_vision.py builds): transformers' own model, tiny, a one-layer SigLIP tower
+# models/cohere2_vision.py builds): transformers' own model, tiny, a one-layer SigLIP tower, its
+# tensors under model.vision_tower.vision_model. as published (transformers 5.20 writes them
+# without vision_model.; SGLang's load reads either, vLLM's the published names only)
 def _save_cohere2_vision(root: Path, seed: int = 0) -> Path:
     import transformers
 
@@ -1265,7 +1267,12 @@ def _save_cohere2_vision(root: Path, seed: int = 0) -> Path:
         alignment_intermediate_size=64,
         image_token_id=100,
     )
-    return _write(config, "Cohere2VisionForConditionalGeneration", root, seed)
+    _write(config, "Cohere2VisionForConditionalGeneration", root, seed)
+    tower = "model.vision_tower."
+    _rename_tensors(
+        root, lambda n: n.replace(tower, tower + "vision_model.", 1) if n.startswith(tower) else n
+    )
+    return root
 
 
 # MiniCPM-V 4.6 and 4.7 (MiniCPMV4_6ForConditionalGeneration, MiniCPMV4_7ForConditionalGeneration,

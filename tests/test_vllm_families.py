@@ -106,7 +106,11 @@ compared, SCRATCH_BUFFERS), Qwen3.5 MoE (qwen3_5.Qwen3_5MoeForConditionalGenerat
 multimodal model transformers writes, whose config.json has no norm_topk_prob: vLLM
 renormalizes, as the family reads it), Intern-S2 Preview
 (interns2_preview.InternS2PreviewForConditionalGeneration: that model under its own model_type,
-its config class remote code, tests/hf_checkpoints.py), each bf16 on both backends, DiffusionGemma
+its config class remote code, tests/hf_checkpoints.py), MiniCPM-V 4.6 and 4.7
+(minicpmv4_6's and minicpmv4_7's classes, transformers' whole models over a Qwen3.5 MoE language
+model), each bf16 on both backends, Cohere2 Vision (cohere2_vision's class, transformers' whole
+model over a Cohere2-MoE language model, its SigLIP tower under the published
+vision_tower.vision_model.) bf16 on CUTLASS, as Cohere2-MoE, DiffusionGemma
 (diffusion_gemma.DiffusionGemmaForConditionalGeneration, the whole block-diffusion model
 transformers writes: Gemma 4's MoE layers in its decoder; its module imports torchvision) bf16
 on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), and
@@ -294,6 +298,26 @@ CASES = {
     "hy-v3-bf16": ("hy_v3", "hy_v3.HYV3ForCausalLM", None, {}),
     "lfm2-bf16": ("lfm2_moe", "lfm2_moe.Lfm2MoeForCausalLM", None, {}),
     "cohere2-bf16": ("cohere2_moe", "cohere2_moe.Cohere2MoeForCausalLM", None, {}),
+    # Cohere2 Vision and MiniCPM-V 4.6 and 4.7: transformers' whole models over a Cohere2-MoE
+    # and a Qwen3.5 MoE language model (tests/hf_checkpoints.py)
+    "cohere2-vision-bf16": (
+        "cohere2_vision",
+        "cohere2_vision.Cohere2VisionForConditionalGeneration",
+        None,
+        {},
+    ),
+    "minicpmv4-6-bf16": (
+        "minicpmv4_6",
+        "minicpmv4_6.MiniCPMV4_6ForConditionalGeneration",
+        None,
+        {},
+    ),
+    "minicpmv4-7-bf16": (
+        "minicpmv4_7",
+        "minicpmv4_7.MiniCPMV4_7ForConditionalGeneration",
+        None,
+        {},
+    ),
     # Ling 2.0: names and config of tests/remote_code_checkpoints.py
     "ling2-bf16": ("ling2", "bailing_moe.BailingMoeV2ForCausalLM", None, {}),
     "deepseek-v1-bf16": ("deepseek_v1", "deepseek_v2.DeepseekForCausalLM", None, {}),
@@ -469,6 +493,11 @@ RUNS = [
     ("hy-v3-bf16", "trtllm", "bf16"),
     ("lfm2-bf16", "trtllm", "bf16"),
     ("cohere2-bf16", "cutlass", "bf16"),
+    ("cohere2-vision-bf16", "cutlass", "bf16"),
+    ("minicpmv4-6-bf16", "trtllm", "bf16"),
+    ("minicpmv4-6-bf16", "cutlass", "bf16"),
+    ("minicpmv4-7-bf16", "trtllm", "bf16"),
+    ("minicpmv4-7-bf16", "cutlass", "bf16"),
     ("ling2-bf16", "trtllm", "bf16"),
     # DeepSeek-MoE v1's softmax without renormalization (Default routing): CUTLASS only
     ("deepseek-v1-bf16", "cutlass", "bf16"),
@@ -601,6 +630,9 @@ TORCHVISION = (
     "qwen3-5-moe-bf16",
     "intern-s2-preview-bf16",
     "diffusion-gemma-bf16",
+    "cohere2-vision-bf16",
+    "minicpmv4-6-bf16",
+    "minicpmv4-7-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
