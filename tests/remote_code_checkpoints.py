@@ -1168,27 +1168,37 @@ def save_ming(root: Path, seed: int = 0, arch: str = "BailingMM2NativeForConditi
 
 
 # Ling 3 VL (BailingMoeV3VLForConditionalGeneration, model_type bailing_moe_v3_vl, as SGLang 0.5.23
-# reads it with its own BailingMoeV3VLConfig, configs/bailing_hybrid.py): Ling 3 (LING3_CONFIG,
-# its text_config) under its own names (model.layers, model.word_embeddings, lm_head: the public
-# layout SGLang's models/bailing_mm_v3.py reads), beside MING_VISION's tower under model.visual.
-# and the projection linear_proj.0 and .2
+# reads it with its own BailingMoeV3VLConfig, configs/bailing_hybrid.py, and vLLM 0.33 with its
+# own, transformers_utils/configs/bailing_moe_v3_vl.py): Ling 3 (LING3_CONFIG, its text_config)
+# under its own names (model.layers, model.word_embeddings, lm_head: the public layout both
+# servers' classes read), beside MING_VISION's tower under model.visual. whose patch merger is
+# its norm alone (vision_config model_type qwen3_moe_vit, disable_merger_proj: vLLM's tower has
+# no merger MLP, SGLang's builds none so), and the projection linear_proj.0 (from the merged
+# patches, hidden_size x 4) and .2
+LING3_VL_VISION = MING_VISION | dict(model_type="qwen3_moe_vit", disable_merger_proj=True)
+
+
 def save_ling3_vl(root: Path, seed: int = 0) -> Path:
     save_ling3(root, seed)
     shards = _read_shards(root)
-    h, out = LING3_CONFIG["hidden_size"], MING_VISION["out_hidden_size"]
+    h, merged = LING3_CONFIG["hidden_size"], MING_VISION["hidden_size"] * 4
     proj = {
-        "linear_proj.0.weight": (h, out),
+        "linear_proj.0.weight": (h, merged),
         "linear_proj.0.bias": (h,),
         "linear_proj.2.weight": (h, h),
         "linear_proj.2.bias": (h,),
     }
-    shards["model-00001-of-00002.safetensors"] |= _vision_tensors(seed, "model.visual.", proj)
+    vision = _vision_tensors(seed, "model.visual.", proj)
+    mlp = ("model.visual.merger.linear_fc1.", "model.visual.merger.linear_fc2.")
+    shards["model-00001-of-00002.safetensors"] |= {
+        k: t for k, t in vision.items() if not k.startswith(mlp)
+    }
     text = {k: v for k, v in LING3_CONFIG.items() if k not in ("auto_map", "torch_dtype")}
     config = dict(
         architectures=["BailingMoeV3VLForConditionalGeneration"],
         model_type="bailing_moe_v3_vl",
         text_config=text,
-        vision_config=MING_VISION,
+        vision_config=LING3_VL_VISION,
         torch_dtype="bfloat16",
     )
     return _write(root, shards, config, None, "", exists=True)

@@ -108,9 +108,11 @@ renormalizes, as the family reads it), Intern-S2 Preview
 (interns2_preview.InternS2PreviewForConditionalGeneration: that model under its own model_type,
 its config class remote code, tests/hf_checkpoints.py), MiniCPM-V 4.6 and 4.7
 (minicpmv4_6's and minicpmv4_7's classes, transformers' whole models over a Qwen3.5 MoE language
-model), each bf16 on both backends, Cohere2 Vision (cohere2_vision's class, transformers' whole
-model over a Cohere2-MoE language model, its SigLIP tower under the published
-vision_tower.vision_model.) bf16 on CUTLASS, as Cohere2-MoE, DiffusionGemma
+model), Ling 3 VL (bailing_moe_v3_vl's class: Ling 3 beside a vision tower whose patch merger
+is its norm alone, tests/remote_code_checkpoints.py), each bf16 on both backends, Cohere2
+Vision (cohere2_vision's class, transformers' whole model over a Cohere2-MoE language model, its
+SigLIP tower under the published vision_tower.vision_model.) bf16 on CUTLASS, as Cohere2-MoE,
+DiffusionGemma
 (diffusion_gemma.DiffusionGemmaForConditionalGeneration, the whole block-diffusion model
 transformers writes: Gemma 4's MoE layers in its decoder; its module imports torchvision) bf16
 on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), and
@@ -200,6 +202,7 @@ REMOTE_CODE = {
     "pangu_pro_v2": rc.save_pangu_pro_v2,
     "ling25": rc.save_ling25,
     "ling3": rc.save_ling3,
+    "ling3_vl": rc.save_ling3_vl,
     "k2_horizon": rc.save_k2_horizon,
     "intern_s2_preview": lambda root: hf.save("intern_s2_preview", root),
 }
@@ -377,6 +380,14 @@ CASES = {
     "ling25-bf16": ("ling25", "bailing_moe_linear.BailingMoeV25ForCausalLM", None, {}),
     # Ling 3: KDA linear-attention and MLA layers, its experts' SwiGLU clamped per layer
     "ling3-bf16": ("ling3", "bailing_moe_v3.BailingMoeV3ForCausalLM", None, {}),
+    # Ling 3 VL: Ling 3 under its own names beside a Qwen3-VL-MoE vision tower (tests/
+    # remote_code_checkpoints.py save_ling3_vl), read with vLLM's own BailingMoeV3VLConfig
+    "ling3-vl-bf16": (
+        "ling3_vl",
+        "bailing_moe_v3_vl.BailingMoeV3VLForConditionalGeneration",
+        None,
+        {},
+    ),
     # GLM-5 Next, the whole multimodal model transformers writes: KDA and sparse-MLA layers
     # (its indexer), hyper-connections, DeepSeek-V3's MoE with a SwiGLU clamp; its package
     # imported beside a torchvision stand-in (TORCHVISION)
@@ -540,6 +551,8 @@ RUNS = [
     ("ling25-bf16", "cutlass", "bf16"),
     ("ling3-bf16", "trtllm", "bf16"),
     ("ling3-bf16", "cutlass", "bf16"),
+    ("ling3-vl-bf16", "trtllm", "bf16"),
+    ("ling3-vl-bf16", "cutlass", "bf16"),
     ("step3-vl-bf16", "trtllm", "bf16"),
     ("step3-vl-bf16", "cutlass", "bf16"),
     ("glm5-next-bf16", "trtllm", "bf16"),
@@ -633,6 +646,7 @@ TORCHVISION = (
     "cohere2-vision-bf16",
     "minicpmv4-6-bf16",
     "minicpmv4-7-bf16",
+    "ling3-vl-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
