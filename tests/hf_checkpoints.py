@@ -7,6 +7,7 @@ them shows up here before users see it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import shutil
@@ -1527,6 +1528,130 @@ def _save_muse_spark(root: Path, seed: int = 0) -> Path:
         projector_hidden_size=32,
     )
     return _write(config, "MuseSparkForConditionalGeneration", root, seed)
+# Intern-S2 Preview (InternS2PreviewForConditionalGeneration, model_type intern_s2_preview):
+# Qwen3.5 MoE's model under its own names, as SGLang's config class reads it (configs/
+# interns2preview.py: Qwen3_5MoeConfig's subclass, its vision_config model_type intern_s2_preview
+# too, text_config Qwen3.5 MoE's own); transformers has no class of it, so Qwen3.5 MoE's tensors
+# under config.json's own model_type and architecture. Its config class is remote code where
+# published (configuration_interns2_preview.py, config.json's auto_map), which vLLM reads with
+# --trust-remote-code: our module's stand-in for it is SGLang's, transformers' Qwen3_5MoeConfig
+# under that model_type (INTERN_S2_PREVIEW_MODULE). (The published checkpoint's time-series
+# tensors, model.time_series.*, are left out: both servers' classes skip them.)
+INTERN_S2_PREVIEW_MODULE = '''"""Intern-S2 Preview's configuration class (fi-convert's tests)."""
+
+from transformers import Qwen3_5MoeConfig, Qwen3_5MoeVisionConfig
+
+
+class InternS2PreviewVisionConfig(Qwen3_5MoeVisionConfig):
+    model_type = "intern_s2_preview"
+
+
+class InternS2PreviewConfig(Qwen3_5MoeConfig):
+    model_type = "intern_s2_preview"
+    sub_configs = dict(Qwen3_5MoeConfig.sub_configs, vision_config=InternS2PreviewVisionConfig)
+'''
+
+
+def _save_intern_s2_preview(root: Path, seed: int = 0) -> Path:
+    _save_qwen3_5_moe(root, seed)
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg |= dict(
+        model_type="intern_s2_preview",
+        architectures=["InternS2PreviewForConditionalGeneration"],
+        auto_map={"AutoConfig": "configuration_interns2_preview.InternS2PreviewConfig"},
+    )
+    cfg["vision_config"]["model_type"] = "intern_s2_preview"
+    path.write_text(json.dumps(cfg, indent=2))
+    (root / "configuration_interns2_preview.py").write_text(INTERN_S2_PREVIEW_MODULE)
+    return root
+
+
+# Cohere2 Vision (Cohere2VisionForConditionalGeneration, model_type cohere2_vision) over a
+# Cohere2-MoE language model (text_config model_type cohere2_moe, the language model SGLang's
+# models/cohere2_vision.py builds): transformers' own model, tiny, a one-layer SigLIP tower, its
+# tensors under model.vision_tower.vision_model. as published (transformers 5.20 writes them
+# without vision_model.; SGLang's load reads either, vLLM's the published names only)
+def _save_cohere2_vision(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    _, _, own = MODELS["cohere2_moe"]
+    config = transformers.Cohere2VisionConfig(
+        # (transformers' own class: SGLang registers a config class of its own for cohere2_moe)
+        text_config=transformers.Cohere2MoeConfig(**(COMMON | own)),
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
+        alignment_intermediate_size=64,
+        image_token_id=100,
+    )
+    _write(config, "Cohere2VisionForConditionalGeneration", root, seed)
+    tower = "model.vision_tower."
+    _rename_tensors(
+        root, lambda n: n.replace(tower, tower + "vision_model.", 1) if n.startswith(tower) else n
+    )
+    return root
+
+
+# MiniCPM-V 4.6 and 4.7 (MiniCPMV4_6ForConditionalGeneration, MiniCPMV4_7ForConditionalGeneration,
+# model_type minicpmv4_6, minicpmv4_7) over a Qwen3.5 MoE language model (text_config model_type
+# qwen3_5_moe_text, which SGLang's models/minicpmv.py builds as Qwen3_5MoeForCausalLM):
+# transformers' own model, tiny, a one-layer vision tower (its window attention after layer
+# insert_layer_id 0); the key SGLang's Qwen3.5 layers read that transformers' config class does
+# not write (full_attention_interval, as for Qwen3.5 MoE)
+def _save_minicpmv(root: Path, seed: int = 0, version: str = "4_6") -> Path:
+    import transformers
+
+    config = getattr(transformers, f"MiniCPMV{version}Config")(
+        text_config=transformers.Qwen3_5MoeTextConfig(**QWEN3_5_MOE_TEXT),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            insert_layer_id=0,
+        ),
+        insert_layer_id=0,
+        image_size=32,
+        patch_size=8,
+        image_token_id=100,
+        video_token_id=101,
+    )
+    _write(config, f"MiniCPMV{version}ForConditionalGeneration", root, seed)
+    return _add_keys(root, {"text_config": QWEN3_5_MOE_SERVER_KEYS})
+
+
+# DiffusionGemma (DiffusionGemmaForBlockDiffusion, model_type diffusion_gemma): Gemma 4's MoE
+# decoder layers (text_config diffusion_gemma_text) in a block-diffusion model whose encoder's
+# text layers are tied to the decoder's (transformers writes model.decoder.layers.L.experts
+# alone), beside a one-layer vision tower; transformers' own model, tiny
+def _save_diffusion_gemma(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    _, _, own = MODELS["gemma4"]
+    text = {k: v for k, v in own.items() if k != "enable_moe_block"}  # (its MoE by num_experts)
+    config = transformers.DiffusionGemmaConfig(
+        text_config=transformers.DiffusionGemmaTextConfig(**(COMMON | text)),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            patch_size=4,
+            position_embedding_size=16,
+        ),
+    )
+    return _write(config, "DiffusionGemmaForBlockDiffusion", root, seed)
 
 
 def _rename_tensors(root: Path, rename) -> None:
@@ -1546,6 +1671,11 @@ SAVERS = {
     "glm5_next": _save_glm5_next,
     "qwen4_exp": _save_qwen4_exp,
     "qwen3_5_moe": _save_qwen3_5_moe,
+    "intern_s2_preview": _save_intern_s2_preview,
+    "cohere2_vision": _save_cohere2_vision,
+    "minicpmv4_6": _save_minicpmv,
+    "diffusion_gemma": _save_diffusion_gemma,
+    "minicpmv4_7": functools.partial(_save_minicpmv, version="4_7"),
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "kimi_k25": _save_kimi_k25,

@@ -706,7 +706,12 @@ def save_deepseek_v1(root: Path, seed: int = 0) -> Path:
 
 
 def _write(
-    root: Path, shards: dict, config: dict, module_name: str, module: str, exists: bool = False
+    root: Path,
+    shards: dict,
+    config: dict,
+    module_name: str | None,
+    module: str,
+    exists: bool = False,
 ) -> Path:
     root.mkdir(parents=True, exist_ok=exists)
     index: dict[str, str] = {}
@@ -717,7 +722,8 @@ def _write(
     meta = {"metadata": {"total_size": total}, "weight_map": index}
     (root / "model.safetensors.index.json").write_text(json.dumps(meta, indent=2))
     (root / "config.json").write_text(json.dumps(config, indent=2))
-    (root / module_name).write_text(module)
+    if module_name is not None:  # (a config class of the server's own: none)
+        (root / module_name).write_text(module)
     return root
 
 
@@ -1091,3 +1097,146 @@ def _kda(c: dict, w) -> dict[str, torch.Tensor]:
         "o_norm.weight": w(c["head_dim"]),
         "o_proj.weight": w(h, p),
     }
+
+
+# Ming-Omni (BailingMMNativeForConditionalGeneration, BailingMM2NativeForConditionalGeneration,
+# model_type bailingmm_moe_v2_lite, as SGLang 0.5.23 reads it with its own BailingMM2Config,
+# configs/bailing_moe_v2.py): Ling 2.0 (LING2_CONFIG, its llm_config) under model. (its module
+# `model`, a BailingMoeV2ForCausalLM: model.model.layers.L.mlp.experts.E, model.lm_head), beside
+# a Qwen3-VL-MoE vision tower (vision.: transformers' own Qwen3VLMoeVisionModel, tiny, without
+# deepstack mergers) and its projection (linear_proj.0, mlp_depth 1); no audio (SGLang's port
+# refuses an audio_config)
+MING_VISION = dict(
+    model_type="qwen3_vl_moe",
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    out_hidden_size=64,
+    patch_size=4,
+    num_position_embeddings=16,
+    deepstack_visual_indexes=[],
+)
+
+
+def _vision_tensors(seed: int, prefix: str, proj: dict[str, tuple[int, ...]]) -> dict:
+    """MING_VISION's tower (transformers' own Qwen3VLMoeVisionModel, seeded, BF16) under
+    `prefix`, and the projection tensors `proj` (name: shape), seeded."""
+    import transformers
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
+
+    torch.manual_seed(seed)
+    vision_cfg = transformers.Qwen3VLMoeVisionConfig(**MING_VISION)
+    vision = Qwen3VLMoeVisionModel._from_config(vision_cfg).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(seed + 1)
+    tensors = {f"{prefix}{k}": t.contiguous() for k, t in vision.state_dict().items()}
+    return tensors | {
+        k: (torch.randn(*shape, generator=g) * 0.05).bfloat16() for k, shape in proj.items()
+    }
+
+
+def _read_shards(root: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """The checkpoint at `root`'s shards, read, and every file of it removed."""
+    from safetensors.torch import load_file
+
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    shards = {n: load_file(root / n) for n in sorted(set(index["weight_map"].values()))}
+    for path in list(root.iterdir()):
+        path.unlink()
+    return shards
+
+
+def save_ming(root: Path, seed: int = 0, arch: str = "BailingMM2NativeForConditionalGeneration"):
+    save_ling2(root, seed)
+    shards = {n: {f"model.{k}": t for k, t in ts.items()} for n, ts in _read_shards(root).items()}
+    h, out = LING2_CONFIG["hidden_size"], MING_VISION["out_hidden_size"]
+    proj = {"linear_proj.0.weight": (h, out), "linear_proj.0.bias": (h,)}
+    shards["model-00001-of-00002.safetensors"] |= _vision_tensors(seed, "vision.", proj)
+    llm = {k: v for k, v in LING2_CONFIG.items() if k not in ("auto_map", "torch_dtype")}
+    config = dict(
+        architectures=[arch],
+        model_type="bailingmm_moe_v2_lite",
+        mlp_depth=1,
+        # M-RoPE's sections sum to half the rotary dimension (SGLang asserts it; its default
+        # [8, 12, 12] is for 64): head_dim 16 x partial_rotary_factor 0.5 = 8, half 4
+        mrope_section=[1, 1, 2],
+        llm_config=llm,
+        vision_config=MING_VISION,
+        torch_dtype="bfloat16",
+    )
+    return _write(root, shards, config, None, "", exists=True)
+
+
+# Ling 3 VL (BailingMoeV3VLForConditionalGeneration, model_type bailing_moe_v3_vl, as SGLang 0.5.23
+# reads it with its own BailingMoeV3VLConfig, configs/bailing_hybrid.py, and vLLM 0.33 with its
+# own, transformers_utils/configs/bailing_moe_v3_vl.py): Ling 3 (LING3_CONFIG, its text_config)
+# under its own names (model.layers, model.word_embeddings, lm_head: the public layout both
+# servers' classes read), beside MING_VISION's tower under model.visual. whose patch merger is
+# its norm alone (vision_config model_type qwen3_moe_vit, disable_merger_proj: vLLM's tower has
+# no merger MLP, SGLang's builds none so), and the projection linear_proj.0 (from the merged
+# patches, hidden_size x 4) and .2
+LING3_VL_VISION = MING_VISION | dict(model_type="qwen3_moe_vit", disable_merger_proj=True)
+
+
+def save_ling3_vl(root: Path, seed: int = 0) -> Path:
+    save_ling3(root, seed)
+    shards = _read_shards(root)
+    h, merged = LING3_CONFIG["hidden_size"], MING_VISION["hidden_size"] * 4
+    proj = {
+        "linear_proj.0.weight": (h, merged),
+        "linear_proj.0.bias": (h,),
+        "linear_proj.2.weight": (h, h),
+        "linear_proj.2.bias": (h,),
+    }
+    vision = _vision_tensors(seed, "model.visual.", proj)
+    mlp = ("model.visual.merger.linear_fc1.", "model.visual.merger.linear_fc2.")
+    shards["model-00001-of-00002.safetensors"] |= {
+        k: t for k, t in vision.items() if not k.startswith(mlp)
+    }
+    text = {k: v for k, v in LING3_CONFIG.items() if k not in ("auto_map", "torch_dtype")}
+    config = dict(
+        architectures=["BailingMoeV3VLForConditionalGeneration"],
+        model_type="bailing_moe_v3_vl",
+        text_config=text,
+        vision_config=LING3_VL_VISION,
+        torch_dtype="bfloat16",
+    )
+    return _write(root, shards, config, None, "", exists=True)
+
+
+# Intern-S1-Pro (InternS1ProForConditionalGeneration, model_type interns1_pro; its config class
+# remote code, config.json's auto_map, as published; no server or transformers release has one):
+# Qwen3-VL-MoE's whole model as transformers writes it, its fused experts as Qwen3-VL-MoE's
+# public checkpoints hold them ([E, H, 2I] / [E, I, H]: tests/family_forms_models.py), under
+# Intern-S1-Pro's model_type and architecture, with its grouped router (router_n_groups 2: the
+# top-k taken within each of 2 groups of experts); our config module's stand-in for its class
+# is transformers' Qwen3VLMoeConfig under that model_type (INTERNS1_PRO_MODULE)
+INTERNS1_PRO_MODULE = '''"""Intern-S1-Pro's configuration class (fi-convert's tests)."""
+
+from transformers import Qwen3VLMoeConfig, Qwen3VLMoeTextConfig
+
+
+class InternS1ProTextConfig(Qwen3VLMoeTextConfig):
+    model_type = "interns1_pro_text"
+
+
+class InternS1ProConfig(Qwen3VLMoeConfig):
+    model_type = "interns1_pro"
+    sub_configs = dict(Qwen3VLMoeConfig.sub_configs, text_config=InternS1ProTextConfig)
+'''
+
+
+def save_interns1_pro(root: Path, seed: int = 0) -> Path:
+    from tests import family_forms_models as ffm
+
+    ffm.save("qwen3_vl_moe", root, seed=seed)
+    cfg = json.loads((root / "config.json").read_text())
+    cfg |= dict(
+        model_type="interns1_pro",
+        architectures=["InternS1ProForConditionalGeneration"],
+        auto_map={"AutoConfig": "configuration_interns1_pro.InternS1ProConfig"},
+    )
+    cfg["text_config"] |= dict(model_type="interns1_pro_text", router_n_groups=2)
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    (root / "configuration_interns1_pro.py").write_text(INTERNS1_PRO_MODULE)
+    return root

@@ -60,7 +60,16 @@ Qwen4 Exp (Qwen4ExpForConditionalGeneration, the whole multimodal model transfor
 gated-delta-net and an indexed-attention layer, each with Qwen2-MoE's block, hyper-connections;
 its module imports models/qwen3_5.py, whose Mamba kernels ask Triton for the device: the
 stand-in answers as Triton without a GPU) and Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration,
-the whole multimodal model transformers writes, the same module) in BF16 on both backends.
+the whole multimodal model transformers writes, the same module) in BF16 on both backends,
+Intern-S2 Preview (InternS2PreviewForConditionalGeneration: that model under its own model_type
+and class, Qwen3.5 MoE's subclass) and Cohere2 Vision (Cohere2VisionForConditionalGeneration,
+transformers' whole model over a Cohere2-MoE language model) and MiniCPM-V 4.6 and 4.7
+(MiniCPMV4_6ForConditionalGeneration, MiniCPMV4_7ForConditionalGeneration: transformers' whole
+models over a Qwen3.5 MoE language model; their merger placed by SGLang's get_device(), which
+answers the CPU here: DEVICE_ASKED) in BF16 on both backends, and DiffusionGemma
+(DiffusionGemmaForBlockDiffusion, transformers' whole block-diffusion model: Gemma 4's MoE
+layers in its decoder, model.decoder.layers.L.experts, which SGLang builds as
+model.layers.L.moe.experts; its encoder's text layers tied to them) in BF16 on CUTLASS.
 
 Not proven here, and why:
 - Arcee Trinity (AFMoE) and DeepSeek-MoE v1: SGLang 0.5.23's AfmoeMoE and DeepseekMoE hold their
@@ -80,6 +89,7 @@ Not proven here, and why:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -145,6 +155,7 @@ CASES = {
     "omni-bf16": ("qwen3_omni_moe", None, {}),
     "glm4v-bf16": ("glm4v_moe", None, {}),
     "gemma4-bf16": ("gemma4", None, {}),
+    "diffusion-gemma-bf16": ("diffusion_gemma", None, {}),
     "hunyuan-bf16": ("hunyuan_v1_moe", None, {}),
     "granite-swa-bf16": ("granitemoe_swa", None, {}),
     "mellum-bf16": ("mellum", None, {}),
@@ -157,6 +168,10 @@ CASES = {
     "kimi-linear-bf16": ("kimi_linear", None, {}),
     "qwen4-exp-bf16": ("qwen4_exp", None, {}),
     "qwen3-5-moe-bf16": ("qwen3_5_moe", None, {}),
+    "intern-s2-preview-bf16": ("intern_s2_preview", None, {}),
+    "cohere2-vision-bf16": ("cohere2_vision", None, {}),
+    "minicpmv4-6-bf16": ("minicpmv4_6", None, {}),
+    "minicpmv4-7-bf16": ("minicpmv4_7", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -182,6 +197,7 @@ MOE = {
     "qwen3_omni_moe": [f"thinker.model.layers.{i}.mlp.experts" for i in (0, 1)],
     "glm4v_moe": ["model.language_model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.experts" for i in (0, 1)],
+    "diffusion_gemma": [f"model.decoder.layers.{i}.experts" for i in (0, 1)],
     "hunyuan_v1_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "granitemoe_swa": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     "mellum": ["model.layers.1.mlp.experts"],  # layer 0 dense (mlp_layer_types)
@@ -193,6 +209,10 @@ MOE = {
     # Qwen4 Exp: a gated-delta-net layer and an indexed-attention one, each with the MoE block
     "qwen4_exp": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "intern_s2_preview": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "cohere2_vision": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "minicpmv4_6": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "minicpmv4_7": [f"model.language_model.layers.{i}.mlp.experts" for i in (0, 1)],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -205,10 +225,15 @@ MOE = {
 MODULES = {
     "glm4v_moe": ["model.layers.1.mlp.experts"],
     "gemma4": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
+    "diffusion_gemma": [f"model.layers.{i}.moe.experts" for i in (0, 1)],
     "glm5_next": ["model.layers.1.mlp.experts"],
     "qwen4_exp": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "qwen3_5_moe": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
     "dots_vlm": ["language_model.model.layers.1.mlp.experts"],
+    "intern_s2_preview": [f"model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "cohere2_vision": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
+    "minicpmv4_6": [f"llm.layers.{i}.mlp.experts" for i in (0, 1)],
+    "minicpmv4_7": [f"llm.layers.{i}.mlp.experts" for i in (0, 1)],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -239,6 +264,8 @@ RUNS = [
     ("glm4v-bf16", "cutlass", "bf16"),
     # Gemma 4's gelu_tanh experts: SGLang's TRT-LLM BF16 runner takes silu and relu2 only
     ("gemma4-bf16", "cutlass", "bf16"),
+    # DiffusionGemma: Gemma 4's MoE layers in its decoder (its encoder's tied to them)
+    ("diffusion-gemma-bf16", "cutlass", "bf16"),
     # Hunyuan-A13B: its per-layer moe_intermediate_size as published; I 96, padded per rank
     ("hunyuan-bf16", "trtllm", "bf16"),
     ("hunyuan-bf16", "cutlass", "bf16"),
@@ -269,6 +296,17 @@ RUNS = [
     # dots.vlm (DotsVLMForCausalLM): its DeepSeek-V3 language model's keys at config.json's top
     ("dots-vlm-bf16", "trtllm", "bf16"),
     ("dots-vlm-bf16", "cutlass", "bf16"),
+    # Intern-S2 Preview: SGLang's Qwen3.5 MoE class under its own name and model_type
+    ("intern-s2-preview-bf16", "trtllm", "bf16"),
+    ("intern-s2-preview-bf16", "cutlass", "bf16"),
+    # Cohere2 Vision: transformers' whole model over a Cohere2-MoE language model (text_config)
+    ("cohere2-vision-bf16", "cutlass", "bf16"),
+    ("cohere2-vision-bf16", "trtllm", "bf16"),
+    # MiniCPM-V 4.6: transformers' whole model over a Qwen3.5 MoE language model (text_config)
+    ("minicpmv4-6-bf16", "trtllm", "bf16"),
+    ("minicpmv4-6-bf16", "cutlass", "bf16"),
+    ("minicpmv4-7-bf16", "trtllm", "bf16"),
+    ("minicpmv4-7-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -303,11 +341,29 @@ def test_a_whole_model_of_the_family_equals_sglangs_default_load(
         _assert_refused_for_the_transformers_backend(src, out, arch, backend)
         return
     for rank in range(tp):
-        ours, theirs = _both(src, out, quant or "bf16", backend, tp, rank)
+        with _device_answered(kind):
+            ours, theirs = _both(src, out, quant or "bf16", backend, tp, rank)
         moe = _moe(theirs)
         assert sorted(moe) == MODULES.get(kind, MOE[kind])
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+# models whose module asks SGLang's get_device() where to put a module it builds (MiniCPM-V
+# 4.6's and 4.7's merger, models/minicpmv.py init_resampler), which raises without an
+# accelerator: it answers the CPU, where both loads run (the weights are loaded after, as on a
+# GPU)
+DEVICE_ASKED = dict.fromkeys(
+    ("minicpmv4_6", "minicpmv4_7"), "sglang.srt.models.minicpmv.get_device"
+)
+
+
+def _device_answered(kind: str):
+    """For DEVICE_ASKED's models (their module imported by SGLang's registry, read before):
+    get_device() answers the CPU."""
+    if kind not in DEVICE_ASKED:
+        return contextlib.nullcontext()
+    return mock.patch(DEVICE_ASKED[kind], lambda device_id=None: "cpu")
 
 
 def _sglangs_own_architectures() -> set[str]:
@@ -453,6 +509,7 @@ MOONVIT = "sglang.srt.models.kimi_vl_moonvit"
 # SGLang's module of the yarn rotary embedding Sarvam-105B builds
 ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
 LING = {
+    "ling3_vl": rc.save_ling3_vl,
     "ling2": rc.save_ling2,
     "ling1": rc.save_ling1,
     "sarvam_moe": rc.save_sarvam_moe,
@@ -463,10 +520,10 @@ LING = {
 
 
 # the MoE layers of each (layer 1 alone where not named)
-LING_LAYERS = {"ling1": (0, 1), "ling25": (1, 2), "ling3": (1, 2)}
+LING_LAYERS = {"ling1": (0, 1), "ling25": (1, 2), "ling3": (1, 2), "ling3_vl": (1, 2)}
 # (kind, backend): TRT-LLM for each, CUTLASS too for Ling 2.5 and Ling 3
 LING_RUNS = [(kind, "trtllm") for kind in sorted(LING)]
-LING_RUNS += [(kind, "cutlass") for kind in ("ling25", "ling3")]
+LING_RUNS += [(kind, "cutlass") for kind in ("ling25", "ling3", "ling3_vl")]
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -480,7 +537,10 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
     (BailingMoeV3ForCausalLM: KDA and MLA layers, each MoE layer's SwiGLU clamp SGLang builds
     the one fi-convert reads), both read with SGLang's own BailingHybridConfig for their
     model_type, on both backends, their config classes remote code
-    as published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads)."""
+    as published (tests/remote_code_checkpoints.py: --trust-remote-code for both loads); Ling 3
+    VL (BailingMoeV3VLForConditionalGeneration: Ling 3 under its own names beside a vision
+    tower, read with SGLang's own BailingMoeV3VLConfig, its language model SGLang's module
+    model) on both backends."""
     from fi_convert.source import find_family, open_checkpoint
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
@@ -490,6 +550,8 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
         LING[kind](src)
     out = _convert(src, tmp_path / "out", "bf16", backend, tp)
     layers = [f"model.layers.{i}.mlp.experts" for i in LING_LAYERS.get(kind, (1,))]
+    # (Ling 3 VL's language model: SGLang's module model, the checkpoint's names its own)
+    modules = [f"model.{n}" if kind == "ling3_vl" else n for n in layers]
     with rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"):
         for rank in range(tp):
             with (
@@ -499,11 +561,12 @@ def test_ling_equals_sglangs_default_load(tmp_path_factory, tmp_path, kind, back
                 ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
                 theirs = _model(None, src, "auto", backend, trust_remote_code=True)
             moe = _moe(theirs)
-            assert sorted(moe) == layers
+            assert sorted(moe) == modules
             assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
             assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
-    if kind == "ling3":  # its clamp per layer (expert_swiglu_limit_list), as fi-convert reads it
-        clamps = {n: m.moe_runner_config.gemm1_clamp_limit for n, m in moe.items()}
+    if kind.startswith("ling3"):  # its clamp per layer (expert_swiglu_limit_list), as read
+        pairs = zip(layers, modules, strict=True)
+        clamps = {n: moe[m].moe_runner_config.gemm1_clamp_limit for n, m in pairs}
         assert clamps == {layers[0]: None, layers[1]: 7.0}
         assert {x.prefix: x.swiglu_limit for x in find_family(open_checkpoint(src))[1]} == clamps
 
@@ -821,3 +884,45 @@ def test_sglangs_puzzle_config_gives_each_moe_layer_the_sizes_fi_convert_reads(t
     out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
     layers = read(out)["layers"]
     assert sorted(layers) == [f"backbone.layers.{i}.mixer.experts" for i in (1, 2)]
+
+
+@pytest.mark.parametrize(
+    "arch", ["BailingMMNativeForConditionalGeneration", "BailingMM2NativeForConditionalGeneration"]
+)
+def test_sglangs_own_load_of_ming_omni_fails(tmp_path, arch):
+    """Why Ming-Omni has no case above: SGLang 0.5.23's own load of it (models/bailing_mm.py)
+    hands its language model's tensors to BailingMoeV2ForCausalLM.load_weights, which returns
+    None, then logs len() of that: every load of the model fails there, after its weights are
+    read (a tiny Ming-Omni checkpoint: Ling 2.0 under model., a vision tower; tests/
+    remote_code_checkpoints.py save_ming)."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = rc.save_ming(tmp_path / "src", arch=arch)
+    with sm.sglang_context("trtllm", 1, 0), pytest.raises(TypeError) as e:
+        _model(None, src, "auto", "trtllm")
+    assert str(e.value) == "object of type 'NoneType' has no len()"
+    assert str(e.traceback[-1].frame.code.path).endswith("sglang/srt/models/bailing_mm.py")
+    assert e.traceback[-1].name == "load_weights"
+
+
+def test_sglangs_intern_s1_pro_model_is_not_built(tmp_path_factory):
+    """Why Intern-S1-Pro has no case above: SGLang 0.5.23's InternS1ProTextDecoderLayer
+    (models/interns1pro.py) takes no start_layer, which the Qwen2-MoE model it is built in
+    (Qwen3MoeLLMModel's base, models/qwen2_moe.py) passes to every decoder layer: SGLang builds
+    no Intern-S1-Pro model (shown on a Qwen3-VL-MoE model under its model_type and config
+    class: tests/remote_code_checkpoints.py save_interns1_pro)."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = rc.save_interns1_pro(tmp_path_factory.mktemp("sgl-interns1-pro") / "src")
+    with (
+        rc.modules_cache(tmp_path_factory.getbasetemp() / "hf-modules"),
+        sm.sglang_context("cutlass", 1, 0),
+        pytest.raises(TypeError) as e,
+    ):
+        _model(None, src, "auto", "cutlass", trust_remote_code=True)
+    assert "InternS1ProTextDecoderLayer.__init__() got an unexpected keyword argument " in str(
+        e.value
+    )
+    assert str(e.value).endswith("'start_layer'")

@@ -120,7 +120,18 @@ MoonViT 3D over DeepSeek-V3's model under language_model., its published MLA hea
 tests/hf_checkpoints.py), Kimi-VL (kimi_vl.KimiVLForConditionalGeneration, the whole model as
 published: a MoonViT tower beside DeepSeek-V3's language model under language_model., which
 vLLM builds through its registry; its MLA at the published head sizes, tests/
-hf_checkpoints.py), each bf16 on both backends, and
+hf_checkpoints.py), each bf16 on both backends, Intern-S2 Preview
+(interns2_preview.InternS2PreviewForConditionalGeneration: that model under its own model_type,
+its config class remote code, tests/hf_checkpoints.py), MiniCPM-V 4.6 and 4.7
+(minicpmv4_6's and minicpmv4_7's classes, transformers' whole models over a Qwen3.5 MoE language
+model), Ling 3 VL (bailing_moe_v3_vl's class: Ling 3 beside a vision tower whose patch merger
+is its norm alone, tests/remote_code_checkpoints.py), each bf16 on both backends, Cohere2
+Vision (cohere2_vision's class, transformers' whole model over a Cohere2-MoE language model, its
+SigLIP tower under the published vision_tower.vision_model.) bf16 on CUTLASS, as Cohere2-MoE,
+DiffusionGemma
+(diffusion_gemma.DiffusionGemmaForConditionalGeneration, the whole block-diffusion model
+transformers writes: Gemma 4's MoE layers in its decoder; its module imports torchvision) bf16
+on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -201,7 +212,9 @@ REMOTE_CODE = {
     "pangu_pro_v2": rc.save_pangu_pro_v2,
     "ling25": rc.save_ling25,
     "ling3": rc.save_ling3,
+    "ling3_vl": rc.save_ling3_vl,
     "k2_horizon": rc.save_k2_horizon,
+    "intern_s2_preview": lambda root: hf.save("intern_s2_preview", root),
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -298,6 +311,26 @@ CASES = {
     "hy-v3-bf16": ("hy_v3", "hy_v3.HYV3ForCausalLM", None, {}),
     "lfm2-bf16": ("lfm2_moe", "lfm2_moe.Lfm2MoeForCausalLM", None, {}),
     "cohere2-bf16": ("cohere2_moe", "cohere2_moe.Cohere2MoeForCausalLM", None, {}),
+    # Cohere2 Vision and MiniCPM-V 4.6 and 4.7: transformers' whole models over a Cohere2-MoE
+    # and a Qwen3.5 MoE language model (tests/hf_checkpoints.py)
+    "cohere2-vision-bf16": (
+        "cohere2_vision",
+        "cohere2_vision.Cohere2VisionForConditionalGeneration",
+        None,
+        {},
+    ),
+    "minicpmv4-6-bf16": (
+        "minicpmv4_6",
+        "minicpmv4_6.MiniCPMV4_6ForConditionalGeneration",
+        None,
+        {},
+    ),
+    "minicpmv4-7-bf16": (
+        "minicpmv4_7",
+        "minicpmv4_7.MiniCPMV4_7ForConditionalGeneration",
+        None,
+        {},
+    ),
     # Ling 2.0: names and config of tests/remote_code_checkpoints.py
     "ling2-bf16": ("ling2", "bailing_moe.BailingMoeV2ForCausalLM", None, {}),
     "deepseek-v1-bf16": ("deepseek_v1", "deepseek_v2.DeepseekForCausalLM", None, {}),
@@ -346,6 +379,14 @@ CASES = {
     "pixtral-large-3-bf16": ("mistral", "pixtral.PixtralForConditionalGeneration", None, {}),
     # Gemma 4: fused experts beside the dense MLP, gelu_tanh, its router's own function
     "gemma4-bf16": ("gemma4", "gemma4.Gemma4ForCausalLM", None, {}),
+    # DiffusionGemma: Gemma 4's MoE layers in its decoder (vLLM's diffusion_gemma.py builds
+    # them as gemma4's Gemma4Model), its encoder's text layers tied to them
+    "diffusion-gemma-bf16": (
+        "diffusion_gemma",
+        "diffusion_gemma.DiffusionGemmaForConditionalGeneration",
+        None,
+        {},
+    ),
     # A.X K1: DeepSeek-V3's layout, MLA on FlashInfer's MLA backend
     "axk1-bf16": ("axk1", "AXK1.AXK1ForCausalLM", None, {}),
     # Ling 2.5: Ling 2.0's experts beside linear-attention and MLA layers (FlashInfer's MLA
@@ -353,6 +394,14 @@ CASES = {
     "ling25-bf16": ("ling25", "bailing_moe_linear.BailingMoeV25ForCausalLM", None, {}),
     # Ling 3: KDA linear-attention and MLA layers, its experts' SwiGLU clamped per layer
     "ling3-bf16": ("ling3", "bailing_moe_v3.BailingMoeV3ForCausalLM", None, {}),
+    # Ling 3 VL: Ling 3 under its own names beside a Qwen3-VL-MoE vision tower (tests/
+    # remote_code_checkpoints.py save_ling3_vl), read with vLLM's own BailingMoeV3VLConfig
+    "ling3-vl-bf16": (
+        "ling3_vl",
+        "bailing_moe_v3_vl.BailingMoeV3VLForConditionalGeneration",
+        None,
+        {},
+    ),
     # GLM-5 Next, the whole multimodal model transformers writes: KDA and sparse-MLA layers
     # (its indexer), hyper-connections, DeepSeek-V3's MoE with a SwiGLU clamp; its package
     # imported beside a torchvision stand-in (TORCHVISION)
@@ -424,6 +473,14 @@ CASES = {
         "kimi_vl.KimiVLForConditionalGeneration",
         None,
         dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    ),
+    # Intern-S2 Preview: Qwen3.5 MoE's model under its own model_type and class, its config class
+    # remote code (tests/hf_checkpoints.py); its module imports qwen3_5's, torchvision too
+    "intern-s2-preview-bf16": (
+        "intern_s2_preview",
+        "interns2_preview.InternS2PreviewForConditionalGeneration",
+        None,
+        {},
     ),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
@@ -498,6 +555,11 @@ RUNS = [
     ("hy-v3-bf16", "trtllm", "bf16"),
     ("lfm2-bf16", "trtllm", "bf16"),
     ("cohere2-bf16", "cutlass", "bf16"),
+    ("cohere2-vision-bf16", "cutlass", "bf16"),
+    ("minicpmv4-6-bf16", "trtllm", "bf16"),
+    ("minicpmv4-6-bf16", "cutlass", "bf16"),
+    ("minicpmv4-7-bf16", "trtllm", "bf16"),
+    ("minicpmv4-7-bf16", "cutlass", "bf16"),
     ("ling2-bf16", "trtllm", "bf16"),
     # DeepSeek-MoE v1's softmax without renormalization (Default routing): CUTLASS only
     ("deepseek-v1-bf16", "cutlass", "bf16"),
@@ -535,12 +597,15 @@ RUNS = [
     ("pixtral-large-3-bf16", "cutlass", "bf16"),
     # Gemma 4's gelu_tanh experts and Custom routing: BF16 on CUTLASS only
     ("gemma4-bf16", "cutlass", "bf16"),
+    ("diffusion-gemma-bf16", "cutlass", "bf16"),
     ("axk1-bf16", "trtllm", "bf16"),
     ("axk1-bf16", "cutlass", "bf16"),
     ("ling25-bf16", "trtllm", "bf16"),
     ("ling25-bf16", "cutlass", "bf16"),
     ("ling3-bf16", "trtllm", "bf16"),
     ("ling3-bf16", "cutlass", "bf16"),
+    ("ling3-vl-bf16", "trtllm", "bf16"),
+    ("ling3-vl-bf16", "cutlass", "bf16"),
     ("step3-vl-bf16", "trtllm", "bf16"),
     ("step3-vl-bf16", "cutlass", "bf16"),
     ("glm5-next-bf16", "trtllm", "bf16"),
@@ -568,6 +633,8 @@ RUNS = [
     ("granite-hybrid-bf16", "cutlass", "bf16"),
     # LongCat-Flash-Lite: LongCat-Flash's Unspecified routing, CUTLASS only
     ("longcat-lite-bf16", "cutlass", "bf16"),
+    ("intern-s2-preview-bf16", "trtllm", "bf16"),
+    ("intern-s2-preview-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -641,6 +708,12 @@ TORCHVISION = (
     "qwen3-5-moe-bf16",
     "gemma4-mm-bf16",
     "mimo-omni-bf16",
+    "intern-s2-preview-bf16",
+    "diffusion-gemma-bf16",
+    "cohere2-vision-bf16",
+    "minicpmv4-6-bf16",
+    "minicpmv4-7-bf16",
+    "ling3-vl-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -780,6 +853,7 @@ def vllm_model(
         if case in V2_RUNNER
         else contextlib.nullcontext(),
         _transformers_classes_kept(),
+        _without_sglangs_configs(),
     ):
         _one_process_group()
         cfg = get_current_vllm_config()
@@ -860,6 +934,24 @@ def _attention(cls, selected, attn_selector_config, num_heads=None) -> str:
     if attn_selector_config.use_sparse:
         return SPARSE_MLA
     return MLA if attn_selector_config.use_mla else ATTENTION
+
+
+@contextlib.contextmanager
+def _without_sglangs_configs():
+    """transformers' config registry as in a vLLM process, where SGLang is not imported: this
+    session's SGLang tests import SGLang's config modules, which register classes of their own
+    for model types in transformers' CONFIG_MAPPING (intern_s2_preview's, whose text config
+    has no layer_types), and AutoConfig would hand those to vLLM. They are back afterwards."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    extra = CONFIG_MAPPING._extra_content
+    theirs = {k: c for k, c in extra.items() if c.__module__.startswith("sglang.")}
+    for k in theirs:
+        del extra[k]
+    try:
+        yield
+    finally:
+        extra.update(theirs)
 
 
 @contextlib.contextmanager

@@ -63,20 +63,61 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
     checkpoint's model.layers.L.experts, which its load_weights renames to the module
     model.layers.L.moe.experts), or with one part more (Intern-S1: the checkpoint's
     model.language_model.layers.L.mlp.experts, a layer built as model.layers.L.mlp.experts in
-    a module language_model.model.layers.L.mlp.experts)."""
+    a module language_model.model.layers.L.mlp.experts); then the one output layer one part
+    apart from the module's name (Ling 3 VL: the checkpoint's model.layers.L.mlp.experts, a
+    layer built as model.model.layers.L.experts in a module model.model.layers.L.mlp.experts),
+    or that ends with the prefix (or the module's name) less its first part (MiniCPM-V 4.6: the
+    checkpoint's model.language_model.layers.L.mlp.experts, a layer built as
+    llm.layers.L.mlp.experts), or that less one part is the prefix less one, neither a layer's
+    index (DiffusionGemma: the checkpoint's model.decoder.layers.L.experts, a layer built as
+    model.layers.L.moe.experts)."""
     out = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
             built = getattr(mod, "layer_name", name)
-            under = [o for o in output if o.endswith("." + built)]
-            if name in output or built in output:
-                out[built if name not in output else name] = mod
-            elif len(under) == 1:
-                out[under[0]] = mod
-            else:
-                less = [o for o in output if _one_part_apart(o, built)]
-                out[less[0] if len(less) == 1 and not under else name] = mod
+            out[_output_layer(name, built, output)] = mod
     return out
+
+
+def _output_layer(name: str, built: str, output: Collection[str]) -> str:
+    """The output layer of a FusedMoE module `name` built as `built` (moe_layers' rules), or
+    `name` where none is."""
+    if name in output:
+        return name
+    if built in output:
+        return built
+    under = [o for o in output if o.endswith("." + built)]
+    if under:
+        return under[0] if len(under) == 1 else name
+    less = [o for o in output if _one_part_apart(o, built)]
+    if less:
+        return less[0] if len(less) == 1 else name
+    for rule in (_one_part_apart, _ends_with_tail, _one_part_other):
+        for prefix in dict.fromkeys((built, name)):
+            found = [o for o in output if rule(o, prefix)]
+            if len(found) == 1:
+                return found[0]
+    return name
+
+
+def _one_part_other(layer: str, prefix: str) -> bool:
+    """Whether output layer `layer` less one part is `prefix` less one part, neither a layer
+    index (DiffusionGemma: the checkpoint's model.decoder.layers.L.experts, a layer built as
+    model.layers.L.moe.experts)."""
+    return bool(set(_less_one_word(layer)) & set(_less_one_word(prefix)))
+
+
+def _less_one_word(prefix: str) -> list[str]:
+    """`prefix` with one of its dotted parts that is not a number left out, each way (the
+    first and last kept)."""
+    parts = prefix.split(".")
+    keep = range(1, len(parts) - 1)
+    return [".".join(parts[:k] + parts[k + 1 :]) for k in keep if not parts[k].isdigit()]
+
+
+def _ends_with_tail(layer: str, prefix: str) -> bool:
+    """Whether output layer `layer` ends with `prefix` less its first part."""
+    return "." in prefix and layer.endswith("." + prefix.split(".", 1)[1])
 
 
 def _one_part_apart(layer: str, built: str) -> bool:
