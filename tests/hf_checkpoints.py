@@ -1528,6 +1528,8 @@ def _save_muse_spark(root: Path, seed: int = 0) -> Path:
         projector_hidden_size=32,
     )
     return _write(config, "MuseSparkForConditionalGeneration", root, seed)
+
+
 # Intern-S2 Preview (InternS2PreviewForConditionalGeneration, model_type intern_s2_preview):
 # Qwen3.5 MoE's model under its own names, as SGLang's config class reads it (configs/
 # interns2preview.py: Qwen3_5MoeConfig's subclass, its vision_config model_type intern_s2_preview
