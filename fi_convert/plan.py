@@ -565,7 +565,8 @@ def _refused_line(
 ) -> str:
     ok = servable_list(_choices(ckpt, layers, options))
     alts = f"; servable for {options.server} instead: --scheme {ok}" if ok else ""
-    vllm = "; or convert for vLLM (--server vllm)" if _vllm_has(ckpt, options) else ""
+    said = "--server vllm" in why  # (a server's reason that names the fix already)
+    vllm = "; or convert for vLLM (--server vllm)" if _vllm_has(ckpt, options) and not said else ""
     return (
         f"--scheme {name.value} --backend {options.backend.value} --server {options.server}: "
         f"{why}{alts}{vllm}"

@@ -1227,6 +1227,7 @@ def test_mistral_large_3_published_whole_is_pixtral_and_refused_for_sglang(sourc
     assert "\n" not in str(e.value) and "(models/pixtral.py, PixtralForConditionalGeneration" in (
         str(e.value)
     )
+    assert str(e.value).count("--server vllm") == 1  # the reason names the fix: said once
     assert not (tmp_path / "sglang").exists()
 
 
