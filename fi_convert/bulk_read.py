@@ -556,7 +556,7 @@ class BulkRead:
         `offset` (`preadv`s of at most IOV_MAX buffers); a fault is one line."""
         total = sum(len(m) for m in into)
         done, i = 0, 0
-        while i < len(into):
+        while done < total:
             try:
                 n = os.preadv(job.fd, into[i : i + IOV_MAX], offset + done)
             except OSError as e:

@@ -90,6 +90,7 @@ def test_every_range_lands_in_its_destination(two_files, staged, seed):
         (3, 3 * MiB // 2, 2 * MiB),
         (1, 1, 1),
         (3000, 16, 64),  # 5999 buffers to scatter into: more than one preadv's IOV_MAX
+        (3, 0, 10),  # (a rank's share of no bytes: nothing read)
     ],
 )
 def test_rows_a_stride_apart_land_one_after_another(two_files, staged, rows, size, stride):
