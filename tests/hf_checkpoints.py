@@ -1631,6 +1631,31 @@ def _save_minicpmv(root: Path, seed: int = 0, version: str = "4_6") -> Path:
     return _add_keys(root, {"text_config": QWEN3_5_MOE_SERVER_KEYS})
 
 
+# MiniCPM-OCR (MiniCPMOcrForConditionalGeneration, model_type minicpm_ocr): MiniCPM-V 4.6's
+# model and tensors under a config.json of its own model type, less drop_vision_last_layer (vLLM
+# 0.33's models/minicpm_ocr.py: a plain subclass of 4.6's model in transformers too, its config
+# 4.6's with that field deleted); transformers 5.20 has no class of it, so MiniCPM-V 4.6's tiny
+# model is written and its config.json named so (MINICPM_OCR_CONFIG reads it)
+def _save_minicpm_ocr(root: Path, seed: int = 0) -> Path:
+    _save_minicpmv(root, seed)
+    path = root / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.pop("drop_vision_last_layer", None)  # (written where not the default)
+    cfg |= {"model_type": "minicpm_ocr", "architectures": ["MiniCPMOcrForConditionalGeneration"]}
+    path.write_text(json.dumps(cfg, indent=2))
+    return root
+
+
+def minicpm_ocr_config() -> type:
+    """A config class for model_type minicpm_ocr, which transformers 5.20 lacks: MiniCPM-V 4.6's
+    (what MiniCPMOcrConfig subclasses; the field it deletes is read by no OCR code)."""
+    import transformers
+
+    return type(
+        "MiniCPMOcrConfig", (transformers.MiniCPMV4_6Config,), {"model_type": "minicpm_ocr"}
+    )
+
+
 # DiffusionGemma (DiffusionGemmaForBlockDiffusion, model_type diffusion_gemma): Gemma 4's MoE
 # decoder layers (text_config diffusion_gemma_text) in a block-diffusion model whose encoder's
 # text layers are tied to the decoder's (transformers writes model.decoder.layers.L.experts
@@ -1678,6 +1703,7 @@ SAVERS = {
     "minicpmv4_6": _save_minicpmv,
     "diffusion_gemma": _save_diffusion_gemma,
     "minicpmv4_7": functools.partial(_save_minicpmv, version="4_7"),
+    "minicpm_ocr": _save_minicpm_ocr,
     "kimi_linear": _save_kimi_linear,
     "kimi_vl": _save_kimi_vl,
     "kimi_k25": _save_kimi_k25,

@@ -33,6 +33,9 @@ per-expert gate/up/down_proj) where layer 0 is a Gated-Delta-Net layer (self_att
 in_proj_ba, conv1d, A_log, dt_bias, norm, out_proj) and layer 1 a gated MLA one (q_a_proj,
 kv_a_proj_with_mqa, ..., the gate self_attn.gate_proj), every norm gated (its weight and its
 low-rank gate_up_projection / gate_down_projection), as SGLang's load_weights reads them.
+
+Grok-1 (Grok1ForCausalLM; SGLang's models/grok.py): Mixtral's expert names beside Grok's own
+norms, its config.json under model_type git, as Grok-2's (GROK1_CONFIG).
 """
 
 from __future__ import annotations
@@ -302,3 +305,72 @@ def _remote_config(root: Path, config: dict, cls: str) -> Path:
     module = rc.CONFIG_MODULE.format(cls=cls, model_type=config["model_type"])
     (root / (config["auto_map"]["AutoConfig"].split(".")[0] + ".py")).write_text(module)
     return root
+
+
+# Grok-1 / Grok-2 (Grok1ForCausalLM; SGLang's models/grok.py, no public checkpoint in a form
+# fi-convert reads: xai-org/grok-2 ships its weights presharded per TP rank): config.json under
+# model_type git (as Grok-2's: SGLang reads it through transformers' GitConfig, models/grok.py's
+# keys beside it), its MoE read unsharded (load_presharded_moe false, the key SGLang's class
+# reads; presharded by default at TP > 1); the names its load_weights reads: q/k/v/o_proj, the
+# four norms of a layer (pre/post_attn_norm, pre/post_moe_norm), the router
+# block_sparse_moe.gate.weight, per-expert block_sparse_moe.experts.E.w1/w3/w2 (Mixtral's)
+GROK1_CONFIG = dict(
+    model_type="git",
+    architectures=["Grok1ForCausalLM"],
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    embedding_multiplier_scale=8.0,
+    output_multiplier_scale=0.5,
+    pad_token_id=0,
+    load_presharded_moe=False,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def save_grok1(root: Path, seed: int = 0) -> Path:
+    """A tiny Grok-1 checkpoint in two shards (layer 1 in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    c = GROK1_CONFIG
+    h, i, e, v, d = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_local_experts"],
+        c["vocab_size"],
+        c["head_dim"],
+    )
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
+
+    def layer(n: int) -> dict[str, torch.Tensor]:
+        p = f"model.layers.{n}."
+        out = {
+            f"{p}self_attn.q_proj.weight": w(q, h),
+            f"{p}self_attn.k_proj.weight": w(kv, h),
+            f"{p}self_attn.v_proj.weight": w(kv, h),
+            f"{p}self_attn.o_proj.weight": w(h, q),
+            f"{p}block_sparse_moe.gate.weight": w(e, h),
+        }
+        for norm in ("pre_attn_norm", "post_attn_norm", "pre_moe_norm", "post_moe_norm"):
+            out[f"{p}{norm}.weight"] = 1 + w(h)
+        for x in range(e):
+            ex = f"{p}block_sparse_moe.experts.{x}."
+            out |= {f"{ex}w1.weight": w(i, h), f"{ex}w3.weight": w(i, h), f"{ex}w2.weight": w(h, i)}
+        return out
+
+    first = {"model.embed_tokens.weight": w(v, h)} | layer(0)
+    second = layer(1) | {"model.norm.weight": 1 + w(h), "lm_head.weight": w(v, h)}
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    return _write(root, shards, c)

@@ -14,7 +14,11 @@ and takes the converted layers' parameters, which the plugin fills itself, as SG
 `_skip_weight_check` marks them: test_iquest_q1s_own_check_sees_every_parameter_filled),
 GigaChat 3.5 (GigaChat35ForCausalLM: DeepSeek-V3's MoE beside a Gated-Delta-Net layer and a
 gated MLA one, gated norms; its MLA's rotary embedding asks the platform for its device when
-built: "cpu" here).
+built: "cpu" here), Grok-1 (Grok1ForCausalLM, config.json under model_type git as Grok-2's: gelu
+experts, its router's softcapped logits through SGLang's custom_routing_function; on CUTLASS
+alone: test_grok1_on_sglangs_trtllm_bf16_runner_is_refused; its load_weights' own check that
+every parameter is filled, which the plugin makes with the converted layers counted:
+test_grok1s_own_check_sees_the_converted_layers_filled; vLLM dropped its class in 0.24).
 """
 
 from __future__ import annotations
@@ -41,11 +45,24 @@ FAMILIES = {
     "xllm": (so.save_xllm, ["model.layers.1.mlp.experts"]),  # layer 0 dense
     "iquest_q1": (so.save_iquest_q1, ["model.layers.1.mlp.experts"]),  # layer 0 dense
     "gigachat35": (so.save_gigachat35, ["model.layers.1.mlp.experts"]),  # layer 0 dense
+    "grok1": (so.save_grok1, [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)]),
 }
 # families whose SGLang model builds a rotary embedding that asks the platform for its device
 # (GigaChat 3.5's MLA: DeepSeek's yarn rotary embedding): "cpu" here
 ROPE_ON_CPU = {"gigachat35"}
 ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
+
+
+@pytest.fixture(autouse=True)
+def _sglangs_loader_kept():
+    """Grok-1's model, built at TP > 1, replaces SGLang's DefaultModelLoader._prepare_weights
+    for the whole process (models/grok.py: its reader of presharded *-TP-NNN files, which falls
+    back to SGLang's own where there are none): put back after each test."""
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    kept = DefaultModelLoader.__dict__["_prepare_weights"]
+    with mock.patch.object(DefaultModelLoader, "_prepare_weights", kept):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +80,21 @@ def sources(tmp_path_factory):
         yield get
 
 
+# families whose experts SGLang's TRT-LLM BF16 runner does not take (Grok-1's gelu: silu and
+# relu2 only; test_grok1_on_sglangs_trtllm_bf16_runner_is_refused): CUTLASS alone
+CUTLASS_ONLY = {"grok1"}
+
+
 @pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
-@pytest.mark.parametrize("kind", sorted(FAMILIES))
+@pytest.mark.parametrize(
+    ("kind", "backend"),
+    [
+        (k, b)
+        for k in sorted(FAMILIES)
+        for b in ("trtllm", "cutlass")
+        if b == "cutlass" or k not in CUTLASS_ONLY
+    ],
+)
 def test_the_output_equals_sglangs_default_load(sources, tmp_path, kind, backend, tp):
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
@@ -143,3 +172,54 @@ def test_an_sglang_refusal_names_no_vllm_output_for_them(sources):
     with pytest.raises(SchemeMismatchError) as e:
         make_plan(sources("sdar_moe"), opts)
     assert str(e.value).endswith("servable for sglang instead: --scheme bf16 (trtllm, cutlass)")
+
+
+def test_grok1_on_sglangs_trtllm_bf16_runner_is_refused(sources, tmp_path):
+    """Why Grok-1 has no TRT-LLM case: SGLang's Grok1MoE builds FusedMoE with gelu experts
+    (models/grok.py; SGLang's gelu is the tanh GELU, gelu_tanh), which its FlashInfer TRT-LLM
+    BF16 runner does not take (silu and relu2 alone): refused at plan time in one line naming
+    the runner, nothing written; its routing (softcapped logits, SGLang's
+    custom_routing_function: a standard top-k output any runner takes) is not the reason."""
+    import inspect
+
+    from sglang.srt.models import grok
+
+    from fi_convert.errors import SchemeMismatchError
+
+    assert 'activation="gelu"' in inspect.getsource(grok.Grok1MoE.__init__)
+    with pytest.raises(
+        SchemeMismatchError, match="flashinfer_trtllm MoE runner takes no gelu_t"
+    ) as e:
+        _convert(sources("grok1"), tmp_path / "out", "bf16", "trtllm", 1)
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+def test_grok1s_own_check_sees_the_converted_layers_filled(sources, tmp_path):
+    """Grok-1's load_weights checks itself that it filled every parameter but scales
+    (check_hit_names), not reading SGLang's `_skip_weight_check` mark: handed the non-expert
+    tensors alone (how the plugin calls it), SGLang's own model refuses. The plugin runs it with
+    that check off and makes the same check after, the converted layers' parameters counted as
+    filled: a non-expert tensor missing is still refused, in one line; and nothing of it is left
+    on the model after."""
+    from safetensors.torch import load_file
+
+    from fi_convert.servers.sglang.checks import PluginError
+    from fi_convert.servers.sglang.loader import _own_check_counting
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = sources("grok1")
+    tensors = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        tensors |= load_file(shard)
+    others = [(n, t) for n, t in tensors.items() if ".block_sparse_moe.experts." not in n]
+    with sm.sglang_context("cutlass", 1, 0):
+        model = _model(None, src, "auto", "cutlass")
+    with pytest.raises(ValueError, match="some weights are missing"):
+        model.load_weights(others)
+    filled = {id(p) for m in _moe(model).values() for p in m.parameters()}
+    with _own_check_counting(model, filled):
+        model.load_weights(others)
+        with pytest.raises(PluginError, match="filled no model.norm.weight") as e:
+            model.load_weights([(n, t) for n, t in others if n != "model.norm.weight"])
+    assert "\n" not in str(e.value) and "load_weights" not in vars(model)

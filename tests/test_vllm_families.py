@@ -124,11 +124,14 @@ hf_checkpoints.py), each bf16 on both backends, Intern-S2 Preview
 (interns2_preview.InternS2PreviewForConditionalGeneration: that model under its own model_type,
 its config class remote code, tests/hf_checkpoints.py), MiniCPM-V 4.6 and 4.7
 (minicpmv4_6's and minicpmv4_7's classes, transformers' whole models over a Qwen3.5 MoE language
-model), Ling 3 VL (bailing_moe_v3_vl's class: Ling 3 beside a vision tower whose patch merger
-is its norm alone, tests/remote_code_checkpoints.py), each bf16 on both backends, Cohere2
-Vision (cohere2_vision's class, transformers' whole model over a Cohere2-MoE language model, its
-SigLIP tower under the published vision_tower.vision_model.) bf16 on CUTLASS, as Cohere2-MoE,
-DiffusionGemma
+model), MiniCPM-OCR (minicpm_ocr's class: MiniCPM-V 4.6's model under a config.json of model_type
+minicpm_ocr, read with a config class for it, OWN_CONFIGS: transformers 5.20 has none, and vLLM
+0.33 requires transformers <5.21: a vLLM 0.33 process reads that config.json only through a
+config class the checkpoint brings as remote code), Ling 3 VL (bailing_moe_v3_vl's class: Ling 3
+beside a vision tower whose patch merger is its norm alone, tests/remote_code_checkpoints.py),
+each bf16 on both backends, Cohere2 Vision (cohere2_vision's class, transformers' whole model
+over a Cohere2-MoE language model, its SigLIP tower under the published
+vision_tower.vision_model.) bf16 on CUTLASS, as Cohere2-MoE, DiffusionGemma
 (diffusion_gemma.DiffusionGemmaForConditionalGeneration, the whole block-diffusion model
 transformers writes: Gemma 4's MoE layers in its decoder; its module imports torchvision) bf16
 on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), and
@@ -328,6 +331,14 @@ CASES = {
     "minicpmv4-7-bf16": (
         "minicpmv4_7",
         "minicpmv4_7.MiniCPMV4_7ForConditionalGeneration",
+        None,
+        {},
+    ),
+    # MiniCPM-OCR: MiniCPM-V 4.6's model under its own model type (tests/hf_checkpoints.py),
+    # read with a config class for it (OWN_CONFIGS: transformers 5.20 has none)
+    "minicpm-ocr-bf16": (
+        "minicpm_ocr",
+        "minicpm_ocr.MiniCPMOcrForConditionalGeneration",
         None,
         {},
     ),
@@ -560,6 +571,8 @@ RUNS = [
     ("minicpmv4-6-bf16", "cutlass", "bf16"),
     ("minicpmv4-7-bf16", "trtllm", "bf16"),
     ("minicpmv4-7-bf16", "cutlass", "bf16"),
+    ("minicpm-ocr-bf16", "trtllm", "bf16"),
+    ("minicpm-ocr-bf16", "cutlass", "bf16"),
     ("ling2-bf16", "trtllm", "bf16"),
     # DeepSeek-MoE v1's softmax without renormalization (Default routing): CUTLASS only
     ("deepseek-v1-bf16", "cutlass", "bf16"),
@@ -713,6 +726,7 @@ TORCHVISION = (
     "cohere2-vision-bf16",
     "minicpmv4-6-bf16",
     "minicpmv4-7-bf16",
+    "minicpm-ocr-bf16",
     "ling3-vl-bf16",
 )
 TORCHVISION_MODULES = (
@@ -722,6 +736,28 @@ TORCHVISION_MODULES = (
     "torchvision.transforms.v2.functional",
     "torchvision.transforms.functional",
 )
+
+
+# cases whose config.json's model type transformers 5.20 has no config class for, and the class
+# each is read with (registered in transformers' config registry while its model is made:
+# _own_config): MiniCPM-OCR's, which vLLM 0.33 takes from transformers (a release newer than
+# the <5.21 it requires; so on a vLLM process of its own this config.json is not read)
+OWN_CONFIGS = {"minicpm-ocr-bf16": hf.minicpm_ocr_config}
+
+
+@contextlib.contextmanager
+def _own_config(case: str):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if case not in OWN_CONFIGS:
+        yield
+        return
+    cls = OWN_CONFIGS[case]()
+    CONFIG_MAPPING.register(cls.model_type, cls)
+    try:
+        yield
+    finally:
+        del CONFIG_MAPPING._extra_content[cls.model_type]
 
 
 # cases whose model's module imports mistral_common (vLLM's pixtral.py, and the tokenizer module
@@ -854,6 +890,7 @@ def vllm_model(
         else contextlib.nullcontext(),
         _transformers_classes_kept(),
         _without_sglangs_configs(),
+        _own_config(case),
     ):
         _one_process_group()
         cfg = get_current_vllm_config()

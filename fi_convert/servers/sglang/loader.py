@@ -12,7 +12,9 @@ is processed by SGLang's own `process_weights_after_loading`, as its `postproces
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import logging
 import time
 from collections.abc import Collection, Iterator
@@ -334,10 +336,40 @@ def _load_weights_only(
     for p in marked:
         p._skip_weight_check = True  # type: ignore[attr-defined]
     try:
-        DefaultModelLoader.load_weights_only(model, weights, target_device)
+        with _own_check_counting(model, {id(p) for p in params}):
+            DefaultModelLoader.load_weights_only(model, weights, target_device)
     finally:
         for p in marked:
             del p._skip_weight_check  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _own_check_counting(model: torch.nn.Module, filled: set[int]) -> Iterator[None]:
+    """A model whose load_weights checks itself that it filled every parameter, without
+    SGLang's `_skip_weight_check` mark (Grok-1's, models/grok.py: `check_hit_names`, every
+    parameter but scales once a call hits more than 5, none hit refused too): its load_weights
+    meanwhile runs with that check off, and the same check is made after each call with the
+    parameters of `filled` (the converted layers', which the plugin fills) counted as hit."""
+    load: Any = model.load_weights
+    if "check_hit_names" not in inspect.signature(load).parameters:
+        yield
+        return
+    others = {n for n, p in model.named_parameters() if id(p) not in filled and "scale" not in n}
+
+    def loading(weights: Any, *args: Any, **kwargs: Any) -> Any:
+        hit = load(weights, *args, **{**kwargs, "check_hit_names": False})
+        if len(hit) > 5 and others - hit:
+            missing = ", ".join(sorted(others - hit)[:5])
+            raise PluginError(f"the model's load_weights filled no {missing}")
+        if not hit:
+            raise PluginError("the model's load_weights filled no parameter")
+        return hit
+
+    model.__dict__["load_weights"] = loading  # (the instance's, before its class's)
+    try:
+        yield
+    finally:
+        del model.__dict__["load_weights"]
 
 
 def _who(layers: dict[str, Any]) -> str:
