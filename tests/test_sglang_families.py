@@ -74,7 +74,12 @@ model.layers.L.moe.experts; its encoder's text layers tied to them) in BF16 on C
 Granite-MoE's block; at TP 2 its one-group Mamba2 projections are compared where SGLang's
 loader writes them: MAMBA_ONE_GROUP) and Nemotron-H (NemotronHForCausalLM: Mamba, MoE with
 non-gated relu2 experts, attention; the checkpoint's backbone.layers.L built as model.layers.L)
-in BF16 on both backends. Their modules import SGLang's model runner's distributed bootstrap,
+in BF16 on both backends, and Nemotron Nano VL (NemotronH_Nano_VL_V2: RADIO's smallest ViT
+under its published names, vision_model.radio_model.model.*, and the projector mlp1 over
+Nemotron-H's model, language_model, its config.json in llm_config:
+test_nemotron_nano_vls_radio_tower_is_read_from_its_published_names) and Nano Omni
+(NemotronH_Nano_Omni_Reasoning_V3, its subclass without a body) in BF16 on both backends. Their
+modules import SGLang's model runner's distributed bootstrap,
 which imports uvicorn: its stand-in (fi_convert/servers/sglang/stand_ins.py) lets the import
 through, no server is started.
 
@@ -181,6 +186,8 @@ CASES = {
     "minicpmv4-7-bf16": ("minicpmv4_7", None, {}),
     "granite-hybrid-bf16": ("granitemoehybrid", None, {}),
     "nemotron-bf16": ("nemotron_h", None, {}),
+    "nemotron-vl-bf16": ("nemotron_h_nano_vl", None, {}),
+    "nemotron-nano-omni-bf16": ("nemotron_h_nano_omni", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -223,6 +230,9 @@ MOE = {
     "granitemoehybrid": [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)],
     # Nemotron-H: a Mamba layer, a MoE one (non-gated relu2 experts), an attention one
     "nemotron_h": ["backbone.layers.1.mixer.experts"],
+    # Nemotron Nano VL / Nano Omni: Nemotron-H's model under language_model, beside RADIO
+    "nemotron_h_nano_vl": ["language_model.backbone.layers.1.mixer.experts"],
+    "nemotron_h_nano_omni": ["language_model.backbone.layers.1.mixer.experts"],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -246,6 +256,8 @@ MODULES = {
     "minicpmv4_7": [f"llm.layers.{i}.mlp.experts" for i in (0, 1)],
     # Nemotron-H: the checkpoint's backbone.layers.L, SGLang's module model.layers.L
     "nemotron_h": ["model.layers.1.mixer.experts"],
+    "nemotron_h_nano_vl": ["language_model.model.layers.1.mixer.experts"],
+    "nemotron_h_nano_omni": ["language_model.model.layers.1.mixer.experts"],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -325,6 +337,12 @@ RUNS = [
     # Nemotron-H: non-gated relu2 experts (the same module import)
     ("nemotron-bf16", "trtllm", "bf16"),
     ("nemotron-bf16", "cutlass", "bf16"),
+    # Nemotron Nano VL (NemotronH_Nano_VL_V2) and its bodiless subclass Nano Omni: Nemotron-H's
+    # language model (llm_config) under a RADIO vision tower (SGLang's RadioModel)
+    ("nemotron-vl-bf16", "trtllm", "bf16"),
+    ("nemotron-vl-bf16", "cutlass", "bf16"),
+    ("nemotron-nano-omni-bf16", "trtllm", "bf16"),
+    ("nemotron-nano-omni-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -983,3 +1001,25 @@ def test_sglangs_intern_s1_pro_model_is_not_built(tmp_path_factory):
         e.value
     )
     assert str(e.value).endswith("'start_layer'")
+
+
+def test_nemotron_nano_vls_radio_tower_is_read_from_its_published_names(sources, tmp_path):
+    """Nemotron Nano VL through SGLang's NemotronH_Nano_VL_V2: every parameter of its RADIO
+    tower (SGLang's RadioModel) and of its projector is the checkpoint's tensor under its
+    published name (vision_model.radio_model.model.blocks.B.attn.qkv, ...), in both loads (a
+    name the model's loader did not read would leave its parameter unwritten)."""
+    from safetensors.torch import load_file
+
+    src = sources("nemotron-vl-bf16")
+    out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
+    written = load_file(src / "model.safetensors")
+    ours, theirs = _both(src, out, "bf16", "trtllm", 1, 0)
+    for model in (ours, theirs):
+        tower = dict(model.vision_model.named_parameters())
+        assert len(tower) == 3 + 14 * 12  # (vit_small: 12 blocks of 14)
+        for name, param in tower.items():
+            published = name.replace("encoder.layers", "blocks").replace("attn.attn", "attn")
+            published = "vision_model.radio_model." + published.replace("qkv_proj", "qkv")
+            assert torch.equal(param.detach(), written[published]), name
+        for name, param in model.mlp1.named_parameters():
+            assert torch.equal(param.detach(), written[f"mlp1.{name}"]), name
