@@ -1491,7 +1491,9 @@ def _save_mimo_v2_omni(root: Path, seed: int = 0) -> Path:
 NANO_VL_VIT = dict(width=384, blocks=12, cls_tokens=8, patch=16, cpe_max_size=2048)
 
 
-def _radio_tensors(seed: int) -> dict[str, torch.Tensor]:
+def _radio_tensors(seed: int, frames: int = 1) -> dict[str, torch.Tensor]:
+    """RADIO's tensors; with `frames` > 1 its video embedder too (frames x patch x patch
+    tubelets, Omni's)."""
     d, p = NANO_VL_VIT["width"], NANO_VL_VIT["patch"]
     positions = (NANO_VL_VIT["cpe_max_size"] // p) ** 2
     pre = "vision_model.radio_model.model."
@@ -1500,6 +1502,8 @@ def _radio_tensors(seed: int) -> dict[str, torch.Tensor]:
         f"{pre}patch_generator.embedder.weight": (d, 3 * p * p),
         f"{pre}patch_generator.cls_token.token": (NANO_VL_VIT["cls_tokens"], d),
     }
+    if frames > 1:
+        shapes[f"{pre}patch_generator.video_embedder.weight"] = (d, 3 * frames * p * p)
     for b in range(NANO_VL_VIT["blocks"]):
         block = f"{pre}blocks.{b}."
         shapes |= {block + n: (d,) for n in ("ls1", "ls2", "norm1.weight", "norm1.bias")}
@@ -1513,7 +1517,11 @@ def _radio_tensors(seed: int) -> dict[str, torch.Tensor]:
 
 
 def _save_nemotron_h_nano_vl(
-    root: Path, seed: int = 0, architecture: str = "NemotronH_Nano_VL_V2"
+    root: Path,
+    seed: int = 0,
+    architecture: str = "NemotronH_Nano_VL_V2",
+    model_type: str = "NemotronH_Nano_VL_V2",
+    frames: int = 1,
 ) -> Path:
     from safetensors.torch import load_file, save_file
 
@@ -1525,7 +1533,7 @@ def _save_nemotron_h_nano_vl(
         for n, t in load_file(f).items()
     }
     shutil.rmtree(root / "lm")
-    tensors |= _radio_tensors(seed)
+    tensors |= _radio_tensors(seed, frames)
     shuffled, projector = NANO_VL_VIT["width"] * 4, 64  # (downsample_ratio 0.5: 2 x 2 patches)
     gen = torch.Generator().manual_seed(seed + 2)
     for name, shape in (
@@ -1541,10 +1549,10 @@ def _save_nemotron_h_nano_vl(
         patch_size=NANO_VL_VIT["patch"],
         max_resolution=2048,
         model_type="radio",
-    )
+    ) | ({"video_temporal_patch_size": frames} if frames > 1 else {})
     config = dict(
         architectures=[architecture],
-        model_type=architecture,
+        model_type=model_type,
         auto_map={
             "AutoConfig": "configuration.NemotronH_Nano_VL_V2_Config",
             "AutoModel": "modeling.NemotronH_Nano_VL_V2",
@@ -1561,7 +1569,7 @@ def _save_nemotron_h_nano_vl(
         torch_dtype="bfloat16",
         llm_config=llm,
         vision_config=vision,
-    )
+    ) | ({"video_temporal_patch_size": frames} if frames > 1 else {})
     (root / "config.json").write_text(json.dumps(config, indent=2))
     return root
 
@@ -1779,7 +1787,19 @@ SAVERS = {
     "mimo_v2_omni": _save_mimo_v2_omni,
     "nemotron_h_nano_vl": _save_nemotron_h_nano_vl,
     "nemotron_h_nano_omni": functools.partial(
-        _save_nemotron_h_nano_vl, architecture="NemotronH_Nano_Omni_Reasoning_V3"
+        _save_nemotron_h_nano_vl,
+        architecture="NemotronH_Nano_Omni_Reasoning_V3",
+        model_type="NemotronH_Nano_Omni_Reasoning_V3",
+    ),
+    # Nemotron Omni: Nano VL's layout (mlp1.{0,1,3} and radio_model.model.*, the names
+    # transformers' conversion mapping for NemotronH_Omni_Reasoning_V3 reads as published),
+    # model_type nemotron_h_omni, its video embedder over tubelets of 2 frames (transformers'
+    # config class asks vision_config's video_temporal_patch_size to equal its own, 2)
+    "nemotron_h_omni": functools.partial(
+        _save_nemotron_h_nano_vl,
+        architecture="NemotronH_Omni_Reasoning_V3",
+        model_type="nemotron_h_omni",
+        frames=2,
     ),
     "longcat_flash_ngram": _save_longcat_flash_ngram,
 }

@@ -77,8 +77,10 @@ non-gated relu2 experts, attention; the checkpoint's backbone.layers.L built as 
 in BF16 on both backends, and Nemotron Nano VL (NemotronH_Nano_VL_V2: RADIO's smallest ViT
 under its published names, vision_model.radio_model.model.*, and the projector mlp1 over
 Nemotron-H's model, language_model, its config.json in llm_config:
-test_nemotron_nano_vls_radio_tower_is_read_from_its_published_names) and Nano Omni
-(NemotronH_Nano_Omni_Reasoning_V3, its subclass without a body) in BF16 on both backends. Their
+test_nemotron_nano_vls_radio_tower_is_read_from_its_published_names), Nano Omni
+(NemotronH_Nano_Omni_Reasoning_V3, its subclass without a body) and Omni
+(NemotronH_Omni_Reasoning_V3, model_type nemotron_h_omni: the same layout, its RADIO tower with
+a video embedder) in BF16 on both backends. Their
 modules import SGLang's model runner's distributed bootstrap,
 which imports uvicorn: its stand-in (fi_convert/servers/sglang/stand_ins.py) lets the import
 through, no server is started.
@@ -188,6 +190,7 @@ CASES = {
     "nemotron-bf16": ("nemotron_h", None, {}),
     "nemotron-vl-bf16": ("nemotron_h_nano_vl", None, {}),
     "nemotron-nano-omni-bf16": ("nemotron_h_nano_omni", None, {}),
+    "nemotron-omni-bf16": ("nemotron_h_omni", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -233,6 +236,7 @@ MOE = {
     # Nemotron Nano VL / Nano Omni: Nemotron-H's model under language_model, beside RADIO
     "nemotron_h_nano_vl": ["language_model.backbone.layers.1.mixer.experts"],
     "nemotron_h_nano_omni": ["language_model.backbone.layers.1.mixer.experts"],
+    "nemotron_h_omni": ["language_model.backbone.layers.1.mixer.experts"],
     # InternVL 3.5 MoE: SGLang's InternVLChatModel builds its Qwen3-MoE language model as
     # language_model, the checkpoint's prefix
     "internvl_chat": [f"language_model.model.layers.{i}.mlp.experts" for i in (0, 1)],
@@ -258,6 +262,7 @@ MODULES = {
     "nemotron_h": ["model.layers.1.mixer.experts"],
     "nemotron_h_nano_vl": ["language_model.model.layers.1.mixer.experts"],
     "nemotron_h_nano_omni": ["language_model.model.layers.1.mixer.experts"],
+    "nemotron_h_omni": ["language_model.model.layers.1.mixer.experts"],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -343,6 +348,9 @@ RUNS = [
     ("nemotron-vl-bf16", "cutlass", "bf16"),
     ("nemotron-nano-omni-bf16", "trtllm", "bf16"),
     ("nemotron-nano-omni-bf16", "cutlass", "bf16"),
+    # Nemotron Omni (NemotronH_Omni_Reasoning_V3, model_type nemotron_h_omni): the same layout
+    ("nemotron-omni-bf16", "trtllm", "bf16"),
+    ("nemotron-omni-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -1003,20 +1011,24 @@ def test_sglangs_intern_s1_pro_model_is_not_built(tmp_path_factory):
     assert str(e.value).endswith("'start_layer'")
 
 
-def test_nemotron_nano_vls_radio_tower_is_read_from_its_published_names(sources, tmp_path):
-    """Nemotron Nano VL through SGLang's NemotronH_Nano_VL_V2: every parameter of its RADIO
-    tower (SGLang's RadioModel) and of its projector is the checkpoint's tensor under its
-    published name (vision_model.radio_model.model.blocks.B.attn.qkv, ...), in both loads (a
-    name the model's loader did not read would leave its parameter unwritten)."""
+@pytest.mark.parametrize(("case", "video"), [("nemotron-vl-bf16", 0), ("nemotron-omni-bf16", 1)])
+def test_nemotron_nano_vls_radio_tower_is_read_from_its_published_names(
+    case, video, sources, tmp_path
+):
+    """Nemotron Nano VL through SGLang's NemotronH_Nano_VL_V2 and Nemotron Omni through its
+    NemotronH_Omni_Reasoning_V3: every parameter of the RADIO tower (SGLang's RadioModel; Omni's
+    with its video embedder) and of the projector is the checkpoint's tensor under its published
+    name (vision_model.radio_model.model.blocks.B.attn.qkv, ...), in both loads (a name the
+    model's loader did not read would leave its parameter unwritten)."""
     from safetensors.torch import load_file
 
-    src = sources("nemotron-vl-bf16")
+    src = sources(case)
     out = _convert(src, tmp_path / "out", "bf16", "trtllm", 1)
     written = load_file(src / "model.safetensors")
     ours, theirs = _both(src, out, "bf16", "trtllm", 1, 0)
     for model in (ours, theirs):
         tower = dict(model.vision_model.named_parameters())
-        assert len(tower) == 3 + 14 * 12  # (vit_small: 12 blocks of 14)
+        assert len(tower) == 3 + video + 14 * 12  # (vit_small: 12 blocks of 14)
         for name, param in tower.items():
             published = name.replace("encoder.layers", "blocks").replace("attn.attn", "attn")
             published = "vision_model.radio_model." + published.replace("qkv_proj", "qkv")
