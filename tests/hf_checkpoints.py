@@ -1480,6 +1480,103 @@ def _save_mimo_v2_omni(root: Path, seed: int = 0) -> Path:
     return root
 
 
+# Nemotron Nano VL (NemotronH_Nano_VL_V2, as nvidia/NVIDIA-Nemotron-Nano-12B-v2-VL-BF16 is
+# laid out): the Nemotron-H model of MODELS' "nemotron_h" under language_model (its config.json
+# in llm_config), a RADIO vision tower under vision_model.radio_model (its timm names,
+# model.patch_generator.* and model.blocks.B.*, which SGLang's and vLLM's RADIO loaders read;
+# its config in vision_config.args), the projector mlp1.{0,1,3} (RMSNorm over the pixel-shuffled
+# features, Linear, squared ReLU, Linear). The tower is RADIO's smallest ViT (vit_small_patch16_224:
+# 384 wide, 12 blocks), the published model's vit_huge_patch16_224 at the same layout; its
+# buffers the servers do not read (input_conditioner, summary_idxs) are not written
+NANO_VL_VIT = dict(width=384, blocks=12, cls_tokens=8, patch=16, cpe_max_size=2048)
+
+
+def _radio_tensors(seed: int, frames: int = 1) -> dict[str, torch.Tensor]:
+    """RADIO's tensors; with `frames` > 1 its video embedder too (frames x patch x patch
+    tubelets, Omni's)."""
+    d, p = NANO_VL_VIT["width"], NANO_VL_VIT["patch"]
+    positions = (NANO_VL_VIT["cpe_max_size"] // p) ** 2
+    pre = "vision_model.radio_model.model."
+    shapes = {
+        f"{pre}patch_generator.pos_embed": (1, positions, d),
+        f"{pre}patch_generator.embedder.weight": (d, 3 * p * p),
+        f"{pre}patch_generator.cls_token.token": (NANO_VL_VIT["cls_tokens"], d),
+    }
+    if frames > 1:
+        shapes[f"{pre}patch_generator.video_embedder.weight"] = (d, 3 * frames * p * p)
+    for b in range(NANO_VL_VIT["blocks"]):
+        block = f"{pre}blocks.{b}."
+        shapes |= {block + n: (d,) for n in ("ls1", "ls2", "norm1.weight", "norm1.bias")}
+        shapes |= {block + n: (d,) for n in ("norm2.weight", "norm2.bias", "attn.proj.bias")}
+        shapes |= {block + "attn.qkv.weight": (3 * d, d), block + "attn.qkv.bias": (3 * d,)}
+        shapes |= {block + "attn.proj.weight": (d, d), block + "mlp.fc2.bias": (d,)}
+        shapes |= {block + "mlp.fc1.weight": (4 * d, d), block + "mlp.fc1.bias": (4 * d,)}
+        shapes |= {block + "mlp.fc2.weight": (d, 4 * d)}
+    gen = torch.Generator().manual_seed(seed + 1)
+    return {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+
+
+def _save_nemotron_h_nano_vl(
+    root: Path,
+    seed: int = 0,
+    architecture: str = "NemotronH_Nano_VL_V2",
+    model_type: str = "NemotronH_Nano_VL_V2",
+    frames: int = 1,
+) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    save("nemotron_h", root / "lm", seed)
+    llm = json.loads((root / "lm" / "config.json").read_text())
+    tensors = {
+        f"language_model.{n}": t
+        for f in sorted((root / "lm").glob("*.safetensors"))
+        for n, t in load_file(f).items()
+    }
+    shutil.rmtree(root / "lm")
+    tensors |= _radio_tensors(seed, frames)
+    shuffled, projector = NANO_VL_VIT["width"] * 4, 64  # (downsample_ratio 0.5: 2 x 2 patches)
+    gen = torch.Generator().manual_seed(seed + 2)
+    for name, shape in (
+        ("mlp1.0.weight", (shuffled,)),
+        ("mlp1.1.weight", (projector, shuffled)),
+        ("mlp1.3.weight", (llm["hidden_size"], projector)),
+    ):
+        tensors[name] = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    save_file(tensors, root / "model.safetensors", metadata={"format": "pt"})
+    vision = dict(
+        args=dict(model="vit_small_patch16_224", register_multiple=8, cpe_max_size=2048),
+        preferred_resolution=[512, 512],
+        patch_size=NANO_VL_VIT["patch"],
+        max_resolution=2048,
+        model_type="radio",
+    ) | ({"video_temporal_patch_size": frames} if frames > 1 else {})
+    config = dict(
+        architectures=[architecture],
+        model_type=model_type,
+        auto_map={
+            "AutoConfig": "configuration.NemotronH_Nano_VL_V2_Config",
+            "AutoModel": "modeling.NemotronH_Nano_VL_V2",
+            "AutoModelForCausalLM": "modeling.NemotronH_Nano_VL_V2",
+        },
+        downsample_ratio=0.5,
+        force_image_size=512,
+        patch_size=NANO_VL_VIT["patch"],
+        ps_version="v2",
+        template="nemotron-h-5p5",
+        image_tag_type="internvl",
+        norm_mean=[0.48145466, 0.4578275, 0.40821073],
+        norm_std=[0.26862954, 0.26130258, 0.27577711],
+        projector_hidden_size=projector,
+        vit_hidden_size=NANO_VL_VIT["width"],
+        img_context_token_id=18,
+        torch_dtype="bfloat16",
+        llm_config=llm,
+        vision_config=vision,
+    ) | ({"video_temporal_patch_size": frames} if frames > 1 else {})
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    return root
+
+
 # Gemma 4 as published, whole (Gemma4ForConditionalGeneration): the text model of MODELS'
 # "gemma4" under model.language_model, beside a one-layer vision tower (model.vision_tower,
 # model.embed_vision), no audio tower (as google/gemma-4-26B-A4B), each part's config tiny
@@ -1717,6 +1814,22 @@ SAVERS = {
     "muse_spark": _save_muse_spark,
     "gemma4_mm": _save_gemma4_mm,
     "mimo_v2_omni": _save_mimo_v2_omni,
+    "nemotron_h_nano_vl": _save_nemotron_h_nano_vl,
+    "nemotron_h_nano_omni": functools.partial(
+        _save_nemotron_h_nano_vl,
+        architecture="NemotronH_Nano_Omni_Reasoning_V3",
+        model_type="NemotronH_Nano_Omni_Reasoning_V3",
+    ),
+    # Nemotron Omni: Nano VL's layout (mlp1.{0,1,3} and radio_model.model.*, the names
+    # transformers' conversion mapping for NemotronH_Omni_Reasoning_V3 reads as published),
+    # model_type nemotron_h_omni, its video embedder over tubelets of 2 frames (transformers'
+    # config class asks vision_config's video_temporal_patch_size to equal its own, 2)
+    "nemotron_h_omni": functools.partial(
+        _save_nemotron_h_nano_vl,
+        architecture="NemotronH_Omni_Reasoning_V3",
+        model_type="nemotron_h_omni",
+        frames=2,
+    ),
     "longcat_flash_ngram": _save_longcat_flash_ngram,
 }
 

@@ -13,6 +13,11 @@ process of its own, and the tests); the plugin never imports this.
   platform that is neither CUDA nor CPU (this machine, to SGLang) a whole model's rotary
   embedding takes `vllm._custom_ops.rotary_embedding` as its fallback kernel; loading stores
   it and never calls it. Where vLLM is installed, SGLang gets the real one.
+- `uvicorn`, only where it is not installed (the CPU venv the tests run in): SGLang's HTTP
+  server, imported at the top of `sglang/srt/distributed/gated_launch.py`, which SGLang's
+  hybrid linear-attention backend reaches through its model runner's distributed bootstrap
+  (Granite 4.0 hybrid's and Nemotron-H's modules import it). Only the import: no server is
+  started while weights load (0.51: the least SGLang 0.5.23 requires).
 
 Only imports made by SGLang's modules get a stand-in (torch probes for Triton as well, and
 must keep finding none). A stand-in is a permissive module: any attribute is another
@@ -38,9 +43,14 @@ import types
 from collections.abc import Iterator
 
 STUBBED: tuple[str, ...] = ("triton", "IPython", "torchvision")
-VERSIONS = {"triton": "3.5.0", "IPython": "9.0.0", "torchvision": "0.28.0", "vllm": "0.33.0"}
-if importlib.util.find_spec("vllm") is None:
-    STUBBED += ("vllm",)
+VERSIONS = {
+    "triton": "3.5.0",
+    "IPython": "9.0.0",
+    "torchvision": "0.28.0",
+    "vllm": "0.33.0",
+    "uvicorn": "0.51.0",
+}
+STUBBED += tuple(name for name in ("vllm", "uvicorn") if importlib.util.find_spec(name) is None)
 
 
 # real Triton's answer, without a GPU, to `triton.runtime.driver.active` (its DriverConfig

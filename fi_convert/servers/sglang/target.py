@@ -192,12 +192,6 @@ NO_FLASHINFER_MODEL = {
         "SGLang {sglang} has no model class for Aria (AriaForConditionalGeneration)"
     ),
     "JambaForCausalLM": "SGLang {sglang} has no model class for Jamba (JambaForCausalLM)",
-    # (its module imports SGLang's hybrid linear-attention backend, which imports SGLang's
-    # distributed bootstrap and uvicorn, absent from the CPU install the tests run on)
-    "GraniteMoeHybridForCausalLM": (
-        "fi-convert has not run SGLang {sglang}'s Granite 4.0 hybrid model "
-        "(models/granitemoehybrid.py) through its plugin's load yet"
-    ),
     "LongcatFlashNgramForCausalLM": (
         "SGLang {sglang} has no model class for LongCat-Flash-Lite (LongcatFlashNgramForCausalLM)"
     ),
