@@ -1579,25 +1579,6 @@ def test_mimo_v2_omni_is_refused_for_sglang_in_one_line(sources, tmp_path):
     assert not out.exists()
 
 
-def test_granite_4_hybrid_is_refused_for_sglang_in_one_line(sources, tmp_path):
-    """Granite 4.0 hybrid (the Granite-MoE family's GraniteMoeHybridForCausalLM, proven above on
-    vLLM): its SGLang 0.5.23 model has not been run through the SGLang plugin's load (its module
-    cannot be imported on this CPU install), so an SGLang output is refused when planned, naming
-    vLLM instead; nothing is written."""
-    from fi_convert.errors import SchemeMismatchError
-
-    out = tmp_path / "out"
-    opts = Options(SchemeName.BF16, Backend.CUTLASS, 1, server="sglang")
-    with pytest.raises(SchemeMismatchError) as e:
-        convert(sources("granite-hybrid-bf16"), out, opts, device="cpu")
-    assert str(e.value) == (
-        "--scheme bf16 --backend cutlass --server sglang: fi-convert has not run SGLang 0.5.23's "
-        "Granite 4.0 hybrid model (models/granitemoehybrid.py) through its plugin's load yet; "
-        "or convert for vLLM (--server vllm)"
-    )
-    assert not out.exists()
-
-
 def test_longcat_flash_lite_is_refused_for_sglang_in_one_line(sources, tmp_path):
     """LongCat-Flash-Lite (the LongCat-Flash family's LongcatFlashNgramForCausalLM, proven above
     on vLLM): SGLang 0.5.23's registry has no class of that name (its LongcatFlashForCausalLM
