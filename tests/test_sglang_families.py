@@ -778,7 +778,9 @@ def test_step3_vl_equals_sglangs_default_load(tmp_path_factory, tmp_path, backen
     SGLang's Step3VisionAttention builds an out_proj that its forward never uses, and its
     load_weights puts the checkpoint's self_attn.out_proj into self_attn.attn.proj: that
     out_proj is left as allocated by either load (shown), the one parameter not compared.
-    Its config.json's text_config names Step3TextForCausalLM, which SGLang has no class for
+    (Whether that uninitialised memory differs from the stored tensor is not asserted: reused
+    memory can hold the same bytes, and did once in twenty runs.) Its config.json's text_config
+    names Step3TextForCausalLM, which SGLang has no class for
     (a text-only Step-3 checkpoint is refused): SGLang takes the top-level architecture."""
     from safetensors.torch import load_file
 
@@ -807,7 +809,6 @@ def test_step3_vl_equals_sglangs_default_load(tmp_path_factory, tmp_path, backen
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         params = dict(theirs.named_parameters())
         assert torch.equal(params[f"{attention}attn.proj.weight"], stored)
-        assert not torch.equal(params[f"{attention}out_proj.weight"], stored)
         different, states = _differences(ours, theirs)
         assert set(different) <= unused and states == {}, f"rank {rank} of {tp}"
 
