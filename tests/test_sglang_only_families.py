@@ -223,3 +223,4 @@ def test_grok1s_own_check_sees_the_converted_layers_filled(sources, tmp_path):
         with pytest.raises(PluginError, match="filled no model.norm.weight") as e:
             model.load_weights([(n, t) for n, t in others if n != "model.norm.weight"])
     assert "\n" not in str(e.value) and "load_weights" not in vars(model)
+    assert str(e.value).endswith("; convert again from the whole checkpoint")

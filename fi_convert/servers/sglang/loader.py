@@ -360,9 +360,16 @@ def _own_check_counting(model: torch.nn.Module, filled: set[int]) -> Iterator[No
         hit = load(weights, *args, **{**kwargs, "check_hit_names": False})
         if len(hit) > 5 and others - hit:
             missing = ", ".join(sorted(others - hit)[:5])
-            raise PluginError(f"the model's load_weights filled no {missing}")
+            raise PluginError(
+                f"the model's load_weights filled no {missing} (it checks that every parameter "
+                "was filled): the output lacks those tensors; convert again from the whole "
+                "checkpoint"
+            )
         if not hit:
-            raise PluginError("the model's load_weights filled no parameter")
+            raise PluginError(
+                "the model's load_weights filled no parameter: the output's other tensors are "
+                "not this model's; serve the output with its own config.json, or convert again"
+            )
         return hit
 
     model.__dict__["load_weights"] = loading  # (the instance's, before its class's)
