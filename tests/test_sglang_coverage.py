@@ -76,11 +76,23 @@ def _imported(path: Path) -> dict[str, tuple[str, str]]:
     (module, name there)."""
     tree = _parsed(path)[1]
     return {
-        a.asname or a.name: (node.module, a.name)
+        a.asname or a.name: (module, a.name)
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(MODELS + ".")
+        if isinstance(node, ast.ImportFrom)
+        and (module := _absolute(path, node)).startswith(MODELS + ".")
         for a in node.names
     }
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    """The module an import names, a relative one (`from .granitemoe import ...`) resolved
+    against the importing module's package."""
+    if not node.level:
+        return node.module or ""
+    parts = ["sglang", *path.relative_to(_models().parents[1]).with_suffix("").parts]
+    package = parts[:-1]  # (a package's __init__ is its package's own module)
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
 
 
 @functools.cache
@@ -169,6 +181,8 @@ def test_a_module_that_imports_its_moe_block_builds_moe_layers():
     archs = registry()
     assert archs["MellumForCausalLM"] and archs["HYV4ForCausalLM"]
     assert archs["Qwen3_5MoeForCausalLM"]  # (models/qwen3_5_text.py: Qwen2-MoE's block)
+    # (models/granitemoehybrid.py: `from .granitemoe import GraniteMoeMoE`, a relative import)
+    assert archs["GraniteMoeHybridForCausalLM"]
     assert not archs["Qwen3ForCausalLM"]
     assert "HYV4ForCausalLM" in coverage("sglang").moe_architectures
 
