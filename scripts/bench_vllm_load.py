@@ -646,6 +646,9 @@ def main() -> None:
     )
     ap.add_argument("--only", default=None, help="only the cases whose name starts with this")
     ap.add_argument(
+        "--tp", type=int, default=None, help="only the whole-model cases of this TP size (1 or 8)"
+    )
+    ap.add_argument(
         "--models",
         default=None,
         help=f"the whole models, comma-separated, of {', '.join(bm.MODELS)} (default: all on "
@@ -692,7 +695,8 @@ def main() -> None:
         todo = [
             c
             for c in cases(dev, a.quick, a.cases, a.models.split(",") if a.models else None)
-            if not a.only or c["name"].startswith(a.only)
+            if (not a.only or c["name"].startswith(a.only))
+            and (a.tp is None or c.get("tp", 1) == a.tp)
         ]
         for i, case in enumerate(todo):
             key = case.get("source", case["name"].split()[0])
