@@ -312,14 +312,16 @@ class BulkRead:
         """Check the files' sizes against the requests, then start the reader threads."""
         self._jobs = self._plan()
         self._check_sizes()
+        n = min(self.threads, len(self._jobs))
         gaps = [j.rows[2] - j.rows[1] for j in self._strided if j.rows and j.rows[0] > 1]
-        # the bytes between rows, read and dropped: one scratch buffer all threads write into
-        self._scratch_t = torch.empty(max(gaps, default=0), dtype=torch.uint8, device="cpu")
+        # the bytes between rows, read and dropped: a scratch buffer per thread, pages apart
+        # (threads writing into one buffer would pass its cache lines from core to core)
+        self._gap = -(-max(gaps, default=0) // 4096) * 4096
+        self._scratch_t = torch.empty(n * self._gap, dtype=torch.uint8, device="cpu")
         self._scratch = _bytes(self._scratch_t)
         todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         for job in self._jobs:
             todo.put(job)
-        n = min(self.threads, len(self._jobs))
         for _ in range(n):
             todo.put(None)
         ready = None
@@ -479,7 +481,7 @@ class BulkRead:
             if self.staged:
                 self._work_staged(todo, ready, k)
             else:
-                self._work_direct(todo)
+                self._work_direct(todo, k)
         except BaseException as e:  # the first fault ends the read
             with self._lock:
                 if self._error is None:  # (its frames would keep the buffers alive)
@@ -489,10 +491,10 @@ class BulkRead:
             self._ends.append(time.perf_counter())
             self._done[k].set()  # its last act: nothing of torch runs in it after this
 
-    def _work_direct(self, todo: queue.SimpleQueue[_Job | None]) -> None:
+    def _work_direct(self, todo: queue.SimpleQueue[_Job | None], k: int) -> None:
         while not self._stop.is_set() and (job := todo.get()) is not None:
             if job.rows is not None:  # its rows straight into their destination
-                self._read(job, job.offset, self._scattered(job, _bytes(job.pieces[0][1])))
+                self._read(job, job.offset, self._scattered(job, _bytes(job.pieces[0][1]), k))
                 continue
             for at, flat in job.pieces:
                 self._read(job, job.offset + at, [_bytes(flat)])
@@ -515,8 +517,8 @@ class BulkRead:
                 if done[b] is not None:
                     done[b].synchronize()  # its last copy is over: the buffer may be refilled
                 if job.rows is not None:  # its rows, one after another
-                    k, size, _ = job.rows
-                    into = self._scattered(job, _bytes(bufs[b][: k * size]))
+                    rows, size, _ = job.rows
+                    into = self._scattered(job, _bytes(bufs[b][: rows * size]), k)
                 else:
                     into = [_bytes(bufs[b][: job.size])]
                 self._read(job, job.offset, into)
@@ -538,13 +540,14 @@ class BulkRead:
         event.record(stream)
         return event
 
-    def _scattered(self, job: _Job, rows: memoryview) -> list[memoryview]:
+    def _scattered(self, job: _Job, rows: memoryview, thread: int) -> list[memoryview]:
         """The buffers a rows job's span is read into: each row's bytes into `rows`, one after
-        another, and the bytes between two rows into the scratch buffer."""
+        another, and the bytes between two rows into the thread's scratch buffer."""
         assert job.rows is not None
         k, size, stride = job.rows
         out: list[memoryview] = []
-        gap = self._scratch[: stride - size] if stride > size else None
+        mine = self._scratch[thread * self._gap :]
+        gap = mine[: stride - size] if stride > size else None
         for r in range(k):
             out.append(rows[r * size : (r + 1) * size])
             if gap is not None and r + 1 < k:

@@ -405,26 +405,36 @@ def bulk_path(spans: list, dev: str) -> dict:
     return {"read_s": seconds, "bytes": total, "threads": stats.threads, "chunk": stats.chunk}
 
 
-def read_gap(case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int) -> dict:
+def read_gap(
+    case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int, alt: dict | None = None
+) -> dict:
     """Where the plugin's time over the limit goes (warm, `n` runs of each, alternating): the
     limit; the plugin's read mechanism on the limit's byte ranges into one buffer
     (`bulk_path`); the plugin's whole load. The first two equal: the gap is in how the load
-    drives the read (its ranges, destinations, pieces); the last two: in the mechanism."""
+    drives the read (its ranges, destinations, pieces); the last two: in the mechanism.
+    `alt` (name: path of another bulk_read.py): the plugin's load with that file's BulkRead
+    too, as side "plugin <name>" (an A/B of the read mechanism in one process)."""
     model, spans = _case_spans(case, out)
+    alt = alt or {}
     runs: dict[str, list[float]] = {"limit": [], "bulk": [], "plugin": []}
+    runs |= {f"plugin {name}": [] for name in alt}
     lines: list[str] = []  # the plugin's log line of each whole-model run
+    sides = list(runs)
     for k in range(n):
-        for side in list(runs)[k % 3 :] + list(runs)[: k % 3]:
+        for side in sides[k % len(sides) :] + sides[: k % len(sides)]:
             if side == "limit":
                 runs[side].append(limit_path(spans, dev, *limit)["read_s"])
             elif side == "bulk":
                 runs[side].append(bulk_path(spans, dev)["read_s"])
-            elif model is not None:
-                r = plugin_model_path(src, out, case["prefixes"], dev, model)
-                runs[side].append(r["read_s"])
-                lines.append(r["line"])
             else:
-                runs[side].append(plugin_path(src, out, case["prefixes"], dev)["read_s"])
+                name = side.removeprefix("plugin").strip()
+                with _bulk_read_from(alt[name]) if name else contextlib.nullcontext():
+                    if model is not None:
+                        r = plugin_model_path(src, out, case["prefixes"], dev, model)
+                        lines.append(f"[{side}] {r['line']}")
+                    else:
+                        r = plugin_path(src, out, case["prefixes"], dev)
+                runs[side].append(r["read_s"])
             gc.collect()
     medians = {side: statistics.median(t) for side, t in runs.items()}
     print(
@@ -434,6 +444,35 @@ def read_gap(case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int) -
         flush=True,
     )
     return {"case": case["name"], "medians_s": medians, "runs_s": runs, "lines": lines}
+
+
+@contextlib.contextmanager
+def _bulk_read_from(path: str):
+    """fi-convert's modules with the BulkRead class of another bulk_read.py (say an older
+    commit's) while inside."""
+    import importlib.util
+
+    import fi_convert.bulk_read as ours
+
+    name = f"fi_convert._bench_bulk_read_{abs(hash(path))}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    mine, other = ours.BulkRead, sys.modules[name].BulkRead
+    users = [
+        m
+        for k, m in list(sys.modules.items())
+        if k.startswith("fi_convert") and getattr(m, "BulkRead", None) is mine
+    ]
+    for m in users:
+        m.BulkRead = other
+    try:
+        yield
+    finally:
+        for m in users:
+            m.BulkRead = mine
 
 
 @contextlib.contextmanager
@@ -670,6 +709,14 @@ def main() -> None:
         "the limit goes)",
     )
     ap.add_argument(
+        "--alt-bulk",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="with --gap: the plugin's load also with the BulkRead of another bulk_read.py "
+        "(an older commit's: git show REV:fi_convert/bulk_read.py > PATH), side by side",
+    )
+    ap.add_argument(
         "--gap-only",
         action="store_true",
         help="with --gap: only that (no vLLM default path, no cold runs)",
@@ -711,7 +758,8 @@ def main() -> None:
                 if a.sweep:
                     report["plugin_sweep"] = plugin_sweep(src, out, case["prefixes"], dev)
             if a.gap:
-                gap = read_gap(case, src, out, dev, tuple(limit), a.gap)
+                alt = dict(x.split("=", 1) for x in a.alt_bulk)
+                gap = read_gap(case, src, out, dev, tuple(limit), a.gap, alt)
                 report.setdefault("read_gap", []).append(gap)
                 path.write_text(json.dumps(report, indent=2))
             for cold in (
