@@ -223,6 +223,10 @@ def test_a_users_family_file_converts_and_verifies(ckpt, tmp_path):
     assert res.exit_code == 1
 
 
+# a per-expert pattern (the `expert` group) of GLM's names
+PER_EXPERT = (
+    "^(?P<prefix>.*\\.mlp\\.experts)\\.(?P<expert>\\d+)\\.(?P<proj>\\w+)\\.(?P<param>\\w+)$"
+)
 BAD = [
     ({"name": "GLM 9"}, 'name: missing or not a lower-case name (e.g. "glm4-moe")'),
     ({"model_types": "glm9_moe"}, "model_types: not a list of strings"),
@@ -256,6 +260,25 @@ BAD = [
                  "expert_sets": [".text_experts", ".vision_experts"]}]},
      "forms[0].expert_sets: not a list of two or more MoE modules (appended to the prefix) of "
      "a per_expert form"),
+    ({"forms": [{"kind": "per_expert_fused", "pattern": PER_EXPERT,
+                 "projections": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}}]},
+     "forms[0].projections: maps to ['w1', 'w2', 'w3'], but a per_expert_fused form holds one "
+     "w13 ([gate; up]) and one w2 per expert"),
+    ({"forms": [{"kind": "per_expert", "pattern": PER_EXPERT,
+                 "projections": {"gate_up_proj": "w13", "down_proj": "w2"}}]},
+     "forms[0].projections: maps to w13, but a per_expert form keeps w1, w3 and w2 apart (one "
+     '[gate; up] tensor per expert is kind "per_expert_fused")'),
+    ({"forms": [{"kind": "per_expert_fused", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"linear_fc1": "w13", "linear_fc2": "w2"}}]},
+     "forms[0].pattern: no named group 'expert' (?P<...>)"),
+    ({"size_multiples": [2]},
+     "size_multiples: not a map of config.json fields to the multiple each holds"),
+    ({"size_multiples": {"ffn_hidden_size": 2}},
+     "size_multiples.ffn_hidden_size: not a field config_keys reads"),
+    ({"size_multiples": {"moe_intermediate_size": 1}},
+     "size_multiples.moe_intermediate_size: not a whole number of 2 or more"),
+    ({"size_multiples": {"moe_intermediate_size": "2"}},
+     "size_multiples.moe_intermediate_size: not a whole number of 2 or more"),
 ]  # fmt: skip
 
 
