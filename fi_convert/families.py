@@ -288,7 +288,8 @@ def _multiple_problem(config: dict, fams: tuple[Family, ...]) -> str | None:
     for fam in fams:
         for key, n in fam.multiples.items():
             v = lookup(config, key)
-            if any(_integer(a) and a % n for a in (v if isinstance(v, list) else [v])):
+            values = v if isinstance(v, list) else [v]
+            if any(isinstance(a, int) and not isinstance(a, bool) and a % n for a in values):
                 shown = json.dumps(v)
                 shown = shown if len(shown) <= 40 else shown[:37] + "..."
                 return f"{key} is {shown}, not a multiple of {n} ({fam.title} reads 1/{n} of it)"
