@@ -223,6 +223,33 @@ def test_a_users_family_file_converts_and_verifies(ckpt, tmp_path):
     assert res.exit_code == 1
 
 
+def test_a_users_family_of_per_expert_fused_experts_and_a_halved_size_converts(tmp_path):
+    """A family file of its own with the per_expert_fused form and `size_multiples` (ZAYA1's,
+    under another model_type) converts; the output records it, and verify reads the sizes back
+    through it: the size read whole (the multiple taken out of the recorded file) is caught."""
+    from tests import sglang_only_checkpoints as so
+
+    model = _copy(so.save_zaya(tmp_path / "src"), tmp_path / "m", model_type="zaya9")
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(cfg | {"architectures": []}))
+    d = json.loads((FAMILY_DIR / "zaya.json").read_text())
+    d.update(name="zaya9", title="ZAYA9", model_types=["zaya9"], architectures=[])
+    fam, out = tmp_path / "zaya9.json", tmp_path / "out"
+    fam.write_text(json.dumps(d))
+    res = cli("convert", model, out, "--family", fam, "--server", "sglang", "--tp-size", 2, "-q")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert m["source"]["family_file"] == d
+    assert m["layers"]["model.layers.1.zaya_block.experts"]["intermediate_size"] == 128
+    fam.unlink()
+    res = cli("verify", out, "--source", model)
+    assert res.exit_code == 0, res.output
+    del m["source"]["family_file"]["size_multiples"]
+    (out / "fi-convert-manifest.json").write_text(json.dumps(m))
+    res = cli("verify", out, "--source", model)
+    assert res.exit_code == 1 and "intermediate_size is 128, config.json says 256" in res.output
+
+
 # a per-expert pattern (the `expert` group) of GLM's names
 PER_EXPERT = (
     "^(?P<prefix>.*\\.mlp\\.experts)\\.(?P<expert>\\d+)\\.(?P<proj>\\w+)\\.(?P<param>\\w+)$"
