@@ -9,8 +9,10 @@ form only), `proj` and `param`, and a map from projection names to vLLM's roles 
 without a product, `relu2_no_mul`: Nemotron-H) has no gate, and its one up projection is `w1`, as
 vLLM's FusedMoE holds it (w13 = w1 alone, [I, H]). A form with `refuse` is one
 fi-convert recognizes but cannot convert: the text says why. `markers` are patterns of other
-tensors only this family has, to name it when a config.json contradicts its tensors. Adding a
-family is adding a file.
+tensors only this family has, to name it when a config.json contradicts its tensors.
+`size_multiples` names config.json fields that hold a multiple of the size they are read for
+(ZAYA1's ffn_hidden_size: the rows of its fused gate/up, 2I), read divided. Adding a family is
+adding a file.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ FAMILY_FILE = "family_file"
 class Form:
     # "per_expert": one [out, in] tensor per expert and projection; "fused": one [E, 2I, H]
     # w13 tensor ([gate; up]) and one [E, H, I] w2; "stacked": one [E, out, in] tensor per
-    # projection; "flat": one [E*out, in] per projection (fi_convert/forms.py has the shapes
-    # of each)
+    # projection; "flat": one [E*out, in] per projection; "per_expert_fused": one [2I, H] w13
+    # ([gate; up]) and one [H, I] w2 per expert (fi_convert/forms.py has the shapes of each)
     kind: str
     pattern: re.Pattern[str]
     projections: dict[str, str]
@@ -83,19 +85,25 @@ class Family:
     # a config.json field holding one map per decoder layer whose keys replace config.json's
     # for that layer (Nemotron-H Puzzle's block_configs)
     layer_configs: str = ""
+    # config.json fields (of `config_keys`) that hold a multiple of the size they are read
+    # for, by that multiple: the size is the value divided by it (ZAYA1's ffn_hidden_size: 2,
+    # the rows of both halves of its fused gate/up; SGLang builds its FusedMoE of half)
+    multiples: dict[str, int] = field(default_factory=dict)
 
     def config_value(self, config: dict, key: str, layer: str = "") -> int | None:
         """The first of the family's `config_keys[key]` config.json holds as an integer: a
         plain key in config.json or its text_config, a dotted one (`thinker_config.
         text_config.num_experts`) where it says; for the MoE layer `layer` of an expert set
         (`Form.sets`), the set's entry of a list; of a per-layer field (`layer_keys`), the
-        layer's entry (none without a layer); the layer's own map (`layer_configs`) first."""
+        layer's entry (none without a layer); the layer's own map (`layer_configs`) first; a
+        field that holds a multiple of the size (`multiples`), divided by it."""
         found = self.config_source(config, key, layer)
         return found[1] if found else None
 
     def config_source(self, config: dict, key: str, layer: str = "") -> tuple[str, int] | None:
         """The config.json field `config_value` reads (`block_configs[3].n_routed_experts`
-        where the layer's own map gives it) and its value, or None."""
+        where the layer's own map gives it; `ffn_hidden_size / 2` where it holds a multiple of
+        the size) and the size, or None."""
         k_set = self.set_index(layer)
         for k in self.config_keys.get(key, ()):
             name, v = self._layer_field(config, k, layer)
@@ -104,7 +112,9 @@ class Family:
             elif isinstance(v, list) and k_set is not None and k_set < len(v):
                 v = v[k_set]
             if KINDS["integer"](v):
-                return name, int(v)  # type: ignore[call-overload]
+                n = self.multiples.get(k, 1)
+                said = f"{name} / {n}" if n > 1 else name
+                return said, int(v) // n  # type: ignore[call-overload]
         return None
 
     def _layer_field(self, config: dict, k: str, layer: str) -> tuple[str, object]:
@@ -193,6 +203,7 @@ def parse(d: dict, file: str = "") -> Family:
         d,
         layer_keys=tuple(d.get("layer_keys", ())),
         layer_configs=d.get("layer_configs", ""),
+        multiples=dict(d.get("size_multiples", {})),
     )
 
 
@@ -267,7 +278,22 @@ def config_problem(config: dict, extra: tuple[Family, ...] = ()) -> str | None:
         or wrong_kind(fields, config)
         or wrong_kind(fields, _text_config(config), f"{_text_section(config)}.")
         or wrong_kind(QUANT_FIELDS, quant, "quantization_config.")
+        or _multiple_problem(config, declared(config, extra))
     )
+
+
+def _multiple_problem(config: dict, fams: tuple[Family, ...]) -> str | None:
+    """The first field a family reads as a multiple of a size (`Family.multiples`) whose value
+    (or a per-layer entry of it) is not that multiple: no whole size is that part of it."""
+    for fam in fams:
+        for key, n in fam.multiples.items():
+            v = lookup(config, key)
+            values = v if isinstance(v, list) else [v]
+            if any(isinstance(a, int) and not isinstance(a, bool) and a % n for a in values):
+                shown = json.dumps(v)
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                return f"{key} is {shown}, not a multiple of {n} ({fam.title} reads 1/{n} of it)"
+    return None
 
 
 def config_field(config: dict, key: str) -> object:
@@ -511,7 +537,7 @@ def check_family(d: object) -> str | None:
     `forms[0].pattern: ...`; None when it holds a family."""
     if not isinstance(d, dict):
         return "not a JSON object"
-    for check in (_check_names, _check_config_keys, _check_forms, _check_moe):
+    for check in (_check_names, _check_config_keys, _check_multiples, _check_forms, _check_moe):
         problem = check(d)
         if problem:
             return problem
@@ -560,6 +586,23 @@ def _check_config_keys(d: dict) -> str | None:
     return f"config_keys.{extra[0]}: not a size fi-convert reads" if extra else None
 
 
+def _check_multiples(d: dict) -> str | None:
+    """`size_multiples`: config.json fields the family reads for a size (`config_keys`), each
+    with a whole multiple of 2 or more."""
+    m = d.get("size_multiples")
+    if m is None:
+        return None
+    if not isinstance(m, dict):
+        return "size_multiples: not a map of config.json fields to the multiple each holds"
+    read = {k for keys in d["config_keys"].values() for k in keys}
+    for key, n in m.items():
+        if key not in read:
+            return f"size_multiples.{key}: not a field config_keys reads"
+        if not (_integer(n) and n >= 2):
+            return f"size_multiples.{key}: not a whole number of 2 or more"
+    return None
+
+
 def _check_forms(d: dict) -> str | None:
     forms = d.get("forms")
     if not (isinstance(forms, list) and forms):
@@ -571,7 +614,7 @@ def _check_forms(d: dict) -> str | None:
     return None
 
 
-FORM_KINDS = ("per_expert", "fused", "stacked", "flat")
+FORM_KINDS = ("per_expert", "fused", "stacked", "flat", "per_expert_fused")
 
 
 def _check_form(f: object) -> str | None:
@@ -584,7 +627,8 @@ def _check_form(f: object) -> str | None:
     if why:
         return f".pattern: not a regular expression ({why})"
     groups = set(re.compile(str(pat)).groupindex)
-    need = {"prefix", "proj"} | ({"expert"} if f["kind"] == "per_expert" else set())
+    per_expert = f["kind"] in ("per_expert", "per_expert_fused")
+    need = {"prefix", "proj"} | ({"expert"} if per_expert else set())
     if need - groups:
         return f".pattern: no named group {sorted(need - groups)[0]!r} (?P<...>)"
     proj = f.get("projections")
@@ -595,6 +639,9 @@ def _check_form(f: object) -> str | None:
             f".projections: maps to {sorted(set(proj.values()))}, not w1, w3, w2 or w13, w2 "
             "(or w1, w2: a non-gated expert's up and down)"
         )
+    problem = _per_expert_roles(f["kind"], set(proj.values()))
+    if problem:
+        return problem
     if "refuse" in f and not isinstance(f["refuse"], str):
         return ".refuse: not a string"
     if "transposed" in f and not (
@@ -614,6 +661,22 @@ def _check_form(f: object) -> str | None:
         return (
             ".expert_sets: not a list of two or more MoE modules (appended to the prefix) of a "
             "per_expert form"
+        )
+    return None
+
+
+def _per_expert_roles(kind: str, roles: set[str]) -> str | None:
+    """A per-expert form's roles: per_expert keeps w1, w3 and w2 apart (or w1, w2 non-gated),
+    per_expert_fused holds one [gate; up] w13 and one w2 per expert."""
+    if kind == "per_expert_fused" and roles != {"w13", "w2"}:
+        return (
+            f".projections: maps to {sorted(roles)}, but a per_expert_fused form holds one w13 "
+            "([gate; up]) and one w2 per expert"
+        )
+    if kind == "per_expert" and "w13" in roles:
+        return (
+            ".projections: maps to w13, but a per_expert form keeps w1, w3 and w2 apart (one "
+            '[gate; up] tensor per expert is kind "per_expert_fused")'
         )
     return None
 
@@ -683,6 +746,6 @@ FILE_FIELDS = frozenset(
         "name", "title", "description", "checkpoints", "model_types", "architectures",
         "markers", "config_keys", "manifest_keys", "clamp_keys", "forms", "routing",
         "activation", "activation_key", "refuse", "released_config", "layer_keys",
-        "layer_configs",
+        "layer_configs", "size_multiples",
     }
 )  # fmt: skip

@@ -7,7 +7,9 @@ gate: its up projection is w1, and its w13 is w1 alone ([I, H]). A form stores i
 ("per_expert": one tensor per expert and projection), fused ("fused": one [E, 2I, H] w13 and
 one [E, H, I] w2), stacked ("stacked": one [E, out, in] tensor per projection) or flat ("flat":
 one 2-D [E*out, in] tensor per projection, the experts' matrices one after another: DBRX's
-[E*I, H] w1, v1 and w2, its w2 stored transposed); a role the form lists as `transposed` is
+[E*I, H] w1, v1 and w2, its w2 stored transposed) or per expert fused ("per_expert_fused": one
+[2I, H] w13, its rows [gate; up], and one [H, I] w2 per expert: ZAYA1's local_experts.E.
+linear_fc1 and linear_fc2); a role the form lists as `transposed` is
 stored [in, out] per expert (Llama-4's gate_up_proj [E, H, 2I]). A tensor is read under its
 form's one reading, never another: a shape that does not fit it is refused.
 """
@@ -26,10 +28,20 @@ ROLE_DIMS = {"w1": ("I", "H"), "w3": ("I", "H"), "w2": ("H", "I"), "w13": ("2I",
 # the stored tensors each form keeps, by role
 STORED = {
     "per_expert": ("w1", "w3", "w2"),
+    "per_expert_fused": ("w13", "w2"),
     "fused": ("w13", "w2"),
     "stacked": ("w1", "w3", "w2"),
     "flat": ("w1", "w3", "w2"),
 }
+# the forms of one tensor per expert and stored role (their pattern names the `expert`)
+PER_EXPERT_KINDS = ("per_expert", "per_expert_fused")
+# the forms whose w13 tensor holds the gate and the up projection, [gate; up]
+FUSED_KINDS = ("fused", "per_expert_fused")
+
+
+def per_expert(form: Form) -> bool:
+    """Whether the form stores each expert's matrices in tensors of their own."""
+    return form.kind in PER_EXPERT_KINDS
 
 
 def gated(form: Form) -> bool:
@@ -50,7 +62,7 @@ def stored_roles(form: Form) -> tuple[str, ...]:
 
 def stored_role(form: Form, role: str) -> str:
     """The role of the tensor that holds `role`'s matrix (a fused form's w13 holds w1 and w3)."""
-    return "w13" if form.kind == "fused" and role in ("w1", "w3") else role
+    return "w13" if form.kind in FUSED_KINDS and role in ("w1", "w3") else role
 
 
 def transposed(form: Form, role: str) -> bool:
@@ -64,7 +76,7 @@ def dims(form: Form, role: str, turned: bool | None = None) -> tuple[str, ...]:
     d = d[::-1] if (transposed(form, role) if turned is None else turned) else d
     if form.kind == "flat":
         return (f"E*{d[0]}", d[1])
-    return d if form.kind == "per_expert" else ("E", *d)
+    return d if per_expert(form) else ("E", *d)
 
 
 @dataclass(frozen=True)
@@ -134,13 +146,13 @@ def tensor_sizes(form: Form, w1: TensorInfo, num_experts: int = 1) -> tuple[int,
     out, k = shape[::-1] if transposed(form, "w1") else shape
     if w1.dtype == "U8":
         k *= 2
-    return k, out // 2 if form.kind == "fused" else out
+    return k, out // 2 if stored_role(form, "w1") == "w13" else out
 
 
 def matrix_shape(form: Form, info: TensorInfo, num_experts: int) -> tuple[int, ...]:
     """One expert's part of the stored tensor `info`, as stored ([in, out] where transposed):
     a flat form's [E*R, C] is E parts [R, C]."""
-    if form.kind == "per_expert":
+    if per_expert(form):
         return tuple(info.shape)
     if form.kind == "flat":
         rows = info.shape[0] // num_experts if info.shape and num_experts else 0
@@ -182,15 +194,16 @@ def span(
     a, b = rows
     if form.kind == "per_expert":
         return Span(info, a, b - a, cols)
-    flat = info if form.kind == "flat" else flat_rows(info)
+    flat = info if form.kind in ("flat", "per_expert_fused") else flat_rows(info)
     per, width = matrix_shape(form, info, num_experts)[0], flat.shape[1]
     half = stored_role(form, role) == "w13" and role == "w3"
+    first = 0 if per_expert(form) else expert * per  # a per-expert tensor is the expert's
     if not transposed(form, role):
         off = per // 2 if half else 0
-        return Span(flat, expert * per + off + a, b - a, cols)
+        return Span(flat, first + off + a, b - a, cols)
     off = width // 2 if half else 0
     c, d = cols or (0, per)
-    return Span(flat, expert * per + c, d - c, (off + a, off + b), True)
+    return Span(flat, first + c, d - c, (off + a, off + b), True)
 
 
 def flat_rows(info: TensorInfo) -> TensorInfo:
@@ -209,4 +222,4 @@ def stored_shape(form: Form, role: str, num_experts: int, matrix: tuple[int, ...
         shape = shape[::-1]
     if form.kind == "flat":
         return (num_experts * shape[0], *shape[1:])
-    return shape if form.kind == "per_expert" else (num_experts, *shape)
+    return shape if per_expert(form) else (num_experts, *shape)

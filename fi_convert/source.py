@@ -76,7 +76,8 @@ class ExpertLayer:
     num_experts: int
     hidden_size: int
     intermediate_size: int
-    # per-expert form: (role, param, expert) -> tensor; fused form: (role, param, -1) -> tensor
+    # per-expert forms: (stored role, param, expert) -> tensor; the others: (stored role,
+    # param, -1) -> tensor (forms.STORED: a fused w13 holds w1 and w3)
     params: dict[tuple[str, str, int], TensorInfo] = field(default_factory=dict)
     # the limit of the experts' SwiGLU clamp config.json gives (`Family.swiglu_limit`), or None
     swiglu_limit: float | None = None
@@ -105,16 +106,15 @@ class ExpertLayer:
         return 2 if self.gated else 1
 
     def tensor(self, role: str, param: str, expert: int) -> TensorInfo:
-        if self.form.kind == "per_expert":
-            return self.params[(role, param, expert)]
-        return self.params[(forms.stored_role(self.form, role), param, -1)]
+        """The stored tensor that holds expert `expert`'s `role` matrix."""
+        e = expert if forms.per_expert(self.form) else -1
+        return self.params[(forms.stored_role(self.form, role), param, e)]
 
     def has(self, param: str) -> bool:
-        if self.form.kind != "per_expert":
-            return all((r, param, -1) in self.params for r in forms.stored_roles(self.form))
-        return all(
-            (r, param, e) in self.params for r in self.roles for e in range(self.num_experts)
-        )
+        stored = forms.stored_roles(self.form)
+        if not forms.per_expert(self.form):
+            return all((r, param, -1) in self.params for r in stored)
+        return all((r, param, e) in self.params for r in stored for e in range(self.num_experts))
 
     def source_names(self) -> list[str]:
         return sorted(t.name for t in self.params.values())
@@ -576,7 +576,7 @@ def _match(ckpt: Checkpoint, fam: Family) -> tuple[Form, Groups] | None:
             if not m or m["proj"] not in form.projections:
                 continue
             role = form.projections[m["proj"]]
-            expert = int(m["expert"]) if form.kind == "per_expert" else -1
+            expert = int(m["expert"]) if forms.per_expert(form) else -1
             raw = m.groupdict().get("param") or "weight"
             param = form.params.get(raw) or PARAM_ALIASES.get(raw, raw)
             module = form.module
@@ -647,7 +647,7 @@ def _refuse_quantized_transposed(fam: Family, form: Form, params: dict) -> None:
 def _require_weights(ckpt: Checkpoint, form: Form, prefix: str, params: dict) -> None:
     """Every expert's weight of each role the form stores is there."""
     where = f"{ckpt.root}: {prefix}"
-    if form.kind != "per_expert":
+    if not forms.per_expert(form):
         for r in forms.stored_roles(form):
             if (r, "weight", -1) not in params:
                 names = " and ".join(_proj(form, x) for x in forms.stored_roles(form))
@@ -665,7 +665,7 @@ def _require_weights(ckpt: Checkpoint, form: Form, prefix: str, params: dict) ->
             f"{experts[-1] + 1}); the checkpoint is incomplete - download it again"
         )
     for e in experts:
-        for r in forms.roles(form):
+        for r in forms.stored_roles(form):
             if (r, "weight", e) not in params:
                 raise SourceError(
                     f"{where}.{e}: no {_proj(form, r)} weight; the checkpoint is "
@@ -675,13 +675,13 @@ def _require_weights(ckpt: Checkpoint, form: Form, prefix: str, params: dict) ->
 
 def _sizes(ckpt: Checkpoint, fam: Family, form: Form, prefix: str, params: dict) -> forms.Sizes:
     """E, H and I from config.json; where it gives none, from the first expert's gate."""
-    if form.kind == "per_expert":
-        first = params[("w1", "weight", 0)]
+    if forms.per_expert(form):
+        first = params[(forms.stored_role(form, "w1"), "weight", 0)]
         num = len({e for (_, _, e) in params})
     else:
         first = params[(forms.stored_role(form, "w1"), "weight", -1)]
     cfg_e = fam.config_value(ckpt.config, "num_experts", prefix)
-    if form.kind != "per_expert":
+    if not forms.per_expert(form):
         counted = forms.expert_count(form, first, cfg_e)
         if counted is None:  # a flat tensor's rows are E experts' of a count it does not say
             keys = " or ".join(fam.config_keys["num_experts"])

@@ -127,6 +127,15 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             topk_group=1,
         ),
     ),
+    # ZAYA1 in transformers' own form (Zyphra/ZAYA1-8B as republished for transformers 5):
+    # attention and MoE folded into one layer, experts fused, mlp.experts.gate_up_proj
+    # [E, 2I, H] and down_proj [E, H, I]; not the layout SGLang's ZayaForCausalLM reads (the
+    # family refuses it: tests/test_family_forms.py)
+    "zaya": (
+        "ZayaConfig",
+        "ZayaForCausalLM",
+        dict(moe_intermediate_size=32, num_experts=4, router_hidden_size=32),
+    ),
     # DBRX: experts flat, transformer.blocks.L.ffn.experts.mlp.{w1,v1,w2} [E*I, H] (w2 turned)
     "dbrx": (
         "DbrxConfig",

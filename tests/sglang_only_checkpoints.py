@@ -374,3 +374,119 @@ def save_grok1(root: Path, seed: int = 0) -> Path:
     second = layer(1) | {"model.norm.weight": 1 + w(h), "lm_head.weight": w(v, h)}
     shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
     return _write(root, shards, c)
+
+
+# ZAYA1 (ZayaForCausalLM, model_type zaya; SGLang's models/zaya.py and its own config class
+# configs/zaya.py, which SGLang registers over transformers' for model_type zaya): Zyphra's
+# published layout (ZAYA1-8B: 40 CCA attention layers alternating with 40 MoE layers, 16 experts
+# of ffn_hidden_size 4096 over H 2048), here one attention layer (0) and one MoE layer (1) as
+# zaya_layers says ("a", then the MoE layer's expert count); the keys SGLang's ZayaConfig reads,
+# ffn_hidden_size the fused gate/up's rows (2I: SGLang's FusedMoE is built with
+# ffn_hidden_size // 2); the names its load_weights reads: the CCA projection self_attn.qkv.
+# {linear_q, linear_k, val_proj1, val_proj2, conv_qk.{0,1}, temp} and o_proj, each layer's
+# input_norm and res_scale (layer 0 without a residual scale), the router zaya_block.router.
+# {down_proj, rmsnorm_eda, router_states_scale, router_mlp.{0,2,4}, balancing_biases} (one
+# class more than experts: the skip expert of zaya_use_mod), and per expert zaya_block.experts.
+# local_experts.E.linear_fc1 ([gate; up], [2I, H]) and linear_fc2 ([H, I]); the final norm and
+# residual scale; tied embeddings
+ZAYA_CONFIG = dict(
+    model_type="zaya",
+    architectures=["ZayaForCausalLM"],
+    vocab_size=128,
+    hidden_size=64,
+    ffn_hidden_size=256,
+    num_hidden_layers=2,
+    zaya_layers=["a", 4],
+    num_experts=4,
+    num_attention_heads=4,
+    num_query_groups=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    kv_channels=16,
+    moe_router_topk=1,
+    zaya_mlp_expansion=32,
+    zaya_use_mod=True,
+    zaya_use_eda=True,
+    zaya_high_prec=True,
+    activation_func="swiglu",
+    gated_linear_unit=True,
+    add_bias_linear=False,
+    normalization="RMSNorm",
+    norm_epsilon=1e-5,
+    scale_residual_merge=True,
+    residual_in_fp32=True,
+    cca=True,
+    cca_time0=2,
+    cca_time1=2,
+    partial_rotary_factor=0.5,
+    rope_theta=5000000,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+    lm_head_bias=False,
+    attention_bias=False,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=1,
+    torch_dtype="bfloat16",
+)
+
+
+def save_zaya(root: Path, seed: int = 0, config: dict | None = None) -> Path:
+    """A tiny ZAYA1 checkpoint in two shards (the MoE layer in the second)."""
+    g = torch.Generator().manual_seed(seed)
+    c = config or ZAYA_CONFIG
+    h, v, e, d = c["hidden_size"], c["vocab_size"], c["num_experts"], c["head_dim"]
+    i, r = c["ffn_hidden_size"] // 2, c["zaya_mlp_expansion"]
+    q, k = c["num_attention_heads"] * d, c["num_query_groups"] * d
+
+    def w(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    def scaling(p: str, residual: bool) -> dict[str, torch.Tensor]:
+        out = {
+            f"{p}res_scale.hidden_states_scale": 1 + w(h),
+            f"{p}res_scale.hidden_states_bias": w(h),
+        }
+        if residual:
+            out |= {f"{p}res_scale.residual_scale": 1 + w(h), f"{p}res_scale.residual_bias": w(h)}
+        return out
+
+    a = "model.layers.0.self_attn."
+    first = {
+        "model.embed_tokens.weight": w(v, h),
+        "model.layers.0.input_norm.weight": 1 + w(h),
+        **scaling("model.layers.0.", residual=False),
+        a + "qkv.linear_q.weight": w(q, h),
+        a + "qkv.linear_k.weight": w(k, h),
+        a + "qkv.val_proj1.weight": w(k // 2, h),
+        a + "qkv.val_proj2.weight": w(k // 2, h),
+        a + "qkv.conv_qk.0.weight": w(q + k, 1, c["cca_time0"]),
+        a + "qkv.conv_qk.0.bias": w(q + k),
+        a + "qkv.conv_qk.1.weight": w(q + k, d, c["cca_time1"]),
+        a + "qkv.conv_qk.1.bias": w(q + k),
+        a + "qkv.temp": w(c["num_query_groups"]),
+        a + "o_proj.weight": w(h, q),
+    }
+    p, rt = "model.layers.1.", "model.layers.1.zaya_block.router."
+    classes = e + 1  # the skip expert (zaya_use_mod)
+    second = {
+        p + "input_norm.weight": 1 + w(h),
+        **scaling(p, residual=True),
+        rt + "down_proj.weight": w(r, h),
+        rt + "down_proj.bias": w(r),
+        rt + "rmsnorm_eda.weight": 1 + w(r),
+        rt + "router_states_scale": 1 + w(r),
+        rt + "router_mlp.0.weight": w(r, r),
+        rt + "router_mlp.0.bias": w(r),
+        rt + "router_mlp.2.weight": w(r, r),
+        rt + "router_mlp.2.bias": w(r),
+        rt + "router_mlp.4.weight": w(classes, r),
+        rt + "balancing_biases": torch.cat([w(e, dtype=torch.float32), torch.tensor([-1.0])]),
+        "model.final_norm.weight": 1 + w(h),
+        **scaling("model.", residual=True),
+    }
+    for x in range(e):
+        ex = f"{p}zaya_block.experts.local_experts.{x}."
+        second |= {ex + "linear_fc1.weight": w(2 * i, h), ex + "linear_fc2.weight": w(h, i)}
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    return _write(root, shards, c)

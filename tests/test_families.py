@@ -223,6 +223,37 @@ def test_a_users_family_file_converts_and_verifies(ckpt, tmp_path):
     assert res.exit_code == 1
 
 
+def test_a_users_family_of_per_expert_fused_experts_and_a_halved_size_converts(tmp_path):
+    """A family file of its own with the per_expert_fused form and `size_multiples` (ZAYA1's,
+    under another model_type) converts; the output records it, and verify reads the sizes back
+    through it: the size read whole (the multiple taken out of the recorded file) is caught."""
+    from tests import sglang_only_checkpoints as so
+
+    model = _copy(so.save_zaya(tmp_path / "src"), tmp_path / "m", model_type="zaya9")
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(cfg | {"architectures": []}))
+    d = json.loads((FAMILY_DIR / "zaya.json").read_text())
+    d.update(name="zaya9", title="ZAYA9", model_types=["zaya9"], architectures=[])
+    fam, out = tmp_path / "zaya9.json", tmp_path / "out"
+    fam.write_text(json.dumps(d))
+    res = cli("convert", model, out, "--family", fam, "--server", "sglang", "--tp-size", 2, "-q")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert m["source"]["family_file"] == d
+    assert m["layers"]["model.layers.1.zaya_block.experts"]["intermediate_size"] == 128
+    fam.unlink()
+    res = cli("verify", out, "--source", model)
+    assert res.exit_code == 0, res.output
+    del m["source"]["family_file"]["size_multiples"]
+    (out / "fi-convert-manifest.json").write_text(json.dumps(m))
+    res = cli("verify", out, "--source", model)
+    assert res.exit_code == 1 and "intermediate_size is 128, config.json says 256" in res.output
+
+
+# a per-expert pattern (the `expert` group) of GLM's names
+PER_EXPERT = (
+    "^(?P<prefix>.*\\.mlp\\.experts)\\.(?P<expert>\\d+)\\.(?P<proj>\\w+)\\.(?P<param>\\w+)$"
+)
 BAD = [
     ({"name": "GLM 9"}, 'name: missing or not a lower-case name (e.g. "glm4-moe")'),
     ({"model_types": "glm9_moe"}, "model_types: not a list of strings"),
@@ -256,6 +287,25 @@ BAD = [
                  "expert_sets": [".text_experts", ".vision_experts"]}]},
      "forms[0].expert_sets: not a list of two or more MoE modules (appended to the prefix) of "
      "a per_expert form"),
+    ({"forms": [{"kind": "per_expert_fused", "pattern": PER_EXPERT,
+                 "projections": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}}]},
+     "forms[0].projections: maps to ['w1', 'w2', 'w3'], but a per_expert_fused form holds one "
+     "w13 ([gate; up]) and one w2 per expert"),
+    ({"forms": [{"kind": "per_expert", "pattern": PER_EXPERT,
+                 "projections": {"gate_up_proj": "w13", "down_proj": "w2"}}]},
+     "forms[0].projections: maps to w13, but a per_expert form keeps w1, w3 and w2 apart (one "
+     '[gate; up] tensor per expert is kind "per_expert_fused")'),
+    ({"forms": [{"kind": "per_expert_fused", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"linear_fc1": "w13", "linear_fc2": "w2"}}]},
+     "forms[0].pattern: no named group 'expert' (?P<...>)"),
+    ({"size_multiples": [2]},
+     "size_multiples: not a map of config.json fields to the multiple each holds"),
+    ({"size_multiples": {"ffn_hidden_size": 2}},
+     "size_multiples.ffn_hidden_size: not a field config_keys reads"),
+    ({"size_multiples": {"moe_intermediate_size": 1}},
+     "size_multiples.moe_intermediate_size: not a whole number of 2 or more"),
+    ({"size_multiples": {"moe_intermediate_size": "2"}},
+     "size_multiples.moe_intermediate_size: not a whole number of 2 or more"),
 ]  # fmt: skip
 
 

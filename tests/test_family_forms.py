@@ -590,3 +590,195 @@ def test_a_puzzle_layers_own_size_is_checked_and_named(tmp_path):
         "config.json disagree - download both again"
     )
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------- the per-expert fused form (ZAYA1)
+
+
+@pytest.fixture(scope="module")
+def zaya(tmp_path_factory):
+    """A tiny ZAYA1 checkpoint in the original layout SGLang's ZayaForCausalLM reads
+    (tests/sglang_only_checkpoints.py): per expert, linear_fc1 [2I, H] ([gate; up]) and
+    linear_fc2 [H, I], I = ffn_hidden_size / 2 = 128, H = 64, 4 experts."""
+    from tests import sglang_only_checkpoints as so
+
+    return so.save_zaya(tmp_path_factory.mktemp("zaya") / "src")
+
+
+ZAYA_EXPERTS = "model.layers.1.zaya_block.experts"
+
+
+def test_the_per_expert_fused_form_is_read_half_by_half(zaya):
+    """ZAYA1's linear_fc1 is read as SGLang's load_weights splits it: its first I rows the
+    gate (w1), the next I the up projection (w3); linear_fc2 is w2 as stored."""
+    import torch
+
+    from fi_convert.source import find_family, open_checkpoint
+    from fi_convert.st_io import SourceFiles
+
+    fam, layers = find_family(open_checkpoint(zaya))
+    assert fam is not None and fam.name == "zaya"
+    (layer,) = layers
+    assert (layer.prefix, layer.form.kind, layer.num_experts) == (
+        ZAYA_EXPERTS,
+        "per_expert_fused",
+        4,
+    )
+    assert (layer.hidden_size, layer.intermediate_size, layer.routing) == (64, 128, "Custom")
+    assert layer.proj_shape("w1", "weight") == layer.proj_shape("w3", "weight") == (128, 64)
+    assert layer.proj_shape("w2", "weight") == (64, 128)
+    e, i = 2, 128
+    fc1, fc2 = (
+        _tensor(zaya, f"{ZAYA_EXPERTS}.local_experts.{e}.{n}.weight")
+        for n in ("linear_fc1", "linear_fc2")
+    )
+    files = SourceFiles()
+    try:
+        for role, rows, cols, want in (
+            ("w1", (8, 40), None, fc1[8:40]),
+            ("w3", (0, 24), None, fc1[i : i + 24]),
+            ("w3", (100, 128), (16, 48), fc1[i + 100 : 2 * i, 16:48]),
+            ("w2", (0, 64), (100, 124), fc2[:, 100:124]),
+        ):
+            width = 64 if cols is None else cols[1] - cols[0]
+            dst = torch.zeros((1, rows[1] - rows[0], width), dtype=torch.bfloat16)
+            layer.read(files, role, "weight", range(e, e + 1), rows, cols, dst)
+            assert torch.equal(dst[0], want), role
+    finally:
+        files.close()
+
+
+def test_a_per_expert_fused_form_stored_turned_is_read_by_columns(tmp_path):
+    """A per_expert_fused form whose roles are stored [in, out] (`transposed`: w13 [H, 2I],
+    w2 [I, H]) reads the gate from columns [0, I), the up projection from [I, 2I), each turned;
+    its shapes in letters are the turned ones."""
+    import re
+
+    import torch
+    from safetensors.torch import save_file
+
+    from fi_convert import forms
+    from fi_convert.families import Form
+    from fi_convert.source import read_span_into
+    from fi_convert.st_io import SourceFiles, read_header
+
+    h, i = 64, 48
+    fc1 = torch.randn(h, 2 * i).to(torch.bfloat16)
+    save_file({"fc1": fc1}, tmp_path / "m.safetensors")
+    info = read_header(tmp_path / "m.safetensors")[0]["fc1"]
+    form = Form(
+        "per_expert_fused", re.compile(""), {"fc1": "w13", "fc2": "w2"}, None, ("w13", "w2")
+    )
+    assert forms.dims(form, "w3") == ("H", "2I") and forms.dims(form, "w2") == ("I", "H")
+    files = SourceFiles()
+    try:
+        for role, rows, want in (("w1", (4, 20), fc1.T[4:20]), ("w3", (0, 48), fc1.T[i:])):
+            s = forms.span(form, role, info, 3, rows, None)
+            dst = torch.zeros((rows[1] - rows[0], h), dtype=torch.bfloat16)
+            read_span_into(files, s, dst)
+            assert torch.equal(dst, want), role
+    finally:
+        files.close()
+
+
+def _zaya_sizes(src: Path) -> tuple[int, int, int]:
+    res = cli("inspect", src, "--server", "sglang", "--json")
+    assert res.exit_code == 0, res.output
+    layer = json.loads(res.stdout)["layers"][ZAYA_EXPERTS]
+    return layer["num_experts"], layer["hidden_size"], layer["intermediate_size"]
+
+
+def test_zayas_intermediate_size_is_half_the_ffn_hidden_size(zaya, tmp_path):
+    """The family reads I as half of ffn_hidden_size (`size_multiples`), or of the MoE layer's
+    entry of ffn_hidden_size_list (`layer_keys`; SGLang takes the list's first non-zero entry
+    where config.json has one), or, where config.json gives neither, half of linear_fc1's rows."""
+    assert _zaya_sizes(zaya) == (4, 64, 128)
+
+    def listed(cfg):
+        del cfg["ffn_hidden_size"]
+        cfg["ffn_hidden_size_list"] = [0, 256]
+
+    assert _zaya_sizes(_edit_config(zaya, tmp_path / "listed", listed)) == (4, 64, 128)
+
+    def neither(cfg):
+        del cfg["ffn_hidden_size"]
+
+    assert _zaya_sizes(_edit_config(zaya, tmp_path / "neither", neither)) == (4, 64, 128)
+
+
+def test_a_zaya_size_config_json_contradicts_is_refused(zaya, tmp_path):
+    """ffn_hidden_size 192 says I = 96: linear_fc1 [256, 64] fits no reading of it, and is
+    refused naming the shape its form reads and the one found."""
+    model = _edit_config(zaya, tmp_path / "model", lambda cfg: cfg.update(ffn_hidden_size=192))
+    line = the_error(cli("convert", model, tmp_path / "out", "--server", "sglang"))
+    assert line == (
+        f"error: {ZAYA_EXPERTS}.local_experts.0.linear_fc1.weight: shape [256, 64], expected "
+        "[192, 64] ([2I, H] with E=4, H=64, I=96 from config.json); the checkpoint and "
+        "config.json disagree - download both again"
+    )
+    listed = _edit_config(
+        zaya, tmp_path / "listed", lambda cfg: cfg.update(ffn_hidden_size_list=[0, 192])
+    )
+    line = the_error(cli("inspect", listed, "--server", "sglang"))
+    assert "expected [192, 64] ([2I, H] with E=4, H=64, I=96 from config.json)" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_ffn_hidden_size_of_no_whole_half_is_one_line(zaya, tmp_path):
+    """An odd ffn_hidden_size holds no whole I (SGLang would build I = 127 and fail on the
+    tensors): refused naming the field, as config.json's other malformed fields are."""
+    model = _edit_config(zaya, tmp_path / "model", lambda cfg: cfg.update(ffn_hidden_size=255))
+    line = the_error(cli("inspect", model, "--server", "sglang"))
+    assert line == (
+        f"error: {model}/config.json: ffn_hidden_size is 255, not a multiple of 2 (ZAYA1 reads "
+        "1/2 of it); fix that field or restore the model's config.json"
+    )
+
+
+def test_a_zaya_linear_fc1_stored_turned_is_refused_as_transposed(zaya, tmp_path):
+    """One expert's linear_fc1 stored [H, 2I]: refused in one line, not read as [2I, H]."""
+    name = f"{ZAYA_EXPERTS}.local_experts.3.linear_fc1.weight"
+    model = _rewrite(zaya, tmp_path / "model", name, lambda t: t.T)
+    line = the_error(cli("inspect", model, "--server", "sglang"))
+    assert line == (
+        f"error: {name}: shape [64, 256], expected [256, 64] ([2I, H] with E=4, H=64, I=128 "
+        "from config.json); transposed? it is stored [H, 2I], which is not how ZAYA1 "
+        "checkpoints store it - check config.json's model_type and architectures, or export "
+        "the experts as ZAYA1 does"
+    )
+
+
+def test_a_zaya_expert_without_its_linear_fc2_is_refused(zaya, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(zaya, model)
+    name = f"{ZAYA_EXPERTS}.local_experts.2.linear_fc2.weight"
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    shard = index["weight_map"].pop(name)
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    tensors = load_file(model / shard)
+    del tensors[name]
+    save_file(tensors, model / shard, metadata={"format": "pt"})
+    line = the_error(cli("inspect", model, "--server", "sglang"))
+    assert line == (
+        f"error: {model}: {ZAYA_EXPERTS}.2: no w2, linear_fc2 weight; the checkpoint is "
+        "incomplete - download it again"
+    )
+
+
+def test_transformers_native_zaya_is_refused_naming_the_checkpoint_sglang_reads(tmp_path):
+    """transformers 5.20's own ZAYA1 (save_pretrained: folded layers, fused mlp.experts.
+    gate_up_proj / down_proj, model_type zaya as well) is not what SGLang 0.5.23's
+    ZayaForCausalLM reads (its load_weights matches only zaya_block.experts.local_experts.E.
+    linear_fc1/2): refused in one line naming the original checkpoints, nothing written."""
+    src = hf.save("zaya", tmp_path / "native")
+    for args in (("inspect", src, "--server", "sglang"), ("convert", src, tmp_path / "out")):
+        line = the_error(cli(*args))
+        assert line.startswith(
+            "error: model.layers.0.mlp.experts.gate_up_proj: transformers' native ZAYA1 form"
+        )
+        assert line.endswith(
+            "convert the original checkpoint (Zyphra/ZAYA1-8B-legacy, Zyphra/ZAYA1-base)"
+        )
+    assert not (tmp_path / "out").exists()

@@ -18,7 +18,10 @@ built: "cpu" here), Grok-1 (Grok1ForCausalLM, config.json under model_type git a
 experts, its router's softcapped logits through SGLang's custom_routing_function; on CUTLASS
 alone: test_grok1_on_sglangs_trtllm_bf16_runner_is_refused; its load_weights' own check that
 every parameter is filled, which the plugin makes with the converted layers counted:
-test_grok1s_own_check_sees_the_converted_layers_filled; vLLM dropped its class in 0.24).
+test_grok1s_own_check_sees_the_converted_layers_filled; vLLM dropped its class in 0.24), ZAYA1
+(ZayaForCausalLM, Zyphra's original layout: CCA attention layers between MoE layers whose
+experts are per expert with gate and up in one linear_fc1, ffn_hidden_size = 2I; its attention
+asserts that the attention TP group is the TP group, set so for its build: ATTN_TP).
 """
 
 from __future__ import annotations
@@ -46,11 +49,17 @@ FAMILIES = {
     "iquest_q1": (so.save_iquest_q1, ["model.layers.1.mlp.experts"]),  # layer 0 dense
     "gigachat35": (so.save_gigachat35, ["model.layers.1.mlp.experts"]),  # layer 0 dense
     "grok1": (so.save_grok1, [f"model.layers.{i}.block_sparse_moe.experts" for i in (0, 1)]),
+    "zaya": (so.save_zaya, ["model.layers.1.zaya_block.experts"]),  # layer 0 attention
 }
 # families whose SGLang model builds a rotary embedding that asks the platform for its device
 # (GigaChat 3.5's MLA: DeepSeek's yarn rotary embedding): "cpu" here
 ROPE_ON_CPU = {"gigachat35"}
 ROPE = "sglang.srt.layers.rotary_embedding.rope_variant"
+# families whose SGLang model asserts that the attention TP group is the TP group (ZAYA1's
+# head-parallel CCA: no DP attention), as `--tp N` without DP attention has them: the one-process
+# context here builds one attention TP group of one process, so its size and rank are set to the
+# TP rank's for the build
+ATTN_TP = {"zaya"}
 
 
 @pytest.fixture(autouse=True)
@@ -107,6 +116,7 @@ def test_the_output_equals_sglangs_default_load(sources, tmp_path, kind, backend
         with (
             sm.sglang_context(backend, tp, rank),
             rope if kind in ROPE_ON_CPU else contextlib.nullcontext(),
+            _attn_tp(tp, rank) if kind in ATTN_TP else contextlib.nullcontext(),
         ):
             ours = _model(None, out, "fi-convert", backend, trust_remote_code=True)
             theirs = _model(None, src, "auto", backend, trust_remote_code=True)
@@ -115,6 +125,16 @@ def test_the_output_equals_sglangs_default_load(sources, tmp_path, kind, backend
         assert sorted(moe) == layers
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@contextlib.contextmanager
+def _attn_tp(tp: int, rank: int):
+    """The attention TP group's size and rank as `--tp tp` without DP attention has them (call
+    inside sglang_context)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(attn_tp_size=tp, attn_tp_rank=rank):
+        yield
 
 
 def _architecture(src: Path) -> str:

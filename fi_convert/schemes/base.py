@@ -328,14 +328,14 @@ def require_dtype(layer: ExpertLayer, param: str, allowed: tuple[str, ...], fix:
 
 
 def require_param(layer: ExpertLayer, param: str, what: str) -> None:
-    if layer.form.kind != "per_expert":
+    if not forms.per_expert(layer.form):
         for role in forms.stored_roles(layer.form):
             if (role, param, -1) not in layer.params:
                 w = layer.params[(role, "weight", -1)].name
                 raise SourceError(f"{w}: no {param} beside it; {what}")
         return
     for e in range(layer.num_experts):
-        for r in layer.roles:
+        for r in forms.stored_roles(layer.form):
             if (r, param, e) not in layer.params:
                 w = layer.params[(r, "weight", e)].name
                 raise SourceError(f"{w}: no {w.rsplit('.', 1)[0]}.{param} beside it; {what}")
@@ -344,7 +344,7 @@ def require_param(layer: ExpertLayer, param: str, what: str) -> None:
 def require_shapes(layer: ExpertLayer, param: str, w13: tuple, w2: tuple) -> None:
     """Every expert's w1/w3 `param` has shape `w13` and w2 has `w2` (fused: per half; a
     stored tensor as its form keeps them, fi_convert/forms.py)."""
-    if layer.form.kind != "per_expert":
+    if not forms.per_expert(layer.form):
         for role in forms.stored_roles(layer.form):
             matrix = w2 if role == "w2" else w13
             want = forms.stored_shape(layer.form, role, layer.num_experts, tuple(matrix))
@@ -353,10 +353,10 @@ def require_shapes(layer: ExpertLayer, param: str, w13: tuple, w2: tuple) -> Non
                 raise SourceError(f"{info.name}: shape {list(info.shape)}, expected {list(want)}")
         return
     for e in range(layer.num_experts):
-        for r in layer.roles:
+        for r in forms.stored_roles(layer.form):
             info = layer.params[(r, param, e)]
-            want = w2 if r == "w2" else w13
-            if info.shape != tuple(want):
+            want = forms.stored_shape(layer.form, r, 1, tuple(w2 if r == "w2" else w13))
+            if info.shape != want:
                 raise SourceError(
                     f"{info.name}: shape {list(info.shape)}, expected {list(want)} "
                     "(from expert 0 and config.json); the checkpoint is inconsistent"

@@ -127,7 +127,10 @@ class Fp8TensorScheme(Scheme):
         w = layer.tensor("w1", "weight", 0)
         i, h = layer.intermediate_size, layer.hidden_size
         if layer.form.kind not in self.form_kinds:
-            raise SchemeMismatchError(f"{w.name}: fp8-tensor reads per-expert tensors only")
+            raise SchemeMismatchError(
+                f"{w.name}: fp8-tensor reads per-expert tensors only, gate, up and down apart "
+                f"(these are {layer.form.kind})"
+            )
         require_shapes(layer, "weight", (i, h), (h, i))
         if weight_dtype(layer) == "BF16":
             return

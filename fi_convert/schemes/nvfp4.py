@@ -160,7 +160,10 @@ class Nvfp4Scheme(Scheme):
     def check(self, ckpt: Checkpoint, layer: ExpertLayer) -> None:
         refuse_other_format(layer, "nvfp4", ckpt.config)
         if layer.form.kind not in self.form_kinds:
-            raise SourceError(f"{layer.source_names()[0]}: nvfp4 reads per-expert tensors only")
+            raise SourceError(
+                f"{layer.source_names()[0]}: nvfp4 reads per-expert tensors only, gate, up and "
+                f"down apart (these are {layer.form.kind})"
+            )
         require_dtype(layer, "weight", ("U8",), "NVFP4 weights are packed E2M1 bytes")
         require_param(layer, SCALE, "NVFP4 needs an E4M3 scale per 16 values (weight_scale)")
         require_dtype(layer, SCALE, ("F8_E4M3",), "NVFP4 block scales are E4M3")

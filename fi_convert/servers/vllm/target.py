@@ -95,6 +95,8 @@ NO_MODEL_CLASS: dict[str, str] = {
     # (vLLM's registry lists Grok-1's two names among the classes it dropped, in 0.24)
     "Grok1ForCausalLM": "Grok-1",
     "Grok1ModelForCausalLM": "Grok-1",
+    # (0.34's registry lists ZayaForCausalLM; 0.30 to 0.33 have none)
+    "ZayaForCausalLM": "ZAYA1",
 }
 # Architectures vLLM 0.33 has a model class for, over a language model a family takes (by its
 # language_config), whose output fi-convert has not proven against vLLM's own load, by title and
