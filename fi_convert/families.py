@@ -648,6 +648,11 @@ def _check_form(f: object) -> str | None:
         _strings(f["transposed"]) and set(f["transposed"]) <= set(proj.values())
     ):
         return ".transposed: not a list of the form's roles (w1, w3, w2, w13) stored [in, out]"
+    if f.get("transposed") and f["kind"] == "per_expert":
+        return (
+            ".transposed: a per_expert form's matrices are read as stored, [out, in] "
+            "(nn.Linear's); one stored [in, out] is not read turned"
+        )
     if "params" in f and not (
         isinstance(f["params"], dict)
         and all(isinstance(v, str) and v for v in f["params"].values())

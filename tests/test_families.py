@@ -298,6 +298,10 @@ BAD = [
     ({"forms": [{"kind": "per_expert_fused", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
                  "projections": {"linear_fc1": "w13", "linear_fc2": "w2"}}]},
      "forms[0].pattern: no named group 'expert' (?P<...>)"),
+    ({"forms": [{"kind": "per_expert", "pattern": PER_EXPERT, "transposed": ["w2"],
+                 "projections": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}}]},
+     "forms[0].transposed: a per_expert form's matrices are read as stored, [out, in] "
+     "(nn.Linear's); one stored [in, out] is not read turned"),
     ({"size_multiples": [2]},
      "size_multiples: not a map of config.json fields to the multiple each holds"),
     ({"size_multiples": {"ffn_hidden_size": 2}},
