@@ -1599,6 +1599,32 @@ def _save_gemma4_mm(root: Path, seed: int = 0) -> Path:
     return _write(config, "Gemma4ForConditionalGeneration", root, seed)
 
 
+# Gemma 4 Unified (Gemma4UnifiedForConditionalGeneration) over Gemma 4's MoE text model: the
+# encoder-free vision embedder (model.vision_embedder, model.embed_vision) of transformers'
+# own class, and under model.language_model the text model of MODELS' "gemma4" (its experts,
+# router and the MoE layers' norms), as vLLM's and SGLang's classes build it for a text_config
+# with num_experts (enable_moe_block); config.json's text_config keeps those keys, which
+# transformers 5.20's Gemma4UnifiedTextConfig holds without a field of its own. transformers'
+# Gemma4UnifiedTextModel has no MoE block, so its language model is Gemma4TextModel's, saved by
+# transformers' save_pretrained in its place (the same names outside the MoE layers)
+GEMMA4_UNIFIED_VISION = dict(
+    patch_size=4, pooling_kernel_size=2, mm_embed_dim=32, mm_posemb_size=16
+)
+
+
+def _save_gemma4_unified(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    text = COMMON | MODELS["gemma4"][2]
+    config = transformers.Gemma4UnifiedConfig(text_config=text, vision_config=GEMMA4_UNIFIED_VISION)
+    torch.manual_seed(seed)
+    model = transformers.Gemma4UnifiedForConditionalGeneration(config)
+    model.model.language_model = transformers.Gemma4TextModel(transformers.Gemma4TextConfig(**text))
+    model.tie_weights()  # lm_head on the new model's embed_tokens, as the class ties them
+    model.to(torch.bfloat16).save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    return root
+
+
 # Muse Spark (MuseSparkForConditionalGeneration): a latent MoE in every layer (experts of
 # moe_hidden_size between mlp.pre_expert_proj and mlp.post_expert_proj, fused
 # mlp.experts.gate_up_proj [E, 2I, moe_hidden_size] and down_proj), beside one-block vision and
@@ -1813,6 +1839,7 @@ SAVERS = {
     "longcat_flash": _save_longcat_flash,
     "muse_spark": _save_muse_spark,
     "gemma4_mm": _save_gemma4_mm,
+    "gemma4_unified": _save_gemma4_unified,
     "mimo_v2_omni": _save_mimo_v2_omni,
     "nemotron_h_nano_vl": _save_nemotron_h_nano_vl,
     "nemotron_h_nano_omni": functools.partial(

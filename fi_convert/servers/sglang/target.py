@@ -254,6 +254,14 @@ NO_FLASHINFER_MODEL = {
         "whatever config.json says: fi-convert has not proven an output of it against SGLang's "
         "own load; serve the checkpoint as it is"
     ),
+    # (tests/test_sglang_families.py: test_sglangs_gemma4_unified_load_leaves_its_experts_unfilled)
+    "Gemma4UnifiedForConditionalGeneration": (
+        "SGLang {sglang}'s Gemma 4 Unified (models/gemma4_unified.py) builds Gemma 4's MoE "
+        "layers where text_config says enable_moe_block, but its load_weights has no expert "
+        "mapping: it skips experts.gate_up_proj, experts.down_proj and router.per_expert_scale "
+        "as names it does not hold, so its own load of a MoE checkpoint leaves every expert "
+        "unfilled; convert with --server vllm"
+    ),
     "MistralLarge3ForCausalLM": (
         "SGLang {sglang} has a model class for Mistral Large 3 (models/mistral_large_3.py, "
         "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of it "
