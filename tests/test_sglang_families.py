@@ -1094,3 +1094,57 @@ def test_sglangs_gemma4_unified_load_leaves_its_experts_unfilled(tmp_path, caplo
         "with --server vllm"
     )
     assert not out.exists()
+
+
+def test_sglangs_step3p5_load_asserts_it_filled_the_experts(tmp_path):
+    """Why Step-3.7 (Step3p7ForConditionalGeneration) and Step-3.5 are refused for SGLang: SGLang
+    0.5.23's Step-3.7 loads its language model (Step3p5ForCausalLM) with Step-3.5's load_weights
+    (models/step3p5.py), which asserts that it filled every parameter: a load of the language
+    model's tensors without the experts' is refused naming exactly the MoE layer's w13 and w2
+    (the plugin's: SGLang's load_weights over the output's non-expert tensors, then the stacked
+    experts), and the whole load passes. (Its clamped layers are silu experts with
+    gemm1_clamp_limit there, not vLLM's swiglustep: the Step-3.5 family's reason is vLLM's.)
+    A Step-3.7 output planned for SGLang from a user's family file is refused in one line."""
+    import ast
+
+    from safetensors.torch import load_file
+
+    from tests import sglang_moe as sm
+    from tests.test_errors import error_line
+    from tests.test_sglang_plugin import _model
+
+    from .conftest import cli
+
+    src = hf.save("step3p7", tmp_path / "src")
+    written = {}
+    for shard in src.glob("*.safetensors"):
+        written.update(load_file(shard))
+    text = {k: v for k, v in written.items() if k.startswith(("model.", "lm_head."))}
+    experts = [f"model.layers.1.moe.{p}_proj.weight" for p in ("gate", "up", "down")]
+    assert set(experts) < set(text)
+    with sm.sglang_context("cutlass", 1, 0):
+        model = _model(None, src, "dummy", "cutlass")
+        assert type(model).__name__ == "Step3p7ForConditionalGeneration"
+        lm = model.language_model
+        with pytest.raises(AssertionError) as e:
+            lm.load_weights([(k, v) for k, v in text.items() if k not in experts])
+        said, unfilled = str(e.value).split(": ", 1)
+        assert said == "Some parameters are not loaded"
+        moe = "model.layers.1.moe.experts"
+        assert ast.literal_eval(unfilled) == {f"{moe}.w13_weight", f"{moe}.w2_weight"}
+        lm.load_weights(list(text.items()))
+    w2 = dict(lm.named_parameters())["model.layers.1.moe.experts.w2_weight"]
+    assert torch.equal(w2.detach(), written[experts[2]])
+    fam = tmp_path / "step3p7.json"
+    fam.write_text(json.dumps(hf.STEP3P7_FAMILY))
+    out = tmp_path / "out"
+    args = ("--family", fam, "--server", "sglang", "--backend", "cutlass")
+    line = error_line(cli("convert", src, out, *args))
+    assert line == (
+        "error: --scheme bf16 --backend cutlass --server sglang: SGLang 0.5.23's Step-3.7 "
+        "(models/step3p7.py) loads its language model with Step-3.5's load_weights "
+        "(models/step3p5.py), which asserts that it filled every parameter, the experts' w13 "
+        "and w2 among them, so it refuses a load that fills the MoE layers otherwise, as "
+        "fi-convert's SGLang plugin does; serve the checkpoint as it is"
+    )
+    assert not out.exists()
