@@ -1608,6 +1608,102 @@ def _save_gemma4_mm(root: Path, seed: int = 0) -> Path:
     return _write(config, "Gemma4ForConditionalGeneration", root, seed)
 
 
+# Gemma 4 Unified (Gemma4UnifiedForConditionalGeneration) over Gemma 4's MoE text model: the
+# encoder-free vision embedder (model.vision_embedder, model.embed_vision) of transformers'
+# own class, and under model.language_model the text model of MODELS' "gemma4" (its experts,
+# router and the MoE layers' norms), as vLLM's and SGLang's classes build it for a text_config
+# with num_experts (enable_moe_block); config.json's text_config keeps those keys, which
+# transformers 5.20's Gemma4UnifiedTextConfig holds without a field of its own. transformers'
+# Gemma4UnifiedTextModel has no MoE block, so its language model is Gemma4TextModel's, saved by
+# transformers' save_pretrained in its place (the same names outside the MoE layers)
+GEMMA4_UNIFIED_VISION = dict(
+    patch_size=4, pooling_kernel_size=2, mm_embed_dim=32, mm_posemb_size=16
+)
+
+
+def _save_gemma4_unified(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    text = COMMON | MODELS["gemma4"][2]
+    config = transformers.Gemma4UnifiedConfig(text_config=text, vision_config=GEMMA4_UNIFIED_VISION)
+    torch.manual_seed(seed)
+    model = transformers.Gemma4UnifiedForConditionalGeneration(config)
+    model.model.language_model = transformers.Gemma4TextModel(transformers.Gemma4TextConfig(**text))
+    model.tie_weights()  # lm_head on the new model's embed_tokens, as the class ties them
+    model.to(torch.bfloat16).save_pretrained(root, max_shard_size=MAX_SHARD_SIZE)
+    return root
+
+
+# Step-3.7 (Step3p7ForConditionalGeneration): transformers' own model, tiny (Step-3.5's text
+# model, model_type step3p5, its experts packed per projection as model.layers.L.moe.{gate,up,
+# down}_proj.weight [E, out, in], a dense layer then a MoE one whose SwiGLU is clamped, beside
+# a one-layer vision tower). SGLang 0.5.23 reads its text_config with its own Step3p5Config,
+# which takes the published config.json's keys, not the ones transformers' Step3p7TextConfig
+# writes for them (its attribute_map reads both): those are added (STEP3P7_RELEASED). No
+# family file names it (SGLang's reason: servers/sglang/target.py)
+STEP3P7_TEXT = COMMON | dict(
+    intermediate_size=64,
+    moe_intermediate_size=32,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    share_expert_dim=32,
+    mlp_layer_types=["dense", "sparse"],
+    swiglu_limits=[0, 7.0],
+)
+STEP3P7_RELEASED = dict(
+    moe_layers_enum="1",
+    moe_num_experts=4,
+    moe_top_k=2,
+    num_attention_groups=2,
+    share_expert_dims=32,
+    rope_theta=[10000.0, 10000.0],
+    partial_rotary_factors=[1.0, 1.0],
+    layer_types=["full_attention", "full_attention"],
+    use_head_wise_attn_gate=True,
+    need_fp32_gate=True,
+    use_moe_router_bias=True,
+    swiglu_limits_shared=[0, 0],
+    attention_other_setting=dict(num_attention_heads=4, num_attention_groups=2, head_dim=16),
+)
+
+
+# a user's family file for Step-3.7 (no family file names it): transformers' packed experts
+STEP3P7_FAMILY = {
+    "name": "step3p7",
+    "title": "Step-3.7",
+    "model_types": ["step3p7"],
+    "architectures": ["Step3p7ForConditionalGeneration"],
+    "config_keys": {
+        "num_experts": ["moe_num_experts"],
+        "intermediate_size": ["moe_intermediate_size"],
+        "hidden_size": ["hidden_size"],
+    },
+    "routing": {"scoring": "sigmoid", "bias": True, "renormalize": True},
+    "activation": "silu",
+    "forms": [
+        {
+            "kind": "stacked",
+            "pattern": (
+                r"^(?P<prefix>.*\.moe)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<param>\w+)$"
+            ),
+            "projections": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
+            "module": ".experts",
+        }
+    ],
+}
+
+
+def _save_step3p7(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = transformers.Step3p7Config(
+        text_config=STEP3P7_TEXT, vision_config=vision | dict(image_size=28, patch_size=14)
+    )
+    _write(config, "Step3p7ForConditionalGeneration", root, seed)
+    return _add_keys(root, {"text_config": STEP3P7_RELEASED})
+
+
 # Muse Spark (MuseSparkForConditionalGeneration): a latent MoE in every layer (experts of
 # moe_hidden_size between mlp.pre_expert_proj and mlp.post_expert_proj, fused
 # mlp.experts.gate_up_proj [E, 2I, moe_hidden_size] and down_proj), beside one-block vision and
@@ -1822,6 +1918,8 @@ SAVERS = {
     "longcat_flash": _save_longcat_flash,
     "muse_spark": _save_muse_spark,
     "gemma4_mm": _save_gemma4_mm,
+    "gemma4_unified": _save_gemma4_unified,
+    "step3p7": _save_step3p7,
     "mimo_v2_omni": _save_mimo_v2_omni,
     "nemotron_h_nano_vl": _save_nemotron_h_nano_vl,
     "nemotron_h_nano_omni": functools.partial(

@@ -436,6 +436,40 @@ def test_a_users_muse_spark_family_is_refused_for_vllm_with_its_reason(ckpt, tmp
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("server", "words"),
+    [
+        (
+            "vllm",
+            "vLLM 0.33 builds Step-3.7's (Step3p7ForConditionalGeneration) language model as "
+            "Step-3.5's (models/step3p7.py) and runs its MoE layers that have a swiglu_limits "
+            "entry with its swiglustep activation",
+        ),
+        (
+            "sglang",
+            "SGLang 0.5.23's Step-3.7 (models/step3p7.py) loads its language model with "
+            "Step-3.5's load_weights (models/step3p5.py), which asserts that it filled every",
+        ),
+    ],
+)
+def test_step3p7_from_a_users_family_file_is_refused_with_each_servers_reason(
+    ckpt, tmp_path, server, words
+):
+    """Step-3.7 (Step3p7ForConditionalGeneration: Step-3.5's language model, its experts packed
+    per projection as transformers writes them) has no family file; a user's own that reads
+    it is refused when planned, for each server with that server's reason (vLLM's swiglustep
+    layers, servers/vllm/target.py; SGLang's load_weights, which asserts it filled the experts:
+    test_sglang_families.py reads it from SGLang's code), in one line; nothing is written."""
+    fam = tmp_path / "step3p7.json"
+    fam.write_text(json.dumps(hf.STEP3P7_FAMILY))
+    out = tmp_path / "out"
+    args = ("--family", fam, "--server", server, "--backend", "cutlass")
+    line = error_line(cli("convert", ckpt("step3p7"), out, *args))
+    assert line.startswith(f"error: --scheme bf16 --backend cutlass --server {server}: {words}")
+    assert line.endswith("; serve the checkpoint as it is")
+    assert not out.exists()
+
+
 def test_the_docs_families_table_is_the_generated_one():
     """docs/converting.md's table of families is scripts/families_table.py's, from the family
     files and the servers' facts (run the script after changing either)."""

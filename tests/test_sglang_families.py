@@ -1036,3 +1036,115 @@ def test_nemotron_nano_vls_radio_tower_is_read_from_its_published_names(
             assert torch.equal(param.detach(), written[published]), name
         for name, param in model.mlp1.named_parameters():
             assert torch.equal(param.detach(), written[f"mlp1.{name}"]), name
+
+
+def test_sglangs_gemma4_unified_load_leaves_its_experts_unfilled(tmp_path, caplog):
+    """Why Gemma 4 Unified over Gemma 4's MoE text model (Gemma4UnifiedForConditionalGeneration,
+    proven on vLLM: tests/test_vllm_families.py) is refused for SGLang: SGLang 0.5.23 builds
+    Gemma 4's MoE layers in it where text_config says enable_moe_block, but its load_weights
+    (models/gemma4_unified.py) has no expert mapping and skips the names it does not hold, so
+    its own load of the checkpoint fills no expert nor per_expert_scale (its own warning names
+    them; the router's projection beside them is read). It reads config.json with
+    transformers' Gemma4Config, whose vision config has no model_patch_size, which its vision
+    embedder asks: config.json gives it here. An SGLang output is refused when planned, in one
+    line; nothing is written."""
+    import logging
+
+    from safetensors.torch import load_file
+
+    from fi_convert import Backend, Options, SchemeName, convert
+    from fi_convert.errors import SchemeMismatchError
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("gemma4_unified", tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["vision_config"]["model_patch_size"] = 8  # patch_size 4 x pooling_kernel_size 2
+    (src / "config.json").write_text(json.dumps(cfg, indent=2))
+    written = {}
+    for shard in src.glob("*.safetensors"):
+        written.update(load_file(shard))
+    with (
+        caplog.at_level(logging.WARNING, logger="sglang.srt.models.gemma4_unified"),
+        sm.sglang_context("cutlass", 1, 0),
+    ):
+        model = _model(None, src, "auto", "cutlass")
+    (line,) = [
+        r.getMessage() for r in caplog.records if r.name == "sglang.srt.models.gemma4_unified"
+    ]
+    moe = [f"language_model.layers.{i}.moe." for i in (0, 1)]
+    unfilled = [m + p for m in moe for p in ("experts.w13_weight", "experts.w2_weight")]
+    unfilled += [m + "per_expert_scale" for m in moe]
+    assert line == f"Some weights are not initialized from checkpoints: {sorted(unfilled)}"
+    params = dict(model.named_parameters())
+    assert params[unfilled[0]].shape == (4, 128, 64)  # (Gemma 4's MoE layer: E, 2I, H)
+    for layer in (0, 1):
+        router = f"language_model.layers.{layer}.router.proj.weight"
+        assert torch.equal(params[router].detach(), written[f"model.{router}"])
+    out = tmp_path / "out"
+    with pytest.raises(SchemeMismatchError) as e:
+        opts = Options(SchemeName.BF16, Backend.CUTLASS, 1, server="sglang")
+        convert(src, out, opts, device="cpu")
+    assert str(e.value) == (
+        "--scheme bf16 --backend cutlass --server sglang: SGLang 0.5.23's Gemma 4 Unified "
+        "(models/gemma4_unified.py) builds Gemma 4's MoE layers where text_config says "
+        "enable_moe_block, but its load_weights has no expert mapping: it skips "
+        "experts.gate_up_proj, experts.down_proj and router.per_expert_scale as names it does "
+        "not hold, so its own load of a MoE checkpoint leaves every expert unfilled; convert "
+        "with --server vllm"
+    )
+    assert not out.exists()
+
+
+def test_sglangs_step3p5_load_asserts_it_filled_the_experts(tmp_path):
+    """Why Step-3.7 (Step3p7ForConditionalGeneration) and Step-3.5 are refused for SGLang: SGLang
+    0.5.23's Step-3.7 loads its language model (Step3p5ForCausalLM) with Step-3.5's load_weights
+    (models/step3p5.py), which asserts that it filled every parameter: a load of the language
+    model's tensors without the experts' is refused naming exactly the MoE layer's w13 and w2
+    (the plugin's: SGLang's load_weights over the output's non-expert tensors, then the stacked
+    experts), and the whole load passes. (Its clamped layers are silu experts with
+    gemm1_clamp_limit there, not vLLM's swiglustep: the Step-3.5 family's reason is vLLM's.)
+    A Step-3.7 output planned for SGLang from a user's family file is refused in one line."""
+    import ast
+
+    from safetensors.torch import load_file
+
+    from tests import sglang_moe as sm
+    from tests.test_errors import error_line
+    from tests.test_sglang_plugin import _model
+
+    from .conftest import cli
+
+    src = hf.save("step3p7", tmp_path / "src")
+    written = {}
+    for shard in src.glob("*.safetensors"):
+        written.update(load_file(shard))
+    text = {k: v for k, v in written.items() if k.startswith(("model.", "lm_head."))}
+    experts = [f"model.layers.1.moe.{p}_proj.weight" for p in ("gate", "up", "down")]
+    assert set(experts) < set(text)
+    with sm.sglang_context("cutlass", 1, 0):
+        model = _model(None, src, "dummy", "cutlass")
+        assert type(model).__name__ == "Step3p7ForConditionalGeneration"
+        lm = model.language_model
+        with pytest.raises(AssertionError) as e:
+            lm.load_weights([(k, v) for k, v in text.items() if k not in experts])
+        said, unfilled = str(e.value).split(": ", 1)
+        assert said == "Some parameters are not loaded"
+        moe = "model.layers.1.moe.experts"
+        assert ast.literal_eval(unfilled) == {f"{moe}.w13_weight", f"{moe}.w2_weight"}
+        lm.load_weights(list(text.items()))
+    w2 = dict(lm.named_parameters())["model.layers.1.moe.experts.w2_weight"]
+    assert torch.equal(w2.detach(), written[experts[2]])
+    fam = tmp_path / "step3p7.json"
+    fam.write_text(json.dumps(hf.STEP3P7_FAMILY))
+    out = tmp_path / "out"
+    args = ("--family", fam, "--server", "sglang", "--backend", "cutlass")
+    line = error_line(cli("convert", src, out, *args))
+    assert line == (
+        "error: --scheme bf16 --backend cutlass --server sglang: SGLang 0.5.23's Step-3.7 "
+        "(models/step3p7.py) loads its language model with Step-3.5's load_weights "
+        "(models/step3p5.py), which asserts that it filled every parameter, the experts' w13 "
+        "and w2 among them, so it refuses a load that fills the MoE layers otherwise, as "
+        "fi-convert's SGLang plugin does; serve the checkpoint as it is"
+    )
+    assert not out.exists()

@@ -72,7 +72,10 @@ does, torch.accelerator.empty_cache a no-op where there is no accelerator), Gemm
 (Gemma4ForCausalLM, bf16 on CUTLASS: its gelu_tanh experts, fused [E, 2I, H] beside each
 layer's dense MLP, and its router's own function, Custom routing; and as published, whole:
 gemma4_mm.Gemma4ForConditionalGeneration, its experts under model.language_model., a vision
-tower, its module imported beside the torchvision stand-in), LongCat-Flash-Lite
+tower, its module imported beside the torchvision stand-in; and under Gemma 4 Unified's
+encoder-free vision embedder, gemma4_unified.Gemma4UnifiedForConditionalGeneration, its
+text_config with Gemma 4's MoE keys, which vLLM's Gemma4ForCausalLM builds the MoE layers of:
+tests/hf_checkpoints.py; SGLang's class is refused, its load filling no expert), LongCat-Flash-Lite
 (LongcatFlashNgramForCausalLM, bf16 on CUTLASS: LongCat-Flash under an n-gram embedding layer,
 built for vLLM's V2 model runner, V2_RUNNER; the padding rows of its n-gram table, which
 neither load writes, not compared: PADDED_TABLES), MiMo-V2-Omni (MiMoV2OmniForCausalLM) and
@@ -475,6 +478,15 @@ CASES = {
     # Gemma 4 as published, whole (its experts under model.language_model, a vision tower);
     # its module imports transformers' Gemma4Processor, which imports torchvision (TORCHVISION)
     "gemma4-mm-bf16": ("gemma4_mm", "gemma4_mm.Gemma4ForConditionalGeneration", None, {}),
+    # Gemma 4 Unified over Gemma 4's MoE text model (tests/hf_checkpoints.py): its
+    # encoder-free vision embedder, the language model built by vLLM's registry as
+    # Gemma4ForCausalLM; its module imports transformers' Gemma 4 Unified processor (TORCHVISION)
+    "gemma4-unified-bf16": (
+        "gemma4_unified",
+        "gemma4_unified.Gemma4UnifiedForConditionalGeneration",
+        None,
+        {},
+    ),
     # Kimi-VL, the whole multimodal model as published (tests/hf_checkpoints.py: a MoonViT
     # vision tower beside DeepSeek-V3's language model, which vLLM builds through its registry;
     # its MLA on FlashInfer's MLA backend, at the published head sizes vLLM has prefill kernels
@@ -640,6 +652,7 @@ RUNS = [
     ("kimi-vl-bf16", "trtllm", "bf16"),
     ("kimi-vl-bf16", "cutlass", "bf16"),
     ("gemma4-mm-bf16", "cutlass", "bf16"),
+    ("gemma4-unified-bf16", "cutlass", "bf16"),
     ("mimo-omni-bf16", "trtllm", "bf16"),
     ("mimo-omni-bf16", "cutlass", "bf16"),
     ("granite-hybrid-bf16", "trtllm", "bf16"),
@@ -720,6 +733,7 @@ TORCHVISION = (
     "qwen4-exp-bf16",
     "qwen3-5-moe-bf16",
     "gemma4-mm-bf16",
+    "gemma4-unified-bf16",
     "mimo-omni-bf16",
     "intern-s2-preview-bf16",
     "diffusion-gemma-bf16",

@@ -254,6 +254,22 @@ NO_FLASHINFER_MODEL = {
         "whatever config.json says: fi-convert has not proven an output of it against SGLang's "
         "own load; serve the checkpoint as it is"
     ),
+    # Step-3.5 (tests/test_sglang_families.py: test_sglangs_step3p5_load_asserts_it_filled_the_
+    # experts; reached from a user's family file only, --family: the Step-3.5 family is refused
+    # for every server)
+    "Step3p5ForCausalLM": (
+        "SGLang {sglang}'s Step-3.5 load_weights (models/step3p5.py) asserts that it filled every "
+        "parameter, the experts' w13 and w2 among them, so it refuses a load that fills the MoE "
+        "layers otherwise, as fi-convert's SGLang plugin does; serve the checkpoint as it is"
+    ),
+    # (tests/test_sglang_families.py: test_sglangs_gemma4_unified_load_leaves_its_experts_unfilled)
+    "Gemma4UnifiedForConditionalGeneration": (
+        "SGLang {sglang}'s Gemma 4 Unified (models/gemma4_unified.py) builds Gemma 4's MoE "
+        "layers where text_config says enable_moe_block, but its load_weights has no expert "
+        "mapping: it skips experts.gate_up_proj, experts.down_proj and router.per_expert_scale "
+        "as names it does not hold, so its own load of a MoE checkpoint leaves every expert "
+        "unfilled; convert with --server vllm"
+    ),
     "MistralLarge3ForCausalLM": (
         "SGLang {sglang} has a model class for Mistral Large 3 (models/mistral_large_3.py, "
         "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of it "
@@ -264,6 +280,18 @@ NO_FLASHINFER_MODEL = {
         "(models/pixtral.py, PixtralForConditionalGeneration around MistralLarge3ForCausalLM, "
         "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of "
         "it against SGLang's own load yet (vLLM 0.33's is proven); convert with --server vllm"
+    ),
+}
+
+# ... architectures no family file names, which a user's family file (--family) would plan:
+# Step-3.7, whose language model is Step-3.5's (tests/test_sglang_families.py:
+# test_sglangs_step3p5_load_asserts_it_filled_the_experts)
+NO_FAMILY_REFUSED = {
+    "Step3p7ForConditionalGeneration": (
+        "SGLang {sglang}'s Step-3.7 (models/step3p7.py) loads its language model with Step-3.5's "
+        "load_weights (models/step3p5.py), which asserts that it filled every parameter, the "
+        "experts' w13 and w2 among them, so it refuses a load that fills the MoE layers "
+        "otherwise, as fi-convert's SGLang plugin does; serve the checkpoint as it is"
     ),
 }
 
@@ -407,9 +435,8 @@ class SglangTarget:
         quant_method: str | None,
         architectures: Sequence[str] = (),
     ) -> str | None:
-        why = _first(NO_FLASHINFER_MODEL, architectures) or SOURCES_REFUSED.get(
-            (scheme, quant_method)
-        )
+        facts = {**NO_FLASHINFER_MODEL, **NO_FAMILY_REFUSED}
+        why = _first(facts, architectures) or SOURCES_REFUSED.get((scheme, quant_method))
         if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
             why = _first(NO_ROUTING_METHOD, architectures)
         return why.format(sglang=TARGET["sglang"]) if why else None

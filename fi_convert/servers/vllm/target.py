@@ -135,6 +135,18 @@ OWN_MOE_METHOD: dict[str, tuple[str, str]] = {
         "MuseSparkModelOptNvFp4FusedMoE, which converts the weights in every mode",
     ),
 }
+# Architectures whose vLLM 0.33 model runs some MoE layers with an activation no FlashInfer MoE
+# kernel lists, by architecture: what vLLM does with them. Step-3.5 (models/step3p5.py: a
+# layer with a swiglu_limits entry runs swiglustep) and Step-3.7 (models/step3p7.py: its
+# language model built through vLLM's registry from text_config, Step-3.5's). The Step-3.5
+# family is refused for every server; a user's family file (--family) reaches these lines
+NO_FLASHINFER_ACTIVATION: dict[str, str] = {
+    "Step3p5ForCausalLM": "runs Step-3.5's (Step3p5ForCausalLM) MoE layers",
+    "Step3p7ForConditionalGeneration": (
+        "builds Step-3.7's (Step3p7ForConditionalGeneration) language model as Step-3.5's "
+        "(models/step3p7.py) and runs its MoE layers"
+    ),
+}
 GPU_FAMILY = {
     ("trtllm", None): "sm100",
     ("cutlass", "fp8-block"): "sm90",
@@ -181,6 +193,14 @@ class VllmTarget:
             title, own_why = OWN_MOE_METHOD[own]
             return (
                 f"vLLM 0.33 cannot serve a converted {title} ({own}): {own_why}; serve the "
+                "checkpoint as it is"
+            )
+        swiglustep = next((a for a in architectures if a in NO_FLASHINFER_ACTIVATION), None)
+        if swiglustep:
+            return (
+                f"vLLM 0.33 {NO_FLASHINFER_ACTIVATION[swiglustep]} that have a swiglu_limits "
+                "entry with its swiglustep activation (models/step3p5.py), which no FlashInfer "
+                "MoE kernel lists (TRT-LLM's and CUTLASS's _supports_activation); serve the "
                 "checkpoint as it is"
             )
         absent = next((a for a in architectures if a in NO_MODEL_CLASS), None)
