@@ -43,7 +43,6 @@ CHUNK = 16 << 20  # bytes read and copied at once by one thread
 MIN_CHUNK = 1 << 20
 DEPTH = 2  # pinned buffers per thread: one is read into while the other is copied out
 GAP = 1 << 20  # two ranges of a file this close are read as one (the gap is read and dropped)
-IOV_MAX = 1024  # buffers of one preadv (Linux's UIO_MAXIOV)
 
 
 class ReadError(FiConvertError):
@@ -278,11 +277,8 @@ class BulkRead:
     ) -> None:
         """Fill the contiguous `dst` with `rows` = (n, size, stride): n rows of `size` bytes,
         `stride` bytes apart in the file from `offset` (a column slice of a row-major tensor),
-        when the read runs. Each job reads its span in one `preadv` that scatters it: each
-        row's bytes to their place (the destination, or a host buffer in a line), the bytes
-        between rows to a scratch buffer, so that the rows come out contiguous (into a GPU: one
-        plain copy from pinned memory, where a strided one would go through pageable
-        memory)."""
+        when the read runs. Each job reads whole rows of its span (the bytes between rows
+        too) and copies the rows out in one strided copy."""
         n, size, stride = rows
         flat = dst.reshape(-1).view(torch.uint8)
         if not dst.is_contiguous() or flat.numel() != n * size:
@@ -312,16 +308,10 @@ class BulkRead:
         """Check the files' sizes against the requests, then start the reader threads."""
         self._jobs = self._plan()
         self._check_sizes()
-        n = min(self.threads, len(self._jobs))
-        gaps = [j.rows[2] - j.rows[1] for j in self._strided if j.rows and j.rows[0] > 1]
-        # the bytes between rows, read and dropped: a scratch buffer per thread, pages apart
-        # (threads writing into one buffer would pass its cache lines from core to core)
-        self._gap = -(-max(gaps, default=0) // 4096) * 4096
-        self._scratch_t = torch.empty(n * self._gap, dtype=torch.uint8, device="cpu")
-        self._scratch = _bytes(self._scratch_t)
         todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         for job in self._jobs:
             todo.put(job)
+        n = min(self.threads, len(self._jobs))
         for _ in range(n):
             todo.put(None)
         ready = None
@@ -481,7 +471,7 @@ class BulkRead:
             if self.staged:
                 self._work_staged(todo, ready, k)
             else:
-                self._work_direct(todo, k)
+                self._work_direct(todo)
         except BaseException as e:  # the first fault ends the read
             with self._lock:
                 if self._error is None:  # (its frames would keep the buffers alive)
@@ -491,13 +481,15 @@ class BulkRead:
             self._ends.append(time.perf_counter())
             self._done[k].set()  # its last act: nothing of torch runs in it after this
 
-    def _work_direct(self, todo: queue.SimpleQueue[_Job | None], k: int) -> None:
+    def _work_direct(self, todo: queue.SimpleQueue[_Job | None]) -> None:
         while not self._stop.is_set() and (job := todo.get()) is not None:
-            if job.rows is not None:  # its rows straight into their destination
-                self._read(job, job.offset, self._scattered(job, _bytes(job.pieces[0][1]), k))
+            if job.rows is not None:  # the span, then its rows
+                buf = torch.empty(job.size, dtype=torch.uint8)
+                self._read(job, job.offset, _bytes(buf))
+                self._copy_out(job, buf, None)
                 continue
             for at, flat in job.pieces:
-                self._read(job, job.offset + at, [_bytes(flat)])
+                self._read(job, job.offset + at, _bytes(flat))
 
     def _work_staged(self, todo: queue.SimpleQueue[_Job | None], ready: Any, k: int) -> None:
         """Thread k: its DEPTH buffers of the block, filled and copied out in turn."""
@@ -516,19 +508,16 @@ class BulkRead:
                 b, n = n % DEPTH, n + 1
                 if done[b] is not None:
                     done[b].synchronize()  # its last copy is over: the buffer may be refilled
-                if job.rows is not None:  # its rows, one after another
-                    rows, size, _ = job.rows
-                    into = self._scattered(job, _bytes(bufs[b][: rows * size]), k)
-                else:
-                    into = [_bytes(bufs[b][: job.size])]
-                self._read(job, job.offset, into)
+                self._read(job, job.offset, _bytes(bufs[b][: job.size]))
                 done[b] = self._copy_out(job, bufs[b], stream)
         finally:
             if stream is not None:
                 stream.synchronize()  # no copy reads the buffers once this thread ends
 
     def _copy_out(self, job: _Job, buf: torch.Tensor, stream: Any) -> Any:
-        pieces = [(buf[at : at + flat.numel()], flat) for at, flat in job.pieces]
+        pieces = [(_rows_of(job, buf), flat) for _, flat in job.pieces] if job.rows else None
+        if pieces is None:
+            pieces = [(buf[at : at + flat.numel()], flat) for at, flat in job.pieces]
         if stream is None:
             for src, flat in pieces:
                 flat.view_as(src).copy_(src)
@@ -540,28 +529,12 @@ class BulkRead:
         event.record(stream)
         return event
 
-    def _scattered(self, job: _Job, rows: memoryview, thread: int) -> list[memoryview]:
-        """The buffers a rows job's span is read into: each row's bytes into `rows`, one after
-        another, and the bytes between two rows into the thread's scratch buffer."""
-        assert job.rows is not None
-        k, size, stride = job.rows
-        out: list[memoryview] = []
-        mine = self._scratch[thread * self._gap :]
-        gap = mine[: stride - size] if stride > size else None
-        for r in range(k):
-            out.append(rows[r * size : (r + 1) * size])
-            if gap is not None and r + 1 < k:
-                out.append(gap)
-        return out
-
-    def _read(self, job: _Job, offset: int, into: list[memoryview]) -> None:
-        """Fill the buffers `into`, one after another, with the bytes of the job's file from
-        `offset` (`preadv`s of at most IOV_MAX buffers); a fault is one line."""
-        total = sum(len(m) for m in into)
-        done, i = 0, 0
-        while done < total:
+    def _read(self, job: _Job, offset: int, mv: memoryview) -> None:
+        """Fill `mv` with the bytes of the job's file at `offset`; a fault is one line."""
+        done = 0
+        while done < len(mv):
             try:
-                n = os.preadv(job.fd, into[i : i + IOV_MAX], offset + done)
+                n = os.preadv(job.fd, [mv[done:]], offset + done)
             except OSError as e:
                 raise ReadError(
                     f"{job.path}: read failed at byte {offset + done} ({e.strerror or e}); "
@@ -569,16 +542,11 @@ class BulkRead:
                 ) from None
             if n == 0:
                 raise ReadError(
-                    f"{job.path}: ends at byte {offset + done}, before byte {offset + total} "
+                    f"{job.path}: ends at byte {offset + done}, before byte {offset + len(mv)} "
                     "(truncated while it was loaded?); restore the file (convert or download "
                     "it again), then load again"
                 )
             done += n
-            while i < len(into) and n >= len(into[i]):  # the buffers filled
-                n -= len(into[i])
-                i += 1
-            if n:  # one filled in part: the rest of it next
-                into = [*into[:i], into[i][n:], *into[i + 1 :]]
 
 
 @contextlib.contextmanager
@@ -598,6 +566,13 @@ def _bare(e: BaseException) -> BaseException:
     reader thread's locals (views of the host buffers), which would outlive the read."""
     e.__context__ = e.__cause__ = None
     return e.with_traceback(None)
+
+
+def _rows_of(job: _Job, buf: torch.Tensor) -> torch.Tensor:
+    """The job's rows in its buffer: (rows, size) bytes, `stride` apart."""
+    assert job.rows is not None
+    k, size, stride = job.rows
+    return buf.as_strided((k, size), (stride, 1))
 
 
 def _bytes(t: torch.Tensor) -> memoryview:

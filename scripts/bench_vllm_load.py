@@ -436,6 +436,10 @@ def read_gap(
                         r = plugin_path(src, out, case["prefixes"], dev)
                 runs[side].append(r["read_s"])
             gc.collect()
+        print(  # (a call cut short keeps these)
+            f"gap run {k}: " + ", ".join(f"{s} {runs[s][-1] * 1e3:.1f}" for s in sides),
+            flush=True,
+        )
     medians = {side: statistics.median(t) for side, t in runs.items()}
     print(
         f"read gap, {case['name']}: "

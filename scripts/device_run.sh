@@ -38,7 +38,7 @@ if [[ " $* " == *" bench "* ]]; then
     python3 scripts/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
 fi
 if [[ " $* " == *" bench "* || " $* " == *" vllm-bench "* ]]; then
-    python3 scripts/bench_vllm_load.py --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench-vllm-load.log" | grep -E "^\||^limit|^wrote|^cold|Error" | tail -30
+    python3 scripts/bench_vllm_load.py --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench-vllm-load.log" | grep -E "^\||^limit|^wrote|^cold|^read gap|^gap run|Error" | tail -40
 fi
 if [[ " $* " == *" vllm-bench-quick "* ]]; then  # two cases, warm, and the plugin's settings swept
     python3 scripts/bench_vllm_load.py --out "$OUT" --quick --sweep 2>&1 | tee "$OUT/bench-vllm-load.log" | grep -v "^\(INFO\|WARNING\|DEBUG\)" | tail -60

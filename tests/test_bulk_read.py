@@ -89,7 +89,7 @@ def test_every_range_lands_in_its_destination(two_files, staged, seed):
         (5, 4096, 4096),
         (3, 3 * MiB // 2, 2 * MiB),
         (1, 1, 1),
-        (3000, 16, 64),  # 5999 buffers to scatter into: more than one preadv's IOV_MAX
+        (3000, 16, 64),  # many small rows in one span
         (3, 0, 10),  # (a rank's share of no bytes: nothing read)
     ],
 )
@@ -616,4 +616,4 @@ def test_rows_land_whatever_bytes_each_preadv_returns(two_files, monkeypatch, st
     bulk.run()
     want = b"".join(raw[5 + r * stride : 5 + r * stride + size] for r in range(rows))
     assert dst.numpy().tobytes() == want
-    assert len(calls) > 300 and max(calls) > 1  # many short reads, of scattered buffers
+    assert len(calls) > 300  # many short reads, each ending inside a row or a gap
