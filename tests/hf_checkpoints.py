@@ -1927,6 +1927,31 @@ def _save_inkling(root: Path, seed: int = 0) -> Path:
     return root
 
 
+def _save_inkling_text(root: Path, seed: int = 0) -> Path:
+    """Inkling's text model alone (InklingForCausalLM, model_type inkling_model, vLLM's
+    text-only entry point): the whole model's checkpoint less its towers' tensors, config.json
+    its text_config."""
+    from safetensors.torch import load_file, save_file
+
+    _save_inkling(root, seed)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    towers = ("model.visual.", "model.audio.")
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(root / shard)
+        kept = {k: t for k, t in tensors.items() if not k.startswith(towers)}
+        if kept:
+            save_file(kept, root / shard, metadata={"format": "pt"})
+        else:
+            (root / shard).unlink()
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith(towers)}
+    index_path.write_text(json.dumps(index, indent=2))
+    cfg = json.loads((root / "config.json").read_text())
+    text = cfg["text_config"] | dict(architectures=["InklingForCausalLM"], torch_dtype="bfloat16")
+    (root / "config.json").write_text(json.dumps(text, indent=2))
+    return root
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1942,6 +1967,7 @@ def _rename_tensors(root: Path, rename) -> None:
 
 SAVERS = {
     "inkling": _save_inkling,
+    "inkling_text": _save_inkling_text,
     "glm5_next": _save_glm5_next,
     "qwen4_exp": _save_qwen4_exp,
     "qwen3_5_moe": _save_qwen3_5_moe,

@@ -506,6 +506,8 @@ CASES = {
         None,
         {},
     ),
+    # ... its text model alone (vLLM's text-only entry point, InklingForCausalLM)
+    "inkling-text-bf16": ("inkling_text", "vllm.models.inkling.InklingForCausalLM", None, {}),
     # The families' quantized checkpoints as published (tests/quantized_checkpoints.py
     # PUBLISHED), each refused (test_a_published_quantized_form_...): Hunyuan-A13B-Instruct-FP8
     # (AngelSlim's FP8 static per tensor, vLLM's "fp8" method), Laguna-XS.2-FP8 (compressed-
@@ -531,7 +533,7 @@ CASES = {
 # the kernel's switch is off; neither touches a weight. Inkling's (vllm/models/inkling/nvidia/
 # moe.py InklingMoE) makes two CUDA events, to join its sink experts' stream to the routed
 # experts' one: stand-ins too
-CUDA_STREAMS = ("kimi-linear-bf16", "inkling-bf16")
+CUDA_STREAMS = ("kimi-linear-bf16", "inkling-bf16", "inkling-text-bf16")
 # Cases whose vLLM model class requires the V2 model runner (LongCat-Flash-Lite's n-gram state)
 V2_RUNNER = ("longcat-lite-bf16",)
 # Cases whose vLLM model probes for a CUDA kernel library when built, each probe answered yes
@@ -661,6 +663,7 @@ RUNS = [
     ("intern-s2-preview-bf16", "cutlass", "bf16"),
     # Inkling's router's own function (Custom routing): BF16 on CUTLASS only
     ("inkling-bf16", "cutlass", "bf16"),
+    ("inkling-text-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
