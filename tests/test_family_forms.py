@@ -654,3 +654,24 @@ def test_inkling_converts_and_verifies_against_flashinfer(tmp_path, tp):
     res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["checked"]["tensors_vs_flashinfer"] == 2 * tp
+
+
+def test_a_source_tensor_of_an_outputs_name_beside_the_experts_is_refused(tmp_path):
+    """An output's expert tensor may take the name of its layer's own source tensor (Inkling's
+    mlp.experts.w13_weight, above), never another's: a per-expert checkpoint that also holds a
+    `...mlp.experts.w13_weight` of its own is refused in one line, nothing written."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = shutil.copytree(hf.save("olmoe", tmp_path / "o"), tmp_path / "src")
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    name = "model.layers.0.mlp.experts.w13_weight"
+    shard = index["weight_map"]["model.layers.0.mlp.experts.0.gate_proj.weight"]
+    tensors = load_file(src / shard) | {name: torch.zeros(2, 2, dtype=torch.bfloat16)}
+    save_file(tensors, src / shard, metadata={"format": "pt"})
+    index["weight_map"][name] = shard
+    index_path.write_text(json.dumps(index))
+    line = the_error(cli("convert", src, tmp_path / "out", "--backend", "cutlass", "-q"))
+    assert line == f"error: {src}: already holds {name}; is it converted?", line
+    assert not (tmp_path / "out").exists()
