@@ -54,6 +54,10 @@ class Form:
     # the checkpoint's parameter names read as the ones the schemes know (Mistral's FP8
     # `qscale_weight` is `weight_scale`, as the server's own loader renames it)
     params: dict[str, str] = field(default_factory=dict)
+    # a fused form whose w13 holds gate and up rows interleaved, [g0, u0, g1, u1, ...] per
+    # expert, where the others hold [gate; up] halves (Inkling's mlp.experts.w13_weight, which
+    # its servers' loaders de-interleave): its gate is the even rows, its up the odd ones
+    interleaved: bool = False
 
 
 # the decoder layer a MoE module's prefix names (`model.layers.3.mlp.experts`: 3)
@@ -180,6 +184,7 @@ def _form(f: dict) -> Form:
         f.get("module", ""),
         tuple(f.get("expert_sets", ())),
         dict(f.get("params", {})),
+        f.get("interleaved", False),
     )
 
 
@@ -658,6 +663,9 @@ def _check_form(f: object) -> str | None:
         and all(isinstance(v, str) and v for v in f["params"].values())
     ):
         return ".params: not a map of the checkpoint's parameter names to the schemes' names"
+    problem = _check_interleaved(f)
+    if problem:
+        return problem
     if "module" in f and not isinstance(f["module"], str):
         return ".module: not a string (appended to the prefix to name the server's MoE module)"
     if "expert_sets" in f and not (
@@ -683,6 +691,23 @@ def _per_expert_roles(kind: str, roles: set[str]) -> str | None:
             ".projections: maps to w13, but a per_expert form keeps w1, w3 and w2 apart (one "
             '[gate; up] tensor per expert is kind "per_expert_fused")'
         )
+    return None
+
+
+def _check_interleaved(f: dict) -> str | None:
+    """`interleaved`: true or false, and true only where a fused form's w13 is stored [out, in]
+    (its rows are what interleave)."""
+    if "interleaved" not in f:
+        return None
+    if not isinstance(f["interleaved"], bool):
+        return ".interleaved: not true or false (w13's gate and up rows interleaved)"
+    if f["interleaved"] and f["kind"] != "fused":
+        return (
+            ".interleaved: only a fused form's w13 holds gate and up rows interleaved (kind "
+            f"is {f['kind']!r})"
+        )
+    if f["interleaved"] and "w13" in f.get("transposed", ()):
+        return ".interleaved: w13's rows interleave only where it is stored [out, in], not turned"
     return None
 
 

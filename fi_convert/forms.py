@@ -10,8 +10,11 @@ one 2-D [E*out, in] tensor per projection, the experts' matrices one after anoth
 [E*I, H] w1, v1 and w2, its w2 stored transposed) or per expert fused ("per_expert_fused": one
 [2I, H] w13, its rows [gate; up], and one [H, I] w2 per expert: ZAYA1's local_experts.E.
 linear_fc1 and linear_fc2); a role the form lists as `transposed` is
-stored [in, out] per expert (Llama-4's gate_up_proj [E, H, 2I]). A tensor is read under its
-form's one reading, never another: a shape that does not fit it is refused.
+stored [in, out] per expert (Llama-4's gate_up_proj [E, H, 2I]). A fused form may hold w13's
+gate and up rows interleaved, [g0, u0, g1, u1, ...] (`Form.interleaved`: Inkling's
+mlp.experts.w13_weight), of the same shape as [gate; up]: its family says which, and the rows
+of gate are read as the even ones, those of up as the odd ones (`interleaved_span`). A tensor
+is read under its form's one reading, never another: a shape that does not fit it is refused.
 """
 
 from __future__ import annotations
@@ -178,6 +181,13 @@ class Span:
     count: int
     cols: tuple[int, int] | None
     transposed: bool = False
+    # every `step`-th row from `start` (an interleaved w13's gate or up rows: 2)
+    step: int = 1
+
+    @property
+    def extent(self) -> int:
+        """How many stored rows the span lies in, from `start` (count where step is 1)."""
+        return (self.count - 1) * self.step + 1 if self.count > 0 else 0
 
 
 def span(
@@ -194,6 +204,8 @@ def span(
     a, b = rows
     if form.kind == "per_expert":
         return Span(info, a, b - a, cols)
+    if form.interleaved and stored_role(form, role) == "w13":
+        return interleaved_span(form, role, info, expert, rows, cols)
     flat = info if form.kind in ("flat", "per_expert_fused") else flat_rows(info)
     per, width = matrix_shape(form, info, num_experts)[0], flat.shape[1]
     half = stored_role(form, role) == "w13" and role == "w3"
@@ -204,6 +216,22 @@ def span(
     off = width // 2 if half else 0
     c, d = cols or (0, per)
     return Span(flat, first + c, d - c, (off + a, off + b), True)
+
+
+def interleaved_span(
+    form: Form,
+    role: str,
+    info: TensorInfo,
+    expert: int,
+    rows: tuple[int, int],
+    cols: tuple[int, int] | None,
+) -> Span:
+    """Rows [a, b) of expert `expert`'s gate (w1) or up (w3) in a fused w13 of interleaved rows
+    [g0, u0, g1, u1, ...] ([E, 2I, H]): rows 2a (+1 for up), 2a + 2, ... of the expert's 2I."""
+    a, b = rows
+    flat = flat_rows(info)
+    per = matrix_shape(form, info, 0)[0]
+    return Span(flat, expert * per + 2 * a + (role == "w3"), b - a, cols, step=2)
 
 
 def flat_rows(info: TensorInfo) -> TensorInfo:

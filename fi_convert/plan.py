@@ -620,7 +620,9 @@ def _items(ckpt: Checkpoint, lps: list[LayerPlan], expert_names: set[str], tp: i
             lp = first[name]
             for o in lp.outputs:
                 entry = OutEntry(f"{lp.prefix}.{o.name}", o.dtype, (tp, *o.rank_shape))
-                if entry.name in ckpt.tensors:
+                # (a source tensor of the layer's own may have the output's name, which takes
+                # its place: Inkling's experts are published as mlp.experts.w13_weight)
+                if entry.name in ckpt.tensors and entry.name not in lp.source_names:
                     raise SourceError(f"{ckpt.root}: already holds {entry.name}; is it converted?")
                 items.append(Item(entry, layer=lp, output=o))
     return items

@@ -148,13 +148,13 @@ class ExpertLayer:
             # a source read over a link: the next `read_ahead` reads are in flight while
             # this one is taken (one at a time, each would wait out the link's latency)
             for s in where[i + 1 : i + 1 + files.read_ahead]:
-                files.prefetch(s.info, s.start, s.count)
+                files.prefetch(s.info, s.start, s.extent)
             read_span_into(files, where[i], dst[i])
         if not files.read_ahead:
             # local files: have the kernel start reading the next chunk now, so that a cold
             # source is read while this chunk is transformed and written
             for s in where[len(experts) :]:
-                files.prefetch(s.info, s.start, s.count)
+                files.prefetch(s.info, s.start, s.extent)
         else:
             self._ask_next_call(files, (role, param, experts, rows, cols), ask=not after)
 
@@ -175,7 +175,7 @@ class ExpertLayer:
             role, param, experts, rows, cols = calls[k + 1]
             for e in experts[: files.read_ahead]:
                 s = self._span(role, param, e, rows, cols)
-                files.prefetch(s.info, s.start, s.count)
+                files.prefetch(s.info, s.start, s.extent)
 
     def _span(
         self, role: str, param: str, e: int, rows: tuple[int, int], cols: tuple[int, int] | None
@@ -192,7 +192,11 @@ def expert_rows(info: TensorInfo) -> TensorInfo:
 
 def read_span_into(files: SourceFiles, s: forms.Span, dst: torch.Tensor) -> None:
     """dst[:rows, :cols] = the part of one expert's matrix at `s` (transposed where it is
-    stored [in, out]: its stored rows read, then turned)."""
+    stored [in, out]: its stored rows read, then turned; every `step`-th row of those it lies
+    in, where it is an interleaved w13's gate or up)."""
+    if s.step > 1:
+        read_rows_stepped(files, s, dst)
+        return
     if not s.transposed:
         read_rows_into(files, s.info, s.start, s.count, s.cols, dst)
         return
@@ -203,6 +207,17 @@ def read_span_into(files: SourceFiles, s: forms.Span, dst: torch.Tensor) -> None
     tmp = torch.empty((s.count, width), dtype=dst.dtype)
     read_rows_into(files, s.info, s.start, s.count, s.cols, tmp)
     dst[:width, : s.count].copy_(tmp.T)
+
+
+def read_rows_stepped(files: SourceFiles, s: forms.Span, dst: torch.Tensor) -> None:
+    """dst[:count, :cols] = every `s.step`-th row of the rows [start, start + extent) of the
+    2-D `s.info` (columns `s.cols` when given): the stored rows read whole, then taken."""
+    if s.count <= 0:
+        return
+    width = s.info.shape[1] if s.cols is None else s.cols[1] - s.cols[0]
+    tmp = torch.empty((s.extent, width), dtype=dst.dtype)
+    read_rows_into(files, s.info, s.start, s.extent, s.cols, tmp)
+    dst[: s.count, :width].copy_(tmp[:: s.step])
 
 
 def read_rows_into(

@@ -1883,6 +1883,180 @@ def _save_diffusion_gemma(root: Path, seed: int = 0) -> Path:
     return _write(config, "DiffusionGemmaForBlockDiffusion", root, seed)
 
 
+# Inkling (InklingForConditionalGeneration, model_type inkling_mm_model: thinkingmachines/
+# Inkling): transformers' whole model, whose save writes the published names back (its
+# conversion mapping's reverse: model.llm.layers.L.mlp.experts.w13_weight [E, 2I, H] with gate
+# and up rows interleaved [g0, u0, g1, u1, ...], w2_weight [E, H, I], the shared "sink" experts'
+# shared_w13_weight / shared_w2_weight, the dense layer's w13_dn / w2_md, attn.wq_du ..., the
+# audio tower's model.audio.encoder). Its config.json is written in the published keys, which
+# both servers' config classes read (vLLM's vllm/models/inkling/configs.py says which are the
+# published ones: intermediate_size the experts' width beside dense_intermediate_size,
+# sconv_kernel_size, dense_mlp_idx; SGLang's configs/inkling.py reads those alone), in place of
+# transformers' own (moe_intermediate_size, mlp_layer_types). The vision tower (an HMLP patch
+# encoder: model.visual.layers.linear_N / norm_N, final_norm) is written here in those names:
+# transformers 5.20 plans its temporal layers' widths 64 times those both servers build
+# (ceil(x) * 64 channels where vLLM's common/towers.py and SGLang's inkling_common/hmlp.py round
+# x up to a multiple of 64), so its tower would fit neither
+INKLING_TEXT = COMMON | dict(
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    n_routed_experts=4,
+    n_shared_experts=2,
+    num_experts_per_tok=2,
+    mlp_layer_types=["dense", "sparse"],
+    swa_num_attention_heads=4,
+    swa_num_key_value_heads=2,
+    swa_head_dim=16,
+    sliding_window_size=16,
+    d_rel=4,
+    rel_extent=16,
+)
+# transformers' own tower, written and then replaced: the smallest it builds without scipy
+# (absent here: as many layers as its scales)
+INKLING_TF_VISION = dict(
+    hidden_size=32, num_hidden_layers=3, num_attention_heads=2, patch_size=2, temporal_patch_size=2
+)
+# the published tower's fields at 2 x 2 x 2 patches in two layers, whose scales are (t, h, w,
+# channels) (1, 1, 1, 3) -> (1, 2, 2, 64) -> (2, 2, 2, 64) (each layer folds a 2 x 2 or a 2 x 1
+# x 1 block of the last into its input; channels rounded up to 64), the last into the text
+# model's width
+INKLING_VISION = dict(patch_size=2, temporal_patch_size=2, n_layers=2)
+
+
+def inkling_published_config(text: dict, vision: dict) -> dict:
+    """config.json in the published keys (INKLING_TEXT's and INKLING_VISION's sizes)."""
+    h = text["hidden_size"]
+    dense = [i for i, t in enumerate(text["mlp_layer_types"]) if t == "dense"]
+    kept = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "swa_num_attention_heads",
+        "swa_num_key_value_heads",
+        "swa_head_dim",
+        "sliding_window_size",
+        "d_rel",
+        "rel_extent",
+        "n_routed_experts",
+        "n_shared_experts",
+        "num_experts_per_tok",
+    )
+    text_config = {k: text[k] for k in kept} | dict(
+        model_type="inkling_model",
+        intermediate_size=text["moe_intermediate_size"],
+        dense_intermediate_size=text["intermediate_size"],
+        dense_mlp_idx=len(dense),
+        local_layer_ids=[i for i in range(text["num_hidden_layers"]) if (i + 1) % 6],
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        use_embed_norm=True,
+        use_sconv=True,
+        sconv_kernel_size=4,
+        route_scale=8.0,
+        use_gate_bias=True,
+        use_global_scale=True,
+        norm_after_topk=True,
+        gate_activation="sigmoid",
+        shared_expert_sink=True,
+        inference_moe_w13_interleaved=True,
+        logits_mup_width_multiplier=24.0,
+        tie_word_embeddings=False,
+    )
+    return dict(
+        architectures=["InklingForConditionalGeneration"],
+        model_type="inkling_mm_model",
+        torch_dtype="bfloat16",
+        tie_word_embeddings=False,
+        text_config=text_config,
+        vision_config=dict(
+            model_type="inkling_vision_model",
+            vision_encoder_type="hmlp",
+            decoder_dmodel=h,
+            n_channels=3,
+            use_vision_norm=True,
+        )
+        | vision,
+        audio_config=dict(
+            model_type="inkling_audio_model",
+            decoder_dmodel=h,
+            n_mel_bins=80,
+            mel_vocab_size=256,
+            dmel_min_value=-1.0,
+            dmel_max_value=1.0,
+            use_audio_norm=True,
+            audio_mode="dmel",
+        ),
+    )
+
+
+def _inkling_vision(seed: int, h: int) -> dict[str, torch.Tensor]:
+    """The HMLP tower of INKLING_VISION in its published names, seeded, in BF16: layer 0 folds
+    2 x 2 pixels of 3 channels into 64, layer 1 two frames of 64 into the text width `h`."""
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    v = "model.visual."
+    return {
+        f"{v}layers.linear_0.weight": rand(64, 2 * 2 * 3),
+        f"{v}layers.norm_0.weight": rand(64),
+        f"{v}layers.linear_1.weight": rand(h, 2 * 64),
+        f"{v}final_norm.weight": rand(h),
+    }
+
+
+def _save_inkling(root: Path, seed: int = 0) -> Path:
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    config = transformers.InklingConfig(text_config=INKLING_TEXT, vision_config=INKLING_TF_VISION)
+    _write(config, "InklingForConditionalGeneration", root, seed)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(root / shard)
+        kept = {k: t for k, t in tensors.items() if not k.startswith("model.visual.")}
+        if len(kept) < len(tensors):
+            save_file(kept, root / shard, metadata={"format": "pt"})
+    vision = _inkling_vision(seed, INKLING_TEXT["hidden_size"])
+    save_file(vision, root / "vision.safetensors", metadata={"format": "pt"})
+    weight_map = {k: v for k, v in index["weight_map"].items() if not k.startswith("model.visual.")}
+    index["weight_map"] = weight_map | dict.fromkeys(vision, "vision.safetensors")
+    index_path.write_text(json.dumps(index, indent=2))
+    published = inkling_published_config(INKLING_TEXT, INKLING_VISION)
+    (root / "config.json").write_text(json.dumps(published, indent=2))
+    return root
+
+
+def _save_inkling_text(root: Path, seed: int = 0) -> Path:
+    """Inkling's text model alone (InklingForCausalLM, model_type inkling_model, vLLM's
+    text-only entry point): the whole model's checkpoint less its towers' tensors, config.json
+    its text_config."""
+    from safetensors.torch import load_file, save_file
+
+    _save_inkling(root, seed)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    towers = ("model.visual.", "model.audio.")
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(root / shard)
+        kept = {k: t for k, t in tensors.items() if not k.startswith(towers)}
+        if kept:
+            save_file(kept, root / shard, metadata={"format": "pt"})
+        else:
+            (root / shard).unlink()
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith(towers)}
+    index_path.write_text(json.dumps(index, indent=2))
+    cfg = json.loads((root / "config.json").read_text())
+    text = cfg["text_config"] | dict(architectures=["InklingForCausalLM"], torch_dtype="bfloat16")
+    (root / "config.json").write_text(json.dumps(text, indent=2))
+    return root
+
+
 def _rename_tensors(root: Path, rename) -> None:
     """Each shard of the checkpoint at `root` (and its index) with its tensors renamed."""
     from safetensors.torch import load_file, save_file
@@ -1897,6 +2071,8 @@ def _rename_tensors(root: Path, rename) -> None:
 
 
 SAVERS = {
+    "inkling": _save_inkling,
+    "inkling_text": _save_inkling_text,
     "glm5_next": _save_glm5_next,
     "qwen4_exp": _save_qwen4_exp,
     "qwen3_5_moe": _save_qwen3_5_moe,

@@ -68,6 +68,13 @@ class Toy:
                 torch.empty(6, 4).copy_(t)
             elif name == "numpy":  # (a probe has no data to give)
                 self.plain.copy_(torch.from_numpy(t.numpy()))
+            elif name == "padded":  # zeroed whole, then the tensor's rows copied in (vLLM's
+                # Inkling router weight, padded to a multiple of 8 rows)
+                self.plain.zero_()
+                self.plain[:3].copy_(t)
+            elif name == "after":  # copied in, then scaled in place (a different write)
+                self.rows.copy_(t.narrow(0, 3, 3))
+                self.cols.mul_(2)
             elif name in ("a", "b"):  # a held until b comes, then both joined
                 self.held[name] = t
                 if len(self.held) == 2:
@@ -75,7 +82,7 @@ class Toy:
 
 
 def _probe(toy: Toy, names: list[str], shape=(6, 4)) -> dict:
-    shapes = {"scalar": (1,), "transposed": (4, 6), "a": (6, 4), "b": (6, 4)}
+    shapes = {"scalar": (1,), "transposed": (4, 6), "a": (6, 4), "b": (6, 4), "padded": (3, 4)}
     return {
         p.name: p
         for p in probe(toy.load_weights, [(n, shapes.get(n, shape), F32) for n in names], toy.owned)
@@ -117,6 +124,16 @@ def test_anything_but_a_copy_leaves_the_tensor_to_the_model(name, why):
     got = _probe(Toy(), ["q", name, "plain"])
     assert not got[name].direct and why in got[name].stopped
     assert got["q"].direct and got["plain"].direct  # the others: probed on, in later calls
+
+
+def test_a_write_into_the_tensor_it_is_copied_into_leaves_it_to_the_model():
+    """A parameter the model zeroes and then copies the tensor's rows into (vLLM's Inkling
+    router, padded to 8 rows): read directly, its rows would be zeroed again when load_weights
+    runs once more over every tensor, so the tensor goes with its data. A write into another
+    tensor than the one copied into leaves the copy direct."""
+    got = _probe(Toy(), ["q", "padded", "after", "plain"])
+    assert not got["padded"].direct and "aten.zero_" in got["padded"].stopped
+    assert got["after"].direct and got["q"].direct and got["plain"].direct
 
 
 def test_tensors_the_model_joins_are_both_left_to_it():

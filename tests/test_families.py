@@ -310,6 +310,17 @@ BAD = [
      "size_multiples.moe_intermediate_size: not a whole number of 2 or more"),
     ({"size_multiples": {"moe_intermediate_size": "2"}},
      "size_multiples.moe_intermediate_size: not a whole number of 2 or more"),
+    ({"forms": [{"kind": "fused", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"w13": "w13", "w2": "w2"}, "interleaved": "yes"}]},
+     "forms[0].interleaved: not true or false (w13's gate and up rows interleaved)"),
+    ({"forms": [{"kind": "stacked", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"w1": "w1", "w3": "w3", "w2": "w2"}, "interleaved": True}]},
+     "forms[0].interleaved: only a fused form's w13 holds gate and up rows interleaved (kind "
+     "is 'stacked')"),
+    ({"forms": [{"kind": "fused", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
+                 "projections": {"w13": "w13", "w2": "w2"}, "transposed": ["w13"],
+                 "interleaved": True}]},
+     "forms[0].interleaved: w13's rows interleave only where it is stored [out, in], not turned"),
 ]  # fmt: skip
 
 

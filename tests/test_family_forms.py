@@ -782,3 +782,88 @@ def test_transformers_native_zaya_is_refused_naming_the_checkpoint_sglang_reads(
             "convert the original checkpoint (Zyphra/ZAYA1-8B-legacy, Zyphra/ZAYA1-base)"
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_inklings_w13_is_read_gate_from_its_even_rows_and_up_from_its_odd(tmp_path):
+    """Inkling's mlp.experts.w13_weight [E, 2I, H] holds gate and up rows interleaved, [g0, u0,
+    g1, u1, ...] (the family's `interleaved` form, as both servers' loaders de-interleave it):
+    w1 (gate) is read from its even rows, w3 (up) from its odd ones, a TP rank's rows [a, b)
+    of each from rows 2a (+1) on, every other row, columns as asked; w2 from w2_weight."""
+    import torch
+
+    from fi_convert.source import find_family, open_checkpoint
+    from fi_convert.st_io import SourceFiles
+
+    src = hf.save("inkling", tmp_path / "src")
+    fam, layers = find_family(open_checkpoint(src))
+    assert fam is not None and fam.name == "inkling"
+    (layer,) = layers
+    assert (layer.num_experts, layer.hidden_size, layer.intermediate_size) == (4, 64, 32)
+    w13, w2 = (_tensor(src, f"{layer.prefix}.{n}_weight") for n in ("w13", "w2"))
+    e = 2
+    files = SourceFiles()
+    try:
+        for role, rows, cols, want in (
+            ("w1", (0, 32), None, w13[e, 0::2]),
+            ("w3", (0, 32), None, w13[e, 1::2]),
+            ("w1", (16, 32), (8, 40), w13[e, 32::2, 8:40]),  # rank 1 of 2, some columns
+            ("w3", (16, 32), None, w13[e, 33::2]),
+            ("w2", (0, 64), (16, 32), w2[e, :, 16:32]),
+        ):
+            dst = torch.zeros((1, *want.shape), dtype=torch.bfloat16)
+            layer.read(files, role, "weight", range(e, e + 1), rows, cols, dst)
+            assert torch.equal(dst[0], want), (role, rows, cols)
+    finally:
+        files.close()
+    assert not torch.equal(w13[e, 0::2], w13[e, :32])  # (the halves would read other rows)
+
+
+def test_an_inkling_size_config_json_contradicts_is_refused(tmp_path):
+    """The interleaved fused tensor's shape is checked as the fused form's: [E, 2I, H] with
+    config.json's I (text_config.intermediate_size, the experts' width beside
+    dense_intermediate_size)."""
+
+    def edit(cfg):
+        cfg["text_config"]["intermediate_size"] = 48
+
+    model = _edit_config(hf.save("inkling", tmp_path / "src"), tmp_path / "model", edit)
+    line = the_error(cli("inspect", model))
+    assert line.startswith(
+        "error: model.llm.layers.1.mlp.experts.w13_weight: shape [4, 64, 64], expected "
+        "[4, 96, 64] ([E, 2I, H] with E=4, H=64, I=48 from config.json)"
+    ), line
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_inkling_converts_and_verifies_against_flashinfer(tmp_path, tp):
+    """Inkling's interleaved fused experts on CUTLASS (its Custom routing): `verify
+    --against-flashinfer` de-interleaves them as vLLM's InklingMoE.load_expert_weight does,
+    then runs vLLM's pipeline with FlashInfer's functions; every rank's tensors agree."""
+    src, out = hf.save("inkling", tmp_path / "src"), tmp_path / "out"
+    res = cli("convert", src, out, "--backend", "cutlass", "--tp-size", tp, "-q")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / MANIFEST).read_text())["source"]["family"] == "inkling"
+    res = cli("verify", out, "--source", src, "--full", "--against-flashinfer", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["checked"]["tensors_vs_flashinfer"] == 2 * tp
+
+
+def test_a_source_tensor_of_an_outputs_name_beside_the_experts_is_refused(tmp_path):
+    """An output's expert tensor may take the name of its layer's own source tensor (Inkling's
+    mlp.experts.w13_weight, above), never another's: a per-expert checkpoint that also holds a
+    `...mlp.experts.w13_weight` of its own is refused in one line, nothing written."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = shutil.copytree(hf.save("olmoe", tmp_path / "o"), tmp_path / "src")
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    name = "model.layers.0.mlp.experts.w13_weight"
+    shard = index["weight_map"]["model.layers.0.mlp.experts.0.gate_proj.weight"]
+    tensors = load_file(src / shard) | {name: torch.zeros(2, 2, dtype=torch.bfloat16)}
+    save_file(tensors, src / shard, metadata={"format": "pt"})
+    index["weight_map"][name] = shard
+    index_path.write_text(json.dumps(index))
+    line = the_error(cli("convert", src, tmp_path / "out", "--backend", "cutlass", "-q"))
+    assert line == f"error: {src}: already holds {name}; is it converted?", line
+    assert not (tmp_path / "out").exists()

@@ -1148,3 +1148,31 @@ def test_sglangs_step3p5_load_asserts_it_filled_the_experts(tmp_path):
         "fi-convert's SGLang plugin does; serve the checkpoint as it is"
     )
     assert not out.exists()
+
+
+def test_sglangs_inkling_runs_bf16_experts_on_flashinfer_only_on_trtllm_routed(tmp_path):
+    """Why Inkling has no case above (servers/sglang/target.py refuses it): SGLang 0.5.23's
+    InklingMoE._forward_routed (models/inkling_common/moe.py) takes FusedMoE's runner for BF16
+    routed experts only where bf16_routed_uses_stock_fused_moe says so, and runs its own Triton
+    grouped GEMM (moe_tp_forward) on the interleaved rows as loaded otherwise: on
+    flashinfer_trtllm and flashinfer_cutlass, the runners fi-convert writes for, it says no; on
+    flashinfer_trtllm_routed, which fi-convert writes no output for, yes. The conversion is
+    refused in one line naming that."""
+    from fi_convert.errors import SchemeMismatchError
+    from fi_convert.servers.sglang import moe_layer
+    from tests import sglang_moe as sm
+
+    for backend in ("trtllm", "cutlass"):
+        with sm.sglang_context(backend, 1, 0):
+            from sglang.srt.models.inkling_common import util
+
+            assert not util.bf16_routed_uses_stock_fused_moe(None)
+    with (
+        mock.patch.dict(moe_layer.BACKEND, {"trtllm_routed": "flashinfer_trtllm_routed"}),
+        sm.sglang_context("trtllm_routed", 1, 0),
+    ):
+        assert util.bf16_routed_uses_stock_fused_moe(None)
+    src = hf.save("inkling", tmp_path / "src")
+    for backend in ("trtllm", "cutlass"):
+        with pytest.raises(SchemeMismatchError, match="only on --moe-runner-backend flash"):
+            _convert(src, tmp_path / "out", "bf16", backend, 1)

@@ -509,6 +509,17 @@ CASES = {
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
     "k2-horizon-bf16": ("k2_horizon", "k2_horizon.K2HorizonForCausalLM", None, {}),
+    # Inkling as published (thinkingmachines/Inkling, tests/hf_checkpoints.py): its routed
+    # experts stacked with gate and up rows interleaved, shared sink experts beside them, under
+    # its vision and audio towers
+    "inkling-bf16": (
+        "inkling",
+        "vllm.models.inkling.InklingForConditionalGeneration",
+        None,
+        {},
+    ),
+    # ... its text model alone (vLLM's text-only entry point, InklingForCausalLM)
+    "inkling-text-bf16": ("inkling_text", "vllm.models.inkling.InklingForCausalLM", None, {}),
     # The families' quantized checkpoints as published (tests/quantized_checkpoints.py
     # PUBLISHED), each refused (test_a_published_quantized_form_...): Hunyuan-A13B-Instruct-FP8
     # (AngelSlim's FP8 static per tensor, vLLM's "fp8" method), Laguna-XS.2-FP8 (compressed-
@@ -531,8 +542,10 @@ CASES = {
 # answers: Kimi Linear's (vllm/models/kimi_k3/nvidia/model.py) makes CUDA streams (to overlap
 # its router with work on another stream) and, with VLLM_KIMI_K3_GEMM_AR (on by default), sets
 # up a CuTe DSL GEMM + all-reduce kernel (NCCL multicast): the streams are stand-ins here and
-# the kernel's switch is off; neither touches a weight
-CUDA_STREAMS = ("kimi-linear-bf16",)
+# the kernel's switch is off; neither touches a weight. Inkling's (vllm/models/inkling/nvidia/
+# moe.py InklingMoE) makes two CUDA events, to join its sink experts' stream to the routed
+# experts' one: stand-ins too
+CUDA_STREAMS = ("kimi-linear-bf16", "inkling-bf16", "inkling-text-bf16")
 # Cases whose vLLM model class requires the V2 model runner (LongCat-Flash-Lite's n-gram state)
 V2_RUNNER = ("longcat-lite-bf16",)
 # Cases whose vLLM model probes for a CUDA kernel library when built, each probe answered yes
@@ -661,6 +674,9 @@ RUNS = [
     ("longcat-lite-bf16", "cutlass", "bf16"),
     ("intern-s2-preview-bf16", "trtllm", "bf16"),
     ("intern-s2-preview-bf16", "cutlass", "bf16"),
+    # Inkling's router's own function (Custom routing): BF16 on CUTLASS only
+    ("inkling-bf16", "cutlass", "bf16"),
+    ("inkling-text-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -939,8 +955,8 @@ def vllm_model(
 
 @contextlib.contextmanager
 def _cuda_streams(case: str):
-    """For CUDA_STREAMS' cases: torch.cuda.Stream a class of inert objects (no stream is used
-    while weights load), VLLM_KIMI_K3_GEMM_AR off."""
+    """For CUDA_STREAMS' cases: torch.cuda.Stream and torch.cuda.Event classes of inert objects
+    (no stream or event is used while weights load), VLLM_KIMI_K3_GEMM_AR off."""
     if case not in CUDA_STREAMS:
         yield
         return
@@ -951,6 +967,7 @@ def _cuda_streams(case: str):
 
     with (
         mock.patch.object(torch.cuda, "Stream", _Stream),
+        mock.patch.object(torch.cuda, "Event", _Stream),
         mock.patch.dict("os.environ", {"VLLM_KIMI_K3_GEMM_AR": "0"}),
     ):
         yield

@@ -6,7 +6,10 @@ reshape, ...) are followed on a meta tensor, so a view knows which bytes of the 
 tensor it is; a copy of a view into a tensor the model holds is recorded, not done. Whatever
 else the model does with a probe (arithmetic, a dtype conversion, `.item()`, a transpose copied,
 a copy into a temporary, an error it raises) stops the probe: that tensor must go through
-`load_weights` with its data (where an error of the model's own comes again). So fused QKV,
+`load_weights` with its data (where an error of the model's own comes again); so does a write
+the model makes into a tensor it holds, beside the tensor's copy into it (vLLM's Inkling router
+zeroes its padded weight, then copies the checkpoint's rows in: a read of those rows alone
+would find the zeros written again when `load_weights` runs once more). So fused QKV,
 stacked gate/up, renames and tensor-parallel row slices all come out as byte ranges of the file
 into byte ranges of the model's parameters, as the model itself cut them, and are read there
 directly; the rest is left to the model.
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
@@ -156,8 +160,10 @@ def probe(
     done: list[Probed] = []
     while len(done) < len(todo):
         current: list[Probed] = []
+        writes = _Writes(current, owned)
         try:
-            load_weights(_probes(todo[len(done) :], current))
+            with writes:
+                load_weights(_probes(todo[len(done) :], current))
         except (_Stop, Exception) as e:  # (an error a probe caused: its data will tell)
             involved = e.involved if isinstance(e, _Stop) else []
             for p in [current[-1], *involved]:
@@ -168,11 +174,56 @@ def probe(
         for p in current:
             if p.direct and not all(owned(c.dst) for c in p.copies):
                 p.stopped = "a copy into a tensor the model does not hold"
+            rewritten = [w for c in p.copies if (w := writes.into(p).get(_storage(c.dst)))]
+            if p.direct and rewritten:
+                p.stopped = f"a write into the tensor it is copied into ({rewritten[0]})"
             if p.direct and any(r() is not None for r in p.refs):
                 p.stopped = "kept by the model"
             p.refs.clear()
         done += current
     return done
+
+
+class _Writes(TorchDispatchMode):
+    """The writes the model makes into the tensors it holds (`owned`) while each probe is the
+    latest it was handed, other than a probe's copies: by probe, each written tensor's memory
+    and the operation (a `zero_` of a padded parameter before the copy into its rows)."""
+
+    def __init__(self, current: list[Probed], owned: Callable[[torch.Tensor], bool]) -> None:
+        super().__init__()
+        self.current, self.owned = current, owned
+        self.made: dict[int, dict[tuple[str, int], str]] = {}
+
+    def __torch_dispatch__(  # type: ignore[override]
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        copied = func is aten.copy_.default and isinstance(args[1], _Probe)
+        if self.current and not copied and func._schema.is_mutable:
+            for t in _written(func, args, kwargs):
+                if not isinstance(t, _Probe) and t.device.type != "meta" and self.owned(t):
+                    where = self.made.setdefault(id(self.current[-1]), {})
+                    where.setdefault(_storage(t), str(func))
+        return func(*args, **kwargs)
+
+    def into(self, p: Probed) -> dict[tuple[str, int], str]:
+        return self.made.get(id(p), {})
+
+
+def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensors an operator writes into (its arguments marked written in its schema)."""
+    out = []
+    for k, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = args[k] if k < len(args) else kwargs.get(a.name)
+        values = v if isinstance(v, list | tuple) else [v]
+        out += [t for t in values if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _storage(t: torch.Tensor) -> tuple[str, int]:
+    return t.device.type, t.untyped_storage().data_ptr()
 
 
 def _probes(

@@ -44,13 +44,26 @@ def _get(root: Path, name: str) -> torch.Tensor:
 
 
 def stacked(
-    root: Path, prefix: str, num_experts: int, param: str = "weight", transposed: bool = False
+    root: Path,
+    prefix: str,
+    num_experts: int,
+    param: str = "weight",
+    transposed: bool = False,
+    interleaved: bool = False,
 ):
     """vLLM's stacking: w13 = [gate; up] per expert, w2 = down. Returns (w13, w2).
     `transposed`: the model class's fused tensors are stored [E, in, out] (Llama-4,
-    Qwen3-VL-MoE), which vLLM's loader turns (`is_fused_checkpoint_transposed`)."""
+    Qwen3-VL-MoE), which vLLM's loader turns (`is_fused_checkpoint_transposed`);
+    `interleaved`: the fused w13 holds gate and up rows interleaved, [g0, u0, g1, u1, ...]
+    (Inkling's), which the model's loader de-interleaves (InklingMoE.load_expert_weight)."""
     root = Path(root)
+    if interleaved:
+        w13, w2 = stacked(root, prefix, num_experts, param, transposed)
+        e, two_i, h = w13.shape
+        return w13.reshape(e, two_i // 2, 2, h).transpose(1, 2).reshape(e, two_i, h), w2
     index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    if f"{prefix}.w13_{param}" in index:  # Inkling: mlp.experts.w13_weight, w2_weight
+        return _get(root, f"{prefix}.w13_{param}"), _get(root, f"{prefix}.w2_{param}")
     if f"{prefix}.gate_up_proj" in index:  # transformers-v5 fused form
         fused = _get(root, f"{prefix}.gate_up_proj"), _get(root, f"{prefix}.down_proj")
         return tuple(t.transpose(-1, -2).contiguous() for t in fused) if transposed else fused
@@ -509,15 +522,28 @@ def _mxfp4_cutlass(w13, sc13, bb13, w2, sc2, bb2):
     }
 
 
-def expected(root, prefix, num_experts, scheme, backend, tp, rank, device="cpu", transposed=False):
+def expected(
+    root,
+    prefix,
+    num_experts,
+    scheme,
+    backend,
+    tp,
+    rank,
+    device="cpu",
+    transposed=False,
+    interleaved=False,
+):
     """What vLLM 0.33 holds for this layer and rank after load-time preprocessing.
 
     `device` is where the checkpoint tensors go before the FlashInfer steps run on them;
-    `transposed`: the model's fused expert tensors are stored [E, in, out] (`stacked`).
+    `transposed`: the model's fused expert tensors are stored [E, in, out]; `interleaved`: its
+    fused w13's gate and up rows interleave (`stacked`).
     """
 
     def load(param="weight"):
-        return tuple(t.to(device) for t in stacked(root, prefix, num_experts, param, transposed))
+        stack = stacked(root, prefix, num_experts, param, transposed, interleaved)
+        return tuple(t.to(device) for t in stack)
 
     if scheme == "bf16":
         w13, w2 = tp_slice(*load(), tp, rank)

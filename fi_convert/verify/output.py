@@ -707,6 +707,8 @@ def _against_flashinfer(plan, tensors, files, full, dev, rep) -> None:
     tp = plan.options.tp_size
     # the family's fused form is stored transposed ([E, in, out]), which vLLM's loader turns
     transposed = any(f.transposed for f in plan.family.forms if f.kind == "fused")
+    # ... its w13's gate and up rows interleaved, which the model's loader de-interleaves
+    interleaved = any(f.interleaved for f in plan.family.forms if f.kind == "fused")
     layers = plan.layers if full else [plan.layers[0], plan.layers[-1]]
     for lp in {id(x): x for x in layers}.values():
         for rank in range(tp):
@@ -720,6 +722,7 @@ def _against_flashinfer(plan, tensors, files, full, dev, rep) -> None:
                 rank,
                 str(dev),
                 transposed=transposed,
+                interleaved=interleaved,
             )
             for name, t in want.items():
                 info = tensors.get(f"{lp.prefix}.{name}")

@@ -270,6 +270,18 @@ NO_FLASHINFER_MODEL = {
         "as names it does not hold, so its own load of a MoE checkpoint leaves every expert "
         "unfilled; convert with --server vllm"
     ),
+    "InklingForConditionalGeneration": (
+        "SGLang {sglang}'s Inkling model runs its BF16 routed experts on its own Triton grouped "
+        "GEMM (models/inkling_common/moe.py InklingMoE._forward_routed: moe_tp_forward, over "
+        "the interleaved rows as loaded) on flashinfer_trtllm and flashinfer_cutlass, and hands "
+        "them to FlashInfer's TRT-LLM kernel only on --moe-runner-backend "
+        "flashinfer_trtllm_routed (inkling_common/util.py bf16_routed_uses_stock_fused_moe), "
+        "which fi-convert writes no output for; convert with --server vllm, or serve the "
+        "checkpoint as it is"
+    ),
+    "InklingForCausalLM": (
+        "SGLang {sglang} has no model class for Inkling's text model (InklingForCausalLM)"
+    ),
     "MistralLarge3ForCausalLM": (
         "SGLang {sglang} has a model class for Mistral Large 3 (models/mistral_large_3.py, "
         "DeepSeek-V3's with Mistral's names mapped), but fi-convert has not proven an output of it "
