@@ -371,7 +371,6 @@ def test_a_size_config_json_contradicts_is_one_line(ckpt, tmp_path):
     [
         ("deepseek_v4", "DeepseekV4ForCausalLM", "DeepSeek-V4: vLLM 0.33 routes DeepSeek-V4's"),
         ("minicpm", "MiniCPMForCausalLM", "MiniCPM-MoE: vLLM 0.33's MiniCPM-MoE calls its"),
-        ("step3p5", "Step3p5ForCausalLM", "Step-3.5: vLLM 0.33 runs Step-3.5's MoE layers"),
         ("step5", "Step5ForCausalLM", "Step-5: vLLM 0.33 runs Step-5's MoE layers that have"),
     ],
 )
@@ -391,6 +390,51 @@ def test_a_family_no_server_runs_on_flashinfer_is_refused_with_its_reason(
     assert line.startswith(f"error: {model}/config.json: {words}")
     assert line.endswith("; serve the checkpoint as it is")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("server", "words"),
+    [
+        (
+            "vllm",
+            "vLLM 0.33 runs Step-3.5's (Step3p5ForCausalLM) MoE layers that have a swiglu_limits "
+            "entry with its swiglustep activation (models/step3p5.py), which no FlashInfer MoE "
+            "kernel lists",
+        ),
+        (
+            "sglang",
+            "SGLang 0.5.23's Step-3.5 load_weights (models/step3p5.py) asserts that it filled "
+            "every parameter, the experts' w13 and w2 among them",
+        ),
+    ],
+)
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_step3p5_is_refused_for_each_server_with_that_servers_reason(
+    ckpt, tmp_path, server, words, backend
+):
+    """Step-3.5 (Step3p5ForCausalLM) is recognized (its experts model.layers.L.moe.experts.E.
+    {gate,up,down}_proj, as vLLM's and SGLang's models read them: GLM-4.5's tiny checkpoint
+    under those names and Step-3.5's config keys) and refused when planned, for each server with
+    its own reason (servers/<name>/target.py; `inspect` says the same): vLLM runs its clamped
+    layers as swiglustep, which no FlashInfer kernel lists; SGLang runs them as silu experts
+    with gemm1_clamp_limit, and its
+    load_weights asserts that it filled every expert itself (test_sglang_families.py:
+    test_sglangs_step3p5_load_asserts_it_filled_the_experts). One line; nothing is written."""
+    model = _copy(
+        ckpt("glm4_moe"),
+        tmp_path / "m",
+        model_type="step3p5",
+        architectures=["Step3p5ForCausalLM"],
+        moe_num_experts=4,
+    )
+    hf._rename_tensors(model, lambda n: n.replace(".mlp.experts.", ".moe.experts."))
+    out = tmp_path / "out"
+    args = ("--server", server, "--backend", backend)
+    line = error_line(cli("convert", model, out, *args))
+    assert line.startswith(f"error: --scheme bf16 --backend {backend} --server {server}: {words}")
+    assert line.endswith("; serve the checkpoint as it is")
+    assert not out.exists()
+    assert error_line(cli("inspect", model, *args)) == line
 
 
 # a user's family file for Muse Spark (no family file names it): transformers' expert names

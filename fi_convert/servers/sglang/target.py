@@ -255,8 +255,8 @@ NO_FLASHINFER_MODEL = {
         "own load; serve the checkpoint as it is"
     ),
     # Step-3.5 (tests/test_sglang_families.py: test_sglangs_step3p5_load_asserts_it_filled_the_
-    # experts; reached from a user's family file only, --family: the Step-3.5 family is refused
-    # for every server)
+    # experts): SGLang runs its clamped layers as silu experts with gemm1_clamp_limit (not
+    # vLLM's swiglustep, servers/vllm/target.py), and refuses it for this reason
     "Step3p5ForCausalLM": (
         "SGLang {sglang}'s Step-3.5 load_weights (models/step3p5.py) asserts that it filled every "
         "parameter, the experts' w13 and w2 among them, so it refuses a load that fills the MoE "

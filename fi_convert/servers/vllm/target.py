@@ -139,7 +139,8 @@ OWN_MOE_METHOD: dict[str, tuple[str, str]] = {
 # kernel lists, by architecture: what vLLM does with them. Step-3.5 (models/step3p5.py: a
 # layer with a swiglu_limits entry runs swiglustep) and Step-3.7 (models/step3p7.py: its
 # language model built through vLLM's registry from text_config, Step-3.5's). The Step-3.5
-# family is refused for every server; a user's family file (--family) reaches these lines
+# family (families/step3p5.json) plans to these lines for vLLM, and a user's family file of
+# Step-3.7 (--family); SGLang refuses both for its own reason (servers/sglang/target.py)
 NO_FLASHINFER_ACTIVATION: dict[str, str] = {
     "Step3p5ForCausalLM": "runs Step-3.5's (Step3p5ForCausalLM) MoE layers",
     "Step3p7ForConditionalGeneration": (
