@@ -397,8 +397,17 @@ ROUTING_METHODS = (
     "DeepseekV4",  # sqrtsoftplus (+ bias) -> renormalize: passed to no FlashInfer kernel
     "Custom",  # the model's own routing function
 )
-# the experts' activation, as vLLM 0.33's MoEActivation names it (lower case)
-ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai", "swiglustep")
+# the experts' activation, as vLLM 0.33's MoEActivation names it (lower case);
+# swigluoai_uninterleave is SwiGLU-OAI (clamped, alpha and beta) on w13's [gate; up] halves, as
+# silu's are stored (MiniMax-M3), where swigluoai is gpt-oss's interleaved form
+ACTIVATIONS = (
+    "silu",
+    "gelu_tanh",
+    "relu2_no_mul",
+    "swigluoai",
+    "swigluoai_uninterleave",
+    "swiglustep",
+)
 # the activations without a product (vLLM 0.33's MoEActivation.is_gated is False for them):
 # their experts have no gate, w13 is the up projection alone
 NON_GATED = ("relu2_no_mul",)

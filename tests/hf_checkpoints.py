@@ -1704,6 +1704,50 @@ def _save_step3p7(root: Path, seed: int = 0) -> Path:
     return _add_keys(root, {"text_config": STEP3P7_RELEASED})
 
 
+# MiniMax-M3 (MiniMaxM3SparseForConditionalGeneration, model_type minimax_m3_vl): transformers'
+# own model, tiny (a dense layer, then a MoE layer with 4 experts and a shared expert, a
+# one-block vision tower), whose save_pretrained writes the published names (language_model.
+# model.layers.L.block_sparse_moe.experts.E.w{1,2,3}.weight, block_sparse_moe.
+# e_score_correction_bias); config.json's text_config with the published keys the servers'
+# models read that transformers' config class does not write or rewrites (MINIMAX_M3_RELEASED:
+# hidden_act swigluoai, which it writes as silu; moe_layer_freq, which it turns into
+# mlp_layer_types; the router's scoring_func and use_routing_bias; n_shared_experts, swiglu_beta)
+MINIMAX_M3_TEXT = COMMON | dict(
+    intermediate_size=32,
+    dense_intermediate_size=64,
+    shared_intermediate_size=32,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    mlp_layer_types=["dense", "sparse"],
+    index_n_heads=2,
+    index_head_dim=16,
+    rotary_dim=8,
+)
+MINIMAX_M3_RELEASED = dict(
+    hidden_act="swigluoai",
+    moe_layer_freq=[0, 1],
+    scoring_func="sigmoid",
+    use_routing_bias=True,
+    n_shared_experts=1,
+    swiglu_beta=1.0,
+    use_gemma_norm=True,
+    qk_norm_type="per_head",
+)
+
+
+def _save_minimax_m3(root: Path, seed: int = 0) -> Path:
+    import transformers
+
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    config = transformers.MiniMaxM3VLConfig(
+        text_config=MINIMAX_M3_TEXT,
+        vision_config=vision | dict(image_size=28, patch_size=14),
+        projector_hidden_size=64,
+    )
+    _write(config, "MiniMaxM3SparseForConditionalGeneration", root, seed)
+    return _add_keys(root, {"text_config": MINIMAX_M3_RELEASED})
+
+
 # Muse Spark (MuseSparkForConditionalGeneration): a latent MoE in every layer (experts of
 # moe_hidden_size between mlp.pre_expert_proj and mlp.post_expert_proj, fused
 # mlp.experts.gate_up_proj [E, 2I, moe_hidden_size] and down_proj), beside one-block vision and
@@ -2073,6 +2117,7 @@ def _rename_tensors(root: Path, rename) -> None:
 SAVERS = {
     "inkling": _save_inkling,
     "inkling_text": _save_inkling_text,
+    "minimax_m3": _save_minimax_m3,
     "glm5_next": _save_glm5_next,
     "qwen4_exp": _save_qwen4_exp,
     "qwen3_5_moe": _save_qwen3_5_moe,

@@ -382,7 +382,6 @@ def test_a_size_config_json_contradicts_is_one_line(ckpt, tmp_path):
     [
         ("deepseek_v4", "DeepseekV4ForCausalLM", "DeepSeek-V4: vLLM 0.33 routes DeepSeek-V4's"),
         ("minicpm", "MiniCPMForCausalLM", "MiniCPM-MoE: vLLM 0.33's MiniCPM-MoE calls its"),
-        ("step3p5", "Step3p5ForCausalLM", "Step-3.5: vLLM 0.33 runs Step-3.5's MoE layers"),
         ("step5", "Step5ForCausalLM", "Step-5: vLLM 0.33 runs Step-5's MoE layers that have"),
     ],
 )
@@ -402,6 +401,142 @@ def test_a_family_no_server_runs_on_flashinfer_is_refused_with_its_reason(
     assert line.startswith(f"error: {model}/config.json: {words}")
     assert line.endswith("; serve the checkpoint as it is")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("server", "words"),
+    [
+        (
+            "vllm",
+            "vLLM 0.33 runs Step-3.5's (Step3p5ForCausalLM) MoE layers that have a swiglu_limits "
+            "entry with its swiglustep activation (models/step3p5.py), which no FlashInfer MoE "
+            "kernel lists",
+        ),
+        (
+            "sglang",
+            "SGLang 0.5.23's Step-3.5 load_weights (models/step3p5.py) asserts that it filled "
+            "every parameter, the experts' w13 and w2 among them",
+        ),
+    ],
+)
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_step3p5_is_refused_for_each_server_with_that_servers_reason(
+    ckpt, tmp_path, server, words, backend
+):
+    """Step-3.5 (Step3p5ForCausalLM) is recognized (its experts model.layers.L.moe.experts.E.
+    {gate,up,down}_proj, as vLLM's and SGLang's models read them: GLM-4.5's tiny checkpoint
+    under those names and Step-3.5's config keys) and refused when planned, for each server with
+    its own reason (servers/<name>/target.py; `inspect` says the same): vLLM runs its clamped
+    layers as swiglustep, which no FlashInfer kernel lists; SGLang runs them as silu experts
+    with gemm1_clamp_limit, and its
+    load_weights asserts that it filled every expert itself (test_sglang_families.py:
+    test_sglangs_step3p5_load_asserts_it_filled_the_experts). One line; nothing is written."""
+    model = _copy(
+        ckpt("glm4_moe"),
+        tmp_path / "m",
+        model_type="step3p5",
+        architectures=["Step3p5ForCausalLM"],
+        moe_num_experts=4,
+    )
+    hf._rename_tensors(model, lambda n: n.replace(".mlp.experts.", ".moe.experts."))
+    out = tmp_path / "out"
+    args = ("--server", server, "--backend", backend)
+    line = error_line(cli("convert", model, out, *args))
+    assert line.startswith(f"error: --scheme bf16 --backend {backend} --server {server}: {words}")
+    assert line.endswith("; serve the checkpoint as it is")
+    assert not out.exists()
+    assert error_line(cli("inspect", model, *args)) == line
+
+
+@pytest.mark.parametrize(
+    ("server", "words"),
+    [
+        (
+            "vllm",
+            "fi-convert has not proven an output of MiniMax-M3 "
+            "(MiniMaxM3SparseForConditionalGeneration) against vLLM 0.33's own load: its model "
+            "(vllm/models/minimax_m3) reads hidden_act swigluoai",
+        ),
+        ("sglang", "SGLang 0.5.23 has a model class for MiniMax-M3 (models/minimax_m3.py"),
+    ],
+)
+def test_minimax_m3_is_found_and_refused_for_each_server_until_proven(
+    ckpt, tmp_path, server, words
+):
+    """MiniMax-M3 (transformers' own tiny MiniMaxM3SparseForConditionalGeneration, written with
+    the published names and its text_config's published keys): the family finds its MoE layer
+    (language_model.model.layers.1.block_sparse_moe.experts, sizes from text_config) and each
+    server refuses it in one line, naming why it is not proven yet (servers/<name>/target.py);
+    nothing is written."""
+    model = ckpt("minimax_m3")
+    out = tmp_path / "out"
+    line = error_line(cli("convert", model, out, "--server", server, "--backend", "cutlass"))
+    assert line.startswith(f"error: --scheme bf16 --backend cutlass --server {server}: {words}")
+    assert line.endswith("; serve the checkpoint as it is")
+    assert not out.exists()
+    from fi_convert.source import find_family, open_checkpoint
+
+    fam, layers = find_family(open_checkpoint(model))
+    assert fam is not None and fam.name == "minimax-m3"
+    assert [x.prefix for x in layers] == ["language_model.model.layers.1.block_sparse_moe.experts"]
+    assert (layers[0].routing, layers[0].activation, layers[0].swiglu_limit) == (
+        "MiniMax2",
+        "swigluoai_uninterleave",
+        7.0,
+    )
+
+
+_OAI = "swigluoai_uninterleave"
+
+
+@pytest.mark.parametrize(
+    ("scheme", "backend", "why"),
+    [
+        ("bf16", "trtllm", "vLLM 0.33's FlashInfer TRT-LLM bf16 experts take no " + _OAI),
+        ("bf16", "cutlass", None),
+        ("fp8-block", "trtllm", None),
+        ("fp8-tensor", "trtllm", "the model's experts clamp their SwiGLU (swiglu_limit)"),
+        ("fp8-tensor", "cutlass", None),
+        ("mxfp8", "trtllm", None),
+        ("nvfp4", "trtllm", None),
+        ("nvfp4", "cutlass", None),
+        ("mxfp4", "trtllm", "vLLM 0.33's FlashInfer TRT-LLM mxfp4 experts take no " + _OAI),
+    ],
+)
+def test_vllm_runs_swigluoai_uninterleave_on_the_kernels_that_list_it(scheme, backend, why):
+    """SwiGLU-OAI on [gate; up] halves (MiniMax-M3's experts, clamped at 7.0, MiniMax2 routing)
+    on the FlashInfer kernels whose _supports_activation lists it in vLLM 0.33 (TRT-LLM FP8 and
+    NVFP4, CUTLASS; not TRT-LLM BF16 nor MXFP4), the clamp on TRT-LLM FP8 for block FP8 and
+    MXFP8 only (servers/vllm/routing.py)."""
+    said = refuses_moe(scheme, backend, "MiniMax2", _OAI, 7.0)
+    assert said == why if why is None else said.startswith(why)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "backend", "why"),
+    [
+        ("bf16", "cutlass", None),
+        ("fp8-tensor", "cutlass", None),
+        ("nvfp4", "cutlass", None),
+        ("bf16", "trtllm", "which its TRT-LLM BF16 runner has no field for"),
+        ("fp8-block", "trtllm", "fi-convert has not proven its TRT-LLM fp8-block runner"),
+        ("nvfp4", "trtllm", "fi-convert has not proven its TRT-LLM nvfp4 runner"),
+    ],
+)
+def test_sglang_runs_swigluoai_uninterleave_as_silu_with_its_parameters_on_cutlass(
+    scheme, backend, why
+):
+    """SGLang 0.5.23 builds MiniMax-M3's experts as silu with gemm1_alpha and gemm1_clamp_limit,
+    which its CUTLASS runner takes per expert; its TRT-LLM BF16 runner has no field for them,
+    and its other TRT-LLM runners are not proven with them (servers/sglang/target.py): one line
+    each, naming --backend cutlass."""
+    from fi_convert.servers.sglang.target import SGLANG_TARGET
+
+    said = SGLANG_TARGET.refuses_moe(scheme, backend, "MiniMax2", _OAI, 7.0)
+    if why is None:
+        assert said is None
+    else:
+        assert why in said and said.endswith("; use --backend cutlass")
 
 
 # a user's family file for Muse Spark (no family file names it): transformers' expert names

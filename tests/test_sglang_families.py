@@ -1103,7 +1103,8 @@ def test_sglangs_step3p5_load_asserts_it_filled_the_experts(tmp_path):
     model's tensors without the experts' is refused naming exactly the MoE layer's w13 and w2
     (the plugin's: SGLang's load_weights over the output's non-expert tensors, then the stacked
     experts), and the whole load passes. (Its clamped layers are silu experts with
-    gemm1_clamp_limit there, not vLLM's swiglustep: the Step-3.5 family's reason is vLLM's.)
+    gemm1_clamp_limit there, not vLLM's swiglustep: SGLang's reason is this one, servers/sglang/
+    target.py; tests/test_families.py: test_step3p5_is_refused_for_each_server_with_that_...)
     A Step-3.7 output planned for SGLang from a user's family file is refused in one line."""
     import ast
 

@@ -163,7 +163,25 @@ TRTLLM_ACTIVATIONS = {
     "mxfp8": _TRTLLM_FP8,
     "nvfp4": ("silu", "relu2_no_mul", "gelu_tanh"),
 }
-CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul")
+CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai_uninterleave")
+# SwiGLU-OAI on [gate; up] halves (vLLM's swigluoai_uninterleave, MiniMax-M3's experts): SGLang
+# builds them as silu experts with gemm1_alpha, gemm1_beta 1.0 and gemm1_clamp_limit,
+# gate_up_interleaved False (models/minimax_m3.py), silu's layout; its CUTLASS runner takes
+# the three per expert (flashinfer_cutlass.py: materialize_swiglu_params_for_cutlass, from
+# unquant.py and modelopt_quant.py), its TRT-LLM BF16 runner has no field for them; its
+# TRT-LLM FP8 and FP4 runners' use of them fi-convert has not read against its output
+OAI_TRTLLM_WHY = {
+    "bf16": (
+        "SGLang {sglang} runs these experts as silu with SwiGLU-OAI's alpha and clamp "
+        "(gemm1_alpha, gemm1_clamp_limit: models/minimax_m3.py), which its TRT-LLM BF16 runner "
+        "has no field for (moe_runner/flashinfer_trtllm.py); use --backend cutlass"
+    ),
+}
+OAI_TRTLLM_UNREAD = (
+    "SGLang {sglang} runs these experts as silu with SwiGLU-OAI's alpha and clamp "
+    "(gemm1_alpha, gemm1_clamp_limit: models/minimax_m3.py); fi-convert has not proven its "
+    "TRT-LLM {scheme} runner with them; use --backend cutlass"
+)
 # Non-gated experts (Nemotron-H, relu2_no_mul): SGLang runs them on FlashInfer
 # (models/nemotron_h.py builds its MoE with is_gated=False; moe_runner/flashinfer_trtllm.py pads
 # a non-gated w13 to 128 and skips the interleave, and computes output1 as ones * (1 / a2), not
@@ -255,13 +273,24 @@ NO_FLASHINFER_MODEL = {
         "own load; serve the checkpoint as it is"
     ),
     # Step-3.5 (tests/test_sglang_families.py: test_sglangs_step3p5_load_asserts_it_filled_the_
-    # experts; reached from a user's family file only, --family: the Step-3.5 family is refused
-    # for every server)
+    # experts): SGLang runs its clamped layers as silu experts with gemm1_clamp_limit (not
+    # vLLM's swiglustep, servers/vllm/target.py), and refuses it for this reason
     "Step3p5ForCausalLM": (
         "SGLang {sglang}'s Step-3.5 load_weights (models/step3p5.py) asserts that it filled every "
         "parameter, the experts' w13 and w2 among them, so it refuses a load that fills the MoE "
         "layers otherwise, as fi-convert's SGLang plugin does; serve the checkpoint as it is"
     ),
+    # MiniMax-M3 (families/minimax_m3.json): its experts' activation is in the facts
+    # (OAI_TRTLLM_WHY: CUTLASS takes it), its model not yet run
+    "MiniMaxM3SparseForConditionalGeneration": (
+        _MINIMAX_M3 := (
+            "SGLang {sglang} has a model class for MiniMax-M3 (models/minimax_m3.py, "
+            "minimax_m3_vl.py: silu experts with SwiGLU-OAI's gemm1_alpha and "
+            "gemm1_clamp_limit, which its CUTLASS runner takes), but fi-convert has not proven "
+            "an output of it against SGLang's own load yet; serve the checkpoint as it is"
+        )
+    ),
+    "MiniMaxM3SparseForCausalLM": _MINIMAX_M3,
     # (tests/test_sglang_families.py: test_sglangs_gemma4_unified_load_leaves_its_experts_unfilled)
     "Gemma4UnifiedForConditionalGeneration": (
         "SGLang {sglang}'s Gemma 4 Unified (models/gemma4_unified.py) builds Gemma 4's MoE "
@@ -458,6 +487,9 @@ class SglangTarget:
     ) -> str | None:
         if routing in NO_FLASHINFER_ROUTING:
             return f"SGLang {TARGET['sglang']} runs {routing} routing on no FlashInfer MoE kernel"
+        if activation == "swigluoai_uninterleave" and backend == "trtllm":
+            why = OAI_TRTLLM_WHY.get(scheme, OAI_TRTLLM_UNREAD)
+            return why.format(sglang=TARGET["sglang"], scheme=scheme)
         takes = CUTLASS_ACTIVATIONS if backend == "cutlass" else TRTLLM_ACTIVATIONS.get(scheme)
         if scheme != "mxfp4" and takes is not None and activation not in takes:
             runner = moe_runner_backend(scheme, backend)

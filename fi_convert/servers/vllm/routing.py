@@ -29,16 +29,23 @@ MODULAR_WHY = {
     "fp8-tensor": "it has no modular TRT-LLM FP8 per-tensor experts (trtllm_fp8_moe.py:213-222 "
     "take block FP8 and MXFP8 only)",
 }
-# the activations each backend's experts take (_supports_activation)
+# the activations each backend's experts take (_supports_activation). SwiGLU-OAI on [gate; up]
+# halves (swigluoai_uninterleave, MiniMax-M3's) is listed by the TRT-LLM FP8 experts
+# (trtllm_fp8_moe.py: per tensor, block FP8, MXFP8), the TRT-LLM NVFP4 ones and CUTLASS
+# (flashinfer_cutlass_moe.py), not by TRT-LLM BF16 (trtllm_bf16_moe.py) nor MXFP4; its alpha,
+# beta and clamp are kernel arguments, and vLLM's FlashInfer weight processing asks only
+# whether the activation is gated (oracle/unquantized.py, prepare_fp8_moe_layer_for_fi,
+# prepare_nvfp4_moe_layer_for_fi_or_cutlass: is_gated, the [up; gate] swap): silu's bytes
+_OAI = "swigluoai_uninterleave"
 ACTIVATIONS = {
     ("trtllm", "bf16"): ("silu", "relu2_no_mul"),
-    ("trtllm", "fp8-tensor"): ("silu", "relu2_no_mul"),
-    ("trtllm", "fp8-block"): ("silu", "relu2_no_mul"),
-    ("trtllm", "mxfp8"): ("silu", "relu2_no_mul"),
-    ("trtllm", "nvfp4"): ("silu", "relu2_no_mul", "gelu_tanh"),
+    ("trtllm", "fp8-tensor"): ("silu", "relu2_no_mul", _OAI),
+    ("trtllm", "fp8-block"): ("silu", "relu2_no_mul", _OAI),
+    ("trtllm", "mxfp8"): ("silu", "relu2_no_mul", _OAI),
+    ("trtllm", "nvfp4"): ("silu", "relu2_no_mul", "gelu_tanh", _OAI),
     ("trtllm", "mxfp4"): ("silu", "swigluoai"),
 }
-CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai")
+CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai", _OAI)
 # routing methods no FlashInfer kernel is given at all (fused_moe/config.py:128-131)
 NO_FLASHINFER = ("DeepseekV4",)
 # the SwiGLU clamp: TRT-LLM FP8 applies it for block FP8 and MXFP8 only (trtllm_fp8_moe.py:86-104)

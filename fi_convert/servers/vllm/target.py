@@ -112,6 +112,21 @@ NOT_PROVEN: dict[str, tuple[str, str]] = {
         "its model (models/deepseek_ocr.py) builds SAM ViT-B and CLIP-L towers of a fixed size "
         "whatever config.json says, and reads its image token from the checkpoint's tokenizer",
     ),
+    # MiniMax-M3 (families/minimax_m3.json): its experts' activation is in the facts
+    # (routing.py: swigluoai_uninterleave), its model not yet run (read, not run: vLLM's
+    # MiniMaxM3MLP refuses any hidden_act but swigluoai, which transformers 5.20's own config
+    # class rewrites to silu, dropping moe_layer_freq and sparse_attention_config too)
+    "MiniMaxM3SparseForConditionalGeneration": (
+        "MiniMax-M3",
+        _MINIMAX_M3 := (
+            "its model (vllm/models/minimax_m3) reads hidden_act swigluoai, moe_layer_freq and "
+            "sparse_attention_config from the checkpoint's own config class (config.json's "
+            "auto_map, --trust-remote-code), of which fi-convert's tests hold no stand-in yet: "
+            "transformers 5.20's MiniMaxM3VLConfig rewrites hidden_act to silu, which vLLM's "
+            "MiniMaxM3MLP refuses"
+        ),
+    ),
+    "MiniMaxM3SparseForCausalLM": ("MiniMax-M3", _MINIMAX_M3),
 }
 # Architectures whose vLLM 0.33 model class builds its experts with a MoE method of its own whose
 # kernel setup the plugin cannot run on converted experts, by architecture: (title, why). No
@@ -139,7 +154,8 @@ OWN_MOE_METHOD: dict[str, tuple[str, str]] = {
 # kernel lists, by architecture: what vLLM does with them. Step-3.5 (models/step3p5.py: a
 # layer with a swiglu_limits entry runs swiglustep) and Step-3.7 (models/step3p7.py: its
 # language model built through vLLM's registry from text_config, Step-3.5's). The Step-3.5
-# family is refused for every server; a user's family file (--family) reaches these lines
+# family (families/step3p5.json) plans to these lines for vLLM, and a user's family file of
+# Step-3.7 (--family); SGLang refuses both for its own reason (servers/sglang/target.py)
 NO_FLASHINFER_ACTIVATION: dict[str, str] = {
     "Step3p5ForCausalLM": "runs Step-3.5's (Step3p5ForCausalLM) MoE layers",
     "Step3p7ForConditionalGeneration": (
