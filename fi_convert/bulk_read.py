@@ -218,6 +218,10 @@ class ReadStats:
     chunk: int
     pinned_peak: int  # pinned host memory held at once
     alloc_s: float = 0.0  # time spent pinning it (ahead of the read, or in it)
+    jobs: int = 0  # the pieces of work the threads took in turn
+    # when each thread ran out of work, in seconds from the start, earliest first (their
+    # spread is the read's tail, when too few jobs were left to keep every thread busy)
+    thread_ends: tuple[float, ...] = ()
 
 
 class BulkRead:
@@ -365,6 +369,8 @@ class BulkRead:
             chunk=self.chunk,
             pinned_peak=self._buffers.nbytes if self._buffers else 0,
             alloc_s=self._buffers.alloc_s if self._buffers else 0.0,
+            jobs=len(self._jobs),
+            thread_ends=tuple(sorted(t - self._t0 for t in self._ends)),
         )
 
     def abort(self) -> None:

@@ -239,7 +239,20 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
             # a real model's build (seconds) outlasts the pinned allocation it overlaps
             # (`alloc_s`); this one's few layers do not: the read starts once it is there
             loader._buffers.block()
-        with Peak(dev) as peak, mock.patch.object(plugin_loader, "logger") as log:
+        from fi_convert.format import whole_read
+
+        bulk, reads = whole_read.BulkRead, []  # (another bulk_read.py's, under --alt-bulk)
+
+        def wait(self):
+            reads.append(stats := wait.real(self))
+            return stats
+
+        wait.real = bulk.wait
+        with (
+            Peak(dev) as peak,
+            mock.patch.object(plugin_loader, "logger") as log,
+            mock.patch.object(bulk, "wait", wait),
+        ):
             t0 = time.perf_counter()
             loader.load_weights(m, cfg)
             _sync(dev)
@@ -259,6 +272,9 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
         "setup_s": t2 - t1,
         "extra_bytes": peak.extra,
         "line": said[0] % said[1:],
+        # the whole read's jobs and when each thread ran out of them (its tail)
+        "jobs": [getattr(r, "jobs", None) for r in reads],
+        "thread_ends_s": [getattr(r, "thread_ends", None) for r in reads],
     }
 
 
@@ -419,6 +435,7 @@ def read_gap(
     runs: dict[str, list[float]] = {"limit": [], "bulk": [], "plugin": []}
     runs |= {f"plugin {name}": [] for name in alt}
     lines: list[str] = []  # the plugin's log line of each whole-model run
+    tails: list[dict] = []  # its read's jobs and when each thread ran out of them
     sides = list(runs)
     for k in range(n):
         for side in sides[k % len(sides) :] + sides[: k % len(sides)]:
@@ -432,6 +449,7 @@ def read_gap(
                     if model is not None:
                         r = plugin_model_path(src, out, case["prefixes"], dev, model)
                         lines.append(f"[{side}] {r['line']}")
+                        tails.append({"side": side, "jobs": r["jobs"], "ends": r["thread_ends_s"]})
                     else:
                         r = plugin_path(src, out, case["prefixes"], dev)
                 runs[side].append(r["read_s"])
@@ -447,7 +465,15 @@ def read_gap(
         + f" (medians of {n})",
         flush=True,
     )
-    return {"case": case["name"], "medians_s": medians, "runs_s": runs, "lines": lines}
+    return {
+        "case": case["name"],
+        # the limit's pieces of work (its spans cut at its chunk), beside the plugin's `tails`
+        "limit_jobs": sum(-(-size // limit[1]) for *_, size in spans),
+        "medians_s": medians,
+        "runs_s": runs,
+        "lines": lines,
+        "tails": tails,
+    }
 
 
 @contextlib.contextmanager

@@ -79,6 +79,11 @@ def test_every_range_lands_in_its_destination(two_files, staged, seed):
     assert stats.bytes == sum(len(raw) for _, raw in want)
     assert stats.read_bytes >= stats.bytes
     assert bulk.pinned_bytes == 0 and not _reader_threads()
+    # its jobs, none over a chunk, and when each of the 3 threads ran out of them, in order
+    assert stats.jobs >= -(-stats.read_bytes // MIN_CHUNK)
+    assert len(stats.thread_ends) == stats.threads == 3
+    assert list(stats.thread_ends) == sorted(stats.thread_ends)
+    assert 0 <= stats.thread_ends[0] and stats.thread_ends[-1] == pytest.approx(stats.seconds)
 
 
 @pytest.mark.parametrize("staged", [False, True])
