@@ -1735,6 +1735,18 @@ MINIMAX_M3_RELEASED = dict(
 )
 
 
+# the published vision_config's keys the servers' vision towers read that transformers' config
+# class does not write (it keeps spatial_merge_size and temporal_patch_size at its top level;
+# SGLang's CLIPVisionConfig requires the others, its tower runs 3D RoPE only)
+MINIMAX_M3_VISION_RELEASED = dict(
+    img_token_compression_config=dict(spatial_merge_size=2, temporal_patch_size=2),
+    position_embedding_type="rope",
+    rope_mode="3d",
+    vision_segment_max_frames=None,
+)
+MINIMAX_M3_MLP = re.compile(r"\.block_sparse_moe\.(?=(gate_proj|up_proj|down_proj|fc1|fc2)\.)")
+
+
 def _save_minimax_m3(root: Path, seed: int = 0) -> Path:
     import transformers
 
@@ -1745,7 +1757,12 @@ def _save_minimax_m3(root: Path, seed: int = 0) -> Path:
         projector_hidden_size=64,
     )
     _write(config, "MiniMaxM3SparseForConditionalGeneration", root, seed)
-    return _add_keys(root, {"text_config": MINIMAX_M3_RELEASED})
+    # (transformers' save turns every .mlp. into .block_sparse_moe., its reading of the
+    # published MoE blocks: the dense layers' and the vision tower's MLPs are published as .mlp.)
+    _rename_tensors(root, lambda n: MINIMAX_M3_MLP.sub(".mlp.", n))
+    return _add_keys(
+        root, {"text_config": MINIMAX_M3_RELEASED, "vision_config": MINIMAX_M3_VISION_RELEASED}
+    )
 
 
 # Muse Spark (MuseSparkForConditionalGeneration): a latent MoE in every layer (experts of

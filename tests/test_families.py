@@ -449,31 +449,43 @@ def test_step3p5_is_refused_for_each_server_with_that_servers_reason(
 
 
 @pytest.mark.parametrize(
-    ("server", "words"),
+    ("server", "backend", "words", "end"),
     [
         (
             "vllm",
-            "fi-convert has not proven an output of MiniMax-M3 "
-            "(MiniMaxM3SparseForConditionalGeneration) against vLLM 0.33's own load: its model "
-            "(vllm/models/minimax_m3) reads hidden_act swigluoai",
+            "trtllm",
+            "vLLM 0.33's FlashInfer TRT-LLM bf16 experts take no swigluoai_uninterleave activation",
+            "; servable for vllm instead: --scheme bf16 (cutlass), mxfp8 (trtllm)",
         ),
-        ("sglang", "SGLang 0.5.23 has a model class for MiniMax-M3 (models/minimax_m3.py"),
+        (
+            "sglang",
+            "trtllm",
+            "SGLang 0.5.23 runs these experts as silu with SwiGLU-OAI's alpha and clamp "
+            "(gemm1_alpha, gemm1_clamp_limit: models/minimax_m3.py), which its TRT-LLM BF16 "
+            "runner has no field for",
+            "; servable for sglang instead: --scheme bf16 (cutlass); or convert for vLLM "
+            "(--server vllm)",
+        ),
     ],
 )
-def test_minimax_m3_is_found_and_refused_for_each_server_until_proven(
-    ckpt, tmp_path, server, words
+def test_minimax_m3_is_found_and_refused_where_its_server_does_not_run_it(
+    ckpt, tmp_path, server, backend, words, end
 ):
     """MiniMax-M3 (transformers' own tiny MiniMaxM3SparseForConditionalGeneration, written with
     the published names and its text_config's published keys): the family finds its MoE layer
-    (language_model.model.layers.1.block_sparse_moe.experts, sizes from text_config) and each
-    server refuses it in one line, naming why it is not proven yet (servers/<name>/target.py);
-    nothing is written."""
+    (language_model.model.layers.1.block_sparse_moe.experts, sizes from text_config); neither
+    server's TRT-LLM BF16 kernel takes its experts: vLLM's lists no swigluoai_uninterleave
+    (servers/vllm/routing.py), SGLang's runner has no field for the alpha and clamp it builds
+    them with (servers/sglang/target.py): one line each, naming the server's reason and the
+    CUTLASS output, which each server's own class proves (tests/test_vllm_families.py,
+    tests/test_sglang_families.py); nothing is written."""
     model = ckpt("minimax_m3")
     out = tmp_path / "out"
-    line = error_line(cli("convert", model, out, "--server", server, "--backend", "cutlass"))
-    assert line.startswith(f"error: --scheme bf16 --backend cutlass --server {server}: {words}")
-    assert line.endswith("; serve the checkpoint as it is")
+    line = error_line(cli("convert", model, out, "--server", server, "--backend", backend))
+    assert line.startswith(f"error: --scheme bf16 --backend {backend} --server {server}: {words}")
+    assert line.endswith(end)
     assert not out.exists()
+    assert error_line(cli("inspect", model, "--server", server, "--backend", backend)) == line
     from fi_convert.source import find_family, open_checkpoint
 
     fam, layers = find_family(open_checkpoint(model))
@@ -484,6 +496,37 @@ def test_minimax_m3_is_found_and_refused_for_each_server_until_proven(
         "swigluoai_uninterleave",
         7.0,
     )
+
+
+@pytest.mark.parametrize(
+    ("server", "words"),
+    [
+        (
+            "vllm",
+            "fi-convert has not proven an output of MiniMax-M3's text model "
+            "(MiniMaxM3SparseForCausalLM) against vLLM 0.33's own load: no checkpoint of it alone "
+            "is published, and vLLM reads its config.json with transformers 5.20's "
+            "MiniMaxM3VLTextConfig",
+        ),
+        ("sglang", "SGLang 0.5.23 has a model class for MiniMax-M3's text model"),
+    ],
+)
+def test_minimax_m3s_text_model_alone_is_refused_for_each_server(ckpt, tmp_path, server, words):
+    """MiniMax-M3's text model alone (MiniMaxM3SparseForCausalLM, config.json the published
+    model's text_config): no checkpoint of it is published; vLLM reads such a config.json with
+    transformers' class, which its model refuses (test_vllm_families.py:
+    test_vllms_minimax_m3_text_model_reads_a_config_its_mlp_refuses), and SGLang's load of it is
+    not proven: one line each, nothing written."""
+    model = shutil.copytree(ckpt("minimax_m3"), tmp_path / "m")
+    text = json.loads((model / "config.json").read_text())["text_config"]
+    (model / "config.json").write_text(
+        json.dumps(text | {"architectures": ["MiniMaxM3SparseForCausalLM"]})
+    )
+    out = tmp_path / "out"
+    line = error_line(cli("convert", model, out, "--server", server, "--backend", "cutlass"))
+    assert line.startswith(f"error: --scheme bf16 --backend cutlass --server {server}: {words}")
+    assert line.endswith("; serve the checkpoint as it is")
+    assert not out.exists()
 
 
 _OAI = "swigluoai_uninterleave"
@@ -519,6 +562,7 @@ def test_vllm_runs_swigluoai_uninterleave_on_the_kernels_that_list_it(scheme, ba
         ("fp8-tensor", "cutlass", None),
         ("nvfp4", "cutlass", None),
         ("bf16", "trtllm", "which its TRT-LLM BF16 runner has no field for"),
+        ("fp8-tensor", "trtllm", "which its TRT-LLM FP8 per-tensor methods do not hand"),
         ("fp8-block", "trtllm", "fi-convert has not proven its TRT-LLM fp8-block runner"),
         ("nvfp4", "trtllm", "fi-convert has not proven its TRT-LLM nvfp4 runner"),
     ],
@@ -528,8 +572,9 @@ def test_sglang_runs_swigluoai_uninterleave_as_silu_with_its_parameters_on_cutla
 ):
     """SGLang 0.5.23 builds MiniMax-M3's experts as silu with gemm1_alpha and gemm1_clamp_limit,
     which its CUTLASS runner takes per expert; its TRT-LLM BF16 runner has no field for them,
-    and its other TRT-LLM runners are not proven with them (servers/sglang/target.py): one line
-    each, naming --backend cutlass."""
+    its TRT-LLM FP8 per-tensor methods do not hand them to their kernel, and its other TRT-LLM
+    runners are not proven with them (servers/sglang/target.py): one line each, naming
+    --backend cutlass."""
     from fi_convert.servers.sglang.target import SGLANG_TARGET
 
     said = SGLANG_TARGET.refuses_moe(scheme, backend, "MiniMax2", _OAI, 7.0)

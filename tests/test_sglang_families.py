@@ -74,7 +74,11 @@ model.layers.L.moe.experts; its encoder's text layers tied to them) in BF16 on C
 Granite-MoE's block; at TP 2 its one-group Mamba2 projections are compared where SGLang's
 loader writes them: MAMBA_ONE_GROUP) and Nemotron-H (NemotronHForCausalLM: Mamba, MoE with
 non-gated relu2 experts, attention; the checkpoint's backbone.layers.L built as model.layers.L)
-in BF16 on both backends, and Nemotron Nano VL (NemotronH_Nano_VL_V2: RADIO's smallest ViT
+in BF16 on both backends, MiniMax-M3 (MiniMaxM3SparseForConditionalGeneration, the whole model
+as published: its SwiGLU-OAI experts built as silu ones with gemm1_alpha, gemm1_beta and
+gemm1_clamp_limit, which the CUTLASS runner's state holds per expert and the comparison covers)
+in BF16 on CUTLASS (its TRT-LLM BF16 runner has no field for them: tests/test_families.py), and
+Nemotron Nano VL (NemotronH_Nano_VL_V2: RADIO's smallest ViT
 under its published names, vision_model.radio_model.model.*, and the projector mlp1 over
 Nemotron-H's model, language_model, its config.json in llm_config:
 test_nemotron_nano_vls_radio_tower_is_read_from_its_published_names), Nano Omni
@@ -191,6 +195,7 @@ CASES = {
     "nemotron-vl-bf16": ("nemotron_h_nano_vl", None, {}),
     "nemotron-nano-omni-bf16": ("nemotron_h_nano_omni", None, {}),
     "nemotron-omni-bf16": ("nemotron_h_omni", None, {}),
+    "minimax-m3-bf16": ("minimax_m3", None, {}),
     # Beam: SGLang's model takes FlashInfer's MoE for ModelOpt NVFP4 only (TRT-LLM)
     "beam-nvfp4": (
         "beam",
@@ -243,6 +248,8 @@ MOE = {
     # dots.vlm: the language model's tensors under their own names (model.layers.L), its
     # layers named so in SGLang's module language_model
     "dots_vlm": ["model.layers.1.mlp.experts"],
+    # MiniMax-M3: a dense layer, then the MoE one (block_sparse_moe, which SGLang names mlp)
+    "minimax_m3": ["language_model.model.layers.1.block_sparse_moe.experts"],
 }
 # where SGLang's module is not named as the checkpoint's layer: GLM-4.5V's language model is
 # SGLang's module `model` (its load_weights drops `language_model.` from the checkpoint's names)
@@ -263,6 +270,8 @@ MODULES = {
     "nemotron_h_nano_vl": ["language_model.model.layers.1.mixer.experts"],
     "nemotron_h_nano_omni": ["language_model.model.layers.1.mixer.experts"],
     "nemotron_h_omni": ["language_model.model.layers.1.mixer.experts"],
+    # MiniMax-M3: its language model is SGLang's module `model` (language_model. dropped)
+    "minimax_m3": ["model.layers.1.mlp.experts"],
 }
 # (case, backend, scheme)
 RUNS = [
@@ -351,6 +360,9 @@ RUNS = [
     # Nemotron Omni (NemotronH_Omni_Reasoning_V3, model_type nemotron_h_omni): the same layout
     ("nemotron-omni-bf16", "trtllm", "bf16"),
     ("nemotron-omni-bf16", "cutlass", "bf16"),
+    # MiniMax-M3: silu experts with SwiGLU-OAI's alpha and clamp, which SGLang's CUTLASS runner
+    # takes (its TRT-LLM BF16 runner has no field for them)
+    ("minimax-m3-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 

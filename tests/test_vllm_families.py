@@ -137,7 +137,12 @@ over a Cohere2-MoE language model, its SigLIP tower under the published
 vision_tower.vision_model.) bf16 on CUTLASS, as Cohere2-MoE, DiffusionGemma
 (diffusion_gemma.DiffusionGemmaForConditionalGeneration, the whole block-diffusion model
 transformers writes: Gemma 4's MoE layers in its decoder; its module imports torchvision) bf16
-on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), and
+on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), MiniMax-M3
+(vllm.models.minimax_m3's MiniMaxM3SparseForConditionalGeneration, the whole model as published,
+read with vLLM's own MiniMaxM3Config, which keeps hidden_act swigluoai and moe_layer_freq; its
+module imports torchvision: a dense layer, then SwiGLU-OAI experts, swigluoai_uninterleave, beside
+a shared expert; tests/hf_checkpoints.py) bf16 on CUTLASS (vLLM's TRT-LLM BF16 kernel lists no
+swigluoai_uninterleave: tests/test_families.py), and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -520,6 +525,14 @@ CASES = {
     ),
     # ... its text model alone (vLLM's text-only entry point, InklingForCausalLM)
     "inkling-text-bf16": ("inkling_text", "vllm.models.inkling.InklingForCausalLM", None, {}),
+    # MiniMax-M3 as published (tests/hf_checkpoints.py): a dense layer, then a MoE layer of
+    # SwiGLU-OAI experts (swigluoai_uninterleave) beside a shared expert, under its vision tower
+    "minimax-m3-bf16": (
+        "minimax_m3",
+        "vllm.models.minimax_m3.MiniMaxM3SparseForConditionalGeneration",
+        None,
+        {},
+    ),
     # The families' quantized checkpoints as published (tests/quantized_checkpoints.py
     # PUBLISHED), each refused (test_a_published_quantized_form_...): Hunyuan-A13B-Instruct-FP8
     # (AngelSlim's FP8 static per tensor, vLLM's "fp8" method), Laguna-XS.2-FP8 (compressed-
@@ -677,6 +690,8 @@ RUNS = [
     # Inkling's router's own function (Custom routing): BF16 on CUTLASS only
     ("inkling-bf16", "cutlass", "bf16"),
     ("inkling-text-bf16", "cutlass", "bf16"),
+    # MiniMax-M3's swigluoai_uninterleave experts: BF16 on CUTLASS only
+    ("minimax-m3-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -758,6 +773,7 @@ TORCHVISION = (
     "minicpmv4-7-bf16",
     "minicpm-ocr-bf16",
     "ling3-vl-bf16",
+    "minimax-m3-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -1591,6 +1607,39 @@ def test_vllms_muse_spark_hooks_its_post_expert_norm_where_the_pre_processed_mod
     pick = inspect.getsource(muse.MuseSparkRoutedExperts._get_quant_method)
     assert pick.rstrip().endswith("return MuseSparkUnquantizedFusedMoE(moe_config)")
     assert "is_weights_pre_processed" not in inspect.getsource(muse)
+
+
+def test_vllms_minimax_m3_text_model_reads_a_config_its_mlp_refuses(sources, tmp_path):
+    """Why vLLM refuses MiniMax-M3's text model alone (servers/vllm/target.py NOT_PROVEN):
+    the published whole model's config.json is read with vLLM's own MiniMaxM3Config (hidden_act
+    swigluoai, moe_layer_freq kept: the proof above), a text model's (its text_config, model_type
+    minimax_m3_vl_text) with transformers 5.20's MiniMaxM3VLTextConfig, which rewrites
+    hidden_act to silu and drops moe_layer_freq; vLLM's own MiniMaxM3MLP refuses it when built."""
+    import json
+
+    from vllm.transformers_utils.config import get_config
+
+    with torchvision_stand_in():  # (its package imports vLLM's MiniMax-M3 image processor)
+        from vllm.models.minimax_m3.nvidia.model import MiniMaxM3MLP
+
+    src = sources("minimax-m3-bf16")
+    whole = get_config(str(src), trust_remote_code=False).text_config
+    assert (type(whole).__name__, whole.hidden_act, whole.moe_layer_freq) == (
+        "MiniMaxM3TextConfig",
+        "swigluoai",
+        [0, 1],
+    )
+    text = json.loads((src / "config.json").read_text())["text_config"]
+    (tmp_path / "config.json").write_text(
+        json.dumps(text | {"architectures": ["MiniMaxM3SparseForCausalLM"]})
+    )
+    config = get_config(str(tmp_path), trust_remote_code=False)
+    assert type(config).__name__ == "MiniMaxM3VLTextConfig" and config.hidden_act == "silu"
+    assert getattr(config, "moe_layer_freq", None) is None
+    with vm.vllm_context("cutlass", 1, 0):
+        _one_process_group()
+        with pytest.raises(ValueError, match="Unsupported activation: silu"):
+            MiniMaxM3MLP(config, intermediate_size=config.dense_intermediate_size)
 
 
 def test_mimo_v2_omni_is_refused_for_sglang_in_one_line(sources, tmp_path):

@@ -168,13 +168,24 @@ CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai_uninterle
 # builds them as silu experts with gemm1_alpha, gemm1_beta 1.0 and gemm1_clamp_limit,
 # gate_up_interleaved False (models/minimax_m3.py), silu's layout; its CUTLASS runner takes
 # the three per expert (flashinfer_cutlass.py: materialize_swiglu_params_for_cutlass, from
-# unquant.py and modelopt_quant.py), its TRT-LLM BF16 runner has no field for them; its
-# TRT-LLM FP8 and FP4 runners' use of them fi-convert has not read against its output
+# unquant.py and modelopt_quant.py; proven through SGLang's own MiniMax-M3 class in BF16,
+# tests/test_sglang_families.py), its TRT-LLM BF16 runner has no field for them, and its
+# TRT-LLM FP8 per-tensor methods (ModelOpt FP8's, modelopt_quant.py, and compressed-tensors
+# W8A8 FP8's) build their FlashInferTrtllmFp8MoeQuantInfo without them, so that kernel runs
+# plain silu; its block FP8, MXFP8 (fp8.py: per expert) and ModelOpt NVFP4 TRT-LLM paths pass
+# them, but fi-convert has not proven those outputs through SGLang's class with them
 OAI_TRTLLM_WHY = {
     "bf16": (
         "SGLang {sglang} runs these experts as silu with SwiGLU-OAI's alpha and clamp "
         "(gemm1_alpha, gemm1_clamp_limit: models/minimax_m3.py), which its TRT-LLM BF16 runner "
         "has no field for (moe_runner/flashinfer_trtllm.py); use --backend cutlass"
+    ),
+    "fp8-tensor": (
+        "SGLang {sglang} runs these experts as silu with SwiGLU-OAI's alpha and clamp "
+        "(gemm1_alpha, gemm1_clamp_limit: models/minimax_m3.py), which its TRT-LLM FP8 "
+        "per-tensor methods do not hand their kernel (modelopt_quant.py ModelOptFp8MoEMethod "
+        "and compressed-tensors W8A8 FP8 build FlashInferTrtllmFp8MoeQuantInfo without "
+        "them); use --backend cutlass"
     ),
 }
 OAI_TRTLLM_UNREAD = (
@@ -280,17 +291,14 @@ NO_FLASHINFER_MODEL = {
         "parameter, the experts' w13 and w2 among them, so it refuses a load that fills the MoE "
         "layers otherwise, as fi-convert's SGLang plugin does; serve the checkpoint as it is"
     ),
-    # MiniMax-M3 (families/minimax_m3.json): its experts' activation is in the facts
-    # (OAI_TRTLLM_WHY: CUTLASS takes it), its model not yet run
-    "MiniMaxM3SparseForConditionalGeneration": (
-        _MINIMAX_M3 := (
-            "SGLang {sglang} has a model class for MiniMax-M3 (models/minimax_m3.py, "
-            "minimax_m3_vl.py: silu experts with SwiGLU-OAI's gemm1_alpha and "
-            "gemm1_clamp_limit, which its CUTLASS runner takes), but fi-convert has not proven "
-            "an output of it against SGLang's own load yet; serve the checkpoint as it is"
-        )
+    # MiniMax-M3 as published (MiniMaxM3SparseForConditionalGeneration) is proven
+    # (tests/test_sglang_families.py); its text model alone has no published checkpoint
+    "MiniMaxM3SparseForCausalLM": (
+        "SGLang {sglang} has a model class for MiniMax-M3's text model (models/minimax_m3.py), "
+        "but no checkpoint of it alone is published and fi-convert has proven SGLang's load of "
+        "MiniMax-M3 as published (MiniMaxM3SparseForConditionalGeneration) only; serve the "
+        "checkpoint as it is"
     ),
-    "MiniMaxM3SparseForCausalLM": _MINIMAX_M3,
     # (tests/test_sglang_families.py: test_sglangs_gemma4_unified_load_leaves_its_experts_unfilled)
     "Gemma4UnifiedForConditionalGeneration": (
         "SGLang {sglang}'s Gemma 4 Unified (models/gemma4_unified.py) builds Gemma 4's MoE "

@@ -112,21 +112,17 @@ NOT_PROVEN: dict[str, tuple[str, str]] = {
         "its model (models/deepseek_ocr.py) builds SAM ViT-B and CLIP-L towers of a fixed size "
         "whatever config.json says, and reads its image token from the checkpoint's tokenizer",
     ),
-    # MiniMax-M3 (families/minimax_m3.json): its experts' activation is in the facts
-    # (routing.py: swigluoai_uninterleave), its model not yet run (read, not run: vLLM's
-    # MiniMaxM3MLP refuses any hidden_act but swigluoai, which transformers 5.20's own config
-    # class rewrites to silu, dropping moe_layer_freq and sparse_attention_config too)
-    "MiniMaxM3SparseForConditionalGeneration": (
-        "MiniMax-M3",
-        _MINIMAX_M3 := (
-            "its model (vllm/models/minimax_m3) reads hidden_act swigluoai, moe_layer_freq and "
-            "sparse_attention_config from the checkpoint's own config class (config.json's "
-            "auto_map, --trust-remote-code), of which fi-convert's tests hold no stand-in yet: "
-            "transformers 5.20's MiniMaxM3VLConfig rewrites hidden_act to silu, which vLLM's "
-            "MiniMaxM3MLP refuses"
-        ),
+    # MiniMax-M3's text model alone (families/minimax_m3.json names it): vLLM 0.33's config
+    # registry holds its own MiniMaxM3Config for model_type minimax_m3_vl (the published whole
+    # model, proven: tests/test_vllm_families.py), none for the text model's, whose config.json
+    # transformers 5.20's MiniMaxM3VLTextConfig reads (seen: hidden_act silu, no moe_layer_freq)
+    "MiniMaxM3SparseForCausalLM": (
+        "MiniMax-M3's text model",
+        "no checkpoint of it alone is published, and vLLM reads its config.json with "
+        "transformers 5.20's MiniMaxM3VLTextConfig (its own config class is for the whole "
+        "model, minimax_m3_vl), which rewrites hidden_act swigluoai to silu, which vLLM's "
+        "MiniMaxM3MLP refuses",
     ),
-    "MiniMaxM3SparseForCausalLM": ("MiniMax-M3", _MINIMAX_M3),
 }
 # Architectures whose vLLM 0.33 model class builds its experts with a MoE method of its own whose
 # kernel setup the plugin cannot run on converted experts, by architecture: (title, why). No
