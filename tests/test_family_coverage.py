@@ -61,6 +61,20 @@ def test_every_kind_is_explained_and_used():
     assert {"not-yet", "draft", "transformers"} <= used
 
 
+@pytest.mark.parametrize("server", sorted(TARGETS))
+def test_a_refused_architecture_is_refused_by_its_server_on_every_backend(server):
+    """An entry of kind `refused` is one the server's facts refuse, whatever a user's family
+    file says of it: planned for that server, in bf16 on either backend, it gets one line."""
+    refused = [a for a, e in coverage(server).uncovered.items() if e.kind == "refused"]
+    assert refused
+    for arch in refused:
+        for backend in ("trtllm", "cutlass"):
+            why = TARGETS[server].refuses_source("bf16", backend, None, [arch])
+            assert why and "\n" not in why, (server, arch, backend)
+    # (and the facts are what decide: an architecture they do not hold is not refused so)
+    assert TARGETS[server].refuses_source("bf16", "cutlass", None, ["Qwen3MoeForCausalLM"]) is None
+
+
 def test_the_docs_list_is_generated():
     r = subprocess.run(
         [sys.executable, "scripts/coverage_table.py", "--check"],

@@ -27,6 +27,11 @@ KINDS = {
         "a model family fi-convert has not added yet (no family file): converting it is "
         "refused as a model of no family fi-convert knows"
     ),
+    "refused": (
+        "a model class fi-convert refuses for this server, with the server's reason read from "
+        "its code (servers/<name>/target.py): a user's family file for it (--family) is "
+        "refused in one line"
+    ),
     "draft": (
         "a speculative-decoding draft model (MTP, NextN, Eagle, DFlash, DSpark) the server "
         "runs beside its target model: fi-convert converts target models, and a draft's load "
