@@ -454,8 +454,16 @@ def read_gap(
                         r = plugin_path(src, out, case["prefixes"], dev)
                 runs[side].append(r["read_s"])
             gc.collect()
+        ends = [  # each plugin side's read: its jobs, its first and last thread's end
+            f"{t['side']} {t['jobs'][0]} jobs, threads done {t['ends'][0][0] * 1e3:.0f}-"
+            f"{t['ends'][0][-1] * 1e3:.0f} ms"
+            for t in tails[-(len(sides) - 2) :]
+            if t["jobs"] and t["jobs"][0] and t["ends"][0]
+        ]
         print(  # (a call cut short keeps these)
-            f"gap run {k}: " + ", ".join(f"{s} {runs[s][-1] * 1e3:.1f}" for s in sides),
+            f"gap run {k}: "
+            + ", ".join(f"{s} {runs[s][-1] * 1e3:.1f}" for s in sides)
+            + (f" ({'; '.join(ends)})" if ends else ""),
             flush=True,
         )
     medians = {side: statistics.median(t) for side, t in runs.items()}
