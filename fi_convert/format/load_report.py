@@ -30,17 +30,17 @@ class LoadReport:
         d, st = r.dense, r.stats
         whole = ended - self.started
         return (
-            f"fi-convert: {self.who} loaded {_gb(self.nbytes)} in {whole:.2f} s "
+            f"fi-convert: {self.who} loaded {_gb(self.nbytes)} in {whole:.3f} s "
             f"({self.nbytes / whole / 1e9 if whole > 0 else 0:.1f} GB/s): prepared in "
-            f"{r.read_started - self.started - d.probe_s:.2f} s (the experts' parameters, "
+            f"{r.read_started - self.started - d.probe_s:.3f} s (the experts' parameters, "
             f"the read's plan), the experts of {self.layers} MoE layers ({_gb(r.moe_bytes)}) "
             f"and non-expert tensors ({_gb(d.direct_bytes)}) read at once in "
-            f"{r.read_ended - r.read_started:.2f} s ({st.threads} "
+            f"{r.read_ended - r.read_started:.3f} s ({st.threads} "
             f"thread{'s' if st.threads != 1 else ''}, "
             f"{(st.pinned_peak + d.pinned_bytes) / 2**20:.0f} MiB pinned), then the model's "
-            f"load_weights in {d.rest_s:.2f} s (non-expert {_gb(d.rest_bytes)} with their data, "
-            f"{len(d.rest)} tensors); the model asked where in {d.probe_s:.2f} s, {setup} "
-            f"{ended - r.read_ended - d.rest_s:.2f} s; from {self.root}"
+            f"load_weights in {d.rest_s:.3f} s (non-expert {_gb(d.rest_bytes)} with their data, "
+            f"{len(d.rest)} tensors); the model asked where in {d.probe_s:.3f} s, {setup} "
+            f"{ended - r.read_ended - d.rest_s:.3f} s; from {self.root}"
         )
 
 
