@@ -359,7 +359,7 @@ def declared(config: dict, extra: tuple[Family, ...] = ()) -> tuple[Family, ...]
         for f in (*extra, *all_families())
         if types & set(f.model_types) or archs & set(f.architectures)
     ]
-    own = {config.get("model_type")} | set(served_architectures(config))
+    own = {t for t in found[:1] if isinstance(t, str)} | set(served_architectures(config))
     return tuple(
         sorted(named, key=lambda f: (not f.own, not own & {*f.model_types, *f.architectures}))
     )

@@ -1281,13 +1281,25 @@ def _save_kimi_linear(root: Path, seed: int = 0, **sizes: object) -> Path:
 # [H, latent] and its routed_expert_norm (latent_moe_use_norm), their w1/w3 [I, latent] and w2
 # [latent, I]; its decoder layers under language_model.layers.L (both servers' mappers make
 # them language_model.model.layers.L), its embedding, norm and head under language_model.model.
-# and language_model.; Kimi-K2.5's MoonViT 3D tensors and projector beside it (KIMI_K25's)
+# and language_model.; Kimi-K2.5's MoonViT 3D tensors beside it (KIMI_K25's), and K3's projector
 KIMI_K3_HIDDEN, KIMI_K3_LATENT = 128, 64  # (TRT-LLM's BF16 layout takes sizes of 64s)
 KIMI_K3_TEXT = dict(
     routed_expert_hidden_size=KIMI_K3_LATENT,
     latent_moe_use_norm=True,
     use_grouped_topk=True,
     moe_router_activation_func="sigmoid",
+)
+# the keys of K3's vision config (its servers' KimiK3VisionConfig) whose defaults are not
+# Kimi-K2.5's tower (qkv_hidden_size 1536, RMSNorm, no biases), set to K2.5's tensors' form; its
+# projector K3's (patchmergerv2, which both servers build: proj.0, proj.2, post_norm)
+KIMI_K3_VISION = dict(
+    qkv_hidden_size=KIMI_K25_VISION["hidden_size"],
+    norm_type="layernorm",
+    attn_bias=True,
+    patch_embed_proj_bias=True,
+    linear_bias=True,
+    mlp_type="mlp2",
+    mm_projector_type="patchmergerv2",
 )
 KIMI_K3 = dict(
     architectures=["KimiK3ForConditionalGeneration"],
@@ -1319,10 +1331,13 @@ def _save_kimi_k3(root: Path, seed: int = 0, latent: int | None = KIMI_K3_LATENT
         for theirs, ours in KIMI_K25_PROJECTOR.items():
             name = name.replace(theirs, ours)
         vision[name] = tensor
-    # (the projector's output is the language model's hidden size)
-    out = vision["mm_projector.proj.2.weight"].shape[1]
-    vision["mm_projector.proj.2.weight"] = torch.randn(KIMI_K3_HIDDEN, out, generator=gen)
-    vision["mm_projector.proj.2.bias"] = torch.randn(KIMI_K3_HIDDEN, generator=gen)
+    # K3's projector (patchmergerv2): no pre-norm, bias-free proj.0 and proj.2 (of the language
+    # model's hidden size), a post-norm
+    vision = {n: t for n, t in vision.items() if not n.startswith("mm_projector.")}
+    merged = 4 * KIMI_K25_VISION["hidden_size"]
+    vision["mm_projector.proj.0.weight"] = torch.randn(merged, merged, generator=gen)
+    vision["mm_projector.proj.2.weight"] = torch.randn(KIMI_K3_HIDDEN, merged, generator=gen)
+    vision["mm_projector.post_norm.weight"] = 1 + torch.randn(KIMI_K3_HIDDEN, generator=gen) / 8
     vision = {n: t.to(torch.bfloat16) for n, t in vision.items()}
     shard = root / "model-00001-of-00002.safetensors"
     save_file({names[n]: t for n, t in tensors.items()}, shard, metadata={"format": "pt"})
@@ -1331,7 +1346,7 @@ def _save_kimi_k3(root: Path, seed: int = 0, latent: int | None = KIMI_K3_LATENT
     weight_map |= dict.fromkeys(vision, "model-00002-of-00002.safetensors")
     index = {"metadata": {}, "weight_map": weight_map}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    vision_config = KIMI_K25_VISION | dict(text_hidden_size=KIMI_K3_HIDDEN)
+    vision_config = KIMI_K25_VISION | KIMI_K3_VISION | dict(text_hidden_size=KIMI_K3_HIDDEN)
     config = KIMI_K3 | {"text_config": cfg, "vision_config": vision_config}
     (root / "config.json").write_text(json.dumps(config, indent=2))
     return root
