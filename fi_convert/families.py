@@ -348,14 +348,20 @@ def architectures(config: dict) -> list[str]:
 
 def declared(config: dict, extra: tuple[Family, ...] = ()) -> tuple[Family, ...]:
     """The families config.json names: by `model_type` (its own or its text_config's) or by
-    `architectures`; those of `extra` (a user's family file) first."""
+    `architectures`; those of `extra` (a user's family file) first, then those config.json's
+    own model_type or architectures name before those only its text_config's does (Kimi K3's
+    config.json, model_type kimi_k3, is Kimi K3's, not its kimi_linear text_config's)."""
     found = (config.get("model_type"), _text_config(config).get("model_type"))
     types = {t for t in found if isinstance(t, str)}
     archs = set(architectures(config))
-    return tuple(
+    named = [
         f
         for f in (*extra, *all_families())
         if types & set(f.model_types) or archs & set(f.architectures)
+    ]
+    own = {t for t in found[:1] if isinstance(t, str)} | set(served_architectures(config))
+    return tuple(
+        sorted(named, key=lambda f: (not f.own, not own & {*f.model_types, *f.architectures}))
     )
 
 
@@ -399,7 +405,8 @@ ROUTING_METHODS = (
 )
 # the experts' activation, as vLLM 0.33's MoEActivation names it (lower case);
 # swigluoai_uninterleave is SwiGLU-OAI (clamped, alpha and beta) on w13's [gate; up] halves, as
-# silu's are stored (MiniMax-M3), where swigluoai is gpt-oss's interleaved form
+# silu's are stored (MiniMax-M3), where swigluoai is gpt-oss's interleaved form; situ is Kimi
+# K3's SiTU (activation_situ_beta, activation_situ_linear_beta: gated, [gate; up] as silu's)
 ACTIVATIONS = (
     "silu",
     "gelu_tanh",
@@ -407,6 +414,7 @@ ACTIVATIONS = (
     "swigluoai",
     "swigluoai_uninterleave",
     "swiglustep",
+    "situ",
 )
 # the activations without a product (vLLM 0.33's MoEActivation.is_gated is False for them):
 # their experts have no gate, w13 is the up projection alone
@@ -434,18 +442,31 @@ class MoeFacts:
     method: str | None = None
     activation: str = "silu"
     refuse: str | None = None
-    # where config.json says the experts' activation (`{"key": field, "refuse": why}`): a
-    # value other than `activation` is refused, `why` naming the servers' reason
+    # where config.json says the experts' activation (`{"key": field, "refuse": why}`, and
+    # optionally `"activations": [...]`, the values the key may give, each the experts'
+    # activation, whose refusal is then each server's: Kimi K3's silu or situ): a value other
+    # than `activation` (or than one of `activations`) is refused, `why` naming the reason
     activation_key: dict | None = None
+
+    def takes(self) -> tuple[str, ...]:
+        """The activations config.json may give the experts (`activation_key`'s `activations`,
+        else the family's `activation` alone)."""
+        return tuple((self.activation_key or {}).get("activations") or (self.activation,))
+
+    def activation_of(self, config: dict) -> str:
+        """The experts' activation for this config.json: the one its `activation_key` gives,
+        where the family takes it (`takes`), else the family's `activation`."""
+        v = lookup(config, self.activation_key["key"]) if self.activation_key else None
+        return v if isinstance(v, str) and v in self.takes() else self.activation
 
     def activation_refused(self, config: dict) -> str | None:
         """Why config.json's activation (`activation_key`) is refused, or None: it gives one
-        other than the family's `activation`."""
+        the family does not take (`takes`)."""
         if not self.activation_key:
             return None
         key = self.activation_key["key"]
         v = lookup(config, key)
-        if v is None or v == self.activation:
+        if v is None or v in self.takes():
             return None
         return f"config.json's {key} is {v!r}: {self.activation_key['refuse']}"
 
@@ -725,13 +746,9 @@ def _check_moe(d: dict) -> str | None:
         return "released_config: not a map (config.json values as the public checkpoints set them)"
     if "activation" in d and d["activation"] not in ACTIVATIONS:
         return f"activation: not one of {', '.join(ACTIVATIONS)}"
-    ak = d.get("activation_key")
-    if ak is not None and not (
-        isinstance(ak, dict)
-        and set(ak) == {"key", "refuse"}
-        and all(isinstance(v, str) and v for v in ak.values())
-    ):
-        return 'activation_key: not {"key": a config.json field, "refuse": why another is}'
+    problem = _check_activation_key(d)
+    if problem:
+        return problem
     act = d.get("activation", "silu")
     for k, f in enumerate(d.get("forms", [])):
         roles = set(f.get("projections", {}).values())
@@ -750,6 +767,38 @@ def _check_moe(d: dict) -> str | None:
         problem = _check_router_field(key, spec)
         if problem:
             return f"routing.{key}{problem}"
+    return None
+
+
+def _check_activation_key(d: dict) -> str | None:
+    """`activation_key`: `{"key": field, "refuse": why}`, and `activations`, where present, a
+    list of activations fi-convert knows that holds the family's `activation` and whose
+    gating is its (one form's roles serve them all)."""
+    ak = d.get("activation_key")
+    if ak is None:
+        return None
+    if not (
+        isinstance(ak, dict)
+        and {"key", "refuse"} <= set(ak) <= {"key", "refuse", "activations"}
+        and all(isinstance(ak[k], str) and ak[k] for k in ("key", "refuse"))
+    ):
+        return (
+            'activation_key: not {"key": a config.json field, "refuse": why another is, '
+            '"activations": the ones it may give (optional)}'
+        )
+    if "activations" not in ak:
+        return None
+    acts, act = ak["activations"], d.get("activation", "silu")
+    if not (_strings(acts) and acts and set(acts) <= set(ACTIVATIONS)):
+        return f"activation_key.activations: not a list of activations ({', '.join(ACTIVATIONS)})"
+    if act not in acts:
+        return f"activation_key.activations: does not list the family's activation {act}"
+    mixed = next((a for a in acts if gated(a) != gated(act)), None)
+    if mixed:
+        return (
+            f"activation_key.activations: {mixed} is "
+            f"{'gated' if gated(mixed) else 'non-gated'}, the family's activation {act} is not"
+        )
     return None
 
 

@@ -162,7 +162,8 @@ class Plan:
         the server runs them on with the plan's scheme and backend."""
         routing = self.family.moe.routing(self.ckpt.config)
         kernel = self.target.moe_kernel(self.scheme.value, self.options.backend.value, routing)
-        return {"routing": routing, "activation": self.family.moe.activation, "kernel": kernel}
+        act = self.family.moe.activation_of(self.ckpt.config)
+        return {"routing": routing, "activation": act, "kernel": kernel}
 
     def summary(self) -> dict:
         return {

@@ -449,7 +449,7 @@ def find_family(
             _check_sizes(ckpt, fam, layers)
             for layer in layers:
                 layer.routing = fam.moe.routing(ckpt.config)
-                layer.activation = fam.moe.activation
+                layer.activation = fam.moe.activation_of(ckpt.config)
             return fam, layers
     if ckpt.config_name != "config.json" and declared(ckpt.config, extra):
         raise SourceError(_unfit(ckpt, declared(ckpt.config, extra)[0]))

@@ -106,9 +106,14 @@ def served(fam: Family, server: str) -> str:
 
 def activation(fam: Family) -> str:
     """The experts' activation; where config.json says it (`activation_key`), its field, any
-    other value of which is refused."""
+    other value of which is refused; the others it may give (`activations`), each refused or
+    not by each server's facts."""
     key = (fam.moe.activation_key or {}).get("key")
-    return f"{fam.moe.activation} ({key}; any other refused)" if key else fam.moe.activation
+    if not key:
+        return fam.moe.activation
+    others = [a for a in fam.moe.takes() if a != fam.moe.activation]
+    also = f", or {' or '.join(others)}: each server's reason" if others else ""
+    return f"{fam.moe.activation} ({key}{also}; any other refused)"
 
 
 def row(fam: Family) -> str:

@@ -1273,6 +1273,114 @@ def _save_kimi_linear(root: Path, seed: int = 0, **sizes: object) -> Path:
     return root
 
 
+# Kimi K3 (KimiK3ForConditionalGeneration, model_type kimi_k3): transformers 5.20 has no model of
+# it, so the names both servers' load_weights read. Its language model is Kimi Linear's
+# (text_config, model_type kimi_linear: transformers' KimiLinear tensors, KIMI_LINEAR's sizes)
+# with K3's latent MoE: the routed experts run in routed_expert_hidden_size (KIMI_K3_LATENT),
+# between the MoE block's routed_expert_down_proj [latent, H] and routed_expert_up_proj
+# [H, latent] and its routed_expert_norm (latent_moe_use_norm), their w1/w3 [I, latent] and w2
+# [latent, I]; its decoder layers under language_model.layers.L (both servers' mappers make
+# them language_model.model.layers.L), its embedding, norm and head under language_model.model.
+# and language_model.; Kimi-K2.5's MoonViT 3D tensors beside it (KIMI_K25's), and K3's projector
+KIMI_K3_HIDDEN, KIMI_K3_LATENT = 128, 64  # (TRT-LLM's BF16 layout takes sizes of 64s)
+KIMI_K3_TEXT = dict(
+    routed_expert_hidden_size=KIMI_K3_LATENT,
+    latent_moe_use_norm=True,
+    use_grouped_topk=True,
+    moe_router_activation_func="sigmoid",
+)
+# the keys of K3's vision config (its servers' KimiK3VisionConfig) whose defaults are not
+# Kimi-K2.5's tower (qkv_hidden_size 1536, RMSNorm, no biases), set to K2.5's tensors' form; its
+# projector K3's (patchmergerv2, which both servers build: proj.0, proj.2, post_norm)
+KIMI_K3_VISION = dict(
+    qkv_hidden_size=KIMI_K25_VISION["hidden_size"],
+    norm_type="layernorm",
+    attn_bias=True,
+    patch_embed_proj_bias=True,
+    linear_bias=True,
+    mlp_type="mlp2",
+    mm_projector_type="patchmergerv2",
+)
+KIMI_K3 = dict(
+    architectures=["KimiK3ForConditionalGeneration"],
+    model_type="kimi_k3",
+    media_placeholder_token_id=100,
+    torch_dtype="bfloat16",
+)
+
+
+def _save_kimi_k3(root: Path, seed: int = 0, latent: int | None = KIMI_K3_LATENT) -> Path:
+    """A Kimi K3 checkpoint (KIMI_K3): Kimi Linear's tensors (_save_kimi_linear) under K3's
+    names, its MoE layer's routed experts of `latent` size with their projections (None: of the
+    hidden size, no latent MoE), beside Kimi-K2.5's vision tensors."""
+    from safetensors.torch import load_file, save_file
+
+    text = _save_kimi_linear(root / "llm", seed, hidden_size=KIMI_K3_HIDDEN)
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(text.glob("*.safetensors")):
+        tensors |= load_file(shard)
+    cfg = json.loads((text / "config.json").read_text())
+    gen = torch.Generator().manual_seed(seed + 1)
+    if latent is not None:
+        tensors = _latent_moe(tensors, cfg["hidden_size"], latent, gen)
+    cfg |= KIMI_K3_TEXT | dict(routed_expert_hidden_size=latent)
+    names = {n: _kimi_k3_name(n) for n in tensors}
+    shutil.rmtree(text)
+    vision = {}
+    for name, tensor in _kimi_vl_vision(seed).items():
+        for theirs, ours in KIMI_K25_PROJECTOR.items():
+            name = name.replace(theirs, ours)
+        vision[name] = tensor
+    # K3's projector (patchmergerv2): no pre-norm, bias-free proj.0 and proj.2 (of the language
+    # model's hidden size), a post-norm
+    vision = {n: t for n, t in vision.items() if not n.startswith("mm_projector.")}
+    merged = 4 * KIMI_K25_VISION["hidden_size"]
+    vision["mm_projector.proj.0.weight"] = torch.randn(merged, merged, generator=gen)
+    vision["mm_projector.proj.2.weight"] = torch.randn(KIMI_K3_HIDDEN, merged, generator=gen)
+    vision["mm_projector.post_norm.weight"] = 1 + torch.randn(KIMI_K3_HIDDEN, generator=gen) / 8
+    vision = {n: t.to(torch.bfloat16) for n, t in vision.items()}
+    shard = root / "model-00001-of-00002.safetensors"
+    save_file({names[n]: t for n, t in tensors.items()}, shard, metadata={"format": "pt"})
+    save_file(vision, root / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
+    weight_map = dict.fromkeys(names.values(), "model-00001-of-00002.safetensors")
+    weight_map |= dict.fromkeys(vision, "model-00002-of-00002.safetensors")
+    index = {"metadata": {}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    vision_config = KIMI_K25_VISION | KIMI_K3_VISION | dict(text_hidden_size=KIMI_K3_HIDDEN)
+    config = KIMI_K3 | {"text_config": cfg, "vision_config": vision_config}
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    return root
+
+
+def _latent_moe(tensors: dict, hidden: int, latent: int, gen) -> dict:
+    """Kimi Linear's `tensors` with each MoE block's routed experts of `latent` size (w1/w3
+    [I, latent], w2 [latent, I]) and the block's routed_expert_down_proj, _norm and _up_proj."""
+    expert = re.compile(r"\.block_sparse_moe\.experts\.\d+\.w([123])\.weight$")
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen).to(torch.bfloat16)
+
+    out = {}
+    for name, t in tensors.items():
+        m = expert.search(name)
+        if m is None:
+            out[name] = t
+            continue
+        out[name] = rand(latent, t.shape[1]) if m[1] == "2" else rand(t.shape[0], latent)
+        block = name[: name.index(".experts.")]
+        out.setdefault(f"{block}.routed_expert_down_proj.weight", rand(latent, hidden))
+        out.setdefault(f"{block}.routed_expert_norm.weight", 1 + rand(latent) / 8)
+        out.setdefault(f"{block}.routed_expert_up_proj.weight", rand(hidden, latent))
+    return out
+
+
+def _kimi_k3_name(name: str) -> str:
+    """A Kimi Linear tensor's name in Kimi K3's checkpoint."""
+    if name.startswith("model.layers."):
+        return "language_model." + name.removeprefix("model.")
+    return "language_model." + name
+
+
 # Qwen4 Exp (Qwen4ExpForConditionalGeneration, model_type qwen4_exp): transformers' own model,
 # tiny: a gated-delta-net layer, then an attention layer with its indexer (QSA), each with
 # Qwen2-MoE's sparse block (4 experts, a gated shared expert), hyper-connections (2 streams), no
@@ -2145,6 +2253,7 @@ SAVERS = {
     "minicpmv4_7": functools.partial(_save_minicpmv, version="4_7"),
     "minicpm_ocr": _save_minicpm_ocr,
     "kimi_linear": _save_kimi_linear,
+    "kimi_k3": _save_kimi_k3,
     "kimi_vl": _save_kimi_vl,
     "kimi_k25": _save_kimi_k25,
     "dots_vlm": _save_dots_vlm,

@@ -275,7 +275,18 @@ BAD = [
     ({"activation": "tanh"}, "activation: not one of silu, gelu_tanh, relu2_no_mul"),
     ({"experts": 4}, "experts: not a family field (fields: activation, activation_key, "),
     ({"activation_key": {"key": "hidden_act"}},
-     'activation_key: not {"key": a config.json field, "refuse": why another is}'),
+     'activation_key: not {"key": a config.json field, "refuse": why another is, '
+     '"activations": the ones it may give (optional)}'),
+    ({"activation_key": {"key": "hidden_act", "refuse": "no", "activations": "situ"}},
+     "activation_key.activations: not a list of activations (silu, gelu_tanh, "),
+    ({"activation_key": {"key": "hidden_act", "refuse": "no", "activations": ["situ", "tanh"]}},
+     "activation_key.activations: not a list of activations (silu, gelu_tanh, "),
+    ({"activation_key": {"key": "hidden_act", "refuse": "no", "activations": ["situ"]}},
+     "activation_key.activations: does not list the family's activation silu"),
+    ({"activation_key": {"key": "hidden_act", "refuse": "no",
+                         "activations": ["silu", "relu2_no_mul"]}},
+     "activation_key.activations: relu2_no_mul is non-gated, the family's activation silu is "
+     "not"),
     ({"forms": [{"kind": "flat", "pattern": "^(?P<prefix>.*)\\.(?P<proj>\\w+)$",
                  "projections": {"w1": "w1", "v1": "w3", "w2": "w2"}, "transposed": ["w13"]}]},
      "forms[0].transposed: not a list of the form's roles (w1, w3, w2, w13) stored [in, out]"),
@@ -704,6 +715,95 @@ def test_kimi_linears_situ_experts_are_refused_with_the_servers_reason(ckpt, tmp
     )
     assert line.endswith("; serve the checkpoint as it is")
     assert not (tmp_path / "out").exists()
+
+
+def test_kimi_k3_is_its_own_family_not_its_text_configs(tmp_path, monkeypatch):
+    """Kimi K3's config.json (model_type kimi_k3, KimiK3ForConditionalGeneration) holds a Kimi
+    Linear text_config (model_type kimi_linear): it was taken as Kimi Linear, whose hidden size
+    is hidden_size, so its latent experts ([I, routed_expert_hidden_size]) were refused as a
+    checkpoint that disagrees with its config.json ("download both again", seen on c93ce43).
+    Kimi K3's family reads routed_expert_hidden_size first, whatever order the family files
+    are read in: a family config.json's own model_type names comes before one its text_config's
+    names. Without a latent MoE, the hidden size is hidden_size."""
+    from fi_convert import families
+
+    src = hf.save("kimi_k3", tmp_path / "k3")
+    res = cli("inspect", src, "--json")
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    layer = info["layers"]["language_model.layers.1.block_sparse_moe.experts"]
+    assert (info["family"], info["routing"], info["activation"]) == (
+        "kimi-k3",
+        "DeepSeekV3",
+        "silu",
+    )
+    assert (layer["hidden_size"], layer["intermediate_size"]) == (hf.KIMI_K3_LATENT, 512)
+    assert hf.KIMI_K3_LATENT != hf.KIMI_K3_HIDDEN
+    config = json.loads((src / "config.json").read_text())
+    ordered = families.all_families()
+    monkeypatch.setattr(families, "all_families", lambda: ordered[::-1])
+    assert [f.name for f in families.declared(config)] == ["kimi-k3", "kimi-linear"]
+    plain = hf._save_kimi_k3(tmp_path / "plain", latent=None)
+    res = cli("inspect", plain, "--json")
+    assert res.exit_code == 0, res.output
+    layer = json.loads(res.stdout)["layers"]["language_model.layers.1.block_sparse_moe.experts"]
+    assert layer["hidden_size"] == hf.KIMI_K3_HIDDEN
+
+
+# Kimi K3's situ experts (hidden_act situ, SiTU's betas in text_config): each server's reason,
+# by scheme and backend, read from its code (servers/vllm/routing.py SITU_WHY, servers/sglang/
+# target.py SITU_FP4_WHY and its runners' activations)
+K3_SITU = [
+    ("vllm", "bf16", "trtllm", "vLLM 0.33's FlashInfer TRT-LLM bf16 experts take no situ"),
+    ("vllm", "bf16", "cutlass", "vLLM 0.33's FlashInfer CUTLASS bf16 experts take no situ"),
+    ("sglang", "bf16", "trtllm", "SGLang 0.5.23's flashinfer_trtllm MoE runner takes no situ "
+     "experts in bf16 (it takes silu, relu2_no_mul)"),
+    ("sglang", "bf16", "cutlass", "SGLang 0.5.23's flashinfer_cutlass MoE runner takes no situ "
+     "experts in bf16 (it takes silu, gelu_tanh, relu2_no_mul, swigluoai_uninterleave)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("server", "scheme", "backend", "why"), K3_SITU)
+def test_kimi_k3s_situ_experts_are_refused_with_each_servers_reason(
+    ckpt, tmp_path, server, scheme, backend, why
+):
+    """hidden_act situ: Kimi K3's experts are SiTU ones; each server refuses them in one line
+    with its own reason, before anything is written (silu: converted, above)."""
+    text = {"hidden_act": "situ", "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0}
+    model = ckpt("kimi_k3")
+    cfg = json.loads((model / "config.json").read_text())
+    model = _copy(model, tmp_path / "m", text_config=cfg["text_config"] | text)
+    out = tmp_path / "out"
+    args = ("--scheme", scheme, "--backend", backend, "--server", server)
+    line = error_line(cli("convert", model, out, *args))
+    assert line.startswith("error: ") and why in line, line
+    assert not out.exists()
+
+
+def test_kimi_k3s_situ_on_fp4_trtllm_is_each_servers_own_reason():
+    """Where each server does run situ experts on FlashInfer (TRT-LLM FP4, with kernel
+    arguments of their own), the refusal says so, not that the kernel takes none."""
+    from fi_convert.server_lookup import resolve
+
+    vllm = resolve("vllm").refuses_moe("nvfp4", "trtllm", "DeepSeekV3", "situ", None)
+    assert vllm.startswith("vLLM 0.33's TRT-LLM nvfp4 experts run situ experts only where")
+    sglang = resolve("sglang").refuses_moe("nvfp4", "trtllm", "DeepSeekV3", "situ", None)
+    assert sglang.startswith("SGLang 0.5.23's TRT-LLM FP4 MoE runner runs situ experts")
+    assert resolve("sglang").refuses_moe("mxfp4", "cutlass", "DeepSeekV3", "situ", None)
+    for server in ("vllm", "sglang"):
+        assert resolve(server).refuses_moe("bf16", "trtllm", "DeepSeekV3", "silu", None) is None
+
+
+def test_kimi_k3s_experts_of_another_activation_are_refused(ckpt, tmp_path):
+    model = ckpt("kimi_k3")
+    cfg = json.loads((model / "config.json").read_text())
+    model = _copy(model, tmp_path / "m", text_config=cfg["text_config"] | {"hidden_act": "gelu"})
+    line = error_line(cli("convert", model, tmp_path / "out"))
+    assert line == (
+        f"error: {model}/config.json: Kimi K3: config.json's hidden_act is 'gelu': Kimi K3's "
+        "experts are silu or situ alone (vLLM 0.33's KimiMLP and SGLang 0.5.23's KimiK3MLP "
+        "raise on any other hidden_act); fix config.json"
+    )
 
 
 def test_the_families_table_takes_what_the_plan_takes_for_a_clamped_family(ckpt, tmp_path):

@@ -54,7 +54,9 @@ read, tests/hf_checkpoints.py) in BF16 on both backends, GLM-5 Next
 language model's layers built as model.layers.L.mlp.experts: KDA and sparse-MLA layers,
 hyper-connections, a SwiGLU clamp) in BF16 on both backends, Kimi Linear (KimiLinearForCausalLM:
 a KDA layer, an MLA layer with the MoE block; transformers' tensors under the published
-config.json, tests/hf_checkpoints.py) in BF16 on both backends, K2 Horizon
+config.json, tests/hf_checkpoints.py) in BF16 on both backends, Kimi K3
+(KimiK3ForConditionalGeneration: its latent MoE, test_kimi_k3_equals_sglangs_default_load) in
+BF16 on both backends, K2 Horizon
 (K2HorizonForCausalLM: test_k2_horizon_equals_sglangs_default_load) in BF16 on both backends,
 Qwen4 Exp (Qwen4ExpForConditionalGeneration, the whole multimodal model transformers writes: a
 gated-delta-net and an indexed-attention layer, each with Qwen2-MoE's block, hyper-connections;
@@ -775,6 +777,49 @@ def test_kimi_k25_equals_sglangs_default_load(sources, tmp_path, backend, tp):
         assert sorted(moe) == ["language_model.model.layers.1.mlp.experts"]
         assert {m.layer_id for m in moe.values()} == {1}
         assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
+
+
+@contextlib.contextmanager
+def _inert_cuda_streams():
+    """torch.cuda.Stream and Event classes of inert objects: SGLang's Kimi K3 model makes CUDA
+    streams when built (KimiK3LinearModel's alt_streams, to overlap work), none used while
+    weights load."""
+
+    class _Stream:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    with (
+        mock.patch.object(torch.cuda, "Stream", _Stream),
+        mock.patch.object(torch.cuda, "Event", _Stream),
+    ):
+        yield
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+def test_kimi_k3_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend, tp):
+    """Kimi K3 (KimiK3ForConditionalGeneration, tests/hf_checkpoints.py: Kimi Linear's language
+    model with a latent MoE under language_model., Kimi-K2.5's vision tensors): SGLang 0.5.23
+    builds its language model (KimiK3LinearForCausalLM) without the checkpoint's prefix, its MoE
+    block as mlp (its mapper: block_sparse_moe is mlp), the routed experts of
+    routed_expert_hidden_size (KimiK3MoE). BF16 on both backends."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("kimi_k3", tmp_path_factory.mktemp("k3") / "src")
+    out = _convert(src, tmp_path / "out", "bf16", backend, tp)
+    assert sorted(read(out)["layers"]) == ["language_model.layers.1.block_sparse_moe.experts"]
+    for rank in range(tp):
+        with sm.sglang_context(backend, tp, rank), _inert_cuda_streams():
+            ours = _model(None, out, "fi-convert", backend)
+            theirs = _model(None, src, "auto", backend)
+        assert type(theirs).__name__ == "KimiK3ForConditionalGeneration"
+        moe = _moe(theirs)
+        assert sorted(moe) == ["language_model.model.layers.1.mlp.experts"]
+        assert {(m.moe_tp_size, m.moe_tp_rank) for m in moe.values()} == {(tp, rank)}
+        assert {m.hidden_size for m in moe.values()} == {hf.KIMI_K3_LATENT}  # (its latent)
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
 

@@ -50,7 +50,11 @@ MoE block, transformers' tensors under the published config.json) is built with 
 of CUDA its model asks for when built (CUDA_STREAMS: its overlap streams, and its GEMM +
 all-reduce kernel switched off), neither touching a weight; where its model pads a rank's share
 of the experts' size itself, the plugin refuses the output
-(test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses). K2 Horizon
+(test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses). Kimi K3
+(vllm/models/kimi_k3's KimiK3ForConditionalGeneration: Kimi-K2.5's vision tower over that
+language model with a latent MoE, routed experts of routed_expert_hidden_size, tests/
+hf_checkpoints.py) with the same stand-ins, bf16 on both backends
+(test_kimi_k3s_latent_experts_are_the_ones_vllms_class_builds). K2 Horizon
 (K2HorizonForCausalLM, no public checkpoint found: xLLM's FFN names and K2 Horizon's keys as the
 model reads them, tests/remote_code_checkpoints.py, its attention without MoVA) in bf16 on both
 backends.
@@ -180,6 +184,7 @@ Not proven here, and why:
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import sys
 import types
@@ -512,6 +517,9 @@ CASES = {
     ),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
+    # Kimi K3 (tests/hf_checkpoints.py): Kimi-K2.5's vision tower over Kimi Linear's language
+    # model (built through vLLM's registry as KimiLinearForCausalLM) with a latent MoE
+    "kimi-k3-bf16": ("kimi_k3", "vllm.models.kimi_k3.KimiK3ForConditionalGeneration", None, {}),
     # K2 Horizon: xLLM's FFN (sigmoid + correction bias: MiniMax2), attention without MoVA
     "k2-horizon-bf16": ("k2_horizon", "k2_horizon.K2HorizonForCausalLM", None, {}),
     # Inkling as published (thinkingmachines/Inkling, tests/hf_checkpoints.py): its routed
@@ -558,7 +566,7 @@ CASES = {
 # the kernel's switch is off; neither touches a weight. Inkling's (vllm/models/inkling/nvidia/
 # moe.py InklingMoE) makes two CUDA events, to join its sink experts' stream to the routed
 # experts' one: stand-ins too
-CUDA_STREAMS = ("kimi-linear-bf16", "inkling-bf16", "inkling-text-bf16")
+CUDA_STREAMS = ("kimi-linear-bf16", "kimi-k3-bf16", "inkling-bf16", "inkling-text-bf16")
 # Cases whose vLLM model class requires the V2 model runner (LongCat-Flash-Lite's n-gram state)
 V2_RUNNER = ("longcat-lite-bf16",)
 # Cases whose vLLM model probes for a CUDA kernel library when built, each probe answered yes
@@ -663,6 +671,8 @@ RUNS = [
     ("glm5-next-bf16", "cutlass", "bf16"),
     ("kimi-linear-bf16", "trtllm", "bf16"),
     ("kimi-linear-bf16", "cutlass", "bf16"),
+    ("kimi-k3-bf16", "trtllm", "bf16"),
+    ("kimi-k3-bf16", "cutlass", "bf16"),
     ("k2-horizon-bf16", "trtllm", "bf16"),
     ("k2-horizon-bf16", "cutlass", "bf16"),
     ("glm4v-bf16", "trtllm", "bf16"),
@@ -1452,6 +1462,35 @@ def test_kimi_linear_where_vllms_model_pads_a_ranks_share_the_plugin_refuses(tmp
         "pads a rank's share itself, which fi-convert's layout does not; serve the source "
         "checkpoint with vLLM's own loader"
     )
+
+
+def test_kimi_k3s_latent_experts_are_the_ones_vllms_class_builds(sources, tmp_path):
+    """vLLM 0.33's Kimi K3 (KimiK3ForConditionalGeneration) builds its language model as
+    KimiLinearForCausalLM, whose KimiMoE runs the routed experts in routed_expert_hidden_size
+    (its FusedMoE of that hidden size, LatentMoERunner) with routed_expert_down_proj and
+    routed_expert_up_proj outside them: the output's layer holds experts of that size, which the
+    plugin's load puts in the layer, equal to vLLM's own load (the test above); the latent
+    projections come out of the output as the source holds them."""
+    from safetensors import safe_open
+
+    src = sources("kimi-k3-bf16")
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.CUTLASS, 1), device="cpu")
+    layer = "language_model.layers.1.block_sparse_moe.experts"
+    manifest = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert manifest["layers"][layer]["hidden_size"] == hf.KIMI_K3_LATENT
+    with vllm_model("kimi-k3-bf16", src, "cutlass", 1, 0) as (theirs, _):
+        assert type(theirs.language_model).__name__ == "KimiLinearForCausalLM"
+        (runner,) = _moe(theirs).values()
+        assert type(runner).__name__ == "LatentMoERunner"
+        assert runner.routed_experts.moe_config.hidden_dim == hf.KIMI_K3_LATENT
+        moe = theirs.language_model.model.layers[1].block_sparse_moe
+        assert moe.routed_expert_up_proj.weight.shape == (hf.KIMI_K3_HIDDEN, hf.KIMI_K3_LATENT)
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "language_model.layers.1.block_sparse_moe.routed_expert_up_proj.weight"
+    shard = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"][name]
+    with safe_open(out / index[name], "pt") as f, safe_open(src / shard, "pt") as g:
+        assert torch.equal(f.get_tensor(name), g.get_tensor(name))
 
 
 @pytest.mark.parametrize(

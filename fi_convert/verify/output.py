@@ -266,7 +266,8 @@ def check_manifest(root: Path, m: dict, tensors: dict[str, TensorInfo], rep: Rep
 def _moe_problems(src: dict, family: Family, config: dict) -> list[str]:
     """`source.routing` and `source.activation` against what the family gives for the
     output's config.json (the source's)."""
-    want = {"routing": family.moe.routing(config), "activation": family.moe.activation}
+    act = family.moe.activation_of(config)
+    want = {"routing": family.moe.routing(config), "activation": act}
     return [
         f"source.{key} is {mf.show(src.get(key))}, {family.title}'s experts under "
         f"{CONFIG_NAME} give {mf.show(value)}"

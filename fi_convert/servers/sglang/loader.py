@@ -72,13 +72,31 @@ def moe_layers(model: torch.nn.Module, output: Collection[str] = ()) -> dict[str
     checkpoint's model.language_model.layers.L.mlp.experts, a layer built as
     llm.layers.L.mlp.experts), or that less one part is the prefix less one, neither a layer's
     index (DiffusionGemma: the checkpoint's model.decoder.layers.L.experts, a layer built as
-    model.layers.L.moe.experts)."""
+    model.layers.L.moe.experts). First of all, the output layer the model's own
+    `hf_to_sglang_mapper` maps to the module's name (Kimi K3: the checkpoint's
+    language_model.layers.L.block_sparse_moe.experts, the module language_model.model.layers.
+    L.mlp.experts, a layer built as model.layers.L.mlp.experts)."""
+    mapped = _mapped(model, output)
     out = {}
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
             built = getattr(mod, "layer_name", name)
-            out[_output_layer(name, built, output)] = mod
+            out[mapped.get(name) or _output_layer(name, built, output)] = mod
     return out
+
+
+def _mapped(model: torch.nn.Module, output: Collection[str]) -> dict[str, str]:
+    """The output layers the model's `hf_to_sglang_mapper` renames, by the name it gives them
+    (probed with one expert's tensor name, as its load_weights reads the checkpoint's)."""
+    mapper = getattr(model, "hf_to_sglang_mapper", None)
+    if mapper is None:
+        return {}
+    found = {}
+    for layer in output:
+        name = mapper._map_name(f"{layer}.0.w1.weight")
+        if name and name != f"{layer}.0.w1.weight" and name.endswith(".0.w1.weight"):
+            found[name.removesuffix(".0.w1.weight")] = layer
+    return found
 
 
 def _output_layer(name: str, built: str, output: Collection[str]) -> str:

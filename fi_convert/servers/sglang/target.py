@@ -164,6 +164,18 @@ TRTLLM_ACTIVATIONS = {
     "nvfp4": ("silu", "relu2_no_mul", "gelu_tanh"),
 }
 CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai_uninterleave")
+# SiTU (Kimi K3's situ experts: models/kimi_k3.py KimiK3MoE builds them with activation situ,
+# gemm1_alpha its activation_situ_beta, gemm1_clamp_limit its activation_situ_linear_beta): of
+# SGLang's FlashInfer runners only TRT-LLM's FP4 one takes it (flashinfer_trtllm.py:
+# _SUPPORTED_FP4_ACTIVATIONS, ActivationType.Situ; its own kernel scales: both GEMM1 scales
+# consumed before tanh, scale_c the GEMM2 input's alone); CUTLASS's _activation_type asserts on
+# it, TRT-LLM's BF16 and FP8 runners take silu and relu2 alone (TRTLLM_ACTIVATIONS)
+SITU_FP4_WHY = (
+    "SGLang {sglang}'s TRT-LLM FP4 MoE runner runs situ experts with kernel scales of their own "
+    "(moe_runner/flashinfer_trtllm.py: ActivationType.Situ, both GEMM1 scales consumed before "
+    "tanh), and fi-convert has not proven an {scheme} output of situ experts against it: serve "
+    "the checkpoint as it is"
+)
 # SwiGLU-OAI on [gate; up] halves (vLLM's swigluoai_uninterleave, MiniMax-M3's experts): SGLang
 # builds them as silu experts with gemm1_alpha, gemm1_beta 1.0 and gemm1_clamp_limit,
 # gate_up_interleaved False (models/minimax_m3.py), silu's layout; its CUTLASS runner takes
@@ -498,8 +510,14 @@ class SglangTarget:
         if activation == "swigluoai_uninterleave" and backend == "trtllm":
             why = OAI_TRTLLM_WHY.get(scheme, OAI_TRTLLM_UNREAD)
             return why.format(sglang=TARGET["sglang"], scheme=scheme)
+        if activation == "situ" and backend == "trtllm" and scheme in ("nvfp4", "mxfp4"):
+            return SITU_FP4_WHY.format(sglang=TARGET["sglang"], scheme=scheme)
         takes = CUTLASS_ACTIVATIONS if backend == "cutlass" else TRTLLM_ACTIVATIONS.get(scheme)
-        if scheme != "mxfp4" and takes is not None and activation not in takes:
+        if (
+            (scheme != "mxfp4" or activation == "situ")
+            and takes is not None
+            and activation not in takes
+        ):
             runner = moe_runner_backend(scheme, backend)
             return (
                 f"SGLang {TARGET['sglang']}'s {runner} MoE runner takes no {activation} "

@@ -46,6 +46,18 @@ ACTIVATIONS = {
     ("trtllm", "mxfp4"): ("silu", "swigluoai"),
 }
 CUTLASS_ACTIVATIONS = ("silu", "gelu_tanh", "relu2_no_mul", "swigluoai", _OAI)
+# SiTU (Kimi K3's situ experts, MoEActivation.SITU): vLLM's TRT-LLM NVFP4 and MXFP4 experts
+# list it where the installed FlashInfer has ActivationType.Situ (trtllm_nvfp4_moe.py,
+# trtllm_mxfp4_moe.py _supports_activation: has_flashinfer_situ_activation), with the SiTU betas
+# as kernel arguments (activation_situ_beta > 0 asserted); no other FlashInfer experts of the
+# schemes fi-convert writes list it (its CuteDSL NVFP4 experts are no backend fi-convert writes)
+SITU = {("trtllm", "nvfp4"), ("trtllm", "mxfp4")}
+SITU_WHY = (
+    "vLLM 0.33's TRT-LLM {scheme} experts run situ experts only where the installed FlashInfer "
+    "has ActivationType.Situ (has_flashinfer_situ_activation), its betas passed to the kernel; "
+    "fi-convert has not proven an output of situ experts against them: serve the checkpoint as "
+    "it is"
+)
 # routing methods no FlashInfer kernel is given at all (fused_moe/config.py:128-131)
 NO_FLASHINFER = ("DeepseekV4",)
 # the SwiGLU clamp: TRT-LLM FP8 applies it for block FP8 and MXFP8 only (trtllm_fp8_moe.py:86-104)
@@ -61,6 +73,8 @@ def refuses_moe(
     if routing in NO_FLASHINFER:
         return f"vLLM 0.33 passes {routing} routing to no FlashInfer MoE kernel"
     kind = "CUTLASS" if backend == "cutlass" else "TRT-LLM"
+    if activation == "situ" and (backend, scheme) in SITU:
+        return SITU_WHY.format(scheme=scheme)
     takes = CUTLASS_ACTIVATIONS if backend == "cutlass" else ACTIVATIONS.get((backend, scheme), ())
     if activation not in takes:
         return f"vLLM 0.33's FlashInfer {kind} {scheme} experts take no {activation} activation"
