@@ -1047,6 +1047,34 @@ def test_sglangs_own_load_of_ming_omni_fails(tmp_path, arch):
     assert e.traceback[-1].name == "load_weights"
 
 
+@pytest.mark.parametrize(
+    "arch", ["BailingMMNativeForConditionalGeneration", "BailingMM2NativeForConditionalGeneration"]
+)
+def test_ming_omni_is_refused_for_sglang_in_one_line(tmp_path, arch):
+    """A Ming-Omni checkpoint is Ling 2.0's family under llm_config (a wrapper), so it was
+    converted for SGLang, which cannot load it (above): refused when planned, one line naming
+    SGLang's reason and that no vLLM release has the class either, nothing written; for vLLM it
+    plans, listing no release that serves it (its registry has no such class)."""
+    from tests.test_errors import error_line
+
+    from .conftest import cli
+
+    src = rc.save_ming(tmp_path / "src", arch=arch)
+    out = tmp_path / "out"
+    for backend in ("trtllm", "cutlass"):
+        line = error_line(cli("convert", src, out, "--server", "sglang", "--backend", backend))
+        assert line.startswith(
+            f"error: --scheme bf16 --backend {backend} --server sglang: SGLang 0.5.23 cannot "
+            "load Ming-Omni"
+        ), line
+        assert line.endswith("nor vLLM (--server vllm: no release's registry has it)"), line
+        assert not out.exists()
+    res = cli("inspect", src, "--server", "vllm")
+    assert res.exit_code == 0, res.output
+    assert "vllm_releases: none" in res.stdout
+    assert f"its model registry has no {arch}" in res.stdout
+
+
 def test_sglangs_intern_s1_pro_model_is_not_built(tmp_path_factory):
     """Why Intern-S1-Pro has no case above: SGLang 0.5.23's InternS1ProTextDecoderLayer
     (models/interns1pro.py) takes no start_layer, which the Qwen2-MoE model it is built in

@@ -344,8 +344,9 @@ NO_FLASHINFER_MODEL = {
     ),
 }
 
-# ... architectures no family file names, which a user's family file (--family) would plan:
-# Step-3.7, whose language model is Step-3.5's (tests/test_sglang_families.py:
+# ... architectures no family file names, which a user's family file (--family) would plan, or
+# a family would take as the language model it wraps (Ming-Omni: Ling 2.0's): Step-3.7, whose
+# language model is Step-3.5's (tests/test_sglang_families.py:
 # test_sglangs_step3p5_load_asserts_it_filled_the_experts)
 NO_FAMILY_REFUSED = {
     "Step3p7ForConditionalGeneration": (
@@ -353,6 +354,27 @@ NO_FAMILY_REFUSED = {
         "load_weights (models/step3p5.py), which asserts that it filled every parameter, the "
         "experts' w13 and w2 among them, so it refuses a load that fills the MoE layers "
         "otherwise, as fi-convert's SGLang plugin does; serve the checkpoint as it is"
+    ),
+    # Ming-Omni, a wrapper over Ling 2.0 (tests/test_sglang_families.py:
+    # test_sglangs_own_load_of_ming_omni_fails): converted as Ling 2.0 otherwise
+    "BailingMMNativeForConditionalGeneration": (
+        "SGLang {sglang} cannot load Ming-Omni (models/bailing_mm.py): its load_weights takes "
+        "the return of BailingMoeV2ForCausalLM.load_weights (None) and logs len() of it, a "
+        "TypeError after every load, of the checkpoint as of an output; no SGLang release "
+        "fi-convert knows serves it, nor vLLM (--server vllm: no release's registry has it)"
+    ),
+    "BailingMM2NativeForConditionalGeneration": (
+        "SGLang {sglang} cannot load Ming-Omni 2 (models/bailing_mm.py, Ming-Omni's subclass): "
+        "its load_weights logs len() of BailingMoeV2ForCausalLM.load_weights' return (None), a "
+        "TypeError after every load, of the checkpoint as of an output; no SGLang release "
+        "fi-convert knows serves it, nor vLLM (--server vllm: no release's registry has it)"
+    ),
+    # (tests/test_sglang_families.py: test_sglangs_intern_s1_pro_model_is_not_built)
+    "InternS1ProForConditionalGeneration": (
+        "SGLang {sglang} builds no Intern-S1-Pro model (models/interns1pro.py): its "
+        "InternS1ProTextDecoderLayer takes no start_layer, which the Qwen2-MoE model it is "
+        "built in passes to every decoder layer (models/qwen2_moe.py), a TypeError; no SGLang "
+        "release fi-convert knows serves it"
     ),
 }
 
