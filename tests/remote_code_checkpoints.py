@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
@@ -1204,39 +1205,119 @@ def save_ling3_vl(root: Path, seed: int = 0) -> Path:
     return _write(root, shards, config, None, "", exists=True)
 
 
-# Intern-S1-Pro (InternS1ProForConditionalGeneration, model_type interns1_pro; its config class
-# remote code, config.json's auto_map, as published; no server or transformers release has one):
-# Qwen3-VL-MoE's whole model as transformers writes it, its fused experts as Qwen3-VL-MoE's
-# public checkpoints hold them ([E, H, 2I] / [E, I, H]: tests/family_forms_models.py), under
-# Intern-S1-Pro's model_type and architecture, with its grouped router (router_n_groups 2: the
-# top-k taken within each of 2 groups of experts); our config module's stand-in for its class
-# is transformers' Qwen3VLMoeConfig under that model_type (INTERNS1_PRO_MODULE)
-INTERNS1_PRO_MODULE = '''"""Intern-S1-Pro's configuration class (fi-convert's tests)."""
+# Intern-S1-Pro (internlm/Intern-S1-Pro, InternS1ProForConditionalGeneration, model_type
+# interns1_pro; its config class remote code, config.json's auto_map, as published; no server
+# or transformers release has one): Qwen3-VL-MoE's whole model as transformers writes it, under
+# Intern-S1-Pro's published names and config.json keys. Its published modeling code holds each
+# layer's experts as a list of MLPs (mlp.experts.E.{gate,up,down}_proj.weight, [I, H], [I, H],
+# [H, I]), not Qwen3-VL-MoE's fused tensors; its grouped router (router_n_groups 2 here: the
+# top-k taken within each of 2 groups of experts), norm_topk_prob; its FoPE rotary embedding
+# (text_config.rope_scaling's fope_init_factor, fope_sep_head and num_inv_freq, as published:
+# 0.5, true, null; rope_theta beside, no mrope_section) and the FoPE coefficients it stores
+# once for the whole language model, model.language_model.rotary_emb.{sin,cos}_coef of
+# [num_key_value_heads, F, F] (F the rotary frequencies kept: those above 2 pi /
+# max_position_embeddings where num_inv_freq is null); its vision tower without DeepStack
+# mergers (the published vision_config names no deepstack_visual_indexes). Our config module
+# (INTERNS1_PRO_MODULE) keeps each config.json key as given, as the published classes do
+INTERNS1_PRO_MODULE = '''"""Intern-S1-Pro's configuration classes (fi-convert's tests): each key of
+config.json kept as given (rope_scaling with its FoPE keys among them)."""
 
-from transformers import Qwen3VLMoeConfig, Qwen3VLMoeTextConfig
+from transformers import PretrainedConfig
 
 
-class InternS1ProTextConfig(Qwen3VLMoeTextConfig):
+class InternS1ProTextConfig(PretrainedConfig):
     model_type = "interns1_pro_text"
+    base_config_key = "text_config"
+
+    def __init__(self, rope_scaling=None, rope_theta=5000000.0, mlp_only_layers=None, **kwargs):
+        self.rope_scaling = rope_scaling
+        self.rope_theta = rope_theta
+        self.mlp_only_layers = mlp_only_layers or []
+        super().__init__(**kwargs)
 
 
-class InternS1ProConfig(Qwen3VLMoeConfig):
+class InternS1ProVisionConfig(PretrainedConfig):
+    model_type = "interns1_pro_vision"
+    base_config_key = "vision_config"
+
+
+class InternS1ProConfig(PretrainedConfig):
     model_type = "interns1_pro"
-    sub_configs = dict(Qwen3VLMoeConfig.sub_configs, text_config=InternS1ProTextConfig)
+    sub_configs = {"vision_config": InternS1ProVisionConfig, "text_config": InternS1ProTextConfig}
+
+    def __init__(self, text_config=None, vision_config=None, **kwargs):
+        self.text_config = InternS1ProTextConfig(**(text_config or {}))
+        self.vision_config = InternS1ProVisionConfig(**(vision_config or {}))
+        super().__init__(**kwargs)
 '''
+INTERNS1_PRO_ROPE = dict(
+    rope_type="default", fope_init_factor=0.5, fope_sep_head=True, num_inv_freq=None
+)
+INTERNS1_PRO_FOPE = "model.language_model.rotary_emb.{}_coef"
 
 
 def save_interns1_pro(root: Path, seed: int = 0) -> Path:
+    from safetensors.torch import load_file
+
     from tests import family_forms_models as ffm
 
-    ffm.save("qwen3_vl_moe", root, seed=seed)
+    ffm.save("qwen3_vl_moe", root, published=False, seed=seed)
     cfg = json.loads((root / "config.json").read_text())
+    text, vision = cfg["text_config"], cfg["vision_config"]
+    text["num_experts"] = text.pop("num_local_experts")
+    rope = text.pop("rope_parameters")
+    text |= dict(
+        model_type="interns1_pro_text",
+        router_n_groups=2,
+        norm_topk_prob=True,
+        rope_scaling=INTERNS1_PRO_ROPE,
+        rope_theta=rope["rope_theta"],
+    )
+    for key in ("deepstack_visual_indexes", "rope_parameters"):
+        vision.pop(key)
+    vision["model_type"] = "interns1_pro_vision"
     cfg |= dict(
         model_type="interns1_pro",
         architectures=["InternS1ProForConditionalGeneration"],
         auto_map={"AutoConfig": "configuration_interns1_pro.InternS1ProConfig"},
     )
-    cfg["text_config"] |= dict(model_type="interns1_pro_text", router_n_groups=2)
     (root / "config.json").write_text(json.dumps(cfg, indent=2))
     (root / "configuration_interns1_pro.py").write_text(INTERNS1_PRO_MODULE)
+    # the DeepStack mergers out, each fused expert tensor as the published per-expert ones, the
+    # FoPE coefficients in (a shard of their own)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    weight_map = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = {}
+        for n, t in load_file(root / shard).items():
+            if ".deepstack_merger_list." in n:
+                continue
+            if n.endswith(".experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
+                for e, (gate, up) in enumerate(zip(*t.chunk(2, dim=1), strict=True)):
+                    tensors[f"{n[: -len('gate_up_proj')]}{e}.gate_proj.weight"] = gate.contiguous()
+                    tensors[f"{n[: -len('gate_up_proj')]}{e}.up_proj.weight"] = up.contiguous()
+            elif n.endswith(".experts.down_proj"):  # [E, H, I]
+                for e, down in enumerate(t.unbind()):
+                    tensors[f"{n[: -len('down_proj')]}{e}.down_proj.weight"] = down.contiguous()
+            else:
+                tensors[n] = t
+        save_file(tensors, root / shard, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, shard)
+    index["weight_map"] = weight_map
+    head_dim, theta = text["head_dim"], rope["rope_theta"]
+    kept = [
+        i
+        for i in range(0, head_dim, 2)
+        if theta ** (-i / head_dim) > 2 * math.pi / text["max_position_embeddings"]
+    ]
+    g = torch.Generator().manual_seed(seed + 1)
+    shape = (text["num_key_value_heads"], len(kept), len(kept))
+    fope = {
+        INTERNS1_PRO_FOPE.format(k): torch.randn(shape, generator=g).to(torch.bfloat16)
+        for k in ("sin", "cos")
+    }
+    save_file(fope, root / "model-fope.safetensors", metadata={"format": "pt"})
+    index["weight_map"] |= dict.fromkeys(fope, "model-fope.safetensors")
+    index_path.write_text(json.dumps(index, indent=2))
     return root

@@ -1079,8 +1079,9 @@ def test_sglangs_intern_s1_pro_model_is_not_built(tmp_path_factory):
     """Why Intern-S1-Pro has no case above: SGLang 0.5.23's InternS1ProTextDecoderLayer
     (models/interns1pro.py) takes no start_layer, which the Qwen2-MoE model it is built in
     (Qwen3MoeLLMModel's base, models/qwen2_moe.py) passes to every decoder layer: SGLang builds
-    no Intern-S1-Pro model (shown on a Qwen3-VL-MoE model under its model_type and config
-    class: tests/remote_code_checkpoints.py save_interns1_pro)."""
+    no Intern-S1-Pro model (shown on the checkpoint that vLLM's class loads, tests/
+    test_vllm_families.py: the published names and config.json keys, its config class beside,
+    tests/remote_code_checkpoints.py save_interns1_pro)."""
     from tests import sglang_moe as sm
     from tests.test_sglang_plugin import _model
 

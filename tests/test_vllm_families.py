@@ -146,7 +146,12 @@ on CUTLASS (Gemma 4's gelu_tanh experts and Custom routing), MiniMax-M3
 read with vLLM's own MiniMaxM3Config, which keeps hidden_act swigluoai and moe_layer_freq; its
 module imports torchvision: a dense layer, then SwiGLU-OAI experts, swigluoai_uninterleave, beside
 a shared expert; tests/hf_checkpoints.py) bf16 on CUTLASS (vLLM's TRT-LLM BF16 kernel lists no
-swigluoai_uninterleave: tests/test_families.py), and
+swigluoai_uninterleave: tests/test_families.py), Intern-S1-Pro
+(interns1_pro.InternS1ProForConditionalGeneration, the names and config.json keys of the published
+checkpoint, its config class remote code, tests/remote_code_checkpoints.py: per-expert experts, a
+grouped router, FoPE coefficients; its module imports torchvision) bf16 on CUTLASS (its router's
+own function, Custom routing: test_interns1_pros_fope_coefficients_and_grouped_router_are_vllms),
+and
 Mistral
 Large 3 (bf16, in Mistral's own format; its output also served from vLLM's engine arguments,
 through the plugin's config parser).
@@ -231,6 +236,7 @@ REMOTE_CODE = {
     "ling3_vl": rc.save_ling3_vl,
     "k2_horizon": rc.save_k2_horizon,
     "intern_s2_preview": lambda root: hf.save("intern_s2_preview", root),
+    "interns1_pro": rc.save_interns1_pro,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -541,6 +547,15 @@ CASES = {
         None,
         {},
     ),
+    # Intern-S1-Pro (tests/remote_code_checkpoints.py): Qwen3-VL-MoE's fused experts under its
+    # grouped router (its own function: Custom routing) and FoPE rotary coefficients, its vision
+    # tower Qwen3-VL's; its module imports qwen3_vl's, which imports torchvision
+    "interns1-pro-bf16": (
+        "interns1_pro",
+        "interns1_pro.InternS1ProForConditionalGeneration",
+        None,
+        {},
+    ),
     # The families' quantized checkpoints as published (tests/quantized_checkpoints.py
     # PUBLISHED), each refused (test_a_published_quantized_form_...): Hunyuan-A13B-Instruct-FP8
     # (AngelSlim's FP8 static per tensor, vLLM's "fp8" method), Laguna-XS.2-FP8 (compressed-
@@ -702,6 +717,8 @@ RUNS = [
     ("inkling-text-bf16", "cutlass", "bf16"),
     # MiniMax-M3's swigluoai_uninterleave experts: BF16 on CUTLASS only
     ("minimax-m3-bf16", "cutlass", "bf16"),
+    # Intern-S1-Pro's grouped router (Custom routing): BF16 on CUTLASS only
+    ("interns1-pro-bf16", "cutlass", "bf16"),
 ]
 MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
@@ -784,6 +801,7 @@ TORCHVISION = (
     "minicpm-ocr-bf16",
     "ling3-vl-bf16",
     "minimax-m3-bf16",
+    "interns1-pro-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -1714,3 +1732,61 @@ def test_longcat_flash_lite_is_refused_for_sglang_in_one_line(sources, tmp_path)
         "LongCat-Flash-Lite (LongcatFlashNgramForCausalLM); or convert for vLLM (--server vllm)"
     )
     assert not out.exists()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_interns1_pros_fope_coefficients_and_grouped_router_are_vllms(sources, tmp_path, tp):
+    """What makes Intern-S1-Pro's case above prove something beyond Qwen3-VL-MoE's: vLLM's class
+    builds its FoPE rotary embedding (the checkpoint's rope_scaling keys read) and its load of
+    the output fills each rank's share of the coefficients fi-convert copied unchanged
+    (model.language_model.rotary_emb.{sin,cos}_coef, split by key-value head), and its MoE
+    layers route with the model's own grouped function (router_n_groups), which vLLM reports
+    as Custom routing (so the plan's CUTLASS only)."""
+    from safetensors.torch import load_file
+    from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
+    from vllm.model_executor.layers.rotary_embedding.fope import FourierRotaryEmbedding
+
+    case = "interns1-pro-bf16"
+    src = sources(case)
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName("bf16"), Backend("cutlass"), tp), device="cpu")
+    fope = load_file(src / "model-fope.safetensors")  # (the source's: copied unchanged)
+    for rank in range(tp):
+        ours, _ = _both(case, src, out, "cutlass", tp, rank)
+        ropes = {m for m in ours.modules() if isinstance(m, FourierRotaryEmbedding)}
+        assert len(ropes) == 1, ropes  # one module, shared by every layer
+        rope = ropes.pop()
+        for k in ("sin", "cos"):
+            whole = fope[f"model.language_model.rotary_emb.{k}_coef"]
+            assert torch.equal(getattr(rope, f"{k}_coef").data, whole.chunk(tp)[rank])
+        routers = [m.router for m in _moe(ours).values()]
+        assert len(routers) == 2 and {type(r).__name__ for r in routers} == {"CustomRoutingRouter"}
+        assert {r.routing_method_type for r in routers} == {RoutingMethodType.Custom}
+        assert {r.custom_routing_function.__self__.n_groups for r in routers} == {2}
+
+
+def test_interns1_pro_is_refused_on_trtllm_and_for_sglang_in_one_line(sources, tmp_path):
+    """Intern-S1-Pro's other plans, each one line naming the server's reason, nothing written:
+    for vLLM on TRT-LLM (its grouped router is the model's own function, Custom routing, which
+    vLLM 0.33's monolithic TRT-LLM BF16 experts do not take), and for SGLang on either backend
+    (SGLang 0.5.23 builds no Intern-S1-Pro model: tests/test_sglang_families.py
+    test_sglangs_intern_s1_pro_model_is_not_built)."""
+    from tests.test_errors import error_line
+
+    from .conftest import cli
+
+    src = sources("interns1-pro-bf16")
+    out = tmp_path / "out"
+    line = error_line(cli("convert", src, out, "--server", "vllm", "--backend", "trtllm"))
+    assert line.startswith(
+        "error: --scheme bf16 --backend trtllm --server vllm: the model's router is Custom "
+        "routing, which vLLM 0.33's monolithic TRT-LLM bf16 experts do not take"
+    ), line
+    assert not out.exists()
+    for backend in ("trtllm", "cutlass"):
+        line = error_line(cli("convert", src, out, "--server", "sglang", "--backend", backend))
+        assert line.startswith(
+            f"error: --scheme bf16 --backend {backend} --server sglang: SGLang 0.5.23 builds no "
+            "Intern-S1-Pro model (models/interns1pro.py)"
+        ), line
+        assert not out.exists()

@@ -224,6 +224,13 @@ NON_GATED_WHY = (
 # fi-convert writes no SGLang output of them (the plugin would refuse it at load, finding no
 # MoE layer, or SGLang's model would)
 NO_FLASHINFER_MODEL = {
+    # (tests/test_sglang_families.py: test_sglangs_intern_s1_pro_model_is_not_built)
+    "InternS1ProForConditionalGeneration": (
+        "SGLang {sglang} builds no Intern-S1-Pro model (models/interns1pro.py): its "
+        "InternS1ProTextDecoderLayer takes no start_layer, which the Qwen2-MoE model it is "
+        "built in passes to every decoder layer (models/qwen2_moe.py), a TypeError; no SGLang "
+        "release fi-convert knows serves it"
+    ),
     "DbrxForCausalLM": (
         "SGLang {sglang}'s DBRX (models/dbrx.py, DbrxExperts) holds its experts in parameters "
         "of its own (ws, w2s) and runs them through its Triton fused_moe, not a FusedMoE "
@@ -368,13 +375,6 @@ NO_FAMILY_REFUSED = {
         "its load_weights logs len() of BailingMoeV2ForCausalLM.load_weights' return (None), a "
         "TypeError after every load, of the checkpoint as of an output; no SGLang release "
         "fi-convert knows serves it, nor vLLM (--server vllm: no release's registry has it)"
-    ),
-    # (tests/test_sglang_families.py: test_sglangs_intern_s1_pro_model_is_not_built)
-    "InternS1ProForConditionalGeneration": (
-        "SGLang {sglang} builds no Intern-S1-Pro model (models/interns1pro.py): its "
-        "InternS1ProTextDecoderLayer takes no start_layer, which the Qwen2-MoE model it is "
-        "built in passes to every decoder layer (models/qwen2_moe.py), a TypeError; no SGLang "
-        "release fi-convert knows serves it"
     ),
 }
 
