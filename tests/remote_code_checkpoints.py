@@ -1240,3 +1240,66 @@ def save_interns1_pro(root: Path, seed: int = 0) -> Path:
     (root / "config.json").write_text(json.dumps(cfg, indent=2))
     (root / "configuration_interns1_pro.py").write_text(INTERNS1_PRO_MODULE)
     return root
+
+
+# Nemotron Nano VL (NemotronH_Nano_VL_V2, as nvidia/NVIDIA-Nemotron-Nano-12B-v2-VL-BF16): its
+# config class is remote code (config.json's auto_map: configuration.NemotronH_Nano_VL_V2_Config),
+# which vLLM 0.33 takes (it has no config class of this model_type, nor has transformers 5.20).
+# The published class makes text_config a Nemotron-H config from llm_config and vision_config
+# RADIO's (its own remote code, C-RADIO's RADIOConfig: args, preferred_resolution, patch_size,
+# ...), and keeps the top-level keys vLLM's model reads (force_image_size, patch_size,
+# downsample_ratio, ps_version, template, image_tag_type, vit_hidden_size,
+# projector_hidden_size, norm_mean, norm_std). Our stand-in: transformers' NemotronHConfig for
+# text_config, a plain config of model_type radio holding vision_config's keys as given.
+# The checkpoint is tests/hf_checkpoints.py's (the layout SGLang's class is proven with), and a
+# tokenizer as the published checkpoints have one (vLLM's model, when built, encodes its image
+# tags <img>, </img>, <image> with it): a word-level vocabulary holding those tags
+NANO_VL_MODULE = '''"""Nemotron Nano VL's configuration class (fi-convert's tests): a Nemotron-H
+text_config from llm_config, RADIO's vision_config."""
+
+from transformers import NemotronHConfig, PretrainedConfig
+
+
+class RADIOConfig(PretrainedConfig):
+    model_type = "radio"
+
+
+class {cls}(PretrainedConfig):
+    model_type = "{model_type}"
+
+    def __init__(self, vision_config=None, llm_config=None, **kwargs):
+        self.vision_config = RADIOConfig(**(vision_config or {{}}))
+        self.text_config = NemotronHConfig(**(llm_config or {{}}))
+        super().__init__(**kwargs)
+'''
+
+
+def save_nemotron_h_nano_vl(root: Path, seed: int = 0, kind: str = "nemotron_h_nano_vl") -> Path:
+    """tests/hf_checkpoints.py's Nemotron Nano VL (or, by `kind`, Nano Omni / Omni: the same
+    layout under their architectures and model types), its config class beside it as the
+    module config.json's auto_map names."""
+    from tests import hf_checkpoints as hf
+
+    hf.save(kind, root, seed)
+    config = json.loads((root / "config.json").read_text())
+    module, cls = config["auto_map"]["AutoConfig"].split(".")
+    text = NANO_VL_MODULE.format(cls=cls, model_type=config["model_type"])
+    (root / f"{module}.py").write_text(text)
+    _tokenizer(root, ["<img>", "</img>", "<image>", "<video>", "<so_embedding>"])
+    return root
+
+
+def _tokenizer(root: Path, special: list[str]) -> None:
+    """A word-level fast tokenizer of a few words and the tokens `special`, saved at `root`
+    by transformers' own save_pretrained."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "a", "b", *special]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.add_special_tokens({"additional_special_tokens": special})
+    fast.save_pretrained(root)

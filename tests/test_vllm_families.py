@@ -231,6 +231,7 @@ REMOTE_CODE = {
     "ling3_vl": rc.save_ling3_vl,
     "k2_horizon": rc.save_k2_horizon,
     "intern_s2_preview": lambda root: hf.save("intern_s2_preview", root),
+    "nemotron_h_nano_vl": rc.save_nemotron_h_nano_vl,
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -276,6 +277,15 @@ CASES = {
     # Nemotron-H Puzzle: two MoE layers of other expert counts and sizes (block_configs), read
     # by vLLM through its config class's get_nemotron_h_config_for_layer (remote code)
     "nemotron-puzzle-bf16": ("nemotron_h_puzzle", "nemotron_h.NemotronHForCausalLM", None, {}),
+    # Nemotron Nano VL as published: a RADIO tower over Nemotron-H's model under
+    # language_model (tests/hf_checkpoints.py), read with its config class as remote code
+    # (tests/remote_code_checkpoints.py save_nemotron_h_nano_vl)
+    "nemotron-vl-bf16": (
+        "nemotron_h_nano_vl",
+        "nano_nemotron_vl.NemotronH_Nano_VL_V2",
+        None,
+        {},
+    ),
     # flat experts [E*I, H], w2 turned (DbrxExperts' own weight loader splits them)
     "dbrx-bf16": ("dbrx", "dbrx.DbrxForCausalLM", None, {}),
     # fused experts stored turned (fc1 [E, H, 2I], fc2 [E, I, H]), beside a shared expert
@@ -592,6 +602,8 @@ RUNS = [
     ("nemotron-fp8-tensor", "cutlass", "fp8-tensor"),
     ("nemotron-puzzle-bf16", "trtllm", "bf16"),
     ("nemotron-puzzle-bf16", "cutlass", "bf16"),
+    ("nemotron-vl-bf16", "trtllm", "bf16"),
+    ("nemotron-vl-bf16", "cutlass", "bf16"),
     ("dbrx-bf16", "trtllm", "bf16"),
     ("dbrx-bf16", "cutlass", "bf16"),
     ("aria-bf16", "trtllm", "bf16"),
@@ -784,6 +796,7 @@ TORCHVISION = (
     "minicpm-ocr-bf16",
     "ling3-vl-bf16",
     "minimax-m3-bf16",
+    "nemotron-vl-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -792,6 +805,11 @@ TORCHVISION_MODULES = (
     "torchvision.transforms.v2.functional",
     "torchvision.transforms.functional",
 )
+
+
+# cases whose vLLM model reads the checkpoint's tokenizer when built (Nemotron Nano VL's encodes
+# its image tags): their model config made with the tokenizer
+TOKENIZER = ("nemotron-vl-bf16",)
 
 
 # cases whose config.json's model type transformers 5.20 has no config class for, and the class
@@ -955,7 +973,7 @@ def vllm_model(
         if mc is None:
             mc = ModelConfig(
                 model=str(src),
-                skip_tokenizer_init=True,
+                skip_tokenizer_init=case not in TOKENIZER,
                 dtype="bfloat16",
                 trust_remote_code=remote,
             )
