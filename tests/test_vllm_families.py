@@ -232,6 +232,10 @@ REMOTE_CODE = {
     "k2_horizon": rc.save_k2_horizon,
     "intern_s2_preview": lambda root: hf.save("intern_s2_preview", root),
     "nemotron_h_nano_vl": rc.save_nemotron_h_nano_vl,
+    "nemotron_h_nano_omni": lambda root: rc.save_nemotron_h_nano_vl(
+        root, kind="nemotron_h_nano_omni"
+    ),
+    "nemotron_h_omni": lambda root: rc.save_nemotron_h_nano_vl(root, kind="nemotron_h_omni"),
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -282,6 +286,21 @@ CASES = {
     # (tests/remote_code_checkpoints.py save_nemotron_h_nano_vl)
     "nemotron-vl-bf16": (
         "nemotron_h_nano_vl",
+        "nano_nemotron_vl.NemotronH_Nano_VL_V2",
+        None,
+        {},
+    ),
+    # Nemotron Nano Omni and Omni (model_type nemotron_h_omni, its RADIO tower with a video
+    # embedder): the same layout under their architectures, which vLLM's registry builds with
+    # NemotronH_Nano_VL_V2's class, each read with its config class as remote code
+    "nemotron-nano-omni-bf16": (
+        "nemotron_h_nano_omni",
+        "nano_nemotron_vl.NemotronH_Nano_VL_V2",
+        None,
+        {},
+    ),
+    "nemotron-omni-bf16": (
+        "nemotron_h_omni",
         "nano_nemotron_vl.NemotronH_Nano_VL_V2",
         None,
         {},
@@ -604,6 +623,10 @@ RUNS = [
     ("nemotron-puzzle-bf16", "cutlass", "bf16"),
     ("nemotron-vl-bf16", "trtllm", "bf16"),
     ("nemotron-vl-bf16", "cutlass", "bf16"),
+    ("nemotron-nano-omni-bf16", "trtllm", "bf16"),
+    ("nemotron-nano-omni-bf16", "cutlass", "bf16"),
+    ("nemotron-omni-bf16", "trtllm", "bf16"),
+    ("nemotron-omni-bf16", "cutlass", "bf16"),
     ("dbrx-bf16", "trtllm", "bf16"),
     ("dbrx-bf16", "cutlass", "bf16"),
     ("aria-bf16", "trtllm", "bf16"),
@@ -797,6 +820,8 @@ TORCHVISION = (
     "ling3-vl-bf16",
     "minimax-m3-bf16",
     "nemotron-vl-bf16",
+    "nemotron-nano-omni-bf16",
+    "nemotron-omni-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -809,7 +834,7 @@ TORCHVISION_MODULES = (
 
 # cases whose vLLM model reads the checkpoint's tokenizer when built (Nemotron Nano VL's encodes
 # its image tags): their model config made with the tokenizer
-TOKENIZER = ("nemotron-vl-bf16",)
+TOKENIZER = ("nemotron-vl-bf16", "nemotron-nano-omni-bf16", "nemotron-omni-bf16")
 
 
 # cases whose config.json's model type transformers 5.20 has no config class for, and the class
