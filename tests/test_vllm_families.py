@@ -236,6 +236,9 @@ REMOTE_CODE = {
         root, kind="nemotron_h_nano_omni"
     ),
     "nemotron_h_omni": lambda root: rc.save_nemotron_h_nano_vl(root, kind="nemotron_h_omni"),
+    "nemotron_h_super_omni": lambda root: rc.save_nemotron_h_nano_vl(
+        root, kind="nemotron_h_super_omni"
+    ),
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -301,6 +304,14 @@ CASES = {
     ),
     "nemotron-omni-bf16": (
         "nemotron_h_omni",
+        "nano_nemotron_vl.NemotronH_Nano_VL_V2",
+        None,
+        {},
+    ),
+    # Nemotron Super Omni: Omni's layout over a latent-MoE Nemotron-H (moe_latent_size 64 of
+    # hidden 128: the experts' w1 [I, latent], w2 [latent, I]; tests/hf_checkpoints.py)
+    "nemotron-super-omni-bf16": (
+        "nemotron_h_super_omni",
         "nano_nemotron_vl.NemotronH_Nano_VL_V2",
         None,
         {},
@@ -627,6 +638,8 @@ RUNS = [
     ("nemotron-nano-omni-bf16", "cutlass", "bf16"),
     ("nemotron-omni-bf16", "trtllm", "bf16"),
     ("nemotron-omni-bf16", "cutlass", "bf16"),
+    ("nemotron-super-omni-bf16", "trtllm", "bf16"),
+    ("nemotron-super-omni-bf16", "cutlass", "bf16"),
     ("dbrx-bf16", "trtllm", "bf16"),
     ("dbrx-bf16", "cutlass", "bf16"),
     ("aria-bf16", "trtllm", "bf16"),
@@ -822,6 +835,7 @@ TORCHVISION = (
     "nemotron-vl-bf16",
     "nemotron-nano-omni-bf16",
     "nemotron-omni-bf16",
+    "nemotron-super-omni-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -834,7 +848,12 @@ TORCHVISION_MODULES = (
 
 # cases whose vLLM model reads the checkpoint's tokenizer when built (Nemotron Nano VL's encodes
 # its image tags): their model config made with the tokenizer
-TOKENIZER = ("nemotron-vl-bf16", "nemotron-nano-omni-bf16", "nemotron-omni-bf16")
+TOKENIZER = (
+    "nemotron-vl-bf16",
+    "nemotron-nano-omni-bf16",
+    "nemotron-omni-bf16",
+    "nemotron-super-omni-bf16",
+)
 
 
 # cases whose config.json's model type transformers 5.20 has no config class for, and the class
