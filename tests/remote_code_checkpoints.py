@@ -1253,9 +1253,14 @@ def save_interns1_pro(root: Path, seed: int = 0) -> Path:
 # text_config, a plain config of model_type radio holding vision_config's keys as given.
 # The checkpoint is tests/hf_checkpoints.py's (the layout SGLang's class is proven with), and a
 # tokenizer as the published checkpoints have one (vLLM's model, when built, encodes its image
-# tags <img>, </img>, <image> with it): a word-level vocabulary holding those tags
+# tags <img>, </img>, <image> with it): a word-level vocabulary holding those tags. The Omnis
+# (kinds with "omni") also hold their sound encoder as vLLM's ProjectedParakeet reads it:
+# sound_config (a Parakeet encoder's keys, and projection_hidden_size, projection_bias,
+# sampling_rate), transformers' own ParakeetEncoder under sound_encoder.encoder. (without
+# attention biases: vLLM builds it with attention_bias False) and the projection
+# sound_projection.{norm,linear1,linear2}
 NANO_VL_MODULE = '''"""Nemotron Nano VL's configuration class (fi-convert's tests): a Nemotron-H
-text_config from llm_config, RADIO's vision_config."""
+text_config from llm_config, RADIO's vision_config, the Omnis' Parakeet sound_config."""
 
 from transformers import NemotronHConfig, PretrainedConfig
 
@@ -1264,12 +1269,17 @@ class RADIOConfig(PretrainedConfig):
     model_type = "radio"
 
 
+class SoundConfig(PretrainedConfig):
+    model_type = "parakeet"
+
+
 class {cls}(PretrainedConfig):
     model_type = "{model_type}"
 
-    def __init__(self, vision_config=None, llm_config=None, **kwargs):
+    def __init__(self, vision_config=None, llm_config=None, sound_config=None, **kwargs):
         self.vision_config = RADIOConfig(**(vision_config or {{}}))
         self.text_config = NemotronHConfig(**(llm_config or {{}}))
+        self.sound_config = SoundConfig(**sound_config) if sound_config else None
         super().__init__(**kwargs)
 '''
 
@@ -1286,7 +1296,46 @@ def save_nemotron_h_nano_vl(root: Path, seed: int = 0, kind: str = "nemotron_h_n
     text = NANO_VL_MODULE.format(cls=cls, model_type=config["model_type"])
     (root / f"{module}.py").write_text(text)
     _tokenizer(root, ["<img>", "</img>", "<image>", "<video>", "<so_embedding>"])
+    if "omni" in kind:
+        _add_sound(root, seed, config)
     return root
+
+
+SOUND = dict(
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=64,
+    subsampling_conv_channels=16,
+    num_mel_bins=16,
+)
+
+
+def _add_sound(root: Path, seed: int, config: dict) -> None:
+    """The Omnis' sound encoder and projection, beside the other tensors (one shard)."""
+    import transformers
+    from safetensors.torch import load_file
+
+    torch.manual_seed(seed + 3)
+    encoder_cfg = transformers.ParakeetEncoderConfig(
+        **SOUND, attention_bias=False, scale_input=False
+    )
+    encoder = transformers.ParakeetEncoder(encoder_cfg).to(torch.bfloat16)
+    tensors = load_file(root / "model.safetensors")
+    tensors |= {f"sound_encoder.encoder.{k}": t for k, t in encoder.state_dict().items()}
+    g = torch.Generator().manual_seed(seed + 4)
+    d, proj, h = SOUND["hidden_size"], 64, config["llm_config"]["hidden_size"]
+    for name, shape in (("norm.weight", (d,)), ("linear1.weight", (proj, d))):
+        tensors[f"sound_projection.{name}"] = torch.randn(shape, generator=g).bfloat16()
+    tensors["sound_projection.linear2.weight"] = torch.randn((h, proj), generator=g).bfloat16()
+    save_file(tensors, root / "model.safetensors", metadata={"format": "pt"})
+    config["sound_config"] = SOUND | dict(
+        model_type="parakeet",
+        projection_hidden_size=proj,
+        projection_bias=False,
+        sampling_rate=16000,
+    )
+    (root / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def _tokenizer(root: Path, special: list[str]) -> None:
