@@ -23,6 +23,10 @@ Xllm (XllmForCausalLM, model_type xllm) and K2 Horizon (K2HorizonForCausalLM, mo
 k2_horizon), no public checkpoints found: xLLM's names as both servers read them (Llama's
 attention, a dense layer, shared experts, the router's correction bias mlp.gate.bias).
 
+Nemotron Nano VL, Nano Omni, Omni and Super Omni (NemotronH_Nano_VL_V2 and the Omnis): tests/
+hf_checkpoints.py's layout, with a stand-in of their config class (configuration.py, auto_map),
+a tokenizer, and the Omnis' Parakeet sound encoder (save_nemotron_h_nano_vl).
+
 DeepSeek-MoE v1 (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM): Llama's attention
 (q/k/v/o_proj), layer 0 a dense MLP, layer 1 MoE with its router (`mlp.gate.weight`), shared
 experts and per-expert gate/up/down_proj; softmax routing without renormalization as released.

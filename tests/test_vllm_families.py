@@ -61,7 +61,14 @@ backends.
 
 Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), Nemotron-H Puzzle (bf16
 on both backends: two MoE layers of other expert counts and sizes, read by vLLM from
-block_configs through the config class, tests/remote_code_checkpoints.py), MiniMax-M2 (bf16,
+block_configs through the config class, tests/remote_code_checkpoints.py), Nemotron Nano VL,
+Nano Omni, Omni and Super Omni (nano_nemotron_vl.NemotronH_Nano_VL_V2, the class vLLM's registry
+builds all four with; bf16 on both backends: a RADIO tower and the projector mlp1 over Nemotron-H
+under language_model, the Omnis with a video embedder and a Parakeet sound encoder, Super Omni's
+Nemotron-H a latent MoE; read with a stand-in of the checkpoints' config class as remote code,
+auto_map, and a tokenizer, which the model encodes its image tags with when built: tests/
+remote_code_checkpoints.py save_nemotron_h_nano_vl; their load_weights returns None, so vLLM's
+own load checks no list of loaded parameters, nor does the plugin's), MiniMax-M2 (bf16,
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
