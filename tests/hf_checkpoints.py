@@ -1639,10 +1639,11 @@ def _save_nemotron_h_nano_vl(
     architecture: str = "NemotronH_Nano_VL_V2",
     model_type: str = "NemotronH_Nano_VL_V2",
     frames: int = 1,
+    text: dict | None = None,
 ) -> Path:
     from safetensors.torch import load_file, save_file
 
-    save("nemotron_h", root / "lm", seed)
+    save("nemotron_h", root / "lm", seed, **(text or {}))
     llm = json.loads((root / "lm" / "config.json").read_text())
     tensors = {
         f"language_model.{n}": t
@@ -2283,6 +2284,16 @@ SAVERS = {
         architecture="NemotronH_Omni_Reasoning_V3",
         model_type="nemotron_h_omni",
         frames=2,
+    ),
+    # Nemotron Super Omni (NemotronH_Super_Omni_Reasoning_V3): Omni's layout over a latent-MoE
+    # Nemotron-H (Nemotron-3 Super's: the routed experts run in moe_latent_size, between the
+    # MoE mixer's fc1_latent_proj and fc2_latent_proj, transformers' own names)
+    "nemotron_h_super_omni": functools.partial(
+        _save_nemotron_h_nano_vl,
+        architecture="NemotronH_Super_Omni_Reasoning_V3",
+        model_type="NemotronH_Super_Omni_Reasoning_V3",
+        frames=2,
+        text=dict(hidden_size=128, moe_latent_size=64),
     ),
     "longcat_flash_ngram": _save_longcat_flash_ngram,
 }

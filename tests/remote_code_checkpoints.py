@@ -23,6 +23,10 @@ Xllm (XllmForCausalLM, model_type xllm) and K2 Horizon (K2HorizonForCausalLM, mo
 k2_horizon), no public checkpoints found: xLLM's names as both servers read them (Llama's
 attention, a dense layer, shared experts, the router's correction bias mlp.gate.bias).
 
+Nemotron Nano VL, Nano Omni, Omni and Super Omni (NemotronH_Nano_VL_V2 and the Omnis): tests/
+hf_checkpoints.py's layout, with a stand-in of their config class (configuration.py, auto_map),
+a tokenizer, and the Omnis' Parakeet sound encoder (save_nemotron_h_nano_vl).
+
 DeepSeek-MoE v1 (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM): Llama's attention
 (q/k/v/o_proj), layer 0 a dense MLP, layer 1 MoE with its router (`mlp.gate.weight`), shared
 experts and per-expert gate/up/down_proj; softmax routing without renormalization as released.
@@ -1321,3 +1325,115 @@ def save_interns1_pro(root: Path, seed: int = 0) -> Path:
     index["weight_map"] |= dict.fromkeys(fope, "model-fope.safetensors")
     index_path.write_text(json.dumps(index, indent=2))
     return root
+
+
+# Nemotron Nano VL (NemotronH_Nano_VL_V2, as nvidia/NVIDIA-Nemotron-Nano-12B-v2-VL-BF16): its
+# config class is remote code (config.json's auto_map: configuration.NemotronH_Nano_VL_V2_Config),
+# which vLLM 0.33 takes (it has no config class of this model_type, nor has transformers 5.20).
+# The published class makes text_config a Nemotron-H config from llm_config and vision_config
+# RADIO's (its own remote code, C-RADIO's RADIOConfig: args, preferred_resolution, patch_size,
+# ...), and keeps the top-level keys vLLM's model reads (force_image_size, patch_size,
+# downsample_ratio, ps_version, template, image_tag_type, vit_hidden_size,
+# projector_hidden_size, norm_mean, norm_std). Our stand-in: transformers' NemotronHConfig for
+# text_config, a plain config of model_type radio holding vision_config's keys as given.
+# The checkpoint is tests/hf_checkpoints.py's (the layout SGLang's class is proven with), and a
+# tokenizer as the published checkpoints have one (vLLM's model, when built, encodes its image
+# tags <img>, </img>, <image> with it): a word-level vocabulary holding those tags. The Omnis
+# (kinds with "omni") also hold their sound encoder as vLLM's ProjectedParakeet reads it:
+# sound_config (a Parakeet encoder's keys, and projection_hidden_size, projection_bias,
+# sampling_rate), transformers' own ParakeetEncoder under sound_encoder.encoder. (without
+# attention biases: vLLM builds it with attention_bias False) and the projection
+# sound_projection.{norm,linear1,linear2}
+NANO_VL_MODULE = '''"""Nemotron Nano VL's configuration class (fi-convert's tests): a Nemotron-H
+text_config from llm_config, RADIO's vision_config, the Omnis' Parakeet sound_config."""
+
+from transformers import NemotronHConfig, PretrainedConfig
+
+
+class RADIOConfig(PretrainedConfig):
+    model_type = "radio"
+
+
+class SoundConfig(PretrainedConfig):
+    model_type = "parakeet"
+
+
+class {cls}(PretrainedConfig):
+    model_type = "{model_type}"
+
+    def __init__(self, vision_config=None, llm_config=None, sound_config=None, **kwargs):
+        self.vision_config = RADIOConfig(**(vision_config or {{}}))
+        self.text_config = NemotronHConfig(**(llm_config or {{}}))
+        self.sound_config = SoundConfig(**sound_config) if sound_config else None
+        super().__init__(**kwargs)
+'''
+
+
+def save_nemotron_h_nano_vl(root: Path, seed: int = 0, kind: str = "nemotron_h_nano_vl") -> Path:
+    """tests/hf_checkpoints.py's Nemotron Nano VL (or, by `kind`, Nano Omni / Omni: the same
+    layout under their architectures and model types), its config class beside it as the
+    module config.json's auto_map names."""
+    from tests import hf_checkpoints as hf
+
+    hf.save(kind, root, seed)
+    config = json.loads((root / "config.json").read_text())
+    module, cls = config["auto_map"]["AutoConfig"].split(".")
+    text = NANO_VL_MODULE.format(cls=cls, model_type=config["model_type"])
+    (root / f"{module}.py").write_text(text)
+    _tokenizer(root, ["<img>", "</img>", "<image>", "<video>", "<so_embedding>"])
+    if "omni" in kind:
+        _add_sound(root, seed, config)
+    return root
+
+
+SOUND = dict(
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=64,
+    subsampling_conv_channels=16,
+    num_mel_bins=16,
+)
+
+
+def _add_sound(root: Path, seed: int, config: dict) -> None:
+    """The Omnis' sound encoder and projection, beside the other tensors (one shard)."""
+    import transformers
+    from safetensors.torch import load_file
+
+    torch.manual_seed(seed + 3)
+    encoder_cfg = transformers.ParakeetEncoderConfig(
+        **SOUND, attention_bias=False, scale_input=False
+    )
+    encoder = transformers.ParakeetEncoder(encoder_cfg).to(torch.bfloat16)
+    tensors = load_file(root / "model.safetensors")
+    tensors |= {f"sound_encoder.encoder.{k}": t for k, t in encoder.state_dict().items()}
+    g = torch.Generator().manual_seed(seed + 4)
+    d, proj, h = SOUND["hidden_size"], 64, config["llm_config"]["hidden_size"]
+    for name, shape in (("norm.weight", (d,)), ("linear1.weight", (proj, d))):
+        tensors[f"sound_projection.{name}"] = torch.randn(shape, generator=g).bfloat16()
+    tensors["sound_projection.linear2.weight"] = torch.randn((h, proj), generator=g).bfloat16()
+    save_file(tensors, root / "model.safetensors", metadata={"format": "pt"})
+    config["sound_config"] = SOUND | dict(
+        model_type="parakeet",
+        projection_hidden_size=proj,
+        projection_bias=False,
+        sampling_rate=16000,
+    )
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _tokenizer(root: Path, special: list[str]) -> None:
+    """A word-level fast tokenizer of a few words and the tokens `special`, saved at `root`
+    by transformers' own save_pretrained."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "a", "b", *special]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.add_special_tokens({"additional_special_tokens": special})
+    fast.save_pretrained(root)

@@ -222,6 +222,24 @@ def test_every_tensor_lands_as_the_models_own_loading_puts_it(out):
     assert set(model.names) <= d.loaded  # (what it returned, and the parameters filled)
 
 
+class Silent(Plain):
+    """Plain, whose load_weights returns nothing (vLLM's NemotronH_Nano_VL_V2 does so)."""
+
+    def load_weights(self, weights):
+        super().load_weights(weights)
+
+
+def test_a_model_that_says_nothing_of_what_it_loaded_is_untracked(out):
+    """vLLM's own loader checks the parameters a model's load_weights returns and nothing where
+    it returns None; DenseLoad says which (`untracked`), the load itself the same."""
+    stored = _stored(out)
+    said, silent = _load(out, Plain(stored)), _load(out, model := Silent(stored))
+    assert not said.untracked and silent.untracked
+    for n, t in stored.items():
+        got = getattr(model, model.names[n])
+        assert torch.equal(got, t.to(got.dtype)), n
+
+
 class Tied(Plain):
     """Plain, with an lm_head that its loading ties to the embedding after its loop, from the
     tensor it kept of it (SGLang's LFM2-MoE does so)."""

@@ -61,7 +61,14 @@ backends.
 
 Families proven here: GLM-4.5 (bf16, ModelOpt fp8-tensor, fp8-block), Nemotron-H Puzzle (bf16
 on both backends: two MoE layers of other expert counts and sizes, read by vLLM from
-block_configs through the config class, tests/remote_code_checkpoints.py), MiniMax-M2 (bf16,
+block_configs through the config class, tests/remote_code_checkpoints.py), Nemotron Nano VL,
+Nano Omni, Omni and Super Omni (nano_nemotron_vl.NemotronH_Nano_VL_V2, the class vLLM's registry
+builds all four with; bf16 on both backends: a RADIO tower and the projector mlp1 over Nemotron-H
+under language_model, the Omnis with a video embedder and a Parakeet sound encoder, Super Omni's
+Nemotron-H a latent MoE; read with a stand-in of the checkpoints' config class as remote code,
+auto_map, and a tokenizer, which the model encodes its image tags with when built: tests/
+remote_code_checkpoints.py save_nemotron_h_nano_vl; their load_weights returns None, so vLLM's
+own load checks no list of loaded parameters, nor does the plugin's), MiniMax-M2 (bf16,
 fp8-block), MiMo-V2-Flash (bf16, fp8-block), DeepSeek-V3.2 (bf16; the class vLLM resolves on a
 platform that is neither CUDA nor ROCm, DeepseekV3ForCausalLM with the DSA indexer, as
 `vllm.models.deepseek_v32` exports it), ERNIE-4.5-MoE, OLMoE, Phi-3.5-MoE, K-EXAONE,
@@ -237,6 +244,14 @@ REMOTE_CODE = {
     "k2_horizon": rc.save_k2_horizon,
     "intern_s2_preview": lambda root: hf.save("intern_s2_preview", root),
     "interns1_pro": rc.save_interns1_pro,
+    "nemotron_h_nano_vl": rc.save_nemotron_h_nano_vl,
+    "nemotron_h_nano_omni": lambda root: rc.save_nemotron_h_nano_vl(
+        root, kind="nemotron_h_nano_omni"
+    ),
+    "nemotron_h_omni": lambda root: rc.save_nemotron_h_nano_vl(root, kind="nemotron_h_omni"),
+    "nemotron_h_super_omni": lambda root: rc.save_nemotron_h_nano_vl(
+        root, kind="nemotron_h_super_omni"
+    ),
 }
 SPARSE_MLA = "vllm.v1.attention.backends.mla.flashinfer_mla_sparse.FlashInferMLASparseTRTLLMBackend"
 MLA = "vllm.v1.attention.backends.mla.flashinfer_mla.FlashInferMLABackend"
@@ -282,6 +297,38 @@ CASES = {
     # Nemotron-H Puzzle: two MoE layers of other expert counts and sizes (block_configs), read
     # by vLLM through its config class's get_nemotron_h_config_for_layer (remote code)
     "nemotron-puzzle-bf16": ("nemotron_h_puzzle", "nemotron_h.NemotronHForCausalLM", None, {}),
+    # Nemotron Nano VL as published: a RADIO tower over Nemotron-H's model under
+    # language_model (tests/hf_checkpoints.py), read with its config class as remote code
+    # (tests/remote_code_checkpoints.py save_nemotron_h_nano_vl)
+    "nemotron-vl-bf16": (
+        "nemotron_h_nano_vl",
+        "nano_nemotron_vl.NemotronH_Nano_VL_V2",
+        None,
+        {},
+    ),
+    # Nemotron Nano Omni and Omni (model_type nemotron_h_omni, its RADIO tower with a video
+    # embedder): the same layout under their architectures, which vLLM's registry builds with
+    # NemotronH_Nano_VL_V2's class, each read with its config class as remote code
+    "nemotron-nano-omni-bf16": (
+        "nemotron_h_nano_omni",
+        "nano_nemotron_vl.NemotronH_Nano_VL_V2",
+        None,
+        {},
+    ),
+    "nemotron-omni-bf16": (
+        "nemotron_h_omni",
+        "nano_nemotron_vl.NemotronH_Nano_VL_V2",
+        None,
+        {},
+    ),
+    # Nemotron Super Omni: Omni's layout over a latent-MoE Nemotron-H (moe_latent_size 64 of
+    # hidden 128: the experts' w1 [I, latent], w2 [latent, I]; tests/hf_checkpoints.py)
+    "nemotron-super-omni-bf16": (
+        "nemotron_h_super_omni",
+        "nano_nemotron_vl.NemotronH_Nano_VL_V2",
+        None,
+        {},
+    ),
     # flat experts [E*I, H], w2 turned (DbrxExperts' own weight loader splits them)
     "dbrx-bf16": ("dbrx", "dbrx.DbrxForCausalLM", None, {}),
     # fused experts stored turned (fc1 [E, H, 2I], fc2 [E, I, H]), beside a shared expert
@@ -607,6 +654,14 @@ RUNS = [
     ("nemotron-fp8-tensor", "cutlass", "fp8-tensor"),
     ("nemotron-puzzle-bf16", "trtllm", "bf16"),
     ("nemotron-puzzle-bf16", "cutlass", "bf16"),
+    ("nemotron-vl-bf16", "trtllm", "bf16"),
+    ("nemotron-vl-bf16", "cutlass", "bf16"),
+    ("nemotron-nano-omni-bf16", "trtllm", "bf16"),
+    ("nemotron-nano-omni-bf16", "cutlass", "bf16"),
+    ("nemotron-omni-bf16", "trtllm", "bf16"),
+    ("nemotron-omni-bf16", "cutlass", "bf16"),
+    ("nemotron-super-omni-bf16", "trtllm", "bf16"),
+    ("nemotron-super-omni-bf16", "cutlass", "bf16"),
     ("dbrx-bf16", "trtllm", "bf16"),
     ("dbrx-bf16", "cutlass", "bf16"),
     ("aria-bf16", "trtllm", "bf16"),
@@ -802,6 +857,10 @@ TORCHVISION = (
     "ling3-vl-bf16",
     "minimax-m3-bf16",
     "interns1-pro-bf16",
+    "nemotron-vl-bf16",
+    "nemotron-nano-omni-bf16",
+    "nemotron-omni-bf16",
+    "nemotron-super-omni-bf16",
 )
 TORCHVISION_MODULES = (
     "torchvision",
@@ -809,6 +868,16 @@ TORCHVISION_MODULES = (
     "torchvision.transforms.v2",
     "torchvision.transforms.v2.functional",
     "torchvision.transforms.functional",
+)
+
+
+# cases whose vLLM model reads the checkpoint's tokenizer when built (Nemotron Nano VL's encodes
+# its image tags): their model config made with the tokenizer
+TOKENIZER = (
+    "nemotron-vl-bf16",
+    "nemotron-nano-omni-bf16",
+    "nemotron-omni-bf16",
+    "nemotron-super-omni-bf16",
 )
 
 
@@ -973,7 +1042,7 @@ def vllm_model(
         if mc is None:
             mc = ModelConfig(
                 model=str(src),
-                skip_tokenizer_init=True,
+                skip_tokenizer_init=case not in TOKENIZER,
                 dtype="bfloat16",
                 trust_remote_code=remote,
             )

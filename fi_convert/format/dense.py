@@ -39,7 +39,9 @@ ALIGN = 64  # each tensor of a batch starts at a multiple of this
 class DenseLoad:
     """The output's non-expert tensors for `model`, planned by probing `load_weights` (the
     model's own loading, as the server calls it). Then `add_to` a bulk read and `load_rest`
-    while it runs. `loaded`: the names of the parameters filled (for a server's check)."""
+    while it runs. `loaded`: the names of the parameters filled (for a server's check);
+    `untracked`: the model's load_weights said nothing of what it loaded (returned None), which
+    vLLM's own loader takes as no list to check."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class DenseLoad:
         self.host_memory = default_host_memory() if host_memory is None else host_memory
         self._load_weights = load_weights
         self.loaded: set[str] = set()
+        self.untracked = False
         self.rest_s = 0.0
         self._pinned = self.device.type == "cuda"  # batches pinned, within host_memory
         self._batch: BulkRead | None = None
@@ -84,6 +87,8 @@ class DenseLoad:
         names = self._load_weights(weights)
         if isinstance(names, set):  # vLLM's models say which parameters they loaded
             self.loaded |= {n for n in names if isinstance(n, str)}
+        elif names is None:  # (as vLLM's NemotronH_Nano_VL_V2: it loads more than it says)
+            self.untracked = True
 
     # -- the plan ---------------------------------------------------------------------------
 

@@ -205,11 +205,13 @@ class FiConvertModelLoader(DefaultModelLoader):
                 experts.undo_for_cpu(mod, m, mode)
         logger.info("%s", report.line(time.perf_counter()))
         if model_config.quantization is None:
+            # (None where the model's load_weights says nothing of what it loaded: vLLM's own
+            # load checks nothing then, as its DefaultModelLoader.track_weights_loading)
             self.track_weights_loading(model, loaded)
 
     def _read_all(
         self, model: Any, root: Path, m: dict, layers: dict[str, tuple[str, RoutedExperts]]
-    ) -> tuple[set[str], LoadReport]:
+    ) -> tuple[set[str] | None, LoadReport]:
         """Every tensor of the output into the model: the experts' and the non-expert tensors'
         byte ranges in one bulk read (where the model's loading only copies them,
         `format.dense`), then the model's `load_weights` over every non-expert tensor, with the
@@ -245,6 +247,8 @@ class FiConvertModelLoader(DefaultModelLoader):
         # this process is one rank of every layer: any layer's split names it
         split = next(iter(layers.values()))[1].moe_config.moe_parallel_config if layers else None
         report = LoadReport(_who(split), root, len(layers), read, t0)
+        if read.dense.untracked:
+            return None, report
         return loaded | read.dense.loaded, report
 
 
