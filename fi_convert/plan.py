@@ -254,7 +254,7 @@ def _make_plan(source: str | Path, options: Options) -> Plan:
     refused = (
         target.refuses(name.value, options.backend.value)
         or target.refuses_source(
-            name.value, options.backend.value, quant_method(ckpt), ckpt.architectures
+            name.value, options.backend.value, quant_method(ckpt), ckpt.architectures, ckpt.config
         )
         or refuses_moe(target, name, options.backend, layers)
     )
@@ -396,7 +396,9 @@ def _plan_layers(
         return target.no_path(name.value, backend.value), False, []
     refused = (
         target.refuses(name.value, backend.value)
-        or target.refuses_source(name.value, backend.value, quant_method(ckpt), ckpt.architectures)
+        or target.refuses_source(
+            name.value, backend.value, quant_method(ckpt), ckpt.architectures, ckpt.config
+        )
         or refuses_moe(target, name, backend, layers)
     )
     if refused:
@@ -567,20 +569,27 @@ def _refused_line(
     ok = servable_list(_choices(ckpt, layers, options))
     alts = f"; servable for {options.server} instead: --scheme {ok}" if ok else ""
     said = "--server vllm" in why  # (a server's reason that names the fix already)
-    vllm = "; or convert for vLLM (--server vllm)" if _vllm_has(ckpt, options) and not said else ""
+    has = _vllm_has(ckpt, options, layers)
+    vllm = "; or convert for vLLM (--server vllm)" if has and not said else ""
     return (
         f"--scheme {name.value} --backend {options.backend.value} --server {options.server}: "
         f"{why}{alts}{vllm}"
     )
 
 
-def _vllm_has(ckpt: Checkpoint, options: Options) -> bool:
+def _vllm_has(ckpt: Checkpoint, options: Options, layers: list) -> bool:
     """Whether converting for vLLM is worth naming: another server was asked for, and vLLM's
     facts do not refuse the source's architecture whatever the scheme (BF16 on CUTLASS, which
-    any routing takes: refused only where vLLM has no model class for it, SDAR MoE's)."""
+    any routing takes: refused only where vLLM has no model class for it, SDAR MoE's) nor its
+    experts' activation on it (situ experts, which vLLM runs on no output fi-convert writes)."""
     if options.server == DEFAULT:
         return False
-    return resolve(DEFAULT).refuses_source("bf16", "cutlass", None, ckpt.architectures) is None
+    vllm = resolve(DEFAULT)
+    first = layers[0]
+    return (
+        vllm.refuses_source("bf16", "cutlass", None, ckpt.architectures) is None
+        and vllm.refuses_moe("bf16", "cutlass", first.routing, first.activation, None) is None
+    )
 
 
 def grouped_notes(lps: list[LayerPlan]) -> list[str]:

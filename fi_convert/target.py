@@ -137,11 +137,13 @@ class ServerTarget(Protocol):
         backend: str,
         quant_method: str | None,
         architectures: Sequence[str] = (),
+        config: Mapping | None = None,
     ) -> str | None:
         """Why fi-convert writes no output of this scheme and backend for it from a source of
         this `quantization_config.quant_method` and config.json `architectures` (the model
         classes a server picks by them; another method or runner of the server's reads it, or
-        it is not proven), or None."""
+        it is not proven), or from this `config` (config.json: a field the server's model
+        class ignores or refuses, SGLang's Kimi Linear's routed_expert_hidden_size), or None."""
         ...
 
     def refuses_moe(

@@ -1374,6 +1374,36 @@ def _latent_moe(tensors: dict, hidden: int, latent: int, gen) -> dict:
     return out
 
 
+def _save_kimi_linear_latent(root: Path, seed: int = 0) -> Path:
+    """A latent Kimi Linear (KimiLinearForCausalLM alone, config.json with
+    routed_expert_hidden_size): Kimi Linear's tensors (_save_kimi_linear, Kimi K3's hidden
+    size) with K3's latent MoE (_latent_moe: routed experts of KIMI_K3_LATENT beside the block's
+    routed_expert_down_proj, _norm and _up_proj), config.json the published one with
+    KIMI_K3_TEXT's keys. No such checkpoint is published; both servers' KimiLinearConfig read
+    these keys, and vLLM 0.33's KimiLinearForCausalLM builds the latent MoE of them."""
+    from safetensors.torch import load_file, save_file
+
+    _save_kimi_linear(root, seed, hidden_size=KIMI_K3_HIDDEN)
+    cfg = json.loads((root / "config.json").read_text())
+    gen = torch.Generator().manual_seed(seed + 1)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    where = index["weight_map"]
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(where.values())):
+        tensors |= load_file(root / shard)
+    tensors = _latent_moe(tensors, cfg["hidden_size"], KIMI_K3_LATENT, gen)
+    for name in tensors:  # the block's projections in its first expert's shard
+        block = name.rsplit(".routed_expert_", 1)[0]
+        where.setdefault(name, where.get(f"{block}.experts.0.w1.weight"))
+    for shard in sorted(set(where.values())):
+        own = {n: t for n, t in tensors.items() if where[n] == shard}
+        save_file(own, root / shard, metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index, indent=2))
+    (root / "config.json").write_text(json.dumps(cfg | KIMI_K3_TEXT, indent=2))
+    return root
+
+
 def _kimi_k3_name(name: str) -> str:
     """A Kimi Linear tensor's name in Kimi K3's checkpoint."""
     if name.startswith("model.layers."):
@@ -2254,6 +2284,7 @@ SAVERS = {
     "minicpmv4_7": functools.partial(_save_minicpmv, version="4_7"),
     "minicpm_ocr": _save_minicpm_ocr,
     "kimi_linear": _save_kimi_linear,
+    "kimi_linear_latent": _save_kimi_linear_latent,
     "kimi_k3": _save_kimi_k3,
     "kimi_vl": _save_kimi_vl,
     "kimi_k25": _save_kimi_k25,

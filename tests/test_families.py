@@ -702,19 +702,50 @@ def test_architecture_mds_glm_example_is_the_glm_family_file():
             assert value == shipped[key], key
 
 
-def test_kimi_linears_situ_experts_are_refused_with_the_servers_reason(ckpt, tmp_path):
+# Kimi Linear's situ experts (hidden_act situ): each server's reason, read from its code (vLLM
+# 0.33's KimiLinearForCausalLM builds them, Kimi K3's language model: servers/vllm/routing.py;
+# SGLang 0.5.23's KimiMoE raises on any hidden_act but silu: servers/sglang/target.py
+# CONFIG_REFUSED), neither followed by a hint to convert for the other server
+KIMI_LINEAR_SITU = [
+    ("vllm", "trtllm", "vLLM 0.33's FlashInfer TRT-LLM bf16 experts take no situ activation"),
+    ("vllm", "cutlass", "vLLM 0.33's FlashInfer CUTLASS bf16 experts take no situ activation"),
+    ("sglang", "trtllm", "SGLang 0.5.23's Kimi Linear (models/kimi_linear.py KimiMoE) raises on "
+     "any hidden_act but silu (\"Only silu is supported for now\"): it builds no situ experts "
+     "(config.json's hidden_act is 'situ'); serve the checkpoint as it is"),
+    ("sglang", "cutlass", "SGLang 0.5.23's Kimi Linear (models/kimi_linear.py KimiMoE) raises on "
+     "any hidden_act but silu (\"Only silu is supported for now\"): it builds no situ experts "
+     "(config.json's hidden_act is 'situ'); serve the checkpoint as it is"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("server", "backend", "why"), KIMI_LINEAR_SITU)
+def test_kimi_linears_situ_experts_are_refused_with_each_servers_reason(
+    ckpt, tmp_path, server, backend, why
+):
     """Kimi Linear's config.json says its experts' activation (hidden_act): silu converts,
-    situ (its SiTU experts) is refused in one line naming why, before anything is written."""
+    situ (its SiTU experts) is refused in one line with each server's own reason (it was one
+    line for both), before anything is written."""
     src = ckpt("kimi_linear")
     assert cli("inspect", src, "--json").exit_code == 0
     model = _copy(src, tmp_path / "m", hidden_act="situ", activation_situ_beta=1.0)
-    line = error_line(cli("convert", model, tmp_path / "out"))
-    assert line.startswith(
-        f"error: {model}/config.json: Kimi Linear: config.json's hidden_act is 'situ': "
-        "fi-convert converts Kimi Linear's silu experts only: SGLang 0.5.23's KimiMoE"
-    )
-    assert line.endswith("; serve the checkpoint as it is")
-    assert not (tmp_path / "out").exists()
+    out = tmp_path / "out"
+    line = error_line(cli("convert", model, out, "--backend", backend, "--server", server))
+    assert line == f"error: --scheme bf16 --backend {backend} --server {server}: {why}", line
+    assert not out.exists()
+
+
+def test_kimi_linears_experts_of_another_activation_are_refused(ckpt, tmp_path):
+    """A hidden_act neither server's Kimi Linear builds (gelu) is refused in one line for the
+    family, whatever the server, nothing written."""
+    model = _copy(ckpt("kimi_linear"), tmp_path / "m", hidden_act="gelu")
+    for server in ("vllm", "sglang"):
+        line = error_line(cli("convert", model, tmp_path / "out", "--server", server))
+        assert line == (
+            f"error: {model}/config.json: Kimi Linear: config.json's hidden_act is 'gelu': Kimi "
+            "Linear's experts are silu or situ alone (vLLM 0.33's KimiMLP raises on any other "
+            "hidden_act, SGLang 0.5.23's KimiMoE on any but silu); fix config.json"
+        ), line
+        assert not (tmp_path / "out").exists()
 
 
 def test_kimi_k3_is_its_own_family_not_its_text_configs(tmp_path, monkeypatch):

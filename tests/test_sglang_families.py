@@ -1263,3 +1263,58 @@ def test_sglangs_inkling_runs_bf16_experts_on_flashinfer_only_on_trtllm_routed(t
     for backend in ("trtllm", "cutlass"):
         with pytest.raises(SchemeMismatchError, match="only on --moe-runner-backend flash"):
             _convert(src, tmp_path / "out", "bf16", backend, 1)
+
+
+def test_sglangs_own_load_of_a_latent_kimi_linear_fails(tmp_path):
+    """Why a latent Kimi Linear (KimiLinearForCausalLM alone, config.json with
+    routed_expert_hidden_size; tests/hf_checkpoints.py _save_kimi_linear_latent) has no case
+    above: SGLang 0.5.23's KimiMoE (models/kimi_linear.py) ignores routed_expert_hidden_size,
+    building the routed experts of hidden_size and no latent projections, so its own load of
+    the checkpoint fails copying an expert's w2 (routed_expert_hidden_size rows) into its
+    FusedMoE's (hidden_size rows). vLLM 0.33's class builds the latent MoE (tests/
+    test_vllm_families.py)."""
+    from tests import sglang_moe as sm
+    from tests.test_sglang_plugin import _model
+
+    src = hf.save("kimi_linear_latent", tmp_path / "src")
+    with sm.sglang_context("trtllm", 1, 0), pytest.raises(RuntimeError) as e:
+        _model(None, src, "auto", "trtllm")
+    assert str(e.value) == (
+        f"The size of tensor a ({hf.KIMI_K3_HIDDEN}) must match the size of tensor b "
+        f"({hf.KIMI_K3_LATENT}) at non-singleton dimension 0"
+    )
+    frames = [(str(t.frame.code.path), t.name) for t in e.traceback]
+    assert "load_weights" in [
+        n for p, n in frames if p.endswith("sglang/srt/models/kimi_linear.py")
+    ]
+    assert frames[-2][1] == "_load_w2"  # (FusedMoE's, its last frame torch's copy_)
+
+
+def test_a_latent_kimi_linear_is_refused_for_sglang_in_one_line(tmp_path):
+    """A latent Kimi Linear is Kimi Linear's family, its experts of routed_expert_hidden_size
+    (read first, as Kimi K3's): for SGLang, whose own load cannot load it (above), refused when
+    planned, one line naming SGLang's reason, nothing written, on both backends and in inspect;
+    for vLLM it plans (tests/test_vllm_families.py proves it through vLLM's own class)."""
+    from tests.test_errors import error_line
+
+    from .conftest import cli
+
+    src = hf.save("kimi_linear_latent", tmp_path / "src")
+    out = tmp_path / "out"
+    for backend in ("trtllm", "cutlass"):
+        line = error_line(cli("convert", src, out, "--server", "sglang", "--backend", backend))
+        assert line == (
+            f"error: --scheme bf16 --backend {backend} --server sglang: SGLang 0.5.23's Kimi "
+            "Linear (models/kimi_linear.py) ignores config.json's routed_expert_hidden_size "
+            f"({hf.KIMI_K3_LATENT}): its KimiMoE builds the routed experts of hidden_size, "
+            "without routed_expert_down_proj or routed_expert_up_proj, so its own load of a "
+            "latent Kimi Linear fails on the experts' shapes; convert with --server vllm, or "
+            "serve the checkpoint as it is"
+        ), line
+        assert not out.exists()
+    res = cli("inspect", src, "--json", "--server", "vllm")
+    assert res.exit_code == 0, res.output
+    layer = json.loads(res.stdout)["layers"]["model.layers.1.block_sparse_moe.experts"]
+    assert layer["hidden_size"] == hf.KIMI_K3_LATENT
+    res = cli("inspect", src, "--server", "sglang")
+    assert res.exit_code != 0 and "ignores config.json's routed_expert_hidden_size" in res.output

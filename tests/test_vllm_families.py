@@ -54,7 +54,10 @@ of the experts' size itself, the plugin refuses the output
 (vllm/models/kimi_k3's KimiK3ForConditionalGeneration: Kimi-K2.5's vision tower over that
 language model with a latent MoE, routed experts of routed_expert_hidden_size, tests/
 hf_checkpoints.py) with the same stand-ins, bf16 on both backends
-(test_kimi_k3s_latent_experts_are_the_ones_vllms_class_builds). K2 Horizon
+(test_kimi_k3s_latent_experts_are_the_ones_vllms_class_builds), and a latent Kimi Linear alone
+(KimiLinearForCausalLM, its config.json with routed_expert_hidden_size: bf16 on both backends,
+test_a_latent_kimi_linears_experts_are_the_ones_vllms_class_builds; SGLang's class ignores the
+key and is refused, tests/test_sglang_families.py). K2 Horizon
 (K2HorizonForCausalLM, no public checkpoint found: xLLM's FFN names and K2 Horizon's keys as the
 model reads them, tests/remote_code_checkpoints.py, its attention without MoVA) in bf16 on both
 backends.
@@ -570,6 +573,14 @@ CASES = {
     ),
     # Kimi Linear: a KDA layer, an MLA layer with the MoE block (vllm/models/kimi_k3)
     "kimi-linear-bf16": ("kimi_linear", "vllm.models.kimi_k3.KimiLinearForCausalLM", None, {}),
+    # a latent Kimi Linear (tests/hf_checkpoints.py): the same class alone, its config.json with
+    # routed_expert_hidden_size, routed experts of that size (SGLang's is refused)
+    "kimi-linear-latent-bf16": (
+        "kimi_linear_latent",
+        "vllm.models.kimi_k3.KimiLinearForCausalLM",
+        None,
+        {},
+    ),
     # Kimi K3 (tests/hf_checkpoints.py): Kimi-K2.5's vision tower over Kimi Linear's language
     # model (built through vLLM's registry as KimiLinearForCausalLM) with a latent MoE
     "kimi-k3-bf16": ("kimi_k3", "vllm.models.kimi_k3.KimiK3ForConditionalGeneration", None, {}),
@@ -628,7 +639,13 @@ CASES = {
 # the kernel's switch is off; neither touches a weight. Inkling's (vllm/models/inkling/nvidia/
 # moe.py InklingMoE) makes two CUDA events, to join its sink experts' stream to the routed
 # experts' one: stand-ins too
-CUDA_STREAMS = ("kimi-linear-bf16", "kimi-k3-bf16", "inkling-bf16", "inkling-text-bf16")
+CUDA_STREAMS = (
+    "kimi-linear-bf16",
+    "kimi-linear-latent-bf16",
+    "kimi-k3-bf16",
+    "inkling-bf16",
+    "inkling-text-bf16",
+)
 # Cases whose vLLM model class requires the V2 model runner (LongCat-Flash-Lite's n-gram state)
 V2_RUNNER = ("longcat-lite-bf16",)
 # Cases whose vLLM model probes for a CUDA kernel library when built, each probe answered yes
@@ -741,6 +758,8 @@ RUNS = [
     ("glm5-next-bf16", "cutlass", "bf16"),
     ("kimi-linear-bf16", "trtllm", "bf16"),
     ("kimi-linear-bf16", "cutlass", "bf16"),
+    ("kimi-linear-latent-bf16", "trtllm", "bf16"),
+    ("kimi-linear-latent-bf16", "cutlass", "bf16"),
     ("kimi-k3-bf16", "trtllm", "bf16"),
     ("kimi-k3-bf16", "cutlass", "bf16"),
     ("k2-horizon-bf16", "trtllm", "bf16"),
@@ -1578,6 +1597,37 @@ def test_kimi_k3s_latent_experts_are_the_ones_vllms_class_builds(sources, tmp_pa
     shard = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"][name]
     with safe_open(out / index[name], "pt") as f, safe_open(src / shard, "pt") as g:
         assert torch.equal(f.get_tensor(name), g.get_tensor(name))
+
+
+def test_a_latent_kimi_linears_experts_are_the_ones_vllms_class_builds(sources, tmp_path):
+    """A latent Kimi Linear alone (KimiLinearForCausalLM, config.json with
+    routed_expert_hidden_size): fi-convert read its experts' hidden size as hidden_size and
+    refused the checkpoint as one whose tensors disagree with config.json; vLLM 0.33's class
+    builds the experts of routed_expert_hidden_size (LatentMoERunner), which the output's layer
+    holds (the plugin's load equals vLLM's own: the cases above), its latent projections as
+    the source holds them."""
+    from safetensors import safe_open
+
+    src = sources("kimi-linear-latent-bf16")
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, 2), device="cpu")
+    manifest = json.loads((out / "fi-convert-manifest.json").read_text())
+    assert manifest["layers"]["model.layers.1.block_sparse_moe.experts"]["hidden_size"] == (
+        hf.KIMI_K3_LATENT
+    )
+    with vllm_model("kimi-linear-latent-bf16", src, "trtllm", 2, 1) as (theirs, _):
+        (runner,) = _moe(theirs).values()
+        assert type(runner).__name__ == "LatentMoERunner"
+        assert runner.routed_experts.moe_config.hidden_dim == hf.KIMI_K3_LATENT
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    theirs_index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    for proj in ("down_proj", "norm", "up_proj"):
+        name = f"model.layers.1.block_sparse_moe.routed_expert_{proj}.weight"
+        with (
+            safe_open(out / index[name], "pt") as f,
+            safe_open(src / theirs_index[name], "pt") as g,
+        ):
+            assert torch.equal(f.get_tensor(name), g.get_tensor(name))
 
 
 @pytest.mark.parametrize(

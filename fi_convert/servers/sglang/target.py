@@ -378,6 +378,32 @@ NO_FAMILY_REFUSED = {
     ),
 }
 
+# ... and those refused by what config.json says of the model, beside its architecture: (the
+# architecture config.json itself names, the field, the values refused (None: any value but
+# null), why). Kimi Linear (models/kimi_linear.py): its KimiMoE builds the routed experts of
+# hidden_size with no routed_expert_down_proj / _up_proj (routed_expert_hidden_size, which its
+# KimiLinearConfig holds, is read by nothing else), and raises on any hidden_act but silu
+CONFIG_REFUSED = (
+    (
+        "KimiLinearForCausalLM",
+        "routed_expert_hidden_size",
+        None,
+        "SGLang {sglang}'s Kimi Linear (models/kimi_linear.py) ignores config.json's "
+        "routed_expert_hidden_size ({value}): its KimiMoE builds the routed experts of "
+        "hidden_size, without routed_expert_down_proj or routed_expert_up_proj, so its own "
+        "load of a latent Kimi Linear fails on the experts' shapes; convert with --server "
+        "vllm, or serve the checkpoint as it is",
+    ),
+    (
+        "KimiLinearForCausalLM",
+        "hidden_act",
+        ("situ",),
+        "SGLang {sglang}'s Kimi Linear (models/kimi_linear.py KimiMoE) raises on any "
+        'hidden_act but silu ("Only silu is supported for now"): it builds no situ experts '
+        "(config.json's hidden_act is {value}); serve the checkpoint as it is",
+    ),
+)
+
 NO_FLASHINFER = {
     ("fp8-block", "cutlass"): (
         "SGLang 0.5.23 has no FlashInfer CUTLASS path for block FP8 (asked for "
@@ -517,9 +543,11 @@ class SglangTarget:
         backend: str,
         quant_method: str | None,
         architectures: Sequence[str] = (),
+        config: Mapping | None = None,
     ) -> str | None:
         facts = {**NO_FLASHINFER_MODEL, **NO_FAMILY_REFUSED}
-        why = _first(facts, architectures) or SOURCES_REFUSED.get((scheme, quant_method))
+        why = _first(facts, architectures) or _config_refused(config or {})
+        why = why or SOURCES_REFUSED.get((scheme, quant_method))
         if why is None and (scheme, backend) == ("fp8-tensor", "trtllm"):
             why = _first(NO_ROUTING_METHOD, architectures)
         return why.format(sglang=TARGET["sglang"]) if why else None
@@ -632,6 +660,18 @@ class SglangTarget:
         if scheme in EP_SCHEMES:
             return "redundant experts (EPLB) or a placement other than trivial"
         return "expert parallelism"
+
+
+def _config_refused(config: Mapping) -> str | None:
+    """Why config.json's fields refuse the model it names itself (CONFIG_REFUSED), the value
+    said, or None."""
+    archs = config.get("architectures")
+    own = archs if isinstance(archs, list) else []
+    for arch, key, values, why in CONFIG_REFUSED:
+        v = config.get(key)
+        if arch in own and v is not None and (values is None or v in values):
+            return why.replace("{value}", repr(v))
+    return None
 
 
 def _first(facts: Mapping[str, str], architectures: Sequence[str]) -> str | None:

@@ -198,8 +198,10 @@ class VllmTarget:
         backend: str,
         quant_method: str | None,
         architectures: Sequence[str] = (),
+        config: Mapping | None = None,
     ) -> str | None:
-        # (each scheme's source formats: unservable() refuses the plugin's gaps)
+        # (each scheme's source formats: unservable() refuses the plugin's gaps; config.json's
+        # fields refuse nothing of vLLM's: a latent Kimi Linear is its KimiLinearForCausalLM's)
         own = next((a for a in architectures if a in OWN_MOE_METHOD), None)
         if own:
             title, own_why = OWN_MOE_METHOD[own]
