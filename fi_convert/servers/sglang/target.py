@@ -362,6 +362,9 @@ NO_FAMILY_REFUSED = {
         "experts' w13 and w2 among them, so it refuses a load that fills the MoE layers "
         "otherwise, as fi-convert's SGLang plugin does; serve the checkpoint as it is"
     ),
+    # DeepSeek-VL2 under SGLang's own name of it (its DeepseekVL2Config's; the published
+    # config.json says DeepseekVLV2ForCausalLM, refused in NO_FLASHINFER_MODEL for the same reason)
+    "DeepseekVL2ForCausalLM": NO_FLASHINFER_MODEL["DeepseekVLV2ForCausalLM"],
     # Ming-Omni, a wrapper over Ling 2.0 (tests/test_sglang_families.py:
     # test_sglangs_own_load_of_ming_omni_fails): converted as Ling 2.0 otherwise
     "BailingMMNativeForConditionalGeneration": (
