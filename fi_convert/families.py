@@ -650,6 +650,8 @@ def _check_forms(d: dict) -> str | None:
 
 
 FORM_KINDS = ("per_expert", "fused", "stacked", "flat", "per_expert_fused")
+# the forms of one tensor per expert and stored role (their pattern names the `expert`)
+PER_EXPERT_KINDS = ("per_expert", "per_expert_fused")
 
 
 def _check_form(f: object) -> str | None:
@@ -662,8 +664,7 @@ def _check_form(f: object) -> str | None:
     if why:
         return f".pattern: not a regular expression ({why})"
     groups = set(re.compile(str(pat)).groupindex)
-    per_expert = f["kind"] in ("per_expert", "per_expert_fused")
-    need = {"prefix", "proj"} | ({"expert"} if per_expert else set())
+    need = {"prefix", "proj"} | ({"expert"} if f["kind"] in PER_EXPERT_KINDS else set())
     if need - groups:
         return f".pattern: no named group {sorted(need - groups)[0]!r} (?P<...>)"
     proj = f.get("projections")

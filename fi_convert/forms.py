@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import SourceError
-from .families import Form
+from .families import PER_EXPERT_KINDS, Form
 from .st_io import TensorInfo
 
 # each role's [out, in] matrix in the sizes' letters
@@ -36,8 +36,6 @@ STORED = {
     "stacked": ("w1", "w3", "w2"),
     "flat": ("w1", "w3", "w2"),
 }
-# the forms of one tensor per expert and stored role (their pattern names the `expert`)
-PER_EXPERT_KINDS = ("per_expert", "per_expert_fused")
 # the forms whose w13 tensor holds the gate and the up projection, [gate; up]
 FUSED_KINDS = ("fused", "per_expert_fused")
 
