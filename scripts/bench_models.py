@@ -93,6 +93,9 @@ FUSED = {  # checkpoint projection -> (vLLM's parameter, the members in order)
 ROWS = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "q_b_proj", "kv_b_proj"}
 ROWS |= {"embed_tokens", "lm_head"}
 COLUMNS = {"o_proj", "down_proj"}
+# vLLM's vocabulary-parallel embedding and head: the loader copies the rank's rows, then zeroes
+# the padding rows after them (VocabParallelEmbedding.weight_loader)
+VOCAB = ("embed_tokens", "lm_head")
 REPLICATED = {"q_a_proj", "kv_a_proj_with_mqa"}
 
 
@@ -180,6 +183,8 @@ class RankModel(torch.nn.Module):
             src = t if p.dim is None else t.narrow(p.dim, p.start, p.size)
             rows = src.shape[0] if src.dim() else 1
             (dst.narrow(0, p.at, rows) if dst.dim() and dst.shape != src.shape else dst).copy_(src)
+            if name.rpartition(".")[0].endswith(VOCAB):  # its padding rows zeroed (none here)
+                dst[rows:].fill_(0)
             done.add(p.param)
         return done
 

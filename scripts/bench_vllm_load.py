@@ -689,7 +689,7 @@ def model_cases(dev: str, names: list[str] | None = None) -> list[dict]:
 
 def profile(case: dict, src: Path, out: Path, dev: str, where: Path) -> None:
     """One warm plugin load of a whole-model case under cProfile: the 40 entries of most
-    cumulative time, into `where`/profile-<case>.txt."""
+    cumulative time and the 30 of most own time, into `where`/profile-<case>.txt."""
     import cProfile
     import io
     import pstats
@@ -704,6 +704,7 @@ def profile(case: dict, src: Path, out: Path, dev: str, where: Path) -> None:
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
     name = "".join(c if c.isalnum() else "-" for c in case["name"])
     (where / f"profile-{name}.txt").write_text(f"read_s {r['read_s']:.3f}\n" + text.getvalue())
 
@@ -714,6 +715,18 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="two cases, warm only")
     ap.add_argument("--tmp", default=None, help="where checkpoints are written")
+    ap.add_argument(
+        "--cases-dir",
+        default=None,
+        help="write the checkpoints here and keep them (a later run with it reuses them: A/B "
+        "runs of two trees in turn)",
+    )
+    ap.add_argument(
+        "--limit",
+        default=None,
+        metavar="THREADSxMiB",
+        help="the limit's threads and chunk (e.g. 16x16) instead of sweeping them",
+    )
     ap.add_argument(
         "--cases",
         choices=["all", "layers", "big", "model"],
@@ -776,7 +789,12 @@ def main() -> None:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     path = Path(a.out) / f"vllm-load-{dev}{'' if a.cases == 'all' else '-' + a.cases}.json"
     limit = None
-    with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
+    with (
+        contextlib.nullcontext(a.cases_dir)
+        if a.cases_dir
+        else tempfile.TemporaryDirectory(dir=a.tmp)
+    ) as tmp:
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         todo = [
             c
             for c in cases(dev, a.quick, a.cases, a.models.split(",") if a.models else None)
@@ -788,6 +806,9 @@ def main() -> None:
             src, out = make_case(
                 key, case["scheme"], case["spec"], Path(tmp), dev, case.get("tp", 1)
             )
+            if limit is None and a.limit:
+                threads, mib = a.limit.lower().split("x")
+                limit = [int(threads), int(mib) * MiB]
             if limit is None:  # (swept on the first case's experts)
                 spans = _ranges(out, case["prefixes"], False)
                 *limit, tried = best_limit(spans, dev)
@@ -800,6 +821,8 @@ def main() -> None:
                 gap = read_gap(case, src, out, dev, tuple(limit), a.gap, alt)
                 report.setdefault("read_gap", []).append(gap)
                 path.write_text(json.dumps(report, indent=2))
+                if a.profile and a.gap_only and case.get("model"):
+                    profile(case, src, out, dev, Path(a.out))
             for cold in (
                 ()
                 if a.gap and a.gap_only
@@ -817,6 +840,8 @@ def main() -> None:
             with contextlib.suppress(OSError):
                 import shutil
 
+                if a.cases_dir:
+                    continue
                 shutil.rmtree(out)
                 if not any(c.get("source") == key for c in todo[i + 1 :]):
                     shutil.rmtree(src)

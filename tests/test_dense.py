@@ -129,11 +129,30 @@ def test_anything_but_a_copy_leaves_the_tensor_to_the_model(name, why):
 def test_a_write_into_the_tensor_it_is_copied_into_leaves_it_to_the_model():
     """A parameter the model zeroes and then copies the tensor's rows into (vLLM's Inkling
     router, padded to 8 rows): read directly, its rows would be zeroed again when load_weights
-    runs once more over every tensor, so the tensor goes with its data. A write into another
-    tensor than the one copied into leaves the copy direct."""
+    runs once more over every tensor, so the tensor goes with its data; and so does a later
+    tensor copied into the bytes that zeroing wrote ("plain", after "padded"). A write into
+    another tensor than the one copied into, or after the copy, leaves the copy direct."""
     got = _probe(Toy(), ["q", "padded", "after", "plain"])
     assert not got["padded"].direct and "aten.zero_" in got["padded"].stopped
-    assert got["after"].direct and got["q"].direct and got["plain"].direct
+    assert not got["plain"].direct and "aten.zero_" in got["plain"].stopped
+    assert got["after"].direct and got["q"].direct
+    got = _probe(Toy(), ["plain", "padded"])  # zeroed after its copy: the second call redoes it
+    assert got["plain"].direct and not got["padded"].direct
+
+
+def test_a_write_outside_the_rows_copied_leaves_the_copy_direct():
+    """vLLM's vocabulary embedding copies the rank's rows, then zeroes the padding rows after
+    them (an empty slice where there are none): no byte of the copy is written."""
+
+    class Embedding(Toy):
+        def load_weights(self, weights) -> None:
+            for name, t in weights:
+                self.plain[:4].copy_(t)
+                self.plain[4:].fill_(0)
+                self.rows[3:].fill_(0)  # (empty)
+
+    got = _probe(Embedding(), ["embed"], shape=(4, 4))
+    assert got["embed"].direct
 
 
 def test_tensors_the_model_joins_are_both_left_to_it():
@@ -317,6 +336,81 @@ def test_what_the_model_does_after_its_loop_is_done_once_on_the_bytes_read(out):
     assert torch.equal(getattr(model, model.folded), stored[folded] * 2)
     assert torch.equal(getattr(model, model.derived), stored[derived] * 2)
     assert model.multiplier is None
+
+
+class ZeroesAhead(Plain):
+    """Plain, whose loading zeroes a later tensor's parameter when an earlier tensor comes (a
+    padded parameter zeroed whole before its rows are copied in, one tensor ahead)."""
+
+    def __init__(self, stored: dict[str, torch.Tensor], when: str, zeroed: str) -> None:
+        super().__init__(stored)
+        self.when, self.zeroed = when, self.names[zeroed]
+
+    def load_weights(self, weights):
+        def each():
+            for n, t in weights:
+                if n == self.when:
+                    getattr(self, self.zeroed).data.zero_()
+                yield n, t
+
+        return super().load_weights(each())
+
+
+def test_a_tensor_copied_where_the_model_wrote_before_lands_as_a_load_puts_it(out):
+    """The zeroing comes before the later tensor's copy: in a load, its bytes win. Read
+    directly, they would be zeroed again by the second call over every tensor (the load
+    before this fix left that parameter zero); it goes with its data."""
+    stored = _stored(out)
+    names = [n for n, t in stored.items() if t.dim() == 2]
+    model = ZeroesAhead(stored, names[0], names[-1])
+    d = _load(out, model)
+    assert names[-1] in d.rest and d.again
+    for n, t in stored.items():
+        got = getattr(model, model.names[n])
+        assert torch.equal(got, t.to(got.dtype)), n
+
+
+class Padded(Plain):
+    """Plain, with one parameter two rows longer than its tensor: the loading copies the
+    tensor's rows and zeroes the two after them (vLLM's vocabulary embedding and head); it
+    counts its calls."""
+
+    def __init__(self, stored: dict[str, torch.Tensor], padded: str) -> None:
+        super().__init__(stored)
+        t = stored[padded]
+        self.padded = self.names[padded]
+        like = torch.full((t.shape[0] + 2, *t.shape[1:]), 7, dtype=t.dtype)
+        setattr(self, self.padded, torch.nn.Parameter(like, requires_grad=False))
+        self.calls = 0
+
+    def load_weights(self, weights):
+        self.calls += 1
+        self.last = []
+        for n, t in weights:
+            self.last.append(n)
+            dst = getattr(self, self.names[n]).data
+            if self.names[n] == self.padded:
+                dst[: t.shape[0]].copy_(t)
+                dst[t.shape[0] :].fill_(0)
+            else:
+                dst.copy_(t)
+        return set(self.names)
+
+
+def test_a_call_that_only_copied_is_the_load_and_is_not_made_again(out):
+    """Asked in one call that only copied every tensor and wrote elsewhere (the padding
+    rows), the model's load_weights is not called again: the read puts the bytes in place,
+    the padding stays as that call zeroed it, and what it said it loaded counts."""
+    stored = _stored(out)
+    embed = "model.embed_tokens.weight"
+    model = Padded(stored, embed)
+    d = _load(out, model)
+    assert not d.again and d.rest == [] and model.calls == 1
+    got = getattr(model, model.padded)
+    assert torch.equal(got[:-2], stored[embed]) and not got[-2:].float().any()
+    for n, t in stored.items():
+        assert n == embed or torch.equal(getattr(model, model.names[n]), t), n
+    assert set(model.names) <= d.loaded and model.last == list(d.infos)
 
 
 def test_a_kept_batch_is_left_to_the_model_and_the_blocks_stay_few(out, monkeypatch):

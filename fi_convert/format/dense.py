@@ -11,7 +11,10 @@ or joins to another), the tensor is read in batches into reused host memory (pin
 the first batch while the bulk read runs). Once the bulk read is done, `load_weights` runs once
 over every tensor in the output's order (`finish`): those read directly as probes that copy
 nothing, the others with their data; so what the model does after its loop sees every byte in
-place. A tensor the model skips is not read at all.
+place. That second call is left out where the first, asking, was one call over every tensor
+that only copied them and read none of the model's tensors (writes elsewhere, such as vLLM's
+vocabulary embedding zeroing its padding rows, it made then, as a load makes them): it was the
+load, but for the bytes the read puts in place. A tensor the model skips is not read at all.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 from .. import dtypes
 from ..bulk_read import BulkRead, ReadError, default_host_memory
 from ..st_io import TensorInfo
-from .probe import probe, replay
+from .probe import Probed, Watch, probe, replay
 from .reader import OutputReader
 
 LoadWeights = Callable[[Iterable[tuple[str, torch.Tensor]]], Any]
@@ -67,8 +70,16 @@ class DenseLoad:
         held = self._held = _held(model, self.device)
         t0 = time.perf_counter()
         wanted = [(n, i.shape, dtypes_of(i)) for n, i in self.infos.items()]
-        with _as_found(model):
-            self.probed = {p.name: p for p in probe(self._call, wanted, lambda t: _key(t) in held)}
+        calls: list[Watch] = []
+        with _as_found(model) as found:
+            self.probed = {
+                p.name: p for p in probe(self._call, wanted, lambda t: _key(t) in held, calls)
+            }
+            # once is enough where the one call asked did all the model does with its tensors
+            # (copies alone, and writes elsewhere): it stands as the load's, the model as it
+            # left it, and the read puts the bytes in place
+            self.again = not _once(calls, self.probed.values())
+            found.keep = not self.again
         self.probe_s = time.perf_counter() - t0
         for p in self.probed.values():
             if p.direct:
@@ -141,7 +152,10 @@ class DenseLoad:
     def finish(self) -> None:
         """Once the bulk read is done: the model's load_weights over every tensor in the
         output's order, the directly read ones as probes that copy nothing (their bytes are in
-        place), the others with their data, read in batches ahead of it."""
+        place), the others with their data, read in batches ahead of it. Not where the one
+        call that asked did all the model does with its tensors (`again` False)."""
+        if not self.again:
+            return
         t0 = time.perf_counter()
         seen: list = []
         stopped = replay(self._call, self._replayed(), seen)
@@ -258,8 +272,26 @@ class _Blocks:
         return block
 
 
+def _once(calls: list[Watch], probed: Iterable[Probed]) -> bool:
+    """Whether the model's load_weights was asked in one call, not interrupted, that read
+    none of the model's tensors, wrote none of the bytes a tensor is copied into, and left
+    every tensor to be read directly."""
+    probed = list(probed)
+    return (
+        len(calls) == 1
+        and not calls[0].interrupted
+        and calls[0].read is None
+        and all(p.direct for p in probed)
+        and not any(calls[0].overlapping(c.dst) for p in probed for c in p.copies)
+    )
+
+
+class _Found:
+    keep = False  # the model as the call left it, not as it was found
+
+
 @contextlib.contextmanager
-def _as_found(model: torch.nn.Module) -> Iterator[None]:
+def _as_found(model: torch.nn.Module) -> Iterator[_Found]:
     """The model's modules as they were, once it has been asked: each one's attributes, and
     its parameters', buffers' and submodules' entries. What a model's loading does after its
     loop is done again when `finish` calls it over every tensor, and must find the model as a
@@ -268,10 +300,14 @@ def _as_found(model: torch.nn.Module) -> Iterator[None]:
     of the bytes read meanwhile). Tensors' data is not kept: the read overwrites what the
     model wrote into the tensors it holds."""
     kept = [(m, dict(m.__dict__), [dict(d) for d in _entries(m)]) for m in model.modules()]
+    found = _Found()
     try:
-        yield
+        yield found
+    except BaseException:
+        found.keep = False
+        raise
     finally:
-        for m, attrs, entries in kept:
+        for m, attrs, entries in kept if not found.keep else ():
             m.__dict__.clear()
             m.__dict__.update(attrs)
             for now, was in zip(_entries(m), entries, strict=True):

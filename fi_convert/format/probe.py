@@ -17,6 +17,7 @@ directly; the rest is left to the model.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
+_ORDER = itertools.count()  # the order of the copies and writes a probing call sees
 
 
 class _Stop(BaseException):  # noqa: N818 (not an error: it ends a probe, past any `except Exception`)
@@ -47,6 +49,7 @@ class Copy:
     offset: int
     nbytes: int
     rows: tuple[int, int, int] | None = None
+    order: int = field(default_factory=lambda: next(_ORDER))  # of the copies and writes seen
 
 
 @dataclass
@@ -152,19 +155,29 @@ def probe(
     load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any],
     tensors: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
     owned: Callable[[torch.Tensor], bool],
+    watched: list[Watch] | None = None,
 ) -> list[Probed]:
     """Probe each (name, shape, dtype) through `load_weights` (called as a server calls it:
     with an iterator, as often as needed). A copy counts only into a tensor `owned` accepts
-    (the model's parameters and buffers); a probe the model keeps a reference to is stopped."""
+    (the model's parameters and buffers); a probe the model keeps a reference to is stopped,
+    and so is one copied where the model wrote before, in this call or an earlier one (vLLM's
+    Inkling router zeroes its padded weight, then copies the checkpoint's rows in): read
+    directly, its bytes would be written over again when `load_weights` runs once more over
+    every tensor. (A write after the copy, such as a multiplier folded in after the loop,
+    comes out right then: it is made again on the bytes read.) `watched` gets what each call
+    saw the model do with its own tensors (`Watch`)."""
     todo = list(tensors)
     done: list[Probed] = []
+    calls: list[Watch] = [] if watched is None else watched
     while len(done) < len(todo):
         current: list[Probed] = []
-        writes = _Writes(current, owned)
+        watch = Watch(owned)
+        calls.append(watch)
         try:
-            with writes:
+            with watch:
                 load_weights(_probes(todo[len(done) :], current))
         except (_Stop, Exception) as e:  # (an error a probe caused: its data will tell)
+            watch.interrupted = True
             involved = e.involved if isinstance(e, _Stop) else []
             for p in [current[-1], *involved]:
                 p.stopped = str(e) if isinstance(e, _Stop) else f"{type(e).__name__}: {e}"
@@ -174,40 +187,82 @@ def probe(
         for p in current:
             if p.direct and not all(owned(c.dst) for c in p.copies):
                 p.stopped = "a copy into a tensor the model does not hold"
-            rewritten = [w for c in p.copies if (w := writes.into(p).get(_storage(c.dst)))]
-            if p.direct and rewritten:
-                p.stopped = f"a write into the tensor it is copied into ({rewritten[0]})"
             if p.direct and any(r() is not None for r in p.refs):
                 p.stopped = "kept by the model"
             p.refs.clear()
         done += current
+    for p in done:
+        over = [w for c in p.copies for call in calls if (w := call.overlapping(c.dst, c.order))]
+        if p.direct and over:
+            p.stopped = f"a write into the tensor it is copied into ({over[0]})"
     return done
 
 
-class _Writes(TorchDispatchMode):
-    """The writes the model makes into the tensors it holds (`owned`) while each probe is the
-    latest it was handed, other than a probe's copies: by probe, each written tensor's memory
-    and the operation (a `zero_` of a padded parameter before the copy into its rows)."""
+class Watch(TorchDispatchMode):
+    """What the model does with the tensors it holds (`owned`) in one call, other than a
+    probe's copies and views of them: each byte span it writes (a `zero_` of a padded
+    parameter before the copy into its rows; vLLM's vocabulary embedding zeroes its padding
+    rows after the copy into the others) and the first operation that reads one (`read`). A
+    call that was not interrupted, read none of them and wrote nowhere a probe is copied into
+    did all it does with them already: `format.dense` runs it no second time."""
 
-    def __init__(self, current: list[Probed], owned: Callable[[torch.Tensor], bool]) -> None:
+    def __init__(self, owned: Callable[[torch.Tensor], bool]) -> None:
         super().__init__()
-        self.current, self.owned = current, owned
-        self.made: dict[int, dict[tuple[str, int], str]] = {}
+        self.owned = owned
+        # (storage, first byte, end byte, operation, order)
+        self.writes: list[tuple[tuple[str, int], int, int, str, int]] = []
+        self.read: str | None = None
+        self.interrupted = False
 
     def __torch_dispatch__(  # type: ignore[override]
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
         copied = func is aten.copy_.default and isinstance(args[1], _Probe)
-        if self.current and not copied and func._schema.is_mutable:
-            for t in _written(func, args, kwargs):
-                if not isinstance(t, _Probe) and t.device.type != "meta" and self.owned(t):
-                    where = self.made.setdefault(id(self.current[-1]), {})
-                    where.setdefault(_storage(t), str(func))
+        if not copied and not getattr(func, "is_view", False):
+            written = _written(func, args, kwargs) if func._schema.is_mutable else []
+            for t in written:
+                if self._held(t) and (span := _span(t)) is not None:
+                    self.writes.append((_storage(t), *span, str(func), next(_ORDER)))
+            if self.read is None:
+                mine = {id(t) for t in written}
+                found: list[torch.Tensor] = []
+                _map(
+                    lambda a: found.append(a) if isinstance(a, torch.Tensor) else a, (args, kwargs)
+                )
+                if any(id(t) not in mine and self._held(t) for t in found):
+                    self.read = str(func)
         return func(*args, **kwargs)
 
-    def into(self, p: Probed) -> dict[tuple[str, int], str]:
-        return self.made.get(id(p), {})
+    def _held(self, t: torch.Tensor) -> bool:
+        return not isinstance(t, _Probe) and t.device.type != "meta" and self.owned(t)
+
+    def overlapping(self, dst: torch.Tensor, before: int | None = None) -> str | None:
+        """The operation of a write into any of `dst`'s bytes (made before the copy of order
+        `before`, where given), or None."""
+        span = _span(dst)
+        if span is None:
+            return None
+        key, (first, end) = _storage(dst), span
+        return next(
+            (
+                op
+                for k, a, b, op, at in self.writes
+                if k == key and a < end and first < b and (before is None or at < before)
+            ),
+            None,
+        )
+
+
+def _span(t: torch.Tensor) -> tuple[int, int] | None:
+    """The bytes of its storage a tensor covers, from its first element's to past its last
+    (all between, for a strided one); None for an empty tensor."""
+    if t.numel() == 0:
+        return None
+    size = t.element_size()
+    first = t.storage_offset()
+    last = first + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return first * size, (last + 1) * size
 
 
 def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
