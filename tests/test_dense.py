@@ -146,7 +146,7 @@ def test_a_write_outside_the_rows_copied_leaves_the_copy_direct():
 
     class Embedding(Toy):
         def load_weights(self, weights) -> None:
-            for name, t in weights:
+            for _name, t in weights:
                 self.plain[:4].copy_(t)
                 self.plain[4:].fill_(0)
                 self.rows[3:].fill_(0)  # (empty)
