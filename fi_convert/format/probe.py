@@ -259,9 +259,8 @@ def _span(t: torch.Tensor) -> tuple[int, int] | None:
     (all between, for a strided one); None for an empty tensor."""
     if t.numel() == 0:
         return None
-    size = t.element_size()
-    first = t.storage_offset()
-    last = first + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    size, first = t.element_size(), int(t.storage_offset())
+    last = first + sum(int(n - 1) * int(s) for n, s in zip(t.shape, t.stride(), strict=True))
     return first * size, (last + 1) * size
 
 
