@@ -492,48 +492,53 @@ class BulkRead:
             if job.rows is not None:  # the span, then its rows
                 buf = torch.empty(job.size, dtype=torch.uint8)
                 self._read(job, job.offset, _bytes(buf))
-                self._copy_out(job, buf, None)
+                self._copy_out(job, buf)
                 continue
             for at, flat in job.pieces:
                 self._read(job, job.offset + at, _bytes(flat))
 
     def _work_staged(self, todo: queue.SimpleQueue[_Job | None], ready: Any, k: int) -> None:
-        """Thread k: its DEPTH buffers of the block, filled and copied out in turn."""
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        """Thread k: its DEPTH buffers of the block, filled and copied out in turn. Its loop
+        calls into torch as little as it can (each call gives up the interpreter's lock and
+        waits to take it back, beside 15 other threads): its stream is its current one, its
+        buffers' bytes and its events are made once."""
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
         if stream is not None and ready is not None:
             stream.wait_event(ready)
         assert self._buffers is not None
         if stream is not None:
             self._buffers.streams.append(stream)
+            torch.cuda.set_device(self.device)  # (per thread, as are current streams)
+            torch.cuda.set_stream(stream)
         mine = self._buffers.block()[k * DEPTH * self.chunk :][: DEPTH * self.chunk]
         bufs = [mine[b * self.chunk : (b + 1) * self.chunk] for b in range(DEPTH)]
-        done: list[Any] = [None] * DEPTH
+        views = [_bytes(b) for b in bufs]
+        done = [torch.cuda.Event() for _ in range(DEPTH)] if cuda else []
+        used = [False] * DEPTH
         n = 0
         try:
             while not self._stop.is_set() and (job := todo.get()) is not None:
                 b, n = n % DEPTH, n + 1
-                if done[b] is not None:
+                if used[b]:
                     done[b].synchronize()  # its last copy is over: the buffer may be refilled
-                self._read(job, job.offset, _bytes(bufs[b][: job.size]))
-                done[b] = self._copy_out(job, bufs[b], stream)
+                self._read(job, job.offset, views[b][: job.size])
+                self._copy_out(job, bufs[b], cuda)
+                if cuda:
+                    done[b].record(stream)
+                    used[b] = True
         finally:
             if stream is not None:
                 stream.synchronize()  # no copy reads the buffers once this thread ends
 
-    def _copy_out(self, job: _Job, buf: torch.Tensor, stream: Any) -> Any:
-        pieces = [(_rows_of(job, buf), flat) for _, flat in job.pieces] if job.rows else None
-        if pieces is None:
-            pieces = [(buf[at : at + flat.numel()], flat) for at, flat in job.pieces]
-        if stream is None:
-            for src, flat in pieces:
-                flat.view_as(src).copy_(src)
-            return None
-        with torch.cuda.stream(stream):
-            for src, flat in pieces:
-                flat.view_as(src).copy_(src, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(stream)
-        return event
+    def _copy_out(self, job: _Job, buf: torch.Tensor, non_blocking: bool = False) -> None:
+        """The job's bytes from `buf` into its destinations (on this thread's current stream)."""
+        if job.rows is not None:
+            (_, flat), src = job.pieces[0], _rows_of(job, buf)
+            flat.view_as(src).copy_(src, non_blocking=non_blocking)
+            return
+        for at, flat in job.pieces:
+            flat.copy_(buf[at : at + flat.numel()], non_blocking=non_blocking)
 
     def _read(self, job: _Job, offset: int, mv: memoryview) -> None:
         """Fill `mv` with the bytes of the job's file at `offset`; a fault is one line."""
