@@ -313,16 +313,18 @@ def limit_path(spans: list, dev: str, threads: int, chunk: int, fresh: bool = Fa
     """Plain parallel reads of `spans` into preallocated pinned buffers, copied to one
     preallocated device buffer on each thread's own stream (into host memory on CPU). With
     `fresh` (host memory), into pages never touched, as a layer's new parameters are: their
-    first touch is part of the time."""
+    first touch is part of the time. Each thread calls into torch as little as it can (its
+    stream set once, its buffers' bytes and events made once, the destinations cut before the
+    clock starts): every call gives up the interpreter's lock and waits to take it back."""
     total = sum(s for *_, s in spans)
     dst = (torch.empty if fresh else torch.zeros)(total, dtype=torch.uint8, device=dev)
+    fds = {p: os.open(p, os.O_RDONLY) for p in {s[0] for s in spans}}
     jobs, pos = [], 0
     for path, off, size in spans:
         for at in range(0, size, chunk):
             n = min(chunk, size - at)
-            jobs.append((path, off + at, n, pos + at))
+            jobs.append((fds[path], off + at, n, dst[pos + at : pos + at + n]))
         pos += size
-    fds = {p: os.open(p, os.O_RDONLY) for p in {s[0] for s in spans}}
     cuda = dev == "cuda"
     bufs = [
         [torch.empty(chunk, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
@@ -332,27 +334,30 @@ def limit_path(spans: list, dev: str, threads: int, chunk: int, fresh: bool = Fa
     nxt, lock = iter(jobs), threading.Lock()
 
     def work(k: int) -> None:
-        events: list = [None, None]
+        mine = bufs[k]
+        views = [memoryview(b.numpy()).cast("B") for b in mine]
+        events = [torch.cuda.Event() for _ in range(2)] if cuda else []
+        used = [False, False]
+        if cuda:
+            torch.cuda.set_stream(streams[k])
         i = 0
         while True:
             with lock:
                 job = next(nxt, None)
             if job is None:
                 break
-            path, off, n, at = job
+            fd, off, n, to = job
+            if not cuda:
+                os.preadv(fd, [memoryview(to.numpy()).cast("B")], off)
+                continue
             b = i % 2
             i += 1
-            if events[b] is not None:
+            if used[b]:
                 events[b].synchronize()
-            if not cuda:
-                os.preadv(fds[path], [memoryview(dst[at : at + n].numpy())], off)
-                continue
-            buf = bufs[k][b][:n]
-            os.preadv(fds[path], [memoryview(buf.numpy())], off)
-            with torch.cuda.stream(streams[k]):
-                dst[at : at + n].copy_(buf, non_blocking=True)
-                events[b] = torch.cuda.Event()
-                events[b].record()
+            os.preadv(fd, [views[b][:n]], off)
+            to.copy_(mine[b] if n == chunk else mine[b][:n], non_blocking=True)
+            events[b].record(streams[k])
+            used[b] = True
         if cuda:
             streams[k].synchronize()
 
@@ -428,8 +433,9 @@ def read_gap(
     limit; the plugin's read mechanism on the limit's byte ranges into one buffer
     (`bulk_path`); the plugin's whole load. The first two equal: the gap is in how the load
     drives the read (its ranges, destinations, pieces); the last two: in the mechanism.
-    `alt` (name: path of another bulk_read.py): the plugin's load with that file's BulkRead
-    too, as side "plugin <name>" (an A/B of the read mechanism in one process)."""
+    `alt` (name: path of another bulk_read.py, or `set:module:attr=value,...`): the plugin's
+    load with that file's BulkRead, or with those module attributes set, too, as side "plugin
+    <name>" (an A/B of the read mechanism or a setting in one process)."""
     model, spans = _case_spans(case, out)
     alt = alt or {}
     runs: dict[str, list[float]] = {"limit": [], "bulk": [], "plugin": []}
@@ -445,7 +451,7 @@ def read_gap(
                 runs[side].append(bulk_path(spans, dev)["read_s"])
             else:
                 name = side.removeprefix("plugin").strip()
-                with _bulk_read_from(alt[name]) if name else contextlib.nullcontext():
+                with _alternative(alt[name]) if name else contextlib.nullcontext():
                     if model is not None:
                         r = plugin_model_path(src, out, case["prefixes"], dev, model)
                         lines.append(f"[{side}] {r['line']}")
@@ -482,6 +488,26 @@ def read_gap(
         "lines": lines,
         "tails": tails,
     }
+
+
+def _alternative(what: str):
+    """Parts joined by `+`: `set:module:attr=value,...` (Python literals), or another
+    bulk_read.py's path."""
+    import ast
+    import importlib
+    from unittest import mock
+
+    stack = contextlib.ExitStack()
+    for part in what.split("+"):
+        if not part.startswith("set:"):
+            stack.enter_context(_bulk_read_from(part))
+            continue
+        for item in part.removeprefix("set:").split(","):
+            where, _, value = item.partition("=")
+            module, _, attr = where.partition(":")
+            target = importlib.import_module(module)
+            stack.enter_context(mock.patch.object(target, attr, ast.literal_eval(value)))
+    return stack
 
 
 @contextlib.contextmanager
@@ -765,7 +791,8 @@ def main() -> None:
         default=[],
         metavar="NAME=PATH",
         help="with --gap: the plugin's load also with the BulkRead of another bulk_read.py "
-        "(an older commit's: git show REV:fi_convert/bulk_read.py > PATH), side by side",
+        "(an older commit's: git show REV:fi_convert/bulk_read.py > PATH), side by side; "
+        "or NAME=set:MODULE:ATTR=VALUE[,...]: with those module attributes set",
     )
     ap.add_argument(
         "--gap-only",

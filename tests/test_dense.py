@@ -537,3 +537,60 @@ def test_on_a_gpu_every_tensor_lands_and_the_batches_are_pinned_within_the_budge
     for n, t in stored.items():
         got = getattr(model, model.names[n]).cpu()
         assert torch.equal(got, t.to(got.dtype)), n
+
+
+class ScaledAfter(Padded):
+    """Padded, whose loading ends by scaling one parameter in place (a multiplier folded in
+    after the loop): a write after the copy, made again on the bytes read."""
+
+    def __init__(self, stored: dict[str, torch.Tensor], padded: str, scaled: str) -> None:
+        super().__init__(stored, padded)
+        self.scaled = self.names[scaled]
+
+    def load_weights(self, weights):
+        names = super().load_weights(weights)
+        getattr(self, self.scaled).data.mul_(2)
+        return names
+
+
+def _whole(out, model, device: str) -> DenseLoad:
+    """A layer's experts and the model's tensors read at once, as a server's plugin reads an
+    output (`format.whole_read`); the experts' bytes checked against a read of their own."""
+    from fi_convert.format.whole_read import read_whole
+
+    with OutputReader(out) as reader:
+        prefix = next(iter(reader.layers))
+        name = next(iter(reader.layer(prefix)["tensors"]))
+        _, shape, dtype = reader.info(prefix, name)
+        got = torch.empty(shape, dtype=dtype, device=device)
+        read = read_whole(
+            reader.bulk(device),
+            lambda bulk: reader.read_into(prefix, name, 0, got, bulk),
+            lambda: DenseLoad(reader, model, model.load_weights, torch.device(device)),
+        )
+        want = torch.empty(shape, dtype=dtype)
+        reader.read_into(prefix, name, 0, want)
+    assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+    return read.dense
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device):
+    """The model's own writes while it is asked (the padding zeroed, on its stream for a GPU)
+    come before the bytes read into the same tensors; a write after a copy (the scaling after
+    the loop) is made again once they are in place; a call that only copied is not."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    stored = _stored(out)
+    embed = "model.embed_tokens.weight"
+    plain = [n for n, t in stored.items() if t.dtype == torch.bfloat16 and t.dim() == 2]
+    scaled = next(n for n in plain if n != embed)
+    once, twice = Padded(stored, embed).to(device), ScaledAfter(stored, embed, scaled).to(device)
+    d1, d2 = _whole(out, once, device), _whole(out, twice, device)
+    # one load as each model sees it (the asking call left no trace where it was not the load)
+    assert not d1.again and once.calls == 1 and d2.again and twice.calls == 1
+    for model in (once, twice):
+        got = getattr(model, model.padded).cpu()
+        assert torch.equal(got[:-2], stored[embed]) and not got[-2:].float().any()
+    assert torch.equal(getattr(twice, twice.scaled).cpu(), stored[scaled] * 2)
+    assert torch.equal(getattr(once, once.names[scaled]).cpu(), stored[scaled])
