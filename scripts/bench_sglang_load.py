@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fi_convert import Backend, Options, SchemeName, convert  # noqa: E402
 from fi_convert.format.reader import OutputReader  # noqa: E402
 from fi_convert.testing.synthetic import Spec, write_checkpoint  # noqa: E402
+from scripts.bench_limit import limit_path  # noqa: E402
 from scripts.bench_vllm_load import (  # noqa: E402
     _ranges,
     best_limit,
     drop_caches,
-    limit_path,
     summary,
 )
 from tests import sglang_moe as sm  # noqa: E402

@@ -35,7 +35,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import types
 from pathlib import Path
@@ -51,6 +50,7 @@ from fi_convert.format.reader import OutputReader  # noqa: E402
 from fi_convert.servers.vllm import experts as plugin  # noqa: E402
 from fi_convert.testing.synthetic import Spec, write_checkpoint  # noqa: E402
 from scripts import bench_models as bm  # noqa: E402
+from scripts.bench_limit import limit_path  # noqa: E402
 from tests import vllm_moe as vm  # noqa: E402
 
 H, INTER = 7168, 2048
@@ -307,71 +307,6 @@ def _model_spans(out: Path, prefixes: list[str], model: dict) -> list[tuple[str,
                     (str(info.file), info.start + model["rank"] * info.row_bytes, info.row_bytes)
                 )
     return spans + bm.kept_spans(model["infos"], model["places"])
-
-
-def limit_path(spans: list, dev: str, threads: int, chunk: int, fresh: bool = False) -> dict:
-    """Plain parallel reads of `spans` into preallocated pinned buffers, copied to one
-    preallocated device buffer on each thread's own stream (into host memory on CPU). With
-    `fresh` (host memory), into pages never touched, as a layer's new parameters are: their
-    first touch is part of the time. Each thread calls into torch as little as it can (its
-    stream set once, its buffers' bytes and events made once, the destinations cut before the
-    clock starts): every call gives up the interpreter's lock and waits to take it back."""
-    total = sum(s for *_, s in spans)
-    dst = (torch.empty if fresh else torch.zeros)(total, dtype=torch.uint8, device=dev)
-    fds = {p: os.open(p, os.O_RDONLY) for p in {s[0] for s in spans}}
-    jobs, pos = [], 0
-    for path, off, size in spans:
-        for at in range(0, size, chunk):
-            n = min(chunk, size - at)
-            jobs.append((fds[path], off + at, n, dst[pos + at : pos + at + n]))
-        pos += size
-    cuda = dev == "cuda"
-    bufs = [
-        [torch.empty(chunk, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
-        for _ in range(threads)
-    ]
-    streams = [torch.cuda.Stream() if cuda else None for _ in range(threads)]
-    nxt, lock = iter(jobs), threading.Lock()
-
-    def work(k: int) -> None:
-        mine = bufs[k]
-        views = [memoryview(b.numpy()).cast("B") for b in mine]
-        events = [torch.cuda.Event() for _ in range(2)] if cuda else []
-        used = [False, False]
-        if cuda:
-            torch.cuda.set_stream(streams[k])
-        i = 0
-        while True:
-            with lock:
-                job = next(nxt, None)
-            if job is None:
-                break
-            fd, off, n, to = job
-            if not cuda:
-                os.preadv(fd, [memoryview(to.numpy()).cast("B")], off)
-                continue
-            b = i % 2
-            i += 1
-            if used[b]:
-                events[b].synchronize()
-            os.preadv(fd, [views[b][:n]], off)
-            to.copy_(mine[b] if n == chunk else mine[b][:n], non_blocking=True)
-            events[b].record(streams[k])
-            used[b] = True
-        if cuda:
-            streams[k].synchronize()
-
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    _sync(dev)
-    seconds = time.perf_counter() - t0
-    for fd in fds.values():
-        os.close(fd)
-    return {"read_s": seconds, "bytes": total, "threads": threads, "chunk": chunk}
 
 
 def best_limit(spans: list, dev: str) -> tuple[int, int, list[dict]]:
