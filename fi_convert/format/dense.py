@@ -80,6 +80,8 @@ class DenseLoad:
             # left it, and the read puts the bytes in place
             self.again = not _once(calls, self.probed.values())
             found.keep = not self.again
+            for call in reversed(calls) if self.again else ():
+                call.undo()  # (before the read: it writes over some of those bytes)
         self.probe_s = time.perf_counter() - t0
         for p in self.probed.values():
             if p.direct:

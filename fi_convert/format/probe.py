@@ -28,6 +28,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 _ORDER = itertools.count()  # the order of the copies and writes a probing call sees
+# writes whose bytes do not depend on what they write over: made again, they come out the same
+_OVERWRITES = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.copy_.default}
 
 
 class _Stop(BaseException):  # noqa: N818 (not an error: it ends a probe, past any `except Exception`)
@@ -204,7 +206,9 @@ class Watch(TorchDispatchMode):
     parameter before the copy into its rows; vLLM's vocabulary embedding zeroes its padding
     rows after the copy into the others) and the first operation that reads one (`read`). A
     call that was not interrupted, read none of them and wrote nowhere a probe is copied into
-    did all it does with them already: `format.dense` runs it no second time."""
+    did all it does with them already: `format.dense` runs it no second time. Where it runs it
+    again, `undo` first puts back what a write that reads the bytes it writes (an in-place
+    `add_` or `mul_`: made twice, it would come out otherwise than once) found there."""
 
     def __init__(self, owned: Callable[[torch.Tensor], bool]) -> None:
         super().__init__()
@@ -213,6 +217,7 @@ class Watch(TorchDispatchMode):
         self.writes: list[tuple[tuple[str, int], int, int, str, int]] = []
         self.read: str | None = None
         self.interrupted = False
+        self._found: list[tuple[torch.Tensor, torch.Tensor]] = []  # (written, its bytes before)
 
     def __torch_dispatch__(  # type: ignore[override]
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -224,6 +229,8 @@ class Watch(TorchDispatchMode):
             for t in written:
                 if self._held(t) and (span := _span(t)) is not None:
                     self.writes.append((_storage(t), *span, str(func), next(_ORDER)))
+                    if func not in _OVERWRITES:  # (in host memory: no more device memory)
+                        self._found.append((t, t.detach().to("cpu", copy=True)))
             if self.read is None:
                 mine = {id(t) for t in written}
                 found: list[torch.Tensor] = []
@@ -236,6 +243,12 @@ class Watch(TorchDispatchMode):
 
     def _held(self, t: torch.Tensor) -> bool:
         return not isinstance(t, _Probe) and t.device.type != "meta" and self.owned(t)
+
+    def undo(self) -> None:
+        """Put back the bytes that the writes which read them found, last first."""
+        for t, was in reversed(self._found):
+            t.copy_(was)
+        self._found.clear()
 
     def overlapping(self, dst: torch.Tensor, before: int | None = None) -> str | None:
         """The operation of a write into any of `dst`'s bytes (made before the copy of order
