@@ -302,7 +302,7 @@ def test_a_read_into_cuda_gives_its_pinned_memory_back(tmp_path, monkeypatch, fa
         with pytest.raises(ReadError, match="Input/output error"):
             bulk.run()
     else:
-        assert bulk.run().pinned_peak == 2 * 2 * (16 << 20)
+        assert bulk.run().pinned_peak == 2 * 2 * bulk_read.CHUNK
     bulk.wait_freed()
     assert bulk.pinned_bytes == 0 and stats()["allocated_bytes.current"] == before
     monkeypatch.undo()
