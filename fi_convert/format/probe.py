@@ -169,6 +169,8 @@ def probe(
     comes out right then: it is made again on the bytes read.) `watched` gets what each call
     saw the model do with its own tensors (`Watch`)."""
     todo = list(tensors)
+    # the probes' meta tensors made once, outside any call (where the watch would see them)
+    metas = [torch.empty(shape, dtype=dtype, device="meta") for _, shape, dtype in todo]
     done: list[Probed] = []
     calls: list[Watch] = [] if watched is None else watched
     while len(done) < len(todo):
@@ -177,7 +179,7 @@ def probe(
         calls.append(watch)
         try:
             with watch:
-                load_weights(_probes(todo[len(done) :], current))
+                load_weights(_probes(todo[len(done) :], metas[len(done) :], current))
         except (_Stop, Exception) as e:  # (an error a probe caused: its data will tell)
             watch.interrupted = True
             involved = e.involved if isinstance(e, _Stop) else []
@@ -233,11 +235,7 @@ class Watch(TorchDispatchMode):
                         self._found.append((t, t.detach().to("cpu", copy=True)))
             if self.read is None:
                 mine = {id(t) for t in written}
-                found: list[torch.Tensor] = []
-                _map(
-                    lambda a: found.append(a) if isinstance(a, torch.Tensor) else a, (args, kwargs)
-                )
-                if any(id(t) not in mine and self._held(t) for t in found):
+                if any(id(t) not in mine and self._held(t) for t in _tensors(args, kwargs)):
                     self.read = str(func)
         return func(*args, **kwargs)
 
@@ -277,6 +275,15 @@ def _span(t: torch.Tensor) -> tuple[int, int] | None:
     return first * size, (last + 1) * size
 
 
+def _tensors(args: Any, kwargs: Any) -> Iterator[torch.Tensor]:
+    """The tensors among an operator's arguments, and in its lists of them (`cat`'s)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, list | tuple):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
+
+
 def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
     """The tensors an operator writes into (its arguments marked written in its schema)."""
     out = []
@@ -294,12 +301,14 @@ def _storage(t: torch.Tensor) -> tuple[str, int]:
 
 
 def _probes(
-    todo: list[tuple[str, tuple[int, ...], torch.dtype]], current: list[Probed]
+    todo: list[tuple[str, tuple[int, ...], torch.dtype]],
+    metas: list[torch.Tensor],
+    current: list[Probed],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, shape, dtype in todo:
+    for (name, _, _), meta in zip(todo, metas, strict=True):
         p = Probed(name)
         current.append(p)
-        t = _Probe(torch.empty(shape, dtype=dtype, device="meta"), p)
+        t = _Probe(meta, p)
         yield name, t
         del t
 
