@@ -122,6 +122,7 @@ from fi_convert.format.manifest import read
 from tests import hf_checkpoints as hf
 from tests import quantized_checkpoints as qc
 from tests import remote_code_checkpoints as rc
+from tests.inert_cuda import inert_cuda_streams
 from tests.test_sglang_models import _both, _convert, _differences, _moe, _no_gpu  # noqa: F401
 from tests.test_sglang_plugin import registered  # noqa: F401
 
@@ -780,23 +781,6 @@ def test_kimi_k25_equals_sglangs_default_load(sources, tmp_path, backend, tp):
         assert _differences(ours, theirs) == ([], {}), f"rank {rank} of {tp}"
 
 
-@contextlib.contextmanager
-def _inert_cuda_streams():
-    """torch.cuda.Stream and Event classes of inert objects: SGLang's Kimi K3 model makes CUDA
-    streams when built (KimiK3LinearModel's alt_streams, to overlap work), none used while
-    weights load."""
-
-    class _Stream:
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            pass
-
-    with (
-        mock.patch.object(torch.cuda, "Stream", _Stream),
-        mock.patch.object(torch.cuda, "Event", _Stream),
-    ):
-        yield
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
 def test_kimi_k3_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend, tp):
@@ -812,7 +796,7 @@ def test_kimi_k3_equals_sglangs_default_load(tmp_path_factory, tmp_path, backend
     out = _convert(src, tmp_path / "out", "bf16", backend, tp)
     assert sorted(read(out)["layers"]) == ["language_model.layers.1.block_sparse_moe.experts"]
     for rank in range(tp):
-        with sm.sglang_context(backend, tp, rank), _inert_cuda_streams():
+        with sm.sglang_context(backend, tp, rank), inert_cuda_streams():
             ours = _model(None, out, "fi-convert", backend)
             theirs = _model(None, src, "auto", backend)
         assert type(theirs).__name__ == "KimiK3ForConditionalGeneration"

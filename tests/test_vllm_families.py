@@ -228,6 +228,7 @@ from tests import mistral_checkpoints as mistral
 from tests import quantized_checkpoints as qc
 from tests import remote_code_checkpoints as rc
 from tests import vllm_moe as vm
+from tests.inert_cuda import inert_cuda_streams
 
 ATTENTION = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
 FP8B = "fp8-block"
@@ -1093,15 +1094,7 @@ def _cuda_streams(case: str):
         yield
         return
 
-    class _Stream:
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            pass
-
-    with (
-        mock.patch.object(torch.cuda, "Stream", _Stream),
-        mock.patch.object(torch.cuda, "Event", _Stream),
-        mock.patch.dict("os.environ", {"VLLM_KIMI_K3_GEMM_AR": "0"}),
-    ):
+    with inert_cuda_streams(), mock.patch.dict("os.environ", {"VLLM_KIMI_K3_GEMM_AR": "0"}):
         yield
 
 
