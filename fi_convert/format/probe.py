@@ -127,9 +127,7 @@ def _map(fn: Callable[[Any], Any], obj: Any) -> Any:
 
 
 def _probes_in(args: Any, kwargs: Any) -> list[Probed]:
-    found: list[Probed] = []
-    _map(lambda a: found.append(a.probed) if isinstance(a, _Probe) else a, (args, kwargs))
-    return found
+    return [t.probed for t in _tensors(args, kwargs) if isinstance(t, _Probe)]
 
 
 def _record(dst: Any, src: Any, non_blocking: bool = False) -> Any:
