@@ -82,9 +82,11 @@ def default_host_memory() -> int:
     return _budget(env, HOST_MEMORY_ENV) if env else DEFAULT_HOST_MEMORY
 
 
-def fit(threads: int, host_memory: int, chunk: int = CHUNK) -> tuple[int, int]:
-    """Threads and chunk size whose pinned buffers (threads x DEPTH x chunk) fit the budget:
-    smaller chunks first (down to MIN_CHUNK), then fewer threads."""
+def fit(threads: int, host_memory: int, chunk: int | None = None) -> tuple[int, int]:
+    """Threads and chunk size (CHUNK, as it is at the call, if not given) whose pinned buffers
+    (threads x DEPTH x chunk) fit the budget: smaller chunks first (down to MIN_CHUNK), then
+    fewer threads."""
+    chunk = CHUNK if chunk is None else chunk
     if host_memory < DEPTH * MIN_CHUNK:
         raise ReadError(
             f"host memory budget of {host_memory} bytes is below the {DEPTH * MIN_CHUNK} one "
@@ -236,7 +238,7 @@ class BulkRead:
         *,
         threads: int | None = None,
         host_memory: int | str | None = None,
-        chunk: int = CHUNK,
+        chunk: int | None = None,  # CHUNK as it is at the call
         staged: bool | None = None,
         buffers: HostBuffers | None = None,
     ) -> None:
