@@ -17,9 +17,10 @@ def limit_path(
     preallocated device buffer on each thread's own stream (into host memory on CPU). With
     `fresh` (host memory), into pages never touched, as a layer's new parameters are: their
     first touch is part of the time. With `block`, the buffers are cut from one pinned block,
-    as `BulkRead`'s are (else each is its own allocation). Each thread calls into torch as little as it can (its
-    stream set once, its buffers' bytes and events made once, the destinations cut before the
-    clock starts): every call gives up the interpreter's lock and waits to take it back."""
+    as `BulkRead`'s are (else each is its own allocation). Each thread calls into torch as
+    little as it can (its stream set once, its buffers' bytes and events made once, the
+    destinations cut before the clock starts): every call gives up the interpreter's lock and
+    waits to take it back."""
     total = sum(s for *_, s in spans)
     dst = (torch.empty if fresh else torch.zeros)(total, dtype=torch.uint8, device=dev)
     fds = {p: os.open(p, os.O_RDONLY) for p in {s[0] for s in spans}}
