@@ -17,8 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fi_convert.format.dense import _held, _key, dtypes_of  # noqa: E402
-from fi_convert.format.probe import probe, replay  # noqa: E402
+from fi_convert.format.dense import _held, dtypes_of  # noqa: E402
+from fi_convert.format.probe import probe, replay, storage_key  # noqa: E402
 from fi_convert.st_io import TensorInfo  # noqa: E402
 from scripts import bench_models as bm  # noqa: E402
 
@@ -59,7 +59,7 @@ def main() -> None:
     asked, again = [], []
     for _ in range(30):
         t0 = time.perf_counter()
-        probe(model.load_weights, wanted, lambda t: _key(t) in held)
+        probe(model.load_weights, wanted, lambda t: storage_key(t) in held)
         t1 = time.perf_counter()
         replay(model.load_weights, ((n, (i.shape, dtypes_of(i))) for n, i in tensors.items()))
         asked.append(t1 - t0)

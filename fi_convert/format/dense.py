@@ -29,7 +29,7 @@ import torch
 from .. import dtypes
 from ..bulk_read import BulkRead, ReadError, default_host_memory
 from ..st_io import TensorInfo
-from .probe import Probed, Watch, probe, replay
+from .probe import Probed, Watch, probe, replay, storage_key
 from .reader import OutputReader
 
 LoadWeights = Callable[[Iterable[tuple[str, torch.Tensor]]], Any]
@@ -73,7 +73,8 @@ class DenseLoad:
         calls: list[Watch] = []
         with _as_found(model) as found:
             self.probed = {
-                p.name: p for p in probe(self._call, wanted, lambda t: _key(t) in held, calls)
+                p.name: p
+                for p in probe(self._call, wanted, lambda t: storage_key(t) in held, calls)
             }
             # once is enough where the one call asked did all the model does with its tensors
             # (copies alone, and writes elsewhere): it stands as the load's, the model as it
@@ -85,7 +86,7 @@ class DenseLoad:
         self.probe_s = time.perf_counter() - t0
         for p in self.probed.values():
             if p.direct:
-                self.loaded |= {held[_key(c.dst)] for c in p.copies}
+                self.loaded |= {held[storage_key(c.dst)] for c in p.copies}
 
     def _infos(self) -> dict[str, TensorInfo]:
         r = self.reader
@@ -174,11 +175,13 @@ class DenseLoad:
         after its loop, from a tensor it kept: a tied lm_head), read now."""
         bulk, late = self.reader.bulk(self.device), False
         for p in seen:
-            planned = {(_key(c.dst), c.dst.storage_offset()) for c in self.probed[p.name].copies}
+            planned = {
+                (storage_key(c.dst), c.dst.storage_offset()) for c in self.probed[p.name].copies
+            }
             for c in p.copies:
-                if (_key(c.dst), c.dst.storage_offset()) in planned:
+                if (storage_key(c.dst), c.dst.storage_offset()) in planned:
                     continue
-                if _key(c.dst) not in self._held:
+                if storage_key(c.dst) not in self._held:
                     raise ReadError(
                         f"{self.reader.root}: the model's load_weights copied {p.name} into a "
                         "tensor it does not hold; report this to fi-convert"
@@ -188,7 +191,7 @@ class DenseLoad:
                     self.reader.read_bytes_into(info, c.offset, c.dst, bulk)
                 else:
                     self.reader.read_rows_into(info, c.offset, c.rows, c.dst, bulk)
-                self.loaded.add(self._held[_key(c.dst)])
+                self.loaded.add(self._held[storage_key(c.dst)])
                 late = True
         if late:
             bulk.run()
@@ -365,14 +368,10 @@ def dtypes_of(info: TensorInfo) -> torch.dtype:
         ) from None
 
 
-def _key(t: torch.Tensor) -> tuple[str, int]:
-    return t.device.type, t.untyped_storage().data_ptr()
-
-
 def _held(model: torch.nn.Module, device: torch.device) -> dict[tuple[str, int], str]:
     """The model's parameters and buffers on `device` (the bulk read's), by their memory."""
     named = list(model.named_parameters()) + list(model.named_buffers())
-    return {_key(t): name for name, t in named if t.device.type == device.type and t.numel()}
+    return {storage_key(t): name for name, t in named if t.device.type == device.type and t.numel()}
 
 
 def _gb(n: int) -> str:

@@ -228,7 +228,7 @@ class Watch(TorchDispatchMode):
             written = _written(func, args, kwargs) if func._schema.is_mutable else []
             for t in written:
                 if self._held(t) and (span := _span(t)) is not None:
-                    self.writes.append((_storage(t), *span, str(func), next(_ORDER)))
+                    self.writes.append((storage_key(t), *span, str(func), next(_ORDER)))
                     if func not in _OVERWRITES:  # (in host memory: no more device memory)
                         self._found.append((t, t.detach().to("cpu", copy=True)))
             if self.read is None:
@@ -252,7 +252,7 @@ class Watch(TorchDispatchMode):
         span = _span(dst)
         if span is None:
             return None
-        key, (first, end) = _storage(dst), span
+        key, (first, end) = storage_key(dst), span
         return next(
             (
                 op
@@ -294,7 +294,8 @@ def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
     return out
 
 
-def _storage(t: torch.Tensor) -> tuple[str, int]:
+def storage_key(t: torch.Tensor) -> tuple[str, int]:
+    """A tensor's memory: its device type and its storage's address (shared by its views)."""
     return t.device.type, t.untyped_storage().data_ptr()
 
 
