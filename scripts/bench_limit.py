@@ -11,13 +11,19 @@ import torch
 
 
 def limit_path(
-    spans: list, dev: str, threads: int, chunk: int, fresh: bool = False, block: bool = False
+    spans: list,
+    dev: str,
+    threads: int,
+    chunk: int,
+    fresh: bool = False,
+    block: bool | torch.Tensor = False,
 ) -> dict:
     """Plain parallel reads of `spans` into preallocated pinned buffers, copied to one
     preallocated device buffer on each thread's own stream (into host memory on CPU). With
     `fresh` (host memory), into pages never touched, as a layer's new parameters are: their
     first touch is part of the time. With `block`, the buffers are cut from one pinned block,
-    as `BulkRead`'s are (else each is its own allocation). Each thread calls into torch as
+    as `BulkRead`'s are (else each is its own allocation): torch's cached one, or the one given
+    (a block pinned afresh, as `BulkRead`'s is for each load). Each thread calls into torch as
     little as it can (its stream set once, its buffers' bytes and events made once, the
     destinations cut before the clock starts): every call gives up the interpreter's lock and
     waits to take it back."""
@@ -31,8 +37,12 @@ def limit_path(
             jobs.append((fds[path], off + at, n, dst[pos + at : pos + at + n]))
         pos += size
     cuda = dev == "cuda"
-    if block:
-        whole = torch.empty(threads * 2 * chunk, dtype=torch.uint8, pin_memory=cuda)
+    if block is not False:
+        whole = (
+            block
+            if isinstance(block, torch.Tensor)
+            else torch.empty(threads * 2 * chunk, dtype=torch.uint8, pin_memory=cuda)
+        )
         cut = [whole[i * chunk : (i + 1) * chunk] for i in range(threads * 2)]
         bufs = [cut[2 * k : 2 * k + 2] for k in range(threads)]
     else:

@@ -3,11 +3,13 @@ chunk sizes, on one file of random bytes in the page cache (no model, no convers
 on the GPU machine). Sides alternate run by run; per-run ratios to the same run's first side.
 For each `BulkRead` side the time its threads ran is kept apart from the whole (planning the
 jobs and starting the threads are the rest). `--block` adds the limit with its buffers cut from
-one pinned block, as `BulkRead`'s are; `--alt NAME=PATH` adds the `BulkRead` of another
+one pinned block, as `BulkRead`'s are; `--fresh` the limit from a block pinned afresh each
+run (as `BulkRead`'s is, for each load) and `BulkRead` from one block kept run after run (as
+the limit's are torch's cached ones); `--alt NAME=PATH` adds the `BulkRead` of another
 bulk_read.py (an older commit's, a variant), with that file's own defaults.
 
     python scripts/bench_read_chunks.py [--gb 1.3] [--runs 10] [--chunks 4,8,16] [--threads 16]
-        [--block] [--alt NAME=PATH ...]
+        [--block] [--fresh] [--alt NAME=PATH ...]
 """
 
 from __future__ import annotations
@@ -33,13 +35,20 @@ MiB = 1 << 20
 
 
 def bulk_side(
-    path: str, size: int, dev: str, threads: int, chunk: int, module: ModuleType = bulk_read
+    path: str,
+    size: int,
+    dev: str,
+    threads: int,
+    chunk: int,
+    module: ModuleType = bulk_read,
+    kept: bulk_read.HostBuffers | None = None,
 ) -> tuple[float, float]:
     """One BulkRead (of `module`) of the whole file into one device buffer, its pinned block
-    made ahead: the whole time, and the time its threads ran."""
+    made ahead (pinned afresh, as for each load; or `kept`, one block used run after run, as
+    the limit's buffers are torch's cached ones): the whole time, and the time its threads
+    ran."""
     dst = torch.zeros(size, dtype=torch.uint8, device=dev)
-    ahead = bulk_read.HostBuffers(threads * bulk_read.DEPTH * chunk, pinned=dev == "cuda")
-    ahead.allocate()
+    ahead = kept or _fresh_block(threads, chunk, dev)
     fd = os.open(path, os.O_RDONLY)
     bulk = module.BulkRead(dev, threads=threads, chunk=chunk, buffers=ahead, host_memory=2 << 30)
     bulk.add(Path(path), fd, 0, dst)
@@ -49,8 +58,15 @@ def bulk_side(
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     os.close(fd)
-    ahead.free(background=False)
+    if kept is None:
+        ahead.free(background=False)
     return seconds, stats.seconds
+
+
+def _fresh_block(threads: int, chunk: int, dev: str) -> bulk_read.HostBuffers:
+    return bulk_read.HostBuffers(
+        threads * bulk_read.DEPTH * chunk, pinned=dev == "cuda"
+    ).allocate()
 
 
 def _module(name: str, path: str) -> ModuleType:
@@ -69,6 +85,11 @@ def main() -> None:
     ap.add_argument("--chunks", default="4,8,16", help="MiB, comma-separated")
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--block", action="store_true", help="the limit from one pinned block too")
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="the limit from a block pinned afresh each run, and BulkRead from one kept block",
+    )
     ap.add_argument("--alt", action="append", default=[], help="NAME=PATH of a bulk_read.py")
     ap.add_argument("--tmp", default=None)
     a = ap.parse_args()
@@ -79,6 +100,8 @@ def main() -> None:
         name: _module(name, path) for name, path in (x.split("=", 1) for x in a.alt)
     }
     kinds = ["limit"] + (["limit block"] if a.block else []) + list(modules)
+    kinds += ["limit fresh", "BulkRead kept"] if a.fresh else []
+    kept = {c: _fresh_block(a.threads, c, dev) for c in chunks} if a.fresh else {}
     sides = {f"{kind} {c // MiB} MiB": (kind, c) for kind in kinds for c in chunks}
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         path = str(Path(tmp) / "bytes")
@@ -95,9 +118,16 @@ def main() -> None:
         for k in range(a.runs + 1):
             for s in names[k % len(names) :] + names[: k % len(names)]:
                 kind, c = sides[s]
-                if kind.startswith("limit"):
+                if kind == "limit fresh":
+                    fresh = _fresh_block(a.threads, c, dev)
+                    r = limit_path([(path, 0, size)], dev, a.threads, c, block=fresh.block())
+                    fresh.free(background=False)
+                    t, ran = r["read_s"], r["read_s"]
+                elif kind.startswith("limit"):
                     r = limit_path([(path, 0, size)], dev, a.threads, c, block=kind != "limit")
                     t, ran = r["read_s"], r["read_s"]
+                elif kind == "BulkRead kept":
+                    t, ran = bulk_side(path, size, dev, a.threads, c, kept=kept[c])
                 else:
                     t, ran = bulk_side(path, size, dev, a.threads, c, modules[kind])
                 if k:  # (run 0 warms each side)
