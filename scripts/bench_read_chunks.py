@@ -64,9 +64,7 @@ def bulk_side(
 
 
 def _fresh_block(threads: int, chunk: int, dev: str) -> bulk_read.HostBuffers:
-    return bulk_read.HostBuffers(
-        threads * bulk_read.DEPTH * chunk, pinned=dev == "cuda"
-    ).allocate()
+    return bulk_read.HostBuffers(threads * bulk_read.DEPTH * chunk, pinned=dev == "cuda").allocate()
 
 
 def _module(name: str, path: str) -> ModuleType:
