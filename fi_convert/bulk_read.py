@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from . import cuda_driver
 from .errors import FiConvertError
 from .sizes import SIZE_HELP, parse_size
 
@@ -271,6 +272,8 @@ class BulkRead:
         self._jobs: list[_Job] = []
         self._t0 = 0.0
         self._ends: list[float] = []  # when each thread finished
+        # the device's context for the readers' driver calls (0: they copy through torch)
+        self._context = 0
 
     def add(self, path: Path, fd: int, offset: int, dst: torch.Tensor) -> None:
         """Fill the contiguous `dst` (on this read's device) with `dst`'s byte size of the
@@ -327,6 +330,7 @@ class BulkRead:
         if self.device.type == "cuda":  # destinations may reuse memory of pending work
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
+            self._context = _driver_context(self.device)
         self._done = [threading.Event() for _ in range(n)]
         self._threads = [
             threading.Thread(
@@ -506,7 +510,8 @@ class BulkRead:
         """Thread k: its DEPTH buffers of the block, filled and copied out in turn. Its loop
         calls into torch as little as it can (each call gives up the interpreter's lock and
         waits to take it back, beside 15 other threads): its stream is its current one, its
-        buffers' bytes and its events are made once."""
+        buffers' bytes and its events are made once; into a GPU its copies and events are the
+        driver's own calls (`cuda_driver`), on plain addresses."""
         cuda = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device) if cuda else None
         if stream is not None and ready is not None:
@@ -519,22 +524,71 @@ class BulkRead:
         mine = self._buffers.block()[k * DEPTH * self.chunk :][: DEPTH * self.chunk]
         bufs = [mine[b * self.chunk : (b + 1) * self.chunk] for b in range(DEPTH)]
         views = [_bytes(b) for b in bufs]
-        done = [torch.cuda.Event() for _ in range(DEPTH)] if cuda else []
-        used = [False] * DEPTH
-        n = 0
+        drv = cuda_driver.driver() if cuda and self._context else None
+        if drv is not None:
+            drv.set_context(self._context)
+        events: list[int] = []
         try:
-            while not self._stop.is_set() and (job := todo.get()) is not None:
-                b, n = n % DEPTH, n + 1
-                if used[b]:
-                    done[b].synchronize()  # its last copy is over: the buffer may be refilled
-                self._read(job, job.offset, views[b][: job.size])
-                self._copy_out(job, bufs[b], cuda)
-                if cuda:
-                    done[b].record(stream)
-                    used[b] = True
+            if drv is not None and stream is not None:
+                events = [drv.event() for _ in range(DEPTH)]
+                self._loop_driver(todo, drv, stream.cuda_stream, bufs, views, events)
+            else:
+                self._loop_torch(todo, stream, bufs, views)
         finally:
             if stream is not None:
                 stream.synchronize()  # no copy reads the buffers once this thread ends
+            for ev in events:
+                drv.destroy(ev)  # type: ignore[union-attr]
+
+    def _loop_driver(
+        self,
+        todo: queue.SimpleQueue[_Job | None],
+        drv: cuda_driver.Driver,
+        stream: int,
+        bufs: list[torch.Tensor],
+        views: list[memoryview],
+        events: list[int],
+    ) -> None:
+        """The staged loop into a GPU through the driver: no torch call, no tensor made, the
+        interpreter's lock given up only to read and to wait for a buffer's last copy."""
+        base = [b.data_ptr() for b in bufs]
+        used = [False] * DEPTH
+        n = 0
+        while not self._stop.is_set() and (job := todo.get()) is not None:
+            b, n = n % DEPTH, n + 1
+            if used[b]:
+                drv.wait(events[b])  # its last copy is over: the buffer may be refilled
+            self._read(job, job.offset, views[b][: job.size])
+            if job.rows is not None:  # a strided copy: torch's, on this thread's stream
+                self._copy_out(job, bufs[b], True)
+            else:
+                for at, flat in job.pieces:
+                    drv.copy_to_device(flat.data_ptr(), base[b] + at, flat.numel(), stream)
+            drv.record(events[b], stream)
+            used[b] = True
+
+    def _loop_torch(
+        self,
+        todo: queue.SimpleQueue[_Job | None],
+        stream: Any,
+        bufs: list[torch.Tensor],
+        views: list[memoryview],
+    ) -> None:
+        """The staged loop through torch (into host memory in tests; into a GPU where the
+        driver's library cannot be loaded)."""
+        cuda = stream is not None
+        done = [torch.cuda.Event() for _ in range(DEPTH)] if cuda else []
+        used = [False] * DEPTH
+        n = 0
+        while not self._stop.is_set() and (job := todo.get()) is not None:
+            b, n = n % DEPTH, n + 1
+            if used[b]:
+                done[b].synchronize()  # its last copy is over: the buffer may be refilled
+            self._read(job, job.offset, views[b][: job.size])
+            self._copy_out(job, bufs[b], cuda)
+            if cuda:
+                done[b].record(stream)
+                used[b] = True
 
     def _copy_out(self, job: _Job, buf: torch.Tensor, non_blocking: bool = False) -> None:
         """The job's bytes from `buf` into its destinations (on this thread's current stream)."""
@@ -543,7 +597,10 @@ class BulkRead:
             flat.view_as(src).copy_(src, non_blocking=non_blocking)
             return
         for at, flat in job.pieces:
-            flat.copy_(buf[at : at + flat.numel()], non_blocking=non_blocking)
+            if at == 0 and flat.numel() == buf.numel():  # the buffer as it is: no view made
+                flat.copy_(buf, non_blocking=non_blocking)
+            else:
+                flat.copy_(buf[at : at + flat.numel()], non_blocking=non_blocking)
 
     def _read(self, job: _Job, offset: int, mv: memoryview) -> None:
         """Fill `mv` with the bytes of the job's file at `offset`; a fault is one line."""
@@ -563,6 +620,17 @@ class BulkRead:
                     "it again), then load again"
                 )
             done += n
+
+
+def _driver_context(device: torch.device) -> int:
+    """The context the readers' driver calls into `device` use: the one current in this
+    thread with `device` current (torch's, the device's primary context); 0 where the driver
+    cannot be loaded."""
+    drv = cuda_driver.driver()
+    if drv is None:
+        return 0
+    with torch.cuda.device(device):
+        return drv.current_context()
 
 
 @contextlib.contextmanager

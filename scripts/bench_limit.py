@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from fi_convert import cuda_driver
+
 
 def limit_path(
     spans: list,
@@ -17,6 +19,7 @@ def limit_path(
     chunk: int,
     fresh: bool = False,
     block: bool | torch.Tensor = False,
+    driver: bool = False,
 ) -> dict:
     """Plain parallel reads of `spans` into preallocated pinned buffers, copied to one
     preallocated device buffer on each thread's own stream (into host memory on CPU). With
@@ -26,7 +29,8 @@ def limit_path(
     (a block pinned afresh, as `BulkRead`'s is for each load). Each thread calls into torch as
     little as it can (its stream set once, its buffers' bytes and events made once, the
     destinations cut before the clock starts): every call gives up the interpreter's lock and
-    waits to take it back."""
+    waits to take it back. With `driver` (into a GPU), the copies and events are the CUDA
+    driver's own calls on plain addresses, as `BulkRead`'s are (`fi_convert.cuda_driver`)."""
     total = sum(s for *_, s in spans)
     dst = (torch.empty if fresh else torch.zeros)(total, dtype=torch.uint8, device=dev)
     fds = {p: os.open(p, os.O_RDONLY) for p in {s[0] for s in spans}}
@@ -52,6 +56,38 @@ def limit_path(
         ]
     streams = [torch.cuda.Stream() if cuda else None for _ in range(threads)]
     nxt, lock = iter(jobs), threading.Lock()
+    drv = cuda_driver.driver() if cuda and driver else None
+    if drv is not None:
+        ctx = drv.current_context()
+        jobs = [(fd, off, n, to.data_ptr()) for fd, off, n, to in jobs]
+        nxt = iter(jobs)
+
+    def work_driver(k: int) -> None:
+        assert drv is not None
+        drv.set_context(ctx)
+        stream = streams[k].cuda_stream  # type: ignore[union-attr]
+        views = [memoryview(b.numpy()).cast("B") for b in bufs[k]]
+        base = [b.data_ptr() for b in bufs[k]]
+        events = [drv.event() for _ in range(2)]
+        used = [False, False]
+        i = 0
+        while True:
+            with lock:
+                job = next(nxt, None)
+            if job is None:
+                break
+            fd, off, n, to = job
+            b = i % 2
+            i += 1
+            if used[b]:
+                drv.wait(events[b])
+            os.preadv(fd, [views[b][:n]], off)
+            drv.copy_to_device(to, base[b], n, stream)
+            drv.record(events[b], stream)
+            used[b] = True
+        streams[k].synchronize()  # type: ignore[union-attr]
+        for ev in events:
+            drv.destroy(ev)
 
     def work(k: int) -> None:
         mine = bufs[k]
@@ -82,7 +118,10 @@ def limit_path(
             streams[k].synchronize()
 
     t0 = time.perf_counter()
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    ts = [
+        threading.Thread(target=work if drv is None else work_driver, args=(k,))
+        for k in range(threads)
+    ]
     for t in ts:
         t.start()
     for t in ts:

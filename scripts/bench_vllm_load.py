@@ -365,7 +365,8 @@ def read_gap(
     case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int, alt: dict | None = None
 ) -> dict:
     """Where the plugin's time over the limit goes (warm, `n` runs of each, alternating): the
-    limit; the plugin's read mechanism on the limit's byte ranges into one buffer
+    limit (into a GPU also with the CUDA driver's copies, as `BulkRead` makes them); the
+    plugin's read mechanism on the limit's byte ranges into one buffer
     (`bulk_path`); the plugin's whole load. The first two equal: the gap is in how the load
     drives the read (its ranges, destinations, pieces); the last two: in the mechanism.
     `alt` (name: path of another bulk_read.py, or `set:module:attr=value,...`): the plugin's
@@ -373,15 +374,16 @@ def read_gap(
     <name>" (an A/B of the read mechanism or a setting in one process)."""
     model, spans = _case_spans(case, out)
     alt = alt or {}
-    runs: dict[str, list[float]] = {"limit": [], "bulk": [], "plugin": []}
-    runs |= {f"plugin {name}": [] for name in alt}
+    runs: dict[str, list[float]] = {"limit": []}
+    runs |= {"limit driver": []} if dev == "cuda" else {}  # (the copies BulkRead makes)
+    runs |= {"bulk": [], "plugin": []} | {f"plugin {name}": [] for name in alt}
     lines: list[str] = []  # the plugin's log line of each whole-model run
     tails: list[dict] = []  # its read's jobs and when each thread ran out of them
     sides = list(runs)
     for k in range(n):
         for side in sides[k % len(sides) :] + sides[: k % len(sides)]:
-            if side == "limit":
-                runs[side].append(limit_path(spans, dev, *limit)["read_s"])
+            if side.startswith("limit"):
+                runs[side].append(limit_path(spans, dev, *limit, driver=side != "limit")["read_s"])
             elif side == "bulk":
                 runs[side].append(bulk_path(spans, dev)["read_s"])
             else:
@@ -398,7 +400,7 @@ def read_gap(
         ends = [  # each plugin side's read: its jobs, its first and last thread's end
             f"{t['side']} {t['jobs'][0]} jobs, threads done {t['ends'][0][0] * 1e3:.0f}-"
             f"{t['ends'][0][-1] * 1e3:.0f} ms"
-            for t in tails[-(len(sides) - 2) :]
+            for t in tails[-sum(s.startswith("plugin") for s in sides) :]
             if t["jobs"] and t["jobs"][0] and t["ends"][0]
         ]
         print(  # (a call cut short keeps these)

@@ -199,10 +199,29 @@ def test_mx_quantize_same_on_cpu_and_cuda():
     assert torch.equal(sc, sg.cpu())
 
 
-def test_reads_into_cuda_equal_the_cpu_read(tmp_path):
+@pytest.fixture(params=["driver", "torch"])
+def copies(request, monkeypatch):
+    """The readers' copies into the GPU: the CUDA driver's own calls (where its library
+    loads, as here), or torch's (where it does not)."""
+    from fi_convert import cuda_driver
+
+    if request.param == "torch":
+        monkeypatch.setattr(cuda_driver, "driver", lambda: None)
+    else:
+        assert cuda_driver.driver() is not None
+    return request.param
+
+
+def _used(bulk, copies: str) -> bool:
+    """The read went the way `copies` says (a context for the driver's calls, or none)."""
+    return bool(bulk._context) == (copies == "driver")
+
+
+def test_reads_into_cuda_equal_the_cpu_read(tmp_path, copies):
     """The bulk read into a GPU (pinned buffers, each thread's own stream) gives the CPU
     read's bytes: a rank's slices (TP 2) and an EP rank's experts, every tensor of a layer in
-    one read cut into 1 MiB chunks over 3 threads; then no pinned memory is held."""
+    one read cut into 1 MiB chunks over 3 threads; then no pinned memory is held. Through the
+    driver's calls and through torch's."""
     from fi_convert.bulk_read import MIN_CHUNK, BulkRead
     from fi_convert.format import reader as loader
 
@@ -225,13 +244,13 @@ def test_reads_into_cuda_equal_the_cpu_read(tmp_path):
                 read(prefix, name, how, dev, gpu)
                 pairs.append((name, cpu, dev))
             stats = gpu.run()
-        assert stats.threads == 3 and stats.read_bytes > 3 * MIN_CHUNK
+        assert stats.threads == 3 and stats.read_bytes > 3 * MIN_CHUNK and _used(gpu, copies)
         assert 0 < stats.pinned_peak <= 3 * 2 * MIN_CHUNK and gpu.pinned_bytes == 0
         for name, cpu, dev in pairs:
             assert torch.equal(dev.cpu().view(torch.uint8), cpu.view(torch.uint8)), name
 
 
-def test_rows_a_stride_apart_into_cuda_equal_the_cpu_read(tmp_path):
+def test_rows_a_stride_apart_into_cuda_equal_the_cpu_read(tmp_path, copies):
     """A row-parallel rank's columns (rows a stride apart: BulkRead.add_rows) read into a GPU
     (pinned buffers, one strided copy per chunk on each thread's stream) give the CPU read's
     bytes; rows longer than a chunk too."""
@@ -254,6 +273,7 @@ def test_rows_a_stride_apart_into_cuda_equal_the_cpu_read(tmp_path):
             gpu.add_rows(path, fd, 777, rows, dev)
             gpu.run()
             assert torch.equal(dev.cpu(), cpu), rows
+            assert _used(gpu, copies)
     finally:
         os.close(fd)
 
@@ -273,14 +293,15 @@ def test_load_moe_layer_on_cuda_equals_cpu(tmp_path):
             assert torch.equal(gpu[k].cpu().view(torch.uint8), cpu[k].view(torch.uint8))
 
 
-@pytest.mark.parametrize("fault", [None, "eio"])
+@pytest.mark.parametrize("fault", [None, "eio", "cuda"])
 def test_a_read_into_cuda_gives_its_pinned_memory_back(tmp_path, monkeypatch, fault):
-    """After the read, or a fault in it, torch holds no more pinned memory than before (its
-    cache of pinned blocks emptied too), and a block allocated ahead is the owner's to free."""
+    """After the read, or a fault in it (a file's, or a failed copy of the driver's), torch
+    holds no more pinned memory than before (its cache of pinned blocks emptied too), and a
+    block allocated ahead is the owner's to free."""
     import errno
     import os
 
-    from fi_convert import bulk_read
+    from fi_convert import bulk_read, cuda_driver
     from fi_convert.bulk_read import BulkRead, HostBuffers, ReadError
 
     path = tmp_path / "f.bin"
@@ -295,11 +316,18 @@ def test_a_read_into_cuda_gives_its_pinned_memory_back(tmp_path, monkeypatch, fa
             raise OSError(errno.EIO, "Input/output error")
 
         monkeypatch.setattr(bulk_read.os, "preadv", eio)
+    if fault == "cuda":
+
+        def failed(self, *a):
+            raise cuda_driver.CudaError("the CUDA driver's cuMemcpyHtoDAsync failed (test)")
+
+        monkeypatch.setattr(cuda_driver.Driver, "copy_to_device", failed)
     bulk = BulkRead("cuda", threads=2, host_memory="64MiB")
     dst = torch.empty(24 << 20, dtype=torch.uint8, device="cuda")
     bulk.add(path, fd, 0, dst)
     if fault:
-        with pytest.raises(ReadError, match="Input/output error"):
+        error = ReadError if fault == "eio" else cuda_driver.CudaError
+        with pytest.raises(error, match="Input/output error|cuMemcpyHtoDAsync failed"):
             bulk.run()
     else:
         assert bulk.run().pinned_peak == 2 * 2 * bulk_read.CHUNK
