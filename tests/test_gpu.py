@@ -310,7 +310,7 @@ def test_a_read_into_cuda_gives_its_pinned_memory_back(tmp_path, monkeypatch, fa
     stats = torch.cuda.host_memory_stats
     torch._C._host_emptyCache()
     before = stats()["allocated_bytes.current"]
-    if fault:
+    if fault == "eio":
 
         def eio(*a):
             raise OSError(errno.EIO, "Input/output error")
