@@ -19,7 +19,7 @@ def limit_path(
     chunk: int,
     fresh: bool = False,
     block: bool | torch.Tensor = False,
-    driver: bool = False,
+    driver: bool = True,
 ) -> dict:
     """Plain parallel reads of `spans` into preallocated pinned buffers, copied to one
     preallocated device buffer on each thread's own stream (into host memory on CPU). With
@@ -29,8 +29,9 @@ def limit_path(
     (a block pinned afresh, as `BulkRead`'s is for each load). Each thread calls into torch as
     little as it can (its stream set once, its buffers' bytes and events made once, the
     destinations cut before the clock starts): every call gives up the interpreter's lock and
-    waits to take it back. With `driver` (into a GPU), the copies and events are the CUDA
-    driver's own calls on plain addresses, as `BulkRead`'s are (`fi_convert.cuda_driver`)."""
+    waits to take it back. Into a GPU its copies and events are the CUDA driver's own calls on
+    plain addresses, as `BulkRead`'s are (`fi_convert.cuda_driver`): 0.88-0.93 of the time of
+    the same loop through torch on an H100 (2026-12-06); `driver=False` makes them torch's."""
     total = sum(s for *_, s in spans)
     dst = (torch.empty if fresh else torch.zeros)(total, dtype=torch.uint8, device=dev)
     fds = {p: os.open(p, os.O_RDONLY) for p in {s[0] for s in spans}}

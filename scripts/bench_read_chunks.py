@@ -5,12 +5,12 @@ For each `BulkRead` side the time its threads ran is kept apart from the whole (
 jobs and starting the threads are the rest). `--block` adds the limit with its buffers cut from
 one pinned block, as `BulkRead`'s are; `--fresh` the limit from a block pinned afresh each
 run (as `BulkRead`'s is, for each load) and `BulkRead` from one block kept run after run (as
-the limit's are torch's cached ones); `--driver` the limit with the CUDA driver's copies and
-events (as `BulkRead`'s); `--alt NAME=PATH` adds the `BulkRead` of another
+the limit's are torch's cached ones); `--torch` the limit with torch's copies and events (its
+own are the CUDA driver's, as `BulkRead`'s); `--alt NAME=PATH` adds the `BulkRead` of another
 bulk_read.py (an older commit's, a variant), with that file's own defaults.
 
     python scripts/bench_read_chunks.py [--gb 1.3] [--runs 10] [--chunks 4,8,16] [--threads 16]
-        [--block] [--fresh] [--driver] [--alt NAME=PATH ...]
+        [--block] [--fresh] [--torch] [--alt NAME=PATH ...]
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def main() -> None:
         help="the limit from a block pinned afresh each run, and BulkRead from one kept block",
     )
     ap.add_argument(
-        "--driver", action="store_true", help="the limit with the CUDA driver's copies too"
+        "--torch", action="store_true", help="the limit with torch's copies (not the driver's) too"
     )
     ap.add_argument("--alt", action="append", default=[], help="NAME=PATH of a bulk_read.py")
     ap.add_argument("--tmp", default=None)
@@ -103,7 +103,7 @@ def main() -> None:
     }
     kinds = ["limit"] + (["limit block"] if a.block else []) + list(modules)
     kinds += ["limit fresh", "BulkRead kept"] if a.fresh else []
-    kinds += ["limit driver"] if a.driver else []
+    kinds += ["limit torch"] if a.torch else []
     kept = {c: _fresh_block(a.threads, c, dev) for c in chunks} if a.fresh else {}
     sides = {f"{kind} {c // MiB} MiB": (kind, c) for kind in kinds for c in chunks}
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
@@ -126,8 +126,8 @@ def main() -> None:
                     r = limit_path([(path, 0, size)], dev, a.threads, c, block=fresh.block())
                     fresh.free(background=False)
                     t, ran = r["read_s"], r["read_s"]
-                elif kind == "limit driver":
-                    r = limit_path([(path, 0, size)], dev, a.threads, c, driver=True)
+                elif kind == "limit torch":
+                    r = limit_path([(path, 0, size)], dev, a.threads, c, driver=False)
                     t, ran = r["read_s"], r["read_s"]
                 elif kind.startswith("limit"):
                     r = limit_path([(path, 0, size)], dev, a.threads, c, block=kind != "limit")

@@ -365,17 +365,17 @@ def read_gap(
     case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int, alt: dict | None = None
 ) -> dict:
     """Where the plugin's time over the limit goes (warm, `n` runs of each, alternating): the
-    limit (into a GPU also with the CUDA driver's copies, as `BulkRead` makes them); the
-    plugin's read mechanism on the limit's byte ranges into one buffer
-    (`bulk_path`); the plugin's whole load. The first two equal: the gap is in how the load
-    drives the read (its ranges, destinations, pieces); the last two: in the mechanism.
+    limit (into a GPU also with torch's copies, not the driver's); the plugin's read mechanism
+    on the limit's byte ranges into one buffer (`bulk_path`); the plugin's whole load. The
+    limit and the mechanism equal: the gap is in how the load drives the read (its ranges,
+    destinations, pieces); the mechanism and the load: in the mechanism.
     `alt` (name: path of another bulk_read.py, or `set:module:attr=value,...`): the plugin's
     load with that file's BulkRead, or with those module attributes set, too, as side "plugin
     <name>" (an A/B of the read mechanism or a setting in one process)."""
     model, spans = _case_spans(case, out)
     alt = alt or {}
     runs: dict[str, list[float]] = {"limit": []}
-    runs |= {"limit driver": []} if dev == "cuda" else {}  # (the copies BulkRead makes)
+    runs |= {"limit torch": []} if dev == "cuda" else {}  # (its copies torch's)
     runs |= {"bulk": [], "plugin": []} | {f"plugin {name}": [] for name in alt}
     lines: list[str] = []  # the plugin's log line of each whole-model run
     tails: list[dict] = []  # its read's jobs and when each thread ran out of them
@@ -383,7 +383,7 @@ def read_gap(
     for k in range(n):
         for side in sides[k % len(sides) :] + sides[: k % len(sides)]:
             if side.startswith("limit"):
-                runs[side].append(limit_path(spans, dev, *limit, driver=side != "limit")["read_s"])
+                runs[side].append(limit_path(spans, dev, *limit, driver=side == "limit")["read_s"])
             elif side == "bulk":
                 runs[side].append(bulk_path(spans, dev)["read_s"])
             else:
