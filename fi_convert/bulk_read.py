@@ -439,7 +439,10 @@ class BulkRead:
                 last.size = offset + flat.numel() - last.offset
             else:
                 runs.append(_Job(path, fd, offset, flat.numel(), [(0, flat)]))
-        return [job for run in runs for job in self._cut(run)] + self._strided
+        # the strided jobs first: a row-parallel tensor's span is read whole for the rows a
+        # rank keeps (more bytes per byte delivered), so they are the longest; last, they were
+        # the read's tail
+        return self._strided + [job for run in runs for job in self._cut(run)]
 
     def _cut(self, run: _Job) -> list[_Job]:
         """`run` cut into jobs of at most `chunk` bytes, each trimmed to its pieces."""
@@ -550,7 +553,9 @@ class BulkRead:
         events: list[int],
     ) -> None:
         """The staged loop into a GPU through the driver: no torch call, no tensor made, the
-        interpreter's lock given up only to read and to wait for a buffer's last copy."""
+        interpreter's lock given up only to read and to wait for a buffer's last copy. A
+        strided job's rows go in one 2D copy of the copy engine's, from the pinned buffer
+        (torch would gather them into pageable memory first, and copy from there)."""
         base = [b.data_ptr() for b in bufs]
         used = [False] * DEPTH
         n = 0
@@ -559,8 +564,10 @@ class BulkRead:
             if used[b]:
                 drv.wait(events[b])  # its last copy is over: the buffer may be refilled
             self._read(job, job.offset, views[b][: job.size])
-            if job.rows is not None:  # a strided copy: torch's, on this thread's stream
-                self._copy_out(job, bufs[b], True)
+            if job.rows is not None:  # the rows a stride apart, in one copy
+                rows, size, stride = job.rows
+                dst = job.pieces[0][1].data_ptr()
+                drv.copy_rows_to_device(dst, base[b], rows, size, stride, stream)
             else:
                 for at, flat in job.pieces:
                     drv.copy_to_device(flat.data_ptr(), base[b] + at, flat.numel(), stream)

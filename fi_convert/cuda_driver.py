@@ -24,7 +24,32 @@ from .errors import FiConvertError
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
 CU_EVENT_DISABLE_TIMING = 2
+CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE = 1, 2
 LIBRARY = "libcuda.so.1"
+
+
+class Memcpy2D(ctypes.Structure):
+    """The driver's CUDA_MEMCPY2D: a copy of `Height` rows of `WidthInBytes`, each `srcPitch`
+    bytes after the last in the source and `dstPitch` in the destination."""
+
+    _fields_ = [
+        ("srcXInBytes", ctypes.c_size_t),
+        ("srcY", ctypes.c_size_t),
+        ("srcMemoryType", ctypes.c_int),
+        ("srcHost", ctypes.c_void_p),
+        ("srcDevice", ctypes.c_uint64),
+        ("srcArray", ctypes.c_void_p),
+        ("srcPitch", ctypes.c_size_t),
+        ("dstXInBytes", ctypes.c_size_t),
+        ("dstY", ctypes.c_size_t),
+        ("dstMemoryType", ctypes.c_int),
+        ("dstHost", ctypes.c_void_p),
+        ("dstDevice", ctypes.c_uint64),
+        ("dstArray", ctypes.c_void_p),
+        ("dstPitch", ctypes.c_size_t),
+        ("WidthInBytes", ctypes.c_size_t),
+        ("Height", ctypes.c_size_t),
+    ]
 
 
 class CudaError(FiConvertError):
@@ -41,6 +66,7 @@ class Driver:
         self._sig(held, "cuCtxGetCurrent", ctypes.POINTER(p))
         self._sig(held, "cuCtxSetCurrent", p)
         self._sig(held, "cuMemcpyHtoDAsync_v2", u64, p, size, p)
+        self._sig(held, "cuMemcpy2DAsync_v2", ctypes.POINTER(Memcpy2D), p)
         self._sig(held, "cuEventCreate", ctypes.POINTER(p), ctypes.c_uint)
         self._sig(held, "cuEventRecord", p, p)
         self._sig(held, "cuEventQuery", p)
@@ -78,6 +104,24 @@ class Driver:
         result = self._held.cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream)
         if result != CUDA_SUCCESS:
             self._check(result, "cuMemcpyHtoDAsync")
+
+    def copy_rows_to_device(
+        self, dst: int, src: int, rows: int, size: int, stride: int, stream: int
+    ) -> None:
+        """Enqueue a copy of `rows` rows of `size` bytes, `stride` apart from pinned host
+        address `src`, to device address `dst`, one after another, on `stream` (one copy of
+        the copy engine's: nothing gathered on the host)."""
+        p = Memcpy2D(
+            srcMemoryType=CU_MEMORYTYPE_HOST,
+            srcHost=src,
+            srcPitch=stride,
+            dstMemoryType=CU_MEMORYTYPE_DEVICE,
+            dstDevice=dst,
+            dstPitch=size,
+            WidthInBytes=size,
+            Height=rows,
+        )
+        self._check(self._held.cuMemcpy2DAsync_v2(ctypes.byref(p), stream), "cuMemcpy2DAsync")
 
     def event(self) -> int:
         ev = ctypes.c_void_p()

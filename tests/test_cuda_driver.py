@@ -4,6 +4,8 @@ reads into a GPU go through them)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
 from fi_convert import cuda_driver
@@ -23,6 +25,7 @@ class FakeLibrary:
             "cuCtxGetCurrent",
             "cuCtxSetCurrent",
             "cuMemcpyHtoDAsync_v2",
+            "cuMemcpy2DAsync_v2",
             "cuEventCreate",
             "cuEventRecord",
             "cuEventQuery",
@@ -35,6 +38,7 @@ class FakeLibrary:
     def _call(self, name: str):
         def fn(*args):
             self.calls.append(name)
+            self.args = args
             return self.results.get(name, CUDA_SUCCESS)
 
         return fn
@@ -44,6 +48,33 @@ class FakeLibrary:
             return 1  # the driver's CUDA_ERROR_INVALID_VALUE for a code it does not know
         ref._obj.value = NAMES[result]
         return CUDA_SUCCESS
+
+
+def test_rows_a_stride_apart_are_one_2d_copy_from_the_host_to_the_device():
+    """The copy's description as the driver reads it (CUDA_MEMCPY2D): 3 rows of 1024 bytes,
+    8192 apart in pinned memory, one after another on the device."""
+    lib = FakeLibrary()
+    Driver(lib, lib).copy_rows_to_device(0xDEAD0000, 0x7F0000001000, 3, 1024, 8192, 0x42)
+    described, stream = lib.args
+    p = described._obj
+    assert lib.calls == ["cuMemcpy2DAsync_v2"] and stream == 0x42
+    assert (p.srcMemoryType, p.srcHost, p.srcPitch, p.srcXInBytes, p.srcY) == (
+        cuda_driver.CU_MEMORYTYPE_HOST,
+        0x7F0000001000,
+        8192,
+        0,
+        0,
+    )
+    assert (p.dstMemoryType, p.dstDevice, p.dstPitch, p.dstXInBytes, p.dstY) == (
+        cuda_driver.CU_MEMORYTYPE_DEVICE,
+        0xDEAD0000,
+        1024,
+        0,
+        0,
+    )
+    assert (p.WidthInBytes, p.Height) == (1024, 3)
+    # the driver's layout of the struct (cuda.h, CUDA_MEMCPY2D_v2): 16 fields, 128 bytes
+    assert ctypes.sizeof(cuda_driver.Memcpy2D) == 128
 
 
 def test_a_buffer_whose_copy_is_done_is_not_waited_for():
@@ -62,6 +93,7 @@ def test_a_buffer_whose_copy_runs_is_waited_for():
     "call,result,message",
     [
         ("cuMemcpyHtoDAsync_v2", 1, "cuMemcpyHtoDAsync failed (CUDA_ERROR_INVALID_VALUE)"),
+        ("cuMemcpy2DAsync_v2", 1, "cuMemcpy2DAsync failed (CUDA_ERROR_INVALID_VALUE)"),
         ("cuEventRecord", 700, "cuEventRecord failed (CUDA_ERROR_ILLEGAL_ADDRESS)"),
         ("cuEventQuery", 700, "cuEventQuery failed (CUDA_ERROR_ILLEGAL_ADDRESS)"),
         ("cuEventSynchronize", 700, "cuEventSynchronize failed (CUDA_ERROR_ILLEGAL_ADDRESS)"),
@@ -77,6 +109,8 @@ def test_a_failed_call_is_one_line_naming_it_and_the_error(call, result, message
     with pytest.raises(CudaError) as e:
         if call == "cuMemcpyHtoDAsync_v2":
             drv.copy_to_device(1 << 32, 4096, 16, 0)
+        elif call == "cuMemcpy2DAsync_v2":
+            drv.copy_rows_to_device(1 << 32, 4096, 2, 16, 32, 0)
         elif call == "cuEventRecord":
             drv.record(1, 0)
         elif call == "cuEventCreate":
