@@ -5,7 +5,9 @@ that lie near each other in a file, cuts them into chunks and reads the chunks w
 threads. Into host memory, each thread reads straight into the destinations. Into a GPU, each
 thread reads into its own pinned host buffers and copies each one to its destinations on its
 own CUDA stream, so that the copies overlap the next reads; a buffer is refilled only once its
-copy is done. The pinned buffers stay within a host-memory budget and are freed when the read
+copy is done. Those copies and events are the CUDA driver's own calls (`cuda_driver`), which
+keep the interpreter's lock, not torch's, which give it up and wait to take it back beside the
+other readers at every call. The pinned buffers stay within a host-memory budget and are freed when the read
 ends, however it ends. Nothing is staged in device memory.
 
 A fault ends the read with one line naming the file and the fix: a file shorter than its

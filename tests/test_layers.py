@@ -74,7 +74,8 @@ def test_the_servers_facts_import_no_server():
 
 
 # What the output format's package may import: itself, and the small shared modules below it
-# (errors, paths, JSON, sizes, dtypes, the safetensors header reader, the bulk read). A server
+# (errors, paths, JSON, sizes, dtypes, the safetensors header reader, the bulk read and its
+# CUDA driver calls). A server
 # that reads an output (the vLLM plugin, a reader of its own) loads none of the converter.
 FORMAT_MAY_IMPORT = {
     "fi_convert",
@@ -85,6 +86,7 @@ FORMAT_MAY_IMPORT = {
     "fi_convert.dtypes",
     "fi_convert.st_io",
     "fi_convert.bulk_read",
+    "fi_convert.cuda_driver",
     "fi_convert.names",
     "fi_convert.version",
 }
