@@ -7,8 +7,8 @@ thread reads into its own pinned host buffers and copies each one to its destina
 own CUDA stream, so that the copies overlap the next reads; a buffer is refilled only once its
 copy is done. Those copies and events are the CUDA driver's own calls (`cuda_driver`), which
 keep the interpreter's lock, not torch's, which give it up and wait to take it back beside the
-other readers at every call. The pinned buffers stay within a host-memory budget and are freed when the read
-ends, however it ends. Nothing is staged in device memory.
+other readers at every call. The pinned buffers stay within a host-memory budget and are freed
+when the read ends, however it ends. Nothing is staged in device memory.
 
 A fault ends the read with one line naming the file and the fix: a file shorter than its
 ranges, a short read (the file shrank), an I/O error, a file changed while it was read. On
@@ -328,16 +328,22 @@ class BulkRead:
         n = min(self.threads, len(self._jobs))
         for _ in range(n):
             todo.put(None)
-        ready = None
-        if self.device.type == "cuda":  # destinations may reuse memory of pending work
-            ready = torch.cuda.Event()
+        streams: list[Any] = [None] * n
+        if self.device.type == "cuda":
+            # each thread's own stream, made here: a thread that makes its own calls into
+            # torch and the runtime as it starts, beside the threads already reading, waits
+            # for the interpreter's lock at each (the 16th started 5-9 ms late on an H100)
+            streams = [torch.cuda.Stream(self.device) for _ in range(n)]
+            ready = torch.cuda.Event()  # destinations may reuse memory of pending work
             ready.record(torch.cuda.current_stream(self.device))
+            for stream in streams:
+                stream.wait_event(ready)
             self._context = _driver_context(self.device)
         self._done = [threading.Event() for _ in range(n)]
         self._threads = [
             threading.Thread(
                 target=self._work,
-                args=(todo, ready, k),
+                args=(todo, streams[k], k),
                 name=f"fi-convert-read-{k}",
                 daemon=True,
             )
@@ -486,10 +492,10 @@ class BulkRead:
 
     # -- the reader threads -----------------------------------------------------------------
 
-    def _work(self, todo: queue.SimpleQueue[_Job | None], ready: Any, k: int) -> None:
+    def _work(self, todo: queue.SimpleQueue[_Job | None], stream: Any, k: int) -> None:
         try:
             if self.staged:
-                self._work_staged(todo, ready, k)
+                self._work_staged(todo, stream, k)
             else:
                 self._work_direct(todo)
         except BaseException as e:  # the first fault ends the read
@@ -511,27 +517,25 @@ class BulkRead:
             for at, flat in job.pieces:
                 self._read(job, job.offset + at, _bytes(flat))
 
-    def _work_staged(self, todo: queue.SimpleQueue[_Job | None], ready: Any, k: int) -> None:
-        """Thread k: its DEPTH buffers of the block, filled and copied out in turn. Its loop
-        calls into torch as little as it can (each call gives up the interpreter's lock and
-        waits to take it back, beside 15 other threads): its stream is its current one, its
+    def _work_staged(self, todo: queue.SimpleQueue[_Job | None], stream: Any, k: int) -> None:
+        """Thread k: its DEPTH buffers of the block, filled and copied out in turn, on its
+        `stream` into a GPU. Its loop calls into torch as little as it can (each call gives up
+        the interpreter's lock and waits to take it back, beside 15 other threads): its
         buffers' bytes and its events are made once; into a GPU its copies and events are the
-        driver's own calls (`cuda_driver`), on plain addresses."""
-        cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if cuda else None
-        if stream is not None and ready is not None:
-            stream.wait_event(ready)
+        driver's own calls (`cuda_driver`), on plain addresses, and it calls torch for
+        nothing else."""
         assert self._buffers is not None
+        drv = cuda_driver.driver() if stream is not None and self._context else None
         if stream is not None:
             self._buffers.streams.append(stream)
-            torch.cuda.set_device(self.device)  # (per thread, as are current streams)
-            torch.cuda.set_stream(stream)
+            if drv is not None:
+                drv.set_context(self._context)
+            else:  # torch's copies: the stream its current one (per thread, as the device)
+                torch.cuda.set_device(self.device)
+                torch.cuda.set_stream(stream)
         mine = self._buffers.block()[k * DEPTH * self.chunk :][: DEPTH * self.chunk]
         bufs = [mine[b * self.chunk : (b + 1) * self.chunk] for b in range(DEPTH)]
         views = [_bytes(b) for b in bufs]
-        drv = cuda_driver.driver() if cuda and self._context else None
-        if drv is not None:
-            drv.set_context(self._context)
         events: list[int] = []
         try:
             if drv is not None and stream is not None:
