@@ -233,7 +233,8 @@ class ReadStats:
 
 
 class BulkRead:
-    """Requests added with `add`, then read at once by `run` (or `start` ... `wait`)."""
+    """Requests added with `add`, then read at once by `run` (or `start` ... `wait`; with
+    `start(more=True)` the threads start and requests added later join the read at `more`)."""
 
     def __init__(
         self,
@@ -272,7 +273,12 @@ class BulkRead:
         self._error: BaseException | None = None
         self._stat: dict[int, os.stat_result] = {}
         self._jobs: list[_Job] = []
-        self._t0 = 0.0
+        self._planned = (0, 0)  # requests and strided jobs planned into _jobs so far
+        self._todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._open = False  # started with more to come: the threads wait for their end marks
+        self._closed = False  # their end marks queued
+        self._streams: list[Any] = []  # the threads' own CUDA streams
+        self._t0 = 0.0  # as the first jobs were queued
         self._ends: list[float] = []  # when each thread finished
         # the device's context for the readers' driver calls (0: they copy through torch)
         self._context = 0
@@ -318,53 +324,82 @@ class BulkRead:
         self.start()
         return self.wait()
 
-    def start(self) -> None:
-        """Check the files' sizes against the requests, then start the reader threads."""
-        self._jobs = self._plan()
-        self._check_sizes()
-        todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        for job in self._jobs:
-            todo.put(job)
-        n = min(self.threads, len(self._jobs))
-        for _ in range(n):
-            todo.put(None)
+    def start(self, more: bool = False) -> None:
+        """Check the files' sizes against the requests, then start the reader threads. With
+        `more`, all of them, even with no request yet: requests added while they run join the
+        read at `more()`, until `wait` (starting 16 threads beside threads that already read
+        took 5-9 ms on an H100, each start waiting for the interpreter's lock: started ahead,
+        they wait for their work without it)."""
+        jobs = self._plan()
+        self._check_sizes(jobs)
+        n = self.threads if more else min(self.threads, len(jobs))
+        self._open = more
         streams: list[Any] = [None] * n
         if self.device.type == "cuda":
             # each thread's own stream, made here: a thread that makes its own calls into
-            # torch and the runtime as it starts, beside the threads already reading, waits
-            # for the interpreter's lock at each (the 16th started 5-9 ms late on an H100)
-            streams = [torch.cuda.Stream(self.device) for _ in range(n)]
-            ready = torch.cuda.Event()  # destinations may reuse memory of pending work
-            ready.record(torch.cuda.current_stream(self.device))
-            for stream in streams:
-                stream.wait_event(ready)
+            # torch and the runtime as it starts waits for the interpreter's lock at each
+            streams = self._streams = [torch.cuda.Stream(self.device) for _ in range(n)]
             self._context = _driver_context(self.device)
         self._done = [threading.Event() for _ in range(n)]
         self._threads = [
             threading.Thread(
                 target=self._work,
-                args=(todo, streams[k], k),
+                args=(self._todo, streams[k], k),
                 name=f"fi-convert-read-{k}",
                 daemon=True,
             )
             for k in range(n)
         ]
+        self._queue(jobs)
+        if not more:
+            self._close()
         try:
             with _signals_held():  # a Ctrl-C inside Thread.start would leave one unjoined
                 if self.staged and n:
                     self._buffers = self._given or HostBuffers(
                         n * DEPTH * self.chunk, pinned=self.device.type == "cuda"
                     ).allocate(background=True)  # pinned while the threads start
-                self._t0 = time.perf_counter()
                 for t in self._threads:
                     t.start()
         except BaseException:  # Ctrl-C as they started (taken once all were): stop them
             self.abort()
             raise
 
+    def more(self) -> None:
+        """The requests added since the read started, into it (started with `more`)."""
+        if not self._open:
+            raise ValueError("requests added to a read not started with more=True, or ended")
+        jobs = self._plan()
+        self._check_sizes(jobs)
+        self._queue(jobs)
+
+    def _queue(self, jobs: list[_Job]) -> None:
+        """`jobs` to the threads, once the work pending on the caller's stream is done (their
+        destinations may be memory that work still writes, or frees for reuse)."""
+        if not jobs:
+            return
+        if self._streams:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+            for stream in self._streams:
+                stream.wait_event(ready)  # (before any of these jobs reaches its thread)
+        if not self._jobs:
+            self._t0 = time.perf_counter()
+        self._jobs += jobs
+        for job in jobs:
+            self._todo.put(job)
+
+    def _close(self) -> None:
+        """No more requests: each thread ends once the queue is read (its end mark); once."""
+        if self._threads and not self._closed:
+            self._closed, self._open = True, False
+            for _ in self._threads:
+                self._todo.put(None)
+
     def wait(self) -> ReadStats:
         """Wait for the threads; raise the first fault. Interrupted, stop them first."""
         try:
+            self._close()
             for done in self._done:
                 done.wait()
             for t in self._threads:  # past their last act: gone at once
@@ -374,7 +409,7 @@ class BulkRead:
             raise
         finally:
             self._free()
-        seconds = max(self._ends, default=self._t0) - self._t0
+        seconds = max(self._ends, default=self._t0) - self._t0 if self._jobs else 0.0
         if self._error is not None:
             raise self._error
         self._check_unchanged()
@@ -387,7 +422,7 @@ class BulkRead:
             pinned_peak=self._buffers.nbytes if self._buffers else 0,
             alloc_s=self._buffers.alloc_s if self._buffers else 0.0,
             jobs=len(self._jobs),
-            thread_ends=tuple(sorted(t - self._t0 for t in self._ends)),
+            thread_ends=tuple(sorted(max(0.0, t - self._t0) for t in self._ends)),
         )
 
     def abort(self) -> None:
@@ -395,6 +430,7 @@ class BulkRead:
         freed as they end). A second Ctrl-C meanwhile does not cut this short: a thread left
         inside torch at the interpreter's exit would abort the process."""
         self._stop.set()
+        self._close()  # (threads waiting for more requests take their end marks)
         for t, done in zip(self._threads, self._done, strict=True):
             while t.ident is not None and not done.is_set():  # (started: it will set it)
                 try:
@@ -435,11 +471,14 @@ class BulkRead:
     # -- planning ---------------------------------------------------------------------------
 
     def _plan(self) -> list[_Job]:
-        """The requests as chunk-sized jobs: ranges of a file joined across small gaps (staged)
-        or where they touch (direct), then cut at chunk boundaries."""
+        """The requests not planned yet as chunk-sized jobs: ranges of a file joined across
+        small gaps (staged) or where they touch (direct), then cut at chunk boundaries."""
         gap = GAP if self.staged else 0
         runs: list[_Job] = []
-        for path, fd, offset, flat in sorted(self._requests, key=lambda r: (str(r[0]), r[2])):
+        done, strided = self._planned
+        self._planned = (len(self._requests), len(self._strided))
+        new = self._requests[done:]
+        for path, fd, offset, flat in sorted(new, key=lambda r: (str(r[0]), r[2])):
             last = runs[-1] if runs else None
             end = last.offset + last.size if last else 0
             if last and last.fd == fd and end <= offset <= end + gap:
@@ -450,7 +489,7 @@ class BulkRead:
         # the strided jobs first: a row-parallel tensor's span is read whole for the rows a
         # rank keeps (more bytes per byte delivered), so they are the longest; last, they were
         # the read's tail
-        return self._strided + [job for run in runs for job in self._cut(run)]
+        return self._strided[strided:] + [job for run in runs for job in self._cut(run)]
 
     def _cut(self, run: _Job) -> list[_Job]:
         """`run` cut into jobs of at most `chunk` bytes, each trimmed to its pieces."""
@@ -469,8 +508,8 @@ class BulkRead:
                 pos += take
         return jobs
 
-    def _check_sizes(self) -> None:
-        for job in self._jobs:
+    def _check_sizes(self, jobs: list[_Job]) -> None:
+        for job in jobs:
             if job.fd not in self._stat:
                 self._stat[job.fd] = os.fstat(job.fd)
             size = self._stat[job.fd].st_size

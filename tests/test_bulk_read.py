@@ -622,3 +622,66 @@ def test_rows_land_whatever_bytes_each_preadv_returns(two_files, monkeypatch, st
     want = b"".join(raw[5 + r * stride : 5 + r * stride + size] for r in range(rows))
     assert dst.numpy().tobytes() == want
     assert len(calls) > 300  # many short reads, each ending inside a row or a gap
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("first", [0, 4, 9])
+def test_requests_added_while_the_read_runs_join_it(two_files, staged, first):
+    """`start(more=True)`: the threads start with what there is (none, or some) while more
+    requests are added (a model asked where its other tensors go, `format/whole_read.py`);
+    `more` queues them, `wait` ends it. Every range lands, whichever part came when."""
+    data, fds = two_files
+    bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    spans = _spans(data, 7)
+    assert len(spans) > first + 10
+    want = []
+
+    def add(part):
+        for path, offset, size in part:
+            dst = torch.empty(size, dtype=torch.uint8)
+            bulk.add(path, fds[path], offset, dst)
+            want.append((dst, data[path][offset : offset + size]))
+
+    add(spans[:first])
+    bulk.start(more=True)
+    assert len(_reader_threads()) == 3
+    half = first + (len(spans) - first) // 2
+    add(spans[first:half])
+    bulk.more()
+    add(spans[half:])
+    bulk.more()
+    stats = bulk.wait()
+    for dst, raw in want:
+        assert dst.numpy().tobytes() == raw
+    assert stats.bytes == sum(len(raw) for _, raw in want) and stats.threads == 3
+    assert stats.read_bytes >= stats.bytes and 0 < stats.seconds < 60
+    assert bulk.pinned_bytes == 0 and not _reader_threads()
+    with pytest.raises(ValueError, match="not started with more=True, or ended"):
+        bulk.more()
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_read_waiting_for_more_requests_stops_when_aborted(two_files, staged):
+    """Its threads wait for requests that never come (the model's asking failed): `abort`
+    ends them at once, and a truncated file among the later requests is refused as at the
+    start, the read then aborted by its caller."""
+    data, fds = two_files
+    path = next(iter(data))
+    bulk = BulkRead("cpu", threads=2, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    bulk.start(more=True)
+    assert len(_reader_threads()) == 2
+    bulk.add(path, fds[path], len(data[path]) - 10, torch.empty(20, dtype=torch.uint8))
+    with pytest.raises(ReadError, match="the file is truncated"):
+        bulk.more()
+    bulk.abort()
+    assert not _reader_threads() and bulk.pinned_bytes == 0
+
+
+def test_a_read_that_never_got_a_request_ends_at_once(two_files):
+    """Started ahead with nothing (the model asked had no tensor to read), `wait` ends it:
+    nothing read, no time taken."""
+    bulk = BulkRead("cpu", threads=2, chunk=MIN_CHUNK, staged=True, host_memory=64 * MiB)
+    bulk.start(more=True)
+    stats = bulk.wait()
+    assert (stats.bytes, stats.read_bytes, stats.seconds, stats.jobs) == (0, 0, 0.0, 0)
+    assert not _reader_threads() and bulk.pinned_bytes == 0

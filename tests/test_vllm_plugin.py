@@ -617,9 +617,9 @@ def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, whe
     else:  # the headers were read and checked; the file shrinks before the reads start
         real = bulk_read.BulkRead.start
 
-        def start(self):
+        def start(self, more=False):
             cut()
-            real(self)
+            real(self, more)
 
         monkeypatch.setattr(bulk_read.BulkRead, "start", start)
     with vm.vllm_context("trtllm", 2, 0):
@@ -634,7 +634,8 @@ def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, whe
 
 @pytest.mark.parametrize("when", ["in the read", "while the model is asked"])
 def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypatch, when):
-    """In the read's wait, or while the model is asked where its other tensors go."""
+    """In the read's wait, or while the model is asked where its other tensors go (the
+    reader threads, started ahead, then wait for their work: they end too)."""
     from unittest import mock
 
     from fi_convert import bulk_read
@@ -642,6 +643,7 @@ def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypa
     from fi_convert.servers.vllm import loader
 
     def interrupted(*args, **kwargs):
+        assert [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
         raise KeyboardInterrupt
 
     if when == "in the read":

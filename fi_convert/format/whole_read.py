@@ -4,9 +4,12 @@ bulk read, and the model's `load_weights` runs over the non-expert tensors once 
 in place. A fault or an interrupt anywhere stops the readers and frees their memory, then goes
 on.
 
-The asking comes first, not under the experts' read: it is pure Python, and beside 16 reader
-threads (each taking the interpreter's lock between its chunks) it took 0.05-0.06 s instead of
-0.01 s on an H100, its ranges then read after the experts' (docs/speed.md, 2026-12-06)."""
+The reader threads start before the asking and wait for their work without the interpreter's
+lock: started at the read, beside the threads already reading, the 16th began 5-9 ms late on an
+H100 (docs/speed.md, the sixth session). The asking itself comes before the read, not under the
+experts' read (`ORDER`): it is pure Python, and beside 16 reader threads (each taking
+the interpreter's lock between its chunks) it took 0.05-0.06 s instead of 0.01 s on an H100, and
+20-41 ms instead of 3-6 once the readers' loop was lean (docs/speed.md, 2026-12-06)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,14 @@ class WholeRead:
     read_ended: float
 
 
+# The order of a load, a setting for the benches (`--alt-bulk
+# set:fi_convert.format.whole_read:ORDER='ask-under-read'`): "threads-ahead" (the reader threads
+# started, the model asked, then every request at once), "ask-under-read" (the experts' read
+# started, the model asked under it, its requests joining it), "ask-first" (the model asked,
+# then the threads started with every request).
+ORDER = "threads-ahead"
+
+
 def read_whole(
     bulk: BulkRead,
     add_experts: Callable[[BulkRead], None],
@@ -36,12 +47,24 @@ def read_whole(
     experts' requests into `bulk` (not started)."""
     dense: DenseLoad | None = None
     try:
-        dense = dense_load()
-        add_experts(bulk)
-        moe_bytes = bulk.nbytes
+        if ORDER == "ask-under-read":
+            add_experts(bulk)
+            moe_bytes = bulk.nbytes
+            t1 = time.perf_counter()
+            bulk.start(more=True)
+            dense = dense_load()
+        else:
+            if ORDER == "threads-ahead":
+                bulk.start(more=True)  # its threads, waiting for their work
+            dense = dense_load()
+            add_experts(bulk)
+            moe_bytes = bulk.nbytes
+            t1 = time.perf_counter()
         dense.add_to(bulk)
-        t1 = time.perf_counter()
-        bulk.start()
+        if ORDER == "ask-first":
+            bulk.start()
+        else:
+            bulk.more()
         dense.prefetch()
         stats = bulk.wait()
         t2 = time.perf_counter()
