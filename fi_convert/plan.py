@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
 from . import jsontext, schemes
 from .errors import FiConvertError, OutputError, SchemeMismatchError, SourceError
 from .families import Family, FamilyFileError, config_field, load_file, served_architectures
@@ -231,7 +233,10 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     if options.tp_size < 1:
         raise SourceError(f"--tp-size must be at least 1, got {options.tp_size}")
     try:
-        return _make_plan(source, options)
+        # a tensor made without a device (a layout's index) is a host tensor, whatever
+        # default device the caller's process set (as pipeline.write_shards)
+        with torch.device("cpu"):
+            return _make_plan(source, options)
     except OSError as e:  # a model folder (or a file in it) this user may not read
         raise model_error(e, source) from None
 

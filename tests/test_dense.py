@@ -601,13 +601,19 @@ def _whole(out, model, device: str) -> DenseLoad:
     return read.dense
 
 
+@pytest.mark.parametrize("order", ["ask-first", "threads-ahead", "ask-under-read"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device):
+def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device, order, monkeypatch):
     """The model's own writes while it is asked (the padding zeroed, on its stream for a GPU)
     come before the bytes read into the same tensors; a write after a copy (the scaling after
-    the loop) is made again once they are in place; a call that only copied is not."""
+    the loop) is made again once they are in place; a call that only copied is not. In each
+    order of a load (`whole_read.ORDER`: with the readers started, their requests given after
+    the asking's writes)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
+    from fi_convert.format import whole_read
+
+    monkeypatch.setattr(whole_read, "ORDER", order)
     stored = _stored(out)
     embed = "model.embed_tokens.weight"
     plain = [n for n, t in stored.items() if t.dtype == torch.bfloat16 and t.dim() == 2]

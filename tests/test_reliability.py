@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fi_convert import FiConvertError, Options, SchemeName, SourceError, convert, make_plan
+from fi_convert.format.names import MANIFEST_NAME
 from fi_convert.st_io import read_header
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 
@@ -759,3 +760,35 @@ def test_a_finished_output_whose_lock_a_live_run_holds_is_left_to_it(src, refere
         assert lock.exists()
     finally:
         holder.communicate("")
+
+
+@pytest.mark.parametrize("how", ["with", "set_default_device"])
+@pytest.mark.parametrize(
+    "scheme,spec",
+    [
+        (SchemeName.NVFP4, Spec("deepseek-v3", experts=5, hidden=320, intermediate=384)),
+        (SchemeName.BF16, Spec("qwen3-moe", layers=1, experts=3, hidden=128, intermediate=192)),
+    ],
+    ids=["nvfp4", "bf16"],
+)
+def test_a_default_device_the_caller_set_changes_nothing(tmp_path, how, scheme, spec):
+    """A Python caller's default device (`with torch.device(...)`, `set_default_device`: a
+    server's load sets one) does not reach the conversion: its indices and buffers stay host
+    tensors, and the output's bytes are a plain run's (it failed on "meta", as on "cuda", in
+    the layouts' index gathers)."""
+    if scheme is SchemeName.NVFP4:
+        spec = replace(spec, quant="nvfp4")
+    src = write_checkpoint(tmp_path / "src", spec)
+    convert(src, tmp_path / "plain", Options(scheme), device="cpu")
+    if how == "with":
+        with torch.device("meta"):
+            convert(src, tmp_path / "out", Options(scheme), device="cpu")
+    else:
+        torch.set_default_device("meta")
+        try:
+            convert(src, tmp_path / "out", Options(scheme), device="cpu")
+        finally:
+            torch.set_default_device(None)
+    plain = json.loads((tmp_path / "plain" / MANIFEST_NAME).read_text())["files"]
+    out = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["files"]
+    assert out == plain

@@ -632,18 +632,30 @@ def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, whe
     assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
 
 
-@pytest.mark.parametrize("when", ["in the read", "while the model is asked"])
-def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypatch, when):
-    """In the read's wait, or while the model is asked where its other tensors go (the
-    reader threads, started ahead, then wait for their work: they end too)."""
+@pytest.mark.parametrize(
+    "when,order",
+    [
+        ("in the read", "ask-first"),
+        ("while the model is asked", "ask-first"),
+        ("while the model is asked", "threads-ahead"),
+        ("while the model is asked", "ask-under-read"),
+    ],
+)
+def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypatch, when, order):
+    """In the read's wait, or while the model is asked where its other tensors go, in each
+    order of a load (`whole_read.ORDER`: asked first; or with the reader threads started
+    ahead, waiting for their work, or reading the experts: they end too)."""
     from unittest import mock
 
     from fi_convert import bulk_read
-    from fi_convert.format import dense
+    from fi_convert.format import dense, whole_read
     from fi_convert.servers.vllm import loader
 
+    monkeypatch.setattr(whole_read, "ORDER", order)
+
     def interrupted(*args, **kwargs):
-        assert [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+        readers = [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+        assert bool(readers) == (when == "in the read" or order != "ask-first")
         raise KeyboardInterrupt
 
     if when == "in the read":

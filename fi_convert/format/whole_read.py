@@ -4,12 +4,12 @@ bulk read, and the model's `load_weights` runs over the non-expert tensors once 
 in place. A fault or an interrupt anywhere stops the readers and frees their memory, then goes
 on.
 
-The reader threads start before the asking and wait for their work without the interpreter's
-lock: started at the read, beside the threads already reading, the 16th began 5-9 ms late on an
-H100 (docs/speed.md, the sixth session). The asking itself comes before the read, not under the
-experts' read (`ORDER`): it is pure Python, and beside 16 reader threads (each taking
-the interpreter's lock between its chunks) it took 0.05-0.06 s instead of 0.01 s on an H100, and
-20-41 ms instead of 3-6 once the readers' loop was lean (docs/speed.md, 2026-12-06)."""
+The asking comes first, and the reader threads start with every request (`ORDER`), measured on
+an H100 against the other orders (docs/speed.md, the sixth session): with the asking under the
+experts' read, the asking, pure Python, ran slower beside 16 reader threads each taking the
+interpreter's lock between its chunks (0.05-0.06 s instead of 0.01 s once, 20-41 ms instead of
+3-6 with the lean loop); with the threads started ahead of the asking, the read's threads all
+began within 0.6 ms (not 5-9), but starting them cost as much before the read."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ class WholeRead:
 
 
 # The order of a load, a setting for the benches (`--alt-bulk
-# set:fi_convert.format.whole_read:ORDER='ask-under-read'`): "threads-ahead" (the reader threads
-# started, the model asked, then every request at once), "ask-under-read" (the experts' read
-# started, the model asked under it, its requests joining it), "ask-first" (the model asked,
-# then the threads started with every request).
-ORDER = "threads-ahead"
+# set:fi_convert.format.whole_read:ORDER='ask-under-read'`): "ask-first" (the model asked, then
+# the threads started with every request), "threads-ahead" (the reader threads started, the
+# model asked, then every request at once), "ask-under-read" (the experts' read started, the
+# model asked under it, its requests joining it).
+ORDER = "ask-first"
 
 
 def read_whole(
