@@ -327,9 +327,7 @@ class BulkRead:
     def start(self, more: bool = False) -> None:
         """Check the files' sizes against the requests, then start the reader threads. With
         `more`, all of them, even with no request yet: requests added while they run join the
-        read at `more()`, until `wait` (starting 16 threads beside threads that already read
-        took 5-9 ms on an H100, each start waiting for the interpreter's lock: started ahead,
-        they wait for their work without it)."""
+        read at `more()`, until `wait` (`format/whole_read.py`'s other orders of a load)."""
         jobs = self._plan()
         self._check_sizes(jobs)
         n = self.threads if more else min(self.threads, len(jobs))
@@ -609,14 +607,17 @@ class BulkRead:
             if used[b]:
                 drv.wait(events[b])  # its last copy is over: the buffer may be refilled
             self._read(job, job.offset, views[b][: job.size])
-            if job.rows is not None:  # the rows a stride apart, in one copy
-                rows, size, stride = job.rows
-                dst = job.pieces[0][1].data_ptr()
-                drv.copy_rows_to_device(dst, base[b], rows, size, stride, stream)
-            else:
-                for at, flat in job.pieces:
-                    drv.copy_to_device(flat.data_ptr(), base[b] + at, flat.numel(), stream)
-            drv.record(events[b], stream)
+            try:
+                if job.rows is not None:  # the rows a stride apart, in one copy
+                    rows, size, stride = job.rows
+                    dst = job.pieces[0][1].data_ptr()
+                    drv.copy_rows_to_device(dst, base[b], rows, size, stride, stream)
+                else:
+                    for at, flat in job.pieces:
+                        drv.copy_to_device(flat.data_ptr(), base[b] + at, flat.numel(), stream)
+                drv.record(events[b], stream)
+            except cuda_driver.CudaError as e:
+                raise cuda_driver.CudaError(f"{job.path}: its bytes into the GPU: {e}") from None
             used[b] = True
 
     def _loop_torch(

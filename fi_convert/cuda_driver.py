@@ -81,7 +81,10 @@ class Driver:
 
     def _check(self, result: int, call: str) -> None:
         if result != CUDA_SUCCESS:
-            raise CudaError(f"the CUDA driver's {call} failed ({self.error_name(result)})")
+            raise CudaError(
+                f"the CUDA driver's {call} failed ({self.error_name(result)}); check the GPU "
+                "(nvidia-smi: its errors, its memory), then try again"
+            )
 
     def error_name(self, result: int) -> str:
         name = ctypes.c_char_p()

@@ -327,8 +327,9 @@ def test_a_read_into_cuda_gives_its_pinned_memory_back(tmp_path, monkeypatch, fa
     bulk.add(path, fd, 0, dst)
     if fault:
         error = ReadError if fault == "eio" else cuda_driver.CudaError
-        with pytest.raises(error, match="Input/output error|cuMemcpyHtoDAsync failed"):
+        with pytest.raises(error, match="Input/output error|cuMemcpyHtoDAsync failed") as e:
             bulk.run()
+        assert str(e.value).startswith(f"{path}: ") and "\n" not in str(e.value)
     else:
         assert bulk.run().pinned_peak == 2 * 2 * bulk_read.CHUNK
     bulk.wait_freed()
