@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -63,6 +64,15 @@ def limit_path(
         jobs = [(fd, off, n, to.data_ptr()) for fd, off, n, to in jobs]
         nxt = iter(jobs)
 
+    def taken() -> Iterator[tuple]:
+        """The jobs one thread takes, in turn with the others."""
+        while True:
+            with lock:
+                job = next(nxt, None)
+            if job is None:
+                return
+            yield job
+
     def work_driver(k: int) -> None:
         assert drv is not None
         drv.set_context(ctx)
@@ -70,22 +80,12 @@ def limit_path(
         views = [memoryview(b.numpy()).cast("B") for b in bufs[k]]
         base = [b.data_ptr() for b in bufs[k]]
         events = [drv.event() for _ in range(2)]
-        used = [False, False]
-        i = 0
-        while True:
-            with lock:
-                job = next(nxt, None)
-            if job is None:
-                break
-            fd, off, n, to = job
-            b = i % 2
-            i += 1
-            if used[b]:
-                drv.wait(events[b])
-            os.preadv(fd, [views[b][:n]], off)
-            drv.copy_to_device(to, base[b], n, stream)
-            drv.record(events[b], stream)
-            used[b] = True
+        for i, (fd, off, n, to) in enumerate(taken()):
+            if i >= 2:
+                drv.wait(events[i % 2])
+            os.preadv(fd, [views[i % 2][:n]], off)
+            drv.copy_to_device(to, base[i % 2], n, stream)
+            drv.record(events[i % 2], stream)
         streams[k].synchronize()  # type: ignore[union-attr]
         for ev in events:
             drv.destroy(ev)
@@ -94,27 +94,18 @@ def limit_path(
         mine = bufs[k]
         views = [memoryview(b.numpy()).cast("B") for b in mine]
         events = [torch.cuda.Event() for _ in range(2)] if cuda else []
-        used = [False, False]
         if cuda:
             torch.cuda.set_stream(streams[k])
-        i = 0
-        while True:
-            with lock:
-                job = next(nxt, None)
-            if job is None:
-                break
-            fd, off, n, to = job
+        for i, (fd, off, n, to) in enumerate(taken()):
             if not cuda:
                 os.preadv(fd, [memoryview(to.numpy()).cast("B")], off)
                 continue
             b = i % 2
-            i += 1
-            if used[b]:
+            if i >= 2:
                 events[b].synchronize()
             os.preadv(fd, [views[b][:n]], off)
             to.copy_(mine[b] if n == chunk else mine[b][:n], non_blocking=True)
             events[b].record(streams[k])
-            used[b] = True
         if cuda:
             streams[k].synchronize()
 
