@@ -210,11 +210,7 @@ def write_shards(
     src = _CheckedFiles(source)
     shards = _Shards(plan, od, src, dev, _Tracker(plan, progress, resume), jobs, sink)
     try:
-        # a tensor made without a device is a host tensor, whatever default device the
-        # caller's process set (`torch.set_default_device`, a `with torch.device(...)` block
-        # around a server's own load); its workers, started in here, see this one
-        with torch.device("cpu"):
-            files = shards.run()
+        files = shards.run()
     finally:
         src.close()
     return Written(files, shards.jobs, src.warnings())

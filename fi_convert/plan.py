@@ -233,8 +233,10 @@ def make_plan(source: str | Path, options: Options) -> Plan:
     if options.tp_size < 1:
         raise SourceError(f"--tp-size must be at least 1, got {options.tp_size}")
     try:
-        # a tensor made without a device (a layout's index) is a host tensor, whatever
-        # default device the caller's process set (as pipeline.write_shards)
+        # a tensor made without a device (a layout's index, made here) is a host tensor,
+        # whatever default device the caller set in this thread (`torch.set_default_device`,
+        # a `with torch.device(...)` block around a server's load); the conversion's workers
+        # are threads of their own, which it does not reach
         with torch.device("cpu"):
             return _make_plan(source, options)
     except OSError as e:  # a model folder (or a file in it) this user may not read
