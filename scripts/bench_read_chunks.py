@@ -144,6 +144,8 @@ def main() -> None:
                     f"run {k}: " + ", ".join(f"{s} {runs[s][-1] * 1e3:.1f}" for s in names),
                     flush=True,
                 )
+    for block in kept.values():
+        block.free(background=False)
     first = runs[names[0]]
     print(f"{size / 1e9:.2f} GB, {a.threads} threads, {dev}; medians of {a.runs}:")
     for s in names:
