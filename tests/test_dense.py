@@ -601,7 +601,7 @@ def _whole(out, model, device: str) -> DenseLoad:
     return read.dense
 
 
-@pytest.mark.parametrize("order", ["ask-first", "threads-ahead", "ask-under-read"])
+@pytest.mark.parametrize("order", ["ask-first", "threads-ahead", "ask-under-read"])  # ORDERS
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device, order, monkeypatch):
     """The model's own writes while it is asked (the padding zeroed, on its stream for a GPU)
@@ -627,3 +627,15 @@ def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device, o
         assert torch.equal(got[:-2], stored[embed]) and not got[-2:].float().any()
     assert torch.equal(getattr(twice, twice.scaled).cpu(), stored[scaled] * 2)
     assert torch.equal(getattr(once, once.names[scaled]).cpu(), stored[scaled])
+
+
+def test_a_load_order_that_is_none_of_them_is_refused(monkeypatch):
+    """`whole_read.ORDER` is a bench's setting: a misspelt one is named, before anything is
+    asked or read (it would have read in another order, or not at all)."""
+    from fi_convert.format import whole_read
+
+    monkeypatch.setattr(whole_read, "ORDER", "first")
+    asked = []
+    with pytest.raises(ValueError, match="ORDER 'first': not one of ask-first, threads-ahead"):
+        whole_read.read_whole(None, asked.append, lambda: asked.append("asked"))
+    assert asked == []

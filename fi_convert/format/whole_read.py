@@ -36,6 +36,7 @@ class WholeRead:
 # model asked, then every request at once), "ask-under-read" (the experts' read started, the
 # model asked under it, its requests joining it).
 ORDER = "ask-first"
+ORDERS = ("ask-first", "threads-ahead", "ask-under-read")
 
 
 def read_whole(
@@ -45,6 +46,8 @@ def read_whole(
 ) -> WholeRead:
     """`dense_load` asks the model where its other tensors go; `add_experts` puts the
     experts' requests into `bulk` (not started)."""
+    if ORDER not in ORDERS:
+        raise ValueError(f"whole_read.ORDER {ORDER!r}: not one of {', '.join(ORDERS)}")
     dense: DenseLoad | None = None
     try:
         if ORDER == "ask-under-read":
