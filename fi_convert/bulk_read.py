@@ -275,8 +275,7 @@ class BulkRead:
         self._jobs: list[_Job] = []
         self._planned = (0, 0)  # requests and strided jobs planned into _jobs so far
         self._todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._open = False  # started with more to come: the threads wait for their end marks
-        self._closed = False  # their end marks queued
+        self._closed = False  # the threads' end marks queued (until then, more may come)
         self._streams: list[Any] = []  # the threads' own CUDA streams
         self._t0 = 0.0  # as the first jobs were queued
         self._ends: list[float] = []  # when each thread finished
@@ -331,7 +330,6 @@ class BulkRead:
         jobs = self._plan()
         self._check_sizes(jobs)
         n = self.threads if more else min(self.threads, len(jobs))
-        self._open = more
         streams: list[Any] = [None] * n
         if self.device.type == "cuda":
             # each thread's own stream, made here: a thread that makes its own calls into
@@ -365,7 +363,7 @@ class BulkRead:
 
     def more(self) -> None:
         """The requests added since the read started, into it (started with `more`)."""
-        if not self._open:
+        if not self._threads or self._closed:
             raise ValueError("requests added to a read not started with more=True, or ended")
         jobs = self._plan()
         self._check_sizes(jobs)
@@ -390,7 +388,7 @@ class BulkRead:
     def _close(self) -> None:
         """No more requests: each thread ends once the queue is read (its end mark); once."""
         if self._threads and not self._closed:
-            self._closed, self._open = True, False
+            self._closed = True
             for _ in self._threads:
                 self._todo.put(None)
 
