@@ -202,6 +202,14 @@ def host_buffers() -> HostBuffers:
     return HostBuffers(threads * DEPTH * chunk)
 
 
+def read_device(device: str | torch.device) -> torch.device:
+    """The device a read into `device` fills: a GPU's index filled in (the threads' device)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 @dataclass
 class _Job:
     """One read of `size` bytes of a file, and where its bytes go: (offset in the job, a flat
@@ -246,9 +254,7 @@ class BulkRead:
         staged: bool | None = None,
         buffers: HostBuffers | None = None,
     ) -> None:
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:  # the threads' device
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = read_device(device)
         # staged: through host buffers (always into a GPU; on the CPU only in tests)
         self.staged = self.device.type != "cpu" if staged is None else staged
         budget = (
@@ -313,6 +319,11 @@ class BulkRead:
             job = _Job(path, fd, offset + r * stride, (k - 1) * stride + size, [(0, piece)])
             job.rows = (k, size, stride)
             self._strided.append(job)
+
+    @property
+    def started(self) -> bool:
+        """Its threads started (by `start`)."""
+        return bool(self._threads)
 
     @property
     def nbytes(self) -> int:

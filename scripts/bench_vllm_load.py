@@ -227,20 +227,20 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
     from fi_convert.servers.vllm import loader as plugin_loader
 
     tp, rank = model["tp"], model["rank"]
+    from fi_convert.format import whole_read
+
     loader = plugin_loader.FiConvertModelLoader(LoadConfig(load_format="fi-convert"))
     if dev == "cuda":  # as its load_model does, before vLLM builds the model
-        loader._buffers = host_buffers().allocate(background=True)
+        loader._ahead = whole_read.Ahead(dev)
     with vm.vllm_context("trtllm", tp, rank, device=dev, build_here=False):
         with torch.device(dev):
             layers = {p: vm.make_layer(p, src, tp) for p in prefixes}
             m = _rank_model(model, layers)
         cfg = types.SimpleNamespace(model=str(out), revision=None, quantization="fp8")
-        if loader._buffers is not None:
+        if loader._ahead is not None:
             # a real model's build (seconds) outlasts the pinned allocation it overlaps
             # (`alloc_s`); this one's few layers do not: the read starts once it is there
-            loader._buffers.block()
-        from fi_convert.format import whole_read
-
+            loader._ahead.buffers.block()
         bulk, reads = whole_read.BulkRead, []  # (another bulk_read.py's, under --alt-bulk)
 
         def wait(self):
@@ -262,9 +262,9 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
             _sync(dev)
             t2 = time.perf_counter()
     alloc_s = None
-    if loader._buffers is not None:
-        alloc_s = loader._buffers.alloc_s
-        loader._buffers.free()
+    if loader._ahead is not None:
+        alloc_s = loader._ahead.buffers.alloc_s
+        loader._ahead.close()
     said = log.info.call_args.args
     return {
         "alloc_s": alloc_s,

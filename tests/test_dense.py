@@ -16,7 +16,7 @@ from safetensors import safe_open
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.bulk_read import ReadError
 from fi_convert.errors import FiConvertError
-from fi_convert.format import dense
+from fi_convert.format import dense, whole_read
 from fi_convert.format.dense import DenseLoad
 from fi_convert.format.probe import probe
 from fi_convert.format.reader import OutputReader
@@ -582,26 +582,29 @@ def test_a_write_that_reads_what_it_writes_is_made_once(out):
 
 def _whole(out, model, device: str) -> DenseLoad:
     """A layer's experts and the model's tensors read at once, as a server's plugin reads an
-    output (`format.whole_read`); the experts' bytes checked against a read of their own."""
-    from fi_convert.format.whole_read import read_whole
-
-    with OutputReader(out) as reader:
-        prefix = next(iter(reader.layers))
-        name = next(iter(reader.layer(prefix)["tensors"]))
-        _, shape, dtype = reader.info(prefix, name)
-        got = torch.empty(shape, dtype=dtype, device=device)
-        read = read_whole(
-            reader.bulk(device),
-            lambda bulk: reader.read_into(prefix, name, 0, got, bulk),
-            lambda: DenseLoad(reader, model, model.load_weights, torch.device(device)),
-        )
-        want = torch.empty(shape, dtype=dtype)
-        reader.read_into(prefix, name, 0, want)
+    output (`format.whole_read`: what it sets up while the server builds the model first); the
+    experts' bytes checked against a read of their own."""
+    ahead = whole_read.Ahead(device)
+    try:
+        with OutputReader(out) as reader:
+            prefix = next(iter(reader.layers))
+            name = next(iter(reader.layer(prefix)["tensors"]))
+            _, shape, dtype = reader.info(prefix, name)
+            got = torch.empty(shape, dtype=dtype, device=device)
+            read = whole_read.read_whole(
+                whole_read.new_read(ahead, reader, device),
+                lambda bulk: reader.read_into(prefix, name, 0, got, bulk),
+                lambda: DenseLoad(reader, model, model.load_weights, torch.device(device)),
+            )
+            want = torch.empty(shape, dtype=dtype)
+            reader.read_into(prefix, name, 0, want)
+    finally:
+        ahead.close()
     assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
     return read.dense
 
 
-@pytest.mark.parametrize("order", ["ask-first", "threads-ahead", "ask-under-read"])  # ORDERS
+@pytest.mark.parametrize("order", whole_read.ORDERS)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device, order, monkeypatch):
     """The model's own writes while it is asked (the padding zeroed, on its stream for a GPU)
@@ -611,8 +614,6 @@ def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device, o
     the asking's writes)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from fi_convert.format import whole_read
-
     monkeypatch.setattr(whole_read, "ORDER", order)
     stored = _stored(out)
     embed = "model.embed_tokens.weight"
@@ -632,10 +633,60 @@ def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device, o
 def test_a_load_order_that_is_none_of_them_is_refused(monkeypatch):
     """`whole_read.ORDER` is a bench's setting: a misspelt one is named, before anything is
     asked or read (it would have read in another order, or not at all)."""
-    from fi_convert.format import whole_read
-
     monkeypatch.setattr(whole_read, "ORDER", "first")
     asked = []
-    with pytest.raises(ValueError, match="ORDER 'first': not one of ask-first, threads-ahead"):
+    with pytest.raises(ValueError, match="ORDER 'first': not one of threads-at-build, ask-first"):
         whole_read.read_whole(None, asked.append, lambda: asked.append("asked"))
-    assert asked == []
+    with pytest.raises(ValueError, match="ORDER 'first'"):
+        whole_read.Ahead("cpu")
+    assert asked == [] and not _readers()
+
+
+def _readers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+
+
+def test_the_readers_started_while_the_model_is_built_take_the_whole_read(out):
+    """`whole_read.Ahead` ("threads-at-build", the default order): its threads run before the
+    model is built and asked, the load's read is that read, every byte lands, and no reader
+    is left once it is done (into a GPU, its pinned block: `test_gpu.py`)."""
+    assert whole_read.ORDER == "threads-at-build"
+    stored = _stored(out)
+    model = Padded(stored, "model.embed_tokens.weight")
+    ahead = whole_read.Ahead("cpu")
+    started = list(ahead._bulk._threads)
+    assert started and all(t in _readers() for t in started)  # (waiting for their work)
+    took = []
+    real = whole_read.read_whole
+
+    def read_whole(bulk, *args):
+        took.append(bulk)
+        return real(bulk, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(whole_read, "Ahead", lambda device: ahead)
+        mp.setattr(whole_read, "read_whole", read_whole)
+        _whole(out, model, "cpu")
+    assert took[0]._threads == started and not _readers()
+    got = getattr(model, model.padded)
+    assert torch.equal(got[:-2], stored["model.embed_tokens.weight"])
+
+
+def test_readers_started_for_a_model_that_never_loads_end():
+    """The server's build fails (or is interrupted) before the read: `close` stops the threads
+    started ahead; a second close does nothing (into a GPU, the block: `test_gpu.py`)."""
+    ahead = whole_read.Ahead("cpu")
+    assert _readers() and ahead.buffers is None  # (pinned only for a GPU)
+    ahead.close()
+    assert not _readers()
+    ahead.close()
+
+
+def test_a_model_built_elsewhere_gets_a_read_of_its_own(out):
+    """The model's parameters are not where the threads started ahead copy to: those stop,
+    and the read is one of its own, into the model's device."""
+    ahead = whole_read.Ahead("cpu")
+    with OutputReader(out) as reader:
+        bulk = whole_read.new_read(ahead, reader, "meta")
+    assert bulk.device == torch.device("meta") and not bulk.started and not _readers()
+    ahead.close()

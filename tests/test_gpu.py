@@ -344,3 +344,40 @@ def test_a_read_into_cuda_gives_its_pinned_memory_back(tmp_path, monkeypatch, fa
     os.close(fd)
     assert stats()["allocated_bytes.current"] == before
     assert torch.equal(dst.cpu(), torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_what_a_load_sets_up_ahead_gives_its_pinned_memory_back(tmp_path, built):
+    """`whole_read.Ahead` into a GPU: its block pinned and its readers started while the
+    server builds the model; a read through it lands every byte; once closed, after the load
+    or after a build that failed, no reader runs and torch holds no more pinned memory than
+    before."""
+    import os
+    import threading
+    import types
+
+    from fi_convert.format import whole_read
+
+    path = tmp_path / "f.bin"
+    data = os.urandom(24 << 20)
+    path.write_bytes(data)
+    stats = torch.cuda.host_memory_stats
+    torch._C._host_emptyCache()
+    before = stats()["allocated_bytes.current"]
+    ahead = whole_read.Ahead("cuda")
+    assert ahead.buffers is not None and ahead.buffers.pinned
+    if built:
+        reader = types.SimpleNamespace(bulk=None)  # (not asked: the read started ahead)
+        bulk = whole_read.new_read(ahead, reader, torch.device("cuda"))
+        assert bulk.started
+        dst = torch.empty(24 << 20, dtype=torch.uint8, device="cuda")
+        fd = os.open(path, os.O_RDONLY)
+        bulk.add(path, fd, 0, dst)
+        bulk.more()
+        bulk.wait()
+        os.close(fd)
+        assert dst.cpu().numpy().tobytes() == data
+    ahead.close()
+    ahead.buffers.wait_freed()
+    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+    assert stats()["allocated_bytes.current"] == before

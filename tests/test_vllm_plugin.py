@@ -639,12 +639,15 @@ def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, whe
         ("while the model is asked", "ask-first"),
         ("while the model is asked", "threads-ahead"),
         ("while the model is asked", "ask-under-read"),
+        ("in the read", "threads-at-build"),
+        ("while the model is asked", "threads-at-build"),
     ],
 )
 def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypatch, when, order):
     """In the read's wait, or while the model is asked where its other tensors go, in each
     order of a load (`whole_read.ORDER`: asked first; or with the reader threads started
-    ahead, waiting for their work, or reading the experts: they end too)."""
+    ahead, while the model was built or before it was asked, waiting for their work, or
+    reading the experts: they end too)."""
     from unittest import mock
 
     from fi_convert import bulk_read
@@ -668,10 +671,13 @@ def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypa
     monkeypatch.setattr(
         bulk_read.BulkRead, "abort", lambda self: aborted.append(1) or real_abort(self)
     )
+    plugin = _loader()
+    if order == "threads-at-build":  # as load_model sets up before vLLM builds the model
+        plugin._ahead = whole_read.Ahead("cpu")
     with vm.vllm_context("trtllm", 2, 0):
         model = TinyModel(vm.make_layer(PREFIX, src, 2))
         with mock.patch.object(loader, "logger") as log, pytest.raises(KeyboardInterrupt):
-            _loader().load_weights(model, _model_config(out))
+            plugin.load_weights(model, _model_config(out))
     assert aborted
     said = log.error.call_args.args
     assert said[0] % said[1:] == (

@@ -67,9 +67,9 @@ def planted(monkeypatch):
     monkeypatch.setattr(flashinfer_utils, "_shuffle_deepseek_fp8_moe_weights", changed)
 
 
-def _load_model(out, rank=1, tp=2):
+def _load_model(out, rank=1, tp=2, build=None):
     """The plugin's `load_model` at TP 2 on this rank, with vLLM's own model building (the
-    part after the checks and the proof) recorded, not run."""
+    part after the checks and the proof) recorded, not run (or `build` run in its place)."""
     pc = types.SimpleNamespace(
         tensor_parallel_size=tp,
         enable_expert_parallel=False,
@@ -78,7 +78,7 @@ def _load_model(out, rank=1, tp=2):
         enable_eplb=False,
     )
     model_config = types.SimpleNamespace(model=str(out), revision=None, quantization="fp8")
-    built = mock.Mock(return_value="model")
+    built = mock.Mock(return_value="model", side_effect=build)
     with (
         mock.patch.object(DefaultModelLoader, "load_model", built),
         mock.patch.object(loader, "_capability", lambda: (10, 0)),
@@ -86,7 +86,12 @@ def _load_model(out, rank=1, tp=2):
         mock.patch.object(loader, "logger") as log,
     ):
         got = loader.FiConvertModelLoader(LoadConfig(load_format="fi-convert")).load_model(
-            types.SimpleNamespace(parallel_config=pc), model_config
+            types.SimpleNamespace(
+                parallel_config=pc,
+                device_config=types.SimpleNamespace(device="cpu"),
+                load_config=LoadConfig(),
+            ),
+            model_config,
         )
     lines = [c.args[0] % c.args[1:] for c in log.info.call_args_list]
     return got, built, lines
@@ -477,3 +482,24 @@ def test_a_refusal_names_the_releases_the_output_lists():
     new = {"server": "vllm", "target": {"vllm_releases": ["0.30.0", "0.34.0"]}}
     assert proof.listed_releases(old) == "==0.33.0"
     assert proof.listed_releases(new) == "0.30.0, 0.34.0"
+
+
+@pytest.mark.parametrize("fault", [RuntimeError("the model's build failed"), KeyboardInterrupt])
+def test_a_build_that_fails_stops_the_readers_started_for_it(out, fault):
+    """`load_model` starts the reader threads before vLLM builds the model
+    (`whole_read.Ahead`): a build that fails, or is interrupted, leaves none running."""
+    import threading
+
+    def readers():
+        return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+
+    seen = []
+
+    def build(*args):
+        seen.append(len(readers()))
+        raise fault
+
+    with pytest.raises(type(fault) if isinstance(fault, BaseException) else fault):
+        _load_model(out, build=build)
+    assert seen and seen[0] > 0  # started ahead of the build
+    assert not readers()

@@ -2,22 +2,35 @@
 non-expert tensors' bytes go (`dense.DenseLoad`), those ranges and the experts' are read in one
 bulk read, and the model's `load_weights` runs over the non-expert tensors once every byte is
 in place. A fault or an interrupt anywhere stops the readers and frees their memory, then goes
-on.
+on. What the read needs before it (`Ahead`: the pinned block, the reader threads) is set up
+while the server builds the model.
 
-The asking comes first, and the reader threads start with every request (`ORDER`), measured on
-an H100 against the other orders (docs/speed.md, the sixth session): with the asking under the
-experts' read, the asking, pure Python, ran slower beside 16 reader threads each taking the
-interpreter's lock between its chunks (0.05-0.06 s instead of 0.01 s once, 20-41 ms instead of
-3-6 with the lean loop); with the threads started ahead of the asking, the read's threads all
-began within 0.6 ms (not 5-9), but starting them cost as much before the read."""
+The reader threads start while the server builds the model, and the model is asked once it is
+built (`ORDER`). Measured on an H100 (docs/speed.md, the sixth session): started with the
+read, the 16th thread began 5-9 ms after the first, each start waiting for the interpreter's
+lock beside threads already reading; started just before the asking, all began within 0.6 ms
+of the read, but starting them cost as much before it; with the asking under the experts'
+read, the asking, pure Python, ran slower beside 16 reader threads each taking the
+interpreter's lock between its chunks (0.05-0.06 s instead of 0.01 s once, 20-41 ms instead
+of 3-6 with the lean loop). Started while the model is built, their start is under the build."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from ..bulk_read import BulkRead, ReadStats
+import torch
+
+from ..bulk_read import (
+    BulkRead,
+    HostBuffers,
+    ReadStats,
+    default_host_memory,
+    host_buffers,
+    read_device,
+)
 from .dense import DenseLoad
 
 
@@ -31,12 +44,70 @@ class WholeRead:
 
 
 # The order of a load, a setting for the benches (`--alt-bulk
-# set:fi_convert.format.whole_read:ORDER='ask-under-read'`): "ask-first" (the model asked, then
-# the threads started with every request), "threads-ahead" (the reader threads started, the
-# model asked, then every request at once), "ask-under-read" (the experts' read started, the
-# model asked under it, its requests joining it).
-ORDER = "ask-first"
-ORDERS = ("ask-first", "threads-ahead", "ask-under-read")
+# set:fi_convert.format.whole_read:ORDER='ask-first'`): "threads-at-build" (the reader threads
+# started while the server builds the model, `Ahead`; the model asked, then every request at
+# once), "ask-first" (the model asked, then the threads started with every request),
+# "threads-ahead" (the reader threads started, the model asked, then every request at once),
+# "ask-under-read" (the experts' read started, the model asked under it, its requests joining
+# it).
+ORDER = "threads-at-build"
+ORDERS = ("threads-at-build", "ask-first", "threads-ahead", "ask-under-read")
+
+
+class Ahead:
+    """What a server's load sets up while the server builds the model: into a GPU, the pinned
+    block (pinned in the background); in the order "threads-at-build", the read with its
+    threads started, waiting for their work. `read` hands that read to the load; `close` stops
+    the threads no load took (the build failed) and frees the block, in every case."""
+
+    def __init__(self, device: str | torch.device) -> None:
+        _check_order()
+        self.buffers: HostBuffers | None = None
+        if read_device(device).type == "cuda":
+            self.buffers = host_buffers().allocate(background=True)
+        self._bulk: BulkRead | None = None
+        if ORDER == "threads-at-build":
+            bulk = BulkRead(device, buffers=self.buffers)
+            try:
+                bulk.start(more=True)
+            except BaseException:
+                self.close()
+                raise
+            self._bulk = bulk
+
+    def read(self, reader: Any, device: str | torch.device) -> BulkRead:
+        """The read into `device` (`reader`'s, an `OutputReader`): the one started ahead, if it
+        reads there; once."""
+        bulk, self._bulk = self._bulk, None
+        if bulk is not None and bulk.device == read_device(device):
+            return bulk
+        if bulk is not None:  # (the model built elsewhere than the server said)
+            bulk.abort()
+        return reader.bulk(device, buffers=self.buffers)
+
+    def close(self) -> None:
+        if self._bulk is not None:
+            self._bulk.abort()
+            self._bulk = None
+        if self.buffers is not None:
+            self.buffers.free()
+
+
+def new_read(ahead: Ahead | None, reader: Any, device: str | torch.device) -> BulkRead:
+    """A load's read into `device`: `ahead`'s (once), or `reader`'s own."""
+    return ahead.read(reader, device) if ahead is not None else reader.bulk(device)
+
+
+def host_memory_left(ahead: Ahead | None) -> int:
+    """The host memory budget the experts' pinned buffers leave (the model's other tensors'
+    batches)."""
+    held = ahead.buffers.nbytes if ahead is not None and ahead.buffers is not None else 0
+    return default_host_memory() - held
+
+
+def _check_order() -> None:
+    if ORDER not in ORDERS:
+        raise ValueError(f"whole_read.ORDER {ORDER!r}: not one of {', '.join(ORDERS)}")
 
 
 def read_whole(
@@ -45,29 +116,28 @@ def read_whole(
     dense_load: Callable[[], DenseLoad],
 ) -> WholeRead:
     """`dense_load` asks the model where its other tensors go; `add_experts` puts the
-    experts' requests into `bulk` (not started)."""
-    if ORDER not in ORDERS:
-        raise ValueError(f"whole_read.ORDER {ORDER!r}: not one of {', '.join(ORDERS)}")
+    experts' requests into `bulk` (not started, or started by `Ahead` with more to come)."""
+    _check_order()
     dense: DenseLoad | None = None
     try:
-        if ORDER == "ask-under-read":
+        if ORDER == "ask-under-read" and not bulk.started:
             add_experts(bulk)
             moe_bytes = bulk.nbytes
             t1 = time.perf_counter()
             bulk.start(more=True)
             dense = dense_load()
         else:
-            if ORDER == "threads-ahead":
+            if ORDER == "threads-ahead" and not bulk.started:
                 bulk.start(more=True)  # its threads, waiting for their work
             dense = dense_load()
             add_experts(bulk)
             moe_bytes = bulk.nbytes
             t1 = time.perf_counter()
         dense.add_to(bulk)
-        if ORDER == "ask-first":
-            bulk.start()
-        else:
+        if bulk.started:
             bulk.more()
+        else:  # ask-first (and threads-at-build where nothing started ahead)
+            bulk.start()
         dense.prefetch()
         stats = bulk.wait()
         t2 = time.perf_counter()

@@ -32,12 +32,12 @@ from sglang.srt.model_loader.loader import (
 )
 from sglang.srt.model_loader.utils import set_default_torch_dtype
 
-from ...bulk_read import BulkRead, HostBuffers, default_host_memory, host_buffers
+from ...bulk_read import BulkRead
 from ...errors import FiConvertError
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.reader import OutputReader
-from ...format.whole_read import read_whole
+from ...format.whole_read import Ahead, host_memory_left, new_read, read_whole
 from .. import architectures as arch_facts
 from . import checks, experts, older_releases
 from .checks import PluginError
@@ -249,7 +249,7 @@ class FiConvertModelLoader(DefaultModelLoader):
     def __init__(self, load_config: LoadConfig) -> None:
         # SGLang's default loader takes the output's shards as safetensors
         super().__init__(dataclasses.replace(load_config, load_format=LoadFormat.SAFETENSORS))
-        self._buffers: HostBuffers | None = None
+        self._ahead: Ahead | None = None  # set up while the server builds the model
 
     def download_model(self, model_config: Any) -> None:
         self._root(model_config)
@@ -268,8 +268,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         name = checks.output_name(str(model_config.model_path), root)
         check_output(manifest, name, model_config)
         target_device = torch.device(device_config.device)
-        if target_device.type == "cuda":  # pinned while SGLang builds the model
-            self._buffers = host_buffers().allocate(background=True)
+        self._ahead = Ahead(target_device)  # pinned, the readers started, while SGLang builds it
         try:
             quant_config = _get_quantization_config(model_config, self.load_config)
             with set_default_torch_dtype(model_config.dtype):
@@ -277,9 +276,9 @@ class FiConvertModelLoader(DefaultModelLoader):
                     model = _initialize_model(model_config, self.load_config, quant_config)
                 self.load_output(model, root, manifest, target_device)
         finally:
-            if self._buffers is not None:
-                self._buffers.free()
-                self._buffers = None
+            if self._ahead is not None:
+                self._ahead.close()
+                self._ahead = None
         self.counter_after_loading_weights = time.perf_counter()
         return model.eval()
 
@@ -323,7 +322,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                 experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
 
         with OutputReader(root, manifest, library_check=False) as reader:
-            bulk = reader.bulk(_model_device(model), buffers=self._buffers)
+            bulk = new_read(self._ahead, reader, _model_device(model))
             try:
                 read = read_whole(
                     bulk,
@@ -333,7 +332,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                         model,
                         lambda w: _load_weights_only(model, w, target_device, layers.values()),
                         bulk.device,
-                        _left(self._buffers),
+                        host_memory_left(self._ahead),
                     ),
                 )
             except FiConvertError as e:
@@ -403,11 +402,6 @@ def _who(layers: dict[str, Any]) -> str:
         f"MoE TP rank {getattr(first, 'moe_tp_rank', 0)}, EP rank "
         f"{getattr(first, 'moe_ep_rank', 0)}/{getattr(first, 'moe_ep_size', 1)}"
     )
-
-
-def _left(buffers: HostBuffers | None) -> int:
-    """The host memory budget the experts' pinned buffers leave."""
-    return default_host_memory() - (buffers.nbytes if buffers is not None else 0)
 
 
 def postprocess(model: torch.nn.Module, converted: set, target_device: torch.device) -> None:

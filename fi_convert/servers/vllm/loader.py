@@ -24,14 +24,14 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ...bulk_read import BulkRead, HostBuffers, default_host_memory, host_buffers
+from ...bulk_read import BulkRead
 from ...errors import FiConvertError
 from ...format import manifest as mf
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.names import MANIFEST_NAME
 from ...format.reader import OutputReader
-from ...format.whole_read import read_whole
+from ...format.whole_read import Ahead, host_memory_left, new_read, read_whole
 from .. import installed_registry
 from . import checks, experts
 from .checks import PluginError
@@ -97,7 +97,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         super().__init__(dataclasses.replace(load_config, load_format="auto"))
         self._dir: Path | None = None
         self._manifest: dict | None = None
-        self._buffers: HostBuffers | None = None
+        self._ahead: Ahead | None = None  # set up while the server builds the model
 
     def _output(self, model_config: ModelConfig) -> tuple[Path, dict]:
         if self._dir is None or self._manifest is None:
@@ -167,14 +167,14 @@ class FiConvertModelLoader(DefaultModelLoader):
             from .proof import check_release  # the converter's code, for this case only
 
             logger.info("%s", check_release(m, str(root), unlisted, _moe_rank(pc)))
-        if torch.cuda.is_available():  # pinned while vLLM builds the model
-            self._buffers = host_buffers().allocate(background=True)
+        # pinned, the readers started, while vLLM builds the model
+        self._ahead = Ahead(_load_device(vllm_config))
         try:
             return super().load_model(vllm_config, model_config, prefix)
         finally:
-            if self._buffers is not None:
-                self._buffers.free()
-                self._buffers = None
+            if self._ahead is not None:
+                self._ahead.close()
+                self._ahead = None
 
     def load_weights(self, model: Any, model_config: ModelConfig) -> None:
         root, m = self._output(model_config)
@@ -226,13 +226,17 @@ class FiConvertModelLoader(DefaultModelLoader):
                     loaded.add(f"{name}.{p}")
 
         with OutputReader(root, m, library_check=False) as reader:
-            bulk = reader.bulk(_model_device(model), buffers=self._buffers)
+            bulk = new_read(self._ahead, reader, _model_device(model))
             try:
                 read = read_whole(
                     bulk,
                     add_experts,
                     lambda: DenseLoad(
-                        reader, model, model.load_weights, bulk.device, _left(self._buffers)
+                        reader,
+                        model,
+                        model.load_weights,
+                        bulk.device,
+                        host_memory_left(self._ahead),
                     ),
                 )
             except FiConvertError as e:
@@ -293,6 +297,12 @@ def mtp_layers(manifest: dict, config: Any) -> set[str]:
     }
 
 
+def _load_device(vllm_config: VllmConfig) -> Any:
+    """Where vLLM builds and loads the model (its `DefaultModelLoader.load_model`'s rule)."""
+    device = getattr(vllm_config.load_config, "device", None)
+    return vllm_config.device_config.device if device is None else device
+
+
 def _model_device(model: torch.nn.Module) -> torch.device:
     """Where the model's parameters live (the reads go there)."""
     for p in model.parameters():
@@ -307,8 +317,3 @@ def _who(split: Any) -> str:
     if split.use_ep:
         return f"EP rank {split.ep_rank}/{split.ep_size}"
     return f"TP rank {split.tp_rank}/{split.tp_size}"
-
-
-def _left(buffers: HostBuffers | None) -> int:
-    """The host memory budget the experts' pinned buffers leave."""
-    return default_host_memory() - (buffers.nbytes if buffers is not None else 0)
