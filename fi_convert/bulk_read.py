@@ -182,7 +182,7 @@ def _alloc_failure(nbytes: int, pinned: bool, e: BaseException | None) -> str:
     """The one line for a host block that could not be allocated: its budget is the fix only
     where memory ran out; any other cause is named as it is."""
     what = f"cannot allocate {nbytes} bytes of {'pinned ' if pinned else ''}host memory"
-    text = str(e).strip().splitlines()[0] if e is not None and str(e).strip() else repr(e)
+    text = _first_line(e)
     if _out_of_memory(e):
         return f"{what} (out of memory: {text}); lower {HOST_MEMORY_ENV} or {THREADS_ENV}"
     return f"{what} ({text}); this is not a lack of memory: check the CUDA driver and torch"
@@ -589,11 +589,10 @@ class BulkRead:
                 self._loop_driver(todo, drv, stream.cuda_stream, bufs, views, events)
             else:
                 self._loop_torch(todo, stream, bufs, views)
-        finally:
-            if stream is not None:
-                stream.synchronize()  # no copy reads the buffers once this thread ends
-            for ev in events:
-                drv.destroy(ev)  # type: ignore[union-attr]
+        except BaseException:
+            _end_copies(stream, drv, events, failed=True)  # (the thread's own fault stands)
+            raise
+        _end_copies(stream, drv, events)
 
     def _loop_driver(
         self,
@@ -705,6 +704,30 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _end_copies(
+    stream: Any, drv: cuda_driver.Driver | None, events: list[int], failed: bool = False
+) -> None:
+    """A reader's end: its stream's copies done (none reads its buffers once it ends), its
+    events destroyed. A GPU that failed under them (a fault is sticky: torch's error is many
+    lines) is one line, unless the reader's own fault is on its way already (`failed`)."""
+    try:
+        if stream is not None:
+            stream.synchronize()
+        for ev in events:
+            drv.destroy(ev)  # type: ignore[union-attr]
+    except Exception as e:
+        if not failed:
+            raise cuda_driver.CudaError(
+                f"the read's copies into the GPU failed ({_first_line(e)}); check the GPU "
+                "(nvidia-smi: its errors, its memory), then try again"
+            ) from None
+
+
+def _first_line(e: BaseException | None) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
 
 
 def _bare(e: BaseException) -> BaseException:

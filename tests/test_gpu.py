@@ -381,3 +381,50 @@ def test_what_a_load_sets_up_ahead_gives_its_pinned_memory_back(tmp_path, built)
     ahead.buffers.wait_freed()
     assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
     assert stats()["allocated_bytes.current"] == before
+
+
+@pytest.mark.parametrize("first", [None, "copy"])
+def test_a_gpu_that_fails_under_the_reads_copies_is_one_line(tmp_path, monkeypatch, first):
+    """torch's error for a GPU that faulted is many lines: where a reader's last wait for its
+    copies meets it, the read's error is one line naming the copies and the fix; where the
+    reader's own fault came first (a failed copy, naming the file), that one stands."""
+    import os
+
+    from fi_convert import cuda_driver
+    from fi_convert.bulk_read import BulkRead, HostBuffers
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(8 << 20))
+    fd = os.open(path, os.O_RDONLY)
+
+    def faulted(self):
+        raise RuntimeError(
+            "CUDA error: an illegal memory access was encountered\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call"
+        )
+
+    def failed(self, *a):
+        raise cuda_driver.CudaError("the CUDA driver's cuMemcpyHtoDAsync failed (test)")
+
+    block = HostBuffers(16 << 20).allocate()  # (the owner's: freed once the test is done)
+    dst = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    with monkeypatch.context() as mp:
+        mp.setattr(torch.cuda.Stream, "synchronize", faulted)
+        if first:
+            mp.setattr(cuda_driver.Driver, "copy_to_device", failed)
+        bulk = BulkRead("cuda", threads=2, buffers=block)
+        bulk.add(path, fd, 0, dst)
+        with pytest.raises(cuda_driver.CudaError) as e:
+            bulk.run()
+    os.close(fd)
+    torch.cuda.synchronize()
+    block.free(background=False)
+    msg = str(e.value)
+    assert "\n" not in msg
+    if first:
+        assert msg.startswith(f"{path}: ") and "cuMemcpyHtoDAsync failed" in msg
+    else:
+        assert msg.startswith(
+            "the read's copies into the GPU failed (CUDA error: an illegal memory access was "
+            "encountered); check the GPU"
+        )
