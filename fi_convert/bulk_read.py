@@ -38,14 +38,16 @@ from .sizes import SIZE_HELP, parse_size
 THREADS_ENV = "FI_CONVERT_READ_THREADS"
 HOST_MEMORY_ENV = "FI_CONVERT_HOST_MEMORY"
 DEFAULT_HOST_MEMORY = 1 << 30  # pinned host memory of a read into a GPU, at most
-# On the GPU machine (16 CPUs) the plugins' whole load of a rank was fastest at 16 threads x 16
-# MiB chunks: on an H100 (2026-12-06), rank 0 of TP 8 of gpt-oss-120b took 61 ms at 16 MiB, 66 at
-# 8 and 73 at 4, though a plain parallel copy of the same bytes is fastest at 4 MiB
-# (docs/bench/h100-vllm-load-chunks-2026-12-06.json): 512 MiB pinned, which the vLLM plugin pins
-# while vLLM builds the model
+# On the GPU machine (16 CPUs) the plugins' whole load of a rank is fastest at 16 threads x 4 MiB
+# chunks, as a plain parallel copy of the same bytes is: on an H100 (2026-12-06, seventh
+# session), rank 0 of TP 8 took 48-52 ms at 4 MiB against 54-60 at 16 and 54 at 8 for
+# gpt-oss-120b, 63-68 against 79-81 and 72 for Qwen3-30B-A3B, 78-100 at 2 (docs/speed.md;
+# docs/bench/h100-vllm-load-chunks-order-2026-12-06.json). Before the readers' copies were the
+# driver's own calls, each chunk cost more and 16 MiB was faster (61 ms against 73 at 4).
+# 128 MiB pinned, which the plugins pin while the server builds the model
 MAX_THREADS = 16
 THREADS_CAP = 128  # more reader threads than this is a mistake, not a setting
-CHUNK = 16 << 20  # bytes read and copied at once by one thread
+CHUNK = 4 << 20  # bytes read and copied at once by one thread
 MIN_CHUNK = 1 << 20
 DEPTH = 2  # pinned buffers per thread: one is read into while the other is copied out
 GAP = 1 << 20  # two ranges of a file this close are read as one (the gap is read and dropped)

@@ -156,7 +156,8 @@ def test_long_ranges_are_cut_into_chunks_for_the_threads(two_files):
 
 
 def test_the_host_memory_budget_bounds_threads_times_buffers():
-    assert fit(16, 1 << 30) == (16, 16 * MiB)  # 512 MiB of buffers
+    assert fit(16, 1 << 30) == (16, bulk_read.CHUNK)  # 16 x 2 x 4 MiB: 128 MiB of buffers
+    assert fit(16, 1 << 30, 16 * MiB) == (16, 16 * MiB)  # 512 MiB
     assert fit(16, 64 * MiB) == (16, 2 * MiB)  # smaller chunks first
     assert fit(16, 8 * MiB) == (4, MiB)  # then fewer threads
     for threads, budget in [(16, 1 << 30), (8, 100 * MiB), (3, 5 * MiB), (64, 2 * MiB)]:

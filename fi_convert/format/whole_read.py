@@ -6,13 +6,16 @@ on. What the read needs before it (`Ahead`: the pinned block, the reader threads
 while the server builds the model.
 
 The reader threads start while the server builds the model, and the model is asked once it is
-built (`ORDER`). Measured on an H100 (docs/speed.md, the sixth session): started with the
-read, the 16th thread began 5-9 ms after the first, each start waiting for the interpreter's
-lock beside threads already reading; started just before the asking, all began within 0.6 ms
-of the read, but starting them cost as much before it; with the asking under the experts'
-read, the asking, pure Python, ran slower beside 16 reader threads each taking the
-interpreter's lock between its chunks (0.05-0.06 s instead of 0.01 s once, 20-41 ms instead
-of 3-6 with the lean loop). Started while the model is built, their start is under the build."""
+built (`ORDER`). Measured on an H100 (docs/speed.md, the sixth and seventh sessions): started
+with the read, the 16th thread began 5-9 ms after the first, each start waiting for the
+interpreter's lock beside threads already reading; started just before the asking, all began
+within 0.6 ms of the read, but starting them cost as much before it; started while the model
+is built, their start is under the build: at 4 MiB chunks, rank 0 of TP 8 of gpt-oss-120b in
+48 ms against 57 asked first, Qwen3-30B-A3B in 68 against 73 (medians of 5 on a noisy host;
+per run against the limit, 1.17 against 1.42, and 1.35 against 1.23); at 16 MiB the two orders
+were even. With the asking under the experts' read, the asking, pure Python, ran slower beside
+16 reader threads each taking the interpreter's lock between its chunks (20-41 ms instead of
+3-6 with the lean loop)."""
 
 from __future__ import annotations
 
