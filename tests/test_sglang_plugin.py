@@ -989,6 +989,43 @@ def test_a_whole_model_refusal_comes_before_anything_is_built(registered, output
         _model(registered, out, "fi-convert", "trtllm")
 
 
+@pytest.mark.parametrize("fault", ["build", "setting"])
+def test_the_readers_started_for_a_build_that_fails_are_stopped(
+    registered, outputs, monkeypatch, fault
+):
+    """The load starts its reader threads before SGLang builds the model
+    (`whole_read.Ahead`): a build that fails leaves none running; a read setting that is
+    wrong is one line, before anything is built."""
+    import threading
+
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
+    out = outputs("hf-qwen3", "trtllm", 1)
+    seen = []
+
+    def build(*args, **kwargs):
+        seen.append([t for t in threading.enumerate() if t.name.startswith("fi-convert-read")])
+        raise RuntimeError("the model's build failed")
+
+    if fault == "setting":
+        monkeypatch.setenv("FI_CONVERT_READ_THREADS", "0")
+    error = RuntimeError if fault == "build" else PluginError
+    with sm.sglang_context("trtllm", 1, 0):
+        from fi_convert.servers.sglang import loader  # (under SGLang's stand-ins)
+
+        with (
+            mock.patch.object(loader, "_initialize_model", side_effect=build),
+            pytest.raises(error) as e,
+        ):
+            _model(registered, out, "fi-convert", "trtllm")
+    if fault == "build":
+        assert seen and seen[0]  # started ahead of the build
+    else:
+        assert not seen and str(e.value) == (
+            "fi-convert: FI_CONVERT_READ_THREADS='0': not a thread count; give 1 to 128"
+        )
+    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+
+
 # ---- a Hub repo id as --model-path (tests/hub_server.py's fake Hub) ----
 
 HUB_REPO = "acme/qwen3-moe-fi-sglang"

@@ -503,3 +503,19 @@ def test_a_build_that_fails_stops_the_readers_started_for_it(out, fault):
         _load_model(out, build=build)
     assert seen and seen[0] > 0  # started ahead of the build
     assert not readers()
+
+
+def test_a_read_setting_that_is_wrong_is_one_line_before_the_build(out, monkeypatch):
+    """`FI_CONVERT_READ_THREADS` is read as the load sets up its readers, before vLLM builds
+    the model: a wrong one is the plugin's one line, and nothing is built or left running."""
+    import threading
+
+    monkeypatch.setenv("FI_CONVERT_READ_THREADS", "many")
+    built = []
+    with pytest.raises(PluginError) as e:
+        _load_model(out, build=lambda *a: built.append(1))
+    assert str(e.value) == (
+        "fi-convert: FI_CONVERT_READ_THREADS='many': not a thread count; give 1 to 128"
+    )
+    assert not built
+    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]

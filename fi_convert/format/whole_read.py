@@ -64,19 +64,20 @@ class Ahead:
     the threads no load took (the build failed) and frees the block, in every case."""
 
     def __init__(self, device: str | torch.device) -> None:
+        """A setting that is wrong (`FI_CONVERT_READ_THREADS`, `FI_CONVERT_HOST_MEMORY`) is
+        its one-line `ReadError`, with nothing left pinned or running."""
         _check_order()
         self.buffers: HostBuffers | None = None
-        if read_device(device).type == "cuda":
-            self.buffers = host_buffers().allocate(background=True)
         self._bulk: BulkRead | None = None
-        if ORDER == "threads-at-build":
-            bulk = BulkRead(device, buffers=self.buffers)
-            try:
-                bulk.start(more=True)
-            except BaseException:
-                self.close()
-                raise
-            self._bulk = bulk
+        try:
+            if read_device(device).type == "cuda":
+                self.buffers = host_buffers().allocate(background=True)
+            if ORDER == "threads-at-build":
+                self._bulk = BulkRead(device, buffers=self.buffers)
+                self._bulk.start(more=True)
+        except BaseException:
+            self.close()
+            raise
 
     def read(self, reader: Any, device: str | torch.device) -> BulkRead:
         """The read into `device` (`reader`'s, an `OutputReader`): the one started ahead, if it

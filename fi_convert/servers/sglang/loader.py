@@ -268,7 +268,10 @@ class FiConvertModelLoader(DefaultModelLoader):
         name = checks.output_name(str(model_config.model_path), root)
         check_output(manifest, name, model_config)
         target_device = torch.device(device_config.device)
-        self._ahead = Ahead(target_device)  # pinned, the readers started, while SGLang builds it
+        try:  # pinned, the readers started, while SGLang builds the model
+            self._ahead = Ahead(target_device)
+        except FiConvertError as e:
+            raise PluginError(f"{e}") from None
         try:
             quant_config = _get_quantization_config(model_config, self.load_config)
             with set_default_torch_dtype(model_config.dtype):

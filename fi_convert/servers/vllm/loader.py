@@ -167,8 +167,10 @@ class FiConvertModelLoader(DefaultModelLoader):
             from .proof import check_release  # the converter's code, for this case only
 
             logger.info("%s", check_release(m, str(root), unlisted, _moe_rank(pc)))
-        # pinned, the readers started, while vLLM builds the model
-        self._ahead = Ahead(_load_device(vllm_config))
+        try:  # pinned, the readers started, while vLLM builds the model
+            self._ahead = Ahead(_load_device(vllm_config))
+        except FiConvertError as e:
+            raise PluginError(f"{e}") from None
         try:
             return super().load_model(vllm_config, model_config, prefix)
         finally:
