@@ -1037,8 +1037,9 @@ def test_sglangs_own_load_of_ming_omni_fails(tmp_path, arch):
 def test_ming_omni_is_refused_for_sglang_in_one_line(tmp_path, arch):
     """A Ming-Omni checkpoint is Ling 2.0's family under llm_config (a wrapper), so it was
     converted for SGLang, which cannot load it (above): refused when planned, one line naming
-    SGLang's reason and that no vLLM release has the class either, nothing written; for vLLM it
-    plans, listing no release that serves it (its registry has no such class)."""
+    SGLang's reason and that no vLLM release has the class either, nothing written; for vLLM
+    too (no release's registry has the class: an output would list no release that serves
+    it), and `inspect` says so."""
     from tests.test_errors import error_line
 
     from .conftest import cli
@@ -1053,10 +1054,16 @@ def test_ming_omni_is_refused_for_sglang_in_one_line(tmp_path, arch):
         ), line
         assert line.endswith("nor vLLM (--server vllm: no release's registry has it)"), line
         assert not out.exists()
-    res = cli("inspect", src, "--server", "vllm")
-    assert res.exit_code == 0, res.output
-    assert "vllm_releases: none" in res.stdout
-    assert f"its model registry has no {arch}" in res.stdout
+    for command in ("convert", "inspect"):
+        args = (src, out) if command == "convert" else (src,)
+        line = error_line(cli(command, *args, "--server", "vllm"))
+        assert line == (
+            "error: --scheme bf16 --backend trtllm --server vllm: no vLLM release serves its "
+            f"model (vLLM 0.30.0, 0.31.0, 0.32.0, 0.33.0, 0.34.0: its model registry has no "
+            f"{arch}), so none could serve its output; see whether SGLang does (inspect "
+            "--server sglang), or serve the checkpoint as it is"
+        ), line
+        assert not out.exists()
 
 
 def test_sglangs_intern_s1_pro_model_is_not_built(tmp_path_factory):

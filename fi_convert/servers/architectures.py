@@ -95,6 +95,16 @@ def _key(item: tuple[str, object]) -> Version:
     return Version(item[0])
 
 
+def unserved(server: str, archs: Sequence[str]) -> str | None:
+    """Why no release of `server` that fi-convert knows has a model for a source of `archs`,
+    release by release (None: some has one, or the source names no architecture)."""
+    f = facts(server)
+    known = list(f.releases)
+    if not archs or f.serving(archs, known):
+        return None
+    return f.left_out(archs, known)
+
+
 def of_manifest(m: Mapping) -> list[str]:
     """The source's architectures the manifest records (config.json's), [] where it records
     none (an output written before the field, or a config.json without them)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ...target import VLLM_LAYOUT, Layout, Refusal, release_rows
+from .. import architectures as arch_facts
 from . import releases
 from . import routing as routing_facts
 
@@ -222,6 +223,17 @@ class VllmTarget:
             return (
                 f"vLLM 0.33 has no model class for {NO_MODEL_CLASS[absent]} ({absent}); "
                 "convert with --server sglang"
+            )
+        # the server picks its model class by config.json's own architectures (those of a
+        # wrapper's language model aside), as the output's manifest records them
+        listed = (config or {}).get("architectures")
+        named = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
+        unserved = arch_facts.unserved("vllm", named)
+        if unserved:  # (a wrapper over a family's language model, of a class no release has)
+            return (
+                f"no vLLM release serves its model ({unserved}), so none could serve its "
+                "output; see whether SGLang does (inspect --server sglang), or serve the "
+                "checkpoint as it is"
             )
         unproven = next((a for a in architectures if a in NOT_PROVEN), None)
         if unproven:
