@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ...families import served_architectures
 from ...target import VLLM_LAYOUT, Layout, Refusal, release_rows
 from .. import architectures as arch_facts
 from . import releases
@@ -226,9 +227,7 @@ class VllmTarget:
             )
         # the server picks its model class by config.json's own architectures (those of a
         # wrapper's language model aside), as the output's manifest records them
-        listed = (config or {}).get("architectures")
-        named = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
-        unserved = arch_facts.unserved("vllm", named)
+        unserved = arch_facts.unserved("vllm", served_architectures(dict(config or {})))
         if unserved:  # (a wrapper over a family's language model, of a class no release has)
             return (
                 f"no vLLM release serves its model ({unserved}), so none could serve its "
