@@ -21,6 +21,7 @@ def limit_path(
     fresh: bool = False,
     block: bool | torch.Tensor = False,
     driver: bool = True,
+    ready: bool = False,
 ) -> dict:
     """Plain parallel reads of `spans` into preallocated pinned buffers, copied to one
     preallocated device buffer on each thread's own stream (into host memory on CPU). With
@@ -32,7 +33,11 @@ def limit_path(
     destinations cut before the clock starts): every call gives up the interpreter's lock and
     waits to take it back. Into a GPU its copies and events are the CUDA driver's own calls on
     plain addresses, as `BulkRead`'s are (`fi_convert.cuda_driver`): 0.88-0.93 of the time of
-    the same loop through torch on an H100 (2026-12-06); `driver=False` makes them torch's."""
+    the same loop through torch on an H100 (2026-12-06); `driver=False` makes them torch's.
+    With `ready`, the threads are started (their buffers' views, events and context made)
+    before the clock, and wait for it: the read alone, without the threads' start, which a
+    server's plugin makes while the model is built (the 16th thread started 5-9 ms after the
+    first, each start waiting for the interpreter's lock beside the threads reading)."""
     total = sum(s for *_, s in spans)
     dst = (torch.empty if fresh else torch.zeros)(total, dtype=torch.uint8, device=dev)
     fds = {p: os.open(p, os.O_RDONLY) for p in {s[0] for s in spans}}
@@ -58,6 +63,10 @@ def limit_path(
         ]
     streams = [torch.cuda.Stream() if cuda else None for _ in range(threads)]
     nxt, lock = iter(jobs), threading.Lock()
+    go = threading.Event()
+    if not ready:
+        go.set()
+    set_up = threading.Barrier(threads + 1) if ready else None
     drv = cuda_driver.driver() if cuda and driver else None
     if drv is not None:
         ctx = drv.current_context()
@@ -80,6 +89,7 @@ def limit_path(
         views = [memoryview(b.numpy()).cast("B") for b in bufs[k]]
         base = [b.data_ptr() for b in bufs[k]]
         events = [drv.event() for _ in range(2)]
+        _ready(set_up, go)
         for i, (fd, off, n, to) in enumerate(taken()):
             if i >= 2:
                 drv.wait(events[i % 2])
@@ -96,6 +106,7 @@ def limit_path(
         events = [torch.cuda.Event() for _ in range(2)] if cuda else []
         if cuda:
             torch.cuda.set_stream(streams[k])
+        _ready(set_up, go)
         for i, (fd, off, n, to) in enumerate(taken()):
             if not cuda:
                 os.preadv(fd, [memoryview(to.numpy()).cast("B")], off)
@@ -109,12 +120,17 @@ def limit_path(
         if cuda:
             streams[k].synchronize()
 
-    t0 = time.perf_counter()
     ts = [
         threading.Thread(target=work if drv is None else work_driver, args=(k,))
         for k in range(threads)
     ]
-    for t in ts:
+    if ready:
+        for t in ts:
+            t.start()
+        set_up.wait()  # type: ignore[union-attr]
+    t0 = time.perf_counter()
+    go.set()
+    for t in ts if not ready else ():
         t.start()
     for t in ts:
         t.join()
@@ -124,3 +140,10 @@ def limit_path(
     for fd in fds.values():
         os.close(fd)
     return {"read_s": seconds, "bytes": total, "threads": threads, "chunk": chunk}
+
+
+def _ready(set_up: threading.Barrier | None, go: threading.Event) -> None:
+    """A thread set up; with `set_up`, it waits for the clock."""
+    if set_up is not None:
+        set_up.wait()
+        go.wait()

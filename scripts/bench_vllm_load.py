@@ -248,10 +248,12 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
             return stats
 
         wait.real = bulk.wait
+        phases: dict[str, float] = {}
         with (
             Peak(dev) as peak,
             mock.patch.object(plugin_loader, "logger") as log,
             mock.patch.object(bulk, "wait", wait),
+            _timed(phases),
         ):
             t0 = time.perf_counter()
             loader.load_weights(m, cfg)
@@ -274,8 +276,53 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
         "line": said[0] % said[1:],
         # the whole read's jobs and when each thread ran out of them (its tail)
         "jobs": [getattr(r, "jobs", None) for r in reads],
+        "phases_s": phases,
         "thread_ends_s": [getattr(r, "thread_ends", None) for r in reads],
     }
+
+
+# the load's steps timed in each whole-model run (module, owner attribute or None, name)
+PHASES = (
+    ("fi_convert.format.dense", "DenseLoad", "_infos"),
+    ("fi_convert.format.dense", None, "_held"),
+    ("fi_convert.format.dense", None, "probe"),
+    ("fi_convert.format.dense", None, "_once"),
+    ("fi_convert.format.dense", "DenseLoad", "add_to"),
+    ("fi_convert.format.dense", "DenseLoad", "prefetch"),
+    ("fi_convert.format.dense", "DenseLoad", "finish"),
+    ("fi_convert.servers.vllm.experts", None, "install"),
+    ("fi_convert.bulk_read", "BulkRead", "_plan"),
+    ("fi_convert.bulk_read", "BulkRead", "_check_sizes"),
+    ("fi_convert.bulk_read", "BulkRead", "_queue"),
+    ("fi_convert.bulk_read", "BulkRead", "_check_unchanged"),
+)
+
+
+@contextlib.contextmanager
+def _timed(into: dict[str, float]):
+    """Each step of PHASES timed (seconds summed over its calls) into `into` (the whole-model
+    runs: where the load's time outside the readers goes)."""
+    import functools
+    import importlib
+    from unittest import mock
+
+    with contextlib.ExitStack() as stack:
+        for module, owner, name in PHASES:
+            target = importlib.import_module(module)
+            target = getattr(target, owner) if owner else target
+            real = getattr(target, name, None)
+            if real is None:  # (another tree's bulk_read.py under --alt-bulk)
+                continue
+
+            def timer(*a, _real=real, _name=name, **kw):
+                t = time.perf_counter()
+                try:
+                    return _real(*a, **kw)
+                finally:
+                    into[_name] = into.get(_name, 0.0) + time.perf_counter() - t
+
+            stack.enter_context(mock.patch.object(target, name, functools.wraps(real)(timer)))
+        yield
 
 
 # -- the limit -----------------------------------------------------------------------------
@@ -376,6 +423,7 @@ def read_gap(
     alt = alt or {}
     runs: dict[str, list[float]] = {"limit": []}
     runs |= {"limit torch": []} if dev == "cuda" else {}  # (its copies torch's)
+    runs |= {"limit ready": []}  # (its threads started before the clock)
     runs |= {"bulk": [], "plugin": []} | {f"plugin {name}": [] for name in alt}
     lines: list[str] = []  # the plugin's log line of each whole-model run
     tails: list[dict] = []  # its read's jobs and when each thread ran out of them
@@ -383,7 +431,10 @@ def read_gap(
     for k in range(n):
         for side in sides[k % len(sides) :] + sides[: k % len(sides)]:
             if side.startswith("limit"):
-                runs[side].append(limit_path(spans, dev, *limit, driver=side == "limit")["read_s"])
+                r = limit_path(
+                    spans, dev, *limit, driver=side != "limit torch", ready=side == "limit ready"
+                )
+                runs[side].append(r["read_s"])
             elif side == "bulk":
                 runs[side].append(bulk_path(spans, dev)["read_s"])
             else:
@@ -392,7 +443,14 @@ def read_gap(
                     if model is not None:
                         r = plugin_model_path(src, out, case["prefixes"], dev, model)
                         lines.append(f"[{side}] {r['line']}")
-                        tails.append({"side": side, "jobs": r["jobs"], "ends": r["thread_ends_s"]})
+                        tails.append(
+                            {
+                                "side": side,
+                                "jobs": r["jobs"],
+                                "ends": r["thread_ends_s"],
+                                "phases_ms": {k: v * 1e3 for k, v in r["phases_s"].items()},
+                            }
+                        )
                     else:
                         r = plugin_path(src, out, case["prefixes"], dev)
                 runs[side].append(r["read_s"])
