@@ -295,6 +295,14 @@ PHASES = (
     ("fi_convert.bulk_read", "BulkRead", "_check_sizes"),
     ("fi_convert.bulk_read", "BulkRead", "_queue"),
     ("fi_convert.bulk_read", "BulkRead", "_check_unchanged"),
+    ("fi_convert.servers.vllm.loader", None, "moe_layers"),
+    ("fi_convert.servers.vllm.loader", None, "mtp_layers"),
+    ("fi_convert.servers.vllm.checks", None, "check_layer"),
+    ("fi_convert.servers.vllm.checks", None, "check_split"),
+    ("fi_convert.servers.vllm.checks", None, "check_sizes"),
+    ("fi_convert.servers.vllm.experts", None, "set_up_kernel_only"),
+    ("fi_convert.servers.vllm.loader", "FiConvertModelLoader", "track_weights_loading"),
+    ("fi_convert.format.load_report", "LoadReport", "line"),
 )
 
 
