@@ -397,6 +397,28 @@ def test_a_file_written_while_it_is_read_is_refused(tmp_path, monkeypatch):
     )
 
 
+def test_the_file_written_while_it_is_read_is_the_one_named(two_files, monkeypatch):
+    """Each file of a read is checked once at its end (not each job's): a write in place into
+    the second of two files is refused naming that file, after both were read."""
+    data, fds = two_files
+    _, second = data
+    bulk = BulkRead("cpu", threads=2)
+    for path, fd in fds.items():
+        bulk.add(path, fd, 0, torch.empty(len(data[path]), dtype=torch.uint8))
+    real = os.preadv
+
+    def touch_second(fd, bufs, offset):
+        if fd == fds[second]:
+            st = os.stat(second)
+            os.utime(second, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(bulk_read.os, "preadv", touch_second)
+    with pytest.raises(ReadError) as e:
+        bulk.run()
+    assert str(e.value).startswith(f"{second}: changed while it was loaded")
+
+
 def test_a_shard_replaced_between_its_header_and_its_open_is_refused(tmp_path, monkeypatch):
     from fi_convert import Backend, Options, SchemeName, convert
     from fi_convert.errors import ManifestError
