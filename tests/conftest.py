@@ -5,6 +5,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,11 @@ def cli(*args: object, env: dict[str, str] | None = None) -> Result:
 # The servers fi-convert serves; a test that needs one installed is marked with its name
 # (pytest.mark.vllm, pytest.mark.sglang), and every test of a module `test_<server>*.py` is.
 SERVERS = ("vllm", "sglang")
+
+
+def reader_threads() -> list[threading.Thread]:
+    """`BulkRead`'s reader threads alive now (named fi-convert-read-K)."""
+    return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read-")]
 
 
 def pytest_addoption(parser):

@@ -23,6 +23,8 @@ import torch
 from fi_convert import bulk_read
 from fi_convert.bulk_read import GAP, MIN_CHUNK, BulkRead, ReadError, fit
 
+from .conftest import reader_threads
+
 MiB = 1 << 20
 
 
@@ -30,10 +32,6 @@ def _file(path: Path, size: int, seed: int = 0) -> bytes:
     data = random.Random(seed).randbytes(size)
     path.write_bytes(data)
     return data
-
-
-def _reader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read-")]
 
 
 @pytest.fixture
@@ -78,7 +76,7 @@ def test_every_range_lands_in_its_destination(two_files, staged, seed):
         assert dst.numpy().tobytes() == raw
     assert stats.bytes == sum(len(raw) for _, raw in want)
     assert stats.read_bytes >= stats.bytes
-    assert bulk.pinned_bytes == 0 and not _reader_threads()
+    assert bulk.pinned_bytes == 0 and not reader_threads()
     # its jobs, none over a chunk, and when each of the 3 threads ran out of them, in order
     assert stats.jobs >= -(-stats.read_bytes // MIN_CHUNK)
     assert len(stats.thread_ends) == stats.threads == 3
@@ -110,7 +108,7 @@ def test_rows_a_stride_apart_land_one_after_another(two_files, staged, rows, siz
     stats = bulk.run()
     want = b"".join(raw[777 + r * stride : 777 + r * stride + size] for r in range(rows))
     assert dst.numpy().tobytes() == want and stats.bytes == rows * size
-    assert not _reader_threads()
+    assert not reader_threads()
 
 
 def test_destinations_of_any_dtype_and_shape_take_the_bytes(two_files):
@@ -283,7 +281,7 @@ def _one_tensor(path: Path, fd: int, staged: bool, size: int = 6 * MiB) -> BulkR
 
 
 def _ends_clean(bulk: BulkRead) -> None:
-    assert not _reader_threads()
+    assert not reader_threads()
     assert bulk.pinned_bytes == 0
 
 
@@ -667,7 +665,7 @@ def test_requests_added_while_the_read_runs_join_it(two_files, staged, first):
 
     add(spans[:first])
     bulk.start(more=True)
-    assert len(_reader_threads()) == 3
+    assert len(reader_threads()) == 3
     half = first + (len(spans) - first) // 2
     add(spans[first:half])
     bulk.more()
@@ -678,7 +676,7 @@ def test_requests_added_while_the_read_runs_join_it(two_files, staged, first):
         assert dst.numpy().tobytes() == raw
     assert stats.bytes == sum(len(raw) for _, raw in want) and stats.threads == 3
     assert stats.read_bytes >= stats.bytes and 0 < stats.seconds < 60
-    assert bulk.pinned_bytes == 0 and not _reader_threads()
+    assert bulk.pinned_bytes == 0 and not reader_threads()
     with pytest.raises(ValueError, match="not started with more=True, or ended"):
         bulk.more()
 
@@ -692,12 +690,12 @@ def test_a_read_waiting_for_more_requests_stops_when_aborted(two_files, staged):
     path = next(iter(data))
     bulk = BulkRead("cpu", threads=2, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
     bulk.start(more=True)
-    assert len(_reader_threads()) == 2
+    assert len(reader_threads()) == 2
     bulk.add(path, fds[path], len(data[path]) - 10, torch.empty(20, dtype=torch.uint8))
     with pytest.raises(ReadError, match="the file is truncated"):
         bulk.more()
     bulk.abort()
-    assert not _reader_threads() and bulk.pinned_bytes == 0
+    assert not reader_threads() and bulk.pinned_bytes == 0
 
 
 def test_a_read_that_never_got_a_request_ends_at_once(two_files):
@@ -707,4 +705,4 @@ def test_a_read_that_never_got_a_request_ends_at_once(two_files):
     bulk.start(more=True)
     stats = bulk.wait()
     assert (stats.bytes, stats.read_bytes, stats.seconds, stats.jobs) == (0, 0, 0.0, 0)
-    assert not _reader_threads() and bulk.pinned_bytes == 0
+    assert not reader_threads() and bulk.pinned_bytes == 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 
 import pytest
 import torch
@@ -21,6 +20,8 @@ from fi_convert.format.dense import DenseLoad
 from fi_convert.format.probe import probe
 from fi_convert.format.reader import OutputReader
 from fi_convert.testing.synthetic import Spec, write_checkpoint
+
+from .conftest import reader_threads
 
 SPEC = Spec("deepseek-v3", layers=3, dense_layers=1, experts=8, quant="fp8-block", vocab=512)
 F32 = torch.float32
@@ -497,7 +498,7 @@ def test_ctrl_c_in_a_batch_read_stops_its_threads(out, monkeypatch):
             d.finish()
         d.abort()
         monkeypatch.setattr(bulk_read.BulkRead, "wait", real)
-    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+    assert not reader_threads()
 
 
 def test_an_error_of_the_models_own_comes_out_of_the_load(out):
@@ -639,11 +640,7 @@ def test_a_load_order_that_is_none_of_them_is_refused(monkeypatch):
         whole_read.read_whole(None, asked.append, lambda: asked.append("asked"))
     with pytest.raises(ValueError, match="ORDER 'first'"):
         whole_read.Ahead("cpu")
-    assert asked == [] and not _readers()
-
-
-def _readers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+    assert asked == [] and not reader_threads()
 
 
 def test_the_readers_started_while_the_model_is_built_take_the_whole_read(out):
@@ -655,7 +652,7 @@ def test_the_readers_started_while_the_model_is_built_take_the_whole_read(out):
     model = Padded(stored, "model.embed_tokens.weight")
     ahead = whole_read.Ahead("cpu")
     started = list(ahead._bulk._threads)
-    assert started and all(t in _readers() for t in started)  # (waiting for their work)
+    assert started and all(t in reader_threads() for t in started)  # (waiting for their work)
     took = []
     real = whole_read.read_whole
 
@@ -667,7 +664,7 @@ def test_the_readers_started_while_the_model_is_built_take_the_whole_read(out):
         mp.setattr(whole_read, "Ahead", lambda device: ahead)
         mp.setattr(whole_read, "read_whole", read_whole)
         _whole(out, model, "cpu")
-    assert took[0]._threads == started and not _readers()
+    assert took[0]._threads == started and not reader_threads()
     got = getattr(model, model.padded)
     assert torch.equal(got[:-2], stored["model.embed_tokens.weight"])
 
@@ -676,9 +673,9 @@ def test_readers_started_for_a_model_that_never_loads_end():
     """The server's build fails (or is interrupted) before the read: `close` stops the threads
     started ahead; a second close does nothing (into a GPU, the block: `test_gpu.py`)."""
     ahead = whole_read.Ahead("cpu")
-    assert _readers() and ahead.buffers is None  # (pinned only for a GPU)
+    assert reader_threads() and ahead.buffers is None  # (pinned only for a GPU)
     ahead.close()
-    assert not _readers()
+    assert not reader_threads()
     ahead.close()
 
 
@@ -688,5 +685,5 @@ def test_a_model_built_elsewhere_gets_a_read_of_its_own(out):
     ahead = whole_read.Ahead("cpu")
     with OutputReader(out) as reader:
         bulk = whole_read.new_read(ahead, reader, "meta")
-    assert bulk.device == torch.device("meta") and not bulk.started and not _readers()
+    assert bulk.device == torch.device("meta") and not bulk.started and not reader_threads()
     ahead.close()

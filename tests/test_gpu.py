@@ -20,6 +20,7 @@ from fi_convert.servers.sglang.target import LAYOUTS as SGLANG_LAYOUTS
 from fi_convert.servers.sglang.target import SGLANG_TARGET
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from fi_convert.verify import flashinfer_reference as ref
+from tests.conftest import reader_threads
 from tests.swizzle_shapes import SGLANG_SCALE_SHAPES, VLLM_SCALE_SHAPES
 
 pytestmark = pytest.mark.gpu
@@ -353,7 +354,6 @@ def test_what_a_load_sets_up_ahead_gives_its_pinned_memory_back(tmp_path, built)
     or after a build that failed, no reader runs and torch holds no more pinned memory than
     before."""
     import os
-    import threading
     import types
 
     from fi_convert.format import whole_read
@@ -379,7 +379,7 @@ def test_what_a_load_sets_up_ahead_gives_its_pinned_memory_back(tmp_path, built)
         assert dst.cpu().numpy().tobytes() == data
     ahead.close()
     ahead.buffers.wait_freed()
-    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+    assert not reader_threads()
     assert stats()["allocated_bytes.current"] == before
 
 

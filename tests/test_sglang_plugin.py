@@ -37,6 +37,7 @@ from fi_convert.servers.sglang.checks import PluginError
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import hf_checkpoints
 from tests import sglang_moe as sm
+from tests.conftest import reader_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = "model.layers.0.mlp.experts"
@@ -996,14 +997,12 @@ def test_the_readers_started_for_a_build_that_fails_are_stopped(
     """The load starts its reader threads before SGLang builds the model
     (`whole_read.Ahead`): a build that fails leaves none running; a read setting that is
     wrong is one line, before anything is built."""
-    import threading
-
     monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
     out = outputs("hf-qwen3", "trtllm", 1)
     seen = []
 
     def build(*args, **kwargs):
-        seen.append([t for t in threading.enumerate() if t.name.startswith("fi-convert-read")])
+        seen.append(reader_threads())
         raise RuntimeError("the model's build failed")
 
     if fault == "setting":
@@ -1023,7 +1022,7 @@ def test_the_readers_started_for_a_build_that_fails_are_stopped(
         assert not seen and str(e.value) == (
             "fi-convert: FI_CONVERT_READ_THREADS='0': not a thread count; give 1 to 128"
         )
-    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+    assert not reader_threads()
 
 
 # ---- a Hub repo id as --model-path (tests/hub_server.py's fake Hub) ----

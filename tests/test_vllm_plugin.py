@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import threading
 import types
 from importlib import metadata
 from pathlib import Path
@@ -24,6 +23,7 @@ from fi_convert.servers.vllm.loader import FiConvertModelLoader
 from fi_convert.servers.vllm.target import MXFP8_ACTIVATION
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import vllm_moe as vm
+from tests.conftest import reader_threads
 
 PREFIX = "model.layers.1.mlp.experts"
 SPEC = Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=256, shards=2)
@@ -629,7 +629,7 @@ def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, whe
     msg = str(e.value)
     assert msg.startswith(f"fi-convert: {shard}: ") and "\n" not in msg
     assert "truncated" in msg
-    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+    assert not reader_threads()
 
 
 @pytest.mark.parametrize(
@@ -658,7 +658,7 @@ def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypa
 
     def interrupted(*args, **kwargs):
         if when == "while the model is asked":  # started ahead, they wait for their work
-            readers = [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+            readers = reader_threads()
             assert bool(readers) == (order != "ask-first")
         raise KeyboardInterrupt
 
@@ -684,7 +684,7 @@ def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypa
         f"fi-convert: loading {out} interrupted; its reader threads are stopped and their "
         "pinned memory freed: start the server again"
     )
-    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+    assert not reader_threads()
 
 
 def test_the_plugin_loads_no_converter_code():

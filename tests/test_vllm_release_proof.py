@@ -28,7 +28,7 @@ from fi_convert.format import manifest as mf
 from fi_convert.servers import proving
 from fi_convert.servers.vllm.checks import PluginError
 from fi_convert.testing.synthetic import Spec, write_checkpoint
-from tests.conftest import cli
+from tests.conftest import cli, reader_threads
 
 SPEC = Spec("deepseek-v3", layers=3, experts=4, hidden=256, intermediate=512, shards=1)
 
@@ -488,28 +488,21 @@ def test_a_refusal_names_the_releases_the_output_lists():
 def test_a_build_that_fails_stops_the_readers_started_for_it(out, fault):
     """`load_model` starts the reader threads before vLLM builds the model
     (`whole_read.Ahead`): a build that fails, or is interrupted, leaves none running."""
-    import threading
-
-    def readers():
-        return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
-
     seen = []
 
     def build(*args):
-        seen.append(len(readers()))
+        seen.append(len(reader_threads()))
         raise fault
 
     with pytest.raises(type(fault) if isinstance(fault, BaseException) else fault):
         _load_model(out, build=build)
     assert seen and seen[0] > 0  # started ahead of the build
-    assert not readers()
+    assert not reader_threads()
 
 
 def test_a_read_setting_that_is_wrong_is_one_line_before_the_build(out, monkeypatch):
     """`FI_CONVERT_READ_THREADS` is read as the load sets up its readers, before vLLM builds
     the model: a wrong one is the plugin's one line, and nothing is built or left running."""
-    import threading
-
     monkeypatch.setenv("FI_CONVERT_READ_THREADS", "many")
     built = []
     with pytest.raises(PluginError) as e:
@@ -518,4 +511,4 @@ def test_a_read_setting_that_is_wrong_is_one_line_before_the_build(out, monkeypa
         "fi-convert: FI_CONVERT_READ_THREADS='many': not a thread count; give 1 to 128"
     )
     assert not built
-    assert not [t for t in threading.enumerate() if t.name.startswith("fi-convert-read")]
+    assert not reader_threads()
