@@ -164,6 +164,73 @@ def test_tensors_the_model_joins_are_both_left_to_it():
     assert got["q"].direct and got["plain"].direct
 
 
+class Sneaky(torch.nn.Parameter):
+    """A parameter type of a model's own whose views write (vLLM's and SGLang's parameter
+    types have a __torch_function__ of their own too): its calls are no mere views."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.narrow:
+            with torch._C.DisableTorchFunctionSubclass():
+                args[0].add_(1)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize(
+    ("call", "read", "wrote"),
+    [
+        # views, metadata and a basic index: neither a read nor a write
+        (lambda toy: (toy.plain.data.narrow(0, 1, 2).t(), toy.plain.shape, toy.qkv[1:, 0]), 0, 0),
+        (lambda toy: toy.qkv[torch.tensor([0, 2])], "aten.index", 0),  # a gather reads
+        (lambda toy: toy.qkv[[0, 2]], "aten.index", 0),
+        (lambda toy: toy.rows[1:].fill_(1), 0, "aten.fill_"),  # a write through a view
+        (lambda toy: toy.plain.data.reshape(-1).sum(), "aten.sum", 0),
+        (lambda toy: Sneaky(toy.cols, requires_grad=False).narrow(0, 0, 1), 0, "aten.add_"),
+    ],
+)
+def test_the_watch_sees_each_read_and_write_of_the_models_tensors(call, read, wrote):
+    """The asking lets views, metadata and basic indexing of the model's tensors through
+    unwatched (most of a load's calls: `param.data`, a `narrow`); any other call, and any call
+    on a tensor type with a __torch_function__ of its own, is watched at torch's operators."""
+
+    class Calls(Toy):
+        def load_weights(self, weights) -> None:
+            for _name, t in weights:
+                self.plain.copy_(t)
+                call(self)
+
+    toy, calls = Calls(), []
+    got = probe(toy.load_weights, [("plain", (6, 4), F32)], toy.owned, calls)
+    assert got[0].direct and len(calls) == 1
+    assert _op_named(calls[0].read, read)
+    assert _op_named(calls[0].writes[0][3] if calls[0].writes else None, wrote)
+
+
+def _op_named(seen: str | None, want: str | int) -> bool:
+    """`seen` (an operator's name, or None) is `want`'s (0: none)."""
+    return seen is None if want == 0 else seen is not None and seen.startswith(want)
+
+
+def test_a_dispatch_mode_around_the_asking_sees_its_copies():
+    """A probe's copy is recorded before torch's dispatch, unless a dispatch mode is active
+    around the asking (SGLang counts the elements a load copies with one): it sees them as
+    before."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Copies.n += func is torch.ops.aten.copy_.default
+            return func(*args, **(kwargs or {}))
+
+    toy = Toy()
+    with Copies():
+        got = _probe(toy, ["q", "k", "plain"])
+    assert Copies.n == sum(len(p.copies) for p in got.values()) == 4
+    assert all(p.direct for p in got.values())
+
+
 # -- the load: a model's parameters filled from an output ----------------------------------
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
@@ -82,7 +83,7 @@ class _Probe(torch.Tensor):
             strides=meta.stride(),
             storage_offset=meta.storage_offset(),
             dtype=meta.dtype,
-            device=torch.device("cpu"),
+            device=_CPU,
         )
 
     def __init__(self, meta: torch.Tensor, probed: Probed) -> None:
@@ -109,6 +110,9 @@ class _Probe(torch.Tensor):
             out = func(*_map(_meta, args), **_map(_meta, kwargs))
             return _map(lambda t: _Probe(t, probed) if isinstance(t, torch.Tensor) else t, out)
         raise _Stop(f"{func}", found)
+
+
+_CPU = torch.device("cpu")
 
 
 def _meta(a: Any) -> Any:
@@ -200,7 +204,7 @@ def probe(
     return done
 
 
-class Watch(TorchDispatchMode):
+class Watch(TorchFunctionMode):
     """What the model does with the tensors it holds (`owned`) in one call, other than a
     probe's copies and views of them: each byte span it writes (a `zero_` of a padded
     parameter before the copy into its rows; vLLM's vocabulary embedding zeroes its padding
@@ -208,7 +212,12 @@ class Watch(TorchDispatchMode):
     call that was not interrupted, read none of them and wrote nowhere a probe is copied into
     did all it does with them already: `format.dense` runs it no second time. Where it runs it
     again, `undo` first puts back what a write that reads the bytes it writes (an in-place
-    `add_` or `mul_`: made twice, it would come out otherwise than once) found there."""
+    `add_` or `mul_`: made twice, it would come out otherwise than once) found there.
+
+    Each torch call the model makes comes here first; one that can neither read nor write a
+    tensor's bytes (`_KINDS`: a view, the tensor's metadata, a probe's copy) is made as it is;
+    every other is made under `_Ops`, which sees each operator it comes to. Most of a load's
+    calls are views (`param.data`, a `narrow`); seen by a dispatch mode, each cost 10-15 us."""
 
     def __init__(self, owned: Callable[[torch.Tensor], bool]) -> None:
         super().__init__()
@@ -218,24 +227,54 @@ class Watch(TorchDispatchMode):
         self.read: str | None = None
         self.interrupted = False
         self._found: list[tuple[torch.Tensor, torch.Tensor]] = []  # (written, its bytes before)
+        self._ops = _Ops(self)
 
-    def __torch_dispatch__(  # type: ignore[override]
+    def __torch_function__(  # type: ignore[override]
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
-        kwargs = kwargs or {}
-        copied = func is aten.copy_.default and isinstance(args[1], _Probe)
-        if not copied and not getattr(func, "is_view", False):
-            written = _written(func, args, kwargs) if func._schema.is_mutable else []
-            for t in written:
-                if self._held(t) and (span := _span(t)) is not None:
-                    self.writes.append((storage_key(t), *span, str(func), next(_ORDER)))
-                    if func not in _OVERWRITES:  # (in host memory: no more device memory)
-                        self._found.append((t, t.detach().to("cpu", copy=True)))
-            if self.read is None:
-                mine = {id(t) for t in written}
-                if any(id(t) not in mine and self._held(t) for t in _tensors(args, kwargs)):
-                    self.read = str(func)
-        return func(*args, **kwargs)
+        kind = _KINDS.get(func)
+        if kind is not None and not kwargs:
+            # the two calls of nearly every tensor's loading are a probe's and made here, not
+            # in torch's dispatch into Python (each costs as much again there): its `narrow`
+            # (a view made on the meta tensor), its copy into a tensor (recorded; not where a
+            # dispatch mode outside the asking is active: it would not see the copy)
+            if kind is _NARROW:  # (a tensor's start is read: `.item()`)
+                if not all(type(a) is int for a in args[1:]):
+                    kind = _COPY
+                elif type(args[0]) is _Probe:
+                    return _Probe(args[0].meta.narrow(*args[1:]), args[0].probed)
+                else:
+                    kind = _VIEW
+            elif (
+                kind is _COPY
+                and len(args) == 2
+                and type(args[1]) is _Probe
+                and type(args[0]) in _PLAIN
+                and not torch._C._len_torch_dispatch_stack()
+            ):
+                return _record(args[0], args[1])
+            if kind is not _COPY and _own(args, kind):  # (_COPY: any copy but a probe's)
+                return func(*args)
+        with self._ops:
+            return func(*args, **(kwargs or {}))
+
+    def _op(self, func: Any, args: Any, kwargs: Any) -> None:
+        """One operator the model's call came to: its writes into the tensors the model holds
+        and whether it read one."""
+        if func is aten.copy_.default and isinstance(args[1], _Probe):
+            return
+        if getattr(func, "is_view", False):
+            return
+        written = _written(func, args, kwargs) if func._schema.is_mutable else []
+        for t in written:
+            if self._held(t) and (span := _span(t)) is not None:
+                self.writes.append((storage_key(t), *span, str(func), next(_ORDER)))
+                if func not in _OVERWRITES:  # (in host memory: no more device memory)
+                    self._found.append((t, t.detach().to("cpu", copy=True)))
+        if self.read is None:
+            mine = {id(t) for t in written}
+            if any(id(t) not in mine and self._held(t) for t in _tensors(args, kwargs)):
+                self.read = str(func)
 
     def _held(self, t: torch.Tensor) -> bool:
         return not isinstance(t, _Probe) and t.device.type != "meta" and self.owned(t)
@@ -249,6 +288,8 @@ class Watch(TorchDispatchMode):
     def overlapping(self, dst: torch.Tensor, before: int | None = None) -> str | None:
         """The operation of a write into any of `dst`'s bytes (made before the copy of order
         `before`, where given), or None."""
+        if not self.writes:  # (most calls: every tensor only copied)
+            return None
         span = _span(dst)
         if span is None:
             return None
@@ -261,6 +302,78 @@ class Watch(TorchDispatchMode):
             ),
             None,
         )
+
+
+class _Ops(TorchDispatchMode):
+    """A `Watch`'s eye on the operators of one call of the model's that is not inert."""
+
+    def __init__(self, watch: Watch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_dispatch__(  # type: ignore[override]
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        self.watch._op(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+# torch calls that neither read nor write a tensor's bytes (views and metadata), given plain
+# tensors; a basic index; the calls a probe takes before the dispatch (`Watch`)
+_VIEW, _INDEX, _NARROW, _COPY = 1, 2, 3, 4
+_KINDS: dict[Any, int] = {
+    **{
+        getattr(torch.Tensor, name).__get__: _VIEW
+        for name in ("data", "shape", "dtype", "device", "ndim", "layout", "is_cuda")
+        + ("is_meta", "is_sparse", "requires_grad", "T", "mT")
+    },
+    **{
+        getattr(torch.Tensor, name): _VIEW
+        for name in ("view", "view_as", "size", "dim", "numel", "nelement", "stride")
+        + ("storage_offset", "is_contiguous", "element_size", "select", "split", "chunk")
+        + ("unbind", "unsqueeze", "squeeze", "transpose", "t", "permute", "detach", "expand")
+        + ("as_strided", "data_ptr")
+    },
+    torch.split: _VIEW,
+    torch.chunk: _VIEW,
+    torch.transpose: _VIEW,
+    torch.Tensor.__getitem__: _INDEX,
+    torch.Tensor.narrow: _NARROW,
+    torch.narrow: _NARROW,
+    torch.Tensor.copy_: _COPY,
+}
+# tensor types whose calls are torch's own: none has a __torch_function__ of its own
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_OWN = (*_PLAIN, _Probe)
+
+
+def _own(args: Any, kind: int) -> bool:
+    """Whether a view or metadata call (`kind`) of these arguments neither reads nor writes
+    any tensor's bytes: its tensors plain or probes (a tensor type of the model's own may
+    do anything in its __torch_function__), an index a basic one (ints and slices)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) not in _OWN:
+                return False
+        elif type(a) in (list, tuple) and any(
+            isinstance(t, torch.Tensor) and type(t) not in _OWN for t in a
+        ):
+            return False
+    return kind is not _INDEX or (len(args) == 2 and _basic_index(args[1]))
+
+
+def _basic_index(index: Any) -> bool:
+    """An index that makes a view: ints, slices of ints, None and Ellipsis, or a tuple of
+    them."""
+    items = index if type(index) is tuple else (index,)
+    for i in items:
+        if type(i) is slice:
+            if not all(type(v) in (int, type(None)) for v in (i.start, i.stop, i.step)):
+                return False
+        elif not (type(i) is int or i is None or i is Ellipsis):
+            return False
+    return True
 
 
 def _span(t: torch.Tensor) -> tuple[int, int] | None:
@@ -295,8 +408,9 @@ def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
 
 
 def storage_key(t: torch.Tensor) -> tuple[str, int]:
-    """A tensor's memory: its device type and its storage's address (shared by its views)."""
-    return t.device.type, t.untyped_storage().data_ptr()
+    """A tensor's memory: its device type and its storage's address (shared by its views;
+    from the tensor's own address: no storage object made, a tenth of the cost)."""
+    return t.device.type, t.data_ptr() - t.storage_offset() * t.element_size()
 
 
 def _probes(
@@ -307,7 +421,8 @@ def _probes(
     for (name, _, _), meta in zip(todo, metas, strict=True):
         p = Probed(name)
         current.append(p)
-        t = _Probe(meta, p)
+        with torch._C.DisableTorchFunction():  # (the Watch's: this is no call of the model's)
+            t = _Probe(meta, p)
         yield name, t
         del t
 
