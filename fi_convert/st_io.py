@@ -58,7 +58,9 @@ def _bad(path: Path, what: str) -> SourceError:
     return SourceError(f"{path}: {what}; the file is corrupt or truncated - download it again")
 
 
-def read_header(path: Path, library_check: bool = True) -> tuple[dict[str, TensorInfo], bytes]:
+def read_header(
+    path: Path, library_check: bool = True, fd: int | None = None
+) -> tuple[dict[str, TensorInfo], bytes]:
     """Parse and validate a safetensors header. Returns the tensors and the raw header bytes.
 
     A header is accepted only when both our strict parse (`_tensor_infos`) and the safetensors
@@ -66,9 +68,9 @@ def read_header(path: Path, library_check: bool = True) -> tuple[dict[str, Tenso
     would refuse or read differently is never converted, nor accepted by `verify`. Without
     `library_check` (a reader that reads every byte by this parse alone, as the plugins' loads
     do: the library's opinion guards nothing there, and costs ~20 ms a shard), the strict parse
-    alone.
+    alone. With `fd` (the file open already, for the reads that follow), read from it.
     """
-    raw, size = _read_raw(path)
+    raw, size = _read_raw(path) if fd is None else _read_raw_fd(path, fd)
     meta = _strict_json(path, raw)
     infos = _tensor_infos(path, meta, 8 + len(raw), size)
     if library_check:
@@ -95,6 +97,33 @@ def _read_raw(path: Path) -> tuple[bytes, int]:
             if n + 8 > st.st_size:
                 raise _bad(path, f"header length {n} does not fit in a file of {st.st_size} bytes")
             raw = f.read(n)
+    except OSError as e:
+        raise SourceError(
+            f"{path}: cannot read ({e.strerror}); check the path and permissions"
+        ) from None
+    if len(raw) != n:  # the file shrank since the stat
+        raise _bad(path, f"ends inside its {n}-byte header")
+    return raw, st.st_size
+
+
+def _read_raw_fd(path: Path, fd: int) -> tuple[bytes, int]:
+    """`_read_raw` from the open file `fd` (named `path`): no second open, no second stat."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(
+                f"{path}: not a regular file (a FIFO, socket or device); replace it with the "
+                "safetensors file"
+            )
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            raise _bad(path, "shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER:
+            raise _bad(path, f"header length {n} is over the safetensors limit of {MAX_HEADER}")
+        if n + 8 > st.st_size:
+            raise _bad(path, f"header length {n} does not fit in a file of {st.st_size} bytes")
+        raw = os.pread(fd, n, 8)
     except OSError as e:
         raise SourceError(
             f"{path}: cannot read ({e.strerror}); check the path and permissions"
@@ -282,7 +311,8 @@ class SourceFiles:
         with self._lock:
             if path not in self._fds:
                 try:
-                    self._fds[path] = os.open(path, os.O_RDONLY)
+                    # (not blocked by a FIFO in a shard's place: its read refuses it)
+                    self._fds[path] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
                 except OSError as e:
                     raise SourceError(
                         f"{path}: cannot open ({e.strerror}); check the path"

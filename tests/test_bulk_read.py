@@ -417,7 +417,13 @@ def test_the_file_written_while_it_is_read_is_the_one_named(two_files, monkeypat
     assert str(e.value).startswith(f"{second}: changed while it was loaded")
 
 
-def test_a_shard_replaced_between_its_header_and_its_open_is_refused(tmp_path, monkeypatch):
+def test_a_shard_replaced_after_its_header_is_read_whole_from_the_file_opened(
+    tmp_path, monkeypatch
+):
+    """A shard's header and its bytes come from one open file: another file that takes its
+    name after the header was read (a conversion writing the output again) is not read, and
+    the load gives the opened file's tensors. Where the library's own check of the header is
+    asked (it opens the name), the name must still be that file's."""
     from fi_convert import Backend, Options, SchemeName, convert
     from fi_convert.errors import ManifestError
     from fi_convert.format import reader as loader
@@ -427,17 +433,58 @@ def test_a_shard_replaced_between_its_header_and_its_open_is_refused(tmp_path, m
     out = tmp_path / "out"
     convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
     shard = next(out.glob("model-*.safetensors"))
+    want = loader.load_moe_layer(out, "model.layers.0.mlp.experts")
     real = loader.read_header
 
     def replaced(path, *args):
         got = real(path, *args)
         os.rename(shard, tmp_path / "old")  # another file takes its name meanwhile
-        shard.write_bytes((tmp_path / "old").read_bytes())
+        shard.write_bytes(bytes(len((tmp_path / "old").read_bytes())))  # zeros, same size
         return got
 
     monkeypatch.setattr(loader, "read_header", replaced)
+    with loader.OutputReader(out, library_check=False) as reader:
+        got = {}
+        for name in reader.layer("model.layers.0.mlp.experts")["tensors"]:
+            got[name] = torch.empty_like(want[name])
+            reader.read_into("model.layers.0.mlp.experts", name, 0, got[name])
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    os.replace(tmp_path / "old", shard)
     with pytest.raises(ManifestError, match=f"{shard}: replaced while it was opened; load again"):
         loader.load_moe_layer(out, "model.layers.0.mlp.experts")
+
+
+def test_a_fifo_in_a_shards_place_is_refused_at_load_not_waited_on(tmp_path):
+    """Opened for the load's reads, a FIFO where a shard should be would block until a writer
+    came: it is refused in one line instead."""
+    import threading
+
+    from fi_convert import Backend, Options, SchemeName, convert
+    from fi_convert.errors import FiConvertError
+    from fi_convert.format import reader as loader
+    from fi_convert.testing.synthetic import Spec, write_checkpoint
+
+    src = write_checkpoint(tmp_path / "src", Spec("qwen3-moe", layers=1, experts=4, shards=1))
+    out = tmp_path / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, 1), device="cpu")
+    shard = next(out.glob("model-*.safetensors"))
+    shard.unlink()
+    os.mkfifo(shard)
+    got: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            loader.load_moe_layer(out, "model.layers.0.mlp.experts")
+        except FiConvertError as e:
+            got.append(e)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(60)
+    if t.is_alive():  # (unblock it: a writer opens the FIFO)
+        os.close(os.open(shard, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"{shard}: the load waited on a FIFO")
+    assert len(got) == 1 and str(got[0]).startswith(f"{shard}: not a regular file")
 
 
 # -- Ctrl-C and SIGTERM in a real process -------------------------------------------------

@@ -98,13 +98,15 @@ class OutputReader:
         return self._headers[shard]
 
     def _open(self, path: Path) -> dict[str, TensorInfo]:
-        """The shard's header, read from the file that stays open for the reads (a file
-        replaced in between would give other bytes than the header checked)."""
+        """The shard's header, read from the file that stays open for the reads: the header
+        checked and the bytes read are one file's, whatever takes its name meanwhile. (The
+        library's own check, where asked, opens the name: it must still name that file.)"""
         fd = self._files.fd(path)
-        infos = read_header(path, self.library_check)[0]
-        st, ft = os.stat(path), os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (ft.st_dev, ft.st_ino):
-            raise ManifestError(f"{path}: replaced while it was opened; load again")
+        infos = read_header(path, self.library_check, fd)[0]
+        if self.library_check:
+            st, ft = os.stat(path), os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (ft.st_dev, ft.st_ino):
+                raise ManifestError(f"{path}: replaced while it was opened; load again")
         return infos
 
     def bulk(
@@ -228,10 +230,13 @@ class OutputReader:
         flat = dst.reshape(-1).view(torch.uint8)
         fd = self._files.fd(info.file)
         now = bulk or BulkRead(dst.device)
-        pos = 0
-        for base, size in spans:
-            now.add(info.file, fd, base, flat[pos : pos + size])
-            pos += size
+        if len(spans) == 1:  # (most: no view of a view)
+            now.add(info.file, fd, spans[0][0], flat)
+        else:
+            pos = 0
+            for base, size in spans:
+                now.add(info.file, fd, base, flat[pos : pos + size])
+                pos += size
         if bulk is None:
             now.run()
 
