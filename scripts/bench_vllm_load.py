@@ -284,6 +284,7 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
 
 # the load's steps timed in each whole-model run (module, owner attribute or None, name)
 PHASES = (
+    ("fi_convert.format.dense", "DenseLoad", "__init__"),  # (asking, headers, the rest)
     ("fi_convert.format.dense", "DenseLoad", "_infos"),
     ("fi_convert.format.dense", None, "_held"),
     ("fi_convert.format.dense", None, "probe"),
@@ -292,10 +293,11 @@ PHASES = (
     ("fi_convert.format.dense", "DenseLoad", "prefetch"),
     ("fi_convert.format.dense", "DenseLoad", "finish"),
     ("fi_convert.servers.vllm.experts", None, "install"),
-    ("fi_convert.bulk_read", "BulkRead", "_plan"),
-    ("fi_convert.bulk_read", "BulkRead", "_check_sizes"),
-    ("fi_convert.bulk_read", "BulkRead", "_queue"),
-    ("fi_convert.bulk_read", "BulkRead", "_check_unchanged"),
+    # (the BulkRead the load takes: another bulk_read.py's under --alt-bulk)
+    ("fi_convert.format.whole_read", "BulkRead", "_plan"),
+    ("fi_convert.format.whole_read", "BulkRead", "_check_sizes"),
+    ("fi_convert.format.whole_read", "BulkRead", "_queue"),
+    ("fi_convert.format.whole_read", "BulkRead", "_check_unchanged"),
     ("fi_convert.servers.vllm.loader", None, "moe_layers"),
     ("fi_convert.servers.vllm.loader", None, "mtp_layers"),
     ("fi_convert.servers.vllm.checks", None, "check_layer"),
@@ -501,14 +503,22 @@ def read_gap(
 
 
 def _alternative(what: str):
-    """Parts joined by `+`: `set:module:attr=value,...` (Python literals), or another
-    bulk_read.py's path."""
+    """Parts joined by `+`: `set:module:attr=value,...` (Python literals), `mod:module=path`
+    (another copy of one of fi-convert's modules: `_module_from`), or another bulk_read.py's
+    path (its BulkRead class alone)."""
     import ast
     import importlib
     from unittest import mock
 
+    # every module the load takes another's objects from, imported first: one imported inside
+    # would take the other's for good (`from ..bulk_read import BulkRead`, as it is swapped)
+    importlib.import_module("fi_convert.servers.vllm.loader")
     stack = contextlib.ExitStack()
     for part in what.split("+"):
+        if part.startswith("mod:"):
+            module, _, path = part.removeprefix("mod:").partition("=")
+            stack.enter_context(_module_from(module, path))
+            continue
         if not part.startswith("set:"):
             stack.enter_context(_bulk_read_from(part))
             continue
@@ -547,6 +557,49 @@ def _bulk_read_from(path: str):
     finally:
         for m in users:
             m.BulkRead = mine
+
+
+def _load_copy(module: str, path: str) -> Any:
+    """Another copy of fi-convert's `module` (say an older commit's), from `path`, in the same
+    package (its relative imports are fi-convert's own), loaded once."""
+    import importlib.util
+
+    package, _, last = module.rpartition(".")
+    name = f"{package}._bench_{last}_{abs(hash(path))}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        sys.modules[name] = copy = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(copy)
+    return sys.modules[name]
+
+
+@contextlib.contextmanager
+def _module_from(module: str, path: str):
+    """fi-convert's modules with another copy's functions and classes of `module` while
+    inside: each of fi-convert's modules that took one of `module`'s own by name (dense.py's
+    `probe`, the loader's `OutputReader`) takes the copy's of that name."""
+    import importlib
+
+    ours, other = importlib.import_module(module), _load_copy(module, path)
+    swaps = []
+    for attr, obj in vars(ours).items():
+        if getattr(obj, "__module__", None) != module or not hasattr(other, attr):
+            continue
+        for m in list(sys.modules.values()):
+            if (
+                m is not ours
+                and getattr(m, "__name__", "").startswith("fi_convert")
+                and getattr(m, attr, None) is obj
+            ):
+                swaps.append((m, attr, obj))
+    for m, attr, _ in swaps:
+        setattr(m, attr, getattr(other, attr))
+    try:
+        yield
+    finally:
+        for m, attr, obj in swaps:
+            setattr(m, attr, obj)
 
 
 @contextlib.contextmanager
