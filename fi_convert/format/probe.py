@@ -249,7 +249,8 @@ class Watch(TorchFunctionMode):
                 kind is _COPY
                 and len(args) == 2
                 and type(args[1]) is _Probe
-                and type(args[0]) in _PLAIN
+                and type(args[0]) is not _Probe
+                and _plain(type(args[0]))
                 and not torch._C._len_torch_dispatch_stack()
             ):
                 return _record(args[0], args[1])
@@ -343,21 +344,28 @@ _KINDS: dict[Any, int] = {
     torch.narrow: _NARROW,
     torch.Tensor.copy_: _COPY,
 }
-# tensor types whose calls are torch's own: none has a __torch_function__ of its own
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_OWN = (*_PLAIN, _Probe)
+_PLAIN: dict[type, bool] = {torch.Tensor: True}  # a tensor type's calls are torch's own
+
+
+def _plain(tp: type) -> bool:
+    """Whether a tensor type's calls are torch's own: it has no __torch_function__ of its own
+    (a Parameter, SGLang's parameter types, a probe), which could do anything (vLLM's
+    parameter types have one)."""
+    plain = _PLAIN.get(tp)
+    if plain is None:
+        plain = _PLAIN[tp] = tp.__torch_function__ is torch._C._disabled_torch_function_impl
+    return plain
 
 
 def _own(args: Any, kind: int) -> bool:
     """Whether a view or metadata call (`kind`) of these arguments neither reads nor writes
-    any tensor's bytes: its tensors plain or probes (a tensor type of the model's own may
-    do anything in its __torch_function__), an index a basic one (ints and slices)."""
+    any tensor's bytes: its tensors of plain types, an index a basic one (ints and slices)."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            if type(a) not in _OWN:
+            if not _plain(type(a)):
                 return False
         elif type(a) in (list, tuple) and any(
-            isinstance(t, torch.Tensor) and type(t) not in _OWN for t in a
+            isinstance(t, torch.Tensor) and not _plain(type(t)) for t in a
         ):
             return False
     return kind is not _INDEX or (len(args) == 2 and _basic_index(args[1]))
