@@ -67,11 +67,12 @@ class DenseLoad:
         self._batches: list[list[str]] = []
         self._ahead: tuple[list[tuple[str, torch.Tensor]], BulkRead] | None = None
         self.infos = self._infos()
-        held = self._held = _held(model, self.device)
+        modules = list(model.named_modules())  # (one walk of a model of thousands)
+        held = self._held = _held(modules, self.device)
         t0 = time.perf_counter()
         wanted = [(n, i.shape, dtypes_of(i)) for n, i in self.infos.items()]
         calls: list[Watch] = []
-        with _as_found(model) as found:
+        with _as_found([m for _, m in modules]) as found:
             self.probed = {
                 p.name: p
                 for p in probe(self._call, wanted, lambda t: storage_key(t) in held, calls)
@@ -296,15 +297,15 @@ class _Found:
 
 
 @contextlib.contextmanager
-def _as_found(model: torch.nn.Module) -> Iterator[_Found]:
-    """The model's modules as they were, once it has been asked: each one's attributes, and
+def _as_found(modules: list[torch.nn.Module]) -> Iterator[_Found]:
+    """The model's `modules` as they were, once it has been asked: each one's attributes, and
     its parameters', buffers' and submodules' entries. What a model's loading does after its
     loop is done again when `finish` calls it over every tensor, and must find the model as a
     single load would: vLLM's Muse Spark folds its router's output multiplier into the
     router's weight once, then sets the multiplier to None (a second call would skip the fold
     of the bytes read meanwhile). Tensors' data is not kept: the read overwrites what the
     model wrote into the tensors it holds."""
-    kept = [(m, dict(m.__dict__), [dict(d) for d in _entries(m)]) for m in model.modules()]
+    kept = [(m, dict(m.__dict__), [dict(d) for d in _entries(m)]) for m in modules]
     found = _Found()
     try:
         yield found
@@ -368,10 +369,26 @@ def dtypes_of(info: TensorInfo) -> torch.dtype:
         ) from None
 
 
-def _held(model: torch.nn.Module, device: torch.device) -> dict[tuple[str, int], str]:
-    """The model's parameters and buffers on `device` (the bulk read's), by their memory."""
-    named = list(model.named_parameters()) + list(model.named_buffers())
-    return {storage_key(t): name for name, t in named if t.device.type == device.type and t.numel()}
+def _held(
+    modules: list[tuple[str, torch.nn.Module]], device: torch.device
+) -> dict[tuple[str, int], str]:
+    """The parameters and buffers of the model's `modules` (its `named_modules`) on `device`
+    (the bulk read's), by their memory: each tensor once, by its first name, the parameters
+    first (as `named_parameters` and `named_buffers` name them, without walking the model
+    twice more)."""
+    out: dict[tuple[str, int], str] = {}
+    # (a server's parameter types' own __torch_function__ would take each query: vLLM's)
+    with torch._C.DisableTorchFunctionSubclass():
+        for entries in ("_parameters", "_buffers"):
+            seen: set[int] = set()
+            for prefix, m in modules:
+                for name, t in getattr(m, entries).items():
+                    if t is None or id(t) in seen:
+                        continue
+                    seen.add(id(t))
+                    if t.device.type == device.type and t.numel():
+                        out[storage_key(t)] = f"{prefix}.{name}" if prefix else name
+    return out
 
 
 def _gb(n: int) -> str:
