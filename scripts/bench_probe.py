@@ -3,7 +3,15 @@ Qwen3-30B-A3B's 8 layers' non-expert tensors (75) through a model that slices th
 loaders do at tensor parallelism (scripts/bench_models.RankModel), the probe and the second pass
 (`replay`) timed apart, medians of 30.
 
+With `--vllm`: vLLM 0.33's own Qwen3-MoE model class at Qwen3-30B-A3B's 48 layers (435
+non-expert tensors; tiny sizes: the asking's cost is per tensor, not per byte), rank 0 of TP,
+built on this CPU as tests/test_vllm_models.py builds it: the asking (`DenseLoad`: the model's
+tensors and state, its `load_weights` over the probes), against the model's own `load_weights`
+over the same tensors with their data (what vLLM's default load runs, less the reading), each
+side in turn, medians of 15. Another probe.py's asking beside it with `--alt PATH`.
+
     python scripts/bench_probe.py [TP]     # TP 1 or 8 (default 8)
+    python scripts/bench_probe.py --vllm [TP] [--alt PATH]
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -50,11 +59,108 @@ def infos() -> dict[str, TensorInfo]:
     return out
 
 
+def vllm_model(tp: int, alt: str | None) -> None:
+    """--vllm: the asking on vLLM's own model class against its own load_weights."""
+    import contextlib
+    import socket
+    import tempfile
+
+    from vllm.config import (
+        DeviceConfig,
+        KernelConfig,
+        LoadConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
+    from vllm.distributed import parallel_state as ps
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.attention import attention
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from fi_convert import Backend, Options, SchemeName, convert
+    from fi_convert.format import dense
+    from fi_convert.format.reader import OutputReader
+    from scripts.bench_vllm_load import _module_from
+    from tests import hf_checkpoints
+    from tests import vllm_moe as vm
+
+    root = Path(tempfile.mkdtemp(prefix="bench-probe-"))
+    src = hf_checkpoints.save(
+        "qwen3_moe",
+        root / "src",
+        num_hidden_layers=48,
+        norm_topk_prob=True,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=8,
+    )
+    out = root / "out"
+    convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, tp), device="cpu")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ps.init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        ps.initialize_model_parallel(1, 1)
+    mc = EngineArgs(model=str(src), dtype="bfloat16").create_model_config()
+    cfg = VllmConfig(
+        model_config=mc,
+        kernel_config=KernelConfig(moe_backend=vm.MOE_BACKEND["trtllm"]),
+        device_config=DeviceConfig(device="cpu"),
+        load_config=LoadConfig(),
+    )
+    cpu = torch.device("cpu")
+    sides: dict[str, list[float]] = {"own load_weights": [], "asking": []}
+    sides |= {"asking, --alt": []} if alt else {}
+    with (
+        vm.vllm_context("trtllm", tp, 0, build_here=False),
+        mock.patch.object(attention, "get_attn_backend", lambda *a, **k: CPUAttentionBackend),
+        set_current_vllm_config(cfg),
+        set_default_torch_dtype(mc.dtype),
+    ):
+        with torch.device("cpu"):  # built as vLLM builds it; loaded outside, as vLLM loads
+            model = initialize_model(vllm_config=cfg)
+        with OutputReader(out, library_check=False) as reader:
+            infos = dense.DenseLoad(reader, model, model.load_weights, cpu).infos
+            data = [(n, torch.zeros(i.shape, dtype=dtypes_of(i))) for n, i in infos.items()]
+            for _ in range(15):
+                for side, times in sides.items():
+                    t0 = time.perf_counter()
+                    if side == "own load_weights":
+                        model.load_weights(iter(data))
+                    else:
+                        swap = (
+                            _module_from("fi_convert.format.probe", alt) if "alt" in side else None
+                        )
+                        with swap or contextlib.nullcontext():
+                            dense.DenseLoad(reader, model, model.load_weights, cpu)
+                    times.append(time.perf_counter() - t0)
+    ps.destroy_model_parallel()
+    ps.destroy_distributed_environment()
+    own = statistics.median(sides["own load_weights"])
+    print(
+        f"vLLM's Qwen3-MoE class, 48 layers, rank 0 of TP {tp}, {len(infos)} tensors: "
+        + ", ".join(
+            f"{side} {statistics.median(t) * 1e3:.1f} ms ({statistics.median(t) / own:.2f}x)"
+            for side, t in sides.items()
+        )
+        + " (medians of 15)"
+    )
+
+
 def main() -> None:
+    if "--vllm" in sys.argv:
+        args = [a for a in sys.argv[1:] if a != "--vllm"]
+        alt = args[args.index("--alt") + 1] if "--alt" in args else None
+        tps = [a for a in args if a.isdigit()]
+        vllm_model(int(tps[0]) if tps else 8, alt)
+        return
     tp = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     tensors = infos()
     model = bm.RankModel(tensors, bm.places(tensors, tp, 0), dtypes_of)
-    held = _held(model, torch.device("cpu"))
+    held = _held(list(model.named_modules()), torch.device("cpu"))
     wanted = [(n, i.shape, dtypes_of(i)) for n, i in tensors.items()]
     asked, again = [], []
     for _ in range(30):
