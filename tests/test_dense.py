@@ -176,6 +176,46 @@ class Sneaky(torch.nn.Parameter):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
+class HandsOn(torch.nn.Parameter):
+    """A parameter type whose __torch_function__ only hands each call on (vLLM's form)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class HandsOnToSneaky(Sneaky):
+    """Hands each call on, to a parameter type's that writes."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class Tallies(HandsOn):
+    """Hands each call on, in code of its own that does more (counts them)."""
+
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        Tallies.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_type_counts_as_torchs_own_only_where_each_call_it_takes_is():
+    """The watch lets a view of a parameter type through unseen only where every
+    __torch_function__ of its classes is torch's disabled one or only hands the call on."""
+    from fi_convert.format.probe import _plain
+
+    assert _plain(torch.nn.Parameter) and _plain(HandsOn)
+    assert not _plain(Sneaky) and not _plain(HandsOnToSneaky) and not _plain(Tallies)
+
+
 @pytest.mark.parametrize(
     ("call", "read", "wrote"),
     [
@@ -186,6 +226,8 @@ class Sneaky(torch.nn.Parameter):
         (lambda toy: toy.rows[1:].fill_(1), 0, "aten.fill_"),  # a write through a view
         (lambda toy: toy.plain.data.reshape(-1).sum(), "aten.sum", 0),
         (lambda toy: Sneaky(toy.cols, requires_grad=False).narrow(0, 0, 1), 0, "aten.add_"),
+        (lambda toy: HandsOnToSneaky(toy.cols, False).narrow(0, 0, 1), 0, "aten.add_"),
+        (lambda toy: HandsOn(toy.plain, requires_grad=False).data.narrow(0, 0, 1), 0, 0),
     ],
 )
 def test_the_watch_sees_each_read_and_write_of_the_models_tensors(call, read, wrote):

@@ -57,6 +57,22 @@ def _check(m, **kw):
     checks.check_output(m, "OUT", **(args | kw))
 
 
+def test_vllms_parameter_types_hand_each_call_on_to_torch():
+    """Asking a model where its tensors go watches each call on a tensor type with a
+    __torch_function__ of its own at torch's operators (it could write): vLLM's parameter types
+    (its linear layers' weights) only hand each call on, and are let through as torch's own
+    (a fifth of the asking on its Qwen3-MoE class: `scripts/bench_probe.py --vllm`). A release
+    whose types do more is watched, and this fails to say the asking got slower."""
+    from vllm.model_executor import parameter as vp
+
+    from fi_convert.format.probe import _plain
+
+    kinds = [
+        t for t in vars(vp).values() if isinstance(t, type) and issubclass(t, vp.BasevLLMParameter)
+    ]
+    assert len(kinds) >= 5 and all(_plain(t) for t in kinds), [t for t in kinds if not _plain(t)]
+
+
 def test_a_matching_runtime_passes(manifest):
     _check(manifest)  # the control: every refusal below changes one fact
 

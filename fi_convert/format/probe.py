@@ -348,13 +348,61 @@ _PLAIN: dict[type, bool] = {torch.Tensor: True}  # a tensor type's calls are tor
 
 
 def _plain(tp: type) -> bool:
-    """Whether a tensor type's calls are torch's own: it has no __torch_function__ of its own
-    (a Parameter, SGLang's parameter types, a probe), which could do anything (vLLM's
-    parameter types have one)."""
+    """Whether a tensor type's calls are torch's own: each __torch_function__ of its classes,
+    in the order a call takes them, torch's disabled one (a Parameter's, a probe's) or one
+    that only hands the call on (`_hands_on`: vLLM's parameter types'); any other could do
+    anything."""
     plain = _PLAIN.get(tp)
     if plain is None:
-        plain = _PLAIN[tp] = tp.__torch_function__ is torch._C._disabled_torch_function_impl
+        plain = _PLAIN[tp] = _calls_are_torchs(tp)
     return plain
+
+
+def _calls_are_torchs(tp: type) -> bool:
+    for c in tp.__mro__:
+        f = c.__dict__.get("__torch_function__")
+        if f is None:
+            continue
+        if f is torch._C._disabled_torch_function_impl:
+            return True
+        if not _hands_on(f):
+            return False
+    return False
+
+
+class _HandsOn(torch.Tensor):
+    """The two forms of a __torch_function__ that only hands each call on to the next one:
+    `_hands_on` compares a type's with them, compiled by this Python."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        return super().__torch_function__(func, types, args, kwargs)
+
+    @classmethod
+    def bare(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def _hands_on(f: Any) -> bool:
+    """Whether `f` (a class's own __torch_function__) is one of `_HandsOn`'s: the same code,
+    constants, names and defaults."""
+    if not isinstance(f, classmethod):
+        return False
+    code, defaults = getattr(f.__func__, "__code__", None), getattr(f.__func__, "__defaults__", 0)
+    return any(
+        code is not None
+        and (code.co_code, code.co_consts, code.co_names, code.co_varnames, code.co_freevars)
+        == (ref.co_code, ref.co_consts, ref.co_names, ref.co_varnames, ref.co_freevars)
+        and defaults == ((), None)
+        for ref in _HANDS_ON
+    )
+
+
+_HANDS_ON = [
+    _HandsOn.__dict__[name].__func__.__code__ for name in ("__torch_function__", "bare")
+]
 
 
 def _own(args: Any, kind: int) -> bool:
