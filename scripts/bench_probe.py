@@ -1,7 +1,7 @@
 """The cost of asking a model where its non-expert tensors go (format/probe.py), on the CPU:
 Qwen3-30B-A3B's 8 layers' non-expert tensors (75) through a model that slices them as vLLM's
 loaders do at tensor parallelism (scripts/bench_models.RankModel), the probe and the second pass
-(`replay`) timed apart, medians of 30.
+(`replay`) timed apart, medians of 30; with `--alt PATH`, another probe.py's probe in turn with it.
 
 With `--vllm`: vLLM 0.33's own Qwen3-MoE model class at Qwen3-30B-A3B's 48 layers (435
 non-expert tensors; tiny sizes: the asking's cost is per tensor, not per byte), rank 0 of TP,
@@ -10,7 +10,7 @@ tensors and state, its `load_weights` over the probes), against the model's own 
 over the same tensors with their data (what vLLM's default load runs, less the reading), each
 side in turn, medians of 15. Another probe.py's asking beside it with `--alt PATH`.
 
-    python scripts/bench_probe.py [TP]     # TP 1 or 8 (default 8)
+    python scripts/bench_probe.py [TP] [--alt PATH]    # TP 1 or 8 (default 8)
     python scripts/bench_probe.py --vllm [TP] [--alt PATH]
 """
 
@@ -151,29 +151,40 @@ def vllm_model(tp: int, alt: str | None) -> None:
 
 
 def main() -> None:
-    if "--vllm" in sys.argv:
-        args = [a for a in sys.argv[1:] if a != "--vllm"]
-        alt = args[args.index("--alt") + 1] if "--alt" in args else None
-        tps = [a for a in args if a.isdigit()]
-        vllm_model(int(tps[0]) if tps else 8, alt)
+    args = sys.argv[1:]
+    alt = args[args.index("--alt") + 1] if "--alt" in args else None
+    tps = [a for a in args if a.isdigit()]
+    tp = int(tps[0]) if tps else 8
+    if "--vllm" in args:
+        vllm_model(tp, alt)
         return
-    tp = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     tensors = infos()
     model = bm.RankModel(tensors, bm.places(tensors, tp, 0), dtypes_of)
     held = _held(list(model.named_modules()), torch.device("cpu"))
     wanted = [(n, i.shape, dtypes_of(i)) for n, i in tensors.items()]
-    asked, again = [], []
+    sides = {"probe": probe} | ({"--alt's probe": _probe_of(alt)} if alt else {})
+    asked: dict[str, list[float]] = {side: [] for side in sides}
+    again = []
     for _ in range(30):
-        t0 = time.perf_counter()
-        probe(model.load_weights, wanted, lambda t: storage_key(t) in held)
+        for side, ask in sides.items():  # (in turn: a noisy host falls on both alike)
+            t0 = time.perf_counter()
+            ask(model.load_weights, wanted, lambda t: storage_key(t) in held)
+            asked[side].append(time.perf_counter() - t0)
         t1 = time.perf_counter()
         replay(model.load_weights, ((n, (i.shape, dtypes_of(i))) for n, i in tensors.items()))
-        asked.append(t1 - t0)
         again.append(time.perf_counter() - t1)
     print(
-        f"TP {tp}, {len(tensors)} tensors: probe {statistics.median(asked) * 1e3:.2f} ms, "
-        f"second pass {statistics.median(again) * 1e3:.2f} ms (medians of 30)"
+        f"TP {tp}, {len(tensors)} tensors: "
+        + ", ".join(f"{side} {statistics.median(t) * 1e3:.2f} ms" for side, t in asked.items())
+        + f", second pass {statistics.median(again) * 1e3:.2f} ms (medians of 30)"
     )
+
+
+def _probe_of(path: str):
+    """Another probe.py's `probe` (say an older commit's)."""
+    from scripts.bench_vllm_load import _load_copy
+
+    return _load_copy("fi_convert.format.probe", path).probe
 
 
 if __name__ == "__main__":
