@@ -400,9 +400,7 @@ def _hands_on(f: Any) -> bool:
     )
 
 
-_HANDS_ON = [
-    _HandsOn.__dict__[name].__func__.__code__ for name in ("__torch_function__", "bare")
-]
+_HANDS_ON = [_HandsOn.__dict__[name].__func__.__code__ for name in ("__torch_function__", "bare")]
 
 
 def _own(args: Any, kind: int) -> bool:
@@ -466,7 +464,7 @@ def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
 def storage_key(t: torch.Tensor) -> tuple[str, int]:
     """A tensor's memory: its device type and its storage's address (shared by its views;
     from the tensor's own address: no storage object made, a tenth of the cost)."""
-    return t.device.type, t.data_ptr() - t.storage_offset() * t.element_size()
+    return t.device.type, t.data_ptr() - int(t.storage_offset()) * t.element_size()
 
 
 def _probes(
