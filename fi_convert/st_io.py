@@ -70,7 +70,7 @@ def read_header(
     do: the library's opinion guards nothing there, and costs ~20 ms a shard), the strict parse
     alone. With `fd` (the file open already, for the reads that follow), read from it.
     """
-    raw, size = _read_raw(path) if fd is None else _read_raw_fd(path, fd)
+    raw, size = _read_raw(path, fd)
     meta = _strict_json(path, raw)
     infos = _tensor_infos(path, meta, 8 + len(raw), size)
     if library_check:
@@ -78,56 +78,44 @@ def read_header(
     return infos, raw
 
 
-def _read_raw(path: Path) -> tuple[bytes, int]:
-    """The header bytes (without the length prefix) and the file's size."""
+def _read_raw(path: Path, fd: int | None = None) -> tuple[bytes, int]:
+    """The header bytes (without the length prefix) and the file's size: from the open file
+    `fd` (named `path`), else from `path`, opened for it."""
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever
-            raise SourceError(
-                f"{path}: not a regular file (a FIFO, socket or device); replace it with the "
-                "safetensors file"
-            )
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise _bad(path, "shorter than a safetensors header")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER:
-                raise _bad(path, f"header length {n} is over the safetensors limit of {MAX_HEADER}")
-            if n + 8 > st.st_size:
-                raise _bad(path, f"header length {n} does not fit in a file of {st.st_size} bytes")
-            raw = f.read(n)
+        if fd is not None:
+            return _header_bytes(path, fd)
+        _regular(path, os.stat(path))  # (before the open: a FIFO's would wait for a writer)
+        own = os.open(path, os.O_RDONLY)
+        try:
+            return _header_bytes(path, own)
+        finally:
+            os.close(own)
     except OSError as e:
         raise SourceError(
             f"{path}: cannot read ({e.strerror}); check the path and permissions"
         ) from None
-    if len(raw) != n:  # the file shrank since the stat
-        raise _bad(path, f"ends inside its {n}-byte header")
-    return raw, st.st_size
 
 
-def _read_raw_fd(path: Path, fd: int) -> tuple[bytes, int]:
-    """`_read_raw` from the open file `fd` (named `path`): no second open, no second stat."""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SourceError(
-                f"{path}: not a regular file (a FIFO, socket or device); replace it with the "
-                "safetensors file"
-            )
-        head = os.pread(fd, 8, 0)
-        if len(head) < 8:
-            raise _bad(path, "shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER:
-            raise _bad(path, f"header length {n} is over the safetensors limit of {MAX_HEADER}")
-        if n + 8 > st.st_size:
-            raise _bad(path, f"header length {n} does not fit in a file of {st.st_size} bytes")
-        raw = os.pread(fd, n, 8)
-    except OSError as e:
+def _regular(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever
         raise SourceError(
-            f"{path}: cannot read ({e.strerror}); check the path and permissions"
-        ) from None
+            f"{path}: not a regular file (a FIFO, socket or device); replace it with the "
+            "safetensors file"
+        )
+
+
+def _header_bytes(path: Path, fd: int) -> tuple[bytes, int]:
+    st = os.fstat(fd)
+    _regular(path, st)
+    head = os.pread(fd, 8, 0)
+    if len(head) < 8:
+        raise _bad(path, "shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER:
+        raise _bad(path, f"header length {n} is over the safetensors limit of {MAX_HEADER}")
+    if n + 8 > st.st_size:
+        raise _bad(path, f"header length {n} does not fit in a file of {st.st_size} bytes")
+    raw = os.pread(fd, n, 8)
     if len(raw) != n:  # the file shrank since the stat
         raise _bad(path, f"ends inside its {n}-byte header")
     return raw, st.st_size

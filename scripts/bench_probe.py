@@ -20,7 +20,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -62,22 +61,9 @@ def infos() -> dict[str, TensorInfo]:
 def vllm_model(tp: int, alt: str | None) -> None:
     """--vllm: the asking on vLLM's own model class against its own load_weights."""
     import contextlib
-    import socket
     import tempfile
 
-    from vllm.config import (
-        DeviceConfig,
-        KernelConfig,
-        LoadConfig,
-        VllmConfig,
-        set_current_vllm_config,
-    )
-    from vllm.distributed import parallel_state as ps
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.layers.attention import attention
     from vllm.model_executor.model_loader.utils import initialize_model
-    from vllm.utils.torch_utils import set_default_torch_dtype
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     from fi_convert import Backend, Options, SchemeName, convert
     from fi_convert.format import dense
@@ -98,28 +84,10 @@ def vllm_model(tp: int, alt: str | None) -> None:
     )
     out = root / "out"
     convert(src, out, Options(SchemeName.BF16, Backend.TRTLLM, tp), device="cpu")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ps.init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
-    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-        ps.initialize_model_parallel(1, 1)
-    mc = EngineArgs(model=str(src), dtype="bfloat16").create_model_config()
-    cfg = VllmConfig(
-        model_config=mc,
-        kernel_config=KernelConfig(moe_backend=vm.MOE_BACKEND["trtllm"]),
-        device_config=DeviceConfig(device="cpu"),
-        load_config=LoadConfig(),
-    )
     cpu = torch.device("cpu")
     sides: dict[str, list[float]] = {"own load_weights": [], "asking": []}
     sides |= {"asking, --alt": []} if alt else {}
-    with (
-        vm.vllm_context("trtllm", tp, 0, build_here=False),
-        mock.patch.object(attention, "get_attn_backend", lambda *a, **k: CPUAttentionBackend),
-        set_current_vllm_config(cfg),
-        set_default_torch_dtype(mc.dtype),
-    ):
+    with vm.one_process_group(), vm.model_context(src, tp, 0, build_here=False) as cfg:
         with torch.device("cpu"):  # built as vLLM builds it; loaded outside, as vLLM loads
             model = initialize_model(vllm_config=cfg)
         with OutputReader(out, library_check=False) as reader:
@@ -137,8 +105,6 @@ def vllm_model(tp: int, alt: str | None) -> None:
                         with swap or contextlib.nullcontext():
                             dense.DenseLoad(reader, model, model.load_weights, cpu)
                     times.append(time.perf_counter() - t0)
-    ps.destroy_model_parallel()
-    ps.destroy_distributed_environment()
     own = statistics.median(sides["own load_weights"])
     print(
         f"vLLM's Qwen3-MoE class, 48 layers, rank 0 of TP {tp}, {len(infos)} tensors: "

@@ -534,17 +534,9 @@ def _alternative(what: str):
 def _bulk_read_from(path: str):
     """fi-convert's modules with the BulkRead class of another bulk_read.py (say an older
     commit's) while inside."""
-    import importlib.util
-
     import fi_convert.bulk_read as ours
 
-    name = f"fi_convert._bench_bulk_read_{abs(hash(path))}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    mine, other = ours.BulkRead, sys.modules[name].BulkRead
+    mine, other = ours.BulkRead, _load_copy("fi_convert.bulk_read", path).BulkRead
     users = [
         m
         for k, m in list(sys.modules.items())

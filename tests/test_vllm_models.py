@@ -16,20 +16,16 @@ CPU one: none is chosen on this CPU-less platform); vLLM's process group is gloo
 
 from __future__ import annotations
 
-import contextlib
 import re
-import socket
 import types
 from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
-from vllm.config import DeviceConfig, KernelConfig, LoadConfig, VllmConfig, set_current_vllm_config
-from vllm.engine.arg_utils import EngineArgs
+from vllm.config import LoadConfig
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
-from vllm.utils.torch_utils import set_default_torch_dtype
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.servers.vllm import loader as plugin_loader
@@ -49,26 +45,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def gloo():
     """vLLM's process groups, of one rank (its model classes ask for the PP group)."""
-    from vllm.distributed import parallel_state as ps
-
-    if ps.model_parallel_is_initialized():
+    with vm.one_process_group():
         yield
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ps.init_distributed_environment(
-        world_size=1,
-        rank=0,
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
-        local_rank=0,
-        backend="gloo",
-    )
-    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-        ps.initialize_model_parallel(1, 1)
-    yield
-    ps.destroy_model_parallel()
-    ps.destroy_distributed_environment()
 
 
 @pytest.fixture(scope="module")
@@ -88,26 +66,9 @@ def sources(tmp_path_factory):
     return get
 
 
-@contextlib.contextmanager
 def _vllm(src: Path, tp: int, rank: int):
     """vLLM's config of the source as rank `rank` of `tp` (its model classes built here)."""
-    from vllm.model_executor.layers.attention import attention
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    mc = EngineArgs(model=str(src), dtype="bfloat16").create_model_config()
-    cfg = VllmConfig(
-        model_config=mc,
-        kernel_config=KernelConfig(moe_backend=vm.MOE_BACKEND["trtllm"]),
-        device_config=DeviceConfig(device="cpu"),
-        load_config=LoadConfig(),
-    )
-    with (
-        vm.vllm_context("trtllm", tp, rank),
-        mock.patch.object(attention, "get_attn_backend", lambda *a, **k: CPUAttentionBackend),
-        set_current_vllm_config(cfg),
-        set_default_torch_dtype(mc.dtype),
-    ):
-        yield cfg
+    return vm.model_context(src, tp, rank)
 
 
 def vllms_load(src: Path, tp: int, rank: int) -> torch.nn.Module:

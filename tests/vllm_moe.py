@@ -159,3 +159,68 @@ def release_status(scheme: str, backend: str, spec, tp: int) -> str:
     if any(same_release(vllm_version(), r) for r in row.releases):
         return "proven"
     return row.left_out_as
+
+
+@contextlib.contextmanager
+def one_process_group() -> Iterator[None]:
+    """vLLM's process groups, of one rank over gloo (its model classes ask for the PP group):
+    made here unless they are already, and then destroyed on leaving."""
+    import socket
+
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ps.init_distributed_environment(
+        world_size=1,
+        rank=0,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+        local_rank=0,
+        backend="gloo",
+    )
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        ps.initialize_model_parallel(1, 1)
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
+
+
+@contextlib.contextmanager
+def model_context(src: Path, tp: int, rank: int, build_here: bool = True) -> Iterator[object]:
+    """vLLM's config of the checkpoint `src` as rank `rank` of `tp`, current inside, for its
+    model classes to build on this CPU (vLLM's CPU attention backend). `build_here`: the CPU
+    torch's default device inside (without it, build under `torch.device("cpu")` and load
+    outside, as vLLM's loader does: a device context takes every torch call of the load)."""
+    from vllm.config import (
+        DeviceConfig,
+        KernelConfig,
+        LoadConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.attention import attention
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    mc = EngineArgs(model=str(src), dtype="bfloat16").create_model_config()
+    cfg = VllmConfig(
+        model_config=mc,
+        kernel_config=KernelConfig(moe_backend=MOE_BACKEND["trtllm"]),
+        device_config=DeviceConfig(device="cpu"),
+        load_config=LoadConfig(),
+    )
+    with (
+        vllm_context("trtllm", tp, rank, build_here=build_here),
+        mock.patch.object(attention, "get_attn_backend", lambda *a, **k: CPUAttentionBackend),
+        set_current_vllm_config(cfg),
+        set_default_torch_dtype(mc.dtype),
+    ):
+        yield cfg
