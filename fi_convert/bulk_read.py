@@ -214,16 +214,14 @@ def read_device(device: str | torch.device) -> torch.device:
 
 @dataclass
 class _Job:
-    """One read of `size` bytes of a file, and where its bytes go: pieces (offset in the job,
-    a flat uint8 destination, offset in it, bytes), the destination's bytes [lo, lo + n) (no
-    view of it is made for each piece: a view is a torch call, and planning a large read makes
-    thousands of pieces)."""
+    """One read of `size` bytes of a file, and where its bytes go: (offset in the job, a flat
+    uint8 destination)."""
 
     path: Path
     fd: int
     offset: int
     size: int
-    pieces: list[tuple[int, torch.Tensor, int, int]] = field(default_factory=list)
+    pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     # rows of a strided request: (rows, bytes of each, stride) from the job's start into its
     # one piece, the rows one after another
     rows: tuple[int, int, int] | None = None
@@ -272,7 +270,7 @@ class BulkRead:
         if buffers is not None:  # as many threads as its buffers hold, of this chunk size
             self.chunk = max(1, min(self.chunk, buffers.nbytes // DEPTH))
             self.threads = max(1, min(self.threads, buffers.nbytes // (DEPTH * self.chunk)))
-        self._requests: list[tuple[Path, int, int, torch.Tensor, int]] = []
+        self._requests: list[tuple[Path, int, int, torch.Tensor]] = []
         self._strided: list[_Job] = []  # jobs of add_rows, cut already
         self._threads: list[threading.Thread] = []
         # set by each thread as its last act: Thread.join and is_alive cannot be trusted once
@@ -298,8 +296,8 @@ class BulkRead:
         if not dst.is_contiguous() or dst.device.type != self.device.type:
             raise ValueError(f"{path}: destination not contiguous or not on {self.device}")
         flat = dst if dst.dtype == torch.uint8 and dst.dim() == 1 else _flat(dst)
-        if n := flat.numel():
-            self._requests.append((path, fd, offset, flat, n))
+        if flat.numel():
+            self._requests.append((path, fd, offset, flat))
 
     def add_rows(
         self, path: Path, fd: int, offset: int, rows: tuple[int, int, int], dst: torch.Tensor
@@ -320,8 +318,7 @@ class BulkRead:
         for r in range(0, n, per):
             k = min(per, n - r)
             piece = flat[r * size : (r + k) * size]
-            span = (k - 1) * stride + size
-            job = _Job(path, fd, offset + r * stride, span, [(0, piece, 0, k * size)])
+            job = _Job(path, fd, offset + r * stride, (k - 1) * stride + size, [(0, piece)])
             job.rows = (k, size, stride)
             self._strided.append(job)
 
@@ -332,8 +329,8 @@ class BulkRead:
 
     @property
     def nbytes(self) -> int:
-        rows = sum(j.pieces[0][3] for j in self._strided)
-        return sum(r[4] for r in self._requests) + rows
+        rows = sum(j.pieces[0][1].numel() for j in self._strided)
+        return sum(flat.numel() for *_, flat in self._requests) + rows
 
     def run(self) -> ReadStats:
         self.start()
@@ -490,14 +487,14 @@ class BulkRead:
         done, strided = self._planned
         self._planned = (len(self._requests), len(self._strided))
         new = self._requests[done:]
-        for path, fd, offset, flat, n in sorted(new, key=lambda r: (str(r[0]), r[2])):
+        for path, fd, offset, flat in sorted(new, key=lambda r: (str(r[0]), r[2])):
             last = runs[-1] if runs else None
             end = last.offset + last.size if last else 0
             if last and last.fd == fd and end <= offset <= end + gap:
-                last.pieces.append((offset - last.offset, flat, 0, n))
-                last.size = offset + n - last.offset
+                last.pieces.append((offset - last.offset, flat))
+                last.size = offset + flat.numel() - last.offset
             else:
-                runs.append(_Job(path, fd, offset, n, [(0, flat, 0, n)]))
+                runs.append(_Job(path, fd, offset, flat.numel(), [(0, flat)]))
         # the strided jobs first: a row-parallel tensor's span is read whole for the rows a
         # rank keeps (more bytes per byte delivered), so they are the longest; last, they were
         # the read's tail
@@ -506,8 +503,8 @@ class BulkRead:
     def _cut(self, run: _Job) -> list[_Job]:
         """`run` cut into jobs of at most `chunk` bytes, each trimmed to its pieces."""
         jobs: list[_Job] = []
-        for at, flat, _, n in run.pieces:
-            pos, end = at, at + n
+        for at, flat in run.pieces:
+            pos, end = at, at + flat.numel()
             while pos < end:
                 job = jobs[-1] if jobs else None
                 if job is None or pos - (job.offset - run.offset) >= self.chunk:
@@ -515,7 +512,7 @@ class BulkRead:
                     jobs.append(job)
                 base = job.offset - run.offset
                 take = min(end, base + self.chunk) - pos
-                job.pieces.append((pos - base, flat, pos - at, take))
+                job.pieces.append((pos - base, flat[pos - at : pos - at + take]))
                 job.size = pos + take - base
                 pos += take
         return jobs
@@ -568,8 +565,8 @@ class BulkRead:
                 self._read(job, job.offset, _bytes(buf))
                 self._copy_out(job, buf)
                 continue
-            for at, flat, lo, n in job.pieces:
-                self._read(job, job.offset + at, _bytes(flat)[lo : lo + n])
+            for at, flat in job.pieces:
+                self._read(job, job.offset + at, _bytes(flat))
 
     def _work_staged(self, todo: queue.SimpleQueue[_Job | None], stream: Any, k: int) -> None:
         """Thread k: its DEPTH buffers of the block, filled and copied out in turn, on its
@@ -626,11 +623,11 @@ class BulkRead:
             try:
                 if job.rows is not None:  # the rows a stride apart, in one copy
                     rows, size, stride = job.rows
-                    dst = job.pieces[0][1].data_ptr()  # (the piece is its destination)
+                    dst = job.pieces[0][1].data_ptr()
                     drv.copy_rows_to_device(dst, base[b], rows, size, stride, stream)
                 else:
-                    for at, flat, lo, n in job.pieces:
-                        drv.copy_to_device(flat.data_ptr() + lo, base[b] + at, n, stream)
+                    for at, flat in job.pieces:
+                        drv.copy_to_device(flat.data_ptr(), base[b] + at, flat.numel(), stream)
                 drv.record(events[b], stream)
             except cuda_driver.CudaError as e:
                 raise cuda_driver.CudaError(f"{job.path}: its bytes into the GPU: {e}") from None
@@ -662,15 +659,14 @@ class BulkRead:
     def _copy_out(self, job: _Job, buf: torch.Tensor, non_blocking: bool = False) -> None:
         """The job's bytes from `buf` into its destinations (on this thread's current stream)."""
         if job.rows is not None:
-            flat, src = job.pieces[0][1], _rows_of(job, buf)
+            (_, flat), src = job.pieces[0], _rows_of(job, buf)
             flat.view_as(src).copy_(src, non_blocking=non_blocking)
             return
-        for at, flat, lo, n in job.pieces:
-            dst = flat if lo == 0 and n == flat.numel() else flat[lo : lo + n]
-            if at == 0 and n == buf.numel():  # the buffer as it is: no view made
-                dst.copy_(buf, non_blocking=non_blocking)
+        for at, flat in job.pieces:
+            if at == 0 and flat.numel() == buf.numel():  # the buffer as it is: no view made
+                flat.copy_(buf, non_blocking=non_blocking)
             else:
-                dst.copy_(buf[at : at + n], non_blocking=non_blocking)
+                flat.copy_(buf[at : at + flat.numel()], non_blocking=non_blocking)
 
     def _read(self, job: _Job, offset: int, mv: memoryview) -> None:
         """Fill `mv` with the bytes of the job's file at `offset`; a fault is one line."""
