@@ -97,6 +97,10 @@ COLUMNS = {"o_proj", "down_proj"}
 # the padding rows after them (VocabParallelEmbedding.weight_loader)
 VOCAB = ("embed_tokens", "lm_head")
 REPLICATED = {"q_a_proj", "kv_a_proj_with_mqa"}
+KV = {"k_proj", "v_proj"}  # split by heads: a rank of more ranks than heads keeps a whole one
+# the attention's head size of the families whose model `vllm_rank_model` builds of vLLM's own
+# layers (their other tensors are BF16, which those layers take as they are)
+HEAD_DIM = {"qwen3-moe": 128, "gpt-oss": 64}
 
 
 def spec_of(name: str, cuda: bool) -> tuple[Spec, str]:
@@ -117,8 +121,12 @@ class Place:
     shape: tuple[int, ...]  # the parameter's
 
 
-def places(infos: dict[str, TensorInfo], tp: int, rank: int) -> dict[str, Place]:
-    """Each non-expert tensor's place in one rank's model (vLLM's loaders' rules above)."""
+def places(
+    infos: dict[str, TensorInfo], tp: int, rank: int, head_dim: int | None = None
+) -> dict[str, Place]:
+    """Each non-expert tensor's place in one rank's model (vLLM's loaders' rules above). With
+    `head_dim`, K and V split by heads as vLLM's QKV layer splits them: where there are fewer
+    heads than ranks, each rank keeps one whole head, ranks in turn sharing it."""
     out: dict[str, Place] = {}
     groups: dict[str, list[str]] = {}
     for name in infos:
@@ -128,6 +136,9 @@ def places(infos: dict[str, TensorInfo], tp: int, rank: int) -> dict[str, Place]
         shape = list(infos[name].shape)
         size = shape[dim] // tp if dim is not None else (shape[0] if shape else 1)
         start = rank * size if dim is not None else 0
+        if proj in KV and head_dim and shape[0] // head_dim < tp:
+            heads = shape[0] // head_dim  # (replicated tp // heads times)
+            dim, size, start = 0, head_dim, rank // (tp // heads) * head_dim
         if proj in FUSED:
             param, members = FUSED[proj]
             key = f"{parent}.{param}.{kind}"
@@ -187,6 +198,93 @@ class RankModel(torch.nn.Module):
                 dst[rows:].fill_(0)
             done.add(p.param)
         return done
+
+
+def vllm_rank_model(
+    infos: dict[str, TensorInfo],
+    places_: dict[str, Place],
+    moe: dict[str, torch.nn.Module],
+    head_dim: int,
+) -> torch.nn.Module:
+    """One rank's model built of vLLM's own layers (call inside vLLM's config and groups, as
+    the MoE layers in `moe`, keyed by their prefix, were built): its vocabulary-parallel
+    embedding and head, QKV and row-parallel linear layers, replicated router, RMS norms (and
+    Qwen3's per-head ones where the checkpoint has them),
+    in a module tree named as vLLM's Qwen3-MoE model names it, the MoE layers in their place.
+    Its `load_weights` is vLLM's own `AutoWeightsLoader`, through the body's, with the
+    `WeightsMapper` of stacked names vLLM's Qwen3-MoE model gives it, each parameter taking
+    its tensor by its own `weight_loader`: what a tensor costs a load in vLLM's own Python, as
+    `scripts/bench_probe.py --vllm` measures on vLLM's own Qwen3-MoE class. `places` is kept
+    for the bench's vLLM side (which names the model takes)."""
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.linear import (
+        QKVParallelLinear,
+        ReplicatedLinear,
+        RowParallelLinear,
+    )
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+    from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper
+
+    stacked = WeightsMapper(
+        orig_to_new_stacked={f".{p}": (".qkv_proj", p[0]) for p in ("q_proj", "k_proj", "v_proj")}
+    )
+
+    class Body(torch.nn.Module):
+        def load_weights(self, weights):
+            return AutoWeightsLoader(self).load_weights(weights, mapper=stacked)
+
+    class Top(torch.nn.Module):
+        def load_weights(self, weights):
+            return AutoWeightsLoader(self).load_weights(weights)
+
+    bf16 = dict(params_dtype=torch.bfloat16)
+    vocab, hidden = infos["model.embed_tokens.weight"].shape
+    top, body = Top(), Body()
+    top.model, top.places = body, places_
+    body.embed_tokens = VocabParallelEmbedding(vocab, hidden, **bf16)
+    body.norm = RMSNorm(hidden, dtype=torch.bfloat16)
+    top.lm_head = ParallelLMHead(vocab, hidden, **bf16)
+    layers = 1 + max(int(n.split(".")[2]) for n in infos if n.startswith("model.layers."))
+    body.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(layers))
+    for k, layer in enumerate(body.layers):
+        p = f"model.layers.{k}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            layer.add_module(norm, RMSNorm(hidden, dtype=torch.bfloat16))
+        q, kv = (infos[f"{p}.self_attn.{x}_proj.weight"].shape[0] for x in "qk")
+        layer.self_attn = torch.nn.Module()
+        layer.self_attn.qkv_proj = QKVParallelLinear(
+            hidden, head_dim, q // head_dim, kv // head_dim, bias=False, **bf16
+        )
+        layer.self_attn.o_proj = RowParallelLinear(q, hidden, bias=False, **bf16)
+        for norm in ("q_norm", "k_norm"):  # (Qwen3's, per head)
+            if f"{p}.self_attn.{norm}.weight" in infos:
+                layer.self_attn.add_module(norm, RMSNorm(head_dim, dtype=torch.bfloat16))
+        layer.mlp = torch.nn.Module()
+        for router in ("gate", "router"):
+            w = infos.get(f"{p}.mlp.{router}.weight")
+            if w is not None:
+                bias = f"{p}.mlp.{router}.bias" in infos
+                made = ReplicatedLinear(hidden, w.shape[0], bias=bias, **bf16)
+                layer.mlp.add_module(router, made)
+        if f"{p}.mlp.experts" in moe:
+            layer.mlp.experts = moe[f"{p}.mlp.experts"]
+    unknown = set(infos) - {n for n, _ in top.named_parameters()} - _stacked_names(top)
+    if unknown:
+        raise ValueError(f"vllm_rank_model: no vLLM layer for {sorted(unknown)[:3]}")
+    return top
+
+
+def _stacked_names(model: torch.nn.Module) -> set[str]:
+    """The checkpoint's names of the model's QKV parameters' members."""
+    return {
+        n.replace(".qkv_proj.", f".{x}_proj.")
+        for n, _ in model.named_parameters()
+        if ".qkv_proj." in n
+        for x in "qkv"
+    }
 
 
 def non_expert_infos(out: Path, is_expert) -> dict[str, TensorInfo]:

@@ -7,8 +7,10 @@ With `--vllm`: vLLM 0.33's own Qwen3-MoE model class at Qwen3-30B-A3B's 48 layer
 non-expert tensors; tiny sizes: the asking's cost is per tensor, not per byte), rank 0 of TP,
 built on this CPU as tests/test_vllm_models.py builds it: the asking (`DenseLoad`: the model's
 tensors and state, its `load_weights` over the probes), against the model's own `load_weights`
-over the same tensors with their data (what vLLM's default load runs, less the reading), each
-side in turn, medians of 15. Another probe.py's asking beside it with `--alt PATH`.
+over the same tensors with their data (what vLLM's default load runs, less the reading), and
+the asking on the whole-model bench's stand-in built of vLLM's layers
+(`bench_models.vllm_rank_model`) from the same checkpoint, each side in turn, medians of 15.
+Another probe.py's asking beside it with `--alt PATH`.
 
     python scripts/bench_probe.py [TP] [--alt PATH]    # TP 1 or 8 (default 8)
     python scripts/bench_probe.py --vllm [TP] [--alt PATH]
@@ -59,9 +61,16 @@ def infos() -> dict[str, TensorInfo]:
 
 
 def vllm_model(tp: int, alt: str | None) -> None:
-    """--vllm: the asking on vLLM's own model class against its own load_weights."""
-    import contextlib
+    """--vllm: the asking on vLLM's own model class against its own load_weights (its
+    checkpoint in a temporary folder, removed at the end)."""
     import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-probe-") as tmp:
+        _vllm_model(tp, alt, Path(tmp))
+
+
+def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
+    import contextlib
 
     from vllm.model_executor.model_loader.utils import initialize_model
 
@@ -72,7 +81,6 @@ def vllm_model(tp: int, alt: str | None) -> None:
     from tests import hf_checkpoints
     from tests import vllm_moe as vm
 
-    root = Path(tempfile.mkdtemp(prefix="bench-probe-"))
     src = hf_checkpoints.save(
         "qwen3_moe",
         root / "src",
@@ -87,17 +95,26 @@ def vllm_model(tp: int, alt: str | None) -> None:
     cpu = torch.device("cpu")
     sides: dict[str, list[float]] = {"own load_weights": [], "asking": []}
     sides |= {"asking, --alt": []} if alt else {}
+    sides["asking the stand-in"] = []
+    layers = [f"model.layers.{k}.mlp.experts" for k in range(48)]
     with vm.one_process_group(), vm.model_context(src, tp, 0, build_here=False) as cfg:
         with torch.device("cpu"):  # built as vLLM builds it; loaded outside, as vLLM loads
             model = initialize_model(vllm_config=cfg)
         with OutputReader(out, library_check=False) as reader:
             infos = dense.DenseLoad(reader, model, model.load_weights, cpu).infos
             data = [(n, torch.zeros(i.shape, dtype=dtypes_of(i))) for n, i in infos.items()]
+            with torch.device("cpu"):
+                # (named apart: vLLM's config holds the real model's layers by their names)
+                moe = {p: vm.make_layer(f"standin.{p}", src, tp) for p in layers}
+                places = bm.places(infos, tp, 0, head_dim=8)
+                standin = bm.vllm_rank_model(infos, places, moe, head_dim=8)
             for _ in range(15):
                 for side, times in sides.items():
                     t0 = time.perf_counter()
                     if side == "own load_weights":
                         model.load_weights(iter(data))
+                    elif side == "asking the stand-in":
+                        dense.DenseLoad(reader, standin, standin.load_weights, cpu)
                     else:
                         swap = (
                             _module_from("fi_convert.format.probe", alt) if "alt" in side else None

@@ -169,11 +169,20 @@ def _vllm_read_others(src: Path, model: Any) -> None:
                     model.load_weights([(name, f.get_tensor(name))])
 
 
+# the whole-model cases' stand-in for a rank's vLLM model: "vllm" (built of vLLM's own layers,
+# loaded through vLLM's own AutoWeightsLoader: bench_models.vllm_rank_model) where the family's
+# other tensors are BF16, else "plain" (bench_models.RankModel: each tensor copied in a few
+# lines, a fifth of what vLLM's own Python costs a tensor: docs/speed.md, the tenth session)
+STAND_IN = "vllm"
+
+
 def _rank_model(model: dict, layers: dict[str, torch.nn.Module]) -> torch.nn.Module:
-    """One rank's model: its other tensors' parameters (bench_models.RankModel, on the current
-    device) and the MoE layers."""
+    """One rank's model: its other tensors' parameters (on the current device) and the MoE
+    layers, inside vLLM's context."""
     from fi_convert.format.dense import dtypes_of
 
+    if STAND_IN == "vllm" and model.get("head_dim"):
+        return bm.vllm_rank_model(model["infos"], model["places"], layers, model["head_dim"])
     m = bm.RankModel(model["infos"], model["places"], dtypes_of)
     for i, layer in enumerate(layers.values()):
         m.add_module(f"moe{i}", layer)
@@ -635,9 +644,17 @@ def _case_spans(case: dict, out: Path) -> tuple[dict | None, list]:
         return None, _ranges(out, case["prefixes"], False)
     with OutputReader(out) as rd:
         infos = bm.non_expert_infos(out, rd.is_expert_tensor)
-    places = bm.places(infos, case["tp"], case["rank"])
-    model = {"tp": case["tp"], "rank": case["rank"], "infos": infos, "places": places}
+    model = _model_of(case, infos)
     return model, _model_spans(out, case["prefixes"], model)
+
+
+def _model_of(case: dict, infos: dict) -> dict:
+    """A whole-model case's rank: its non-expert tensors and where its model holds them."""
+    head_dim = case.get("head_dim") if STAND_IN == "vllm" else None
+    places = bm.places(infos, case["tp"], case["rank"], head_dim)
+    return {**{k: case[k] for k in ("tp", "rank")}, "infos": infos, "places": places} | {
+        "head_dim": head_dim
+    }
 
 
 def measure(
@@ -763,6 +780,7 @@ def model_cases(dev: str, names: list[str] | None = None) -> list[dict]:
                     "model": True,
                     "tp": tp,
                     "rank": 0,
+                    "head_dim": bm.HEAD_DIM.get(spec.family),
                 }
             )
     return out
@@ -777,8 +795,7 @@ def profile(case: dict, src: Path, out: Path, dev: str, where: Path) -> None:
 
     with OutputReader(out) as rd:
         infos = bm.non_expert_infos(out, rd.is_expert_tensor)
-    places = bm.places(infos, case["tp"], case["rank"])
-    model = {"tp": case["tp"], "rank": case["rank"], "infos": infos, "places": places}
+    model = _model_of(case, infos)
     prof = cProfile.Profile()
     prof.enable()
     r = plugin_model_path(src, out, case["prefixes"], dev, model)
@@ -858,16 +875,26 @@ def main() -> None:
         "--sweep", action="store_true", help="also the plugin's threads x host memory, on case 1"
     )
     ap.add_argument(
+        "--stand-in",
+        choices=["vllm", "plain"],
+        default="vllm",
+        help="the whole models' stand-in for vLLM's model: built of vLLM's own layers and "
+        "loaded by its AutoWeightsLoader (Qwen3-30B-A3B, gpt-oss-120b; default), or the plain "
+        "one, whose load_weights copies each tensor in a few lines",
+    )
+    ap.add_argument(
         "--profile",
         action="store_true",
         help="also one warm plugin load of each whole-model case under cProfile "
         "(OUT/profile-<case>.txt: where the time outside the read goes)",
     )
     a = ap.parse_args()
+    globals()["STAND_IN"] = a.stand_in
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     can_drop = dev == "cuda" and drop_caches()
     results: list[dict] = []
     report = {"device": dev, "cold": can_drop, "cpus": os.cpu_count(), "results": results}
+    report["stand_in"] = a.stand_in
     Path(a.out).mkdir(parents=True, exist_ok=True)
     path = Path(a.out) / f"vllm-load-{dev}{'' if a.cases == 'all' else '-' + a.cases}.json"
     limit = None

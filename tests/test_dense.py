@@ -5,8 +5,10 @@ servers' own classes: tests/test_vllm_models.py, tests/test_sglang_models.py.)""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -738,6 +740,49 @@ def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device, o
         assert torch.equal(got[:-2], stored[embed]) and not got[-2:].float().any()
     assert torch.equal(getattr(twice, twice.scaled).cpu(), stored[scaled] * 2)
     assert torch.equal(getattr(once, once.names[scaled]).cpu(), stored[scaled])
+
+
+@pytest.mark.parametrize("fault", [None, KeyboardInterrupt])
+def test_the_asking_under_the_read_sets_the_switch_interval_and_sets_it_back(
+    out, monkeypatch, fault
+):
+    """`whole_read.SWITCH`: the interpreter's switch interval while the model is asked under
+    the read, as it was again once it is asked, however the asking ends; in the other orders,
+    and where it is None, never changed."""
+    stored = _stored(out)
+    was = sys.getswitchinterval()
+    seen = []
+
+    def asking(reader, model):
+        seen.append(sys.getswitchinterval())
+        if fault is not None:
+            raise fault
+        return DenseLoad(reader, model, model.load_weights, torch.device("cpu"))
+
+    for order, switch in (
+        ("ask-under-read", 1e-4),
+        ("ask-under-read-at-build", 2e-4),
+        ("ask-under-read", None),
+        ("threads-at-build", 1e-4),
+    ):
+        monkeypatch.setattr(whole_read, "ORDER", order)
+        monkeypatch.setattr(whole_read, "SWITCH", switch)
+        model = Padded(stored, "model.embed_tokens.weight")
+        ahead = whole_read.Ahead("cpu")
+        try:
+            with (
+                OutputReader(out) as reader,
+                pytest.raises(fault) if fault else contextlib.nullcontext(),
+            ):
+                whole_read.read_whole(
+                    whole_read.new_read(ahead, reader, "cpu"),
+                    lambda bulk: None,
+                    lambda model=model: asking(reader, model),
+                )
+        finally:
+            ahead.close()
+        assert seen.pop() == pytest.approx(switch if "under" in order and switch else was)
+        assert sys.getswitchinterval() == was and not reader_threads()
 
 
 def test_a_load_order_that_is_none_of_them_is_refused(monkeypatch):

@@ -655,6 +655,7 @@ def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, whe
         ("while the model is asked", "ask-first"),
         ("while the model is asked", "threads-ahead"),
         ("while the model is asked", "ask-under-read"),
+        ("while the model is asked", "ask-under-read-at-build"),
         ("in the read", "threads-at-build"),
         ("while the model is asked", "threads-at-build"),
     ],
@@ -688,7 +689,7 @@ def test_ctrl_c_during_the_load_stops_the_readers_and_says_so(src, out, monkeypa
         bulk_read.BulkRead, "abort", lambda self: aborted.append(1) or real_abort(self)
     )
     plugin = _loader()
-    if order == "threads-at-build":  # as load_model sets up before vLLM builds the model
+    if order.endswith("at-build"):  # as load_model sets up before vLLM builds the model
         plugin._ahead = whole_read.Ahead("cpu")
     with vm.vllm_context("trtllm", 2, 0):
         model = TinyModel(vm.make_layer(PREFIX, src, 2))

@@ -19,8 +19,10 @@ were even. With the asking under the experts' read, the asking, pure Python, ran
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +54,20 @@ class WholeRead:
 # once), "ask-first" (the model asked, then the threads started with every request),
 # "threads-ahead" (the reader threads started, the model asked, then every request at once),
 # "ask-under-read" (the experts' read started, the model asked under it, its requests joining
-# it).
+# it), "ask-under-read-at-build" (as ask-under-read, with the threads started while the server
+# builds the model, as threads-at-build).
 ORDER = "threads-at-build"
-ORDERS = ("threads-at-build", "ask-first", "threads-ahead", "ask-under-read")
+ORDERS = (
+    "threads-at-build",
+    "ask-first",
+    "threads-ahead",
+    "ask-under-read",
+    "ask-under-read-at-build",
+)
+# The interpreter's switch interval (seconds) while the model is asked under the read, then
+# set back; None: as it is (5 ms by default). A reader thread back from its read waits that
+# long for the interpreter's lock while the asking holds it.
+SWITCH: float | None = None
 
 
 class Ahead:
@@ -72,7 +85,7 @@ class Ahead:
         try:
             if read_device(device).type == "cuda":
                 self.buffers = host_buffers().allocate(background=True)
-            if ORDER == "threads-at-build":
+            if ORDER in ("threads-at-build", "ask-under-read-at-build"):
                 self._bulk = BulkRead(device, buffers=self.buffers)
                 self._bulk.start(more=True)
         except BaseException:
@@ -109,6 +122,19 @@ def host_memory_left(ahead: Ahead | None) -> int:
     return default_host_memory() - held
 
 
+@contextlib.contextmanager
+def _switch_interval(seconds: float | None) -> Iterator[None]:
+    if seconds is None:
+        yield
+        return
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(was)
+
+
 def _check_order() -> None:
     if ORDER not in ORDERS:
         raise ValueError(f"whole_read.ORDER {ORDER!r}: not one of {', '.join(ORDERS)}")
@@ -124,12 +150,16 @@ def read_whole(
     _check_order()
     dense: DenseLoad | None = None
     try:
-        if ORDER == "ask-under-read" and not bulk.started:
+        if ORDER in ("ask-under-read", "ask-under-read-at-build"):
             add_experts(bulk)
             moe_bytes = bulk.nbytes
             t1 = time.perf_counter()
-            bulk.start(more=True)
-            dense = dense_load()
+            if bulk.started:  # (its threads waiting for their work)
+                bulk.more()
+            else:
+                bulk.start(more=True)
+            with _switch_interval(SWITCH):
+                dense = dense_load()
         else:
             if ORDER == "threads-ahead" and not bulk.started:
                 bulk.start(more=True)  # its threads, waiting for their work
