@@ -200,7 +200,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import sys
 import types
 from pathlib import Path
@@ -800,20 +799,10 @@ MODELS = [(*run, tp) for run in RUNS for tp in (1, 2)]
 
 def _one_process_group() -> None:
     """vLLM's parallel groups of one process (its model classes ask the PP group's rank), made
-    once, inside a vLLM config's context."""
+    once, inside a vLLM config's context, and kept."""
     if ps._WORLD is not None:
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ps.init_distributed_environment(
-        world_size=1,
-        rank=0,
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
-        local_rank=0,
-        backend="gloo",
-    )
-    ps.initialize_model_parallel(1, 1)
+    vm.make_process_group()
     # what vLLM's model runner sets up at start (MLA attention reserves its workspace in it)
     workspace.init_workspace_manager(torch.device("cpu"))
 

@@ -165,14 +165,28 @@ def release_status(scheme: str, backend: str, spec, tp: int) -> str:
 def one_process_group() -> Iterator[None]:
     """vLLM's process groups, of one rank over gloo (its model classes ask for the PP group):
     made here unless they are already, and then destroyed on leaving."""
-    import socket
-
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
         yield
         return
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        make_process_group()
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
+
+
+def make_process_group() -> None:
+    """vLLM's process groups of one rank over gloo, inside a vLLM config's context (left for
+    the caller to destroy)."""
+    import socket
+
+    from vllm.distributed import parallel_state as ps
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -183,13 +197,7 @@ def one_process_group() -> Iterator[None]:
         local_rank=0,
         backend="gloo",
     )
-    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-        ps.initialize_model_parallel(1, 1)
-    try:
-        yield
-    finally:
-        ps.destroy_model_parallel()
-        ps.destroy_distributed_environment()
+    ps.initialize_model_parallel(1, 1)
 
 
 @contextlib.contextmanager

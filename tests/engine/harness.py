@@ -7,6 +7,7 @@ one start (a start costs 40-60 s on the 2-core CI machine). Engines run one at a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,8 +16,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,11 +114,14 @@ class Engines:
         cmd = [sys.executable, str(RUNNER), "--model", str(model), "--tp", str(tp)]
         cmd += ["--load-format", load_format, "--out", str(out)]
         start = time.monotonic()
-        with open(log_path, "w") as log:
+        # the engine's ZeroMQ sockets (vLLM makes them in the temporary folder, and leaves
+        # them there): in a folder of the run's own, removed once it ends
+        rpc = tempfile.mkdtemp(prefix="fi-convert-engine-rpc-")
+        with open(log_path, "w") as log, _removed(rpc):
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.logs,
-                env=engine_env(tp, extra),
+                env=engine_env(tp, extra | {"VLLM_RPC_BASE_PATH": rpc}),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -136,6 +141,14 @@ class Engines:
         run = Run(name, rc, text, result, seconds, log_path, cmd)
         REPORT.append(f"{name}: exit {rc}, {seconds:.0f} s" + _tokens(result))
         return run
+
+
+@contextlib.contextmanager
+def _removed(folder: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _tokens(result: dict | None) -> str:
