@@ -496,6 +496,9 @@ CHILD = textwrap.dedent(
     from fi_convert import bulk_read
 
     path, how = sys.argv[1], sys.argv[2]
+    # a terminal's Ctrl-C, even where the suite runs as a background job (a shell ignores SIGINT
+    # for those, and Python then leaves it ignored: the read was never interrupted)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if how == "term-handler":  # as vLLM's workers do: SIGTERM raises SystemExit
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     real = bulk_read.BulkRead._read
