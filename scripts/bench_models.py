@@ -10,7 +10,10 @@ kv_a projections into one; column-parallel tensors (QKV, gate/up, MLA's q_b and 
 embeddings and the head) split by rows, row-parallel ones (o_proj, down_proj) by columns, the
 rest replicated. (vLLM's own model classes build on this CPU only for some families and not at
 all on the GPU machine's vLLM without its compiled parts; tests/test_vllm_models.py proves the
-plugin against them where they build.)
+plugin against them where they build.) That `RankModel` costs a fifth of what vLLM's own Python
+costs a tensor; `vllm_rank_model` builds a rank's model of vLLM's own layers instead, loaded by
+vLLM's own `AutoWeightsLoader`, for the families whose other tensors are BF16 (Qwen3-30B-A3B,
+gpt-oss-120b): the whole-model bench's default.
 """
 
 from __future__ import annotations
@@ -209,8 +212,8 @@ def vllm_rank_model(
     """One rank's model built of vLLM's own layers (call inside vLLM's config and groups, as
     the MoE layers in `moe`, keyed by their prefix, were built): its vocabulary-parallel
     embedding and head, QKV and row-parallel linear layers, replicated router, RMS norms (and
-    Qwen3's per-head ones where the checkpoint has them),
-    in a module tree named as vLLM's Qwen3-MoE model names it, the MoE layers in their place.
+    Qwen3's per-head ones where the checkpoint has them), in a module tree named as vLLM's
+    Qwen3-MoE model names it, the MoE layers in their place.
     Its `load_weights` is vLLM's own `AutoWeightsLoader`, through the body's, with the
     `WeightsMapper` of stacked names vLLM's Qwen3-MoE model gives it, each parameter taking
     its tensor by its own `weight_loader`: what a tensor costs a load in vLLM's own Python, as
