@@ -15,7 +15,12 @@ is built, their start is under the build: at 4 MiB chunks, rank 0 of TP 8 of gpt
 per run against the limit, 1.17 against 1.42, and 1.35 against 1.23); at 16 MiB the two orders
 were even. With the asking under the experts' read, the asking, pure Python, ran slower beside
 16 reader threads each taking the interpreter's lock between its chunks (20-41 ms instead of
-3-6 with the lean loop)."""
+3-6 with the lean loop). Measured again on an H100 with a model built of vLLM's own layers,
+whose asking costs what vLLM's own model classes' does (the tenth session, 2026-12-07), with
+the threads started while the model is built (`ask-under-read-at-build`): at rank 0 of TP 8 the
+asking took 22-35 ms under the read instead of 3-5 before it, the readers ended 8-9 ms later,
+and the load was 1.23-1.39 of the limit against 1.20-1.22; a shorter switch interval while
+asking (`SWITCH`) did not help."""
 
 from __future__ import annotations
 
