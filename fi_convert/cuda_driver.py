@@ -154,10 +154,19 @@ class Driver:
         self._check(self._held.cuEventDestroy_v2(event), "cuEventDestroy")
 
 
-@functools.cache
+# Whether the calls that only enqueue or look keep the interpreter's lock (a bench's setting,
+# `--alt-bulk NAME=set:fi_convert.cuda_driver:HOLD=False`: every call gives it up)
+HOLD = True
+
+
 def driver() -> Driver | None:
     """The process's CUDA driver (the one torch loaded), or None where it cannot be loaded."""
+    return _driver(HOLD)
+
+
+@functools.cache
+def _driver(hold: bool) -> Driver | None:
     try:
-        return Driver(ctypes.PyDLL(LIBRARY), ctypes.CDLL(LIBRARY))
+        return Driver((ctypes.PyDLL if hold else ctypes.CDLL)(LIBRARY), ctypes.CDLL(LIBRARY))
     except (OSError, AttributeError):
         return None

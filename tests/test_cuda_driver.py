@@ -5,6 +5,7 @@ reads into a GPU go through them)."""
 from __future__ import annotations
 
 import ctypes
+import types
 
 import pytest
 
@@ -126,8 +127,34 @@ def test_a_failed_call_is_one_line_naming_it_and_the_error(call, result, message
 def test_without_the_drivers_library_reads_go_through_torch(monkeypatch):
     """No library, no driver: BulkRead then copies through torch (`_driver_context` 0)."""
     monkeypatch.setattr(cuda_driver, "LIBRARY", "libfi-convert-no-such-library.so.1")
-    cuda_driver.driver.cache_clear()
+    cuda_driver._driver.cache_clear()
     try:
         assert cuda_driver.driver() is None
     finally:
-        cuda_driver.driver.cache_clear()
+        cuda_driver._driver.cache_clear()
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_the_calls_that_only_enqueue_keep_the_lock_unless_told_not_to(monkeypatch, hold):
+    """`HOLD` (a bench's setting): the enqueueing calls through a library binding that keeps
+    the interpreter's lock (PyDLL), or one that gives it up (CDLL); the wait always gives it
+    up."""
+    made = []
+
+    class Lib:
+        def __init__(self, kind):
+            self.kind = kind
+            made.append(kind)
+
+        def __getattr__(self, name):
+            return types.SimpleNamespace()
+
+    monkeypatch.setattr(cuda_driver.ctypes, "PyDLL", lambda path: Lib("PyDLL"))
+    monkeypatch.setattr(cuda_driver.ctypes, "CDLL", lambda path: Lib("CDLL"))
+    monkeypatch.setattr(cuda_driver, "HOLD", hold)
+    cuda_driver._driver.cache_clear()
+    try:
+        drv = cuda_driver.driver()
+        assert drv._held.kind == ("PyDLL" if hold else "CDLL") and drv._free.kind == "CDLL"
+    finally:
+        cuda_driver._driver.cache_clear()
