@@ -6,6 +6,7 @@ servers' own classes: tests/test_vllm_models.py, tests/test_sglang_models.py.)""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import shutil
 import sys
@@ -783,6 +784,41 @@ def test_the_asking_under_the_read_sets_the_switch_interval_and_sets_it_back(
             ahead.close()
         assert seen.pop() == pytest.approx(switch if "under" in order and switch else was)
         assert sys.getswitchinterval() == was and not reader_threads()
+
+
+@pytest.mark.parametrize("fault", [None, KeyboardInterrupt])
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_off_through_a_whole_read(out, fault, enabled):
+    """`whole_read._collector_held`: no collection can come due while the experts' requests
+    are made, the model is asked and the bytes are read (the collector off); after it, the
+    collector is as it was (off where the server had it off), however the read ends."""
+    stored = _stored(out)
+    model = Padded(stored, "model.embed_tokens.weight")
+    seen = []
+
+    def asking(reader):
+        seen.append(("asking", gc.isenabled()))
+        if fault is not None:
+            raise fault
+        return DenseLoad(reader, model, model.load_weights, torch.device("cpu"))
+
+    (gc.enable if enabled else gc.disable)()
+    ahead = whole_read.Ahead("cpu")
+    try:
+        with (
+            OutputReader(out) as reader,
+            pytest.raises(fault) if fault else contextlib.nullcontext(),
+        ):
+            whole_read.read_whole(
+                whole_read.new_read(ahead, reader, "cpu"),
+                lambda bulk: seen.append(("experts", gc.isenabled())),
+                lambda: asking(reader),
+            )
+        want = [("asking", False)] + ([] if fault else [("experts", False)])
+        assert sorted(seen) == want and gc.isenabled() == enabled
+    finally:
+        ahead.close()
+        gc.enable()
 
 
 def test_a_load_order_that_is_none_of_them_is_refused(monkeypatch):

@@ -25,6 +25,7 @@ asking (`SWITCH`) did not help."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -151,8 +152,36 @@ def read_whole(
     dense_load: Callable[[], DenseLoad],
 ) -> WholeRead:
     """`dense_load` asks the model where its other tensors go; `add_experts` puts the
-    experts' requests into `bulk` (not started, or started by `Ahead` with more to come)."""
+    experts' requests into `bulk` (not started, or started by `Ahead` with more to come). The
+    cyclic garbage collector is held off throughout (`_collector_held`)."""
     _check_order()
+    with _collector_held():
+        return _read_whole(bulk, add_experts, dense_load)
+
+
+@contextlib.contextmanager
+def _collector_held() -> Iterator[None]:
+    """The interpreter's cyclic garbage collector off while the load runs, then as it was. A
+    full collection holds the interpreter's lock for all its objects (40 ms for a bare torch
+    process's 166,000 on an H100's host, the tenth session; a server's are more), and the
+    asking makes many objects, so one could come due mid-load: every reader thread would wait
+    it out, its pipeline idle. Held off, it comes after the load, where the servers collect
+    anyway (vLLM 0.33 and SGLang 0.5.23 before capturing their CUDA graphs, vLLM again as it
+    freezes its heap at the end of its start)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _read_whole(
+    bulk: BulkRead,
+    add_experts: Callable[[BulkRead], None],
+    dense_load: Callable[[], DenseLoad],
+) -> WholeRead:
     dense: DenseLoad | None = None
     try:
         if ORDER in ("ask-under-read", "ask-under-read-at-build"):
