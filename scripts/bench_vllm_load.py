@@ -655,10 +655,9 @@ def _case_spans(case: dict, out: Path) -> tuple[dict | None, list]:
 def _model_of(case: dict, infos: dict) -> dict:
     """A whole-model case's rank: its non-expert tensors and where its model holds them."""
     head_dim = case.get("head_dim") if STAND_IN == "vllm" else None
-    places = bm.places(infos, case["tp"], case["rank"], head_dim)
-    return {**{k: case[k] for k in ("tp", "rank")}, "infos": infos, "places": places} | {
-        "head_dim": head_dim
-    }
+    tp, rank = case["tp"], case["rank"]
+    places = bm.places(infos, tp, rank, head_dim)
+    return {"tp": tp, "rank": rank, "infos": infos, "places": places, "head_dim": head_dim}
 
 
 def _read_through(folder: Path) -> None:
