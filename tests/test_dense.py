@@ -769,19 +769,9 @@ def test_the_asking_under_the_read_sets_the_switch_interval_and_sets_it_back(
         monkeypatch.setattr(whole_read, "ORDER", order)
         monkeypatch.setattr(whole_read, "SWITCH", switch)
         model = Padded(stored, "model.embed_tokens.weight")
-        ahead = whole_read.Ahead("cpu")
-        try:
-            with (
-                OutputReader(out) as reader,
-                pytest.raises(fault) if fault else contextlib.nullcontext(),
-            ):
-                whole_read.read_whole(
-                    whole_read.new_read(ahead, reader, "cpu"),
-                    lambda bulk: None,
-                    lambda model=model: asking(reader, model),
-                )
-        finally:
-            ahead.close()
+        _read_whole(
+            out, lambda bulk: None, lambda reader, model=model: asking(reader, model), fault
+        )
         assert seen.pop() == pytest.approx(switch if "under" in order and switch else was)
         assert sys.getswitchinterval() == was and not reader_threads()
 
@@ -803,6 +793,18 @@ def test_the_garbage_collector_is_off_through_a_whole_read(out, fault, enabled):
         return DenseLoad(reader, model, model.load_weights, torch.device("cpu"))
 
     (gc.enable if enabled else gc.disable)()
+    try:
+        _read_whole(out, lambda bulk: seen.append(("experts", gc.isenabled())), asking, fault)
+        want = [("asking", False)] + ([] if fault else [("experts", False)])
+        assert sorted(seen) == want and gc.isenabled() == enabled
+    finally:
+        gc.enable()
+
+
+def _read_whole(out, add_experts, asking, fault) -> None:
+    """`whole_read.read_whole` of `out` into the CPU as a plugin runs it (`Ahead` first),
+    `asking(reader)` standing for the model's asking; `fault` (an exception type) expected out
+    of it, else none."""
     ahead = whole_read.Ahead("cpu")
     try:
         with (
@@ -810,15 +812,10 @@ def test_the_garbage_collector_is_off_through_a_whole_read(out, fault, enabled):
             pytest.raises(fault) if fault else contextlib.nullcontext(),
         ):
             whole_read.read_whole(
-                whole_read.new_read(ahead, reader, "cpu"),
-                lambda bulk: seen.append(("experts", gc.isenabled())),
-                lambda: asking(reader),
+                whole_read.new_read(ahead, reader, "cpu"), add_experts, lambda: asking(reader)
             )
-        want = [("asking", False)] + ([] if fault else [("experts", False)])
-        assert sorted(seen) == want and gc.isenabled() == enabled
     finally:
         ahead.close()
-        gc.enable()
 
 
 def test_a_load_order_that_is_none_of_them_is_refused(monkeypatch):
