@@ -50,6 +50,11 @@ THREADS_CAP = 128  # more reader threads than this is a mistake, not a setting
 CHUNK = 4 << 20  # bytes read and copied at once by one thread
 MIN_CHUNK = 1 << 20
 DEPTH = 2  # pinned buffers per thread: one is read into while the other is copied out
+# Chunks of each thread's first read of a read into a GPU (at most DEPTH: its buffers in a row),
+# a bench setting (`--alt-bulk NAME=set:fi_convert.bulk_read:LEAD=4,fi_convert.bulk_read:DEPTH=8`).
+# A reader needs the interpreter's lock only between its reads; with the model asked under the
+# read (`format/whole_read.ORDER`), longer first reads leave the asking the lock for their length.
+LEAD = 1
 GAP = 1 << 20  # two ranges of a file this close are read as one (the gap is read and dropped)
 
 
@@ -495,23 +500,32 @@ class BulkRead:
                 last.size = offset + flat.numel() - last.offset
             else:
                 runs.append(_Job(path, fd, offset, flat.numel(), [(0, flat)]))
-        # the strided jobs first: a row-parallel tensor's span is read whole for the rows a
+        # a read's first jobs, one a thread, LEAD chunks long where it is set (staged)
+        lead = self.threads if self.staged and LEAD > 1 and not self._jobs else 0
+        size = min(LEAD, DEPTH) * self.chunk
+        cut: list[_Job] = []
+        for run in runs:
+            cut += self._cut(run, max(0, lead - len(cut)), size)
+        # then the strided jobs: a row-parallel tensor's span is read whole for the rows a
         # rank keeps (more bytes per byte delivered), so they are the longest; last, they were
         # the read's tail
-        return self._strided[strided:] + [job for run in runs for job in self._cut(run)]
+        return cut[:lead] + self._strided[strided:] + cut[lead:]
 
-    def _cut(self, run: _Job) -> list[_Job]:
-        """`run` cut into jobs of at most `chunk` bytes, each trimmed to its pieces."""
+    def _cut(self, run: _Job, lead: int = 0, size: int = 0) -> list[_Job]:
+        """`run` cut into jobs of at most `chunk` bytes (the first `lead` of them, `size`),
+        each trimmed to its pieces."""
         jobs: list[_Job] = []
+        limit = self.chunk
         for at, flat in run.pieces:
             pos, end = at, at + flat.numel()
             while pos < end:
                 job = jobs[-1] if jobs else None
-                if job is None or pos - (job.offset - run.offset) >= self.chunk:
+                if job is None or pos - (job.offset - run.offset) >= limit:
+                    limit = size if len(jobs) < lead else self.chunk
                     job = _Job(run.path, run.fd, run.offset + pos, 0)
                     jobs.append(job)
                 base = job.offset - run.offset
-                take = min(end, base + self.chunk) - pos
+                take = min(end, base + limit) - pos
                 job.pieces.append((pos - base, flat[pos - at : pos - at + take]))
                 job.size = pos + take - base
                 pos += take
@@ -585,15 +599,13 @@ class BulkRead:
                 torch.cuda.set_device(self.device)
                 torch.cuda.set_stream(stream)
         mine = self._buffers.block()[k * DEPTH * self.chunk :][: DEPTH * self.chunk]
-        bufs = [mine[b * self.chunk : (b + 1) * self.chunk] for b in range(DEPTH)]
-        views = [_bytes(b) for b in bufs]
         events: list[int] = []
         try:
             if drv is not None and stream is not None:
                 events = [drv.event() for _ in range(DEPTH)]
-                self._loop_driver(todo, drv, stream.cuda_stream, bufs, views, events)
+                self._loop_driver(todo, drv, stream.cuda_stream, mine, events)
             else:
-                self._loop_torch(todo, stream, bufs, views)
+                self._loop_torch(todo, stream, mine)
         except BaseException:
             _end_copies(stream, drv, events, failed=True)  # (the thread's own fault stands)
             raise
@@ -604,57 +616,53 @@ class BulkRead:
         todo: queue.SimpleQueue[_Job | None],
         drv: cuda_driver.Driver,
         stream: int,
-        bufs: list[torch.Tensor],
-        views: list[memoryview],
+        mine: torch.Tensor,
         events: list[int],
     ) -> None:
         """The staged loop into a GPU through the driver: no torch call, no tensor made, the
         interpreter's lock given up only to read and to wait for a buffer's last copy. A
         strided job's rows go in one 2D copy of the copy engine's, from the pinned buffer
         (torch would gather them into pageable memory first, and copy from there)."""
-        base = [b.data_ptr() for b in bufs]
-        used = [False] * DEPTH
-        n = 0
+        ring = _Ring(self.chunk)
+        view, start = _bytes(mine), mine.data_ptr()
         while not self._stop.is_set() and (job := todo.get()) is not None:
-            b, n = n % DEPTH, n + 1
-            if used[b]:
+            first, last = ring.take(job.size)
+            for b in ring.refilled(first, last):
                 drv.wait(events[b])  # its last copy is over: the buffer may be refilled
-            self._read(job, job.offset, views[b][: job.size])
+            at0 = first * self.chunk
+            self._read(job, job.offset, view[at0 : at0 + job.size])
+            src = start + at0
             try:
                 if job.rows is not None:  # the rows a stride apart, in one copy
                     rows, size, stride = job.rows
                     dst = job.pieces[0][1].data_ptr()
-                    drv.copy_rows_to_device(dst, base[b], rows, size, stride, stream)
+                    drv.copy_rows_to_device(dst, src, rows, size, stride, stream)
                 else:
                     for at, flat in job.pieces:
-                        drv.copy_to_device(flat.data_ptr(), base[b] + at, flat.numel(), stream)
-                drv.record(events[b], stream)
+                        drv.copy_to_device(flat.data_ptr(), src + at, flat.numel(), stream)
+                for b in range(first, last):
+                    drv.record(events[b], stream)
             except cuda_driver.CudaError as e:
                 raise cuda_driver.CudaError(f"{job.path}: its bytes into the GPU: {e}") from None
-            used[b] = True
 
     def _loop_torch(
-        self,
-        todo: queue.SimpleQueue[_Job | None],
-        stream: Any,
-        bufs: list[torch.Tensor],
-        views: list[memoryview],
+        self, todo: queue.SimpleQueue[_Job | None], stream: Any, mine: torch.Tensor
     ) -> None:
         """The staged loop through torch (into host memory in tests; into a GPU where the
         driver's library cannot be loaded)."""
         cuda = stream is not None
         done = [torch.cuda.Event() for _ in range(DEPTH)] if cuda else []
-        used = [False] * DEPTH
-        n = 0
+        ring = _Ring(self.chunk)
+        view = _bytes(mine)
         while not self._stop.is_set() and (job := todo.get()) is not None:
-            b, n = n % DEPTH, n + 1
-            if used[b]:
+            first, last = ring.take(job.size)
+            for b in ring.refilled(first, last) if cuda else ():
                 done[b].synchronize()  # its last copy is over: the buffer may be refilled
-            self._read(job, job.offset, views[b][: job.size])
-            self._copy_out(job, bufs[b], cuda)
-            if cuda:
+            at0 = first * self.chunk
+            self._read(job, job.offset, view[at0 : at0 + job.size])
+            self._copy_out(job, mine[at0 : at0 + job.size], cuda)
+            for b in range(first, last) if cuda else ():
                 done[b].record(stream)
-                used[b] = True
 
     def _copy_out(self, job: _Job, buf: torch.Tensor, non_blocking: bool = False) -> None:
         """The job's bytes from `buf` into its destinations (on this thread's current stream)."""
@@ -686,6 +694,32 @@ class BulkRead:
                     "it again), then load again"
                 )
             done += n
+
+
+class _Ring:
+    """A reader thread's DEPTH buffers of `chunk` bytes, one after another in its block, taken
+    in turn: a job takes as many in a row as its bytes fill (a read's first, LEAD chunks long),
+    from the first where they would run past the last."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
+        self.next = 0
+        self.used = [False] * DEPTH
+
+    def take(self, nbytes: int) -> tuple[int, int]:
+        """The buffers [first, last) a job of `nbytes` takes."""
+        span = max(1, -(-nbytes // self.chunk))
+        first = self.next if self.next + span <= DEPTH else 0
+        self.next = (first + span) % DEPTH
+        return first, first + span
+
+    def refilled(self, first: int, last: int) -> list[int]:
+        """Those of the buffers [first, last) that held an earlier job's bytes (their copies
+        must be over before they are read into); all of them are in use from now."""
+        out = [b for b in range(first, last) if self.used[b]]
+        for b in range(first, last):
+            self.used[b] = True
+        return out
 
 
 def _driver_context(device: torch.device) -> int:

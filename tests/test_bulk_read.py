@@ -153,6 +153,58 @@ def test_long_ranges_are_cut_into_chunks_for_the_threads(two_files):
     assert dst.numpy().tobytes() == data[path][123 : 123 + 9 * MiB]
 
 
+@pytest.mark.parametrize(("lead", "depth"), [(2, 2), (4, 4), (3, 4), (8, 4)])
+def test_a_reads_first_jobs_are_lead_chunks_long_and_land(two_files, monkeypatch, lead, depth):
+    """With LEAD set, a staged read's first jobs (one a thread, then the strided ones) are
+    LEAD chunks long (at most DEPTH: a thread's buffers in a row), and every byte lands; a
+    job past the first read's, and every direct read's, is a chunk at most."""
+    monkeypatch.setattr(bulk_read, "LEAD", lead)
+    monkeypatch.setattr(bulk_read, "DEPTH", depth)
+    data, fds = two_files
+    (a, raw_a), (b, raw_b) = data.items()
+    for staged in (True, False):
+        bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+        whole = torch.empty(9 * MiB, dtype=torch.uint8)
+        rows = torch.empty(40 * 1000, dtype=torch.uint8)
+        bulk.add(a, fds[a], 5, whole)
+        bulk.add_rows(b, fds[b], 3, (40, 1000, 100_000), rows)
+        bulk.start(more=True)
+        first = [(j.size, j.rows is not None) for j in bulk._jobs]
+        later = torch.empty(3 * MiB, dtype=torch.uint8)
+        bulk.add(b, fds[b], 1000, later)
+        bulk.more()
+        stats = bulk.wait()
+        assert whole.numpy().tobytes() == raw_a[5 : 5 + 9 * MiB]
+        assert later.numpy().tobytes() == raw_b[1000 : 1000 + 3 * MiB]
+        want = b"".join(raw_b[3 + r * 100_000 : 3 + r * 100_000 + 1000] for r in range(40))
+        assert rows.numpy().tobytes() == want
+        n = min(lead, depth) * MIN_CHUNK
+        heads = [min(n, 9 * MiB - k * n) for k in range(3) if k * n < 9 * MiB]
+        if staged:  # the strided job next, then the rest in chunks; the later ones in chunks
+            assert first[: len(heads)] == [(size, False) for size in heads]
+            assert first[len(heads)][1] and all(s <= MIN_CHUNK for s, _ in first[4:])
+            assert sum(s for s, r in first if not r) == 9 * MiB
+        else:
+            assert all(s <= MIN_CHUNK for s, _ in first)
+        assert all(j.size <= MIN_CHUNK for j in bulk._jobs[len(first) :])
+        assert stats.pinned_peak <= 3 * depth * MIN_CHUNK
+        assert not reader_threads()
+
+
+def test_a_threads_buffers_are_taken_in_turn_and_a_long_job_takes_several_in_a_row(
+    monkeypatch,
+):
+    monkeypatch.setattr(bulk_read, "DEPTH", 4)
+    ring = bulk_read._Ring(10)
+    taken = [ring.take(n) for n in (40, 10, 25, 1, 30, 0)]
+    assert taken == [(0, 4), (0, 1), (1, 4), (0, 1), (1, 4), (0, 1)]
+    ring = bulk_read._Ring(10)
+    assert ring.refilled(*ring.take(20)) == []  # new buffers: nothing to wait for
+    assert ring.refilled(*ring.take(30)) == [0, 1]  # past the last: from the first
+    assert ring.refilled(*ring.take(10)) == []  # the last, not used yet
+    assert ring.refilled(*ring.take(10)) == [0]
+
+
 def test_the_host_memory_budget_bounds_threads_times_buffers():
     assert fit(16, 1 << 30) == (16, bulk_read.CHUNK)  # 16 x 2 x 4 MiB: 128 MiB of buffers
     assert fit(16, 1 << 30, 16 * MiB) == (16, 16 * MiB)  # 512 MiB

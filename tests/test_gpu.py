@@ -218,13 +218,20 @@ def _used(bulk, copies: str) -> bool:
     return bool(bulk._context) == (copies == "driver")
 
 
-def test_reads_into_cuda_equal_the_cpu_read(tmp_path, copies):
+@pytest.mark.parametrize(("lead", "depth"), [(1, 2), (4, 4), (2, 4)])
+def test_reads_into_cuda_equal_the_cpu_read(tmp_path, copies, monkeypatch, lead, depth):
     """The bulk read into a GPU (pinned buffers, each thread's own stream) gives the CPU
     read's bytes: a rank's slices (TP 2) and an EP rank's experts, every tensor of a layer in
     one read cut into 1 MiB chunks over 3 threads; then no pinned memory is held. Through the
-    driver's calls and through torch's."""
+    driver's calls and through torch's; each thread's first read a chunk long, or `lead`
+    chunks into its `depth` buffers in a row (bulk_read.LEAD), whose copies must be over
+    before they are read into again."""
+    from fi_convert import bulk_read
     from fi_convert.bulk_read import MIN_CHUNK, BulkRead
     from fi_convert.format import reader as loader
+
+    monkeypatch.setattr(bulk_read, "LEAD", lead)
+    monkeypatch.setattr(bulk_read, "DEPTH", depth)
 
     spec = Spec("qwen3-moe", layers=1, experts=5, hidden=1024, intermediate=512)
     src = write_checkpoint(tmp_path / "src", spec)
@@ -246,7 +253,9 @@ def test_reads_into_cuda_equal_the_cpu_read(tmp_path, copies):
                 pairs.append((name, cpu, dev))
             stats = gpu.run()
         assert stats.threads == 3 and stats.read_bytes > 3 * MIN_CHUNK and _used(gpu, copies)
-        assert 0 < stats.pinned_peak <= 3 * 2 * MIN_CHUNK and gpu.pinned_bytes == 0
+        assert 0 < stats.pinned_peak <= 3 * depth * MIN_CHUNK and gpu.pinned_bytes == 0
+        longest = max(j.size for j in gpu._jobs)  # (a lead job: longer than a chunk)
+        assert longest <= lead * MIN_CHUNK and (lead == 1 or longest > MIN_CHUNK)
         for name, cpu, dev in pairs:
             assert torch.equal(dev.cpu().view(torch.uint8), cpu.view(torch.uint8)), name
 
