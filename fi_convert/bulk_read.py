@@ -294,6 +294,10 @@ class BulkRead:
         self._ends: list[float] = []  # when each thread finished
         # the device's context for the readers' driver calls (0: they copy through torch)
         self._context = 0
+        # where set (bytes), requests added to a read started with more=True join it once
+        # that many have come since the last joined (`format/whole_read.FEED`)
+        self.feed = 0
+        self._fed = 0
 
     def add(self, path: Path, fd: int, offset: int, dst: torch.Tensor) -> None:
         """Fill the contiguous `dst` (on this read's device) with `dst`'s byte size of the
@@ -303,6 +307,8 @@ class BulkRead:
         flat = dst if dst.dtype == torch.uint8 and dst.dim() == 1 else _flat(dst)
         if flat.numel():
             self._requests.append((path, fd, offset, flat))
+            self._fed += flat.numel()
+            self._feed()
 
     def add_rows(
         self, path: Path, fd: int, offset: int, rows: tuple[int, int, int], dst: torch.Tensor
@@ -326,6 +332,12 @@ class BulkRead:
             job = _Job(path, fd, offset + r * stride, (k - 1) * stride + size, [(0, piece)])
             job.rows = (k, size, stride)
             self._strided.append(job)
+            self._fed += piece.numel()
+            self._feed()
+
+    def _feed(self) -> None:
+        if self.feed and self._fed >= self.feed and self._threads and not self._closed:
+            self.more()
 
     @property
     def started(self) -> bool:
@@ -384,6 +396,7 @@ class BulkRead:
         if not self._threads or self._closed:
             raise ValueError("requests added to a read not started with more=True, or ended")
         jobs = self._plan()
+        self._fed = 0
         self._check_sizes(jobs)
         self._queue(jobs)
 

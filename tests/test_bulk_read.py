@@ -784,6 +784,35 @@ def test_requests_added_while_the_read_runs_join_it(two_files, staged, first):
 
 
 @pytest.mark.parametrize("staged", [False, True])
+def test_requests_join_a_running_read_as_they_come_where_it_feeds(two_files, staged):
+    """`BulkRead.feed`: on a read started with more=True, requests join it each time that many
+    bytes of them have come (before `more`), rows as plain ranges; every byte lands, once."""
+    data, fds = two_files
+    (a, raw_a), (b, raw_b) = data.items()
+    bulk = BulkRead("cpu", threads=2, chunk=MIN_CHUNK, staged=staged, host_memory=16 * MiB)
+    bulk.start(more=True)
+    bulk.feed = 2 * MiB
+    want, queued = [], []
+    for k in range(6):  # 1 MiB each: joined after the 2nd, 4th and 6th
+        dst = torch.empty(MiB, dtype=torch.uint8)
+        bulk.add(a, fds[a], k * MiB + 3, dst)
+        want.append((dst, raw_a[k * MiB + 3 : (k + 1) * MiB + 3]))
+        queued.append(sum(j.size for j in bulk._jobs))
+    rows = torch.empty(3 * 4096, dtype=torch.uint8)
+    bulk.add_rows(b, fds[b], 5, (3, 4096, MiB), rows)  # 12 KiB: not joined yet
+    queued.append(sum(j.size for j in bulk._jobs))
+    bulk.feed = 0
+    bulk.more()
+    bulk.wait()
+    assert queued == [0, 2 * MiB, 2 * MiB, 4 * MiB, 4 * MiB, 6 * MiB, 6 * MiB]
+    for dst, raw in want:
+        assert dst.numpy().tobytes() == raw
+    got = rows.numpy().tobytes()
+    assert got == b"".join(raw_b[5 + r * MiB : 5 + r * MiB + 4096] for r in range(3))
+    assert len(bulk._jobs) == len({id(j) for j in bulk._jobs}) and not reader_threads()
+
+
+@pytest.mark.parametrize("staged", [False, True])
 def test_a_read_waiting_for_more_requests_stops_when_aborted(two_files, staged):
     """Its threads wait for requests that never come (the model's asking failed): `abort`
     ends them at once, and a truncated file among the later requests is refused as at the

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import json
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -717,17 +718,56 @@ def _whole(out, model, device: str) -> DenseLoad:
     return read.dense
 
 
+FIRST_ASKING = """
+import gc, sys
+import torch
+from fi_convert.format.probe import probe, storage_key
+assert "torch._dynamo" not in sys.modules
+w = torch.zeros(6, 4)
+pad = torch.full((3,), 7.0)
+held = {storage_key(w), storage_key(pad)}
+def load_weights(weights):
+    for name, t in weights:
+        if name == "pad":
+            pad[:2].copy_(t)
+            pad[2:].fill_(0)  # a write of the model's own: seen by the watch's dispatch mode
+        else:
+            w.copy_(t)
+gc.disable()  # (as through a whole read)
+done = probe(load_weights, [("pad", (2,), torch.float32), ("w", (6, 4), torch.float32)],
+             lambda t: storage_key(t) in held)
+print({p.name: p.stopped for p in done})
+"""
+
+
+def test_a_processs_first_asking_with_the_collector_off_keeps_no_probe_alive():
+    """In a fresh process (torch._dynamo not imported, as in the tests' first asking), the
+    watch's first operator imports nothing that would leave the model's load_weights frame,
+    and the last probe it held, alive in a reference cycle: with the collector off, as through
+    a whole read, that probe was taken as kept by the model (probe.py's `_Ops`)."""
+    run = subprocess.run(
+        [sys.executable, "-c", FIRST_ASKING], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "{'pad': None, 'w': None}"
+
+
+@pytest.mark.parametrize("feed", [0, 1])
 @pytest.mark.parametrize("order", whole_read.ORDERS)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_whole_read_lands_every_byte_with_the_models_own_writes(out, device, order, monkeypatch):
+def test_a_whole_read_lands_every_byte_with_the_models_own_writes(
+    out, device, order, feed, monkeypatch
+):
     """The model's own writes while it is asked (the padding zeroed, on its stream for a GPU)
     come before the bytes read into the same tensors; a write after a copy (the scaling after
     the loop) is made again once they are in place; a call that only copied is not. In each
     order of a load (`whole_read.ORDER`: with the readers started, their requests given after
-    the asking's writes)."""
+    the asking's writes), the experts' requests joining the read as they come or all at once
+    (`whole_read.FEED`)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     monkeypatch.setattr(whole_read, "ORDER", order)
+    monkeypatch.setattr(whole_read, "FEED", feed)
     stored = _stored(out)
     embed = "model.embed_tokens.weight"
     plain = [n for n, t in stored.items() if t.dtype == torch.bfloat16 and t.dim() == 2]

@@ -308,6 +308,17 @@ class Watch(TorchFunctionMode):
 class _Ops(TorchDispatchMode):
     """A `Watch`'s eye on the operators of one call of the model's that is not inert."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Not wrapped in torch's `_disable_dynamo`, as torch wraps a dispatch mode's
+        __torch_dispatch__ unless the mode opts out so: the wrapper imports torch._dynamo at
+        its first call, which was inside a process's first asking, and the import left the
+        frame of the model's load_weights in a reference cycle. With the collector off
+        through a load (`whole_read`), that frame kept the last probe it held alive, taken
+        as kept by the model (read then with its data, the model called twice). The asking
+        never runs under Dynamo."""
+        return False
+
     def __init__(self, watch: Watch) -> None:
         super().__init__()
         self.watch = watch

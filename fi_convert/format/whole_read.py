@@ -70,6 +70,10 @@ ORDERS = (
     "ask-under-read",
     "ask-under-read-at-build",
 )
+# In the orders that ask the model under the read, the experts' requests join the read as they
+# are added, each time this many bytes of them have come (0: all at once, once added); a bench
+# setting: the read starts after the first layers' are planned, not every layer's.
+FEED = 0
 # The interpreter's switch interval (seconds) while the model is asked under the read, then
 # set back; None: as it is (5 ms by default). A reader thread back from its read waits that
 # long for the interpreter's lock while the asking holds it.
@@ -185,9 +189,16 @@ def _read_whole(
     dense: DenseLoad | None = None
     try:
         if ORDER in ("ask-under-read", "ask-under-read-at-build"):
-            add_experts(bulk)
+            if FEED and not bulk.started:
+                bulk.start(more=True)  # (the experts' requests join it as they come)
+            bulk.feed = FEED if bulk.started else 0
+            t0 = time.perf_counter()
+            try:
+                add_experts(bulk)
+            finally:
+                bulk.feed = 0
             moe_bytes = bulk.nbytes
-            t1 = time.perf_counter()
+            t1 = t0 if FEED else time.perf_counter()
             if bulk.started:  # (its threads waiting for their work)
                 bulk.more()
             else:
