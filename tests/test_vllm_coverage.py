@@ -177,7 +177,7 @@ def builds_moe(module: str) -> bool:
     return any(_builds_moe(f, WHOLE) for f in files)
 
 
-CONFIGS = "vllm.transformers_utils.configs."
+CONFIG_IMPORT = re.compile(r"^from (vllm\.transformers_utils\.configs\.\w+) import", re.M)
 
 
 def nested(module: str) -> set[str]:
@@ -190,7 +190,7 @@ def nested(module: str) -> set[str]:
     configs = {
         ROOT.joinpath(*m.group(1).split(".")[1:]).with_suffix(".py")
         for f in files
-        for m in re.finditer(r"^from (vllm\.transformers_utils\.configs\.\w+) import", _text(f), re.M)
+        for m in CONFIG_IMPORT.finditer(_text(f))
     }
     texts = [_text(f) for f in files] + [_text(c) for c in sorted(configs) if c.exists()]
     return {a for t in texts for a in re.findall(r"[\"'](\w+)[\"']", t) if a in _VLLM_MODELS}
