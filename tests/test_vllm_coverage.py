@@ -200,9 +200,7 @@ def nested(module: str) -> set[str]:
 def moe_architectures() -> list[str]:
     moe = {a for a, (module, _) in _VLLM_MODELS.items() if builds_moe(module)}
     while grown := {
-        a
-        for a, (module, _) in _VLLM_MODELS.items()
-        if a not in moe and nested(module) & moe
+        a for a, (module, _) in _VLLM_MODELS.items() if a not in moe and nested(module) & moe
     }:
         moe |= grown
     return sorted(moe)
