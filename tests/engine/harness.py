@@ -114,14 +114,20 @@ class Engines:
         cmd = [sys.executable, str(RUNNER), "--model", str(model), "--tp", str(tp)]
         cmd += ["--load-format", load_format, "--out", str(out)]
         start = time.monotonic()
-        # the engine's ZeroMQ sockets (vLLM makes them in the temporary folder, and leaves
-        # them there): in a folder of the run's own, removed once it ends
+        # the engine's ZeroMQ sockets and its process group's file store (vLLM makes them in
+        # the temporary folder, and leaves them there): in a folder of the run's own, removed
+        # once it ends; torch's compile cache where it would be without (kept, shared)
         rpc = tempfile.mkdtemp(prefix="fi-convert-engine-rpc-")
+        own = {
+            "VLLM_RPC_BASE_PATH": rpc,
+            "TMPDIR": rpc,
+            "TORCHINDUCTOR_CACHE_DIR": _compile_cache(),
+        }
         with open(log_path, "w") as log, _removed(rpc):
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.logs,
-                env=engine_env(tp, extra | {"VLLM_RPC_BASE_PATH": rpc}),
+                env=engine_env(tp, extra | own),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -141,6 +147,14 @@ class Engines:
         run = Run(name, rc, text, result, seconds, log_path, cmd)
         REPORT.append(f"{name}: exit {rc}, {seconds:.0f} s" + _tokens(result))
         return run
+
+
+def _compile_cache() -> str:
+    """torch's compile (inductor) cache folder as the engine would find it by itself (the
+    temporary folder's, unless the environment names one)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
 
 
 @contextlib.contextmanager
