@@ -182,7 +182,8 @@ def test_a_reads_first_jobs_are_lead_chunks_long_and_land(two_files, monkeypatch
         heads = [min(n, 9 * MiB - k * n) for k in range(3) if k * n < 9 * MiB]
         if staged:  # the strided job next, then the rest in chunks; the later ones in chunks
             assert first[: len(heads)] == [(size, False) for size in heads]
-            assert first[len(heads)][1] and all(s <= MIN_CHUNK for s, _ in first[4:])
+            assert first[len(heads)][1]
+            assert all(s <= MIN_CHUNK for s, _ in first[len(heads) + 1 :])
             assert sum(s for s, r in first if not r) == 9 * MiB
         else:
             assert all(s <= MIN_CHUNK for s, _ in first)

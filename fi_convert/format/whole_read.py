@@ -191,7 +191,7 @@ def _read_whole(
         if ORDER in ("ask-under-read", "ask-under-read-at-build"):
             if FEED and not bulk.started:
                 bulk.start(more=True)  # (the experts' requests join it as they come)
-            bulk.feed = FEED if bulk.started else 0
+            bulk.feed = FEED  # (where set, the read is started)
             t0 = time.perf_counter()
             try:
                 add_experts(bulk)
