@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +38,20 @@ from .sizes import SIZE_HELP, parse_size
 THREADS_ENV = "FI_CONVERT_READ_THREADS"
 HOST_MEMORY_ENV = "FI_CONVERT_HOST_MEMORY"
 DEFAULT_HOST_MEMORY = 1 << 30  # pinned host memory of a read into a GPU, at most
-# On the GPU machine (16 CPUs) the plugins' whole load of a rank is fastest at 16 threads x 4 MiB
-# chunks, as a plain parallel copy of the same bytes is: on an H100 (2026-12-06, seventh
-# session), rank 0 of TP 8 took 48-52 ms at 4 MiB against 54-60 at 16 and 54 at 8 for
-# gpt-oss-120b, 63-68 against 79-81 and 72 for Qwen3-30B-A3B, 78-100 at 2 (docs/speed.md;
+# On the GPU machine (16 CPUs) the plugins' whole load of a rank is fastest at 4 MiB chunks, as a
+# plain parallel copy of the same bytes is: on an H100 (2026-12-06, seventh session), rank 0 of
+# TP 8 took 48-52 ms at 4 MiB against 54-60 at 16 and 54 at 8 for gpt-oss-120b, 63-68 against
+# 79-81 and 72 for Qwen3-30B-A3B, 78-100 at 2 (docs/speed.md;
 # docs/bench/h100-vllm-load-chunks-order-2026-12-06.json). Before the readers' copies were the
 # driver's own calls, each chunk cost more and 16 MiB was faster (61 ms against 73 at 4).
-# 128 MiB pinned, which the plugins pin while the server builds the model
-MAX_THREADS = 16
+# And at 12 threads, not 16: the plain copy reads as fast with 12 as with 16 (0.97-1.00 of its
+# time, TP 8 and TP 1), and the whole load is faster, the readers' last end 40 ms against 44 at
+# rank 0 of TP 8 of Qwen3-30B-A3B, 222 against 237 at TP 1 (an H100, 2026-12-07, twelfth
+# session: per run, 1.32 of the limit against 1.47, 1.15 against 1.21; gpt-oss-120b 1.12
+# against 1.16 at TP 1, even at TP 8; docs/bench/h100-vllm-load-threads-2026-12-07.json): with
+# every CPU reading, the load's own thread waits for one. 96 MiB pinned, which the plugins pin
+# while the server builds the model
+MAX_THREADS = 12
 THREADS_CAP = 128  # more reader threads than this is a mistake, not a setting
 CHUNK = 4 << 20  # bytes read and copied at once by one thread
 MIN_CHUNK = 1 << 20
@@ -217,19 +223,31 @@ def read_device(device: str | torch.device) -> torch.device:
     return device
 
 
-@dataclass
-class _Job:
-    """One read of `size` bytes of a file, and where its bytes go: (offset in the job, a flat
-    uint8 destination)."""
+# Where a job's bytes go: (offset in the job, a request's flat uint8 destination, the byte of
+# it they start at, bytes), the readers' `at, flat, into, n`; plain numbers, no view made: a read
+# into a GPU cuts thousands of jobs (2,400 at TP 1 of the bench's gpt-oss-120b), and a view
+# cost more than the rest of its job's planning
+Piece = tuple[int, torch.Tensor, int, int]
 
-    path: Path
-    fd: int
-    offset: int
-    size: int
-    pieces: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-    # rows of a strided request: (rows, bytes of each, stride) from the job's start into its
-    # one piece, the rows one after another
-    rows: tuple[int, int, int] | None = None
+
+class _Job:
+    """One read of `size` bytes of a file, and where its bytes go (`Piece`s); `rows`, of a
+    strided request: (rows, bytes of each, stride) from the job's start into its one piece,
+    the rows one after another."""
+
+    __slots__ = ("path", "fd", "offset", "size", "pieces", "rows")
+
+    def __init__(
+        self,
+        path: Path,
+        fd: int,
+        offset: int,
+        size: int,
+        pieces: list[Piece],
+        rows: tuple[int, int, int] | None = None,
+    ) -> None:
+        self.path, self.fd, self.offset, self.size = path, fd, offset, size
+        self.pieces, self.rows = pieces, rows
 
 
 @dataclass(frozen=True)
@@ -275,7 +293,7 @@ class BulkRead:
         if buffers is not None:  # as many threads as its buffers hold, of this chunk size
             self.chunk = max(1, min(self.chunk, buffers.nbytes // DEPTH))
             self.threads = max(1, min(self.threads, buffers.nbytes // (DEPTH * self.chunk)))
-        self._requests: list[tuple[Path, int, int, torch.Tensor]] = []
+        self._requests: list[tuple[Path, int, int, torch.Tensor, int]] = []  # (..., bytes)
         self._strided: list[_Job] = []  # jobs of add_rows, cut already
         self._threads: list[threading.Thread] = []
         # set by each thread as its last act: Thread.join and is_alive cannot be trusted once
@@ -305,9 +323,10 @@ class BulkRead:
         if not dst.is_contiguous() or dst.device.type != self.device.type:
             raise ValueError(f"{path}: destination not contiguous or not on {self.device}")
         flat = dst if dst.dtype == torch.uint8 and dst.dim() == 1 else _flat(dst)
-        if flat.numel():
-            self._requests.append((path, fd, offset, flat))
-            self._fed += flat.numel()
+        n = flat.numel()
+        if n:
+            self._requests.append((path, fd, offset, flat, n))
+            self._fed += n
             self._feed()
 
     def add_rows(
@@ -328,11 +347,11 @@ class BulkRead:
         per = max(1, (self.chunk - size) // stride + 1)  # rows whose span fits a chunk
         for r in range(0, n, per):
             k = min(per, n - r)
-            piece = flat[r * size : (r + k) * size]
-            job = _Job(path, fd, offset + r * stride, (k - 1) * stride + size, [(0, piece)])
-            job.rows = (k, size, stride)
+            piece = (0, flat, r * size, k * size)
+            span = (k - 1) * stride + size
+            job = _Job(path, fd, offset + r * stride, span, [piece], (k, size, stride))
             self._strided.append(job)
-            self._fed += piece.numel()
+            self._fed += k * size
             self._feed()
 
     def _feed(self) -> None:
@@ -346,8 +365,8 @@ class BulkRead:
 
     @property
     def nbytes(self) -> int:
-        rows = sum(j.pieces[0][1].numel() for j in self._strided)
-        return sum(flat.numel() for *_, flat in self._requests) + rows
+        rows = sum(j.pieces[0][3] for j in self._strided)
+        return sum(r[4] for r in self._requests) + rows
 
     def run(self) -> ReadStats:
         self.start()
@@ -505,14 +524,14 @@ class BulkRead:
         done, strided = self._planned
         self._planned = (len(self._requests), len(self._strided))
         new = self._requests[done:]
-        for path, fd, offset, flat in sorted(new, key=lambda r: (str(r[0]), r[2])):
+        for path, fd, offset, flat, n in sorted(new, key=lambda r: (str(r[0]), r[2])):
             last = runs[-1] if runs else None
             end = last.offset + last.size if last else 0
             if last and last.fd == fd and end <= offset <= end + gap:
-                last.pieces.append((offset - last.offset, flat))
-                last.size = offset + flat.numel() - last.offset
+                last.pieces.append((offset - last.offset, flat, 0, n))
+                last.size = offset + n - last.offset
             else:
-                runs.append(_Job(path, fd, offset, flat.numel(), [(0, flat)]))
+                runs.append(_Job(path, fd, offset, n, [(0, flat, 0, n)]))
         # a read's first jobs, one a thread, LEAD chunks long where it is set (staged)
         lead = self.threads if self.staged and LEAD > 1 and not self._jobs else 0
         size = min(LEAD, DEPTH) * self.chunk
@@ -529,17 +548,16 @@ class BulkRead:
         each trimmed to its pieces."""
         jobs: list[_Job] = []
         limit = self.chunk
-        for at, flat in run.pieces:
-            pos, end = at, at + flat.numel()
+        job, base = None, 0  # the job being filled, and its start in the run
+        for at, flat, _, n in run.pieces:  # (a run's pieces: whole requests)
+            pos, end = at, at + n
             while pos < end:
-                job = jobs[-1] if jobs else None
-                if job is None or pos - (job.offset - run.offset) >= limit:
+                if job is None or pos - base >= limit:
                     limit = size if len(jobs) < lead else self.chunk
-                    job = _Job(run.path, run.fd, run.offset + pos, 0)
+                    job, base = _Job(run.path, run.fd, run.offset + pos, 0, []), pos
                     jobs.append(job)
-                base = job.offset - run.offset
                 take = min(end, base + limit) - pos
-                job.pieces.append((pos - base, flat[pos - at : pos - at + take]))
+                job.pieces.append((pos - base, flat, pos - at, take))
                 job.size = pos + take - base
                 pos += take
         return jobs
@@ -592,8 +610,8 @@ class BulkRead:
                 self._read(job, job.offset, _bytes(buf))
                 self._copy_out(job, buf)
                 continue
-            for at, flat in job.pieces:
-                self._read(job, job.offset + at, _bytes(flat))
+            for at, flat, into, n in job.pieces:
+                self._read(job, job.offset + at, _bytes(flat)[into : into + n])
 
     def _work_staged(self, todo: queue.SimpleQueue[_Job | None], stream: Any, k: int) -> None:
         """Thread k: its DEPTH buffers of the block, filled and copied out in turn, on its
@@ -648,11 +666,12 @@ class BulkRead:
             try:
                 if job.rows is not None:  # the rows a stride apart, in one copy
                     rows, size, stride = job.rows
-                    dst = job.pieces[0][1].data_ptr()
+                    _, flat, into, _ = job.pieces[0]
+                    dst = flat.data_ptr() + into
                     drv.copy_rows_to_device(dst, src, rows, size, stride, stream)
                 else:
-                    for at, flat in job.pieces:
-                        drv.copy_to_device(flat.data_ptr(), src + at, flat.numel(), stream)
+                    for at, flat, into, n in job.pieces:
+                        drv.copy_to_device(flat.data_ptr() + into, src + at, n, stream)
                 for b in range(first, last):
                     drv.record(events[b], stream)
             except cuda_driver.CudaError as e:
@@ -680,14 +699,13 @@ class BulkRead:
     def _copy_out(self, job: _Job, buf: torch.Tensor, non_blocking: bool = False) -> None:
         """The job's bytes from `buf` into its destinations (on this thread's current stream)."""
         if job.rows is not None:
-            (_, flat), src = job.pieces[0], _rows_of(job, buf)
-            flat.view_as(src).copy_(src, non_blocking=non_blocking)
+            (_, flat, into, n), src = job.pieces[0], _rows_of(job, buf)
+            flat[into : into + n].view_as(src).copy_(src, non_blocking=non_blocking)
             return
-        for at, flat in job.pieces:
-            if at == 0 and flat.numel() == buf.numel():  # the buffer as it is: no view made
-                flat.copy_(buf, non_blocking=non_blocking)
-            else:
-                flat.copy_(buf[at : at + flat.numel()], non_blocking=non_blocking)
+        for at, flat, into, n in job.pieces:
+            dst = flat if into == 0 and n == flat.numel() else flat[into : into + n]
+            src = buf if at == 0 and n == buf.numel() else buf[at : at + n]
+            dst.copy_(src, non_blocking=non_blocking)
 
     def _read(self, job: _Job, offset: int, mv: memoryview) -> None:
         """Fill `mv` with the bytes of the job's file at `offset`; a fault is one line."""
