@@ -56,7 +56,7 @@ from tests import vllm_moe as vm  # noqa: E402
 
 H, INTER = 7168, 2048
 MiB = 1 << 20
-SWEEP = [(t, c * MiB) for t in (4, 8, 16, 24) for c in (4, 8, 16, 64) if t * 2 * c <= 2048]
+SWEEP = [(t, c * MiB) for t in (4, 8, 12, 16, 24) for c in (4, 8, 16, 64) if t * 2 * c <= 2048]
 
 
 def _sync(dev: str) -> None:
@@ -428,8 +428,21 @@ def bulk_path(spans: list, dev: str) -> dict:
     return {"read_s": seconds, "bytes": total, "threads": stats.threads, "chunk": stats.chunk}
 
 
+def _threads_chunk(text: str) -> tuple[int, int]:
+    """`16x4`: 16 threads x 4 MiB chunks."""
+    threads, mib = text.lower().split("x")
+    return int(threads), int(mib) * MiB
+
+
 def read_gap(
-    case: dict, src: Path, out: Path, dev: str, limit: tuple, n: int, alt: dict | None = None
+    case: dict,
+    src: Path,
+    out: Path,
+    dev: str,
+    limit: tuple,
+    n: int,
+    alt: dict | None = None,
+    also: list[tuple[int, int]] = (),
 ) -> dict:
     """Where the plugin's time over the limit goes (warm, `n` runs of each, alternating): the
     limit (into a GPU also with torch's copies, not the driver's); the plugin's read mechanism
@@ -444,6 +457,8 @@ def read_gap(
     runs: dict[str, list[float]] = {"limit": []}
     runs |= {"limit torch": []} if dev == "cuda" else {}  # (its copies torch's)
     runs |= {"limit ready": []}  # (its threads started before the clock)
+    others = {f"limit {t}x{c // MiB}": (t, c) for t, c in also}  # (at other threads x chunk)
+    runs |= {side: [] for side in others}
     runs |= {"bulk": [], "plugin": []} | {f"plugin {name}": [] for name in alt}
     lines: list[str] = []  # the plugin's log line of each whole-model run
     tails: list[dict] = []  # its read's jobs and when each thread ran out of them
@@ -462,7 +477,11 @@ def read_gap(
         for side in order:
             if side.startswith("limit"):
                 r = limit_path(
-                    spans, dev, *limit, driver=side != "limit torch", ready=side == "limit ready"
+                    spans,
+                    dev,
+                    *others.get(side, limit),
+                    driver=side != "limit torch",
+                    ready=side == "limit ready",
                 )
                 runs[side].append(r["read_s"])
             elif side == "bulk":
@@ -841,6 +860,13 @@ def main() -> None:
         help="the limit's threads and chunk (e.g. 16x16) instead of sweeping them",
     )
     ap.add_argument(
+        "--limit-also",
+        action="append",
+        default=[],
+        metavar="THREADSxMiB",
+        help="with --gap: the limit also at these threads and chunk, side by side",
+    )
+    ap.add_argument(
         "--cases",
         choices=["all", "layers", "big", "model"],
         default="all",
@@ -931,8 +957,7 @@ def main() -> None:
                 key, case["scheme"], case["spec"], Path(tmp), dev, case.get("tp", 1)
             )
             if limit is None and a.limit:
-                threads, mib = a.limit.lower().split("x")
-                limit = [int(threads), int(mib) * MiB]
+                limit = list(_threads_chunk(a.limit))
             if limit is None:  # (swept on the first case's experts)
                 spans = _ranges(out, case["prefixes"], False)
                 *limit, tried = best_limit(spans, dev)
@@ -942,7 +967,8 @@ def main() -> None:
                     report["plugin_sweep"] = plugin_sweep(src, out, case["prefixes"], dev)
             if a.gap:
                 alt = dict(x.split("=", 1) for x in a.alt_bulk)
-                gap = read_gap(case, src, out, dev, tuple(limit), a.gap, alt)
+                also = [_threads_chunk(x) for x in a.limit_also]
+                gap = read_gap(case, src, out, dev, tuple(limit), a.gap, alt, also)
                 report.setdefault("read_gap", []).append(gap)
                 path.write_text(json.dumps(report, indent=2))
                 if a.profile and a.gap_only and case.get("model"):
