@@ -260,7 +260,7 @@ def load_moe_layer(
     with `scheme` and `backend`) and reads only this rank's bytes, straight into tensors on
     `device`. `experts` (expert parallelism, a --tp-size 1 output): only these global experts,
     in this order, as an EP rank holds them. All the layer's tensors are read at once by
-    `threads` threads (default: FI_CONVERT_READ_THREADS, else one per CPU, at most 16), into a
+    `threads` threads (default: FI_CONVERT_READ_THREADS, else one per CPU, at most 12), into a
     GPU through at most `host_memory` of pinned host memory (default: FI_CONVERT_HOST_MEMORY,
     else 1GiB).
     """
