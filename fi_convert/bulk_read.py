@@ -48,7 +48,7 @@ DEFAULT_HOST_MEMORY = 1 << 30  # pinned host memory of a read into a GPU, at mos
 # time, TP 8 and TP 1), and the whole load is faster, the readers' last end 40 ms against 44 at
 # rank 0 of TP 8 of Qwen3-30B-A3B, 222 against 237 at TP 1 (an H100, 2026-12-07, twelfth
 # session: per run, 1.32 of the limit against 1.47, 1.15 against 1.21; gpt-oss-120b 1.12
-# against 1.16 at TP 1, even at TP 8; docs/bench/h100-vllm-load-threads-2026-12-07.json): with
+# against 1.16 at TP 1, even at TP 8; docs/bench/h100-vllm-load-twelfth-2026-12-07.json): with
 # every CPU reading, the load's own thread waits for one. 96 MiB pinned, which the plugins pin
 # while the server builds the model
 MAX_THREADS = 12
@@ -59,7 +59,9 @@ DEPTH = 2  # pinned buffers per thread: one is read into while the other is copi
 # Chunks of each thread's first read of a read into a GPU (at most DEPTH: its buffers in a row),
 # a bench setting (`--alt-bulk NAME=set:fi_convert.bulk_read:LEAD=4,fi_convert.bulk_read:DEPTH=8`).
 # A reader needs the interpreter's lock only between its reads; with the model asked under the
-# read (`format/whole_read.ORDER`), longer first reads leave the asking the lock for their length.
+# read (`format/whole_read.ORDER`), longer first reads leave the asking the lock for their length
+# (measured on an H100, the twelfth session: the asking ran as fast as before the read, the
+# Python after it did not, and the load was no faster; docs/speed.md).
 LEAD = 1
 GAP = 1 << 20  # two ranges of a file this close are read as one (the gap is read and dropped)
 

@@ -20,7 +20,10 @@ whose asking costs what vLLM's own model classes' does (the tenth session, 2026-
 the threads started while the model is built (`ask-under-read-at-build`): at rank 0 of TP 8 the
 asking took 22-35 ms under the read instead of 3-5 before it, the readers ended 8-9 ms later,
 and the load was 1.23-1.39 of the limit against 1.20-1.22; a shorter switch interval while
-asking (`SWITCH`) did not help."""
+asking (`SWITCH`) did not help. Nor did, the twelfth session: longer first reads
+(`bulk_read.LEAD`), the experts' requests fed to the read as they come (`FEED`), the readers'
+driver calls giving the lock up (`cuda_driver.HOLD=False`), or fewer readers (8-14): at best
+even with the asking first at its best thread count (docs/speed.md)."""
 
 from __future__ import annotations
 
