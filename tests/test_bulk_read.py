@@ -63,16 +63,23 @@ def _spans(data: dict[Path, bytes], seed: int) -> list[tuple[Path, int, int]]:
     return spans
 
 
-@pytest.mark.parametrize("staged", [False, True])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_range_lands_in_its_destination(two_files, staged, seed):
-    data, fds = two_files
-    bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+def _add_spans(bulk: BulkRead, files, seed: int) -> list[tuple[torch.Tensor, bytes]]:
+    """`_spans`' ranges added to `bulk`, each into a destination of its own: (destination,
+    the bytes it must hold)."""
+    data, fds = files
     want = []
     for path, offset, size in _spans(data, seed):
         dst = torch.empty(size, dtype=torch.uint8)
         bulk.add(path, fds[path], offset, dst)
         want.append((dst, data[path][offset : offset + size]))
+    return want
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_range_lands_in_its_destination(two_files, staged, seed):
+    bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
+    want = _add_spans(bulk, two_files, seed)
     stats = bulk.run()
     for dst, raw in want:
         assert dst.numpy().tobytes() == raw
@@ -257,11 +264,7 @@ def test_a_buffer_is_read_into_only_once_its_last_copy_is_over(
     monkeypatch.setattr(bulk_read, "DEPTH", depth)
     data, fds = two_files
     bulk = BulkRead("cpu", threads=1, chunk=MIN_CHUNK, staged=True, host_memory=64 * MiB)
-    want = []
-    for path, offset, size in _spans(data, seed):
-        dst = torch.empty(size, dtype=torch.uint8)
-        bulk.add(path, fds[path], offset, dst)
-        want.append((dst, data[path][offset : offset + size]))
+    want = _add_spans(bulk, two_files, seed)
     (path, raw), rows = next(iter(data.items())), torch.empty(300 * 1000, dtype=torch.uint8)
     bulk.add_rows(path, fds[path], 11, (300, 1000, 20_000), rows)
     want.append((rows, b"".join(raw[11 + r * 20_000 :][:1000] for r in range(300))))
