@@ -442,7 +442,7 @@ def read_gap(
     limit: tuple,
     n: int,
     alt: dict | None = None,
-    also: list[tuple[int, int]] = (),
+    also: list[tuple[int, int]] | None = None,
 ) -> dict:
     """Where the plugin's time over the limit goes (warm, `n` runs of each, alternating): the
     limit (into a GPU also with torch's copies, not the driver's); the plugin's read mechanism
@@ -451,13 +451,14 @@ def read_gap(
     destinations, pieces); the mechanism and the load: in the mechanism.
     `alt` (name: path of another bulk_read.py, or `set:module:attr=value,...`): the plugin's
     load with that file's BulkRead, or with those module attributes set, too, as side "plugin
-    <name>" (an A/B of the read mechanism or a setting in one process)."""
+    <name>" (an A/B of the read mechanism or a setting in one process). `also` ((threads,
+    chunk), ...): the limit at those too, as side "limit <threads>x<MiB>"."""
     model, spans = _case_spans(case, out)
     alt = alt or {}
     runs: dict[str, list[float]] = {"limit": []}
     runs |= {"limit torch": []} if dev == "cuda" else {}  # (its copies torch's)
     runs |= {"limit ready": []}  # (its threads started before the clock)
-    others = {f"limit {t}x{c // MiB}": (t, c) for t, c in also}  # (at other threads x chunk)
+    others = {f"limit {t}x{c // MiB}": (t, c) for t, c in also or ()}  # (other threads x chunk)
     runs |= {side: [] for side in others}
     runs |= {"bulk": [], "plugin": []} | {f"plugin {name}": [] for name in alt}
     lines: list[str] = []  # the plugin's log line of each whole-model run
