@@ -656,6 +656,8 @@ def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, whe
         ("while the model is asked", "threads-ahead"),
         ("while the model is asked", "ask-under-read"),
         ("while the model is asked", "ask-under-read-at-build"),
+        ("while the model is asked", "ask-under-first-reads-at-build"),
+        ("in the read", "ask-under-first-reads-at-build"),
         ("in the read", "threads-at-build"),
         ("while the model is asked", "threads-at-build"),
     ],

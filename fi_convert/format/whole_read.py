@@ -64,7 +64,10 @@ class WholeRead:
 # "threads-ahead" (the reader threads started, the model asked, then every request at once),
 # "ask-under-read" (the experts' read started, the model asked under it, its requests joining
 # it), "ask-under-read-at-build" (as ask-under-read, with the threads started while the server
-# builds the model, as threads-at-build).
+# builds the model, as threads-at-build), "ask-under-first-reads-at-build" (as threads-at-build,
+# with the experts' requests given first: each thread makes one read of them, LEAD chunks long
+# (`bulk_read.LEAD`, with DEPTH), while the model is asked, and the rest waits for the asking's
+# end: the readers want the interpreter's lock twice each while it runs, not after every chunk).
 ORDER = "threads-at-build"
 ORDERS = (
     "threads-at-build",
@@ -72,7 +75,9 @@ ORDERS = (
     "threads-ahead",
     "ask-under-read",
     "ask-under-read-at-build",
+    "ask-under-first-reads-at-build",
 )
+AT_BUILD = ("threads-at-build", "ask-under-read-at-build", "ask-under-first-reads-at-build")
 # In the orders that ask the model under the read, the experts' requests join the read as they
 # are added, each time this many bytes of them have come (0: all at once, once added); a bench
 # setting: the read starts after the first layers' are planned, not every layer's.
@@ -98,7 +103,7 @@ class Ahead:
         try:
             if read_device(device).type == "cuda":
                 self.buffers = host_buffers().allocate(background=True)
-            if ORDER in ("threads-at-build", "ask-under-read-at-build"):
+            if ORDER in AT_BUILD:
                 self._bulk = BulkRead(device, buffers=self.buffers)
                 self._bulk.start(more=True)
         except BaseException:
@@ -206,6 +211,15 @@ def _read_whole(
                 bulk.more()
             else:
                 bulk.start(more=True)
+            with _switch_interval(SWITCH):
+                dense = dense_load()
+        elif ORDER == "ask-under-first-reads-at-build":
+            if not bulk.started:  # (nothing started ahead)
+                bulk.start(more=True)
+            add_experts(bulk)
+            moe_bytes = bulk.nbytes
+            t1 = time.perf_counter()
+            bulk.more(first=True)  # one read a thread; the rest once the model is asked
             with _switch_interval(SWITCH):
                 dense = dense_load()
         else:
