@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -715,6 +716,7 @@ def _whole(out, model, device: str) -> DenseLoad:
     finally:
         ahead.close()
     assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+    assert read.asked_in_read == (whole_read.ORDER in whole_read.UNDER)
     return read.dense
 
 
@@ -781,6 +783,25 @@ def test_a_whole_read_lands_every_byte_with_the_models_own_writes(
         assert torch.equal(got[:-2], stored[embed]) and not got[-2:].float().any()
     assert torch.equal(getattr(twice, twice.scaled).cpu(), stored[scaled] * 2)
     assert torch.equal(getattr(once, once.names[scaled]).cpu(), stored[scaled])
+
+
+@pytest.mark.parametrize(("under", "prepared"), [(False, "0.002"), (True, "0.005")])
+def test_the_load_line_takes_the_asking_off_the_time_before_the_read_once(under, prepared):
+    """`LoadReport`: "prepared in" is the time before the read less the asking where the model
+    was asked before the read; asked under it (`whole_read.UNDER`), the asking is inside the
+    read's time and not taken off the time before it (which then came out below 0)."""
+    from types import SimpleNamespace
+
+    from fi_convert.bulk_read import ReadStats
+    from fi_convert.format.load_report import LoadReport
+
+    asking = SimpleNamespace(
+        probe_s=0.003, direct_bytes=0, rest_s=0.0, rest_bytes=0, rest=[], pinned_bytes=0
+    )
+    stats = ReadStats(bytes=1, read_bytes=1, seconds=0.01, threads=2, chunk=1, pinned_peak=0)
+    read = whole_read.WholeRead(1, stats, asking, 10.005, 10.02, asked_in_read=under)
+    line = LoadReport("TP rank 0/1", Path("OUT"), 1, read, started=10.0).line(10.021)
+    assert f"prepared in {prepared} s" in line and "asked where in 0.003 s" in line
 
 
 @pytest.mark.parametrize("fault", [None, KeyboardInterrupt])

@@ -23,6 +23,14 @@ class LoadReport:
     def nbytes(self) -> int:
         return self.read.stats.bytes + self.read.dense.rest_bytes
 
+    @property
+    def prepared_s(self) -> float:
+        """The time before the read less the asking's, where the model was asked before it
+        (under it, the asking is part of the read's time)."""
+        r = self.read
+        asked = 0.0 if r.asked_in_read else r.dense.probe_s
+        return r.read_started - self.started - asked
+
     def line(self, ended: float, setup: str = "kernel setup") -> str:
         """The line, with `ended` the end of the load (kernel setup, or the server's post-load
         processing, named `setup`, included)."""
@@ -32,7 +40,7 @@ class LoadReport:
         return (
             f"fi-convert: {self.who} loaded {_gb(self.nbytes)} in {whole:.3f} s "
             f"({self.nbytes / whole / 1e9 if whole > 0 else 0:.1f} GB/s): prepared in "
-            f"{r.read_started - self.started - d.probe_s:.3f} s (the experts' parameters, "
+            f"{self.prepared_s:.3f} s (the experts' parameters, "
             f"the read's plan), the experts of {self.layers} MoE layers ({_gb(r.moe_bytes)}) "
             f"and non-expert tensors ({_gb(d.direct_bytes)}) read at once in "
             f"{r.read_ended - r.read_started:.3f} s ({st.threads} "

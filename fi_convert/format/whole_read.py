@@ -55,6 +55,7 @@ class WholeRead:
     dense: DenseLoad
     read_started: float  # perf_counter() as the read started, and as it ended
     read_ended: float
+    asked_in_read: bool = False  # the model asked after the read started (an order under it)
 
 
 # The order of a load, a setting for the benches (`--alt-bulk
@@ -78,6 +79,7 @@ ORDERS = (
     "ask-under-first-reads-at-build",
 )
 AT_BUILD = ("threads-at-build", "ask-under-read-at-build", "ask-under-first-reads-at-build")
+UNDER = ("ask-under-read", "ask-under-read-at-build", "ask-under-first-reads-at-build")
 # In the orders that ask the model under the read, the experts' requests join the read as they
 # are added, each time this many bytes of them have come (0: all at once, once added); a bench
 # setting: the read starts after the first layers' are planned, not every layer's.
@@ -243,4 +245,4 @@ def _read_whole(
         if dense is not None:
             dense.abort()
         raise
-    return WholeRead(moe_bytes, stats, dense, t1, t2)
+    return WholeRead(moe_bytes, stats, dense, t1, t2, ORDER in UNDER)
