@@ -240,13 +240,13 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
     from fi_convert.format import whole_read
 
     loader = plugin_loader.FiConvertModelLoader(LoadConfig(load_format="fi-convert"))
+    cfg = types.SimpleNamespace(model=str(out), revision=None, quantization="fp8")
     if dev == "cuda":  # as its load_model does, before vLLM builds the model
-        loader._ahead = whole_read.Ahead(dev)
+        loader._ahead = whole_read.Ahead(dev, loader._output(cfg))
     with vm.vllm_context("trtllm", tp, rank, device=dev, build_here=False):
         with torch.device(dev):
             layers = {p: vm.make_layer(p, src, tp) for p in prefixes}
             m = _rank_model(model, layers)
-        cfg = types.SimpleNamespace(model=str(out), revision=None, quantization="fp8")
         if loader._ahead is not None:
             # a real model's build (seconds) outlasts the pinned allocation it overlaps
             # (`alloc_s`); this one's few layers do not: the read starts once it is there
@@ -293,6 +293,7 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
 
 # the load's steps timed in each whole-model run (module, owner attribute or None, name)
 PHASES = (
+    ("fi_convert.format.whole_read", "Ahead", "reader"),  # (the output opened, or waited for)
     ("fi_convert.format.dense", "DenseLoad", "__init__"),  # (asking, headers, the rest)
     ("fi_convert.format.dense", "DenseLoad", "_infos"),
     ("fi_convert.format.dense", None, "_held"),

@@ -46,6 +46,19 @@ def reader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read-")]
 
 
+def files_open(root: Path) -> list[str]:
+    """The files under `root` this process holds open."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # (the listing's own, closed since)
+            continue
+        if path.startswith(f"{root}/"):
+            held.append(path)
+    return held
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--server",

@@ -26,7 +26,7 @@ from fi_convert.format.probe import probe
 from fi_convert.format.reader import OutputReader
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 
-from .conftest import reader_threads
+from .conftest import files_open, reader_threads
 
 SPEC = Spec("deepseek-v3", layers=3, dense_layers=1, experts=8, quant="fp8-block", vocab=512)
 F32 = torch.float32
@@ -936,3 +936,105 @@ def test_a_model_built_elsewhere_gets_a_read_of_its_own(out):
         bulk = whole_read.new_read(ahead, reader, "meta")
     assert bulk.device == torch.device("meta") and not bulk.started and not reader_threads()
     ahead.close()
+
+
+# -- the output opened while the model is built ---------------------------------------------
+
+
+@pytest.mark.parametrize("ahead_open", [True, False])
+def test_the_output_opened_while_the_model_is_built_is_the_loads(out, monkeypatch, ahead_open):
+    """`Ahead` given the output opens it and reads every shard's header on a thread of its own
+    (`OPEN_AHEAD`, the default; off: the load opens it); the load takes that reader, reads no
+    header again, and every byte lands; once the load closes it, none of its files is open."""
+    from fi_convert.format import manifest as mf
+    from fi_convert.format import reader as reader_mod
+
+    monkeypatch.setattr(whole_read, "OPEN_AHEAD", ahead_open)
+    stored = _stored(out)
+    m = mf.read(out)
+    headers = []
+    real = reader_mod.read_header
+    monkeypatch.setattr(reader_mod, "read_header", lambda *a: headers.append(a[0]) or real(*a))
+    ahead = whole_read.Ahead("cpu", (out, m))
+    if ahead_open:
+        ahead._opening._done.wait()  # (as a model's build outlasts it)
+        assert len(headers) == len(OutputReader(out, m).shards())
+    headers.clear()
+    model = Padded(stored, "model.embed_tokens.weight")
+    try:
+        with whole_read.open_output(ahead, out, m) as reader:
+            assert ahead._opening is None  # (taken: once)
+            whole_read.read_whole(
+                whole_read.new_read(ahead, reader, "cpu"),
+                lambda bulk: None,
+                lambda: DenseLoad(reader, model, model.load_weights, torch.device("cpu")),
+            )
+    finally:
+        ahead.close()
+    assert len(headers) == (0 if ahead_open else len(reader.shards()))
+    for name, t in stored.items():
+        got = getattr(model, model.names[name])
+        assert torch.equal(got[:-2] if name == "model.embed_tokens.weight" else got, t), name
+    assert not files_open(out) and not reader_threads()
+
+
+def test_an_output_that_fails_to_open_ahead_is_the_loads_one_line(out, tmp_path):
+    """A shard whose header is bad, opened while the model is built: the build goes on; the
+    load gets the fault as it would opening the output itself (one line naming the shard); no
+    file of it is left open."""
+    from fi_convert.format import manifest as mf
+
+    bad = Path(shutil.copytree(out, tmp_path / "bad"))
+    shard = bad / OutputReader(bad).shards()[-1]
+    with open(shard, "r+b") as f:
+        f.write((1 << 40).to_bytes(8, "little"))  # a header longer than the file
+    m = mf.read(bad)
+    with pytest.raises(FiConvertError) as own, OutputReader(bad, m, library_check=False) as r:
+        r.header(shard.name)
+    ahead = whole_read.Ahead("cpu", (bad, m))
+    try:
+        with pytest.raises(FiConvertError) as e:
+            whole_read.open_output(ahead, bad, m)
+    finally:
+        ahead.close()
+    assert str(e.value) == str(own.value) and str(e.value).startswith(f"{shard}: ")
+    assert "\n" not in str(e.value)
+    assert not files_open(bad) and not reader_threads()
+
+
+def test_an_output_opened_for_a_build_that_fails_is_closed(out, monkeypatch):
+    """The server's build fails (or is interrupted) while the output is still being opened:
+    `close` does not wait for it; the opening thread closes what it opened once it is done.
+    Asked for another folder than it opens, the load opens that one, and the first is closed
+    too."""
+    import threading
+
+    from fi_convert.format import manifest as mf
+    from fi_convert.format import reader as reader_mod
+
+    inside, go = threading.Event(), threading.Event()
+    real = reader_mod.OutputReader.header
+
+    def header(self, shard):
+        inside.set()
+        go.wait()
+        return real(self, shard)
+
+    monkeypatch.setattr(reader_mod.OutputReader, "header", header)
+    m = mf.read(out)
+    ahead = whole_read.Ahead("cpu", (out, m))
+    inside.wait()
+    opening = ahead._opening
+    ahead.close()  # the build failed: it does not wait
+    assert not opening._done.is_set()
+    go.set()
+    opening._done.wait()
+    assert not files_open(out) and not reader_threads()
+    monkeypatch.setattr(reader_mod.OutputReader, "header", real)
+    ahead = whole_read.Ahead("cpu", (out, m))
+    opening = ahead._opening
+    with pytest.raises(FiConvertError, match="elsewhere"):
+        ahead.reader(out.parent / "elsewhere", m)
+    opening._done.wait()
+    ahead.close()
+    assert not files_open(out) and not reader_threads()

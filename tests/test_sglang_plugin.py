@@ -37,7 +37,7 @@ from fi_convert.servers.sglang.checks import PluginError
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import hf_checkpoints
 from tests import sglang_moe as sm
-from tests.conftest import reader_threads
+from tests.conftest import files_open, reader_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = "model.layers.0.mlp.experts"
@@ -953,6 +953,27 @@ def test_a_whole_model_equals_sglangs_default_load_of_the_source(
         assert sm.layer_state(ours.get_submodule(name)) == sm.layer_state(
             theirs.get_submodule(name)
         )
+
+
+def test_a_bad_header_opened_while_the_model_is_built_is_one_line_at_the_load(
+    registered, outputs, monkeypatch, tmp_path
+):
+    """The output is opened (its headers read) while SGLang builds the model (`Ahead`): a
+    shard's bad header is said by the load, in one line naming the shard, with no reader
+    thread left and none of the output's files open."""
+    import shutil
+
+    monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
+    out = Path(shutil.copytree(outputs("hf-qwen3", "trtllm", 1), tmp_path / "out"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = out / index["model.embed_tokens.weight"]
+    with open(shard, "r+b") as f:
+        f.write((1 << 40).to_bytes(8, "little"))  # a header longer than the file
+    with sm.sglang_context("trtllm", 1, 0), pytest.raises(PluginError) as e:
+        _model(registered, out, "fi-convert", "trtllm")
+    msg = str(e.value)
+    assert msg.startswith(f"fi-convert: {shard}: ") and "\n" not in msg
+    assert not reader_threads() and not files_open(out)
 
 
 def test_a_weight_update_from_an_output_is_refused(registered):

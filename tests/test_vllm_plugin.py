@@ -23,7 +23,7 @@ from fi_convert.servers.vllm.loader import FiConvertModelLoader
 from fi_convert.servers.vllm.target import MXFP8_ACTIVATION
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 from tests import vllm_moe as vm
-from tests.conftest import reader_threads
+from tests.conftest import files_open, reader_threads
 
 PREFIX = "model.layers.1.mlp.experts"
 SPEC = Spec("deepseek-v3", layers=2, experts=8, hidden=256, intermediate=256, shards=2)
@@ -646,6 +646,30 @@ def test_a_shard_truncated_is_one_line_naming_it(src, out_copy, monkeypatch, whe
     assert msg.startswith(f"fi-convert: {shard}: ") and "\n" not in msg
     assert "truncated" in msg
     assert not reader_threads()
+
+
+def test_a_bad_header_opened_while_the_model_is_built_is_one_line_at_the_load(src, out_copy):
+    """The output is opened (its headers read) while vLLM builds the model (`Ahead`, as
+    load_model sets it up): a shard's bad header is said by the load, in one line naming the
+    shard, with no reader thread left and none of the output's files open."""
+    from fi_convert.format import whole_read
+
+    shard = _expert_shard(out_copy)
+    with open(shard, "r+b") as f:
+        f.write((1 << 40).to_bytes(8, "little"))  # a header longer than the file
+    plugin = _loader()
+    plugin._ahead = whole_read.Ahead("cpu", plugin._output(_model_config(out_copy)))
+    try:
+        with vm.vllm_context("trtllm", 2, 0):
+            model = TinyModel(vm.make_layer(PREFIX, src, 2))
+            with pytest.raises(PluginError) as e:
+                plugin.load_weights(model, _model_config(out_copy))
+    finally:
+        plugin._ahead.close()
+    msg = str(e.value)
+    assert msg.startswith(f"fi-convert: {shard}: ") and "\n" not in msg
+    assert not reader_threads()
+    assert not files_open(out_copy)
 
 
 @pytest.mark.parametrize(

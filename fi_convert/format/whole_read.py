@@ -2,8 +2,8 @@
 non-expert tensors' bytes go (`dense.DenseLoad`), those ranges and the experts' are read in one
 bulk read, and the model's `load_weights` runs over the non-expert tensors once every byte is
 in place. A fault or an interrupt anywhere stops the readers and frees their memory, then goes
-on. What the read needs before it (`Ahead`: the pinned block, the reader threads) is set up
-while the server builds the model.
+on. What the read needs before it (`Ahead`: the pinned block, the reader threads, the output
+opened with its shards' headers read) is set up while the server builds the model.
 
 The reader threads start while the server builds the model, and the model is asked once it is
 built (`ORDER`). Measured on an H100 (docs/speed.md, the sixth and seventh sessions): started
@@ -30,9 +30,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +48,7 @@ from ..bulk_read import (
     read_device,
 )
 from .dense import DenseLoad
+from .reader import OutputReader
 
 
 @dataclass
@@ -88,21 +91,32 @@ FEED = 0
 # set back; None: as it is (5 ms by default). A reader thread back from its read waits that
 # long for the interpreter's lock while the asking holds it.
 SWITCH: float | None = None
+# The output opened (its index and every shard's header read) in the background while the
+# server builds the model, where the server's load names it to `Ahead`; a bench setting
+# (False: opened by the load, as before the thirteenth session).
+OPEN_AHEAD = True
 
 
 class Ahead:
     """What a server's load sets up while the server builds the model: into a GPU, the pinned
     block (pinned in the background); in the order "threads-at-build", the read with its
-    threads started, waiting for their work. `read` hands that read to the load; `close` stops
-    the threads no load took (the build failed) and frees the block, in every case."""
+    threads started, waiting for their work; given the output (`output`: its folder and
+    manifest), the output opened and its shards' headers read, in the background (an
+    output's index and headers: 9 ms for a 146-shard one on a 2-core VM). `read` and `reader`
+    hand those to the load; `close` stops the threads no load took (the build failed), frees
+    the block and closes the output no load took, in every case."""
 
-    def __init__(self, device: str | torch.device) -> None:
+    def __init__(self, device: str | torch.device, output: tuple[Path, dict] | None = None) -> None:
         """A setting that is wrong (`FI_CONVERT_READ_THREADS`, `FI_CONVERT_HOST_MEMORY`) is
-        its one-line `ReadError`, with nothing left pinned or running."""
+        its one-line `ReadError`, with nothing left pinned or running. A fault opening the
+        output comes out of `reader`, at the load, as it would there."""
         _check_order()
         self.buffers: HostBuffers | None = None
         self._bulk: BulkRead | None = None
+        self._opening: _Opening | None = None
         try:
+            if output is not None and OPEN_AHEAD:
+                self._opening = _Opening(*output)
             if read_device(device).type == "cuda":
                 self.buffers = host_buffers().allocate(background=True)
             if ORDER in AT_BUILD:
@@ -122,12 +136,81 @@ class Ahead:
             bulk.abort()
         return reader.bulk(device, buffers=self.buffers)
 
+    def reader(self, root: Path, manifest: dict) -> OutputReader:
+        """The output at `root`, opened: the one opened ahead (once; its fault, if opening it
+        failed), else now."""
+        opening, self._opening = self._opening, None
+        if opening is not None and opening.root == root:
+            return opening.take()
+        if opening is not None:
+            opening.drop()
+        return OutputReader(root, manifest, library_check=False)
+
     def close(self) -> None:
         if self._bulk is not None:
             self._bulk.abort()
             self._bulk = None
         if self.buffers is not None:
             self.buffers.free()
+        if self._opening is not None:
+            self._opening.drop()
+            self._opening = None
+
+
+class _Opening:
+    """An output opened on a thread of its own (`OutputReader`, the plugins' way: fi-convert's
+    own strict parse of each header, without the safetensors library's), every shard's header
+    read: `take` waits for it, `drop` closes it whenever it is done."""
+
+    def __init__(self, root: Path, manifest: dict) -> None:
+        self.root = root
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._dropped = False
+        self._reader: OutputReader | None = None
+        self._error: BaseException | None = None
+        threading.Thread(
+            target=self._open, args=(manifest,), name="fi-convert-open", daemon=True
+        ).start()
+
+    def _open(self, manifest: dict) -> None:
+        reader = None
+        try:
+            reader = OutputReader(self.root, manifest, library_check=False)
+            for shard in reader.shards():
+                reader.header(shard)
+        except BaseException as e:  # (said by the load that takes it)
+            if reader is not None:
+                reader.close()
+            e.__context__ = e.__cause__ = None
+            reader, self._error = None, e.with_traceback(None)
+        with self._lock:
+            if self._dropped and reader is not None:
+                reader.close()
+            elif not self._dropped:
+                self._reader = reader
+        self._done.set()
+
+    def take(self) -> OutputReader:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._reader is not None
+        return self._reader
+
+    def drop(self) -> None:
+        with self._lock:
+            self._dropped = True
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
+
+def open_output(ahead: Ahead | None, root: Path, manifest: dict) -> OutputReader:
+    """A load's output, opened: `ahead`'s (once), or opened now."""
+    if ahead is not None:
+        return ahead.reader(root, manifest)
+    return OutputReader(root, manifest, library_check=False)
 
 
 def new_read(ahead: Ahead | None, reader: Any, device: str | torch.device) -> BulkRead:

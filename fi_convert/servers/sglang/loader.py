@@ -36,8 +36,13 @@ from ...bulk_read import BulkRead
 from ...errors import FiConvertError
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
-from ...format.reader import OutputReader
-from ...format.whole_read import Ahead, host_memory_left, new_read, read_whole
+from ...format.whole_read import (
+    Ahead,
+    host_memory_left,
+    new_read,
+    open_output,
+    read_whole,
+)
 from .. import architectures as arch_facts
 from . import checks, experts, older_releases
 from .checks import PluginError
@@ -269,7 +274,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         check_output(manifest, name, model_config)
         target_device = torch.device(device_config.device)
         try:  # pinned, the readers started, while SGLang builds the model
-            self._ahead = Ahead(target_device)
+            self._ahead = Ahead(target_device, (root, manifest))
         except FiConvertError as e:
             raise PluginError(f"{e}") from None
         try:
@@ -324,7 +329,11 @@ class FiConvertModelLoader(DefaultModelLoader):
             for prefix, layer in layers.items():
                 experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
 
-        with OutputReader(root, manifest, library_check=False) as reader:
+        try:
+            opened = open_output(self._ahead, root, manifest)
+        except FiConvertError as e:
+            raise PluginError(f"{e}") from None
+        with opened as reader:
             bulk = new_read(self._ahead, reader, _model_device(model))
             try:
                 read = read_whole(

@@ -30,8 +30,13 @@ from ...format import manifest as mf
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.names import MANIFEST_NAME
-from ...format.reader import OutputReader
-from ...format.whole_read import Ahead, host_memory_left, new_read, read_whole
+from ...format.whole_read import (
+    Ahead,
+    host_memory_left,
+    new_read,
+    open_output,
+    read_whole,
+)
 from .. import installed_registry
 from . import checks, experts
 from .checks import PluginError
@@ -168,7 +173,7 @@ class FiConvertModelLoader(DefaultModelLoader):
 
             logger.info("%s", check_release(m, str(root), unlisted, _moe_rank(pc)))
         try:  # pinned, the readers started, while vLLM builds the model
-            self._ahead = Ahead(_load_device(vllm_config))
+            self._ahead = Ahead(_load_device(vllm_config), (root, m))
         except FiConvertError as e:
             raise PluginError(f"{e}") from None
         try:
@@ -227,7 +232,11 @@ class FiConvertModelLoader(DefaultModelLoader):
                 for p in experts.install(mod, reader, lp, rank, bulk):
                     loaded.add(f"{name}.{p}")
 
-        with OutputReader(root, m, library_check=False) as reader:
+        try:
+            opened = open_output(self._ahead, root, m)
+        except FiConvertError as e:
+            raise PluginError(f"{e}") from None
+        with opened as reader:
             bulk = new_read(self._ahead, reader, _model_device(model))
             try:
                 read = read_whole(
