@@ -20,7 +20,7 @@ from safetensors import safe_open
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.bulk_read import ReadError
 from fi_convert.errors import FiConvertError
-from fi_convert.format import dense, whole_read
+from fi_convert.format import dense, manifest, whole_read
 from fi_convert.format.dense import DenseLoad
 from fi_convert.format.probe import probe
 from fi_convert.format.reader import OutputReader
@@ -699,9 +699,10 @@ def _whole(out, model, device: str) -> DenseLoad:
     """A layer's experts and the model's tensors read at once, as a server's plugin reads an
     output (`format.whole_read`: what it sets up while the server builds the model first); the
     experts' bytes checked against a read of their own."""
-    ahead = whole_read.Ahead(device)
+    m = manifest.read(out)
+    ahead = whole_read.Ahead(device, (out, m))  # (the output opened while it is built, too)
     try:
-        with OutputReader(out) as reader:
+        with whole_read.open_output(ahead, out, m) as reader:
             prefix = next(iter(reader.layers))
             name = next(iter(reader.layer(prefix)["tensors"]))
             _, shape, dtype = reader.info(prefix, name)
@@ -910,7 +911,7 @@ def test_the_readers_started_while_the_model_is_built_take_the_whole_read(out):
         return real(bulk, *args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(whole_read, "Ahead", lambda device: ahead)
+        mp.setattr(whole_read, "Ahead", lambda device, output=None: ahead)
         mp.setattr(whole_read, "read_whole", read_whole)
         _whole(out, model, "cpu")
     assert took[0]._threads == started and not reader_threads()
@@ -946,12 +947,11 @@ def test_the_output_opened_while_the_model_is_built_is_the_loads(out, monkeypatc
     """`Ahead` given the output opens it and reads every shard's header on a thread of its own
     (`OPEN_AHEAD`, the default; off: the load opens it); the load takes that reader, reads no
     header again, and every byte lands; once the load closes it, none of its files is open."""
-    from fi_convert.format import manifest as mf
     from fi_convert.format import reader as reader_mod
 
     monkeypatch.setattr(whole_read, "OPEN_AHEAD", ahead_open)
     stored = _stored(out)
-    m = mf.read(out)
+    m = manifest.read(out)
     headers = []
     real = reader_mod.read_header
     monkeypatch.setattr(reader_mod, "read_header", lambda *a: headers.append(a[0]) or real(*a))
@@ -982,13 +982,11 @@ def test_an_output_that_fails_to_open_ahead_is_the_loads_one_line(out, tmp_path)
     """A shard whose header is bad, opened while the model is built: the build goes on; the
     load gets the fault as it would opening the output itself (one line naming the shard); no
     file of it is left open."""
-    from fi_convert.format import manifest as mf
-
     bad = Path(shutil.copytree(out, tmp_path / "bad"))
     shard = bad / OutputReader(bad).shards()[-1]
     with open(shard, "r+b") as f:
         f.write((1 << 40).to_bytes(8, "little"))  # a header longer than the file
-    m = mf.read(bad)
+    m = manifest.read(bad)
     with pytest.raises(FiConvertError) as own, OutputReader(bad, m, library_check=False) as r:
         r.header(shard.name)
     ahead = whole_read.Ahead("cpu", (bad, m))
@@ -1009,7 +1007,6 @@ def test_an_output_opened_for_a_build_that_fails_is_closed(out, monkeypatch):
     too."""
     import threading
 
-    from fi_convert.format import manifest as mf
     from fi_convert.format import reader as reader_mod
 
     inside, go = threading.Event(), threading.Event()
@@ -1021,7 +1018,7 @@ def test_an_output_opened_for_a_build_that_fails_is_closed(out, monkeypatch):
         return real(self, shard)
 
     monkeypatch.setattr(reader_mod.OutputReader, "header", header)
-    m = mf.read(out)
+    m = manifest.read(out)
     ahead = whole_read.Ahead("cpu", (out, m))
     inside.wait()
     opening = ahead._opening
