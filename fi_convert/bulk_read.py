@@ -306,7 +306,6 @@ class BulkRead:
         self._error: BaseException | None = None
         self._stat: dict[int, tuple[os.stat_result, Path]] = {}  # each file's, as planned
         self._jobs: list[_Job] = []
-        self._waiting: list[_Job] = []  # planned, held back by `more(first=True)`
         self._planned = (0, 0)  # requests and strided jobs planned into _jobs so far
         self._todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False  # the threads' end marks queued (until then, more may come)
@@ -413,21 +412,13 @@ class BulkRead:
             self.abort()
             raise
 
-    def more(self, first: bool = False) -> None:
-        """The requests added since the read started, into it (started with `more`). With
-        `first`, only one job a thread (the first planned: a read's LEAD chunks long); the rest
-        wait for the next `more` or `wait` (`format/whole_read.ORDER`
-        "ask-under-first-reads-at-build": the model asked while the readers make one read
-        each, the interpreter's lock theirs only twice each)."""
+    def more(self) -> None:
+        """The requests added since the read started, into it (started with `more`)."""
         if not self._threads or self._closed:
             raise ValueError("requests added to a read not started with more=True, or ended")
-        jobs = self._waiting + self._plan()
+        jobs = self._plan()
         self._fed = 0
         self._check_sizes(jobs)
-        if first:
-            jobs, self._waiting = jobs[: len(self._threads)], jobs[len(self._threads) :]
-        else:
-            self._waiting = []
         self._queue(jobs)
 
     def _queue(self, jobs: list[_Job]) -> None:
@@ -456,8 +447,6 @@ class BulkRead:
     def wait(self) -> ReadStats:
         """Wait for the threads; raise the first fault. Interrupted, stop them first."""
         try:
-            if self._waiting and self._threads and not self._closed:
-                self.more()  # (the jobs held back: none is left unread)
             self._close()
             for done in self._done:
                 done.wait()

@@ -831,34 +831,6 @@ def test_rows_land_whatever_bytes_each_preadv_returns(two_files, monkeypatch, st
 
 
 @pytest.mark.parametrize("staged", [False, True])
-@pytest.mark.parametrize("then", ["more", "wait"])
-def test_first_reads_only_then_the_rest(two_files, monkeypatch, staged, then):
-    """`more(first=True)`: one job a thread is queued (a staged read's first, LEAD chunks
-    long), the rest held until the next `more`, which queues them before its own; or until
-    `wait`, which reads them too. Every range lands."""
-    monkeypatch.setattr(bulk_read, "LEAD", 2)
-    data, fds = two_files
-    bulk = BulkRead("cpu", threads=3, chunk=MIN_CHUNK, staged=staged, host_memory=64 * MiB)
-    bulk.start(more=True)
-    want = _add_spans(bulk, two_files, 3)
-    bulk.more(first=True)
-    assert len(bulk._jobs) == 3 and len(bulk._waiting) > 3
-    heads = [j.size for j in bulk._jobs]
-    assert max(heads) == (2 * MIN_CHUNK if staged else MIN_CHUNK)
-    if then == "more":
-        (path, raw), later = next(iter(data.items())), torch.empty(5000, dtype=torch.uint8)
-        bulk.add(path, fds[path], 17, later)
-        want.append((later, raw[17:5017]))
-        bulk.more()
-        assert not bulk._waiting and bulk._jobs[-1].pieces[0][1] is later  # (the new last)
-    stats = bulk.wait()
-    for dst, raw in want:
-        assert dst.numpy().tobytes() == raw
-    assert stats.bytes == sum(len(raw) for _, raw in want)
-    assert not bulk._waiting and not reader_threads()
-
-
-@pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("first", [0, 4, 9])
 def test_requests_added_while_the_read_runs_join_it(two_files, staged, first):
     """`start(more=True)`: the threads start with what there is (none, or some) while more

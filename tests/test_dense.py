@@ -825,7 +825,6 @@ def test_the_asking_under_the_read_sets_the_switch_interval_and_sets_it_back(
     for order, switch in (
         ("ask-under-read", 1e-4),
         ("ask-under-read-at-build", 2e-4),
-        ("ask-under-first-reads-at-build", 3e-4),
         ("ask-under-read", None),
         ("threads-at-build", 1e-4),
     ):

@@ -680,8 +680,6 @@ def test_a_bad_header_opened_while_the_model_is_built_is_one_line_at_the_load(sr
         ("while the model is asked", "threads-ahead"),
         ("while the model is asked", "ask-under-read"),
         ("while the model is asked", "ask-under-read-at-build"),
-        ("while the model is asked", "ask-under-first-reads-at-build"),
-        ("in the read", "ask-under-first-reads-at-build"),
         ("in the read", "threads-at-build"),
         ("while the model is asked", "threads-at-build"),
     ],

@@ -23,7 +23,10 @@ and the load was 1.23-1.39 of the limit against 1.20-1.22; a shorter switch inte
 asking (`SWITCH`) did not help. Nor did, the twelfth session: longer first reads
 (`bulk_read.LEAD`), the experts' requests fed to the read as they come (`FEED`), the readers'
 driver calls giving the lock up (`cuda_driver.HOLD=False`), or fewer readers (8-14): at best
-even with the asking first at its best thread count (docs/speed.md)."""
+even with the asking first at its best thread count. Nor, the thirteenth, did one long read a
+thread (2-8 chunks) under the asking, the rest after it: at LEAD 2 even, at 4 and 8 the asking
+and the read both slower, 1.33-1.54 of the limit against 1.03-1.29 (an order tried and taken
+out again; docs/speed.md)."""
 
 from __future__ import annotations
 
@@ -68,10 +71,7 @@ class WholeRead:
 # "threads-ahead" (the reader threads started, the model asked, then every request at once),
 # "ask-under-read" (the experts' read started, the model asked under it, its requests joining
 # it), "ask-under-read-at-build" (as ask-under-read, with the threads started while the server
-# builds the model, as threads-at-build), "ask-under-first-reads-at-build" (as threads-at-build,
-# with the experts' requests given first: each thread makes one read of them, LEAD chunks long
-# (`bulk_read.LEAD`, with DEPTH), while the model is asked, and the rest waits for the asking's
-# end: the readers want the interpreter's lock twice each while it runs, not after every chunk).
+# builds the model, as threads-at-build).
 ORDER = "threads-at-build"
 ORDERS = (
     "threads-at-build",
@@ -79,10 +79,9 @@ ORDERS = (
     "threads-ahead",
     "ask-under-read",
     "ask-under-read-at-build",
-    "ask-under-first-reads-at-build",
 )
-AT_BUILD = ("threads-at-build", "ask-under-read-at-build", "ask-under-first-reads-at-build")
-UNDER = ("ask-under-read", "ask-under-read-at-build", "ask-under-first-reads-at-build")
+AT_BUILD = ("threads-at-build", "ask-under-read-at-build")
+UNDER = ("ask-under-read", "ask-under-read-at-build")
 # In the orders that ask the model under the read, the experts' requests join the read as they
 # are added, each time this many bytes of them have come (0: all at once, once added); a bench
 # setting: the read starts after the first layers' are planned, not every layer's.
@@ -281,7 +280,7 @@ def _read_whole(
 ) -> WholeRead:
     dense: DenseLoad | None = None
     try:
-        if ORDER in ("ask-under-read", "ask-under-read-at-build"):
+        if ORDER in UNDER:
             if FEED and not bulk.started:
                 bulk.start(more=True)  # (the experts' requests join it as they come)
             bulk.feed = FEED  # (where set, the read is started)
@@ -296,15 +295,6 @@ def _read_whole(
                 bulk.more()
             else:
                 bulk.start(more=True)
-            with _switch_interval(SWITCH):
-                dense = dense_load()
-        elif ORDER == "ask-under-first-reads-at-build":
-            if not bulk.started:  # (nothing started ahead)
-                bulk.start(more=True)
-            add_experts(bulk)
-            moe_bytes = bulk.nbytes
-            t1 = time.perf_counter()
-            bulk.more(first=True)  # one read a thread; the rest once the model is asked
             with _switch_interval(SWITCH):
                 dense = dense_load()
         else:
