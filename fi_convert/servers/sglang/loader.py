@@ -273,7 +273,7 @@ class FiConvertModelLoader(DefaultModelLoader):
         name = checks.output_name(str(model_config.model_path), root)
         check_output(manifest, name, model_config)
         target_device = torch.device(device_config.device)
-        try:  # pinned, the readers started, while SGLang builds the model
+        try:  # pinned, the readers started, the output opened, while SGLang builds the model
             self._ahead = Ahead(target_device, (root, manifest))
         except FiConvertError as e:
             raise PluginError(f"{e}") from None

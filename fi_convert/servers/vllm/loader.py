@@ -172,7 +172,7 @@ class FiConvertModelLoader(DefaultModelLoader):
             from .proof import check_release  # the converter's code, for this case only
 
             logger.info("%s", check_release(m, str(root), unlisted, _moe_rank(pc)))
-        try:  # pinned, the readers started, while vLLM builds the model
+        try:  # pinned, the readers started, the output opened, while vLLM builds the model
             self._ahead = Ahead(_load_device(vllm_config), (root, m))
         except FiConvertError as e:
             raise PluginError(f"{e}") from None
