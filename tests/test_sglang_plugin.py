@@ -22,6 +22,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 from unittest import mock
@@ -1015,9 +1016,9 @@ def test_a_whole_model_refusal_comes_before_anything_is_built(registered, output
 def test_the_readers_started_for_a_build_that_fails_are_stopped(
     registered, outputs, monkeypatch, fault
 ):
-    """The load starts its reader threads before SGLang builds the model
-    (`whole_read.Ahead`): a build that fails leaves none running; a read setting that is
-    wrong is one line, before anything is built."""
+    """The load starts its reader threads and opens the output before SGLang builds the
+    model (`whole_read.Ahead`): a build that fails leaves none running and no file of the
+    output open; a read setting that is wrong is one line, before anything is built."""
     monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
     out = outputs("hf-qwen3", "trtllm", 1)
     seen = []
@@ -1043,7 +1044,10 @@ def test_the_readers_started_for_a_build_that_fails_are_stopped(
         assert not seen and str(e.value) == (
             "fi-convert: FI_CONVERT_READ_THREADS='0': not a thread count; give 1 to 128"
         )
-    assert not reader_threads()
+    for t in threading.enumerate():
+        if t.name == "fi-convert-open":
+            t.join()  # (it closes what it opened once done: close does not wait for it)
+    assert not reader_threads() and not files_open(out)
 
 
 # ---- a Hub repo id as --model-path (tests/hub_server.py's fake Hub) ----
