@@ -1030,7 +1030,7 @@ def test_an_output_opened_for_a_build_that_fails_is_closed(out, monkeypatch):
     ahead = whole_read.Ahead("cpu", (out, m))
     opening = ahead._opening
     with pytest.raises(FiConvertError, match="elsewhere"):
-        ahead.reader(out.parent / "elsewhere", m)
+        whole_read.open_output(ahead, out.parent / "elsewhere", m)
     opening._done.wait()
     ahead.close()
     assert not files_open(out) and not reader_threads()

@@ -46,6 +46,7 @@ from ..bulk_read import (
     BulkRead,
     HostBuffers,
     ReadStats,
+    _bare,
     default_host_memory,
     host_buffers,
     read_device,
@@ -135,15 +136,15 @@ class Ahead:
             bulk.abort()
         return reader.bulk(device, buffers=self.buffers)
 
-    def reader(self, root: Path, manifest: dict) -> OutputReader:
-        """The output at `root`, opened: the one opened ahead (once; its fault, if opening it
-        failed), else now."""
+    def reader(self, root: Path) -> OutputReader | None:
+        """The output at `root` as opened ahead (once; its fault, if opening it failed); None
+        where none was, or another folder was (closed)."""
         opening, self._opening = self._opening, None
         if opening is not None and opening.root == root:
             return opening.take()
         if opening is not None:
             opening.drop()
-        return OutputReader(root, manifest, library_check=False)
+        return None
 
     def close(self) -> None:
         if self._bulk is not None:
@@ -181,8 +182,7 @@ class _Opening:
         except BaseException as e:  # (said by the load that takes it)
             if reader is not None:
                 reader.close()
-            e.__context__ = e.__cause__ = None
-            reader, self._error = None, e.with_traceback(None)
+            reader, self._error = None, _bare(e)
         with self._lock:
             if self._dropped and reader is not None:
                 reader.close()
@@ -207,9 +207,8 @@ class _Opening:
 
 def open_output(ahead: Ahead | None, root: Path, manifest: dict) -> OutputReader:
     """A load's output, opened: `ahead`'s (once), or opened now."""
-    if ahead is not None:
-        return ahead.reader(root, manifest)
-    return OutputReader(root, manifest, library_check=False)
+    opened = ahead.reader(root) if ahead is not None else None
+    return OutputReader(root, manifest, library_check=False) if opened is None else opened
 
 
 def new_read(ahead: Ahead | None, reader: Any, device: str | torch.device) -> BulkRead:
