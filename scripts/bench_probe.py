@@ -18,6 +18,7 @@ Another probe.py's asking beside it with `--alt PATH`.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -75,7 +76,8 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
     from vllm.model_executor.model_loader.utils import initialize_model
 
     from fi_convert import Backend, Options, SchemeName, convert
-    from fi_convert.format import dense
+    from fi_convert.format import dense, plan_cache
+    from fi_convert.format.plan_cache import Context
     from fi_convert.format.reader import OutputReader
     from scripts.bench_vllm_load import _module_from
     from tests import hf_checkpoints
@@ -96,7 +98,11 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
     sides: dict[str, list[float]] = {"own load_weights": [], "asking": []}
     sides |= {"asking, --alt": []} if alt else {}
     sides["asking the stand-in"] = []
+    sides["remembered"] = []  # (the answer of the first asking, kept: plan_cache)
+    ctx = Context("bench", "", (("tp", 0, tp),))
+    os.environ[plan_cache.ENV] = str(root / "plans")
     layers = [f"model.layers.{k}.mlp.experts" for k in range(48)]
+    plans: list[str] = []
     with vm.one_process_group(), vm.model_context(src, tp, 0, build_here=False) as cfg:
         with torch.device("cpu"):  # built as vLLM builds it; loaded outside, as vLLM loads
             model = initialize_model(vllm_config=cfg)
@@ -115,6 +121,9 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
                         model.load_weights(iter(data))
                     elif side == "asking the stand-in":
                         dense.DenseLoad(reader, standin, standin.load_weights, cpu)
+                    elif side == "remembered":
+                        d = dense.DenseLoad(reader, model, model.load_weights, cpu, context=ctx)
+                        plans.append(d.plan)
                     else:
                         swap = (
                             _module_from("fi_convert.format.probe", alt) if "alt" in side else None
@@ -122,6 +131,8 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
                         with swap or contextlib.nullcontext():
                             dense.DenseLoad(reader, model, model.load_weights, cpu)
                     times.append(time.perf_counter() - t0)
+    print(f"the plan: {plans[0]} at the first load, then {sorted(set(plans[1:]))}")
+    sides["remembered"] = sides["remembered"][1:]  # (the first asked, and kept)
     own = statistics.median(sides["own load_weights"])
     print(
         f"vLLM's Qwen3-MoE class, 48 layers, rank 0 of TP {tp}, {len(infos)} tensors: "
@@ -143,7 +154,7 @@ def main() -> None:
         return
     tensors = infos()
     model = bm.RankModel(tensors, bm.places(tensors, tp, 0), dtypes_of)
-    held = _held(list(model.named_modules()), torch.device("cpu"))
+    held, _ = _held(list(model.named_modules()), torch.device("cpu"))
     wanted = [(n, i.shape, dtypes_of(i)) for n, i in tensors.items()]
     sides = {"probe": probe} | ({"--alt's probe": _probe_of(alt)} if alt else {})
     asked: dict[str, list[float]] = {side: [] for side in sides}

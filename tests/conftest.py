@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -185,6 +186,17 @@ def _free_tmp_path(request):
     path = request.node.funcargs.get("tmp_path")
     if path is not None and request.node.stash.get(_PASSED, False):
         shutil.rmtree(path, ignore_errors=True)
+
+
+_PLAN_FOLDERS = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _own_plan_cache(monkeypatch, tmp_path_factory):
+    """Each test's loads keep the model's answers (format/plan_cache.py) in a folder of the
+    test's own (made where one is kept): none comes from the user's cache or another test."""
+    folder = tmp_path_factory.getbasetemp() / f"plans-{next(_PLAN_FOLDERS)}"
+    monkeypatch.setenv("FI_CONVERT_PLAN_CACHE", str(folder))
 
 
 @pytest.fixture(autouse=True)

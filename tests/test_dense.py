@@ -797,7 +797,13 @@ def test_the_load_line_takes_the_asking_off_the_time_before_the_read_once(under,
     from fi_convert.format.load_report import LoadReport
 
     asking = SimpleNamespace(
-        probe_s=0.003, direct_bytes=0, rest_s=0.0, rest_bytes=0, rest=[], pinned_bytes=0
+        probe_s=0.003,
+        direct_bytes=0,
+        rest_s=0.0,
+        rest_bytes=0,
+        rest=[],
+        pinned_bytes=0,
+        plan="asked",
     )
     stats = ReadStats(bytes=1, read_bytes=1, seconds=0.01, threads=2, chunk=1, pinned_peak=0)
     read = whole_read.WholeRead(1, stats, asking, 10.005, 10.02, asked_in_read=under)

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.cache import CACHE_ENV
 from fi_convert.format import manifest as mf
-from fi_convert.servers import proving
 from fi_convert.servers.sglang import checks, proof, releases
 from fi_convert.servers.sglang.checks import PluginError
 from fi_convert.testing.synthetic import Spec, write_checkpoint
@@ -48,7 +48,7 @@ def out(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(proving.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 

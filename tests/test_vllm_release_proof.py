@@ -24,6 +24,7 @@ from vllm.model_executor.layers.quantization.utils import flashinfer_utils
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert.cache import CACHE_ENV
 from fi_convert.format import manifest as mf
 from fi_convert.servers import proving
 from fi_convert.servers.vllm.checks import PluginError
@@ -44,7 +45,7 @@ def out(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(proving.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -253,7 +254,7 @@ def test_a_cache_entry_of_another_fi_convert_is_not_used(out, newer, monkeypatch
 def test_a_cache_that_cannot_be_written_is_skipped(out, newer, tmp_path, monkeypatch):
     blocked = tmp_path / "file"
     blocked.write_text("")
-    monkeypatch.setenv(proving.CACHE_ENV, str(blocked))
+    monkeypatch.setenv(CACHE_ENV, str(blocked))
     assert proof.prove_installed(mf.read(out), ranks=[0]).ok
 
 

@@ -29,6 +29,7 @@ import torch
 from .. import dtypes
 from ..bulk_read import BulkRead, ReadError, default_host_memory
 from ..st_io import TensorInfo
+from .plan_cache import Context, PlanCache, plan_cache
 from .probe import Probed, Watch, probe, replay, storage_key
 from .reader import OutputReader
 
@@ -53,7 +54,11 @@ class DenseLoad:
         load_weights: LoadWeights,
         device: torch.device,
         host_memory: int | None = None,
+        context: Context | None = None,
     ) -> None:
+        """`context`: what the server says of this load beside the model (`plan_cache`):
+        given, the answer of an earlier asking with the same key is taken, and this one's
+        kept."""
         self.reader, self.device = reader, torch.device(device)
         # the pinned memory its batches may take (the budget's share the bulk read leaves)
         self.host_memory = default_host_memory() if host_memory is None else host_memory
@@ -68,15 +73,45 @@ class DenseLoad:
         self._ahead: tuple[list[tuple[str, torch.Tensor]], BulkRead] | None = None
         self.infos = self._infos()
         modules = list(model.named_modules())  # (one walk of a model of thousands)
-        held = self._held = _held(modules, self.device)
+        held, named = _held(modules, self.device)
+        self._held, self._named = held, named
         t0 = time.perf_counter()
         wanted = [(n, i.shape, dtypes_of(i)) for n, i in self.infos.items()]
+        plans = plan_cache(context, wanted, modules, named)
+        found = plans.lookup(named, {n: i.nbytes for n, i in self.infos.items()}) if plans else None
+        # "asked", "remembered" (an earlier asking's answer), or why this one was not kept
+        self.plan = "remembered" if found is not None else "asked"
+        if found is not None:
+            self.probed, self.again = found.probed, False
+            found.fill()  # (as the asking wrote them: where the read puts no byte)
+            if found.loaded is None:
+                self.untracked = True
+            else:
+                self.loaded |= found.loaded
+        else:
+            self._ask(modules, held, wanted, plans)
+        self.probe_s = time.perf_counter() - t0
+        for p in self.probed.values():
+            if p.direct:
+                self.loaded |= {held[storage_key(c.dst)] for c in p.copies}
+
+    def _ask(
+        self,
+        modules: list[tuple[str, torch.nn.Module]],
+        held: dict[tuple[str, int], str],
+        wanted: list[tuple[str, tuple[int, ...], torch.dtype]],
+        plans: PlanCache | None,
+    ) -> None:
+        """Ask the model where each tensor goes (`probe`); keep the answer in `plans` where it
+        may stand for a later load's (`plan_cache`)."""
         calls: list[Watch] = []
-        with _as_found([m for _, m in modules]) as found:
-            self.probed = {
-                p.name: p
-                for p in probe(self._call, wanted, lambda t: storage_key(t) in held, calls)
-            }
+        look = list(self._named.values()) if plans else None
+        with _as_found([m for _, m in modules], look) as found:
+            with plans.watching_code() if plans else contextlib.nullcontext():
+                self.probed = {
+                    p.name: p
+                    for p in probe(self._call, wanted, lambda t: storage_key(t) in held, calls)
+                }
             # once is enough where the one call asked did all the model does with its tensors
             # (copies alone, and writes elsewhere): it stands as the load's, the model as it
             # left it, and the read puts the bytes in place
@@ -84,10 +119,25 @@ class DenseLoad:
             found.keep = not self.again
             for call in reversed(calls) if self.again else ():
                 call.undo()  # (before the read: it writes over some of those bytes)
-        self.probe_s = time.perf_counter() - t0
-        for p in self.probed.values():
-            if p.direct:
-                self.loaded |= {held[storage_key(c.dst)] for c in p.copies}
+            if plans is not None:
+                self.plan = self._kept(plans, calls, held, found)
+
+    def _kept(
+        self, plans: PlanCache, calls: list[Watch], held: dict[tuple[str, int], str], found: _Found
+    ) -> str:
+        """Whether this asking's answer was kept for later loads, or why not (`loaded` holds
+        only what load_weights said it loaded, yet)."""
+        if self.again:
+            why = "its loading does more than copy each tensor in one call"
+        elif calls[0].other_write is not None:
+            why = f"its loading writes otherwise than numbers ({calls[0].other_write})"
+        elif (changed := found.changed()) is not None:
+            why = f"its loading changes {changed}"
+        elif not plans.record(self.probed, calls[0], held, None if self.untracked else self.loaded):
+            why = "its code is not all in files, or the cache folder cannot be written"
+        else:
+            return "asked, kept for the next load"
+        return f"asked, not kept for the next load: {why}"
 
     def _infos(self) -> dict[str, TensorInfo]:
         r = self.reader
@@ -295,30 +345,84 @@ def _once(calls: list[Watch], probed: Iterable[Probed]) -> bool:
 class _Found:
     keep = False  # the model as the call left it, not as it was found
 
+    def __init__(self, modules: list, tensors: list) -> None:
+        self._modules, self._tensors = modules, tensors
+
+    def changed(self) -> str | None:
+        """What of the model is not as it was found (`_as_found` with `look`): a module's
+        attribute, parameter, buffer or submodule, or an attribute of a tensor it holds (each
+        another object, or a list, dict or set of other items); None where nothing is."""
+        for m, attrs, entries, items in self._modules:
+            if _differ(attrs, m.__dict__, items) or any(
+                _differ(was, now) for was, now in zip(entries, _entries(m), strict=True)
+            ):
+                return f"its {type(m).__name__} module"
+        for t, attrs, items in self._tensors:
+            if _differ(attrs, t.__dict__, items):
+                return "an attribute of one of its tensors"
+        return None
+
 
 @contextlib.contextmanager
-def _as_found(modules: list[torch.nn.Module]) -> Iterator[_Found]:
+def _as_found(
+    modules: list[torch.nn.Module], look: Iterable[torch.Tensor] | None = None
+) -> Iterator[_Found]:
     """The model's `modules` as they were, once it has been asked: each one's attributes, and
     its parameters', buffers' and submodules' entries. What a model's loading does after its
     loop is done again when `finish` calls it over every tensor, and must find the model as a
     single load would: vLLM's Muse Spark folds its router's output multiplier into the
     router's weight once, then sets the multiplier to None (a second call would skip the fold
     of the bytes read meanwhile). Tensors' data is not kept: the read overwrites what the
-    model wrote into the tensors it holds."""
-    kept = [(m, dict(m.__dict__), [dict(d) for d in _entries(m)]) for m in modules]
-    found = _Found()
+    model wrote into the tensors it holds. With `look` (the model's tensors), what `changed`
+    needs: these tensors' attributes, and the items of the lists, dicts and sets among the
+    attributes."""
+    kept = [
+        (m, dict(m.__dict__), [dict(d) for d in _entries(m)], _items(m.__dict__, look))
+        for m in modules
+    ]
+    tensors = [(t, dict(t.__dict__), _items(t.__dict__, look)) for t in look or ()]
+    found = _Found(kept, tensors)
     try:
         yield found
     except BaseException:
         found.keep = False
         raise
     finally:
-        for m, attrs, entries in kept if not found.keep else ():
+        for m, attrs, entries, _ in kept if not found.keep else ():
             m.__dict__.clear()
             m.__dict__.update(attrs)
             for now, was in zip(_entries(m), entries, strict=True):
                 now.clear()
                 now.update(was)
+
+
+def _items(attrs: dict[str, Any], look: Any) -> dict[str, list] | None:
+    """The items of the lists, dicts and sets among `attrs` (None where not looked for)."""
+    if look is None:
+        return None
+    return {k: _contents(v) for k, v in attrs.items() if type(v) in (list, dict, set)}
+
+
+def _contents(v: Any) -> list:
+    return [*v.items()] if type(v) is dict else [*v]
+
+
+def _differ(was: dict[str, Any], now: dict[str, Any], items: dict[str, list] | None = None) -> bool:
+    """Whether `now` holds other keys or objects than `was` (by identity), or a list, dict or
+    set of other items than `items` says it held."""
+    if was.keys() != now.keys() or any(now[k] is not v for k, v in was.items()):
+        return True
+    return items is not None and any(
+        len(c := _contents(now[k])) != len(old)
+        or any(_other(a, b) for a, b in zip(c, old, strict=True))
+        for k, old in items.items()
+    )
+
+
+def _other(a: Any, b: Any) -> bool:
+    if type(a) is tuple and type(b) is tuple:  # (a dict's items)
+        return len(a) != len(b) or any(x is not y for x, y in zip(a, b, strict=True))
+    return a is not b
 
 
 def _entries(m: torch.nn.Module) -> list[dict[str, Any]]:
@@ -371,12 +475,13 @@ def dtypes_of(info: TensorInfo) -> torch.dtype:
 
 def _held(
     modules: list[tuple[str, torch.nn.Module]], device: torch.device
-) -> dict[tuple[str, int], str]:
+) -> tuple[dict[tuple[str, int], str], dict[str, torch.Tensor]]:
     """The parameters and buffers of the model's `modules` (its `named_modules`) on `device`
-    (the bulk read's), by their memory: each tensor once, by its first name, the parameters
-    first (as `named_parameters` and `named_buffers` name them, without walking the model
-    twice more)."""
+    (the bulk read's), by their memory, and by name: each tensor once, by its first name, the
+    parameters first (as `named_parameters` and `named_buffers` name them, without walking the
+    model twice more)."""
     out: dict[tuple[str, int], str] = {}
+    named: dict[str, torch.Tensor] = {}
     # (a server's parameter types' own __torch_function__ would take each query: vLLM's)
     with torch._C.DisableTorchFunctionSubclass():
         for entries in ("_parameters", "_buffers"):
@@ -387,8 +492,11 @@ def _held(
                         continue
                     seen.add(id(t))
                     if t.device.type == device.type and t.numel():
-                        out[storage_key(t)] = f"{prefix}.{name}" if prefix else name
-    return out
+                        key = storage_key(t)
+                        if key not in out:
+                            out[key] = f"{prefix}.{name}" if prefix else name
+                            named[out[key]] = t
+    return out, named
 
 
 def _gb(n: int) -> str:

@@ -47,9 +47,18 @@ class LoadReport:
             f"thread{'s' if st.threads != 1 else ''}, "
             f"{(st.pinned_peak + d.pinned_bytes) / 2**20:.0f} MiB pinned), then the model's "
             f"load_weights in {d.rest_s:.3f} s (non-expert {_gb(d.rest_bytes)} with their data, "
-            f"{len(d.rest)} tensors); the model asked where in {d.probe_s:.3f} s, {setup} "
+            f"{len(d.rest)} tensors); {_asking(d.plan, d.probe_s)}, {setup} "
             f"{ended - r.read_ended - d.rest_s:.3f} s; from {self.root}"
         )
+
+
+def _asking(plan: str, seconds: float) -> str:
+    """Where the non-expert bytes go: asked of the model (its answer kept for the next load, or
+    why not), or its answer to an earlier load (`DenseLoad.plan`)."""
+    if plan == "remembered":
+        return f"where they go taken from the model's answer to an earlier load in {seconds:.3f} s"
+    kept = plan.removeprefix("asked").removeprefix(", ")
+    return f"the model asked where in {seconds:.3f} s" + (f" ({kept})" if kept else "")
 
 
 def _gb(n: int) -> str:

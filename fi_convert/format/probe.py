@@ -227,6 +227,11 @@ class Watch(TorchFunctionMode):
         self.read: str | None = None
         self.interrupted = False
         self._found: list[tuple[torch.Tensor, torch.Tensor]] = []  # (written, its bytes before)
+        # the writes that set bytes to a number (a `zero_`, a `fill_` of a scalar), each as
+        # (storage, dtype, storage offset, shape, stride, number): made again without the model
+        # (`plan_cache`); `other_write`: the first write of any other kind
+        self.fills: list[tuple[tuple[str, int], torch.dtype, int, tuple, tuple, Any]] = []
+        self.other_write: str | None = None
         self._ops = _Ops(self)
 
     def __torch_function__(  # type: ignore[override]
@@ -272,10 +277,21 @@ class Watch(TorchFunctionMode):
                 self.writes.append((storage_key(t), *span, str(func), next(_ORDER)))
                 if func not in _OVERWRITES:  # (in host memory: no more device memory)
                     self._found.append((t, t.detach().to("cpu", copy=True)))
+                self._number(func, t, args)
         if self.read is None:
             mine = {id(t) for t in written}
             if any(id(t) not in mine and self._held(t) for t in _tensors(args, kwargs)):
                 self.read = str(func)
+
+    def _number(self, func: Any, t: torch.Tensor, args: Any) -> None:
+        number = 0 if func is aten.zero_.default else None
+        if func is aten.fill_.Scalar and type(args[1]) in (int, float, bool):
+            number = args[1]
+        if number is None:
+            self.other_write = self.other_write or str(func)
+            return
+        geometry = (int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
+        self.fills.append((storage_key(t), t.dtype, *geometry, number))
 
     def _held(self, t: torch.Tensor) -> bool:
         return not isinstance(t, _Probe) and t.device.type != "meta" and self.owned(t)

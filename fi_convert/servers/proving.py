@@ -18,7 +18,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -27,10 +26,10 @@ from pathlib import Path
 
 import torch
 
+from ..cache import cache_root, write_atomic
 from ..errors import FiConvertError, ManifestError
 from ..version import __version__
 
-CACHE_ENV = "FI_CONVERT_CACHE"
 # The source format each scheme's proof converts from (`Spec.quant` of fi_convert.testing):
 # the checkpoint format whose MoE method the plugins serve for that scheme.
 SOURCE_QUANT = {
@@ -395,10 +394,6 @@ def _differs(ours: torch.Tensor, theirs: torch.Tensor | None) -> str | None:
 # ---------------------------------------------------------------- the cache of passed proofs
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "fi-convert")
-
-
 def _cache_key(shape: Shape, server: str, release: str, rank: int, device: str) -> dict:
     return {
         "server": server,
@@ -430,12 +425,5 @@ def read_cached(key: dict) -> int | None:
 
 def write_cached(key: dict, tensors: int) -> None:
     """Record a passed proof (atomically; a cache that cannot be written is skipped)."""
-    path = _cache_path(key)
     rec = {"key": key, "result": "proven", "tensors": tensors}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(rec, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_atomic(_cache_path(key), json.dumps(rec, sort_keys=True).encode())

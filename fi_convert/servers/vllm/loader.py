@@ -30,6 +30,7 @@ from ...format import manifest as mf
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.names import MANIFEST_NAME
+from ...format.plan_cache import Context
 from ...format.whole_read import (
     Ahead,
     host_memory_left,
@@ -204,7 +205,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                 m, str(root), lp, mod.moe_config.moe_parallel_config, mod.global_num_experts
             )
             checks.check_sizes(m, str(root), lp, mod.moe_config)
-        loaded, report = self._read_all(model, root, m, layers)
+        loaded, report = self._read_all(model, root, m, layers, model_config)
         for lp, (_, mod) in layers.items():
             if mode is None:
                 experts.set_up_kernel_only(mod, m["layers"][lp])
@@ -217,7 +218,12 @@ class FiConvertModelLoader(DefaultModelLoader):
             self.track_weights_loading(model, loaded)
 
     def _read_all(
-        self, model: Any, root: Path, m: dict, layers: dict[str, tuple[str, RoutedExperts]]
+        self,
+        model: Any,
+        root: Path,
+        m: dict,
+        layers: dict[str, tuple[str, RoutedExperts]],
+        model_config: ModelConfig,
     ) -> tuple[set[str] | None, LoadReport]:
         """Every tensor of the output into the model: the experts' and the non-expert tensors'
         byte ranges in one bulk read (where the model's loading only copies them,
@@ -248,6 +254,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                         model.load_weights,
                         bulk.device,
                         host_memory_left(self._ahead),
+                        _context(model_config),
                     ),
                 )
             except FiConvertError as e:
@@ -279,6 +286,32 @@ def refuse_reload(model: str) -> None:
         "(weights_path=CHECKPOINT_DIR, or weights in checkpoint format), or start vLLM on "
         "the new output"
     )
+
+
+def _context(model_config: Any) -> Context:
+    """What vLLM says of this load beside the model (`format.plan_cache`): its release, the
+    model's config and quantization, and this worker's ranks."""
+    import torch.distributed as dist
+    from vllm.config import get_current_vllm_config
+    from vllm.distributed import (
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+    )
+    from vllm.distributed import parallel_state as ps
+
+    pc = get_current_vllm_config().parallel_config
+    ranks = [
+        ("tp", get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()),
+        ("dp", getattr(pc, "data_parallel_rank", 0) or 0, pc.data_parallel_size),
+    ]
+    if ps.model_parallel_is_initialized():
+        ranks.append(("pp", ps.get_pp_group().rank_in_group, ps.get_pp_group().world_size))
+    if dist.is_initialized():
+        ranks.append(("world", dist.get_rank(), dist.get_world_size()))
+    hf = getattr(model_config, "hf_config", None)
+    fields = sorted(hf.to_dict().items()) if hasattr(hf, "to_dict") else None
+    config = repr((fields, getattr(model_config, "quantization", None)))
+    return Context(f"vllm {checks.vllm_version()}", config, tuple(ranks))
 
 
 def _moe_rank(pc: Any) -> int:
