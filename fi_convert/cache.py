@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 CACHE_ENV = "FI_CONVERT_CACHE"
@@ -16,16 +17,19 @@ def cache_root() -> Path:
 
 
 def write_atomic(path: Path, data: bytes) -> bool:
-    """`data` into `path` under a name of this process's, then renamed into place (a reader
-    never sees half an entry; two processes writing the same one leave one whole); False where
-    the cache cannot be written."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """`data` into `path` under a temporary name of its own, then renamed into place (a reader
+    never sees half an entry; two writers of the same one, processes or threads, leave one
+    whole); False where the cache cannot be written."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return False
     return True

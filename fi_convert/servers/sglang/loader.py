@@ -36,6 +36,7 @@ from ...bulk_read import BulkRead
 from ...errors import FiConvertError
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
+from ...format.plan_cache import Context
 from ...format.whole_read import (
     Ahead,
     host_memory_left,
@@ -345,11 +346,36 @@ class FiConvertModelLoader(DefaultModelLoader):
                         lambda w: _load_weights_only(model, w, target_device, layers.values()),
                         bulk.device,
                         host_memory_left(self._ahead),
+                        _context(model),
                     ),
                 )
             except FiConvertError as e:
                 raise PluginError(f"{e}") from None
         return LoadReport(_who(layers), root, len(layers), read, t0)
+
+
+# SGLang's parallel groups whose rank a model's loading may cut a tensor by
+_GROUPS = ("tp", "attn_tp", "attn_dp", "attn_cp", "pp", "moe_tp", "moe_ep", "moe_dp")
+
+
+def _context(model: torch.nn.Module) -> Context:
+    """What SGLang says of this load beside the model (`format.plan_cache`): its release, the
+    model's config, and this process's rank in each parallel group (-1 where this release or
+    process has none of that name) and in the world."""
+    from sglang.srt.runtime_context import get_parallel
+
+    par, ranks = get_parallel(), []
+    for group in _GROUPS:
+        try:
+            rank, size = getattr(par, f"{group}_rank"), getattr(par, f"{group}_size")
+            ranks.append((group, int(rank or 0), int(size or 1)))
+        except (AttributeError, RuntimeError, ValueError, TypeError):
+            ranks.append((group, -1, -1))
+    if torch.distributed.is_initialized():
+        ranks.append(("world", torch.distributed.get_rank(), torch.distributed.get_world_size()))
+    hf: Any = getattr(model, "config", None)
+    config = repr(sorted(hf.to_dict().items())) if hasattr(hf, "to_dict") else ""
+    return Context(f"sglang {checks.sglang_version()}", config, tuple(ranks))
 
 
 def _load_weights_only(

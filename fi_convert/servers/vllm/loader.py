@@ -308,7 +308,7 @@ def _context(model_config: Any) -> Context:
         ranks.append(("pp", ps.get_pp_group().rank_in_group, ps.get_pp_group().world_size))
     if dist.is_initialized():
         ranks.append(("world", dist.get_rank(), dist.get_world_size()))
-    hf = getattr(model_config, "hf_config", None)
+    hf: Any = getattr(model_config, "hf_config", None)
     fields = sorted(hf.to_dict().items()) if hasattr(hf, "to_dict") else None
     config = repr((fields, getattr(model_config, "quantization", None)))
     return Context(f"vllm {checks.vllm_version()}", config, tuple(ranks))
