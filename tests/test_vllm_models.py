@@ -80,11 +80,16 @@ def vllms_load(src: Path, tp: int, rank: int) -> torch.nn.Module:
     return model
 
 
-def plugins_load(src: Path, out: Path, tp: int, rank: int) -> tuple[torch.nn.Module, str]:
+def plugins_load(
+    src: Path, out: Path, tp: int, rank: int, scribbled: bool = False
+) -> tuple[torch.nn.Module, str]:
     """The plugin's load of the output into the same model, then vLLM's post-load driver;
-    and the line the plugin logged."""
+    and the line the plugin logged. `scribbled`: each byte of the model's parameters set to
+    0x5A first (a byte the load leaves is seen)."""
     with _vllm(src, tp, rank) as cfg:
         model = initialize_model(vllm_config=cfg)
+        for p in model.parameters() if scribbled else ():
+            p.data.view(-1).view(torch.uint8).fill_(0x5A)
         mc = cfg.model_config
         at = types.SimpleNamespace(
             model=str(out), revision=None, quantization=mc.quantization, hf_config=mc.hf_config
@@ -129,3 +134,26 @@ def test_a_whole_model_equals_vllms_default_load(case, tp, sources, tmp_path):
         # every non-expert tensor read straight in: the vocabulary embedding and head too,
         # whose loader zeroes the padding rows after the rank's (no byte of the copy)
         assert "non-expert 0.0 MB with their data, 0 tensors" in line, line
+
+
+@pytest.mark.usefixtures("gloo")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_later_load_takes_the_models_answer_and_equals_vllms_default_load(case, tmp_path):
+    """format/plan_cache.py with vLLM's own model class, each rank of TP 2: the first load
+    asks the model and keeps its answer; the second of the same rank takes it without asking
+    (vLLM's loading of the model is not called) and every tensor equals vLLM's default load's,
+    the padding rows of the vocabulary embedding and head zeroed as its loading zeroes them.
+    Rank 1 does not take rank 0's answer. (A vocabulary of 200: 100 rows a rank, padded to
+    128.)"""
+    kind, quant, sizes, _ = CASES[case]
+    assert quant is None
+    src = hf_checkpoints.save(kind, tmp_path / "src", vocab_size=200, **sizes)
+    out = _convert(src, tmp_path / "out", CASES[case][3], 2)
+    for rank in range(2):
+        theirs = _tensors(vllms_load(src, 2, rank))
+        _, first = plugins_load(src, out, 2, rank)
+        assert "the model asked where in" in first and "(kept for the next load)" in first
+        with mock.patch("fi_convert.format.dense.probe", side_effect=AssertionError("asked")):
+            ours, second = plugins_load(src, out, 2, rank, scribbled=True)
+        assert "taken from the model's answer to an earlier load" in second, second
+        assert differing(theirs, _tensors(ours)) == [], f"rank {rank} of 2"
