@@ -358,7 +358,7 @@ def test_each_rank_logs_its_whole_load_and_how_it_splits(sources, tmp_path):
     src = sources("fp8-block")
     out = _convert(src, tmp_path / "out", "fp8-block", "trtllm", 2)
     with sm.sglang_context("trtllm", 2, 1), platform("fp8-block", "trtllm"):
-        from fi_convert.servers.sglang import loader
+        from fi_convert.servers.sglang import loader  # (SGLang's stand-ins in place)
 
         with mock.patch.object(loader, "logger") as log:
             _model(None, out, "fi-convert", "trtllm")
@@ -370,8 +370,47 @@ def test_each_rank_logs_its_whole_load_and_how_it_splits(sources, tmp_path):
         r"the experts of 1 MoE layers \([\d.]+ MB\) and non-expert tensors \([\d.]+ MB\) read "
         r"at once in [\d.]+ s \(\d+ threads?, \d+ MiB pinned\), then the model's load_weights "
         r"in [\d.]+ s \(non-expert [\d.]+ MB with their data, (\d+) tensors\); the model asked "
-        rf"where in [\d.]+ s, post-load processing [\d.]+ s; from {re.escape(str(out))}",
+        r"where in [\d.]+ s \(not kept for the next load: its loading does more than copy "
+        r"each tensor in one call\), post-load processing [\d.]+ s; "
+        rf"from {re.escape(str(out))}",
         line,
     ), line
     joined = int(re.search(r"with their data, (\d+) tensors", line).group(1))
     assert joined >= 4  # q_a_proj and kv_a_proj_with_mqa of 2 layers (and their scales)
+
+
+# models whose loading SGLang's own class does in one call that only copies (an answer kept)
+LATER = [("mxfp4", "trtllm", "mxfp4"), ("fp8-tensor", "trtllm", "fp8-tensor")]
+
+
+def _line(log) -> str:
+    said = log.info.call_args.args
+    return said[0] % said[1:]
+
+
+@pytest.mark.parametrize(("case", "backend", "scheme"), LATER)
+def test_a_later_load_takes_the_models_answer_and_equals_sglangs_default_load(
+    case, backend, scheme, sources, tmp_path
+):
+    """format/plan_cache.py with SGLang's own model class, each rank of TP 2: the second load
+    of a rank takes the answer the first one kept, without asking the model, and equals
+    SGLang's default load; rank 1 does not take rank 0's."""
+    src = sources(case)
+    out = _convert(src, tmp_path / "out", scheme, backend, 2)
+    quant = CASES[case][1]
+    runner = f"mxfp4-{backend}" if quant == "mxfp4" else backend
+    for rank in range(2):
+        with sm.sglang_context(runner, 2, rank), platform(quant, runner):
+            from fi_convert.servers.sglang import loader  # (SGLang's stand-ins in place)
+
+            with mock.patch.object(loader, "logger") as log:
+                _model(None, out, "fi-convert", runner)
+            assert "(kept for the next load)" in _line(log)
+            with (
+                mock.patch.object(loader, "logger") as log,
+                mock.patch("fi_convert.format.dense.probe", side_effect=AssertionError("asked")),
+            ):
+                ours = _model(None, out, "fi-convert", runner)
+            assert "taken from the model's answer to an earlier load" in _line(log)
+            theirs = _model(None, src, "auto", runner)
+        assert _differences(ours, theirs) == ([], {}), f"rank {rank} of 2"
