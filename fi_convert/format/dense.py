@@ -78,16 +78,17 @@ class DenseLoad:
         t0 = time.perf_counter()
         wanted = [(n, i.shape, dtypes_of(i)) for n, i in self.infos.items()]
         plans = plan_cache(context, wanted, modules, named)
-        found = plans.lookup(named, {n: i.nbytes for n, i in self.infos.items()}) if plans else None
+        sizes = {n: i.nbytes for n, i in self.infos.items()}
+        remembered = plans.lookup(named, sizes) if plans else None
         # "asked", "remembered" (an earlier asking's answer), or why this one was not kept
-        self.plan = "remembered" if found is not None else "asked"
-        if found is not None:
-            self.probed, self.again = found.probed, False
-            found.fill()  # (as the asking wrote them: where the read puts no byte)
-            if found.loaded is None:
+        self.plan = "remembered" if remembered is not None else "asked"
+        if remembered is not None:
+            self.probed, self.again = remembered.probed, False
+            remembered.fill()  # (as the asking wrote them: where the read puts no byte)
+            if remembered.loaded is None:
                 self.untracked = True
             else:
-                self.loaded |= found.loaded
+                self.loaded |= remembered.loaded
         else:
             self._ask(modules, held, wanted, plans)
         self.probe_s = time.perf_counter() - t0

@@ -2,12 +2,13 @@
 a later load of the same output into the same model by the same code skips the asking.
 
 The asking (`probe`: each tensor through the model's own `load_weights` as a probe that holds
-no data) is pure Python, 6-10 ms at rank 0 of TP 8 on an H100's host: the most of what a whole
-load does before its read, and more than rank 0 of TP 8's whole load may take beyond the
-machine's limit (docs/speed.md). Its answer depends on nothing but what the key below holds, so
-a load that finds an entry of its key reads the byte ranges the entry names (`lookup`) and
-makes the entry's writes of numbers (vLLM's vocabulary embedding zeroes its padding rows), as
-the asking did, without calling the model.
+no data) is pure Python, 4-10 ms at rank 0 of TP 8 of the bench's models on an H100's host:
+the most of what a whole load does before its read, and more than rank 0 of TP 8's whole load
+may take beyond the machine's limit (docs/speed.md, the fourteenth session: 1.20 of the limit
+asked, 1.08-1.12 with the answer taken). Its answer depends on nothing but what the key below
+holds, so a load that finds an entry of its key reads the byte ranges the entry names
+(`lookup`) and makes the entry's writes of numbers (vLLM's vocabulary embedding zeroes its
+padding rows), as the asking did, without calling the model.
 
 An entry is kept (`record`) only where the asking was the load: one call over every tensor
 that only copied them and wrote numbers elsewhere (`DenseLoad.again` False), and left the
@@ -16,10 +17,10 @@ its key, which holds: fi-convert's, torch's and Python's versions; the server, i
 the model's config as the server holds it and this process's place in each parallel group
 (`Context`, from the server's loader); the output's non-expert tensors (names, shapes, dtypes);
 the model's modules (names, classes) and tensors (names, classes, dtypes, devices, shapes,
-strides, offsets). Beside the key, each Python file whose code ran in the asking, by its size
-and modification time (as Python's own bytecode cache checks a source): a server upgraded,
-patched or reinstalled asks again. An entry that is not whole and exactly of its key (a
-checksum over its bytes) is asked again and written over. What the key does not see: a
+strides, offsets). Beside the key, each Python file whose code ran in the asking (on the asking
+thread), by its size and modification time (as Python's own bytecode cache checks a source): a
+server upgraded, patched or reinstalled asks again. An entry that is not whole and exactly of
+its key (a checksum over its bytes) is asked again and written over. What the key does not see: a
 setting read by the loading code that changes where it puts bytes while leaving every tensor's
 shape, the config and the code as they were; `FI_CONVERT_PLAN_CACHE=0` turns the cache off.
 
