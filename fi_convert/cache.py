@@ -27,9 +27,11 @@ def write_atomic(path: Path, data: bytes) -> bool:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
-    except OSError:
+    except BaseException as e:  # (Ctrl-C too: no temporary file is left behind)
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        return False
+        if isinstance(e, OSError):
+            return False
+        raise
     return True

@@ -13,6 +13,7 @@ import random
 import sys
 import threading
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -409,3 +410,19 @@ def test_a_tracer_set_before_the_asking_goes_on_as_it_was(out, models, plans):
     finally:
         sys.settrace(None)
     assert after is tracer and d.plan == KEPT and "load_weights" in seen
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt, OSError(28, "No space left on device")])
+def test_a_write_cut_short_leaves_no_temporary_file(tmp_path, monkeypatch, fault):
+    """Ctrl-C (raised on) or a full disk (skipped) as an entry is put in place: the folder holds
+    what it held, and no temporary file."""
+    path = tmp_path / "plans" / "entry.json"
+    assert write_atomic(path, b"old")
+    monkeypatch.setattr(os, "replace", mock.Mock(side_effect=fault))
+    if isinstance(fault, OSError):
+        assert write_atomic(path, b"new") is False
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            write_atomic(path, b"new")
+    assert [p.name for p in path.parent.iterdir()] == ["entry.json"]
+    assert path.read_bytes() == b"old"
