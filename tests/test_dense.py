@@ -326,9 +326,12 @@ class Plain(torch.nn.Module):
         return set(self.names)
 
 
-def _load(out, model, monkeypatch=None, batch=None):
+def _load(out, model, monkeypatch=None, batch=None, load_weights=None, context=None):
+    """The output's non-expert tensors into `model` on this CPU (through `load_weights`, the
+    model's own by default; with the plan cache where `context` is given)."""
+    asked = model.load_weights if load_weights is None else load_weights
     with OutputReader(out) as reader:
-        d = DenseLoad(reader, model, model.load_weights, torch.device("cpu"))
+        d = DenseLoad(reader, model, asked, torch.device("cpu"), context=context)
         bulk = reader.bulk("cpu")
         d.add_to(bulk)
         bulk.start()

@@ -23,12 +23,12 @@ from fi_convert.cache import write_atomic
 from fi_convert.format import plan_cache
 from fi_convert.format.dense import DenseLoad
 from fi_convert.format.plan_cache import Context, PlanCacheError
-from fi_convert.format.reader import OutputReader
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 
-from .test_dense import _stored
+from . import test_dense
+from .test_dense import SPEC, _stored
 
-SPEC = Spec("deepseek-v3", layers=3, dense_layers=1, experts=8, quant="fp8-block", vocab=512)
+out = test_dense.out  # (the fixture: a DeepSeek-V3 FP8-block output of TP 2)
 CONTEXT = Context("test 1.0", "config", (("tp", 1, 2),))
 EMBED = "model.embed_tokens.weight"
 KEPT = "asked, kept for the next load"
@@ -71,14 +71,6 @@ class Model(torch.nn.Module):
 '''
 
 
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    src = write_checkpoint(tmp_path_factory.mktemp("plan-src") / "ds", SPEC)
-    out = tmp_path_factory.mktemp("plan-out") / "ds-fi"
-    convert(src, out, Options(SchemeName.FP8_BLOCK, Backend.TRTLLM, 2), device="cpu")
-    return out
-
-
 @pytest.fixture
 def models(tmp_path):
     """The model classes' module, from a file of this test's own."""
@@ -112,15 +104,7 @@ class Counted:
 
 def load(out, model, context=CONTEXT) -> tuple[DenseLoad, Counted]:
     asked = Counted(model)
-    with OutputReader(out) as reader:
-        d = DenseLoad(reader, model, asked, torch.device("cpu"), context=context)
-        bulk = reader.bulk("cpu")
-        d.add_to(bulk)
-        bulk.start()
-        d.prefetch()
-        bulk.wait()
-        d.finish()
-    return d, asked
+    return test_dense._load(out, model, load_weights=asked, context=context), asked
 
 
 def assert_loaded(model, stored) -> None:
