@@ -5,6 +5,9 @@ Every message names the file or tensor at fault and says what to do about it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 
 class FiConvertError(Exception):
     """Base class: a problem the user can fix, described in one line."""
@@ -32,3 +35,13 @@ class ManifestError(FiConvertError):
 
 class HubError(FiConvertError):
     """A Hugging Face Hub download or upload failed or was refused; names the repo and the fix."""
+
+
+@contextlib.contextmanager
+def raised_as(error: Callable[[str], BaseException]) -> Iterator[None]:
+    """A FiConvertError raised inside comes out as `error` of its one line, chain dropped (a
+    server plugin's own error type, which the server shows as it shows its own)."""
+    try:
+        yield
+    except FiConvertError as e:
+        raise error(f"{e}") from None

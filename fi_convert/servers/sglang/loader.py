@@ -33,7 +33,7 @@ from sglang.srt.model_loader.loader import (
 from sglang.srt.model_loader.utils import set_default_torch_dtype
 
 from ...bulk_read import BulkRead
-from ...errors import FiConvertError
+from ...errors import raised_as
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.plan_cache import Context
@@ -274,10 +274,9 @@ class FiConvertModelLoader(DefaultModelLoader):
         name = checks.output_name(str(model_config.model_path), root)
         check_output(manifest, name, model_config)
         target_device = torch.device(device_config.device)
-        try:  # pinned, the readers started, the output opened, while SGLang builds the model
+        # pinned, the readers started, the output opened, while SGLang builds the model
+        with raised_as(PluginError):
             self._ahead = Ahead(target_device, (root, manifest))
-        except FiConvertError as e:
-            raise PluginError(f"{e}") from None
         try:
             quant_config = _get_quantization_config(model_config, self.load_config)
             with set_default_torch_dtype(model_config.dtype):
@@ -330,13 +329,11 @@ class FiConvertModelLoader(DefaultModelLoader):
             for prefix, layer in layers.items():
                 experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
 
-        try:
+        with raised_as(PluginError):
             opened = open_output(self._ahead, root, manifest)
-        except FiConvertError as e:
-            raise PluginError(f"{e}") from None
         with opened as reader:
             bulk = new_read(self._ahead, reader, _model_device(model))
-            try:
+            with raised_as(PluginError):
                 read = read_whole(
                     bulk,
                     add_experts,
@@ -349,8 +346,6 @@ class FiConvertModelLoader(DefaultModelLoader):
                         _context(model),
                     ),
                 )
-            except FiConvertError as e:
-                raise PluginError(f"{e}") from None
         return LoadReport(_who(layers), root, len(layers), read, t0)
 
 

@@ -25,7 +25,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from ...bulk_read import BulkRead
-from ...errors import FiConvertError
+from ...errors import raised_as
 from ...format import manifest as mf
 from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
@@ -108,10 +108,8 @@ class FiConvertModelLoader(DefaultModelLoader):
     def _output(self, model_config: ModelConfig) -> tuple[Path, dict]:
         if self._dir is None or self._manifest is None:
             self._dir = self._local_dir(model_config)
-            try:
+            with raised_as(PluginError):
                 self._manifest = mf.read(self._dir)
-            except FiConvertError as e:
-                raise PluginError(f"{e}") from None
         return self._dir, self._manifest
 
     def _local_dir(self, model_config: ModelConfig) -> Path:
@@ -120,14 +118,12 @@ class FiConvertModelLoader(DefaultModelLoader):
             return local
         from ...hub.fetch import fetch_output  # a Hub repo id: its snapshot, fetched once
 
-        try:
+        with raised_as(PluginError):
             return fetch_output(
                 model_config.model,
                 revision=model_config.revision,
                 cache=self.load_config.download_dir,
             )
-        except FiConvertError as e:
-            raise PluginError(f"{e}") from None
 
     def download_model(self, model_config: ModelConfig) -> None:
         self._output(model_config)
@@ -173,10 +169,9 @@ class FiConvertModelLoader(DefaultModelLoader):
             from .proof import check_release  # the converter's code, for this case only
 
             logger.info("%s", check_release(m, str(root), unlisted, _moe_rank(pc)))
-        try:  # pinned, the readers started, the output opened, while vLLM builds the model
+        # pinned, the readers started, the output opened, while vLLM builds the model
+        with raised_as(PluginError):
             self._ahead = Ahead(_load_device(vllm_config), (root, m))
-        except FiConvertError as e:
-            raise PluginError(f"{e}") from None
         try:
             return super().load_model(vllm_config, model_config, prefix)
         finally:
@@ -238,27 +233,24 @@ class FiConvertModelLoader(DefaultModelLoader):
                 for p in experts.install(mod, reader, lp, rank, bulk):
                     loaded.add(f"{name}.{p}")
 
-        try:
+        with raised_as(PluginError):
             opened = open_output(self._ahead, root, m)
-        except FiConvertError as e:
-            raise PluginError(f"{e}") from None
         with opened as reader:
             bulk = new_read(self._ahead, reader, _model_device(model))
             try:
-                read = read_whole(
-                    bulk,
-                    add_experts,
-                    lambda: DenseLoad(
-                        reader,
-                        model,
-                        model.load_weights,
-                        bulk.device,
-                        host_memory_left(self._ahead),
-                        _context(model_config),
-                    ),
-                )
-            except FiConvertError as e:
-                raise PluginError(f"{e}") from None
+                with raised_as(PluginError):
+                    read = read_whole(
+                        bulk,
+                        add_experts,
+                        lambda: DenseLoad(
+                            reader,
+                            model,
+                            model.load_weights,
+                            bulk.device,
+                            host_memory_left(self._ahead),
+                            _context(model_config),
+                        ),
+                    )
             except (KeyboardInterrupt, SystemExit):
                 logger.error(
                     "fi-convert: loading %s interrupted; its reader threads are stopped and "
