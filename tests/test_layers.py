@@ -89,6 +89,7 @@ FORMAT_MAY_IMPORT = {
     "fi_convert.cuda_driver",
     "fi_convert.names",
     "fi_convert.version",
+    "fi_convert.cache",  # (its folder, and whole-or-nothing writes: the standard library alone)
 }
 
 
