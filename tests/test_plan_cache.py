@@ -10,6 +10,8 @@ import importlib.util
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -20,7 +22,7 @@ import torch
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.cache import write_atomic
-from fi_convert.format import plan_cache
+from fi_convert.format import code_seen, plan_cache
 from fi_convert.format.dense import DenseLoad
 from fi_convert.format.plan_cache import Context, PlanCacheError
 from fi_convert.testing.synthetic import Spec, write_checkpoint
@@ -410,3 +412,63 @@ def test_a_write_cut_short_leaves_no_temporary_file(tmp_path, monkeypatch, fault
             write_atomic(path, b"new")
     assert [p.name for p in path.parent.iterdir()] == ["entry.json"]
     assert path.read_bytes() == b"old"
+
+
+# A fresh interpreter's check of code_seen (a file of the standard library alone): each
+# function run inside is seen, a dataclass's written __init__ with its class's module file, a
+# second watching sees what ran again, the monitoring tool id is given back (3.12 on), and with
+# every free tool id taken the tracer stands in.
+CODE_SEEN = """
+import dataclasses, importlib.util, sys
+spec = importlib.util.spec_from_file_location("code_seen", sys.argv[1])
+cs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cs)
+
+@dataclasses.dataclass
+class P:
+    a: int
+
+def f(x):
+    return P(x)
+
+def names(seen):
+    return {c.co_name: m for c, m in seen.items()}
+
+for taken in (False, True):
+    mon = getattr(sys, "monitoring", None)
+    if taken and mon is not None:
+        for tool in (3, 4, 5):
+            mon.use_tool_id(tool, "another")
+    for _ in range(2):
+        with cs.watching() as seen:
+            f(1)
+        got = names(seen)
+        assert "f" in got and got["__init__"] == __file__, got
+    if mon is not None:
+        assert [mon.get_tool(t) for t in (3, 4, 5)] == (["another"] * 3 if taken else [None] * 3)
+print("ok", sys.version_info[:2], hasattr(sys, "monitoring"))
+"""
+
+
+def _python312() -> str | None:
+    """A Python 3.12 that runs here (pyenv's shims may name one that does not)."""
+    pyenv = sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.12*/bin/python"))
+    for exe in [*pyenv, shutil.which("python3.12")]:
+        if exe and subprocess.run([exe, "-c", "pass"], capture_output=True).returncode == 0:
+            return exe
+    return None
+
+
+@pytest.mark.parametrize("python", ["this", "3.12"])
+def test_the_code_seen_is_each_function_run_inside(python, tmp_path):
+    exe = sys.executable if python == "this" else _python312()
+    if exe is None:
+        pytest.skip("no Python 3.12 on this machine (sys.monitoring's path)")
+    script = tmp_path / "check.py"
+    script.write_text(CODE_SEEN)
+    module = Path(code_seen.__file__)
+    r = subprocess.run([exe, str(script), str(module)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok")
+    if python == "3.12":
+        assert r.stdout.strip().endswith("True")  # (sys.monitoring's path)

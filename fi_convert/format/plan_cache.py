@@ -17,8 +17,8 @@ its key, which holds: fi-convert's, torch's and Python's versions; the server, i
 the model's config as the server holds it and this process's place in each parallel group
 (`Context`, from the server's loader); the output's non-expert tensors (names, shapes, dtypes);
 the model's modules (names, classes) and tensors (names, classes, dtypes, devices, shapes,
-strides, offsets). Beside the key, each Python file whose code ran in the asking (on the asking
-thread), by its size and modification time (as Python's own bytecode cache checks a source): a
+strides, offsets). Beside the key, each Python file whose code ran in the asking (`code_seen`),
+by its size and modification time (as Python's own bytecode cache checks a source): a
 server upgraded, patched or reinstalled asks again. An entry that is not whole and exactly of
 its key (a checksum over its bytes) is asked again and written over. What the key does not see: a
 setting read by the loading code that changes where it puts bytes while leaving every tensor's
@@ -46,6 +46,7 @@ import torch
 from ..cache import cache_root, write_atomic
 from ..errors import FiConvertError
 from ..version import __version__
+from . import code_seen
 from .probe import Copy, Probed, Watch, storage_key
 
 ENV = "FI_CONVERT_PLAN_CACHE"
@@ -53,6 +54,9 @@ VERSION = 1  # of an entry's form
 # Whether a load looks for (and keeps) entries: a bench setting (`--alt-bulk
 # set:fi_convert.format.plan_cache:REMEMBER=False`: asked at every load, as before)
 REMEMBER = True
+# Whether a load takes an entry it finds: a bench setting (False: asked at every load, and its
+# answer kept each time, as at a server's first start)
+TAKE = True
 
 
 # torch's dtypes by the names an entry gives them ("bfloat16")
@@ -128,6 +132,8 @@ class PlanCache:
         """The entry, with its copies as views of `named` (the model's tensors by name), where
         it is whole, of this key, its code unchanged, and every range within its tensor
         (`sizes`: the output's tensors' bytes) and its target; else None."""
+        if not TAKE:
+            return None
         try:
             data = self.path.read_bytes()
         except OSError:
@@ -144,21 +150,12 @@ class PlanCache:
 
     @contextlib.contextmanager
     def watching_code(self) -> Iterator[None]:
-        """The code objects that run on this thread meanwhile, into `code` (each Python
-        function's call; a tracer already set, such as a coverage tool's, goes on as it was)."""
-        before: Any = sys.gettrace()
-        seen = self.code
-
-        def trace(frame: Any, event: str, arg: Any) -> Any:
-            if frame.f_code not in seen:
-                seen[frame.f_code] = frame.f_globals.get("__file__")
-            return before(frame, event, arg) if before is not None else None
-
-        sys.settrace(trace)
-        try:
-            yield
-        finally:
-            sys.settrace(before)
+        """The code objects that run meanwhile, into `code` (`code_seen`)."""
+        with code_seen.watching() as seen:
+            try:
+                yield
+            finally:
+                self.code = dict(seen)
 
     def record(
         self,
