@@ -1012,13 +1012,14 @@ def test_a_whole_model_refusal_comes_before_anything_is_built(registered, output
         _model(registered, out, "fi-convert", "trtllm")
 
 
-@pytest.mark.parametrize("fault", ["build", "setting"])
+@pytest.mark.parametrize("fault", ["build", "setting", "plan cache"])
 def test_the_readers_started_for_a_build_that_fails_are_stopped(
-    registered, outputs, monkeypatch, fault
+    registered, outputs, monkeypatch, tmp_path, fault
 ):
     """The load starts its reader threads and opens the output before SGLang builds the
     model (`whole_read.Ahead`): a build that fails leaves none running and no file of the
-    output open; a read setting that is wrong is one line, before anything is built."""
+    output open; a read or plan cache setting that is wrong is one line, before anything is
+    built."""
     monkeypatch.setenv("FI_CONVERT_SGLANG_TEST_CPU", "1")
     out = outputs("hf-qwen3", "trtllm", 1)
     seen = []
@@ -1029,6 +1030,14 @@ def test_the_readers_started_for_a_build_that_fails_are_stopped(
 
     if fault == "setting":
         monkeypatch.setenv("FI_CONVERT_READ_THREADS", "0")
+        said = "fi-convert: FI_CONVERT_READ_THREADS='0': not a thread count; give 1 to 128"
+    elif fault == "plan cache":
+        (tmp_path / "a-file").write_text("")
+        monkeypatch.setenv("FI_CONVERT_PLAN_CACHE", str(tmp_path / "a-file"))
+        said = (
+            f"fi-convert: FI_CONVERT_PLAN_CACHE={tmp_path / 'a-file'}: not a folder; set it to "
+            "a folder for the plans of loads, or to 0 to ask the model at every load"
+        )
     error = RuntimeError if fault == "build" else PluginError
     with sm.sglang_context("trtllm", 1, 0):
         from fi_convert.servers.sglang import loader  # (under SGLang's stand-ins)
@@ -1041,9 +1050,7 @@ def test_the_readers_started_for_a_build_that_fails_are_stopped(
     if fault == "build":
         assert seen and seen[0]  # started ahead of the build
     else:
-        assert not seen and str(e.value) == (
-            "fi-convert: FI_CONVERT_READ_THREADS='0': not a thread count; give 1 to 128"
-        )
+        assert not seen and str(e.value) == said
     for t in threading.enumerate():
         if t.name == "fi-convert-open":
             t.join()  # (it closes what it opened once done: close does not wait for it)

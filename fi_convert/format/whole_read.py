@@ -51,6 +51,7 @@ from ..bulk_read import (
     host_buffers,
     read_device,
 )
+from . import plan_cache
 from .dense import DenseLoad
 from .reader import OutputReader
 
@@ -107,10 +108,11 @@ class Ahead:
     the block and closes the output no load took, in every case."""
 
     def __init__(self, device: str | torch.device, output: tuple[Path, dict] | None = None) -> None:
-        """A setting that is wrong (`FI_CONVERT_READ_THREADS`, `FI_CONVERT_HOST_MEMORY`) is
-        its one-line `ReadError`, with nothing left pinned or running. A fault opening the
-        output comes out of `reader`, at the load, as it would there."""
+        """A setting that is wrong (`FI_CONVERT_READ_THREADS`, `FI_CONVERT_HOST_MEMORY`,
+        `FI_CONVERT_PLAN_CACHE`) is its one-line error, with nothing left pinned or running. A
+        fault opening the output comes out of `reader`, at the load, as it would there."""
         _check_order()
+        plan_cache.folder()  # (the load's is taken there: a wrong one refused before the build)
         self.buffers: HostBuffers | None = None
         self._bulk: BulkRead | None = None
         self._opening: _Opening | None = None
