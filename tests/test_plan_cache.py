@@ -353,8 +353,7 @@ def test_a_folder_that_cannot_be_written_is_skipped(out, models, tmp_path, monke
         model = models.Model(stored)
         d, asked = load(out, model)
         assert asked.calls == 1 and d.plan == (
-            "asked, not kept for the next load: its code is not all in files, or the cache "
-            "folder cannot be written"
+            f"asked, not kept for the next load: {blocker / 'plans'} cannot be written"
         )
         assert_loaded(model, stored)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "plan_models.py"]
@@ -415,21 +414,32 @@ def test_a_write_cut_short_leaves_no_temporary_file(tmp_path, monkeypatch, fault
 
 
 # A fresh interpreter's check of code_seen (a file of the standard library alone): each
-# function run inside is seen, a dataclass's written __init__ with its class's module file, a
-# second watching sees what ran again, the monitoring tool id is given back (3.12 on), and with
-# every free tool id taken the tracer stands in.
+# function run inside is seen, a dataclass's written __init__ with its class's module file; a
+# namedtuple's written __new__ in no file is left out of the files, and code in a file that is
+# not there is named; another thread's code is not seen; a second watching sees what ran again;
+# the monitoring tool id is given back (3.12 on), and with every free tool id taken the tracer
+# stands in.
 CODE_SEEN = """
-import dataclasses, importlib.util, sys
+import collections, dataclasses, importlib.util, sys, threading
 spec = importlib.util.spec_from_file_location("code_seen", sys.argv[1])
 cs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cs)
+cs.MONITORING = sys.argv[2] == "monitoring"
 
 @dataclasses.dataclass
 class P:
     a: int
 
+Pair = collections.namedtuple("Pair", "a b")  # (its __new__ written at run time, no file)
+
 def f(x):
-    return P(x)
+    return P(x), Pair(x, x)
+
+def elsewhere():
+    return 1
+
+namespace = {}
+exec(compile("def g():\\n    return 2\\n", "/no/such/file.py", "exec"), namespace)
 
 def names(seen):
     return {c.co_name: m for c, m in seen.items()}
@@ -440,13 +450,30 @@ for taken in (False, True):
         for tool in (3, 4, 5):
             mon.use_tool_id(tool, "another")
     for _ in range(2):
+        started, go = threading.Event(), threading.Event()
+        other = threading.Thread(target=lambda: (started.set(), go.wait(), elsewhere()))
+        other.start()
+        started.wait()
         with cs.watching() as seen:
             f(1)
+            go.set()
+            other.join()  # (another thread's code, run meanwhile)
         got = names(seen)
-        assert "f" in got and got["__init__"] == __file__, got
+        assert "f" in got and got["__init__"] == __file__ and None in got.values(), got
+        assert "elsewhere" not in got, got
+        files = [name for name, *_ in cs.files(seen)]
+        assert __file__ in files and not any(n.startswith("<") for n in files), files
+    with cs.watching() as seen:
+        namespace["g"]()
+    try:
+        cs.files(seen)
+    except cs.NotInFiles as e:
+        assert str(e) == "/no/such/file.py: g", e
+    else:
+        raise AssertionError("a file that is not there")
     if mon is not None:
         assert [mon.get_tool(t) for t in (3, 4, 5)] == (["another"] * 3 if taken else [None] * 3)
-print("ok", sys.version_info[:2], hasattr(sys, "monitoring"))
+print("ok", sys.version_info[:2], cs.MONITORING and hasattr(sys, "monitoring"))
 """
 
 
@@ -459,16 +486,17 @@ def _python312() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("python", ["this", "3.12"])
-def test_the_code_seen_is_each_function_run_inside(python, tmp_path):
+@pytest.mark.parametrize(
+    ("python", "how"), [("this", "tracer"), ("3.12", "tracer"), ("3.12", "monitoring")]
+)
+def test_the_code_seen_is_each_function_run_inside(python, how, tmp_path):
     exe = sys.executable if python == "this" else _python312()
     if exe is None:
         pytest.skip("no Python 3.12 on this machine (sys.monitoring's path)")
     script = tmp_path / "check.py"
     script.write_text(CODE_SEEN)
     module = Path(code_seen.__file__)
-    r = subprocess.run([exe, str(script), str(module)], capture_output=True, text=True)
+    r = subprocess.run([exe, str(script), str(module), how], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ok")
-    if python == "3.12":
-        assert r.stdout.strip().endswith("True")  # (sys.monitoring's path)
+    assert r.stdout.strip().endswith(str(how == "monitoring"))  # (the path it took)

@@ -2,25 +2,33 @@
 function's code object, with its module's file where the code was made at run time
 (`dataclasses` writes a class's methods from its fields: their file is `<string>`).
 
-On Python 3.12 and later through `sys.monitoring`: each function's start is reported once and
-then switched off where it is (measured on vLLM's Qwen3-MoE class at 48 layers: no cost to the
-asking that its spread shows). The code seen is kept for the process: a function seen by an
-earlier asking is not reported again, so each asking is given every code object seen in any
-(a superset of its own, which can only make an answer's files more, never fewer). Code that
-other threads run meanwhile is in it too. Where no monitoring tool id is free, or before 3.12,
-through `sys.settrace` on the asking's thread: each call of a Python function passes through a
-callback (the asking about 2x as slow there), and a tracer set before (a coverage tool's, a
-debugger's) goes on as it was."""
+By default through `sys.settrace` on the asking's thread: each call of a Python function passes
+through a callback (the asking about 2x as slow, at a first start only), and a tracer set
+before (a coverage tool's, a debugger's) goes on as it was. Proven on 3.11 here and on the GPU
+machine's 3.12 (docs/speed.md, the fourteenth session).
+
+Where `MONITORING` is set, on Python 3.12 and later, through `sys.monitoring` instead: each
+function's start is reported once and then switched off where it is; only the watched
+thread's code is kept (another thread's is reported again until the watched one runs it). The
+code seen is kept for the process: a function seen by an earlier asking is not reported again,
+so each asking is given every code object seen in any (a superset of its own, which can only
+make an answer's files more, never fewer). A setting until it is proven on the GPU machine's
+3.12 with torch: its first version kept nothing there, and this VM has no torch for 3.12. Where
+no monitoring tool id is free, the tracer."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+# sys.monitoring's path where Python has it (see above); off: the tracer, proven on 3.11 and 3.12
+MONITORING = False
 _SEEN: dict[Any, str | None] = {}  # every code object reported, with its module's file
+_ASKING: list[int] = []  # the thread watched (monitoring reports every thread's code)
 _LOCK = threading.Lock()  # (one monitoring at a time)
 
 
@@ -28,7 +36,7 @@ _LOCK = threading.Lock()  # (one monitoring at a time)
 def watching() -> Iterator[dict[Any, str | None]]:
     """The code objects that run inside (see above), each with its module's file (`__file__`
     of its globals, where its own file is not one: None where that has none either)."""
-    mon: Any = getattr(sys, "monitoring", None)
+    mon: Any = getattr(sys, "monitoring", None) if MONITORING else None
     with _LOCK:
         tool = _free_tool(mon) if mon is not None else None
         if tool is None:
@@ -36,6 +44,7 @@ def watching() -> Iterator[dict[Any, str | None]]:
             with _traced(seen):
                 yield seen
             return
+        _ASKING[:] = [threading.get_ident()]
         mon.register_callback(tool, mon.events.PY_START, _started)
         mon.set_events(tool, mon.events.PY_START)
         try:
@@ -44,6 +53,7 @@ def watching() -> Iterator[dict[Any, str | None]]:
             mon.set_events(tool, 0)
             mon.register_callback(tool, mon.events.PY_START, None)
             mon.free_tool_id(tool)
+            _ASKING.clear()
 
 
 def _free_tool(mon: Any) -> int | None:
@@ -55,6 +65,8 @@ def _free_tool(mon: Any) -> int | None:
 
 
 def _started(code: Any, offset: int) -> Any:
+    if threading.get_ident() not in _ASKING:
+        return None  # (another thread's: reported again, where the asking runs it)
     if code not in _SEEN:
         module = None
         if code.co_filename.startswith("<"):  # (the started function's frame is the caller's)
@@ -77,3 +89,46 @@ def _traced(seen: dict[Any, str | None]) -> Iterator[None]:
         yield
     finally:
         sys.settrace(before)
+
+
+class NotInFiles(Exception):
+    """Code seen that is in no file that can be checked (named in the message)."""
+
+
+def files(seen: dict[Any, str | None]) -> list[list]:
+    """The files of the code `seen` (each with its module's file), each with its size and
+    modification time. Code of the interpreter's own frozen modules is left out (its version
+    is keyed), and so is code made at run time from text in no module of a file (the methods
+    `collections.namedtuple` writes): what made it is code that ran, or the interpreter.
+    NotInFiles names code whose file is not there (a module loaded without its source)."""
+    names = set()
+    for c, module in seen.items():
+        name = c.co_filename
+        if name.startswith("<frozen "):
+            continue
+        if name.startswith("<"):
+            if not isinstance(module, str):
+                continue
+            name = module
+        names.add(name)
+    out = []
+    for name in sorted(names):
+        try:
+            st = os.stat(name)
+        except (OSError, ValueError):
+            where = next((c for c in seen if c.co_filename == name), None)
+            raise NotInFiles(f"{name}: {getattr(where, 'co_qualname', '?')}") from None
+        out.append([name, st.st_mtime_ns, st.st_size])
+    return out
+
+
+def unchanged(files: list) -> bool:
+    """Whether each of `files` (as `files` gave them) has the size and time it had."""
+    for name, mtime, size in files:
+        try:
+            st = os.stat(name)
+        except OSError:
+            return False
+        if st.st_mtime_ns != mtime or st.st_size != size:
+            return False
+    return True

@@ -128,16 +128,18 @@ class DenseLoad:
     ) -> str:
         """Whether this asking's answer was kept for later loads, or why not (`loaded` holds
         only what load_weights said it loaded, yet)."""
+        why: str | None
         if self.again:
             why = "its loading does more than copy each tensor in one call"
         elif calls[0].other_write is not None:
             why = f"its loading writes otherwise than numbers ({calls[0].other_write})"
         elif (changed := found.changed()) is not None:
             why = f"its loading changes {changed}"
-        elif not plans.record(self.probed, calls[0], held, None if self.untracked else self.loaded):
-            why = "its code is not all in files, or the cache folder cannot be written"
         else:
-            return "asked, kept for the next load"
+            said = None if self.untracked else self.loaded
+            why = plans.record(self.probed, calls[0], held, said)
+            if why is None:
+                return "asked, kept for the next load"
         return f"asked, not kept for the next load: {why}"
 
     def _infos(self) -> dict[str, TensorInfo]:

@@ -163,13 +163,14 @@ class PlanCache:
         watch: Watch,
         held: dict[tuple[str, int], str],
         loaded: set[str] | None,
-    ) -> bool:
+    ) -> str | None:
         """Keep the asking's answer (one call, `watch`'s): each tensor's copies and the
-        writes of numbers, by the names `held` gives the model's tensors. False where it was
-        not written (the folder cannot be written, or the code is not in files)."""
-        files = _files(self.code)
-        if files is None:
-            return False
+        writes of numbers, by the names `held` gives the model's tensors. None, or why it was
+        not kept (code in no file that can be checked, or a folder that cannot be written)."""
+        try:
+            files = code_seen.files(self.code)
+        except code_seen.NotInFiles as e:
+            return f"its code is not all in files ({e})"
         rec = {
             "version": VERSION,
             "key": self.key,
@@ -184,7 +185,8 @@ class PlanCache:
             ],
         }
         body = json.dumps(rec, separators=(",", ":")).encode()
-        return write_atomic(self.path, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        data = hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+        return None if write_atomic(self.path, data) else f"{self.root} cannot be written"
 
 
 def plan_cache(
@@ -235,42 +237,6 @@ def _copy_record(c: Copy, held: dict[tuple[str, int], str]) -> list:
     return [*target, list(d.shape), c.offset, c.nbytes, None if c.rows is None else list(c.rows)]
 
 
-def _files(code: dict[Any, Any]) -> list[list] | None:
-    """Each file of `code` (code objects, each with its module's file), with its size and
-    modification time; None where some code is in no file that can be checked. Code made at
-    run time (`<string>`: the methods `dataclasses` writes for a class) stands for its
-    module's file, whose text it was made from."""
-    names = set()
-    for c, module in code.items():
-        name = c.co_filename
-        if name.startswith("<frozen "):
-            continue  # (the interpreter's own modules, frozen into it: its version is keyed)
-        if name.startswith("<"):
-            if not isinstance(module, str):
-                return None
-            name = module
-        names.add(name)
-    out = []
-    for name in sorted(names):
-        try:
-            st = os.stat(name)
-        except (OSError, ValueError):
-            return None
-        out.append([name, st.st_mtime_ns, st.st_size])
-    return out
-
-
-def _unchanged(files: list) -> bool:
-    for name, mtime, size in files:
-        try:
-            st = os.stat(name)
-        except OSError:
-            return False
-        if st.st_mtime_ns != mtime or st.st_size != size:
-            return False
-    return True
-
-
 def _remembered(
     rec: dict,
     key: str,
@@ -282,7 +248,7 @@ def _remembered(
     code changed, or one of its ranges reaches outside its tensor or its target's memory (an
     entry whole by its checksum and of this key holds none such: looked at all the same, as
     the read writes there)."""
-    if rec["version"] != VERSION or rec["key"] != key or not _unchanged(rec["code"]):
+    if rec["version"] != VERSION or rec["key"] != key or not code_seen.unchanged(rec["code"]):
         return None
     if set(rec["tensors"]) != set(sizes):
         return None
