@@ -227,10 +227,6 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _type(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
 def _copy_record(c: Copy, held: dict[tuple[str, int], str]) -> list:
     d = c.dst
     target = [held[storage_key(d)], _name(d.dtype), int(d.storage_offset())]
