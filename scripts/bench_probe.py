@@ -9,7 +9,8 @@ built on this CPU as tests/test_vllm_models.py builds it: the asking (`DenseLoad
 tensors and state, its `load_weights` over the probes), against the model's own `load_weights`
 over the same tensors with their data (what vLLM's default load runs, less the reading), and
 the asking on the whole-model bench's stand-in built of vLLM's layers
-(`bench_models.vllm_rank_model`) from the same checkpoint, each side in turn, medians of 15.
+(`bench_models.vllm_rank_model`) from the same checkpoint, and the load that takes the first
+asking's answer instead of asking (`format/plan_cache.py`), each side in turn, medians of 15.
 Another probe.py's asking beside it with `--alt PATH`.
 
     python scripts/bench_probe.py [TP] [--alt PATH]    # TP 1 or 8 (default 8)
