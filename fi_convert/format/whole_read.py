@@ -218,6 +218,31 @@ def new_read(ahead: Ahead | None, reader: Any, device: str | torch.device) -> Bu
     return ahead.read(reader, device) if ahead is not None else reader.bulk(device)
 
 
+def load_output(
+    ahead: Ahead | None,
+    root: Path,
+    manifest: dict,
+    device: str | torch.device,
+    add_experts: Callable[[OutputReader, BulkRead], None],
+    model: torch.nn.Module,
+    load_weights: Callable[[Any], Any],
+    context: plan_cache.Context,
+) -> WholeRead:
+    """A whole load of the output at `root` into `model` on `device`, as each server's loader
+    runs it: the output opened (`ahead`'s, or now), its bulk read, `add_experts(reader, bulk)`
+    for the experts' requests, and the model asked (or its kept answer taken) through
+    `load_weights` for the other tensors (`read_whole`)."""
+    with open_output(ahead, root, manifest) as reader:
+        bulk = new_read(ahead, reader, device)
+        return read_whole(
+            bulk,
+            lambda b: add_experts(reader, b),
+            lambda: DenseLoad(
+                reader, model, load_weights, bulk.device, host_memory_left(ahead), context
+            ),
+        )
+
+
 def host_memory_left(ahead: Ahead | None) -> int:
     """The host memory budget the experts' pinned buffers leave (the model's other tensors'
     batches)."""

@@ -34,16 +34,10 @@ from sglang.srt.model_loader.utils import set_default_torch_dtype
 
 from ...bulk_read import BulkRead
 from ...errors import raised_as
-from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.plan_cache import Context
-from ...format.whole_read import (
-    Ahead,
-    host_memory_left,
-    new_read,
-    open_output,
-    read_whole,
-)
+from ...format.reader import OutputReader
+from ...format.whole_read import Ahead, load_output
 from .. import architectures as arch_facts
 from . import checks, experts, older_releases
 from .checks import PluginError
@@ -325,27 +319,21 @@ class FiConvertModelLoader(DefaultModelLoader):
         the data of those it does more with (read ahead in batches)."""
         t0 = time.perf_counter()
 
-        def add_experts(bulk: BulkRead) -> None:
+        def add_experts(reader: OutputReader, bulk: BulkRead) -> None:
             for prefix, layer in layers.items():
                 experts.install(layer, reader, prefix, layer.moe_tp_rank, bulk)
 
         with raised_as(PluginError):
-            opened = open_output(self._ahead, root, manifest)
-        with opened as reader:
-            bulk = new_read(self._ahead, reader, _model_device(model))
-            with raised_as(PluginError):
-                read = read_whole(
-                    bulk,
-                    add_experts,
-                    lambda: DenseLoad(
-                        reader,
-                        model,
-                        lambda w: _load_weights_only(model, w, target_device, layers.values()),
-                        bulk.device,
-                        host_memory_left(self._ahead),
-                        _context(model),
-                    ),
-                )
+            read = load_output(
+                self._ahead,
+                root,
+                manifest,
+                _model_device(model),
+                add_experts,
+                model,
+                lambda w: _load_weights_only(model, w, target_device, layers.values()),
+                _context(model),
+            )
         return LoadReport(_who(layers), root, len(layers), read, t0)
 
 

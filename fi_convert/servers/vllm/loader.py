@@ -27,17 +27,11 @@ from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from ...bulk_read import BulkRead
 from ...errors import raised_as
 from ...format import manifest as mf
-from ...format.dense import DenseLoad
 from ...format.load_report import LoadReport
 from ...format.names import MANIFEST_NAME
 from ...format.plan_cache import Context
-from ...format.whole_read import (
-    Ahead,
-    host_memory_left,
-    new_read,
-    open_output,
-    read_whole,
-)
+from ...format.reader import OutputReader
+from ...format.whole_read import Ahead, load_output
 from .. import installed_registry
 from . import checks, experts
 from .checks import PluginError
@@ -227,37 +221,31 @@ class FiConvertModelLoader(DefaultModelLoader):
         t0 = time.perf_counter()
         loaded: set[str] = set()
 
-        def add_experts(bulk: BulkRead) -> None:
+        def add_experts(reader: OutputReader, bulk: BulkRead) -> None:
             for lp, (name, mod) in layers.items():
                 rank = mod.moe_config.moe_parallel_config.tp_rank
                 for p in experts.install(mod, reader, lp, rank, bulk):
                     loaded.add(f"{name}.{p}")
 
-        with raised_as(PluginError):
-            opened = open_output(self._ahead, root, m)
-        with opened as reader:
-            bulk = new_read(self._ahead, reader, _model_device(model))
-            try:
-                with raised_as(PluginError):
-                    read = read_whole(
-                        bulk,
-                        add_experts,
-                        lambda: DenseLoad(
-                            reader,
-                            model,
-                            model.load_weights,
-                            bulk.device,
-                            host_memory_left(self._ahead),
-                            _context(model_config),
-                        ),
-                    )
-            except (KeyboardInterrupt, SystemExit):
-                logger.error(
-                    "fi-convert: loading %s interrupted; its reader threads are stopped and "
-                    "their pinned memory freed: start the server again",
+        try:
+            with raised_as(PluginError):
+                read = load_output(
+                    self._ahead,
                     root,
+                    m,
+                    _model_device(model),
+                    add_experts,
+                    model,
+                    model.load_weights,
+                    _context(model_config),
                 )
-                raise
+        except (KeyboardInterrupt, SystemExit):
+            logger.error(
+                "fi-convert: loading %s interrupted; its reader threads are stopped and "
+                "their pinned memory freed: start the server again",
+                root,
+            )
+            raise
         # this process is one rank of every layer: any layer's split names it
         split = next(iter(layers.values()))[1].moe_config.moe_parallel_config if layers else None
         report = LoadReport(_who(split), root, len(layers), read, t0)
