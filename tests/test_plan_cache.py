@@ -416,11 +416,12 @@ def test_a_write_cut_short_leaves_no_temporary_file(tmp_path, monkeypatch, fault
 # A fresh interpreter's check of code_seen (a file of the standard library alone): each
 # function run inside is seen, a dataclass's written __init__ with its class's module file; a
 # namedtuple's written __new__ in no file is left out of the files, and code in a file that is
-# not there is named; another thread's code is not seen; a second watching sees what ran again;
-# the monitoring tool id is given back (3.12 on), and with every free tool id taken the tracer
-# stands in.
+# not there is named; another thread's code is not seen; a second watching sees what ran again,
+# and only its own code: a module file seen by an earlier watching and then deleted is not named
+# by a later one; the monitoring tool id is given back (3.12 on), and with every free tool id
+# taken the tracer stands in.
 CODE_SEEN = """
-import collections, dataclasses, importlib.util, sys, threading
+import collections, dataclasses, importlib.util, pathlib, sys, tempfile, threading
 spec = importlib.util.spec_from_file_location("code_seen", sys.argv[1])
 cs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cs)
@@ -463,6 +464,20 @@ for taken in (False, True):
         assert "elsewhere" not in got, got
         files = [name for name, *_ in cs.files(seen)]
         assert __file__ in files and not any(n.startswith("<") for n in files), files
+    gone = pathlib.Path(tempfile.mkdtemp()) / "gone.py"
+    gone.write_text("def h():\\n    return 3\\n")
+    spec = importlib.util.spec_from_file_location("gone", gone)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with cs.watching() as seen:
+        module.h()
+        f(1)
+    assert {"h", "f"} <= set(names(seen)), names(seen)
+    gone.unlink()
+    with cs.watching() as seen:
+        elsewhere()
+    assert "elsewhere" in names(seen) and not {"h", "f"} & set(names(seen)), names(seen)
+    assert str(gone) not in [name for name, *_ in cs.files(seen)]
     with cs.watching() as seen:
         namespace["g"]()
     try:

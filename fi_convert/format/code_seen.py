@@ -8,13 +8,15 @@ before (a coverage tool's, a debugger's) goes on as it was. Proven on 3.11 here 
 machine's 3.12 (docs/speed.md, the fourteenth session).
 
 Where `MONITORING` is set, on Python 3.12 and later, through `sys.monitoring` instead: each
-function's start is reported once and then switched off where it is; only the watched
-thread's code is kept (another thread's is reported again until the watched one runs it). The
-code seen is kept for the process: a function seen by an earlier asking is not reported again,
-so each asking is given every code object seen in any (a superset of its own, which can only
-make an answer's files more, never fewer). A setting until it is proven on the GPU machine's
-3.12 with torch: its first version kept nothing there, and this VM has no torch for 3.12. Where
-no monitoring tool id is free, the tracer."""
+function's start is reported once and then switched off where it is (`DISABLE`), so the asking
+runs at its own speed; only the watched thread's code is kept (another thread's is reported
+again until the watched one runs it). Each watching first switches back on what earlier ones
+switched off (`restart_events`, for every tool: one report more per function for a tool that
+had switched it off), so that it is given the code of its own asking, each function once. A
+setting until it is proven on the GPU machine's 3.12 with torch: its first version, which gave
+each asking every code object any earlier one had seen, kept nothing there (a test's module
+file seen once and then deleted named in every asking after), and this VM has no torch for
+3.12. Where no monitoring tool id is free, the tracer."""
 
 from __future__ import annotations
 
@@ -27,8 +29,6 @@ from typing import Any
 
 # sys.monitoring's path where Python has it (see above); off: the tracer, proven on 3.11 and 3.12
 MONITORING = False
-_SEEN: dict[Any, str | None] = {}  # every code object reported, with its module's file
-_ASKING: list[int] = []  # the thread watched (monitoring reports every thread's code)
 _LOCK = threading.Lock()  # (one monitoring at a time)
 
 
@@ -37,23 +37,34 @@ def watching() -> Iterator[dict[Any, str | None]]:
     """The code objects that run inside (see above), each with its module's file (`__file__`
     of its globals, where its own file is not one: None where that has none either)."""
     mon: Any = getattr(sys, "monitoring", None) if MONITORING else None
+    seen: dict[Any, str | None] = {}
     with _LOCK:
         tool = _free_tool(mon) if mon is not None else None
         if tool is None:
-            seen: dict[Any, str | None] = {}
             with _traced(seen):
                 yield seen
             return
-        _ASKING[:] = [threading.get_ident()]
-        mon.register_callback(tool, mon.events.PY_START, _started)
+        asking, disable = threading.get_ident(), mon.DISABLE
+
+        def started(code: Any, offset: int) -> Any:
+            if threading.get_ident() != asking:
+                return None  # (another thread's: reported again, where the asking runs it)
+            if code not in seen:
+                module = None
+                if code.co_filename.startswith("<"):  # (this frame's caller is the code's)
+                    module = sys._getframe(1).f_globals.get("__file__")
+                seen[code] = module
+            return disable
+
+        mon.register_callback(tool, mon.events.PY_START, started)
         mon.set_events(tool, mon.events.PY_START)
+        mon.restart_events()  # (what an earlier watching switched off, on again)
         try:
-            yield _SEEN
+            yield seen
         finally:
             mon.set_events(tool, 0)
             mon.register_callback(tool, mon.events.PY_START, None)
             mon.free_tool_id(tool)
-            _ASKING.clear()
 
 
 def _free_tool(mon: Any) -> int | None:
@@ -62,17 +73,6 @@ def _free_tool(mon: Any) -> int | None:
             mon.use_tool_id(tool, "fi-convert")
             return tool
     return None
-
-
-def _started(code: Any, offset: int) -> Any:
-    if threading.get_ident() not in _ASKING:
-        return None  # (another thread's: reported again, where the asking runs it)
-    if code not in _SEEN:
-        module = None
-        if code.co_filename.startswith("<"):  # (the started function's frame is the caller's)
-            module = sys._getframe(1).f_globals.get("__file__")
-        _SEEN[code] = module
-    return sys.monitoring.DISABLE  # type: ignore[attr-defined]
 
 
 @contextmanager
