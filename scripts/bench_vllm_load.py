@@ -858,6 +858,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="two cases, warm only")
+    ap.add_argument("--warm-only", action="store_true", help="no cold runs")
     ap.add_argument("--tmp", default=None, help="where checkpoints are written")
     ap.add_argument(
         "--cases-dir",
@@ -991,7 +992,7 @@ def main() -> None:
                 ()
                 if a.gap and a.gap_only
                 else (False, True)
-                if can_drop and not a.quick
+                if can_drop and not a.quick and not a.warm_only
                 else (False,)
             ):
                 r = measure(case, src, out, dev, tuple(limit), cold, a.repeat, a.more)
