@@ -22,9 +22,10 @@ import torch
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.cache import write_atomic
-from fi_convert.format import code_seen, plan_cache
+from fi_convert.format import code_seen, plan_cache, whole_read
 from fi_convert.format.dense import DenseLoad
 from fi_convert.format.plan_cache import Context, PlanCacheError
+from fi_convert.format.reader import OutputReader
 from fi_convert.testing.synthetic import Spec, write_checkpoint
 
 from . import test_dense
@@ -34,6 +35,7 @@ out = test_dense.out  # (the fixture: a DeepSeek-V3 FP8-block output of TP 2)
 CONTEXT = Context("test 1.0", "config", (("tp", 1, 2),))
 EMBED = "model.embed_tokens.weight"
 KEPT = "asked, kept for the next load"
+CPU = torch.device("cpu")
 # the model classes, in a file of their own: a test changes it (the code an entry stands on)
 MODELS = '''
 import torch
@@ -129,6 +131,40 @@ def test_a_later_load_takes_the_models_answer_without_asking(out, models, plans)
     assert second.loaded == first.loaded and not second.again and second.rest == []
     assert [p.name for p in second.probed.values()] == list(first.probed)
     assert list(plans.iterdir()) == [entry]  # (nothing written: taken as it was)
+
+
+def test_the_answer_is_kept_as_the_read_goes_and_not_where_the_load_stops(out, models, plans):
+    """The whole load (`whole_read`) keeps it once the read is under way (not on the asking's
+    path to the read's requests), before the read is waited for; a load stopped after the
+    asking keeps nothing."""
+    stored = _stored(out)
+    entries: dict[str, list[str]] = {}
+
+    def at(when: str) -> None:
+        entries[when] = [p.name for p in plans.iterdir()] if plans.exists() else []
+
+    with OutputReader(out) as reader:
+        bulk = reader.bulk("cpu")
+        wait = bulk.wait
+        bulk.wait = lambda: (at("read waited for"), wait())[1]
+        model = models.Model(stored)
+
+        def asked() -> DenseLoad:
+            d = DenseLoad(reader, model, model.load_weights, CPU, context=CONTEXT)
+            at("asked")
+            return d
+
+        read = whole_read.read_whole(bulk, lambda b: None, asked)
+    assert read.dense.plan == KEPT and entries["asked"] == []
+    assert entries["read waited for"] == [p.name for p in plans.iterdir()] != []
+    assert read.dense.loaded >= set(model.names)
+    assert_loaded(model, stored)
+    shutil.rmtree(plans)
+    with OutputReader(out) as reader:
+        stopped = DenseLoad(reader, model, model.load_weights, CPU, context=CONTEXT)
+        stopped.abort()
+        stopped.finish()
+    assert stopped.plan == "asked" and not plans.exists()
 
 
 @pytest.mark.parametrize(

@@ -2,21 +2,19 @@
 function's code object, with its module's file where the code was made at run time
 (`dataclasses` writes a class's methods from its fields: their file is `<string>`).
 
-By default through `sys.settrace` on the asking's thread: each call of a Python function passes
-through a callback (the asking about 2x as slow, at a first start only), and a tracer set
-before (a coverage tool's, a debugger's) goes on as it was. Proven on 3.11 here and on the GPU
-machine's 3.12 (docs/speed.md, the fourteenth session).
+On Python 3.12 and later, through `sys.monitoring`: each function's start is reported once and
+then switched off where it is (`DISABLE`), so the asking runs at about its own speed; only the
+watched thread's code is kept (another thread's is reported again until the watched one runs
+it). Each watching first switches back on what earlier ones switched off (`restart_events`, for
+every tool: one report more per function for a tool that had switched it off), so that it is
+given its own asking's code, each function once. Proven on the GPU machine's 3.12 with torch
+and vLLM (docs/speed.md, the fifteenth session). Its first version, which gave each asking
+every code object any earlier one had seen, kept nothing there.
 
-Where `MONITORING` is set, on Python 3.12 and later, through `sys.monitoring` instead: each
-function's start is reported once and then switched off where it is (`DISABLE`), so the asking
-runs at its own speed; only the watched thread's code is kept (another thread's is reported
-again until the watched one runs it). Each watching first switches back on what earlier ones
-switched off (`restart_events`, for every tool: one report more per function for a tool that
-had switched it off), so that it is given the code of its own asking, each function once. A
-setting until it is proven on the GPU machine's 3.12 with torch: its first version, which gave
-each asking every code object any earlier one had seen, kept nothing there (a test's module
-file seen once and then deleted named in every asking after), and this VM has no torch for
-3.12. Where no monitoring tool id is free, the tracer."""
+Before 3.12, where no monitoring tool id is free, or with `MONITORING` off: through
+`sys.settrace` on the asking's thread. Each call of a Python function passes through a callback
+(the asking about 2x as slow, at a first start only), and a tracer set before (a coverage
+tool's, a debugger's) goes on as it was."""
 
 from __future__ import annotations
 
@@ -27,8 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# sys.monitoring's path where Python has it (see above); off: the tracer, proven on 3.11 and 3.12
-MONITORING = False
+# sys.monitoring's path where Python has it (see above); off: the tracer (3.11 and 3.12 alike)
+MONITORING = True
 _LOCK = threading.Lock()  # (one monitoring at a time)
 
 

@@ -71,6 +71,7 @@ class DenseLoad:
         self._blocks = _Blocks(0, False)
         self._batches: list[list[str]] = []
         self._ahead: tuple[list[tuple[str, torch.Tensor]], BulkRead] | None = None
+        self._keeping: tuple | None = None  # (this asking's answer, until `keep`)
         self.infos = self._infos()
         modules = list(model.named_modules())  # (one walk of a model of thousands)
         held, named = _held(modules, self.device)
@@ -103,8 +104,8 @@ class DenseLoad:
         wanted: list[tuple[str, tuple[int, ...], torch.dtype]],
         plans: PlanCache | None,
     ) -> None:
-        """Ask the model where each tensor goes (`probe`); keep the answer in `plans` where it
-        may stand for a later load's (`plan_cache`)."""
+        """Ask the model where each tensor goes (`probe`); what `keep` needs to keep the answer
+        in `plans`, where it may stand for a later load's (`plan_cache`)."""
         calls: list[Watch] = []
         look = list(self._named.values()) if plans else None
         with _as_found([m for _, m in modules], look) as found:
@@ -120,14 +121,30 @@ class DenseLoad:
             found.keep = not self.again
             for call in reversed(calls) if self.again else ():
                 call.undo()  # (before the read: it writes over some of those bytes)
-            if plans is not None:
-                self.plan = self._kept(plans, calls, held, found)
+            if plans is not None:  # (`loaded`: what load_weights said it loaded, yet)
+                said = None if self.untracked else set(self.loaded)
+                self._keeping = (plans, calls, held, found, said)
+
+    def keep(self) -> None:
+        """This load's asking's answer kept for later loads where it may stand for theirs, or
+        `plan` says why not (`plan_cache`). Run as the bulk read goes (`whole_read`): the
+        look at the model's state and the entry's write are off the path to the read's last
+        requests. `finish` runs it where nothing did; `abort` drops it."""
+        if self._keeping is None:
+            return
+        plans, calls, held, found, said = self._keeping
+        self._keeping = None
+        self.plan = self._kept(plans, calls, held, found, said)
 
     def _kept(
-        self, plans: PlanCache, calls: list[Watch], held: dict[tuple[str, int], str], found: _Found
+        self,
+        plans: PlanCache,
+        calls: list[Watch],
+        held: dict[tuple[str, int], str],
+        found: _Found,
+        said: set[str] | None,
     ) -> str:
-        """Whether this asking's answer was kept for later loads, or why not (`loaded` holds
-        only what load_weights said it loaded, yet)."""
+        """Whether this asking's answer was kept for later loads, or why not."""
         why: str | None
         if self.again:
             why = "its loading does more than copy each tensor in one call"
@@ -136,7 +153,6 @@ class DenseLoad:
         elif (changed := found.changed()) is not None:
             why = f"its loading changes {changed}"
         else:
-            said = None if self.untracked else self.loaded
             why = plans.record(self.probed, calls[0], held, said)
             if why is None:
                 return "asked, kept for the next load"
@@ -211,6 +227,7 @@ class DenseLoad:
         output's order, the directly read ones as probes that copy nothing (their bytes are in
         place), the others with their data, read in batches ahead of it. Not where the one
         call that asked did all the model does with its tensors (`again` False)."""
+        self.keep()
         if not self.again:
             return
         t0 = time.perf_counter()
@@ -290,7 +307,8 @@ class DenseLoad:
         return out, bulk
 
     def abort(self) -> None:
-        """Stop a batch read under way (Ctrl-C, or a fault elsewhere)."""
+        """Stop a batch read under way (Ctrl-C, or a fault elsewhere); nothing kept."""
+        self._keeping = None
         if self._batch is not None:
             self._batch.abort()
             self._batch = None

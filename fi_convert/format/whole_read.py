@@ -336,6 +336,7 @@ def _read_whole(
         else:  # ask-first (and threads-at-build where nothing started ahead)
             bulk.start()
         dense.prefetch()
+        dense.keep()  # (as the read goes)
         stats = bulk.wait()
         t2 = time.perf_counter()
         dense.finish()
