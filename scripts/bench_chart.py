@@ -2,6 +2,7 @@
 fi-convert plugin against the machine's limit (warm page cache; cold beside it where measured).
 
     python scripts/bench_chart.py bench-out/vllm-load-cuda.json [MORE.json ...] [--png OUT.png]
+        [--device NAME]
 
 Several JSON files (runs of scripts/bench_vllm_load.py, or of scripts/bench_sglang_load.py)
 go into one picture; each case is labelled with the plugin's read settings (threads x chunk)
@@ -19,7 +20,7 @@ def _results(paths: list[Path]) -> tuple[str, str, list[dict]]:
     rows, device, server = [], "", ""
     for path in paths:
         report = json.loads(path.read_text())
-        device, server = report["device"], report.get("server", "vLLM 0.33")
+        device, server = report.get("gpu", report["device"]), report.get("server", "vLLM 0.33")
         for r in report["results"]:
             plugin = r["runs"]["plugin"][0]
             how = f"{plugin['threads']}x{plugin['chunk'] >> 20} MiB" if "threads" in plugin else ""
@@ -35,14 +36,17 @@ def _results(paths: list[Path]) -> tuple[str, str, list[dict]]:
     return device, server, rows
 
 
-def chart(path: str | Path | list, png: str | Path | None = None) -> Path:
+def chart(
+    path: str | Path | list, png: str | Path | None = None, device: str | None = None
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
-    device, server, results = _results(paths)
+    found, server, results = _results(paths)
+    device = device or found
     caches = [c for c in ("warm", "cold") if any(r["cache"] == c for r in results)]
     fig, axes = plt.subplots(
         1, len(caches), figsize=(7 * len(caches), 4.8), squeeze=False, sharey=False
@@ -68,11 +72,24 @@ def chart(path: str | Path | list, png: str | Path | None = None) -> Path:
                 fontsize=8,
                 color="#1f77b4",
             )
+            ax.annotate(
+                f"{r['plugin_s'] / r['limit_s']:.2f}",
+                (i + width, r["limit_s"]),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                color="#2ca02c",
+            )
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([r["label"] for r in rows], fontsize=6.5, rotation=25, ha="right")
         ax.set_ylabel("seconds (lower is better)")
         name = server.split()[0]
-        ax.set_title(f"{cache} page cache, {device}: above the bars, {name} / plugin", fontsize=9)
+        ax.set_title(
+            f"{cache} page cache, {device}: above the bars, {name} / plugin (blue) "
+            "and plugin / limit (green)",
+            fontsize=9,
+        )
         ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     out = Path(png) if png else paths[0].with_suffix(".png")
@@ -85,8 +102,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", nargs="+")
     ap.add_argument("--png", default=None)
+    ap.add_argument("--device", default=None, help="the machine's name in the title")
     a = ap.parse_args()
-    print(chart(a.json, a.png))
+    print(chart(a.json, a.png, a.device))
 
 
 if __name__ == "__main__":

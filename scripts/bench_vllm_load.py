@@ -949,6 +949,8 @@ def main() -> None:
     results: list[dict] = []
     report = {"device": dev, "cold": can_drop, "cpus": os.cpu_count(), "results": results}
     report["stand_in"] = a.stand_in
+    if dev == "cuda":
+        report["gpu"] = torch.cuda.get_device_name()
     Path(a.out).mkdir(parents=True, exist_ok=True)
     path = Path(a.out) / f"vllm-load-{dev}{'' if a.cases == 'all' else '-' + a.cases}.json"
     limit = None
