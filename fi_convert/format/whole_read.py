@@ -226,19 +226,20 @@ def load_output(
     add_experts: Callable[[OutputReader, BulkRead], None],
     model: torch.nn.Module,
     load_weights: Callable[[Any], Any],
-    context: plan_cache.Context,
+    context: Callable[[], plan_cache.Context],
 ) -> WholeRead:
     """A whole load of the output at `root` into `model` on `device`, as each server's loader
     runs it: the output opened (`ahead`'s, or now), its bulk read, `add_experts(reader, bulk)`
     for the experts' requests, and the model asked (or its kept answer taken) through
-    `load_weights` for the other tensors (`read_whole`)."""
+    `load_weights` for the other tensors (`read_whole`). `context()` is the plan cache's key
+    from the server, made once the experts' requests are in (as the model is asked)."""
     with open_output(ahead, root, manifest) as reader:
         bulk = new_read(ahead, reader, device)
         return read_whole(
             bulk,
             lambda b: add_experts(reader, b),
             lambda: DenseLoad(
-                reader, model, load_weights, bulk.device, host_memory_left(ahead), context
+                reader, model, load_weights, bulk.device, host_memory_left(ahead), context()
             ),
         )
 

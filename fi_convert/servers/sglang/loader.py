@@ -332,7 +332,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                 add_experts,
                 model,
                 lambda w: _load_weights_only(model, w, target_device, layers.values()),
-                _context(model),
+                lambda: _context(model),
             )
         return LoadReport(_who(layers), root, len(layers), read, t0)
 

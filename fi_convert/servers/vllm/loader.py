@@ -237,7 +237,7 @@ class FiConvertModelLoader(DefaultModelLoader):
                     add_experts,
                     model,
                     model.load_weights,
-                    _context(model_config),
+                    lambda: _context(model_config),
                 )
         except (KeyboardInterrupt, SystemExit):
             logger.error(
