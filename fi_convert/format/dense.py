@@ -104,8 +104,8 @@ class DenseLoad:
         wanted: list[tuple[str, tuple[int, ...], torch.dtype]],
         plans: PlanCache | None,
     ) -> None:
-        """Ask the model where each tensor goes (`probe`); what `keep` needs to keep the answer
-        in `plans`, where it may stand for a later load's (`plan_cache`)."""
+        """Ask the model where each tensor goes (`probe`); where its answer may stand for a
+        later load's, what `keep` needs to keep it in `plans` (`plan_cache`)."""
         calls: list[Watch] = []
         look = list(self._named.values()) if plans else None
         with _as_found([m for _, m in modules], look) as found:
@@ -121,42 +121,42 @@ class DenseLoad:
             found.keep = not self.again
             for call in reversed(calls) if self.again else ():
                 call.undo()  # (before the read: it writes over some of those bytes)
-            if plans is not None:  # (`loaded`: what load_weights said it loaded, yet)
+            if plans is None:
+                return
+            # (the model's state looked at now: the experts' install, next, changes their
+            # layers, as SGLang's derived scale parameters)
+            why = self._not_kept(calls, found)
+            if why is not None:
+                self.plan = f"asked, not kept for the next load: {why}"
+            else:  # (`loaded`: what load_weights said it loaded, yet)
                 said = None if self.untracked else set(self.loaded)
-                self._keeping = (plans, calls, held, found, said)
+                self._keeping = (plans, calls[0], held, said)
+
+    def _not_kept(self, calls: list[Watch], found: _Found) -> str | None:
+        """Why this asking's answer may not stand for a later load's (None where it may)."""
+        if self.again:
+            return "its loading does more than copy each tensor in one call"
+        if calls[0].other_write is not None:
+            return f"its loading writes otherwise than numbers ({calls[0].other_write})"
+        if (changed := found.changed()) is not None:
+            return f"its loading changes {changed}"
+        return None
 
     def keep(self) -> None:
-        """This load's asking's answer kept for later loads where it may stand for theirs, or
-        `plan` says why not (`plan_cache`). Run as the bulk read goes (`whole_read`): the
-        look at the model's state and the entry's write are off the path to the read's last
-        requests. `finish` runs it where nothing did; `abort` drops it."""
+        """This load's asking's answer written for later loads, where it may stand for theirs,
+        or `plan` says why not (`plan_cache`). Run as the bulk read goes (`whole_read`): the
+        entry's making and write are off the path to the read's last requests. `finish` runs
+        it where nothing did; `abort` drops it."""
         if self._keeping is None:
             return
-        plans, calls, held, found, said = self._keeping
+        plans, watch, held, said = self._keeping
         self._keeping = None
-        self.plan = self._kept(plans, calls, held, found, said)
-
-    def _kept(
-        self,
-        plans: PlanCache,
-        calls: list[Watch],
-        held: dict[tuple[str, int], str],
-        found: _Found,
-        said: set[str] | None,
-    ) -> str:
-        """Whether this asking's answer was kept for later loads, or why not."""
-        why: str | None
-        if self.again:
-            why = "its loading does more than copy each tensor in one call"
-        elif calls[0].other_write is not None:
-            why = f"its loading writes otherwise than numbers ({calls[0].other_write})"
-        elif (changed := found.changed()) is not None:
-            why = f"its loading changes {changed}"
-        else:
-            why = plans.record(self.probed, calls[0], held, said)
-            if why is None:
-                return "asked, kept for the next load"
-        return f"asked, not kept for the next load: {why}"
+        why = plans.record(self.probed, watch, held, said)
+        self.plan = (
+            "asked, kept for the next load"
+            if why is None
+            else f"asked, not kept for the next load: {why}"
+        )
 
     def _infos(self) -> dict[str, TensorInfo]:
         r = self.reader
