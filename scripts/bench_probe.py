@@ -124,6 +124,7 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
                         dense.DenseLoad(reader, standin, standin.load_weights, cpu)
                     elif side == "remembered":
                         d = dense.DenseLoad(reader, model, model.load_weights, cpu, context=ctx)
+                        d.keep()  # (the first: its entry written, as a whole load writes it)
                         plans.append(d.plan)
                     else:
                         swap = (
