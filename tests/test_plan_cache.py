@@ -48,7 +48,7 @@ class Model(torch.nn.Module):
     def __init__(self, stored, how=""):
         super().__init__()
         self.names = {n: n.replace(".", "__") for n in stored}
-        self.how, self.notes = how, []
+        self.how, self.notes, self.table = how, [], {"loaded": False, "by": None}
         self.register_buffer("scratch", torch.zeros(4))  # (no tensor of the output's)
         for n, t in stored.items():
             rows = t.shape[0] + 2 if n == "model.embed_tokens.weight" else t.shape[0]
@@ -67,6 +67,10 @@ class Model(torch.nn.Module):
             self.loaded = True
         elif self.how == "adds to a list":
             self.notes.append("loaded")
+        elif self.how == "sets a dict's value":
+            self.table["by"] = self
+        elif self.how == "renames a dict's key":  # (the same dict, as long, its values alike)
+            self.table["from"] = self.table.pop("by")
         elif self.how == "marks a tensor":
             self.model__norm__weight.loaded = True
         elif self.how == "scales in place":
@@ -228,6 +232,8 @@ def test_a_change_to_a_file_of_the_loadings_code_asks_again(out, models, plans, 
         ("copies a constant", "writes otherwise than numbers (aten.copy_.default)"),
         ("sets an attribute", "changes its Model module"),
         ("adds to a list", "changes its Model module"),
+        ("sets a dict's value", "changes its Model module"),
+        ("renames a dict's key", "changes its Model module"),
         ("marks a tensor", "changes an attribute of one of its tensors"),
         ("scales in place", "does more than copy each tensor in one call"),
     ],
