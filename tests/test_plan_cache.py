@@ -67,6 +67,8 @@ class Model(torch.nn.Module):
             self.loaded = True
         elif self.how == "adds to a list":
             self.notes.append("loaded")
+        elif self.how == "registers a buffer":
+            self.register_buffer("seen", torch.ones(1))
         elif self.how == "sets a dict's value":
             self.table["by"] = self
         elif self.how == "renames a dict's key":  # (the same dict, as long, its values alike)
@@ -233,6 +235,7 @@ def test_a_change_to_a_file_of_the_loadings_code_asks_again(out, models, plans, 
         ("sets an attribute", "changes its Model module"),
         ("adds to a list", "changes its Model module"),
         ("sets a dict's value", "changes its Model module"),
+        ("registers a buffer", "changes its Model module"),
         ("renames a dict's key", "changes its Model module"),
         ("marks a tensor", "changes an attribute of one of its tensors"),
         ("scales in place", "does more than copy each tensor in one call"),

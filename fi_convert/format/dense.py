@@ -398,7 +398,7 @@ def _as_found(
     needs: these tensors' attributes, and the items of the lists, dicts and sets among the
     attributes."""
     kept = [
-        (m, dict(m.__dict__), [dict(d) for d in _entries(m)], _items(m.__dict__, look))
+        (m, dict(m.__dict__), [dict(d) for d in _entries(m)], _items(m.__dict__, look, ENTRIES))
         for m in modules
     ]
     tensors = [(t, dict(t.__dict__), _items(t.__dict__, look)) for t in look or ()]
@@ -417,11 +417,14 @@ def _as_found(
                 now.update(was)
 
 
-def _items(attrs: dict[str, Any], look: Any) -> dict[str, list] | None:
-    """The items of the lists, dicts and sets among `attrs` (None where not looked for)."""
+def _items(attrs: dict[str, Any], look: Any, skip: tuple[str, ...] = ()) -> dict[str, list] | None:
+    """The items of the lists, dicts and sets among `attrs` but `skip` (None where not looked
+    for)."""
     if look is None:
         return None
-    return {k: _contents(v) for k, v in attrs.items() if type(v) in (list, dict, set)}
+    return {
+        k: _contents(v) for k, v in attrs.items() if type(v) in (list, dict, set) and k not in skip
+    }
 
 
 def _contents(v: Any) -> list:
@@ -444,6 +447,9 @@ def _other(a: Any, b: Any) -> bool:
     if type(a) is tuple and type(b) is tuple:  # (a dict's items)
         return len(a) != len(b) or any(x is not y for x, y in zip(a, b, strict=True))
     return a is not b
+
+
+ENTRIES = ("_parameters", "_buffers", "_modules")  # (a module's, looked at as `_entries`)
 
 
 def _entries(m: torch.nn.Module) -> list[dict[str, Any]]:
