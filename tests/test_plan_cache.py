@@ -519,6 +519,7 @@ for taken in (False, True):
         f(1)
     assert {"h", "f"} <= set(names(seen)), names(seen)
     gone.unlink()
+    gone.parent.rmdir()
     with cs.watching() as seen:
         elsewhere()
     assert "elsewhere" in names(seen) and not {"h", "f"} & set(names(seen)), names(seen)
