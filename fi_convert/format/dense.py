@@ -398,7 +398,7 @@ def _as_found(
     needs: these tensors' attributes, and the items of the lists, dicts and sets among the
     attributes."""
     kept = [
-        (m, dict(m.__dict__), [dict(d) for d in _entries(m)], _items(m.__dict__, look, ENTRIES))
+        (m, dict(m.__dict__), [dict(d) for d in _entries(m)], _items(m.__dict__, look, _ENTRIES))
         for m in modules
     ]
     tensors = [(t, dict(t.__dict__), _items(t.__dict__, look)) for t in look or ()]
@@ -449,12 +449,12 @@ def _other(a: Any, b: Any) -> bool:
     return a is not b
 
 
-ENTRIES = ("_parameters", "_buffers", "_modules")  # (a module's, looked at as `_entries`)
+_ENTRIES = ("_parameters", "_buffers", "_modules")  # (a module's, looked at as `_entries`)
 
 
 def _entries(m: torch.nn.Module) -> list[dict[str, Any]]:
     """The dicts of a module's parameters, buffers and submodules."""
-    return [m._parameters, m._buffers, m._modules]  # type: ignore[list-item]
+    return [m.__dict__[k] for k in _ENTRIES]
 
 
 def _shared(block: torch.Tensor) -> bool:
