@@ -29,6 +29,7 @@ import torch
 from .. import dtypes
 from ..bulk_read import BulkRead, ReadError, default_host_memory
 from ..st_io import TensorInfo
+from .as_found import Found, as_found
 from .plan_cache import Context, PlanCache, plan_cache
 from .probe import Probed, Watch, probe, replay, storage_key
 from .reader import OutputReader
@@ -108,7 +109,7 @@ class DenseLoad:
         later load's, what `keep` needs to keep it in `plans` (`plan_cache`)."""
         calls: list[Watch] = []
         look = list(self._named.values()) if plans else None
-        with _as_found([m for _, m in modules], look) as found:
+        with as_found([m for _, m in modules], look) as found:
             with plans.watching_code() if plans else contextlib.nullcontext():
                 self.probed = {
                     p.name: p
@@ -132,7 +133,7 @@ class DenseLoad:
                 said = None if self.untracked else set(self.loaded)
                 self._keeping = (plans, calls[0], held, said)
 
-    def _not_kept(self, calls: list[Watch], found: _Found) -> str | None:
+    def _not_kept(self, calls: list[Watch], found: Found) -> str | None:
         """Why this asking's answer may not stand for a later load's (None where it may)."""
         if self.again:
             return "its loading does more than copy each tensor in one call"
@@ -361,100 +362,6 @@ def _once(calls: list[Watch], probed: Iterable[Probed]) -> bool:
         and all(p.direct for p in probed)
         and not any(calls[0].overlapping(c.dst) for p in probed for c in p.copies)
     )
-
-
-class _Found:
-    keep = False  # the model as the call left it, not as it was found
-
-    def __init__(self, modules: list, tensors: list) -> None:
-        self._modules, self._tensors = modules, tensors
-
-    def changed(self) -> str | None:
-        """What of the model is not as it was found (`_as_found` with `look`): a module's
-        attribute, parameter, buffer or submodule, or an attribute of a tensor it holds (each
-        another object, or a list, dict or set of other items); None where nothing is."""
-        for m, attrs, entries, items in self._modules:
-            if _differ(attrs, m.__dict__, items) or any(
-                _differ(was, now) for was, now in zip(entries, _entries(m), strict=True)
-            ):
-                return f"its {type(m).__name__} module"
-        for t, attrs, items in self._tensors:
-            if _differ(attrs, t.__dict__, items):
-                return "an attribute of one of its tensors"
-        return None
-
-
-@contextlib.contextmanager
-def _as_found(
-    modules: list[torch.nn.Module], look: Iterable[torch.Tensor] | None = None
-) -> Iterator[_Found]:
-    """The model's `modules` as they were, once it has been asked: each one's attributes, and
-    its parameters', buffers' and submodules' entries. What a model's loading does after its
-    loop is done again when `finish` calls it over every tensor, and must find the model as a
-    single load would: vLLM's Muse Spark folds its router's output multiplier into the
-    router's weight once, then sets the multiplier to None (a second call would skip the fold
-    of the bytes read meanwhile). Tensors' data is not kept: the read overwrites what the
-    model wrote into the tensors it holds. With `look` (the model's tensors), what `changed`
-    needs: these tensors' attributes, and the items of the lists, dicts and sets among the
-    attributes."""
-    kept = [
-        (m, dict(m.__dict__), [dict(d) for d in _entries(m)], _items(m.__dict__, look, _ENTRIES))
-        for m in modules
-    ]
-    tensors = [(t, dict(t.__dict__), _items(t.__dict__, look)) for t in look or ()]
-    found = _Found(kept, tensors)
-    try:
-        yield found
-    except BaseException:
-        found.keep = False
-        raise
-    finally:
-        for m, attrs, entries, _ in kept if not found.keep else ():
-            m.__dict__.clear()
-            m.__dict__.update(attrs)
-            for now, was in zip(_entries(m), entries, strict=True):
-                now.clear()
-                now.update(was)
-
-
-def _items(attrs: dict[str, Any], look: Any, skip: tuple[str, ...] = ()) -> dict[str, list] | None:
-    """The items of the lists, dicts and sets among `attrs` but `skip` (None where not looked
-    for)."""
-    if look is None:
-        return None
-    return {
-        k: _contents(v) for k, v in attrs.items() if type(v) in (list, dict, set) and k not in skip
-    }
-
-
-def _contents(v: Any) -> list:
-    return [*v.items()] if type(v) is dict else [*v]
-
-
-def _differ(was: dict[str, Any], now: dict[str, Any], items: dict[str, list] | None = None) -> bool:
-    """Whether `now` holds other keys or objects than `was` (by identity), or a list, dict or
-    set of other items than `items` says it held."""
-    if was.keys() != now.keys() or any(now[k] is not v for k, v in was.items()):
-        return True
-    return items is not None and any(
-        len(c := _contents(now[k])) != len(old)
-        or any(_other(a, b) for a, b in zip(c, old, strict=True))
-        for k, old in items.items()
-    )
-
-
-def _other(a: Any, b: Any) -> bool:
-    if type(a) is tuple and type(b) is tuple:  # (a dict's items)
-        return len(a) != len(b) or any(x is not y for x, y in zip(a, b, strict=True))
-    return a is not b
-
-
-_ENTRIES = ("_parameters", "_buffers", "_modules")  # (a module's, looked at as `_entries`)
-
-
-def _entries(m: torch.nn.Module) -> list[dict[str, Any]]:
-    """The dicts of a module's parameters, buffers and submodules."""
-    return [m.__dict__[k] for k in _ENTRIES]
 
 
 def _shared(block: torch.Tensor) -> bool:
