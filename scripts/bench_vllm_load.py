@@ -79,10 +79,14 @@ def drop_caches() -> bool:
 
 
 class Peak:
-    """Peak device memory beyond what was allocated at the start (CUDA only)."""
+    """Peak device memory beyond what was allocated at the start (`extra`), what the load left
+    allocated beyond it at the end (`grown`: a layer whose kernel layout is larger than what
+    the model allocated, padded or in another dtype, as vLLM's own processing leaves it too),
+    and the peak beyond the larger of the two (`transient`: what a load holds for a while and
+    gives back; CUDA only)."""
 
     def __init__(self, dev: str) -> None:
-        self.dev, self.extra = dev, 0
+        self.dev, self.extra, self.grown, self.transient = dev, 0, 0, 0
 
     def __enter__(self) -> Peak:
         _sync(self.dev)
@@ -94,7 +98,26 @@ class Peak:
     def __exit__(self, *exc: object) -> None:
         _sync(self.dev)
         if self.dev == "cuda":
-            self.extra = max(0, torch.cuda.max_memory_allocated() - self.base)
+            peak = torch.cuda.max_memory_allocated()
+            self.extra = max(0, peak - self.base)
+            self.grown = torch.cuda.memory_allocated() - self.base
+            self.transient = max(0, peak - max(self.base, self.base + self.grown))
+
+    def now(self) -> dict:
+        """The peak and what is allocated beyond the start, so far."""
+        if self.dev != "cuda":
+            return {}
+        return {
+            "peak": torch.cuda.max_memory_allocated() - self.base,
+            "grown": torch.cuda.memory_allocated() - self.base,
+        }
+
+    def report(self) -> dict:
+        return {
+            "extra_bytes": self.extra,
+            "grown_bytes": self.grown,
+            "transient_bytes": self.transient,
+        }
 
 
 def _layer_bytes(layer: torch.nn.Module) -> int:
@@ -158,7 +181,7 @@ def vllm_path(src: Path, prefixes: list[str], dev: str, model: dict | None = Non
             _sync(dev)
             t2 = time.perf_counter()
     nbytes = sum(_layer_bytes(layer) for layer in layers.values())
-    return {"read_s": read, "process_s": t2 - t1, "extra_bytes": peak.extra, "layer_bytes": nbytes}
+    return {"read_s": read, "process_s": t2 - t1, "layer_bytes": nbytes} | peak.report()
 
 
 def _vllm_read_others(src: Path, model: Any) -> None:
@@ -221,7 +244,7 @@ def plugin_path(src: Path, out: Path, prefixes: list[str], dev: str) -> dict:
         "alloc_s": stats.alloc_s,
         "read_s": t1 - t0,
         "setup_s": t2 - t1,
-        "extra_bytes": peak.extra,
+        **peak.report(),
         "pinned_peak": stats.pinned_peak,
         "threads": stats.threads,
         "chunk": stats.chunk,
@@ -273,6 +296,7 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
             loader.load_weights(m, cfg)
             _sync(dev)
             t1 = time.perf_counter()
+            read_mem = peak.now()  # (before the kernel setup: which of the two grows it)
             for layer in layers.values():
                 vm.process(layer)
             _sync(dev)
@@ -286,7 +310,8 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
         "alloc_s": alloc_s,
         "read_s": t1 - t0,
         "setup_s": t2 - t1,
-        "extra_bytes": peak.extra,
+        **peak.report(),
+        "read_mem": read_mem,
         "line": said[0] % said[1:],
         # the whole read's jobs and when each thread ran out of them (its tail)
         "jobs": [getattr(r, "jobs", None) for r in reads],
@@ -741,6 +766,14 @@ def measure(
         "extra_gpu": {
             "vllm": max(r["extra_bytes"] for r in runs["vllm"]),
             "plugin": max(r["extra_bytes"] for r in runs["plugin"]),
+        },
+        # of it, what each path left allocated (`grown`) and held only for a while
+        **{
+            f"{what}_gpu": {
+                side: max(r.get(f"{what}_bytes", 0) for r in runs[side])
+                for side in ("vllm", "plugin")
+            }
+            for what in ("grown", "transient")
         },
         "pinned_peak": max(r.get("pinned_peak", 0) for r in runs["plugin"]),
         "plugin_alloc_s": statistics.median(pinned)
