@@ -10,7 +10,9 @@ tensors and state, its `load_weights` over the probes), against the model's own 
 over the same tensors with their data (what vLLM's default load runs, less the reading), and
 the asking on the whole-model bench's stand-in built of vLLM's layers
 (`bench_models.vllm_rank_model`) from the same checkpoint, and the load that takes the first
-asking's answer instead of asking (`format/plan_cache.py`), each side in turn, medians of 15.
+asking's answer instead of asking (`format/plan_cache.py`), each side in turn, medians of 15;
+and what a first start adds to the asking to keep its answer: the model's state copied and
+looked at (`format/as_found.py`).
 Another probe.py's asking beside it with `--alt PATH`.
 
     python scripts/bench_probe.py [TP] [--alt PATH]    # TP 1 or 8 (default 8)
@@ -78,6 +80,7 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
 
     from fi_convert import Backend, Options, SchemeName, convert
     from fi_convert.format import dense, plan_cache
+    from fi_convert.format.as_found import as_found
     from fi_convert.format.plan_cache import Context
     from fi_convert.format.reader import OutputReader
     from scripts.bench_vllm_load import _module_from
@@ -100,6 +103,9 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
     sides |= {"asking, --alt": []} if alt else {}
     sides["asking the stand-in"] = []
     sides["remembered"] = []  # (the answer of the first asking, kept: plan_cache)
+    # a first start's look at the model's state (format/as_found.py): copied before the
+    # asking, and compared after it
+    look_sides: dict[str, list[float]] = {"state copied": [], "state looked at": []}
     ctx = Context("bench", "", (("tp", 0, tp),))
     os.environ[plan_cache.ENV] = str(root / "plans")
     layers = [f"model.layers.{k}.mlp.experts" for k in range(48)]
@@ -133,6 +139,15 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
                         with swap or contextlib.nullcontext():
                             dense.DenseLoad(reader, model, model.load_weights, cpu)
                     times.append(time.perf_counter() - t0)
+                mods = [m for _, m in model.named_modules()]
+                tensors = list(dense._held(list(model.named_modules()), cpu)[1].values())
+                t0 = time.perf_counter()
+                with as_found(mods, tensors) as found:
+                    t1 = time.perf_counter()
+                    assert found.changed() is None
+                    look_sides["state looked at"].append(time.perf_counter() - t1)
+                    found.keep = True
+                look_sides["state copied"].append(t1 - t0)
     print(f"the plan: {plans[0]} at the first load, then {sorted(set(plans[1:]))}")
     sides["remembered"] = sides["remembered"][1:]  # (the first asked, and kept)
     own = statistics.median(sides["own load_weights"])
@@ -142,7 +157,11 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
             f"{side} {statistics.median(t) * 1e3:.1f} ms ({statistics.median(t) / own:.2f}x)"
             for side, t in sides.items()
         )
-        + " (medians of 15)"
+        + " (medians of 15); the model's state, at a first start: "
+        + ", ".join(
+            f"{side} in {statistics.median(t) * 1e3:.2f} ms" for side, t in look_sides.items()
+        )
+        + f" ({len(mods)} modules, {len(tensors)} tensors)"
     )
 
 

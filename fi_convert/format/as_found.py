@@ -12,12 +12,12 @@ read overwrites what the model wrote into the tensors it holds.
 Where the asking's answer may be kept for a later load (`plan_cache`), `Found.changed` says
 what of the model it changed: a module's attribute, parameter, buffer or submodule, an
 attribute of a tensor it holds, or an item of a list, dict or set among those attributes (each
-compared by identity). The copies and the look are each a few passes of the interpreter's own
-loops over every module's dicts at once (`chain`, `map`), not a Python loop per module: a
-model of 681 modules and 628 tensors (vLLM's Qwen3-MoE class at 48 layers, rank 0 of TP 8)
-holds about 25,000 such items, looked at in 1.7 ms instead of 3.6 on a 2-core VM, and copied in
-2.2 instead of 3.2 (docs/speed.md, the sixteenth session). Where that quick look finds any
-difference, even of order alone, the item-by-item one says whether it is one and names it.
+compared by identity). The look is a few passes of the interpreter's own loops over every
+module's dicts at once (`chain`, `map`), not a Python loop per module: a model of 681 modules
+and 628 tensors (vLLM's Qwen3-MoE class at 48 layers, rank 0 of TP 8) holds about 25,000 such
+items, looked at in 1.8 ms instead of 3.7 on a 2-core VM, and copied in 2.8 instead of 3.0
+(docs/speed.md, the sixteenth session). Where that quick look finds any difference, even of
+order alone, the item-by-item one says whether it is one and names it.
 """
 
 from __future__ import annotations
