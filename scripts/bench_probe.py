@@ -121,6 +121,18 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
                 moe = {p: vm.make_layer(f"standin.{p}", src, tp) for p in layers}
                 places = bm.places(infos, tp, 0, head_dim=8)
                 standin = bm.vllm_rank_model(infos, places, moe, head_dim=8)
+            within: dict[str, list[float]] = {}  # the model's load_weights inside each asking
+
+            def inside(side: str):
+                def load_weights(weights):
+                    t0 = time.perf_counter()
+                    try:
+                        return model.load_weights(weights)
+                    finally:
+                        within.setdefault(side, []).append(time.perf_counter() - t0)
+
+                return load_weights
+
             for _ in range(15):
                 for side, times in sides.items():
                     t0 = time.perf_counter()
@@ -137,7 +149,7 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
                             _module_from("fi_convert.format.probe", alt) if "alt" in side else None
                         )
                         with swap or contextlib.nullcontext():
-                            dense.DenseLoad(reader, model, model.load_weights, cpu)
+                            dense.DenseLoad(reader, model, inside(side), cpu)
                     times.append(time.perf_counter() - t0)
                 mods = [m for _, m in model.named_modules()]
                 tensors = list(dense._held(list(model.named_modules()), cpu)[1].values())
@@ -157,7 +169,9 @@ def _vllm_model(tp: int, alt: str | None, root: Path) -> None:
             f"{side} {statistics.median(t) * 1e3:.1f} ms ({statistics.median(t) / own:.2f}x)"
             for side, t in sides.items()
         )
-        + " (medians of 15); the model's state, at a first start: "
+        + " (medians of 15); of each asking, the model's load_weights over the probes: "
+        + ", ".join(f"{side} {statistics.median(t) * 1e3:.1f} ms" for side, t in within.items())
+        + "; the model's state, at a first start: "
         + ", ".join(
             f"{side} in {statistics.median(t) * 1e3:.2f} ms" for side, t in look_sides.items()
         )

@@ -77,8 +77,8 @@ class Found:
         for i, (was, d) in enumerate(zip(self._copies, now, strict=True)):
             if d.keys() != was.keys() or any(d[k] is not v for k, v in was.items()):
                 return self._where(i if i < n else (i - n) // 3 if i < 4 * n else i - 3 * n)
-        for v, was in zip(self._held, self._items, strict=True):
-            if len(c := _items(v)) != len(was) or not all(map(is_, c, was)):
+        for v, held in zip(self._held, self._items, strict=True):
+            if len(c := _items(v)) != len(held) or not all(map(is_, c, held)):
                 owners = now[:n] + now[4 * n :]
                 return self._where(next(i for i, d in enumerate(owners) if _holds(d, v)))
         return None
