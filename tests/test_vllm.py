@@ -184,3 +184,22 @@ def test_plugin_path_leaves_the_layer_as_vllm_does(case, backend, tp, rank, chec
     with vm.vllm_context(backend, tp, rank, sm=_sm(scheme, backend)):
         ours = vm.plugin_layer(prefix, checkpoints[case], outputs(case, backend, tp), tp)
     vm.assert_same_layer(theirs, ours)
+
+
+# the cases whose install replaces parameters the layer allocated (FP8 per-tensor: scales of
+# another shape than the kernel's)
+REPLACING = [c for c in sorted(CASES) if CASES[c][0] == "fp8-tensor"]
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "cutlass"])
+@pytest.mark.parametrize("case", REPLACING)
+def test_plugin_path_gives_back_the_memory_of_what_it_replaces(case, backend, checkpoints, outputs):
+    """Where the install puts another tensor in place of a parameter the layer allocated
+    (another shape than the kernel's), the old memory is freed, not kept beside (rank 1 of TP
+    2)."""
+    scheme, _, prefix = CASES[case]
+    with vm.vllm_context(backend, 2, 1, sm=_sm(scheme, backend)):
+        replaced = vm.assert_plugin_gives_memory_back(
+            prefix, checkpoints[case], outputs(case, backend, 2), 2
+        )
+    assert replaced > 0

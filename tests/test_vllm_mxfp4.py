@@ -107,3 +107,16 @@ def test_plugin_path_leaves_the_layer_as_vllm_does(case, backend, tp, rank, chec
     with _context(backend, tp, rank):
         ours = vm.plugin_layer(PREFIX, checkpoints[case], out, tp)
     vm.assert_same_layer(theirs, ours)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plugin_path_gives_back_the_memory_of_what_it_replaces(case, checkpoints, outputs):
+    """gpt-oss's biases: the model allocates them in bfloat16, the kernel takes float32, so the
+    install replaces them (the layer ends larger, as vLLM's processing leaves it too); what they
+    held is freed, not kept beside (TRT-LLM's layout, rank 1 of TP 2; CUTLASS's keeps them in
+    bfloat16, in place)."""
+    with _context("trtllm", 2, 1):
+        replaced = vm.assert_plugin_gives_memory_back(
+            PREFIX, checkpoints[case], outputs(case, "trtllm", 2), 2
+        )
+    assert replaced >= 2  # (w13_bias and w2_bias at least)

@@ -92,6 +92,38 @@ def plugin_layer(
     return layer
 
 
+def assert_plugin_gives_memory_back(
+    prefix: str, ckpt: Path, out: Path, tp: int, groups: int | None = None
+) -> int:
+    """The plugin's path (as `plugin_layer`, call inside vllm_context) holds on to none of the
+    memory the layer gives up: every parameter's or buffer's memory the layer held before and
+    does not hold after is freed (a parameter the install replaces, padded or in the kernel's
+    dtype, as gpt-oss's biases in float32 for bfloat16 ones). Returns how many were replaced."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from fi_convert.format.reader import OutputReader
+    from fi_convert.servers.vllm import experts as plugin
+
+    def storages(layer: torch.nn.Module) -> dict[int, tuple[str, StorageWeakRef]]:
+        tensors = [*layer.named_parameters(), *layer.named_buffers()]
+        return {
+            t.untyped_storage()._cdata: (n, StorageWeakRef(t.untyped_storage())) for n, t in tensors
+        }
+
+    layer = make_layer(prefix, ckpt, tp, groups=groups)
+    before = storages(layer)
+    with OutputReader(out) as reader:
+        plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
+        plugin.finish(layer, reader.layer(prefix))
+    gc.collect()
+    after = storages(layer)
+    kept = [name for key, (name, ref) in before.items() if key not in after and not ref.expired()]
+    assert kept == [], f"the memory of {kept} is held after the layer gave it up"
+    return sum(key not in after for key in before)
+
+
 def block_scale_interleave_cpu(
     sf: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
