@@ -109,7 +109,9 @@ def test_plugin_path_leaves_the_layer_as_vllm_does(case, backend, tp, rank, chec
     vm.assert_same_layer(theirs, ours)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    "case", sorted({c for c, b, tp, _ in PARAMS if (b, tp) == ("trtllm", 2)})
+)  # (where the release holds the layout's bytes)
 def test_plugin_path_gives_back_the_memory_of_what_it_replaces(case, checkpoints, outputs):
     """gpt-oss's biases: the model allocates them in bfloat16, the kernel takes float32, so the
     install replaces them (the layer ends larger, as vLLM's processing leaves it too); what they
