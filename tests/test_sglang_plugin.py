@@ -19,6 +19,7 @@ SGLang's own at every TP rank).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from unittest import mock
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from fi_convert import Backend, Options, SchemeName, convert
 from fi_convert.format.names import MANIFEST_NAME
@@ -233,6 +235,9 @@ def outputs(tmp_path_factory, sources):
 
 
 allocated: dict[int, dict[str, int]] = {}
+# by layer: the parameters whose memory the plugin's path gave up, and of them those whose memory
+# is still held
+given_back: dict[int, tuple[list[str], list[str]]] = {}
 # gpt-oss MXFP4: the float32 biases (bfloat16 as allocated) and the SwiGLU constants
 NEW_STORAGE = {"w13_weight_bias", "w2_weight_bias", "gemm1_alpha", "gemm1_beta"}
 NEW_STORAGE |= {"gemm1_clamp_limit"}
@@ -271,11 +276,20 @@ def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank
     with sm.sglang_context(sgl(case, backend), tp, rank), platform(case, backend):
         layer = sm.make_layer(prefix, ckpt)
         before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
+        memory = {
+            n: (p.untyped_storage().data_ptr(), StorageWeakRef(p.untyped_storage()))
+            for n, p in layer.named_parameters()
+        }
         with OutputReader(out) as reader:
             experts.install(layer, reader, prefix, kw.get("read_rank", rank))
         if kw.get("finish", True):
             experts.finish(layer)
     allocated[id(layer)] = before  # where SGLang allocated each parameter
+    gc.collect()
+    now = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    # the memory of each parameter the plugin put elsewhere, and of it what is still held
+    gone = [n for n, (ptr, _) in memory.items() if ptr not in now]
+    given_back[id(layer)] = (gone, [n for n in gone if not memory[n][1].expired()])
     return layer
 
 
@@ -345,6 +359,10 @@ def test_layer_equals_sglangs_own_loading_and_processing(case, backend, tp, sour
         # NVFP4 on CUTLASS, a padded swizzle apart: read into the placeholder SGLang allocated
         for n in {"w13_blockscale_swizzled", "w2_blockscale_swizzled"} & set(now):
             assert now[n] == allocated[id(ours)][n], n
+        # and what SGLang allocated where the plugin put new storage is freed, not kept beside
+        gone, kept = given_back[id(ours)]
+        assert kept == [], f"the memory of {kept} is held after the layer gave it up"
+        assert set(gone) <= fresh
 
 
 @pytest.mark.parametrize(
