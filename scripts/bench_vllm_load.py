@@ -101,7 +101,7 @@ class Peak:
             peak = torch.cuda.max_memory_allocated()
             self.extra = max(0, peak - self.base)
             self.grown = torch.cuda.memory_allocated() - self.base
-            self.transient = max(0, peak - max(self.base, self.base + self.grown))
+            self.transient = max(0, self.extra - max(0, self.grown))
 
     def now(self) -> dict:
         """The peak and what is allocated beyond the start, so far."""

@@ -277,7 +277,7 @@ def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank
         layer = sm.make_layer(prefix, ckpt)
         before = {n: p.data.data_ptr() for n, p in layer.named_parameters()}
         memory = {
-            n: (p.untyped_storage().data_ptr(), StorageWeakRef(p.untyped_storage()))
+            n: (p.untyped_storage()._cdata, StorageWeakRef(p.untyped_storage()))
             for n, p in layer.named_parameters()
         }
         with OutputReader(out) as reader:
@@ -286,9 +286,9 @@ def plugin_layer(out: Path, ckpt: Path, prefix: str, backend: str, tp: int, rank
             experts.finish(layer)
     allocated[id(layer)] = before  # where SGLang allocated each parameter
     gc.collect()
-    now = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    now = {p.untyped_storage()._cdata for p in layer.parameters()}
     # the memory of each parameter the plugin put elsewhere, and of it what is still held
-    gone = [n for n, (ptr, _) in memory.items() if ptr not in now]
+    gone = [n for n, (key, _) in memory.items() if key not in now]
     given_back[id(layer)] = (gone, [n for n in gone if not memory[n][1].expired()])
     return layer
 

@@ -82,14 +82,19 @@ def plugin_layer(
 ) -> torch.nn.Module:
     """The plugin's path (call inside vllm_context): a fresh layer, the output's tensors read
     into it, kernel setup only."""
+    layer = make_layer(prefix, ckpt, tp, groups=groups)
+    plugin_load(layer, prefix, out)
+    return layer
+
+
+def plugin_load(layer: torch.nn.Module, prefix: str, out: Path) -> None:
+    """The output's tensors read into `layer` by the plugin's path, then kernel setup only."""
     from fi_convert.format.reader import OutputReader
     from fi_convert.servers.vllm import experts as plugin
 
-    layer = make_layer(prefix, ckpt, tp, groups=groups)
     with OutputReader(out) as reader:
         plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
         plugin.finish(layer, reader.layer(prefix))
-    return layer
 
 
 def assert_plugin_gives_memory_back(
@@ -103,9 +108,6 @@ def assert_plugin_gives_memory_back(
 
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    from fi_convert.format.reader import OutputReader
-    from fi_convert.servers.vllm import experts as plugin
-
     def storages(layer: torch.nn.Module) -> dict[int, tuple[str, StorageWeakRef]]:
         tensors = [*layer.named_parameters(), *layer.named_buffers()]
         return {
@@ -114,9 +116,7 @@ def assert_plugin_gives_memory_back(
 
     layer = make_layer(prefix, ckpt, tp, groups=groups)
     before = storages(layer)
-    with OutputReader(out) as reader:
-        plugin.install(layer, reader, prefix, layer.moe_config.moe_parallel_config.tp_rank)
-        plugin.finish(layer, reader.layer(prefix))
+    plugin_load(layer, prefix, out)
     gc.collect()
     after = storages(layer)
     kept = [name for key, (name, ref) in before.items() if key not in after and not ref.expired()]
