@@ -138,6 +138,13 @@ class Driver:
         if result != CUDA_SUCCESS:
             self._check(result, "cuEventRecord")
 
+    def done(self, event: int) -> bool:
+        """Whether the work before `event` is done (a look, keeping the lock)."""
+        result = self._held.cuEventQuery(event)
+        if result not in (CUDA_SUCCESS, CUDA_ERROR_NOT_READY):
+            self._check(result, "cuEventQuery")
+        return result == CUDA_SUCCESS
+
     def wait(self, event: int) -> None:
         """Until the work before `event` is done: a look first (keeping the lock), and only if
         it is not done yet a wait (giving it up)."""

@@ -274,22 +274,27 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
         with torch.device(dev):
             layers = {p: vm.make_layer(p, src, tp) for p in prefixes}
             m = _rank_model(model, layers)
-        if loader._ahead is not None:
+        if loader._ahead is not None and loader._ahead.buffers is not None:
             # a real model's build (seconds) outlasts the pinned allocation it overlaps
             # (`alloc_s`); this one's few layers do not: the read starts once it is there
             loader._ahead.buffers.block()
-        bulk, reads = whole_read.BulkRead, []  # (another bulk_read.py's, under --alt-bulk)
+        from fi_convert import child_read
 
-        def wait(self):
-            reads.append(stats := wait.real(self))
-            return stats
+        reads: list = []  # (another bulk_read.py's BulkRead, under --alt-bulk)
 
-        wait.real = bulk.wait
+        def waited(real):
+            def wait(self):
+                reads.append(stats := real(self))
+                return stats
+
+            return wait
+
         phases: dict[str, float] = {}
         with (
             Peak(dev) as peak,
             mock.patch.object(plugin_loader, "logger") as log,
-            mock.patch.object(bulk, "wait", wait),
+            mock.patch.object(whole_read.BulkRead, "wait", waited(whole_read.BulkRead.wait)),
+            mock.patch.object(child_read.ProcessRead, "wait", waited(child_read.ProcessRead.wait)),
             _timed(phases),
         ):
             t0 = time.perf_counter()
@@ -303,8 +308,9 @@ def plugin_model_path(src: Path, out: Path, prefixes: list[str], dev: str, model
             t2 = time.perf_counter()
     alloc_s = None
     if loader._ahead is not None:
-        alloc_s = loader._ahead.buffers.alloc_s
-        loader._ahead.close()
+        ahead = loader._ahead
+        alloc_s = ahead.buffers.alloc_s if ahead.buffers is not None else ahead.ring.start_s
+        ahead.close()
     said = log.info.call_args.args
     return {
         "alloc_s": alloc_s,

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from .. import child_read
 from ..bulk_read import (
     BulkRead,
     HostBuffers,
@@ -116,9 +117,16 @@ class Ahead:
         self.buffers: HostBuffers | None = None
         self._bulk: BulkRead | None = None
         self._opening: _Opening | None = None
+        self.ring: child_read.ChildRing | None = None
         try:
             if output is not None and OPEN_AHEAD:
                 self._opening = _Opening(*output)
+            if child_read.PROCESS and read_device(device).type == "cuda" and ORDER in AT_BUILD:
+                bulk = BulkRead(device)  # (its threads and chunk, as the settings make them)
+                self.ring = child_read.ChildRing(device, child_read.RING, bulk.chunk, bulk.threads)
+                self._bulk = child_read.ProcessRead(device, ring=self.ring)
+                self._bulk.start(more=True)
+                return
             if read_device(device).type == "cuda":
                 self.buffers = host_buffers().allocate(background=True)
             if ORDER in AT_BUILD:
@@ -154,6 +162,9 @@ class Ahead:
             self._bulk = None
         if self.buffers is not None:
             self.buffers.free()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
         if self._opening is not None:
             self._opening.drop()
             self._opening = None
@@ -322,7 +333,8 @@ def _read_whole(
                 bulk.more()
             else:
                 bulk.start(more=True)
-            with _switch_interval(SWITCH):
+            held = getattr(bulk, "copies_held", None) if child_read.HOLD else None
+            with _switch_interval(SWITCH), held() if held else contextlib.nullcontext():
                 dense = dense_load()
         else:
             if ORDER == "threads-ahead" and not bulk.started:

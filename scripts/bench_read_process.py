@@ -1,0 +1,356 @@
+"""Whether a read whose readers live in another process leaves this process's Python its speed:
+the question behind a first start's asking (docs/speed.md, sessions 10-13: the model asked
+under an in-process read was 3-7 times slower, the readers' turns at the interpreter's lock
+slowing both).
+
+A warm file of SIZE bytes is read into one device buffer, each side in turn, medians of RUNS:
+
+- `threads`: this process's reader threads (16 x 4 MiB, each a `preadv` into its pinned buffer
+  and the driver's copy to the device: the limit of `scripts/bench_limit.py`).
+- `process`: a child process's reader threads (stdlib only: no torch) `preadv` into a ring of
+  shared memory that this process pinned (`cudaHostRegister`); this process's one thread copies
+  each slot to the device as the child reports it filled, and gives the slot back.
+
+Each also with WORK beside it: Python that calls into torch as a model's loading does (views
+of a tensor, a dict), about as long as the asking of a first start at rank 0 of TP 8 (`+work`:
+on the main thread at the clock's start; for `process`, its copies wait for the work to end,
+the ring taking the read meanwhile, `+work, copies beside`: they do not). Reported: the read's
+time, the work's time beside it, and the work alone.
+
+    python scripts/bench_read_process.py [--size GB] [--runs N] [--threads N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fi_convert import cuda_driver  # noqa: E402
+
+CHUNK = 4 << 20
+MIB = 1 << 20
+
+# The child: reader threads into the shared ring (argv: ring fd, go fd, ready fd, free fd,
+# threads, chunk, slots, path, size). Each round starts at a byte on `go`, reads the file in
+# chunks and reports each as (slot, chunk index) on `ready`; slots come back on `free`.
+CHILD = r"""
+import mmap, os, queue, struct, sys, threading
+ring_fd, go, ready, free_fd, threads, chunk, slots = map(int, sys.argv[1:8])
+path, size = sys.argv[8], int(sys.argv[9])
+ring = mmap.mmap(ring_fd, slots * chunk, mmap.MAP_SHARED | mmap.MAP_POPULATE)
+view = memoryview(ring)
+fd = os.open(path, os.O_RDONLY)
+free = queue.SimpleQueue()
+for s in range(slots):
+    free.put(s)
+def freer():
+    while True:
+        b = os.read(free_fd, 4096)
+        if not b:
+            os._exit(0)
+        for (s,) in struct.iter_unpack("i", b):
+            free.put(s)
+threading.Thread(target=freer, daemon=True).start()
+n = (size + chunk - 1) // chunk
+while True:
+    b = os.read(go, 1)
+    if not b:
+        os._exit(0)
+    it, lock = iter(range(n)), threading.Lock()
+    def work():
+        while True:
+            with lock:
+                j = next(it, None)
+            if j is None:
+                return
+            s = free.get()
+            at = j * chunk
+            m = min(chunk, size - at)
+            os.preadv(fd, [view[s * chunk : s * chunk + m]], at)
+            os.write(ready, struct.pack("ii", s, j))
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+"""
+
+
+class ChildRead:
+    """The `process` side: the child, its ring pinned here, and this process's copies."""
+
+    def __init__(self, path: str, size: int, threads: int, ring_bytes: int) -> None:
+        self.size, self.slots = size, ring_bytes // CHUNK
+        self.ring_fd = os.memfd_create("fi-convert-ring")
+        os.ftruncate(self.ring_fd, self.slots * CHUNK)
+        self.ring = mmap.mmap(self.ring_fd, self.slots * CHUNK, mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        self.host = torch.frombuffer(self.ring, dtype=torch.uint8)
+        self.cuda = torch.cuda.is_available()
+        if self.cuda:
+            rc = torch.cuda.cudart().cudaHostRegister(self.host.data_ptr(), self.host.numel(), 0)
+            assert int(rc) == 0, rc
+        go_r, self.go = os.pipe()
+        self.ready, ready_w = os.pipe()
+        free_r, self.free = os.pipe()
+        args = [self.ring_fd, go_r, ready_w, free_r, threads, CHUNK, self.slots, path, size]
+        self.child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, *map(str, args)],
+            pass_fds=(self.ring_fd, go_r, ready_w, free_r),
+        )
+        for fd in (go_r, ready_w, free_r):
+            os.close(fd)
+        self.drv = cuda_driver.driver() if self.cuda else None
+        self.stream = torch.cuda.Stream() if self.cuda else None
+        self.events = [self.drv.event() for _ in range(self.slots)] if self.drv else []
+
+    def run(self, dst: torch.Tensor, work: int, beside: bool) -> tuple[float, float]:
+        n = (self.size + CHUNK - 1) // CHUNK
+        base, ring = dst.data_ptr(), self.host.data_ptr()
+        done = threading.Event()
+        work_s = [0.0]
+        t0 = time.perf_counter()
+        os.write(self.go, b"g")
+        copier = None
+        if work and beside:
+            copier = threading.Thread(target=self._copies, args=(n, base, ring))
+            copier.start()
+        if work:
+            work_s[0] = workload(work)
+            done.set()
+        if copier is None:
+            self._copies(n, base, ring)
+        else:
+            copier.join()
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, work_s[0]
+
+    def _copies(self, n: int, base: int, ring: int) -> None:
+        if not self.cuda:  # (the protocol checked on a CPU: plain copies)
+            return self._copies_host(n, base, ring)
+        drv, stream = self.drv, self.stream.cuda_stream  # type: ignore[union-attr]
+        assert drv is not None
+        pending: list[int] = []  # slots copied from, not yet given back
+        got, buf = 0, b""
+        while got < n:
+            buf += os.read(self.ready, 8 * 64)
+            whole = len(buf) - len(buf) % 8
+            for s, j in struct.iter_unpack("ii", buf[:whole]):
+                at = j * CHUNK
+                drv.copy_to_device(base + at, ring + s * CHUNK, min(CHUNK, self.size - at), stream)
+                drv.record(self.events[s], stream)
+                pending.append(s)
+                got += 1
+            buf = buf[whole:]
+            back = []
+            while pending and (
+                len(pending) > self.slots // 2 or _done(drv, self.events[pending[0]])
+            ):
+                drv.wait(self.events[pending[0]])
+                back.append(pending.pop(0))
+            if back:
+                os.write(self.free, struct.pack(f"{len(back)}i", *back))
+        for s in pending:
+            drv.wait(self.events[s])
+        if pending:
+            os.write(self.free, struct.pack(f"{len(pending)}i", *pending))
+
+    def _copies_host(self, n: int, base: int, ring: int) -> None:
+        got, buf = 0, b""
+        while got < n:
+            buf += os.read(self.ready, 8 * 64)
+            whole = len(buf) - len(buf) % 8
+            back = []
+            for s, j in struct.iter_unpack("ii", buf[:whole]):
+                at = j * CHUNK
+                ctypes.memmove(base + at, ring + s * CHUNK, min(CHUNK, self.size - at))
+                back.append(s)
+                got += 1
+            buf = buf[whole:]
+            if back:
+                os.write(self.free, struct.pack(f"{len(back)}i", *back))
+
+    def close(self) -> None:
+        os.close(self.go)
+        os.close(self.free)
+        self.child.wait(10)
+        if self.cuda:
+            torch.cuda.cudart().cudaHostUnregister(self.host.data_ptr())
+        os.close(self.ready)
+
+
+def _done(drv: cuda_driver.Driver, event: int) -> bool:
+    return drv._held.cuEventQuery(event) == 0  # noqa: SLF001
+
+
+def thread_read(
+    path: str, size: int, threads: int, dst: torch.Tensor, work: int
+) -> tuple[float, float]:
+    """The `threads` side: 16 x 4 MiB in this process, threads started before the clock."""
+    drv = cuda_driver.driver()
+    assert drv is not None
+    ctx = drv.current_context()
+    fd = os.open(path, os.O_RDONLY)
+    n = (size + CHUNK - 1) // CHUNK
+    it, lock = iter(range(n)), threading.Lock()
+    set_up, go = threading.Barrier(threads + 1), threading.Event()
+    base = dst.data_ptr()
+
+    def reader() -> None:
+        drv.set_context(ctx)
+        stream = torch.cuda.Stream()
+        bufs = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        views = [memoryview(b.numpy()).cast("B") for b in bufs]
+        ptrs = [b.data_ptr() for b in bufs]
+        events = [drv.event() for _ in range(2)]
+        set_up.wait()
+        go.wait()
+        i = 0
+        while True:
+            with lock:
+                j = next(it, None)
+            if j is None:
+                break
+            if i >= 2:
+                drv.wait(events[i % 2])
+            at = j * CHUNK
+            m = min(CHUNK, size - at)
+            os.preadv(fd, [views[i % 2][:m]], at)
+            drv.copy_to_device(base + at, ptrs[i % 2], m, stream.cuda_stream)
+            drv.record(events[i % 2], stream.cuda_stream)
+            i += 1
+        stream.synchronize()
+
+    ts = [threading.Thread(target=reader) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    set_up.wait()
+    t0 = time.perf_counter()
+    go.set()
+    work_s = workload(work) if work else 0.0
+    for t in ts:
+        t.join()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    os.close(fd)
+    return seconds, work_s
+
+
+_T = torch.empty(4096, 64, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def workload(n: int) -> float:
+    """Python calling into torch as a model's loading does: views of a tensor, their shapes and
+    strides into a dict."""
+    t0 = time.perf_counter()
+    seen: dict[int, tuple] = {}
+    t = _T
+    for i in range(n):
+        v = t.narrow(0, i % 2048, 16).view(-1)
+        seen[i % 97] = (v.shape, v.stride(), v.storage_offset())
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=float, default=1.8, help="GB read")
+    ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--ring", type=int, default=1024, help="MiB of shared ring")
+    ap.add_argument("--work-ms", type=float, default=8.0)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--dir", default=None, help="folder for the file (default: a temp folder)")
+    a = ap.parse_args()
+    size = int(a.size * 1e9) // CHUNK * CHUNK
+    with tempfile.TemporaryDirectory(prefix="bench-read-process-", dir=a.dir) as tmp:
+        path = os.path.join(tmp, "data.bin")
+        with open(path, "wb") as f:
+            block = os.urandom(64 * MIB)
+            for at in range(0, size, len(block)):
+                f.write(block[: min(len(block), size - at)])
+        with open(path, "rb") as f:  # (warm)
+            while f.read(256 * MIB):
+                pass
+        # the work's length: calibrated alone
+        n = 1000
+        while workload(n) < a.work_ms / 1e3:
+            n *= 2
+        n = int(n * a.work_ms / 1e3 / workload(n))
+        alone = statistics.median(workload(n) for _ in range(15))
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        dst = torch.empty(size, dtype=torch.uint8, device=dev)
+        child = ChildRead(path, size, a.threads, a.ring * MIB)
+        sides = (
+            {}
+            if dev == "cpu"
+            else {
+                "threads": lambda: thread_read(path, size, a.threads, dst, 0),
+                "threads +work": lambda: thread_read(path, size, a.threads, dst, n),
+            }
+        )
+        sides |= {
+            "process": lambda: child.run(dst, 0, False),
+            "process +work": lambda: child.run(dst, n, False),
+            "process +work, copies beside": lambda: child.run(dst, n, True),
+        }
+        ref = torch.empty(size, dtype=torch.uint8)
+        with open(path, "rb") as f:
+            f.readinto(memoryview(ref.numpy()))
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
+        for r in range(a.runs + 1):
+            for name, fn in sides.items():
+                dst.zero_()
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                got = fn()
+                if r == 0:  # (each side's first run: its bytes checked, its time left out)
+                    assert torch.equal(dst.cpu(), ref), f"{name}: the bytes differ"
+                else:
+                    times[name].append(got)
+        child.close()
+    limit = statistics.median(t for t, _ in times["threads" if "threads" in times else "process"])
+    rows = []
+    print(
+        f"{size / 1e9:.2f} GB warm, {a.threads} readers x 4 MiB, ring {a.ring} MiB, "
+        f"work alone {alone * 1e3:.1f} ms; medians of {a.runs}"
+    )
+    print("| side | read ms | / threads alone | work beside ms |")
+    print("|---|---|---|---|")
+    for name, ts in times.items():
+        read = statistics.median(t for t, _ in ts)
+        work = statistics.median(w for _, w in ts)
+        rows.append({"side": name, "read_s": read, "work_s": work, "runs": ts})
+        print(f"| {name} | {read * 1e3:.1f} | {read / limit:.2f} | {work * 1e3:.1f} |")
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "read-process.json").write_text(
+            json.dumps(
+                {
+                    "bytes": size,
+                    "threads": a.threads,
+                    "ring": a.ring * MIB,
+                    "work_alone_s": alone,
+                    "results": rows,
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
