@@ -17,6 +17,8 @@ from fi_convert.bulk_read import ReadError
 from fi_convert.child_read import ChildRing, ProcessRead
 
 MIB = 1 << 20
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 
 
 @pytest.fixture
@@ -33,50 +35,56 @@ def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-def _requests(read: ProcessRead, path: Path, fd: int, ref: torch.Tensor, seed: int) -> list:
+def _requests(
+    read: ProcessRead, path: Path, fd: int, ref: torch.Tensor, seed: int, device: str = "cpu"
+) -> list:
     rng = random.Random(seed)
     out = []
     for _ in range(30):
         n = rng.randrange(1, 3 * MIB)
         off = rng.randrange(0, ref.numel() - n)
-        dst = torch.zeros(n, dtype=torch.uint8)
+        dst = torch.zeros(n, dtype=torch.uint8, device=device)
         read.add(path, fd, off, dst)
         out.append((dst, ref[off : off + n]))
     rows = (50, 1000, 4096)  # a column slice: rows of 1000 bytes, 4096 apart
-    dst = torch.zeros(50 * 1000, dtype=torch.uint8)
+    dst = torch.zeros(50 * 1000, dtype=torch.uint8, device=device)
     read.add_rows(path, fd, 12345, rows, dst)
     out.append((dst, ref[12345:].as_strided((50, 1000), (4096, 1)).reshape(-1)))
     return out
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("given", [False, True])
-def test_reads_the_files_bytes(data_file, threads, given) -> None:
+def test_reads_the_files_bytes(data_file, threads, given, device) -> None:
+    """Ranges and a column slice's rows, into host memory or a GPU (the ring pinned, the
+    driver's copies): the files' bytes."""
     path, fd, ref = data_file
     before = _open_fds()
-    ring = ChildRing("cpu", 4 * MIB, MIB, threads) if given else None
+    ring = ChildRing(device, 4 * MIB, MIB, threads) if given else None
     for seed in range(2):  # (a given ring serves one read after another)
-        read = ProcessRead("cpu", ring=ring, threads=threads, chunk=MIB)
-        wanted = _requests(read, path, fd, ref, seed)
+        read = ProcessRead(device, ring=ring, threads=threads, chunk=MIB)
+        wanted = _requests(read, path, fd, ref, seed, device)
         stats = read.run()
-        assert all(torch.equal(got, want) for got, want in wanted)
+        assert all(torch.equal(got.cpu(), want) for got, want in wanted)
         assert stats.bytes == sum(w.numel() for _, w in wanted)
     if ring is not None:
         ring.close()
     assert _open_fds() == before  # the ring's memory, the socket, the wake pipe: all closed
 
 
-def test_copies_held_then_released(data_file) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_copies_held_then_released(data_file, device) -> None:
     """Requests joining a started read, the copies held while they come (the ring takes the
     read): every byte in place once released."""
     path, fd, ref = data_file
-    read = ProcessRead("cpu", threads=2, chunk=MIB)
+    read = ProcessRead(device, threads=2, chunk=MIB)
     read.start(more=True)
     with read.copies_held():
-        wanted = _requests(read, path, fd, ref, 3)
+        wanted = _requests(read, path, fd, ref, 3, device)
         read.more()
     read.wait()
-    assert all(torch.equal(got, want) for got, want in wanted)
+    assert all(torch.equal(got.cpu(), want) for got, want in wanted)
 
 
 def test_a_short_read_names_the_file(data_file, monkeypatch) -> None:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from fi_convert import Backend, Options, SchemeName, convert
+from fi_convert import Backend, Options, SchemeName, child_read, convert
 from fi_convert.bulk_read import ReadError
 from fi_convert.errors import FiConvertError
 from fi_convert.format import dense, manifest, whole_read
@@ -759,19 +759,24 @@ def test_a_processs_first_asking_with_the_collector_off_keeps_no_probe_alive():
 
 
 @pytest.mark.parametrize("feed", [0, 1])
-@pytest.mark.parametrize("order", whole_read.ORDERS)
+@pytest.mark.parametrize(
+    ("order", "process"),
+    [(o, False) for o in whole_read.ORDERS] + [(o, True) for o in whole_read.AT_BUILD],
+)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_whole_read_lands_every_byte_with_the_models_own_writes(
-    out, device, order, feed, monkeypatch
+    out, device, order, feed, process, monkeypatch
 ):
     """The model's own writes while it is asked (the padding zeroed, on its stream for a GPU)
     come before the bytes read into the same tensors; a write after a copy (the scaling after
     the loop) is made again once they are in place; a call that only copied is not. In each
     order of a load (`whole_read.ORDER`: with the readers started, their requests given after
     the asking's writes), the experts' requests joining the read as they come or all at once
-    (`whole_read.FEED`)."""
+    (`whole_read.FEED`); read in this process or by a child's readers (`child_read.PROCESS`,
+    in the orders that start the read while the model is built)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
+    monkeypatch.setattr(child_read, "PROCESS", process)
     monkeypatch.setattr(whole_read, "ORDER", order)
     monkeypatch.setattr(whole_read, "FEED", feed)
     stored = _stored(out)

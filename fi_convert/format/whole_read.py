@@ -121,7 +121,7 @@ class Ahead:
         try:
             if output is not None and OPEN_AHEAD:
                 self._opening = _Opening(*output)
-            if child_read.PROCESS and read_device(device).type == "cuda" and ORDER in AT_BUILD:
+            if child_read.PROCESS and ORDER in AT_BUILD:  # (on the CPU: tests)
                 bulk = BulkRead(device)  # (its threads and chunk, as the settings make them)
                 self.ring = child_read.ChildRing(device, child_read.RING, bulk.chunk, bulk.threads)
                 self._bulk = child_read.ProcessRead(device, ring=self.ring)
