@@ -94,7 +94,7 @@ while True:
 class ChildRead:
     """The `process` side: the child, its ring pinned here, and this process's copies."""
 
-    def __init__(self, path: str, size: int, threads: int, ring_bytes: int) -> None:
+    def __init__(self, path: str, size: int, threads: int, ring_bytes: int, streams: int) -> None:
         self.size, self.slots = size, ring_bytes // CHUNK
         self.ring_fd = os.memfd_create("fi-convert-ring")
         os.ftruncate(self.ring_fd, self.slots * CHUNK)
@@ -115,7 +115,7 @@ class ChildRead:
         for fd in (go_r, ready_w, free_r):
             os.close(fd)
         self.drv = cuda_driver.driver() if self.cuda else None
-        self.stream = torch.cuda.Stream() if self.cuda else None
+        self.streams = [torch.cuda.Stream() for _ in range(streams)] if self.cuda else []
         self.events = [self.drv.event() for _ in range(self.slots)] if self.drv else []
 
     def run(self, dst: torch.Tensor, work: int, beside: bool) -> tuple[float, float]:
@@ -143,8 +143,9 @@ class ChildRead:
     def _copies(self, n: int, base: int, ring: int) -> None:
         if not self.cuda:  # (the protocol checked on a CPU: plain copies)
             return self._copies_host(n, base, ring)
-        drv, stream = self.drv, self.stream.cuda_stream  # type: ignore[union-attr]
+        drv = self.drv
         assert drv is not None
+        streams = [st.cuda_stream for st in self.streams]
         pending: list[int] = []  # slots copied from, not yet given back
         got, buf = 0, b""
         while got < n:
@@ -152,6 +153,7 @@ class ChildRead:
             whole = len(buf) - len(buf) % 8
             for s, j in struct.iter_unpack("ii", buf[:whole]):
                 at = j * CHUNK
+                stream = streams[got % len(streams)]
                 drv.copy_to_device(base + at, ring + s * CHUNK, min(CHUNK, self.size - at), stream)
                 drv.record(self.events[s], stream)
                 pending.append(s)
@@ -273,6 +275,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--ring", type=int, default=1024, help="MiB of shared ring")
     ap.add_argument("--work-ms", type=float, default=8.0)
+    ap.add_argument("--streams", default="1,4", help="copy streams of the process side(s)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dir", default=None, help="folder for the file (default: a temp folder)")
     a = ap.parse_args()
@@ -294,7 +297,8 @@ def main() -> None:
         alone = statistics.median(workload(n) for _ in range(15))
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         dst = torch.empty(size, dtype=torch.uint8, device=dev)
-        child = ChildRead(path, size, a.threads, a.ring * MIB)
+        counts = [int(x) for x in a.streams.split(",")]
+        children = {k: ChildRead(path, size, a.threads, a.ring * MIB, k) for k in counts}
         sides = (
             {}
             if dev == "cpu"
@@ -303,11 +307,12 @@ def main() -> None:
                 "threads +work": lambda: thread_read(path, size, a.threads, dst, n),
             }
         )
-        sides |= {
-            "process": lambda: child.run(dst, 0, False),
-            "process +work": lambda: child.run(dst, n, False),
-            "process +work, copies beside": lambda: child.run(dst, n, True),
-        }
+        for k, child in children.items():
+            sides |= {
+                f"process, {k} streams": lambda c=child: c.run(dst, 0, False),
+                f"process, {k} streams +work": lambda c=child: c.run(dst, n, False),
+                f"process, {k} streams +work, copies beside": lambda c=child: c.run(dst, n, True),
+            }
         ref = torch.empty(size, dtype=torch.uint8)
         with open(path, "rb") as f:
             f.readinto(memoryview(ref.numpy()))
@@ -322,8 +327,9 @@ def main() -> None:
                     assert torch.equal(dst.cpu(), ref), f"{name}: the bytes differ"
                 else:
                     times[name].append(got)
-        child.close()
-    limit = statistics.median(t for t, _ in times["threads" if "threads" in times else "process"])
+        for child in children.values():
+            child.close()
+    limit = statistics.median(t for t, _ in next(iter(times.values())))
     rows = []
     print(
         f"{size / 1e9:.2f} GB warm, {a.threads} readers x 4 MiB, ring {a.ring} MiB, "
