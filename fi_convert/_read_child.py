@@ -47,11 +47,13 @@ def main() -> None:
                     if n == 0:
                         raise EOFError(f"ends at byte {offset + done}, before byte {offset + size}")
                     done += n
-            except (OSError, EOFError) as e:
-                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-                text = f"read failed at byte {offset + done} ({why})"
-                if isinstance(e, EOFError):
-                    text = str(e)
+            except BaseException as e:  # (each job is answered: the parent counts them)
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or repr(e)
+                text = (
+                    str(e)
+                    if isinstance(e, EOFError)
+                    else f"read failed at byte {offset + done} ({why})"
+                )
                 sock.send(b"X" + SLOT.pack(job_id) + text.encode())
                 free.put(s)
                 continue

@@ -43,13 +43,14 @@ from .bulk_read import (
     _driver_context,
     _Job,
     _signals_held,
+    default_host_memory,
     read_device,
 )
 
 # Whether the plugins' loads read through a child process (a bench setting: `--alt-bulk
 # NAME=set:fi_convert.child_read:PROCESS=True`), and the ring's bytes
 PROCESS = False
-RING = 512 << 20
+RING = 512 << 20  # at most: within the host-memory budget (`ring_bytes`)
 # Whether the copies out of the ring wait while the model is asked under the read (a bench
 # setting, with `format/whole_read.ORDER` one that asks under it)
 HOLD = True
@@ -60,6 +61,11 @@ CHILD = Path(__file__).with_name("_read_child.py")
 _BATCH = 2000  # jobs a message (24 bytes each: within a packet of 64 KiB)
 
 
+def ring_bytes() -> int:
+    """The ring's bytes: RING, within the pinned host-memory budget (`FI_CONVERT_HOST_MEMORY`)."""
+    return min(RING, default_host_memory())
+
+
 class ChildRing:
     """The ring of shared memory (`slots` of `chunk` bytes; pinned for a GPU) and the child
     process that reads into it with `threads` threads."""
@@ -68,7 +74,7 @@ class ChildRing:
         self.device = read_device(device)
         self.chunk, self.threads = chunk, threads
         self.slots = max(2 * threads, nbytes // chunk)
-        size = self.slots * chunk
+        self.nbytes = size = self.slots * chunk
         self._fd = os.memfd_create("fi-convert-read", os.MFD_CLOEXEC)
         self._map: mmap.mmap | None = None
         self.host: torch.Tensor | None = None
@@ -175,7 +181,7 @@ class ProcessRead(BulkRead):
         threads: int | None = None,
         chunk: int | None = None,
     ) -> None:
-        super().__init__(device, threads=threads, chunk=chunk, staged=True, host_memory=RING)
+        super().__init__(device, threads=threads, chunk=chunk, staged=True)
         self._ring = ring
         self._own = ring is None
         if ring is not None:
@@ -195,7 +201,7 @@ class ProcessRead(BulkRead):
         jobs = self._plan()
         self._check_sizes(jobs)
         if self._ring is None:
-            self._ring = ChildRing(self.device, RING, self.chunk, self.threads)
+            self._ring = ChildRing(self.device, ring_bytes(), self.chunk, self.threads)
         self._wake_r, self._wake_w = os.pipe()
         if self.device.type == "cuda":  # (made here: a new thread has no current context)
             self._streams = [torch.cuda.Stream(self.device) for _ in range(STREAMS)]
@@ -268,7 +274,7 @@ class ProcessRead(BulkRead):
             seconds=(self._end or self._t0) - self._t0 if self._jobs else 0.0,
             threads=self.threads,
             chunk=self.chunk,
-            pinned_peak=self._ring.slots * self.chunk if self._ring else 0,
+            pinned_peak=self._ring.nbytes if self._ring else 0,
             alloc_s=self._ring.start_s if self._ring and self._own else 0.0,
             jobs=len(self._jobs),
             thread_ends=(self._end - self._t0,) if self._jobs else (),

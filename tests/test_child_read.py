@@ -145,3 +145,26 @@ def test_the_child_imports_no_torch() -> None:
         ln.split()[1] in {"mmap", "os", "queue", "socket", "struct", "sys", "threading"}
         for ln in imports
     )
+
+
+def test_the_ring_keeps_within_the_host_memory_budget(monkeypatch) -> None:
+    monkeypatch.setenv("FI_CONVERT_HOST_MEMORY", "16MiB")
+    assert child_read.ring_bytes() == 16 * MIB
+    monkeypatch.setenv("FI_CONVERT_HOST_MEMORY", "4GiB")
+    assert child_read.ring_bytes() == child_read.RING
+
+
+def test_a_child_started_for_a_model_that_never_loads_ends(monkeypatch) -> None:
+    """The read started while the server builds the model (`whole_read.Ahead`, the child's
+    read set): a build that fails closes it, the child gone and nothing left open."""
+    from fi_convert.format import whole_read
+
+    monkeypatch.setattr(child_read, "PROCESS", True)
+    before = _open_fds()
+    ahead = whole_read.Ahead("cpu")
+    ring = ahead.ring
+    assert ring is not None and ring.proc is not None
+    proc = ring.proc
+    ahead.close()
+    assert proc.poll() is not None and ahead.ring is None
+    assert _open_fds() == before

@@ -49,6 +49,8 @@ from ..bulk_read import (
     ReadStats,
     _bare,
     default_host_memory,
+    default_threads,
+    fit,
     host_buffers,
     read_device,
 )
@@ -122,8 +124,8 @@ class Ahead:
             if output is not None and OPEN_AHEAD:
                 self._opening = _Opening(*output)
             if child_read.PROCESS and ORDER in AT_BUILD:  # (on the CPU: tests)
-                bulk = BulkRead(device)  # (its threads and chunk, as the settings make them)
-                self.ring = child_read.ChildRing(device, child_read.RING, bulk.chunk, bulk.threads)
+                threads, chunk = fit(default_threads(), default_host_memory())
+                self.ring = child_read.ChildRing(device, child_read.ring_bytes(), chunk, threads)
                 self._bulk = child_read.ProcessRead(device, ring=self.ring)
                 self._bulk.start(more=True)
                 return
@@ -258,7 +260,11 @@ def load_output(
 def host_memory_left(ahead: Ahead | None) -> int:
     """The host memory budget the experts' pinned buffers leave (the model's other tensors'
     batches)."""
-    held = ahead.buffers.nbytes if ahead is not None and ahead.buffers is not None else 0
+    held = 0
+    if ahead is not None and ahead.buffers is not None:
+        held = ahead.buffers.nbytes
+    elif ahead is not None and ahead.ring is not None:
+        held = ahead.ring.nbytes
     return default_host_memory() - held
 
 
