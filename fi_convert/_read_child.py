@@ -7,13 +7,17 @@ own speed beside the read.
 argv: the ring's memory (an fd), the control socket (an fd, SOCK_SEQPACKET), threads, slot
 bytes, slots. Messages from the parent, each one packet: b"F" with files' fds (`send_fds`), in
 the order the jobs number them; b"J" jobs (id, file, offset, size); b"S" slots given back. To
-the parent: b"R" (slot, id) for a job read into a slot; b"X" (id) and a line, for a job that
-could not be read. The parent closing its end (or dying) ends this process at once.
+the parent: b"H" once set up; b"R" (slot, id) for a job read into a slot; b"X" (id) and a
+line, for a job that could not be read. The parent closing its end (or dying) ends this
+process at once. Ctrl-C at a terminal reaches this process too (its group's): the parent takes
+it and closes its end, so it is ignored here; any fault of this process's own ends it without
+a word (the parent says it).
 """
 
 import mmap
 import os
 import queue
+import signal
 import socket
 import struct
 import sys
@@ -25,6 +29,7 @@ READY = struct.Struct("=ii")  # slot, id
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ring_fd, sock_fd, threads, chunk, slots = map(int, sys.argv[1:6])
     ring = mmap.mmap(ring_fd, slots * chunk, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     view = memoryview(ring)
@@ -61,6 +66,7 @@ def main() -> None:
 
     for _ in range(threads):
         threading.Thread(target=reader, daemon=True).start()
+    sock.send(b"H")  # (set up: Ctrl-C ignored from here on)
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 256)
@@ -81,4 +87,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:  # (no traceback on the server's terminal: the parent says it ended)
+        os._exit(1)

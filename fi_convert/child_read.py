@@ -139,6 +139,19 @@ class ChildRing:
             raise ReadError(_ENDED)
         return msg
 
+    def ready(self) -> None:
+        """Until the child is set up: its first message, taken here where no read has started
+        on the ring (tests: a signal sent before would find it starting)."""
+        sock = self._sock()
+        sock.settimeout(30)
+        try:
+            with _child_alive():
+                msg = sock.recv(16)
+        finally:
+            sock.settimeout(None)
+        if msg != b"H":
+            raise ReadError(_ENDED)
+
     def _sock(self) -> socket.socket:
         if self.sock is None:
             raise ReadError(_ENDED)
@@ -346,7 +359,7 @@ class ProcessRead(BulkRead):
         chunk = ring.chunk
         while not self._stop.is_set():
             if self._closed and self._received == len(self._jobs):
-                return
+                break
             ready, _, _ = select.select([sock.fileno(), self._wake_r], [], [])
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
@@ -357,6 +370,8 @@ class ProcessRead(BulkRead):
                 continue
             back = []
             while (msg := ring.receive()) is not None:
+                if msg == b"H":  # (set up)
+                    continue
                 if msg[:1] == b"X":
                     (job_id,) = wire.SLOT.unpack(msg[1:5])
                     job = self._jobs[job_id]
@@ -391,8 +406,10 @@ class ProcessRead(BulkRead):
                 drv.wait(events[pending[0]])
                 back.append(pending.popleft())
             ring.give_back(back)
-        for s in pending:
+        for s in pending:  # (the ring whole again for the next read, where it is given)
             drv.wait(events[s])
+        if pending and not self._stop.is_set():
+            ring.give_back(list(pending))
 
 
 _ENDED = "the read's child process ended before the read did; load again"

@@ -121,6 +121,24 @@ def test_the_child_killed_mid_read_is_one_line(data_file) -> None:
     assert _open_fds() == before
 
 
+def test_ctrl_c_at_the_terminal_leaves_the_child_to_the_parent(data_file) -> None:
+    """SIGINT reaches the child too (the terminal's process group): it says nothing and reads
+    on; the parent's read ends it."""
+    path, fd, ref = data_file
+    ring = ChildRing("cpu", 8 * MIB, MIB, 2)
+    assert ring.proc is not None
+    ring.ready()  # (set up: a signal before would find it starting)
+    os.kill(ring.proc.pid, signal.SIGINT)
+    read = ProcessRead("cpu", ring=ring)
+    dst = torch.zeros(ref.numel(), dtype=torch.uint8)
+    read.add(path, fd, 0, dst)
+    read.run()
+    assert torch.equal(dst, ref)
+    proc = ring.proc
+    ring.close()
+    assert proc.returncode == 0  # (ended by its socket's close, not by the signal)
+
+
 def test_abort_mid_read_ends_the_child(data_file) -> None:
     path, fd, ref = data_file
     before = _open_fds()
@@ -142,7 +160,7 @@ def test_the_child_imports_no_torch() -> None:
     text = child_read.CHILD.read_text()
     imports = [ln for ln in text.splitlines() if ln.startswith(("import ", "from "))]
     assert imports and all(
-        ln.split()[1] in {"mmap", "os", "queue", "socket", "struct", "sys", "threading"}
+        ln.split()[1] in {"mmap", "os", "queue", "signal", "socket", "struct", "sys", "threading"}
         for ln in imports
     )
 
