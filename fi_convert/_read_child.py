@@ -30,6 +30,8 @@ READY = struct.Struct("=ii")  # slot, id
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # (started with the parent's signals held: SIGTERM ends this process as it comes)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     ring_fd, sock_fd, threads, chunk, slots = map(int, sys.argv[1:6])
     ring = mmap.mmap(ring_fd, slots * chunk, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     view = memoryview(ring)
