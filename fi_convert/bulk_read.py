@@ -457,20 +457,29 @@ class BulkRead:
             raise
         finally:
             self._free()
-        seconds = max(self._ends, default=self._t0) - self._t0 if self._jobs else 0.0
+        return self._result(
+            self._ends,
+            len(self._threads),
+            self._buffers.nbytes if self._buffers else 0,
+            self._buffers.alloc_s if self._buffers else 0.0,
+        )
+
+    def _result(self, ends: list[float], threads: int, pinned: int, alloc_s: float) -> ReadStats:
+        """The read's end, its threads ended at `ends`: its first fault raised, its files
+        checked unchanged, else its stats."""
         if self._error is not None:
             raise self._error
         self._check_unchanged()
         return ReadStats(
             bytes=self.nbytes,
             read_bytes=sum(j.size for j in self._jobs),
-            seconds=seconds,
-            threads=len(self._threads),
+            seconds=max(ends, default=self._t0) - self._t0 if self._jobs else 0.0,
+            threads=threads,
             chunk=self.chunk,
-            pinned_peak=self._buffers.nbytes if self._buffers else 0,
-            alloc_s=self._buffers.alloc_s if self._buffers else 0.0,
+            pinned_peak=pinned,
+            alloc_s=alloc_s,
             jobs=len(self._jobs),
-            thread_ends=tuple(sorted(max(0.0, t - self._t0) for t in self._ends)),
+            thread_ends=tuple(sorted(max(0.0, t - self._t0) for t in ends)),
         )
 
     def abort(self) -> None:

@@ -269,6 +269,9 @@ class ProcessRead(BulkRead):
             self._wake()
 
     def wait(self) -> ReadStats:
+        ring = self._ring
+        pinned = ring.nbytes if ring else 0
+        alloc_s = ring.start_s if ring and self._own else 0.0
         try:
             self._close()
             if self._copier is not None:
@@ -278,20 +281,7 @@ class ProcessRead(BulkRead):
             raise
         finally:
             self._finish()
-        if self._error is not None:
-            raise self._error
-        self._check_unchanged()
-        return ReadStats(
-            bytes=self.nbytes,
-            read_bytes=sum(j.size for j in self._jobs),
-            seconds=(self._end or self._t0) - self._t0 if self._jobs else 0.0,
-            threads=self.threads,
-            chunk=self.chunk,
-            pinned_peak=self._ring.nbytes if self._ring else 0,
-            alloc_s=self._ring.start_s if self._ring and self._own else 0.0,
-            jobs=len(self._jobs),
-            thread_ends=(self._end - self._t0,) if self._jobs else (),
-        )
+        return self._result([self._end] if self._end else [], self.threads, pinned, alloc_s)
 
     def abort(self) -> None:
         self._stop.set()
