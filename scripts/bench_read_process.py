@@ -5,19 +5,22 @@ slowing both).
 
 A warm file of SIZE bytes is read into one device buffer, each side in turn, medians of RUNS:
 
-- `threads`: this process's reader threads (16 x 4 MiB, each a `preadv` into its pinned buffer
-  and the driver's copy to the device: the limit of `scripts/bench_limit.py`).
+- `threads`: this process's reader threads (`--threads` x 4 MiB, each a `preadv` into its
+  pinned buffer and the driver's copy to the device: the limit of `scripts/bench_limit.py`).
 - `process`: a child process's reader threads (stdlib only: no torch) `preadv` into a ring of
   shared memory that this process pinned (`cudaHostRegister`); this process's one thread copies
-  each slot to the device as the child reports it filled, and gives the slot back.
+  each slot to the device as the child reports it filled (on STREAMS streams in turn), and gives
+  the slot back. One side a ring size (`--ring 128,512,1024`) and stream count (`--streams`).
 
-Each also with WORK beside it: Python that calls into torch as a model's loading does (views
-of a tensor, a dict), about as long as the asking of a first start at rank 0 of TP 8 (`+work`:
-on the main thread at the clock's start; for `process`, its copies wait for the work to end,
-the ring taking the read meanwhile, `+work, copies beside`: they do not). Reported: the read's
-time, the work's time beside it, and the work alone.
+Each also with work beside it: Python that calls into torch as a model's loading does (views
+of a tensor, a dict), about as long as the asking of a first start at rank 0 of TP 8
+(`--work-ms`). `+work`: on the main thread at the clock's start; for `process`, its copies
+wait for the work to end, the ring taking the read meanwhile. `+work, copies beside`: they do
+not wait; with `--switch MS`, also beside at that switch interval of the interpreter's while
+the work runs. Reported: the read's time, the work's time beside it, and the work alone.
 
-    python scripts/bench_read_process.py [--size GB] [--runs N] [--threads N] [--out DIR]
+    python scripts/bench_read_process.py [--size GB] [--runs N] [--threads N] [--ring MIB,...]
+        [--streams N,...] [--switch MS] [--work-ms MS] [--out DIR]
 """
 
 from __future__ import annotations
@@ -118,7 +121,9 @@ class ChildRead:
         self.streams = [torch.cuda.Stream() for _ in range(streams)] if self.cuda else []
         self.events = [self.drv.event() for _ in range(self.slots)] if self.drv else []
 
-    def run(self, dst: torch.Tensor, work: int, beside: bool) -> tuple[float, float]:
+    def run(
+        self, dst: torch.Tensor, work: int, beside: bool, switch: float | None = None
+    ) -> tuple[float, float]:
         n = (self.size + CHUNK - 1) // CHUNK
         base, ring = dst.data_ptr(), self.host.data_ptr()
         done = threading.Event()
@@ -130,7 +135,13 @@ class ChildRead:
             copier = threading.Thread(target=self._copies, args=(n, base, ring))
             copier.start()
         if work:
-            work_s[0] = workload(work)
+            was = sys.getswitchinterval()
+            if switch is not None:
+                sys.setswitchinterval(switch)
+            try:
+                work_s[0] = workload(work)
+            finally:
+                sys.setswitchinterval(was)
             done.set()
         if copier is None:
             self._copies(n, base, ring)
@@ -273,7 +284,10 @@ def main() -> None:
     ap.add_argument("--size", type=float, default=1.8, help="GB read")
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--threads", type=int, default=16)
-    ap.add_argument("--ring", type=int, default=1024, help="MiB of shared ring")
+    ap.add_argument("--ring", default="1024", help="MiB of shared ring (a list: each a side)")
+    ap.add_argument(
+        "--switch", type=float, default=None, help="ms: the switch interval while working"
+    )
     ap.add_argument("--work-ms", type=float, default=8.0)
     ap.add_argument("--streams", default="1,4", help="copy streams of the process side(s)")
     ap.add_argument("--out", default=None)
@@ -298,7 +312,11 @@ def main() -> None:
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         dst = torch.empty(size, dtype=torch.uint8, device=dev)
         counts = [int(x) for x in a.streams.split(",")]
-        children = {k: ChildRead(path, size, a.threads, a.ring * MIB, k) for k in counts}
+        rings = [int(x) for x in a.ring.split(",")]
+        children = {
+            (r, k): ChildRead(path, size, a.threads, r * MIB, k) for r in rings for k in counts
+        }
+        switch = None if a.switch is None else a.switch / 1e3
         sides = (
             {}
             if dev == "cpu"
@@ -307,12 +325,17 @@ def main() -> None:
                 "threads +work": lambda: thread_read(path, size, a.threads, dst, n),
             }
         )
-        for k, child in children.items():
+        for (r, k), child in children.items():
+            name = f"process, ring {r} MiB, {k} streams"
             sides |= {
-                f"process, {k} streams": lambda c=child: c.run(dst, 0, False),
-                f"process, {k} streams +work": lambda c=child: c.run(dst, n, False),
-                f"process, {k} streams +work, copies beside": lambda c=child: c.run(dst, n, True),
+                name: lambda c=child: c.run(dst, 0, False),
+                f"{name} +work": lambda c=child: c.run(dst, n, False),
+                f"{name} +work, copies beside": lambda c=child: c.run(dst, n, True),
             }
+            if switch is not None:
+                sides[f"{name} +work, copies beside, switch {a.switch} ms"] = lambda c=child: c.run(
+                    dst, n, True, switch
+                )
         ref = torch.empty(size, dtype=torch.uint8)
         with open(path, "rb") as f:
             f.readinto(memoryview(ref.numpy()))
@@ -332,7 +355,7 @@ def main() -> None:
     limit = statistics.median(t for t, _ in next(iter(times.values())))
     rows = []
     print(
-        f"{size / 1e9:.2f} GB warm, {a.threads} readers x 4 MiB, ring {a.ring} MiB, "
+        f"{size / 1e9:.2f} GB warm, {a.threads} readers x 4 MiB, rings {a.ring} MiB, "
         f"work alone {alone * 1e3:.1f} ms; medians of {a.runs}"
     )
     print("| side | read ms | / threads alone | work beside ms |")
@@ -349,7 +372,7 @@ def main() -> None:
                 {
                     "bytes": size,
                     "threads": a.threads,
-                    "ring": a.ring * MIB,
+                    "rings": [r * MIB for r in rings],
                     "work_alone_s": alone,
                     "results": rows,
                 },
