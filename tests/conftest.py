@@ -43,8 +43,13 @@ SERVERS = ("vllm", "sglang")
 
 
 def reader_threads() -> list[threading.Thread]:
-    """`BulkRead`'s reader threads alive now (named fi-convert-read-K)."""
-    return [t for t in threading.enumerate() if t.name.startswith("fi-convert-read-")]
+    """A read's threads alive now: `BulkRead`'s readers (named fi-convert-read-K), or the
+    thread that copies out of a child's ring (`child_read`, fi-convert-copy)."""
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("fi-convert-read-") or t.name == "fi-convert-copy"
+    ]
 
 
 def files_open(root: Path) -> list[str]:
