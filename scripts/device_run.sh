@@ -4,7 +4,7 @@
 # benchmark; logs under $OUT.
 # Usage: [K=pytest-k-expression] [TESTS="test files"] [VLLM_RELEASES="0.34.0 ..."]
 #        [BENCH_ARGS="--cases layers"] scripts/device_run.sh [all | no-tests] [bench | vllm-bench |
-#        vllm-bench-quick] [cli-bench]
+#        vllm-bench-quick] [cli-bench] [child-read-bench]
 # Carried (see docs/development.md): .carry/wheels/*.whl (FlashInfer 0.6.18.post1, apache-tvm-ffi and vLLM's
 # pure-Python dependencies missing from the image) and .carry/vllm-py.zip (vLLM 0.33.0's package
 # without its compiled parts); the older .whl/ folder is taken too.
@@ -46,6 +46,11 @@ fi
 if [[ " $* " == *" vllm-bench-big "* ]]; then  # two layers warm, then 256 experts and a whole model
     python3 scripts/bench_vllm_load.py --out "$OUT" --quick 2>&1 | tee "$OUT/bench-vllm-quick.log" | grep -E "^\||^limit|^wrote|Error"
     python3 scripts/bench_vllm_load.py --out "$OUT" --cases big 2>&1 | tee "$OUT/bench-vllm-big.log" | grep -E "^\||^limit|^wrote|^cold|Error"
+fi
+if [[ " $* " == *" child-read-bench "* ]]; then  # a child's readers beside this process's Python
+    python3 scripts/bench_read_process.py --size 1.8 --runs 6 --work-ms 8 --threads 12 \
+        --ring 128,512,1024 --streams 1,4 --switch 0.5 --out "$OUT" 2>&1 |
+        tee "$OUT/bench-read-process.log" | tail -22
 fi
 if [[ " $* " == *" cli-bench "* ]]; then  # the CLI + sync against cp -r + sync (8 and 16 GB)
     python3 scripts/bench_cli_sync.py --out "$OUT" --tmp /tmp 2>&1 | tee "$OUT/bench-cli-sync.log" | tail -12
