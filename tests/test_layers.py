@@ -74,8 +74,8 @@ def test_the_servers_facts_import_no_server():
 
 
 # What the output format's package may import: itself, and the small shared modules below it
-# (errors, paths, JSON, sizes, dtypes, the safetensors header reader, the bulk read and its
-# CUDA driver calls). A server
+# (errors, paths, JSON, sizes, dtypes, the safetensors header reader, the bulk read, its CUDA
+# driver calls and its child-process form). A server
 # that reads an output (the vLLM plugin, a reader of its own) loads none of the converter.
 FORMAT_MAY_IMPORT = {
     "fi_convert",
@@ -87,6 +87,8 @@ FORMAT_MAY_IMPORT = {
     "fi_convert.st_io",
     "fi_convert.bulk_read",
     "fi_convert.cuda_driver",
+    "fi_convert.child_read",
+    "fi_convert._read_child",  # (its child's script, the standard library alone)
     "fi_convert.names",
     "fi_convert.version",
     "fi_convert.cache",  # (its folder, and whole-or-nothing writes: the standard library alone)
