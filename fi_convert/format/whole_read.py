@@ -108,7 +108,9 @@ class Ahead:
     manifest), the output opened and its shards' headers read, in the background (an
     output's index and headers: 9 ms for a 146-shard one on a 2-core VM). `read` and `reader`
     hand those to the load; `close` stops the threads no load took (the build failed), frees
-    the block and closes the output no load took, in every case."""
+    the block and closes the output no load took, in every case. With `child_read.PROCESS` (a
+    bench setting) in the at-build orders, the ring and the child that reads into it instead
+    of the block and the threads (`ring`), closed with it."""
 
     def __init__(self, device: str | torch.device, output: tuple[Path, dict] | None = None) -> None:
         """A setting that is wrong (`FI_CONVERT_READ_THREADS`, `FI_CONVERT_HOST_MEMORY`,
