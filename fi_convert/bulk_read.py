@@ -414,7 +414,7 @@ class BulkRead:
 
     def more(self) -> None:
         """The requests added since the read started, into it (started with `more`)."""
-        if not self._threads or self._closed:
+        if not self.started or self._closed:
             raise ValueError("requests added to a read not started with more=True, or ended")
         jobs = self._plan()
         self._fed = 0
@@ -426,16 +426,21 @@ class BulkRead:
         destinations may be memory that work still writes, or frees for reuse)."""
         if not jobs:
             return
-        if self._streams:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self.device))
-            for stream in self._streams:
-                stream.wait_event(ready)  # (before any of these jobs reaches its thread)
+        self._after_callers_work()
         if not self._jobs:
             self._t0 = time.perf_counter()
         self._jobs += jobs
         for job in jobs:
             self._todo.put(job)
+
+    def _after_callers_work(self) -> None:
+        """The copies' streams wait for the work pending on the caller's stream (before any
+        of the jobs queued next reaches a thread)."""
+        if self._streams:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+            for stream in self._streams:
+                stream.wait_event(ready)
 
     def _close(self) -> None:
         """No more requests: each thread ends once the queue is read (its end mark); once."""

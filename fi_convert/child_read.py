@@ -227,20 +227,14 @@ class ProcessRead(BulkRead):
             self._copier.start()
 
     def more(self) -> None:
-        if self._copier is None or self._closed:
-            raise ValueError("requests added to a read not started with more=True, or ended")
-        jobs = self._plan()
-        self._fed = 0
-        self._check_sizes(jobs)
-        self._queue(jobs)
+        super().more()
         self._wake()
 
     def _queue(self, jobs: list[_Job]) -> None:
         if not jobs:
             return
         assert self._ring is not None
-        if self.device.type == "cuda":  # (their destinations written by work before)
-            torch.cuda.current_stream(self.device).synchronize()
+        self._after_callers_work()
         if not self._jobs:
             self._t0 = time.perf_counter()
         first = len(self._jobs)
