@@ -7,10 +7,12 @@ A warm file of SIZE bytes is read into one device buffer, each side in turn, med
 
 - `threads`: this process's reader threads (`--threads` x 4 MiB, each a `preadv` into its
   pinned buffer and the driver's copy to the device: the limit of `scripts/bench_limit.py`).
-- `process`: a child process's reader threads (stdlib only: no torch) `preadv` into a ring of
-  shared memory that this process pinned (`cudaHostRegister`); this process's one thread copies
-  each slot to the device as the child reports it filled (on STREAMS streams in turn), and gives
-  the slot back. One side a ring size (`--ring 128,512,1024`) and stream count (`--streams`).
+- `process`: `fi_convert.child_read`'s read: a child process's reader threads `preadv` into a
+  ring of shared memory that this process pinned (`cudaHostRegister`); this process's one
+  thread copies each slot to the device as the child reports it filled (on `STREAMS` streams in
+  turn), and gives the slot back. One side a ring size (`--ring 128,512,1024`) and stream count
+  (`--streams`). (Until 2026-12-08's first GPU run, this script held a copy of that protocol of
+  its own, whose copies were on one stream: the numbers of that run, `docs/speed.md`.)
 
 Each also with work beside it: Python that calls into torch as a model's loading does (views
 of a tensor, a dict), about as long as the asking of a first start at rank 0 of TP 8
@@ -26,13 +28,11 @@ the work runs. Reported: the read's time, the work's time beside it, and the wor
 from __future__ import annotations
 
 import argparse
-import ctypes
+import contextlib
+import itertools
 import json
-import mmap
 import os
 import statistics
-import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,172 +43,48 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fi_convert import cuda_driver  # noqa: E402
+from fi_convert import child_read, cuda_driver  # noqa: E402
+from fi_convert.child_read import ChildRing  # noqa: E402
 
 CHUNK = 4 << 20
 MIB = 1 << 20
 
-# The child: reader threads into the shared ring (argv: ring fd, go fd, ready fd, free fd,
-# threads, chunk, slots, path, size). Each round starts at a byte on `go`, reads the file in
-# chunks and reports each as (slot, chunk index) on `ready`; slots come back on `free`.
-CHILD = r"""
-import mmap, os, queue, struct, sys, threading
-ring_fd, go, ready, free_fd, threads, chunk, slots = map(int, sys.argv[1:8])
-path, size = sys.argv[8], int(sys.argv[9])
-ring = mmap.mmap(ring_fd, slots * chunk, mmap.MAP_SHARED | mmap.MAP_POPULATE)
-view = memoryview(ring)
-fd = os.open(path, os.O_RDONLY)
-free = queue.SimpleQueue()
-for s in range(slots):
-    free.put(s)
-def freer():
-    while True:
-        b = os.read(free_fd, 4096)
-        if not b:
-            os._exit(0)
-        for (s,) in struct.iter_unpack("i", b):
-            free.put(s)
-threading.Thread(target=freer, daemon=True).start()
-n = (size + chunk - 1) // chunk
-while True:
-    b = os.read(go, 1)
-    if not b:
-        os._exit(0)
-    it, lock = iter(range(n)), threading.Lock()
-    def work():
-        while True:
-            with lock:
-                j = next(it, None)
-            if j is None:
-                return
-            s = free.get()
-            at = j * chunk
-            m = min(chunk, size - at)
-            os.preadv(fd, [view[s * chunk : s * chunk + m]], at)
-            os.write(ready, struct.pack("ii", s, j))
-    ts = [threading.Thread(target=work) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-"""
 
-
-class ChildRead:
-    """The `process` side: the child, its ring pinned here, and this process's copies."""
-
-    def __init__(self, path: str, size: int, threads: int, ring_bytes: int, streams: int) -> None:
-        self.size, self.slots = size, ring_bytes // CHUNK
-        self.ring_fd = os.memfd_create("fi-convert-ring")
-        os.ftruncate(self.ring_fd, self.slots * CHUNK)
-        self.ring = mmap.mmap(self.ring_fd, self.slots * CHUNK, mmap.MAP_SHARED | mmap.MAP_POPULATE)
-        self.host = torch.frombuffer(self.ring, dtype=torch.uint8)
-        self.cuda = torch.cuda.is_available()
-        if self.cuda:
-            rc = torch.cuda.cudart().cudaHostRegister(self.host.data_ptr(), self.host.numel(), 0)
-            assert int(rc) == 0, rc
-        go_r, self.go = os.pipe()
-        self.ready, ready_w = os.pipe()
-        free_r, self.free = os.pipe()
-        args = [self.ring_fd, go_r, ready_w, free_r, threads, CHUNK, self.slots, path, size]
-        self.child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, *map(str, args)],
-            pass_fds=(self.ring_fd, go_r, ready_w, free_r),
-        )
-        for fd in (go_r, ready_w, free_r):
-            os.close(fd)
-        self.drv = cuda_driver.driver() if self.cuda else None
-        self.streams = [torch.cuda.Stream() for _ in range(streams)] if self.cuda else []
-        self.events = [self.drv.event() for _ in range(self.slots)] if self.drv else []
-
-    def run(
-        self, dst: torch.Tensor, work: int, beside: bool, switch: float | None = None
-    ) -> tuple[float, float]:
-        n = (self.size + CHUNK - 1) // CHUNK
-        base, ring = dst.data_ptr(), self.host.data_ptr()
-        done = threading.Event()
-        work_s = [0.0]
+def process_read(
+    ring: ChildRing,
+    streams: int,
+    path: str,
+    dst: torch.Tensor,
+    work: int,
+    hold: bool,
+    switch: float | None = None,
+) -> tuple[float, float]:
+    """The `process` side: `child_read.ProcessRead` on `ring` (its child started, its memory
+    pinned, before the clock), its copies on `streams` streams; with `work`, the copies held
+    meanwhile or beside it (at the switch interval `switch`)."""
+    child_read.STREAMS = streams
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read = child_read.ProcessRead(dst.device, ring=ring)
+        read.add(Path(path), fd, 0, dst)
+        work_s = 0.0
         t0 = time.perf_counter()
-        os.write(self.go, b"g")
-        copier = None
-        if work and beside:
-            copier = threading.Thread(target=self._copies, args=(n, base, ring))
-            copier.start()
+        read.start()
         if work:
             was = sys.getswitchinterval()
             if switch is not None:
                 sys.setswitchinterval(switch)
             try:
-                work_s[0] = workload(work)
+                with read.copies_held() if hold else contextlib.nullcontext():
+                    work_s = workload(work)
             finally:
                 sys.setswitchinterval(was)
-            done.set()
-        if copier is None:
-            self._copies(n, base, ring)
-        else:
-            copier.join()
-        if self.cuda:
+        read.wait()
+        if dst.device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t0, work_s[0]
-
-    def _copies(self, n: int, base: int, ring: int) -> None:
-        if not self.cuda:  # (the protocol checked on a CPU: plain copies)
-            return self._copies_host(n, base, ring)
-        drv = self.drv
-        assert drv is not None
-        streams = [st.cuda_stream for st in self.streams]
-        pending: list[int] = []  # slots copied from, not yet given back
-        got, buf = 0, b""
-        while got < n:
-            buf += os.read(self.ready, 8 * 64)
-            whole = len(buf) - len(buf) % 8
-            for s, j in struct.iter_unpack("ii", buf[:whole]):
-                at = j * CHUNK
-                stream = streams[got % len(streams)]
-                drv.copy_to_device(base + at, ring + s * CHUNK, min(CHUNK, self.size - at), stream)
-                drv.record(self.events[s], stream)
-                pending.append(s)
-                got += 1
-            buf = buf[whole:]
-            back = []
-            while pending and (
-                len(pending) > self.slots // 2 or _done(drv, self.events[pending[0]])
-            ):
-                drv.wait(self.events[pending[0]])
-                back.append(pending.pop(0))
-            if back:
-                os.write(self.free, struct.pack(f"{len(back)}i", *back))
-        for s in pending:
-            drv.wait(self.events[s])
-        if pending:
-            os.write(self.free, struct.pack(f"{len(pending)}i", *pending))
-
-    def _copies_host(self, n: int, base: int, ring: int) -> None:
-        got, buf = 0, b""
-        while got < n:
-            buf += os.read(self.ready, 8 * 64)
-            whole = len(buf) - len(buf) % 8
-            back = []
-            for s, j in struct.iter_unpack("ii", buf[:whole]):
-                at = j * CHUNK
-                ctypes.memmove(base + at, ring + s * CHUNK, min(CHUNK, self.size - at))
-                back.append(s)
-                got += 1
-            buf = buf[whole:]
-            if back:
-                os.write(self.free, struct.pack(f"{len(back)}i", *back))
-
-    def close(self) -> None:
-        os.close(self.go)
-        os.close(self.free)
-        self.child.wait(10)
-        if self.cuda:
-            torch.cuda.cudart().cudaHostUnregister(self.host.data_ptr())
-        os.close(self.ready)
-
-
-def _done(drv: cuda_driver.Driver, event: int) -> bool:
-    return drv._held.cuEventQuery(event) == 0  # noqa: SLF001
+        return time.perf_counter() - t0, work_s
+    finally:
+        os.close(fd)
 
 
 def thread_read(
@@ -313,9 +189,7 @@ def main() -> None:
         dst = torch.empty(size, dtype=torch.uint8, device=dev)
         counts = [int(x) for x in a.streams.split(",")]
         rings = [int(x) for x in a.ring.split(",")]
-        children = {
-            (r, k): ChildRead(path, size, a.threads, r * MIB, k) for r in rings for k in counts
-        }
+        children = {r: ChildRing(dev, r * MIB, CHUNK, a.threads) for r in rings}
         switch = None if a.switch is None else a.switch / 1e3
         sides = (
             {}
@@ -325,17 +199,19 @@ def main() -> None:
                 "threads +work": lambda: thread_read(path, size, a.threads, dst, n),
             }
         )
-        for (r, k), child in children.items():
+        for (r, ring), k in itertools.product(children.items(), counts):
             name = f"process, ring {r} MiB, {k} streams"
+
+            def side(work: int, hold: bool, at: float | None = None, ring=ring, k=k):
+                return lambda: process_read(ring, k, path, dst, work, hold, at)
+
             sides |= {
-                name: lambda c=child: c.run(dst, 0, False),
-                f"{name} +work": lambda c=child: c.run(dst, n, False),
-                f"{name} +work, copies beside": lambda c=child: c.run(dst, n, True),
+                name: side(0, True),
+                f"{name} +work": side(n, True),
+                f"{name} +work, copies beside": side(n, False),
             }
             if switch is not None:
-                sides[f"{name} +work, copies beside, switch {a.switch} ms"] = lambda c=child: c.run(
-                    dst, n, True, switch
-                )
+                sides[f"{name} +work, copies beside, switch {a.switch} ms"] = side(n, False, switch)
         ref = torch.empty(size, dtype=torch.uint8)
         with open(path, "rb") as f:
             f.readinto(memoryview(ref.numpy()))
@@ -350,8 +226,8 @@ def main() -> None:
                     assert torch.equal(dst.cpu(), ref), f"{name}: the bytes differ"
                 else:
                     times[name].append(got)
-        for child in children.values():
-            child.close()
+        for ring in children.values():
+            ring.close()
     limit = statistics.median(t for t, _ in next(iter(times.values())))
     rows = []
     print(
