@@ -678,20 +678,7 @@ class BulkRead:
                 drv.wait(events[b])  # its last copy is over: the buffer may be refilled
             at0 = first * self.chunk
             self._read(job, job.offset, view[at0 : at0 + job.size])
-            src = start + at0
-            try:
-                if job.rows is not None:  # the rows a stride apart, in one copy
-                    rows, size, stride = job.rows
-                    _, flat, into, _ = job.pieces[0]
-                    dst = flat.data_ptr() + into
-                    drv.copy_rows_to_device(dst, src, rows, size, stride, stream)
-                else:
-                    for at, flat, into, n in job.pieces:
-                        drv.copy_to_device(flat.data_ptr() + into, src + at, n, stream)
-                for b in range(first, last):
-                    drv.record(events[b], stream)
-            except cuda_driver.CudaError as e:
-                raise cuda_driver.CudaError(f"{job.path}: its bytes into the GPU: {e}") from None
+            _to_device(drv, job, start + at0, stream, events[first:last])
 
     def _loop_torch(
         self, todo: queue.SimpleQueue[_Job | None], stream: Any, mine: torch.Tensor
@@ -767,6 +754,26 @@ class _Ring:
         for b in range(first, last):
             self.used[b] = True
         return out
+
+
+def _to_device(
+    drv: cuda_driver.Driver, job: _Job, src: int, stream: int, events: list[int]
+) -> None:
+    """Enqueue the copies of the job's bytes from pinned host address `src` to their
+    destinations on `stream` (a strided job's rows, a stride apart, in one copy), then record
+    `events` after them; a fault names the job's file."""
+    try:
+        if job.rows is not None:
+            rows, size, stride = job.rows
+            _, flat, into, _ = job.pieces[0]
+            drv.copy_rows_to_device(flat.data_ptr() + into, src, rows, size, stride, stream)
+        else:
+            for at, flat, into, n in job.pieces:
+                drv.copy_to_device(flat.data_ptr() + into, src + at, n, stream)
+        for event in events:
+            drv.record(event, stream)
+    except cuda_driver.CudaError as e:
+        raise cuda_driver.CudaError(f"{job.path}: its bytes into the GPU: {e}") from None
 
 
 def _driver_context(device: torch.device) -> int:

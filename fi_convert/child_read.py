@@ -43,6 +43,7 @@ from .bulk_read import (
     _driver_context,
     _Job,
     _signals_held,
+    _to_device,
     default_host_memory,
     read_device,
 )
@@ -368,15 +369,7 @@ class ProcessRead(BulkRead):
                 src = base + s * chunk
                 stream = streams[self._received % len(streams)] if streams else None
                 if drv is not None and stream is not None:
-                    cs = stream.cuda_stream
-                    if job.rows is not None:
-                        rows, size, stride = job.rows
-                        _, flat, into, _ = job.pieces[0]
-                        drv.copy_rows_to_device(flat.data_ptr() + into, src, rows, size, stride, cs)
-                    else:
-                        for at, flat, into, n in job.pieces:
-                            drv.copy_to_device(flat.data_ptr() + into, src + at, n, cs)
-                    drv.record(events[s], cs)
+                    _to_device(drv, job, src, stream.cuda_stream, [events[s]])
                     pending.append(s)
                 else:
                     self._copy_out(
